@@ -1,0 +1,36 @@
+// Registry of `zenflow` subcommands. Each command lives in its own file and registers
+// itself with a static ZENFLOW_COMMAND(...) object, so adding a verb touches no other file.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace zenflow::cli {
+
+// Set up a subcommand on `app` (the root app, or the `bench` group for bench verbs).
+// The callback registered on the subcommand sets `exit_code` when it runs.
+struct CommandContext {
+  CLI::App* root = nullptr;
+  CLI::App* bench = nullptr;  // `zenflow bench ...`
+  int exit_code = 0;
+};
+
+using CommandSetup = std::function<void(CommandContext&)>;
+
+struct CommandRegistrar {
+  CommandRegistrar(int order, CommandSetup setup);
+};
+
+// All registered setups, ordered by `order` (help lists verbs in this order).
+std::vector<CommandSetup> registered_commands();
+
+// Exit codes shared by all verbs.
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;
+constexpr int kExitBadInput = 2;    // bad job spec, bad flags
+constexpr int kExitInterrupted = 130;
+
+}  // namespace zenflow::cli

@@ -1,0 +1,128 @@
+// Progress line, summary table and JSON of a training run.
+#include "client/report.h"
+
+#include <cmath>
+#include <cstdio>
+#include <iomanip>
+#include <sstream>
+
+namespace zenflow::cli {
+
+std::string format_duration(double s) {
+  char buf[64];
+  if (!std::isfinite(s) || s < 0) return "?";
+  if (s < 60) {
+    std::snprintf(buf, sizeof(buf), "%.1fs", s);
+  } else if (s < 3600) {
+    std::snprintf(buf, sizeof(buf), "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%dh%02dm", static_cast<int>(s) / 3600, (static_cast<int>(s) % 3600) / 60);
+  }
+  return buf;
+}
+
+void ProgressPrinter::step(const StepProgress& p) {
+  if (quiet_) return;
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "step %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  stall %.1f%%  ETA %s",
+                static_cast<long long>(p.step), static_cast<long long>(p.total), p.loss, p.lr,
+                p.tokens_per_second, 100.0 * p.stall_fraction, format_duration(p.eta_seconds).c_str());
+  if (tty_) {
+    out_ << "\r\033[K" << buf << std::flush;
+    line_open_ = true;
+    return;
+  }
+  const auto now = std::chrono::steady_clock::now();
+  const int64_t every = std::max<int64_t>(1, p.total / 20);
+  if (p.step == 1 || p.step == p.total || p.step % every == 0 ||
+      now - last_print_ > std::chrono::seconds(30)) {
+    out_ << buf << "\n" << std::flush;
+    last_print_ = now;
+  }
+}
+
+void ProgressPrinter::log(const std::string& line) {
+  if (line_open_) out_ << "\r\033[K";
+  out_ << "zenflow: " << line << "\n";
+  line_open_ = false;
+}
+
+void ProgressPrinter::finish() {
+  if (line_open_) out_ << "\n";
+  line_open_ = false;
+}
+
+void print_summary_table(std::ostream& out, const JobSpec& spec, const RunSummary& s) {
+  const auto& t = s.totals;
+  auto row = [&](const std::string& k, const std::string& v) {
+    out << "  " << std::left << std::setw(26) << k << v << "\n";
+  };
+  auto fmt = [](double x, int prec = 4) {
+    std::ostringstream o;
+    o << std::fixed << std::setprecision(prec) << x;
+    return o.str();
+  };
+  auto share = [&](double x) {
+    return fmt(x, 2) + " s  (" + fmt(t.wall_seconds > 0 ? 100.0 * x / t.wall_seconds : 0, 1) + "%)";
+  };
+  out << "\n" << spec.name << " — " << (s.interrupted ? "interrupted" : "finished") << "\n";
+  row("mode / device", s.mode + " / " + s.device);
+  row("parameters", std::to_string(s.params) + " (" + std::to_string(s.split_params) + " in split matrices)");
+  row("steps", std::to_string(s.steps) + " of " + std::to_string(spec.train.steps) +
+                   (s.start_step > 0 ? " (resumed at " + std::to_string(s.start_step) + ")" : "") +
+                   (s.skipped_steps > 0 ? ", " + std::to_string(s.skipped_steps) + " skipped" : ""));
+  row("final train loss", fmt(s.final_loss));
+  row("val loss", s.val_loss >= 0 ? fmt(s.val_loss) : "-");
+  row("median step time", fmt(s.step_seconds_median, 4) + " s (p90 " + fmt(s.step_seconds_p90, 4) + " s)");
+  row("tokens / step", std::to_string(s.tokens_per_step));
+  out << "  time breakdown (this process, " << fmt(t.wall_seconds, 2) << " s in steps):\n";
+  row("  compute", share(t.compute_seconds));
+  row("  device optimizer", share(t.device_optimizer_seconds));
+  for (int c = 0; c < engine::kNumStallCauses; ++c) {
+    if (t.stall_seconds[c] <= 0) continue;
+    row(std::string("  stall ") + engine::stall_cause_name(static_cast<engine::StallCause>(c)),
+        share(t.stall_seconds[c]));
+  }
+  const int64_t steps = static_cast<int64_t>(s.step_seconds.size());
+  if (steps > 0) {
+    row("bytes / step d2h, h2d", std::to_string(t.transfer_bytes[0] / steps) + ", " +
+                                     std::to_string(t.transfer_bytes[1] / steps));
+  }
+  row("host threads / compute", std::to_string(s.host_threads) + " / " + std::to_string(s.compute_threads));
+  if (!s.last_checkpoint.empty()) row("checkpoint", s.last_checkpoint);
+}
+
+nlohmann::json summary_json(const RunSummary& s) {
+  nlohmann::json j;
+  j["mode"] = s.mode;
+  j["device"] = s.device;
+  j["params"] = s.params;
+  j["split_params"] = s.split_params;
+  j["steps"] = s.steps;
+  j["start_step"] = s.start_step;
+  j["skipped_steps"] = s.skipped_steps;
+  j["interrupted"] = s.interrupted;
+  j["tokens_per_step"] = s.tokens_per_step;
+  j["final_loss"] = s.final_loss;
+  j["val_loss"] = s.val_loss >= 0 ? nlohmann::json(s.val_loss) : nlohmann::json(nullptr);
+  j["losses"] = s.losses;
+  j["step_seconds_median"] = s.step_seconds_median;
+  j["step_seconds_p90"] = s.step_seconds_p90;
+  j["compute_seconds"] = s.totals.compute_seconds;
+  j["device_optimizer_seconds"] = s.totals.device_optimizer_seconds;
+  nlohmann::json stall = nlohmann::json::object();
+  for (int c = 0; c < engine::kNumStallCauses; ++c)
+    stall[engine::stall_cause_name(static_cast<engine::StallCause>(c))] = s.totals.stall_seconds[c];
+  j["stall_seconds"] = stall;
+  j["transfer_bytes"] = {{"d2h", s.totals.transfer_bytes[0]}, {"h2d", s.totals.transfer_bytes[1]}};
+  j["wall_seconds"] = s.wall_seconds;
+  j["host_state_bytes"] = s.host_state_bytes;
+  j["host_threads"] = s.host_threads;
+  j["compute_threads"] = s.compute_threads;
+  j["reselections"] = s.reselections;
+  j["max_staleness_windows"] = s.max_staleness_windows;
+  if (!s.last_checkpoint.empty()) j["checkpoint"] = s.last_checkpoint;
+  return j;
+}
+
+}  // namespace zenflow::cli

@@ -1,0 +1,78 @@
+// `zenflow run JOB.yaml`: trains a job in this process (the embedded default).
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "client/commands.h"
+#include "client/report.h"
+#include "common/job_spec.h"
+#include "worker/trainer.h"
+
+namespace zenflow::cli {
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+void on_sigint(int) {
+  if (g_stop.exchange(true)) std::_Exit(kExitInterrupted);  // second Ctrl-C: leave now
+  const char msg[] = "\nzenflow: interrupt: finishing this step and writing a checkpoint (Ctrl-C again to abort)\n";
+  (void)!::write(2, msg, sizeof(msg) - 1);
+}
+
+struct RunArgs {
+  std::string job;
+  std::vector<std::string> sets;
+  bool json = false;
+  bool no_resume = false;
+  bool quiet = false;
+};
+
+int run(const RunArgs& a) {
+  JobSpec spec;
+  try {
+    spec = load_job_spec(a.job, a.sets);
+  } catch (const SpecError& e) {
+    std::cerr << "zenflow: invalid job spec: " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  std::signal(SIGINT, on_sigint);
+  std::signal(SIGTERM, on_sigint);
+  ProgressPrinter progress(std::cerr, isatty(2) != 0 && !a.quiet, a.quiet);
+  RunOptions opts;
+  opts.resume = !a.no_resume;
+  opts.on_step = [&](const StepProgress& p) { progress.step(p); };
+  opts.on_log = [&](const std::string& s) { progress.log(s); };
+  std::cerr << "zenflow: job " << spec.name << " (" << spec.optimizer.mode << " mode), " << spec.train.steps
+            << " steps, checkpoints in " << spec.checkpoint.dir << "\n";
+  RunSummary sum;
+  try {
+    sum = run_training(spec, opts, &g_stop);
+  } catch (const std::invalid_argument& e) {
+    progress.finish();
+    std::cerr << "zenflow: invalid job: " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  progress.finish();
+  print_summary_table(a.json ? std::cerr : std::cout, spec, sum);
+  if (a.json) std::cout << summary_json(sum).dump() << std::endl;
+  return sum.interrupted ? kExitInterrupted : kExitOk;
+}
+
+CommandRegistrar reg(10, [](CommandContext& ctx) {
+  auto args = std::make_shared<RunArgs>();
+  CLI::App* cmd = ctx.root->add_subcommand("run", "Train a job locally, in this process");
+  cmd->add_option("job", args->job, "Job spec (YAML)")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--set", args->sets, "Override a spec key: --set train.steps=50 (repeatable)");
+  cmd->add_flag("--json", args->json, "Print one JSON object with the results at the end (stdout)");
+  cmd->add_flag("--no-resume", args->no_resume, "Start fresh even if checkpoint.dir holds a checkpoint");
+  cmd->add_flag("--quiet", args->quiet, "No progress lines");
+  cmd->callback([args, &ctx] { ctx.exit_code = run(*args); });
+});
+
+}  // namespace
+}  // namespace zenflow::cli

@@ -1,0 +1,780 @@
+// Job spec parsing, --set overrides, strict validation and YAML output (DESIGN.md §6).
+#include "common/job_spec.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+namespace zenflow {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string join_key(const std::string& prefix, const std::string& key) {
+  return prefix.empty() ? key : prefix + "." + key;
+}
+
+// Shortest decimal text that reads back as exactly `v` (so to_yaml round-trips).
+std::string format_number(double v) {
+  char buf[40];
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof buf, "%.*g", precision, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+
+// What the user wrote, for the "got ..." part of an error.
+std::string describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Scalar:
+      return "'" + node.Scalar() + "'";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a mapping";
+    default:
+      return "an empty value";
+  }
+}
+
+std::string join_names(const std::vector<std::string>& names, const char* sep) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : sep) + n;
+  return out;
+}
+
+// Scalar text with an optional leading '+' removed (from_chars does not accept it).
+std::string_view numeric_text(const YAML::Node& node) {
+  std::string_view text = node.Scalar();
+  if (!text.empty() && text.front() == '+') text.remove_prefix(1);
+  return text;
+}
+
+std::optional<double> to_double(const YAML::Node& node) {
+  if (!node.IsScalar()) return std::nullopt;
+  std::string_view text = numeric_text(node);
+  double v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v)) {
+    return std::nullopt;
+  }
+  return v;
+}
+
+// Integers may be written as 100, +100 or 1e2; 2.5 is not an integer.
+std::optional<int64_t> to_int(const YAML::Node& node) {
+  if (!node.IsScalar()) return std::nullopt;
+  std::string_view text = numeric_text(node);
+  int64_t v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (!text.empty() && ec == std::errc() && end == text.data() + text.size()) return v;
+  std::optional<double> d = to_double(node);
+  if (!d || std::trunc(*d) != *d || std::fabs(*d) >= 9.2e18) return std::nullopt;
+  return static_cast<int64_t>(*d);
+}
+
+bool is_auto(const YAML::Node& node) { return node.IsScalar() && node.Scalar() == "auto"; }
+
+// One YAML mapping of the spec, at `path`, with its set of allowed keys. Construction
+// rejects non-mappings, unknown keys and repeated keys; a null node (`model:` with
+// nothing after it) counts as an empty mapping.
+class Section {
+ public:
+  Section(const YAML::Node& node, std::string path, std::vector<std::string> allowed)
+      : path_(std::move(path)) {
+    if (node.IsNull()) return;
+    if (!node.IsMap()) {
+      throw SpecError(path_.empty() ? "<root>" : path_, "must be a mapping, got " + describe(node));
+    }
+    for (const auto& item : node) {
+      if (!item.first.IsScalar()) {
+        throw SpecError(path_.empty() ? "<root>" : path_,
+                        "keys must be plain names, got " + describe(item.first));
+      }
+      const std::string& key = item.first.Scalar();
+      if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+        throw SpecError(key_path(key), "unknown key (allowed: " + join_names(allowed, ", ") + ")");
+      }
+      if (!fields_.emplace(key, item.second).second) {
+        throw SpecError(key_path(key), "key appears more than once");
+      }
+    }
+  }
+
+  // The value under `key`, or nullptr when the key is absent (or, if `null_ok`, written
+  // with no value). A key written with no value is an error otherwise: it is more
+  // likely a slip than a request for the default.
+  const YAML::Node* find(const std::string& key, bool null_ok = false) const {
+    auto it = fields_.find(key);
+    if (it == fields_.end()) return nullptr;
+    if (it->second.IsNull()) {
+      if (null_ok) return nullptr;
+      fail(key, "has no value (omit the key to get the default)");
+    }
+    return &it->second;
+  }
+
+  // The value under `key` as a node (null when absent), for nested sections.
+  YAML::Node child(const std::string& key) const {
+    auto it = fields_.find(key);
+    return it == fields_.end() ? YAML::Node() : it->second;
+  }
+
+  std::string key_path(const std::string& key) const { return join_key(path_, key); }
+
+  // Throws "<path>.<key>: <reason>" with the offending value.
+  [[noreturn]] void fail(const std::string& key, const std::string& reason) const {
+    throw SpecError(key_path(key), reason);
+  }
+
+ private:
+  std::string path_;
+  std::map<std::string, YAML::Node> fields_;
+};
+
+// Allowed numeric interval; infinite ends are unbounded.
+struct Range {
+  double lo = -std::numeric_limits<double>::infinity();
+  bool lo_closed = true;
+  double hi = std::numeric_limits<double>::infinity();
+  bool hi_closed = true;
+
+  bool contains(double v) const {
+    return (lo_closed ? v >= lo : v > lo) && (hi_closed ? v <= hi : v < hi);
+  }
+  std::string text() const {
+    bool has_lo = std::isfinite(lo), has_hi = std::isfinite(hi);
+    if (has_lo && has_hi) {
+      return std::string("in ") + (lo_closed ? "[" : "(") + format_number(lo) + ", " +
+             format_number(hi) + (hi_closed ? "]" : ")");
+    }
+    if (has_lo) return (lo_closed ? ">= " : "> ") + format_number(lo);
+    if (has_hi) return (hi_closed ? "<= " : "< ") + format_number(hi);
+    return "a number";
+  }
+};
+
+Range at_least(double lo) { return Range{lo, true}; }
+Range above(double lo) { return Range{lo, false}; }
+Range closed(double lo, double hi) { return Range{lo, true, hi, true}; }
+
+void check_range(const Section& s, const std::string& key, const YAML::Node& node, double v,
+                 const Range& range) {
+  if (!range.contains(v)) s.fail(key, "must be " + range.text() + ", got " + node.Scalar());
+}
+
+int64_t int_value(const Section& s, const std::string& key, const YAML::Node& node,
+                  const Range& range) {
+  std::optional<int64_t> v = to_int(node);
+  if (!v) s.fail(key, "must be an integer, got " + describe(node));
+  check_range(s, key, node, static_cast<double>(*v), range);
+  return *v;
+}
+
+void read_int(const Section& s, const std::string& key, int64_t& out, const Range& range = {}) {
+  if (const YAML::Node* node = s.find(key)) out = int_value(s, key, *node, range);
+}
+
+void read_number(const Section& s, const std::string& key, double& out, const Range& range = {}) {
+  const YAML::Node* node = s.find(key);
+  if (!node) return;
+  std::optional<double> v = to_double(*node);
+  if (!v) s.fail(key, "must be a finite number, got " + describe(*node));
+  check_range(s, key, *node, *v, range);
+  out = *v;
+}
+
+bool bool_value(const Section& s, const std::string& key, const YAML::Node& node) {
+  if (node.IsScalar()) {
+    const std::string& t = node.Scalar();
+    if (t == "true" || t == "True" || t == "TRUE") return true;
+    if (t == "false" || t == "False" || t == "FALSE") return false;
+  }
+  s.fail(key, "must be true or false, got " + describe(node));
+}
+
+void read_bool(const Section& s, const std::string& key, bool& out) {
+  if (const YAML::Node* node = s.find(key)) out = bool_value(s, key, *node);
+}
+
+// `optional` strings accept a key with no value, meaning "not given".
+void read_string(const Section& s, const std::string& key, std::string& out,
+                 bool optional = false) {
+  const YAML::Node* node = s.find(key, optional);
+  if (!node) return;
+  if (!node->IsScalar()) s.fail(key, "must be a string, got " + describe(*node));
+  out = node->Scalar();
+}
+
+void read_choice(const Section& s, const std::string& key, std::string& out,
+                 const std::vector<std::string>& choices) {
+  const YAML::Node* node = s.find(key);
+  if (!node) return;
+  if (!node->IsScalar() ||
+      std::find(choices.begin(), choices.end(), node->Scalar()) == choices.end()) {
+    s.fail(key, "must be one of " + join_names(choices, ", ") + "; got " + describe(*node));
+  }
+  out = node->Scalar();
+}
+
+// "auto" or an integer in `range`.
+void read_int_or_auto(const Section& s, const std::string& key, bool& is_auto_out, int64_t& out,
+                      const Range& range) {
+  const YAML::Node* node = s.find(key);
+  if (!node) return;
+  if (is_auto(*node)) {
+    is_auto_out = true;
+    out = 0;
+    return;
+  }
+  std::optional<int64_t> v = to_int(*node);
+  if (!v || !range.contains(static_cast<double>(*v))) {
+    s.fail(key, "must be \"auto\" or an integer " + range.text() + ", got " +
+                    (v ? node->Scalar() : describe(*node)));
+  }
+  is_auto_out = false;
+  out = *v;
+}
+
+// Relative paths are taken relative to the spec's directory; absolute ones stay as written.
+std::string resolve_path(const std::string& base_dir, const std::string& p) {
+  if (p.empty() || fs::path(p).is_absolute()) return p;
+  fs::path base = base_dir.empty() ? fs::path(".") : fs::path(base_dir);
+  return (base / p).lexically_normal().string();
+}
+
+// HF config.json keys accepted under model.config; integer-valued ones are sizes >= 1.
+const std::vector<std::string> kIntegerModelKeys = {
+    "hidden_size",       "num_hidden_layers", "num_attention_heads",    "num_key_value_heads",
+    "intermediate_size", "vocab_size",        "max_position_embeddings"};
+const std::vector<std::string> kRealModelKeys = {"rope_theta", "rms_norm_eps", "initializer_range"};
+const char* const kTieKey = "tie_word_embeddings";
+
+bool is_integer_model_key(const std::string& key) {
+  return std::find(kIntegerModelKeys.begin(), kIntegerModelKeys.end(), key) !=
+         kIntegerModelKeys.end();
+}
+
+void read_model(const YAML::Node& node, ModelSpec& m, const std::string& base_dir) {
+  Section s(node, "model", {"arch", "from", "config"});
+  read_choice(s, "arch", m.arch, {"llama", "gpt2"});
+  read_string(s, "from", m.from, true);
+  m.from = resolve_path(base_dir, m.from);
+
+  std::vector<std::string> config_keys = kIntegerModelKeys;
+  config_keys.insert(config_keys.end(), kRealModelKeys.begin(), kRealModelKeys.end());
+  config_keys.push_back(kTieKey);
+  Section c(s.child("config"), "model.config", config_keys);
+  m.config.clear();
+  for (const std::string& key : config_keys) {
+    const YAML::Node* v = c.find(key);
+    if (!v) continue;
+    if (is_integer_model_key(key)) {
+      m.config[key] = static_cast<double>(int_value(c, key, *v, at_least(1)));
+    } else if (key == kTieKey) {
+      std::optional<int64_t> as_int = to_int(*v);
+      if (as_int && (*as_int == 0 || *as_int == 1)) {
+        m.config[key] = static_cast<double>(*as_int);
+      } else {
+        m.config[key] = bool_value(c, key, *v) ? 1.0 : 0.0;
+      }
+    } else {
+      double x = 0;
+      read_number(c, key, x, above(0));
+      m.config[key] = x;
+    }
+  }
+  auto has = [&](const char* k) { return m.config.count(k) != 0; };
+  auto get = [&](const char* k) { return static_cast<int64_t>(m.config.at(k)); };
+  if (has("hidden_size") && has("num_attention_heads") &&
+      get("hidden_size") % get("num_attention_heads") != 0) {
+    c.fail("hidden_size", "must be a multiple of num_attention_heads (" +
+                              std::to_string(get("num_attention_heads")) + "), got " +
+                              std::to_string(get("hidden_size")));
+  }
+  if (has("num_attention_heads") && has("num_key_value_heads") &&
+      get("num_attention_heads") % get("num_key_value_heads") != 0) {
+    c.fail("num_key_value_heads", "must divide num_attention_heads (" +
+                                      std::to_string(get("num_attention_heads")) + "), got " +
+                                      std::to_string(get("num_key_value_heads")));
+  }
+}
+
+void read_data(const YAML::Node& node, DataSpec& d, const std::string& base_dir) {
+  Section s(node, "data", {"train", "val", "format", "tokenizer", "val_fraction"});
+  read_string(s, "train", d.train, true);
+  if (d.train.empty()) s.fail("train", "required (a file or directory of training data)");
+  read_string(s, "val", d.val, true);
+  read_choice(s, "format", d.format, {"text", "jsonl", "tokens"});
+  read_string(s, "tokenizer", d.tokenizer);
+  if (d.tokenizer.empty()) s.fail("tokenizer", "must be \"byte\" or a tokenizer.json path, got ''");
+  read_number(s, "val_fraction", d.val_fraction, closed(0, 0.5));
+  d.train = resolve_path(base_dir, d.train);
+  d.val = resolve_path(base_dir, d.val);
+  if (d.tokenizer != "byte") d.tokenizer = resolve_path(base_dir, d.tokenizer);
+}
+
+void read_train(const YAML::Node& node, TrainSpec& t) {
+  Section s(node, "train",
+            {"steps", "micro_batch", "grad_accum", "seq_len", "lr", "schedule", "warmup_steps",
+             "min_lr_ratio", "weight_decay", "grad_clip", "seed", "eval_every", "eval_batches",
+             "device", "dtype", "compute_threads"});
+  read_int(s, "steps", t.steps, at_least(1));
+  read_int(s, "micro_batch", t.micro_batch, at_least(1));
+  read_int(s, "grad_accum", t.grad_accum, at_least(1));
+  read_int(s, "seq_len", t.seq_len, at_least(2));
+  read_number(s, "lr", t.lr, above(0));
+  read_choice(s, "schedule", t.schedule, {"cosine", "linear", "constant"});
+  // The default warm-up shrinks to fit a short run (--set train.steps=5 must just work);
+  // a warm-up the user wrote must fit as written.
+  if (!s.find("warmup_steps")) t.warmup_steps = std::min(t.warmup_steps, t.steps);
+  read_int(s, "warmup_steps", t.warmup_steps, at_least(0));
+  if (t.warmup_steps > t.steps) {
+    s.fail("warmup_steps", "must be <= train.steps (" + std::to_string(t.steps) + "), got " +
+                               std::to_string(t.warmup_steps));
+  }
+  read_number(s, "min_lr_ratio", t.min_lr_ratio, closed(0, 1));
+  read_number(s, "weight_decay", t.weight_decay, at_least(0));
+  read_number(s, "grad_clip", t.grad_clip, at_least(0));
+  int64_t seed = static_cast<int64_t>(t.seed);
+  read_int(s, "seed", seed, at_least(0));
+  t.seed = static_cast<uint64_t>(seed);
+  read_int(s, "eval_every", t.eval_every, at_least(0));
+  read_int(s, "eval_batches", t.eval_batches, at_least(1));
+  read_choice(s, "device", t.device, {"auto", "cpu", "cuda"});
+  read_choice(s, "dtype", t.dtype, {"auto", "float32", "bfloat16", "float16"});
+  read_int(s, "compute_threads", t.compute_threads, at_least(0));
+}
+
+void read_zenflow(const YAML::Node& node, ZenflowSpec& z) {
+  Section s(node, "optimizer.zenflow",
+            {"topk_ratio", "select_strategy", "select_interval", "update_interval",
+             "full_warm_up_rounds", "overlap_step", "importance", "reselect_threshold",
+             "auto_ratio", "max_update_interval", "min_split_numel"});
+  read_number(s, "topk_ratio", z.topk_ratio, closed(0, 1));
+  read_choice(s, "select_strategy", z.select_strategy, {"auto", "step", "epoch"});
+  read_int_or_auto(s, "select_interval", z.select_interval_auto, z.select_interval, at_least(1));
+  read_int_or_auto(s, "update_interval", z.update_interval_auto, z.update_interval, at_least(1));
+  read_int(s, "full_warm_up_rounds", z.full_warm_up_rounds, at_least(0));
+  read_bool(s, "overlap_step", z.overlap_step);
+  read_choice(s, "importance", z.importance, {"l2", "l1"});
+  read_number(s, "reselect_threshold", z.reselect_threshold, Range{0, false, 1, true});
+  read_number(s, "auto_ratio", z.auto_ratio, Range{0, false, 1, true});
+  read_int(s, "max_update_interval", z.max_update_interval, at_least(1));
+  read_int(s, "min_split_numel", z.min_split_numel, at_least(1));
+  // Semantics §2: with select_strategy step, re-selection happens at window boundaries
+  // only, so S must be a whole number of windows.
+  if (z.select_strategy == "step" && !z.select_interval_auto && !z.update_interval_auto &&
+      z.select_interval % z.update_interval != 0) {
+    s.fail("select_interval",
+           "must be a positive multiple of update_interval (" + std::to_string(z.update_interval) +
+               ") when select_strategy is step, got " + std::to_string(z.select_interval));
+  }
+}
+
+void read_host(const YAML::Node& node, HostSpec& h) {
+  Section s(node, "optimizer.host", {"threads", "reserved_cores", "nodes", "huge_pages"});
+  read_int_or_auto(s, "threads", h.threads_auto, h.threads, at_least(1));
+  if (const YAML::Node* cores = s.find("reserved_cores")) {
+    if (is_auto(*cores)) {
+      h.reserved_cores_auto = true;
+      h.reserved_cores.clear();
+    } else {
+      const std::string expected = "must be \"auto\" or a non-empty list of core ids";
+      if (!cores->IsSequence() || cores->size() == 0) {
+        s.fail("reserved_cores", expected + ", got " + describe(*cores));
+      }
+      std::vector<int> ids;
+      std::set<int64_t> seen;
+      for (std::size_t i = 0; i < cores->size(); ++i) {
+        const YAML::Node item = (*cores)[i];
+        std::optional<int64_t> id = to_int(item);
+        const std::string where = " (item " + std::to_string(i) + ")";
+        if (!id) {
+          s.fail("reserved_cores", "core ids must be integers, got " + describe(item) + where);
+        }
+        if (*id < 0 || *id > std::numeric_limits<int>::max()) {
+          s.fail("reserved_cores", "core ids must be >= 0, got " + item.Scalar() + where);
+        }
+        if (!seen.insert(*id).second) {
+          s.fail("reserved_cores", "core id " + std::to_string(*id) + " appears twice" + where);
+        }
+        ids.push_back(static_cast<int>(*id));
+      }
+      h.reserved_cores_auto = false;
+      h.reserved_cores = std::move(ids);
+    }
+  }
+  read_int(s, "nodes", h.nodes, at_least(0));
+  read_bool(s, "huge_pages", h.huge_pages);
+}
+
+void read_optimizer(const YAML::Node& node, OptimizerSpec& o) {
+  Section s(node, "optimizer", {"mode", "beta1", "beta2", "eps", "zenflow", "host"});
+  read_choice(s, "mode", o.mode, {"zenflow", "offload", "device"});
+  read_number(s, "beta1", o.beta1, Range{0, true, 1, false});
+  read_number(s, "beta2", o.beta2, Range{0, true, 1, false});
+  read_number(s, "eps", o.eps, above(0));
+  read_zenflow(s.child("zenflow"), o.zenflow);
+  read_host(s.child("host"), o.host);
+}
+
+void read_resources(const YAML::Node& node, ResourcesSpec& r) {
+  Section s(node, "resources", {"workers", "gpus_per_worker", "host_memory_gb", "priority"});
+  read_int(s, "workers", r.workers, at_least(1));
+  read_int(s, "gpus_per_worker", r.gpus_per_worker, at_least(0));
+  if (const YAML::Node* mem = s.find("host_memory_gb")) {
+    if (is_auto(*mem)) {
+      r.host_memory_gb_auto = true;
+      r.host_memory_gb = 0;
+    } else {
+      std::optional<double> v = to_double(*mem);
+      if (!v) s.fail("host_memory_gb", "must be \"auto\" or a number > 0, got " + describe(*mem));
+      check_range(s, "host_memory_gb", *mem, *v, above(0));
+      r.host_memory_gb_auto = false;
+      r.host_memory_gb = *v;
+    }
+  }
+  read_int(s, "priority", r.priority);
+}
+
+void read_checkpoint(const YAML::Node& node, CheckpointSpec& c, const std::string& name,
+                     const std::string& base_dir) {
+  Section s(node, "checkpoint", {"dir", "every_steps", "keep"});
+  read_string(s, "dir", c.dir, true);
+  if (c.dir.empty()) c.dir = "runs/" + name;
+  c.dir = resolve_path(base_dir, c.dir);
+  read_int(s, "every_steps", c.every_steps, at_least(0));
+  read_int(s, "keep", c.keep, at_least(1));
+}
+
+void read_cost(const YAML::Node& node, CostSpec& c) {
+  Section s(node, "cost", {"instance_type", "usd_per_hour"});
+  read_string(s, "instance_type", c.instance_type, true);
+  if (s.find("usd_per_hour", true)) {
+    double v = 0;
+    read_number(s, "usd_per_hour", v, at_least(0));
+    c.usd_per_hour = v;
+  } else {
+    c.usd_per_hour.reset();
+  }
+}
+
+bool valid_name(const std::string& name) {
+  if (name.empty()) return false;
+  for (char ch : name) {
+    bool ok = (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '_' || ch == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+JobSpec validate(const YAML::Node& root, const std::string& base_dir) {
+  Section s(root, "",
+            {"name", "model", "data", "train", "optimizer", "resources", "checkpoint", "cost"});
+  JobSpec spec;
+  const YAML::Node* name = s.find("name", true);
+  if (!name) s.fail("name", "required (letters, digits, '.', '_' or '-')");
+  if (!name->IsScalar() || !valid_name(name->Scalar())) {
+    s.fail("name", "must be non-empty and use only letters, digits, '.', '_' or '-', got " +
+                       describe(*name));
+  }
+  spec.name = name->Scalar();
+  read_model(s.child("model"), spec.model, base_dir);
+  read_data(s.child("data"), spec.data, base_dir);
+  read_train(s.child("train"), spec.train);
+  read_optimizer(s.child("optimizer"), spec.optimizer);
+  read_resources(s.child("resources"), spec.resources);
+  read_checkpoint(s.child("checkpoint"), spec.checkpoint, spec.name, base_dir);
+  read_cost(s.child("cost"), spec.cost);
+
+  // Learned position tables (gpt2) and rotary caches (llama) are sized by this.
+  auto max_pos = spec.model.config.find("max_position_embeddings");
+  if (max_pos != spec.model.config.end() &&
+      static_cast<double>(spec.train.seq_len) > max_pos->second) {
+    throw SpecError("train.seq_len", "must be <= model.config.max_position_embeddings (" +
+                                         format_number(max_pos->second) + "), got " +
+                                         std::to_string(spec.train.seq_len));
+  }
+  return spec;
+}
+
+std::string yaml_error(const YAML::Exception& e) {
+  if (e.mark.is_null()) return e.msg;
+  return "line " + std::to_string(e.mark.line + 1) + ", column " +
+         std::to_string(e.mark.column + 1) + ": " + e.msg;
+}
+
+// Applies one "a.b.c=value" override to `root`, creating missing intermediate mappings.
+void apply_override(YAML::Node& root, const std::string& assignment) {
+  const std::size_t eq = assignment.find('=');
+  std::vector<std::string> keys;
+  if (eq != std::string::npos) {
+    for (std::size_t start = 0;;) {
+      const std::size_t dot = assignment.find('.', start);
+      if (dot == std::string::npos || dot > eq) {
+        keys.push_back(assignment.substr(start, eq - start));
+        break;
+      }
+      keys.push_back(assignment.substr(start, dot - start));
+      start = dot + 1;
+    }
+  }
+  const bool bad_path =
+      keys.empty() || std::any_of(keys.begin(), keys.end(), [](const std::string& k) {
+        return k.empty() || k.find_first_of(" \t") != std::string::npos;
+      });
+  if (eq == std::string::npos || bad_path) {
+    throw SpecError("--set",
+                    "expected KEY.PATH=VALUE (e.g. train.steps=100), got '" + assignment + "'");
+  }
+  const std::string key_path = assignment.substr(0, eq);
+  YAML::Node value;
+  try {
+    value = YAML::Load(assignment.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    throw SpecError(
+        key_path, "cannot parse --set value '" + assignment.substr(eq + 1) + "': " + yaml_error(e));
+  }
+
+  if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  YAML::Node current;
+  current.reset(root);  // reset(), not operator=, which would rewrite the node in place
+  std::string prefix;
+  for (std::size_t i = 0; i + 1 < keys.size(); ++i) {
+    if (!current.IsMap()) {
+      throw SpecError(prefix.empty() ? "<root>" : prefix,
+                      "cannot set '" + key_path + "': not a mapping, got " + describe(current));
+    }
+    prefix = join_key(prefix, keys[i]);
+    YAML::Node next = current[keys[i]];
+    if (!next.IsDefined() || next.IsNull()) {
+      current[keys[i]] = YAML::Node(YAML::NodeType::Map);
+      next.reset(current[keys[i]]);
+    }
+    current.reset(next);
+  }
+  if (!current.IsMap()) {
+    throw SpecError(prefix.empty() ? "<root>" : prefix,
+                    "cannot set '" + key_path + "': not a mapping, got " + describe(current));
+  }
+  current[keys.back()] = value;
+}
+
+JobSpec parse_from(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                   const std::string& base_dir, const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    throw SpecError(source, yaml_error(e));
+  }
+  for (const std::string& o : overrides) apply_override(root, o);
+  return validate(root, base_dir);
+}
+
+}  // namespace
+
+JobSpec parse_job_spec(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                       const std::string& base_dir) {
+  return parse_from(yaml_text, overrides, base_dir, "<yaml>");
+}
+
+JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in || fs::is_directory(path)) throw SpecError(path, "cannot read file");
+  std::stringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw SpecError(path, "cannot read file");
+  std::error_code ec;
+  fs::path dir = fs::absolute(fs::path(path), ec).parent_path();
+  if (ec) dir = fs::path(path).parent_path();
+  return parse_from(text.str(), overrides, dir.string(), path);
+}
+
+std::string to_yaml(const JobSpec& spec) {
+  YAML::Emitter out;
+  auto num = [&](const char* key, double v) {
+    out << YAML::Key << key << YAML::Value << format_number(v);
+  };
+  auto integer = [&](const char* key, int64_t v) {
+    out << YAML::Key << key << YAML::Value << std::to_string(v);
+  };
+  auto str = [&](const char* key, const std::string& v) {
+    out << YAML::Key << key << YAML::Value << v;
+  };
+  auto boolean = [&](const char* key, bool v) {
+    out << YAML::Key << key << YAML::Value << (v ? "true" : "false");
+  };
+  auto begin = [&](const char* key) { out << YAML::Key << key << YAML::Value << YAML::BeginMap; };
+
+  out << YAML::BeginMap;
+  str("name", spec.name);
+
+  begin("model");
+  str("arch", spec.model.arch);
+  str("from", spec.model.from);
+  begin("config");
+  for (const auto& [key, value] : spec.model.config) {
+    if (key == kTieKey) {
+      boolean(key.c_str(), value != 0);
+    } else if (is_integer_model_key(key)) {
+      integer(key.c_str(), static_cast<int64_t>(value));
+    } else {
+      num(key.c_str(), value);
+    }
+  }
+  out << YAML::EndMap << YAML::EndMap;
+
+  begin("data");
+  str("train", spec.data.train);
+  str("val", spec.data.val);
+  str("format", spec.data.format);
+  str("tokenizer", spec.data.tokenizer);
+  num("val_fraction", spec.data.val_fraction);
+  out << YAML::EndMap;
+
+  const TrainSpec& t = spec.train;
+  begin("train");
+  integer("steps", t.steps);
+  integer("micro_batch", t.micro_batch);
+  integer("grad_accum", t.grad_accum);
+  integer("seq_len", t.seq_len);
+  num("lr", t.lr);
+  str("schedule", t.schedule);
+  integer("warmup_steps", t.warmup_steps);
+  num("min_lr_ratio", t.min_lr_ratio);
+  num("weight_decay", t.weight_decay);
+  num("grad_clip", t.grad_clip);
+  str("seed", std::to_string(t.seed));
+  integer("eval_every", t.eval_every);
+  integer("eval_batches", t.eval_batches);
+  str("device", t.device);
+  str("dtype", t.dtype);
+  integer("compute_threads", t.compute_threads);
+  out << YAML::EndMap;
+
+  const OptimizerSpec& o = spec.optimizer;
+  const ZenflowSpec& z = o.zenflow;
+  begin("optimizer");
+  str("mode", o.mode);
+  num("beta1", o.beta1);
+  num("beta2", o.beta2);
+  num("eps", o.eps);
+  begin("zenflow");
+  num("topk_ratio", z.topk_ratio);
+  str("select_strategy", z.select_strategy);
+  str("select_interval", z.select_interval_auto ? "auto" : std::to_string(z.select_interval));
+  str("update_interval", z.update_interval_auto ? "auto" : std::to_string(z.update_interval));
+  integer("full_warm_up_rounds", z.full_warm_up_rounds);
+  boolean("overlap_step", z.overlap_step);
+  str("importance", z.importance);
+  num("reselect_threshold", z.reselect_threshold);
+  num("auto_ratio", z.auto_ratio);
+  integer("max_update_interval", z.max_update_interval);
+  integer("min_split_numel", z.min_split_numel);
+  out << YAML::EndMap;
+  const HostSpec& h = o.host;
+  begin("host");
+  str("threads", h.threads_auto ? "auto" : std::to_string(h.threads));
+  out << YAML::Key << "reserved_cores" << YAML::Value;
+  if (h.reserved_cores_auto) {
+    out << "auto";
+  } else {
+    out << YAML::Flow << h.reserved_cores;
+  }
+  integer("nodes", h.nodes);
+  boolean("huge_pages", h.huge_pages);
+  out << YAML::EndMap << YAML::EndMap;
+
+  const ResourcesSpec& r = spec.resources;
+  begin("resources");
+  integer("workers", r.workers);
+  integer("gpus_per_worker", r.gpus_per_worker);
+  str("host_memory_gb", r.host_memory_gb_auto ? "auto" : format_number(r.host_memory_gb));
+  integer("priority", r.priority);
+  out << YAML::EndMap;
+
+  begin("checkpoint");
+  str("dir", spec.checkpoint.dir);
+  integer("every_steps", spec.checkpoint.every_steps);
+  integer("keep", spec.checkpoint.keep);
+  out << YAML::EndMap;
+
+  begin("cost");
+  str("instance_type", spec.cost.instance_type);
+  out << YAML::Key << "usd_per_hour" << YAML::Value;
+  if (spec.cost.usd_per_hour) {
+    out << format_number(*spec.cost.usd_per_hour);
+  } else {
+    out << YAML::Null;
+  }
+  out << YAML::EndMap;
+
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+bool operator==(const ModelSpec& a, const ModelSpec& b) {
+  return std::tie(a.arch, a.from, a.config) == std::tie(b.arch, b.from, b.config);
+}
+bool operator==(const DataSpec& a, const DataSpec& b) {
+  return std::tie(a.train, a.val, a.format, a.tokenizer, a.val_fraction) ==
+         std::tie(b.train, b.val, b.format, b.tokenizer, b.val_fraction);
+}
+bool operator==(const TrainSpec& a, const TrainSpec& b) {
+  return std::tie(a.steps, a.micro_batch, a.grad_accum, a.seq_len, a.lr, a.schedule, a.warmup_steps,
+                  a.min_lr_ratio, a.weight_decay, a.grad_clip, a.seed, a.eval_every, a.eval_batches,
+                  a.device, a.dtype, a.compute_threads) ==
+         std::tie(b.steps, b.micro_batch, b.grad_accum, b.seq_len, b.lr, b.schedule, b.warmup_steps,
+                  b.min_lr_ratio, b.weight_decay, b.grad_clip, b.seed, b.eval_every, b.eval_batches,
+                  b.device, b.dtype, b.compute_threads);
+}
+bool operator==(const ZenflowSpec& a, const ZenflowSpec& b) {
+  return std::tie(a.topk_ratio, a.select_strategy, a.select_interval_auto, a.select_interval,
+                  a.update_interval_auto, a.update_interval, a.full_warm_up_rounds, a.overlap_step,
+                  a.importance, a.reselect_threshold, a.auto_ratio, a.max_update_interval,
+                  a.min_split_numel) ==
+         std::tie(b.topk_ratio, b.select_strategy, b.select_interval_auto, b.select_interval,
+                  b.update_interval_auto, b.update_interval, b.full_warm_up_rounds, b.overlap_step,
+                  b.importance, b.reselect_threshold, b.auto_ratio, b.max_update_interval,
+                  b.min_split_numel);
+}
+bool operator==(const HostSpec& a, const HostSpec& b) {
+  return std::tie(a.threads_auto, a.threads, a.reserved_cores_auto, a.reserved_cores, a.nodes,
+                  a.huge_pages) == std::tie(b.threads_auto, b.threads, b.reserved_cores_auto,
+                                            b.reserved_cores, b.nodes, b.huge_pages);
+}
+bool operator==(const OptimizerSpec& a, const OptimizerSpec& b) {
+  return std::tie(a.mode, a.beta1, a.beta2, a.eps, a.zenflow, a.host) ==
+         std::tie(b.mode, b.beta1, b.beta2, b.eps, b.zenflow, b.host);
+}
+bool operator==(const ResourcesSpec& a, const ResourcesSpec& b) {
+  return std::tie(a.workers, a.gpus_per_worker, a.host_memory_gb_auto, a.host_memory_gb,
+                  a.priority) == std::tie(b.workers, b.gpus_per_worker, b.host_memory_gb_auto,
+                                          b.host_memory_gb, b.priority);
+}
+bool operator==(const CheckpointSpec& a, const CheckpointSpec& b) {
+  return std::tie(a.dir, a.every_steps, a.keep) == std::tie(b.dir, b.every_steps, b.keep);
+}
+bool operator==(const CostSpec& a, const CostSpec& b) {
+  return std::tie(a.instance_type, a.usd_per_hour) == std::tie(b.instance_type, b.usd_per_hour);
+}
+bool operator==(const JobSpec& a, const JobSpec& b) {
+  return std::tie(a.name, a.model, a.data, a.train, a.optimizer, a.resources, a.checkpoint,
+                  a.cost) ==
+         std::tie(b.name, b.model, b.data, b.train, b.optimizer, b.resources, b.checkpoint, b.cost);
+}
+
+}  // namespace zenflow

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Runs every test: the CTest suite of ./build, then (when nvcc is present) a build check
+# of the CUDA kernels into ./build-cuda. Exits non-zero if anything fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+status=0
+ctest --test-dir build --output-on-failure --timeout 900 -j2 || status=1
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="$PATH:/usr/local/cuda/bin"
+  echo "== CUDA build check (nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'))"
+  if [ -f worker/engine/cuda/CMakeLists.txt ]; then
+    cmake -G Ninja -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DZENFLOW_CUDA=ON -DZENFLOW_TESTS=OFF \
+      && cmake --build build-cuda || status=1
+  fi
+fi
+exit $status

@@ -1,0 +1,154 @@
+// DeviceStreams: copies deliver the right bytes in the right order, buffers are counted, timers time.
+//
+// Runs on CUDA when this build supports it and a GPU is visible, else on CPU (where
+// copies are synchronous). ZENFLOW_TEST_DEVICE=cuda makes a missing GPU a failure;
+// ZENFLOW_TEST_DEVICE=cpu forces the CPU.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "worker/engine/device_streams.h"
+
+namespace zenflow::engine {
+namespace {
+
+class DeviceStreamsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* env = std::getenv("ZENFLOW_TEST_DEVICE");
+    const std::string want = env != nullptr ? env : "";
+    if (want == "cuda") {
+      ASSERT_TRUE(DeviceStreams::cuda_available())
+          << "ZENFLOW_TEST_DEVICE=cuda, but this build has no CUDA support or no GPU is visible";
+    }
+    device_ = (want != "cpu" && DeviceStreams::cuda_available()) ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  }
+  at::TensorOptions on_device(at::ScalarType t = at::kFloat) const { return at::TensorOptions().dtype(t).device(device_); }
+
+  // Enough queued compute that a copy which failed to wait for it would read stale data.
+  at::Tensor slow_product(int64_t n, int rounds) const {
+    at::Tensor x = at::rand({n, n}, on_device()) / static_cast<double>(n);
+    at::Tensor y = x;
+    for (int r = 0; r < rounds; ++r) y = at::matmul(y, x) + x;
+    return y;
+  }
+
+  at::Device device_{at::kCPU};
+};
+
+TEST_F(DeviceStreamsTest, HostBuffersAreCountedAndPinnedOnCuda) {
+  DeviceStreams streams(device_);
+  EXPECT_EQ(streams.is_cuda(), device_.is_cuda());
+  EXPECT_EQ(streams.pinned_bytes(), 0);
+  at::Tensor a = streams.alloc_host({3, 5}, at::kFloat);
+  at::Tensor b = streams.alloc_host({7}, at::kBFloat16);
+  EXPECT_EQ(streams.pinned_bytes(), 3 * 5 * 4 + 7 * 2);
+  EXPECT_TRUE(a.device().is_cpu());
+  EXPECT_EQ(b.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(a.is_pinned(), device_.is_cuda());
+  EXPECT_EQ(b.is_pinned(), device_.is_cuda());
+}
+
+TEST_F(DeviceStreamsTest, DeviceToHostCopyWaitsForTheComputeThatProducesItsSource) {
+  DeviceStreams streams(device_);
+  for (at::ScalarType t : {at::kFloat, at::kBFloat16}) {
+    at::Tensor y = slow_product(1024, 8).to(t);  // still being computed when the copy is issued
+    at::Tensor host = streams.alloc_host({y.numel()}, t);
+    CopyHandle h = streams.copy_d2h(y, host);
+    EXPECT_EQ(h.bytes(), static_cast<int64_t>(y.nbytes()));
+    EXPECT_GE(h.wait(), 0.0);
+    EXPECT_TRUE(h.ready());
+    EXPECT_TRUE(at::equal(host.view(y.sizes()), y.cpu())) << c10::toString(t);
+    EXPECT_EQ(h.wait(), 0.0);  // idempotent
+  }
+}
+
+TEST_F(DeviceStreamsTest, HostToDeviceCopyRunsAfterQueuedReadersAndBeforeLaterCompute) {
+  DeviceStreams streams(device_);
+  const int64_t n = 1 << 20;
+  at::Tensor old_values = at::arange(n, on_device());
+  at::Tensor dst = old_values.clone();
+  // A reader of dst queued behind slow compute: the H2D copy must not overtake it.
+  at::Tensor slow = slow_product(1024, 8);
+  at::Tensor read_before = dst + slow.sum() * 0;
+  at::Tensor src = streams.alloc_host({n}, at::kFloat);
+  src.copy_(at::arange(n, at::kFloat) * -1);
+  CopyHandle h = streams.copy_h2d(src, dst);
+  h.make_compute_wait();
+  at::Tensor read_after = dst * 1;  // enqueued after make_compute_wait: sees the new values
+  EXPECT_TRUE(at::equal(read_before.cpu(), old_values.cpu()));
+  EXPECT_TRUE(at::equal(read_after.cpu(), src));
+  EXPECT_GE(h.wait(), 0.0);
+}
+
+TEST_F(DeviceStreamsTest, DoubleBufferedCopiesDeliverEveryWindow) {
+  // The engine's pattern: two reused host buffers, a copy per window, wait one window later.
+  DeviceStreams streams(device_);
+  const int64_t n = 4096;
+  std::vector<at::Tensor> buffers = {streams.alloc_host({n}, at::kFloat), streams.alloc_host({n}, at::kFloat)};
+  std::vector<CopyHandle> in_flight(2);
+  std::vector<at::Tensor> expected(2);
+  for (int window = 0; window < 6; ++window) {
+    const int slot = window % 2;
+    if (window >= 2) {
+      in_flight[slot].wait();
+      ASSERT_TRUE(at::equal(buffers[slot], expected[slot])) << "window " << window - 2;
+    }
+    at::Tensor grad = at::full({n}, static_cast<double>(window), on_device()) + slow_product(256, 2).sum() * 0;
+    expected[slot] = at::full({n}, static_cast<double>(window), at::kFloat);
+    in_flight[slot] = streams.copy_d2h(grad, buffers[slot]);
+  }
+  for (int slot = 0; slot < 2; ++slot) {
+    in_flight[slot].wait();
+    EXPECT_TRUE(at::equal(buffers[slot], expected[slot]));
+  }
+}
+
+TEST_F(DeviceStreamsTest, ComputeTimerAndSynchronizeMeasureTime) {
+  DeviceStreams streams(device_);
+  ComputeTimer timer(streams);
+  EXPECT_THROW(timer.seconds(), std::logic_error);
+  timer.start();
+  at::Tensor y = slow_product(512, 4);
+  timer.stop();
+  const double s = timer.seconds();
+  EXPECT_GT(s, 0.0);
+  EXPECT_LT(s, 60.0);
+  EXPECT_GE(streams.synchronize_compute(), 0.0);
+  EXPECT_TRUE(at::isfinite(y).all().item<bool>());
+}
+
+TEST_F(DeviceStreamsTest, MismatchedCopiesAreRejected) {
+  DeviceStreams streams(device_);
+  at::Tensor dev = at::zeros({8}, on_device());
+  EXPECT_THROW(streams.copy_d2h(dev, streams.alloc_host({8}, at::kBFloat16)), std::invalid_argument);
+  EXPECT_THROW(streams.copy_d2h(dev, streams.alloc_host({9}, at::kFloat)), std::invalid_argument);
+  EXPECT_THROW(streams.copy_h2d(streams.alloc_host({16}, at::kFloat).slice(0, 0, 16, 2), dev), std::invalid_argument);
+  if (device_.is_cuda()) {
+    EXPECT_THROW(streams.copy_d2h(at::zeros({8}), streams.alloc_host({8}, at::kFloat)), std::invalid_argument);
+    EXPECT_THROW(streams.copy_h2d(streams.alloc_host({8}, at::kFloat), at::zeros({8})), std::invalid_argument);
+  }
+  EXPECT_THROW(DeviceStreams(at::Device(at::kMeta)), std::invalid_argument);
+}
+
+TEST_F(DeviceStreamsTest, DefaultHandleIsComplete) {
+  CopyHandle h;
+  EXPECT_TRUE(h.ready());
+  EXPECT_EQ(h.wait(), 0.0);
+  h.make_compute_wait();
+  EXPECT_EQ(h.bytes(), 0);
+}
+
+#ifndef ZENFLOW_WITH_CUDA_OPS
+TEST(DeviceStreamsWithoutCuda, CudaDeviceIsALogicError) {
+  EXPECT_FALSE(DeviceStreams::cuda_available());
+  EXPECT_THROW(DeviceStreams(at::Device(at::kCUDA)), std::logic_error);
+}
+#endif
+
+}  // namespace
+}  // namespace zenflow::engine

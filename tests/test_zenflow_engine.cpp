@@ -1,0 +1,736 @@
+// ZenFlowOptimizer behaviours (reference/zenflow-semantics.md): equivalence with AdamW
+// where the semantics promise it (on the Llama model), exact top-k selection, always-
+// device parameters, bounded staleness, non-finite gradients, resume, Zen-auto bounds and
+// option validation. The step-by-step comparison with an independent reference over a
+// grid of configurations is in test_zenflow_reference.cpp.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "worker/engine/zenflow_optimizer.h"
+#include "worker/model/causal_lm.h"
+#include "worker/model/llama.h"
+
+namespace ze = zenflow::engine;
+namespace zm = zenflow::model;
+
+namespace {
+
+// CUDA when ZENFLOW_TEST_DEVICE=cuda and LibTorch sees a GPU, else the CPU.
+at::Device test_device() {
+  const char* e = std::getenv("ZENFLOW_TEST_DEVICE");
+  if (e != nullptr && std::string(e) == "cuda" && at::hasCUDA()) return at::Device(at::kCUDA, 0);
+  return at::Device(at::kCPU);
+}
+
+at::Tensor cpu_copy(const at::Tensor& t) { return t.detach().to(at::kCPU).to(at::kFloat).contiguous().clone(); }
+
+// Every element of `got` within `rel` of `want`, relative to max(|want|, 1e-3).
+::testing::AssertionResult close(const at::Tensor& got_t, const at::Tensor& want_t, double rel,
+                                 const std::string& what) {
+  const at::Tensor got = cpu_copy(got_t), want = cpu_copy(want_t);
+  if (got.sizes() != want.sizes()) return ::testing::AssertionFailure() << what << ": shapes differ";
+  const float* a = got.data_ptr<float>();
+  const float* b = want.data_ptr<float>();
+  int64_t bad = 0;
+  std::ostringstream os;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double err = std::fabs(static_cast<double>(a[i]) - b[i]) / std::max(std::fabs(static_cast<double>(b[i])), 1e-3);
+    if (!(err <= rel)) {
+      if (bad < 3) os << "\n  [" << i << "] got " << a[i] << " want " << b[i] << " (rel " << err << ")";
+      ++bad;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": " << bad << " of " << got.numel()
+                                       << " elements differ by more than " << rel << os.str();
+}
+
+::testing::AssertionResult bitwise_equal(const at::Tensor& a, const at::Tensor& b, const std::string& what) {
+  const at::Tensor x = cpu_copy(a), y = cpu_copy(b);
+  if (x.sizes() == y.sizes() && at::equal(x, y)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << " changed / differs (max abs diff "
+                                       << (x.sizes() == y.sizes() ? (x - y).abs().max().item<double>() : -1.0)
+                                       << ")";
+}
+
+// ---------------------------------------------------------------------------------
+// Small synthetic problems.
+// ---------------------------------------------------------------------------------
+
+struct Spec {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+struct Problem {
+  std::vector<Spec> specs;
+  std::vector<at::Tensor> params;  // on the test device, requires_grad
+
+  std::vector<ze::ParamSpec> param_specs(double wd = 0.1) const {
+    std::vector<ze::ParamSpec> out;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      ze::ParamSpec p;
+      p.name = specs[i].name;
+      p.param = params[i];
+      p.weight_decay = params[i].dim() == 2;
+      p.weight_decay_value = wd;
+      out.push_back(p);
+    }
+    return out;
+  }
+  void set_grads(const std::vector<at::Tensor>& g) {
+    for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = g[i].to(params[i].device()).clone();
+  }
+  std::vector<at::Tensor> snapshot() const {
+    std::vector<at::Tensor> out;
+    for (auto& p : params) out.push_back(cpu_copy(p));
+    return out;
+  }
+  const at::Tensor& operator[](const std::string& name) const {
+    for (size_t i = 0; i < specs.size(); ++i)
+      if (specs[i].name == name) return params[i];
+    throw std::runtime_error("no parameter " + name);
+  }
+};
+
+// Parameters with values from `init` (CPU tensors) on the test device.
+Problem make_problem(const std::vector<Spec>& specs, const std::vector<at::Tensor>& init) {
+  Problem p;
+  p.specs = specs;
+  for (auto& t : init) p.params.push_back(t.clone().to(test_device()).requires_grad_(true));
+  return p;
+}
+
+std::vector<at::Tensor> random_values(const std::vector<Spec>& specs, uint64_t seed, double scale = 1.0) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  std::vector<at::Tensor> out;
+  for (auto& s : specs) out.push_back(at::randn(s.shape, gen, at::TensorOptions().dtype(at::kFloat)) * scale);
+  return out;
+}
+
+ze::EngineOptions zen_options() {
+  ze::EngineOptions o;
+  o.mode = ze::OptimizerMode::kZenFlow;
+  o.min_split_numel = 16;
+  o.huge_pages = false;
+  return o;
+}
+
+ze::StepContext ctx_at(int64_t s, int64_t epoch = 0) {
+  ze::StepContext c;
+  c.lr = 1e-2 * (1.0 + 0.3 * std::cos(0.7 * static_cast<double>(s)));
+  c.epoch = epoch;
+  return c;
+}
+
+const std::vector<Spec> kSmallSpecs = {
+    {"big1", {6, 8}}, {"bias", {6}}, {"big2", {5, 12}}, {"small", {3, 5}}};
+
+// ---------------------------------------------------------------------------------
+// Equivalence with AdamW on the Llama model.
+// ---------------------------------------------------------------------------------
+
+zm::LlamaConfig llama_config() {
+  zm::LlamaConfig c;
+  c.vocab_size = 64;
+  c.hidden_size = 32;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 4;
+  c.intermediate_size = 64;
+  return c;
+}
+
+std::vector<ze::ParamSpec> llama_param_specs(zm::CausalLM& model) {
+  std::vector<ze::ParamSpec> out;
+  for (auto& p : model.parameters()) {
+    ze::ParamSpec s;
+    s.name = p.name;
+    s.param = p.tensor;
+    s.weight_decay = p.tensor.dim() == 2;
+    s.weight_decay_value = 0.1;
+    out.push_back(s);
+  }
+  return out;
+}
+
+// Trains two copies of the same Llama with options `a` and `b` on the same batches for
+// `steps` steps and expects every parameter to agree to 1e-6 relative after every step.
+// Returns the optimizer run with `b` for further checks.
+std::unique_ptr<ze::ZenFlowOptimizer> expect_llama_runs_agree(const ze::EngineOptions& a,
+                                                             const ze::EngineOptions& b, int steps) {
+  const at::Device dev = test_device();
+  auto model_a = zm::make_llama(llama_config(), 7);
+  auto model_b = zm::make_llama(llama_config(), 7);
+  model_a->to(dev, at::kFloat);
+  model_b->to(dev, at::kFloat);
+  auto opt_a = std::make_unique<ze::ZenFlowOptimizer>(llama_param_specs(*model_a), a);
+  auto opt_b = std::make_unique<ze::ZenFlowOptimizer>(llama_param_specs(*model_b), b);
+  at::Generator gen = at::detail::createCPUGenerator(1234);
+  for (int s = 0; s < steps; ++s) {
+    const at::Tensor ids = at::randint(64, {2, 17}, gen, at::TensorOptions().dtype(at::kLong)).to(dev);
+    const at::Tensor inputs = ids.narrow(1, 0, 16), targets = ids.narrow(1, 1, 16);
+    double losses[2];
+    int which = 0;
+    for (auto [model, opt] : {std::make_pair(model_a.get(), opt_a.get()), std::make_pair(model_b.get(), opt_b.get())}) {
+      opt->zero_grad();
+      at::Tensor loss = zm::causal_lm_loss(model->forward(inputs), targets);
+      loss.backward();
+      losses[which++] = loss.item<double>();
+      ze::StepContext ctx;
+      ctx.lr = 3e-3 * (1.0 + 0.5 * std::sin(0.9 * s));
+      const ze::StepReport rep = opt->step(ctx);
+      EXPECT_FALSE(rep.skipped) << "step " << s;
+    }
+    EXPECT_NEAR(losses[1], losses[0], 1e-5 * std::max(1.0, std::fabs(losses[0]))) << "loss at step " << s;
+    auto pa = model_a->parameters(), pb = model_b->parameters();
+    for (size_t i = 0; i < pa.size(); ++i) {
+      auto r = close(pb[i].tensor, pa[i].tensor, 1e-6, pa[i].name + " after step " + std::to_string(s));
+      if (!r) {
+        ADD_FAILURE() << r.message();
+        return opt_b;
+      }
+    }
+  }
+  return opt_b;
+}
+
+ze::EngineOptions device_mode() {
+  ze::EngineOptions o;
+  o.mode = ze::OptimizerMode::kDevice;
+  o.grad_clip = 1.0;
+  o.min_split_numel = 256;
+  o.huge_pages = false;
+  return o;
+}
+
+class ZenflowEqualsAdamWWhenWindowIsOne : public ::testing::TestWithParam<double> {};
+
+TEST_P(ZenflowEqualsAdamWWhenWindowIsOne, OnLlamaForTwentySteps) {
+  ze::EngineOptions zen = device_mode();
+  zen.mode = ze::OptimizerMode::kZenFlow;
+  zen.topk_ratio = GetParam();
+  zen.update_interval = 1;
+  zen.overlap_step = false;
+  zen.select_strategy = ze::SelectStrategy::kStep;
+  zen.select_interval = 1;
+  zen.full_warm_up_rounds = 1;
+  auto opt = expect_llama_runs_agree(device_mode(), zen, 20);
+  // The test means something only if matrices were split and columns moved.
+  EXPECT_TRUE(opt->is_split("model.layers.0.self_attn.q_proj.weight"));
+  EXPECT_TRUE(opt->is_split("model.embed_tokens.weight"));
+  EXPECT_FALSE(opt->is_split("model.norm.weight"));
+  EXPECT_EQ(opt->windows_completed(), 19);
+  if (GetParam() < 1.0) {
+    EXPECT_GT(opt->reselections(), 5) << "re-selection every step should move columns";
+    EXPECT_LT(opt->selected_ratio(), 0.2);
+  } else {
+    EXPECT_DOUBLE_EQ(opt->selected_ratio(), 1.0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TopK, ZenflowEqualsAdamWWhenWindowIsOne, ::testing::Values(0.1, 1.0),
+                         [](const ::testing::TestParamInfo<double>& i) {
+                           return std::string(i.param < 1.0 ? "r0p1" : "r1");
+                         });
+
+TEST(ZenFlowOptimizer, OffloadEqualsDeviceOnLlama) {
+  ze::EngineOptions off = device_mode();
+  off.mode = ze::OptimizerMode::kOffload;
+  auto opt = expect_llama_runs_agree(device_mode(), off, 20);
+  EXPECT_TRUE(opt->is_split("model.norm.weight")) << "offload: every parameter is host-owned";
+  EXPECT_EQ(opt->host_steps(), 20);
+}
+
+TEST(ZenFlowOptimizer, AllColumnsSelectedEqualsDeviceOnLlamaWithOverlappedWindows) {
+  ze::EngineOptions zen = device_mode();
+  zen.mode = ze::OptimizerMode::kZenFlow;
+  zen.topk_ratio = 1.0;
+  zen.update_interval = 4;
+  zen.overlap_step = true;
+  zen.full_warm_up_rounds = 1;
+  zen.select_strategy = ze::SelectStrategy::kAuto;
+  auto opt = expect_llama_runs_agree(device_mode(), zen, 20);
+  EXPECT_DOUBLE_EQ(opt->selected_ratio(), 1.0);
+}
+
+// ---------------------------------------------------------------------------------
+// Selection.
+// ---------------------------------------------------------------------------------
+
+// Column j of a [4, 10] matrix from a list of columns.
+at::Tensor from_columns(const std::vector<std::vector<float>>& cols) {
+  at::Tensor t = at::zeros({4, static_cast<int64_t>(cols.size())});
+  for (size_t j = 0; j < cols.size(); ++j)
+    for (size_t i = 0; i < cols[j].size(); ++i) t[static_cast<int64_t>(i)][static_cast<int64_t>(j)] = cols[j][i];
+  return t;
+}
+
+// Squared L2 and L1 column norms rank these columns differently:
+//   col:  0     1    2     3    4     5     6     7    8     9
+//   l2:  .04    9  5.76    1  6.25  4.84  5.29    4  .16  4.1025
+//   l1:  .4     3  4.8     2  2.5   4.4   2.3     4  .8   4.05
+at::Tensor crafted_gradient() {
+  return from_columns({{0.1f, 0.1f, 0.1f, 0.1f},
+                       {3, 0, 0, 0},
+                       {1.2f, 1.2f, 1.2f, 1.2f},
+                       {0.5f, 0.5f, 0.5f, 0.5f},
+                       {0, 2.5f, 0, 0},
+                       {1.1f, -1.1f, 1.1f, -1.1f},
+                       {0, 0, -2.3f, 0},
+                       {1, 1, 1, 1},
+                       {0.2f, -0.2f, 0.2f, -0.2f},
+                       {-1, -1, -1, -1.05f}});
+}
+
+// A gradient that would select columns 0, 3, 8 if it were (wrongly) counted.
+at::Tensor decoy_gradient() {
+  at::Tensor g = at::full({4, 10}, 0.01f);
+  g.select(1, 0).fill_(5);
+  g.select(1, 3).fill_(4);
+  g.select(1, 8).fill_(3);
+  return g;
+}
+
+const std::vector<Spec> kSelSpecs = {{"w", {4, 10}}, {"b", {4}}};
+
+std::vector<int64_t> first_selection(ze::Importance imp, double r, int64_t warm_up) {
+  Problem p = make_problem(kSelSpecs, random_values(kSelSpecs, 3));
+  ze::EngineOptions o = zen_options();
+  o.importance = imp;
+  o.topk_ratio = r;
+  o.full_warm_up_rounds = warm_up;
+  o.update_interval = 2;
+  o.select_strategy = ze::SelectStrategy::kStep;
+  o.select_interval = 2;
+  ze::ZenFlowOptimizer opt(p.param_specs(), o);
+  for (int64_t s = 0; s < warm_up; ++s) {
+    p.set_grads({decoy_gradient(), at::ones({4})});
+    opt.step(ctx_at(s));
+    EXPECT_TRUE(opt.selected_columns("w").empty()) << "no selection during warm-up";
+  }
+  p.set_grads({crafted_gradient(), at::ones({4})});
+  opt.step(ctx_at(warm_up));
+  EXPECT_FALSE(opt.at_boundary());
+  return opt.selected_columns("w");
+}
+
+using Cols = std::vector<int64_t>;
+
+TEST(ZenFlowOptimizer, SelectionPicksExactTopKColumnsByL2) {
+  EXPECT_EQ(first_selection(ze::Importance::kL2, 0.3, 0), (Cols{1, 2, 4}));
+  EXPECT_EQ(first_selection(ze::Importance::kL2, 0.5, 0), (Cols{1, 2, 4, 5, 6}));
+  EXPECT_EQ(first_selection(ze::Importance::kL2, 0.05, 0), (Cols{1})) << "k = max(1, floor(r in))";
+  EXPECT_EQ(first_selection(ze::Importance::kL2, 0.0, 0), (Cols{})) << "r = 0 selects nothing";
+  EXPECT_EQ(first_selection(ze::Importance::kL2, 1.0, 0).size(), 10u) << "r = 1 selects every column";
+}
+
+TEST(ZenFlowOptimizer, SelectionPicksExactTopKColumnsByL1) {
+  EXPECT_EQ(first_selection(ze::Importance::kL1, 0.3, 0), (Cols{2, 5, 9}));
+  EXPECT_EQ(first_selection(ze::Importance::kL1, 0.5, 0), (Cols{1, 2, 5, 7, 9}));
+  EXPECT_EQ(first_selection(ze::Importance::kL1, 0.05, 0), (Cols{2}));
+}
+
+TEST(ZenFlowOptimizer, FirstSelectionUsesOnlyTheFirstStepAfterWarmUp) {
+  EXPECT_EQ(first_selection(ze::Importance::kL2, 0.3, 1), (Cols{1, 2, 4}));
+  EXPECT_EQ(first_selection(ze::Importance::kL2, 0.3, 2), (Cols{1, 2, 4}));
+  EXPECT_EQ(first_selection(ze::Importance::kL1, 0.3, 2), (Cols{2, 5, 9}));
+}
+
+TEST(ZenFlowOptimizer, ReselectionRanksBySummedWindowScoresAndOnlyAtBoundaries) {
+  Problem p = make_problem(kSelSpecs, random_values(kSelSpecs, 3));
+  ze::EngineOptions o = zen_options();
+  o.topk_ratio = 0.3;
+  o.full_warm_up_rounds = 1;
+  o.update_interval = 3;
+  o.overlap_step = true;
+  o.select_strategy = ze::SelectStrategy::kStep;
+  o.select_interval = 3;
+  ze::ZenFlowOptimizer opt(p.param_specs(), o);
+  // Step 0: warm-up. Step 1: first selection from the crafted gradient.
+  p.set_grads({decoy_gradient(), at::ones({4})});
+  opt.step(ctx_at(0));
+  p.set_grads({crafted_gradient(), at::ones({4})});
+  EXPECT_FALSE(opt.step(ctx_at(1)).boundary);
+  EXPECT_EQ(opt.selected_columns("w"), (Cols{1, 2, 4}));
+  // Step 2 (mid-window): a gradient dominated by columns 0, 3, 8 changes nothing yet.
+  at::Tensor g2 = at::zeros({4, 10});
+  g2.select(1, 0).fill_(2);    // 16
+  g2.select(1, 3).fill_(1.5);  // 9
+  g2.select(1, 8).fill_(0.6);  // 1.44
+  p.set_grads({g2, at::ones({4})});
+  ze::StepReport r2 = opt.step(ctx_at(2));
+  EXPECT_FALSE(r2.boundary);
+  EXPECT_FALSE(r2.reselected);
+  EXPECT_EQ(opt.selected_columns("w"), (Cols{1, 2, 4}));
+  // Step 3 closes the window. Window sums (l2): col0 16.04, col9 13.10, col3 10, col1 9,
+  // col4 6.25, col2 5.76, col8 1.6 -> {0, 3, 9}; step 3 alone would pick column 9 first,
+  // steps 1+2 alone {0, 1, 3}.
+  at::Tensor g3 = at::zeros({4, 10});
+  g3.select(1, 9).fill_(1.5);  // 9
+  p.set_grads({g3, at::ones({4})});
+  ze::StepReport r3 = opt.step(ctx_at(3));
+  EXPECT_TRUE(r3.boundary);
+  EXPECT_TRUE(r3.reselected);
+  EXPECT_EQ(opt.selected_columns("w"), (Cols{0, 3, 9}));
+  EXPECT_EQ(opt.reselections(), 1);
+}
+
+// ---------------------------------------------------------------------------------
+// Always-device parameters.
+// ---------------------------------------------------------------------------------
+
+TEST(ZenFlowOptimizer, SmallAndOneDimensionalParametersNeverGoToHost) {
+  const std::vector<Spec> specs = {{"big", {6, 8}}, {"bias", {6}}, {"small", {3, 5}}, {"tiny", {2, 3}},
+                                   {"edge", {4, 4}}};
+  const std::vector<at::Tensor> init = random_values(specs, 11);
+  Problem zp = make_problem(specs, init), dp = make_problem(specs, init);
+  ze::EngineOptions zo = zen_options();
+  zo.topk_ratio = 0.25;
+  zo.update_interval = 3;
+  zo.full_warm_up_rounds = 1;
+  zo.overlap_step = true;
+  zo.select_strategy = ze::SelectStrategy::kStep;
+  zo.select_interval = 3;
+  ze::EngineOptions dop = zen_options();
+  dop.mode = ze::OptimizerMode::kDevice;
+  ze::ZenFlowOptimizer zen(zp.param_specs(), zo), dev(dp.param_specs(), dop);
+  EXPECT_TRUE(zen.is_split("big"));
+  EXPECT_TRUE(zen.is_split("edge")) << "numel == min_split_numel is split";
+  for (const char* name : {"bias", "small", "tiny"}) {
+    EXPECT_FALSE(zen.is_split(name)) << name;
+    EXPECT_FALSE(dev.is_split(name)) << name;
+  }
+  EXPECT_EQ(zen.split_elements(), 48 + 16);
+
+  for (int64_t s = 0; s < 11; ++s) {
+    SCOPED_TRACE("step " + std::to_string(s));
+    const std::vector<at::Tensor> g = random_values(specs, 100 + static_cast<uint64_t>(s));
+    const at::Tensor before = cpu_copy(zp["bias"]);
+    zp.set_grads(g);
+    dp.set_grads(g);
+    zen.step(ctx_at(s));
+    dev.step(ctx_at(s));
+    for (const char* name : {"bias", "small", "tiny"}) {
+      EXPECT_TRUE(close(zp[name], dp[name], 1e-6, name)) << name;
+      EXPECT_TRUE(zen.selected_columns(name).empty()) << name;
+    }
+    EXPECT_FALSE(at::equal(before, cpu_copy(zp["bias"]))) << "bias updated every step";
+    EXPECT_EQ(zen.selected_columns("big").size(), s >= 1 ? 2u : 0u);
+  }
+  zen.finish();
+  for (const char* name : {"bias", "small", "tiny"}) EXPECT_TRUE(close(zp[name], dp[name], 1e-6, name)) << name;
+
+  // Offload mode: every parameter, 1-D included, is host-owned.
+  Problem op = make_problem(specs, init);
+  ze::EngineOptions oo = zen_options();
+  oo.mode = ze::OptimizerMode::kOffload;
+  ze::ZenFlowOptimizer off(op.param_specs(), oo);
+  for (auto& s : specs) EXPECT_TRUE(off.is_split(s.name)) << s.name;
+}
+
+// ---------------------------------------------------------------------------------
+// Staleness.
+// ---------------------------------------------------------------------------------
+
+class NoColumnMoreThanOneWindowStale : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(NoColumnMoreThanOneWindowStale, WithOverlapAndZeroWithout) {
+  const int64_t W = GetParam(), U = 3, steps = 14;
+  for (bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap ? "overlap on" : "overlap off");
+    Problem p = make_problem(kSmallSpecs, random_values(kSmallSpecs, 21));
+    ze::EngineOptions o = zen_options();
+    o.topk_ratio = 0.25;
+    o.update_interval = U;
+    o.full_warm_up_rounds = W;
+    o.overlap_step = overlap;
+    o.select_strategy = ze::SelectStrategy::kStep;
+    o.select_interval = 10 * U;  // no re-selection (which would drain the pipeline)
+    ze::ZenFlowOptimizer opt(p.param_specs(), o);
+    std::vector<int64_t> host_cols;  // a host-owned column of big1
+    at::Tensor host_before;
+    for (int64_t s = 0; s < steps; ++s) {
+      p.set_grads(random_values(kSmallSpecs, 500 + static_cast<uint64_t>(s)));
+      const ze::StepReport rep = opt.step(ctx_at(s));
+      // Window k's host step reaches the weights at the boundary of window k+1.
+      const int64_t expected = overlap && s >= W + U ? 1 : 0;
+      EXPECT_EQ(rep.staleness_windows, expected) << "step " << s;
+      EXPECT_LE(rep.staleness_windows, 1) << "step " << s;
+      EXPECT_EQ(rep.boundary, s >= W && (s - W + 1) % U == 0) << "step " << s;
+      if (s == W) {
+        const Cols sel = opt.selected_columns("big1");
+        ASSERT_EQ(sel.size(), 2u);
+        for (int64_t j = 0; j < 8; ++j)
+          if (std::find(sel.begin(), sel.end(), j) == sel.end()) host_cols.push_back(j);
+      }
+      // The host columns' weights: unchanged inside windows; the first window's result
+      // appears at its own boundary without overlap, at the next boundary with it.
+      if (s >= W) {
+        const at::Tensor now = cpu_copy(p["big1"]).index_select(1, at::tensor(host_cols));
+        if (s > W) {
+          const int64_t first_change = overlap ? W + 2 * U - 1 : W + U - 1;
+          const bool should_change = s >= first_change && (s - W + 1) % U == 0;
+          EXPECT_EQ(!at::equal(now, host_before), should_change) << "host columns at step " << s;
+        }
+        host_before = now;
+      }
+    }
+    EXPECT_EQ(opt.max_staleness_windows(), overlap ? 1 : 0);
+    EXPECT_EQ(opt.windows_completed(), (steps - W) / U);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WarmUp, NoColumnMoreThanOneWindowStale, ::testing::Values(0, 1),
+                         [](const ::testing::TestParamInfo<int64_t>& i) { return "W" + std::to_string(i.param); });
+
+// ---------------------------------------------------------------------------------
+// Non-finite gradients.
+// ---------------------------------------------------------------------------------
+
+class NonFiniteGradientSkipsStep : public ::testing::TestWithParam<float> {};
+
+TEST_P(NonFiniteGradientSkipsStep, NothingChangesAndTheRunContinuesAsIfItNeverHappened) {
+  const std::vector<at::Tensor> init = random_values(kSmallSpecs, 31);
+  Problem a = make_problem(kSmallSpecs, init), b = make_problem(kSmallSpecs, init);
+  ze::EngineOptions o = zen_options();
+  o.topk_ratio = 0.25;
+  o.update_interval = 3;
+  o.full_warm_up_rounds = 1;
+  o.overlap_step = true;
+  o.grad_clip = 1.0;
+  o.select_strategy = ze::SelectStrategy::kStep;
+  o.select_interval = 3;
+  ze::ZenFlowOptimizer oa(a.param_specs(), o), ob(b.param_specs(), o);
+  int64_t s = 0;
+  auto both = [&](int64_t n) {
+    for (int64_t e = s + n; s < e; ++s) {
+      const auto g = random_values(kSmallSpecs, 900 + static_cast<uint64_t>(s), 3.0);
+      a.set_grads(g);
+      b.set_grads(g);
+      oa.step(ctx_at(s));
+      ob.step(ctx_at(s));
+      for (size_t i = 0; i < a.params.size(); ++i)
+        ASSERT_TRUE(bitwise_equal(a.params[i], b.params[i], kSmallSpecs[i].name + " at step " + std::to_string(s)));
+    }
+  };
+  both(5);  // warm-up, window 0 (in flight), one step into window 1
+  ASSERT_FALSE(oa.at_boundary());
+  const auto before = a.snapshot();
+  auto g = random_values(kSmallSpecs, 4242, 3.0);
+  g[2][1][3] = GetParam();  // one element of big2
+  a.set_grads(g);
+  const ze::StepReport rep = oa.step(ctx_at(s));
+  EXPECT_TRUE(rep.skipped);
+  EXPECT_FALSE(std::isfinite(rep.grad_norm));
+  EXPECT_EQ(oa.skipped_steps(), 1);
+  EXPECT_EQ(oa.steps(), 5);
+  for (size_t i = 0; i < before.size(); ++i)
+    EXPECT_TRUE(bitwise_equal(a.params[i], before[i], kSmallSpecs[i].name));
+  // The run continues exactly as the one that never saw the bad gradient.
+  both(7);
+  oa.finish();
+  ob.finish();
+  for (size_t i = 0; i < a.params.size(); ++i)
+    EXPECT_TRUE(bitwise_equal(a.params[i], b.params[i], kSmallSpecs[i].name + " after finish"));
+  EXPECT_EQ(oa.steps(), ob.steps());
+  EXPECT_EQ(oa.host_steps(), ob.host_steps());
+  EXPECT_EQ(oa.windows_completed(), ob.windows_completed());
+  EXPECT_EQ(ob.skipped_steps(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Values, NonFiniteGradientSkipsStep,
+                         ::testing::Values(std::numeric_limits<float>::quiet_NaN(),
+                                           std::numeric_limits<float>::infinity()),
+                         [](const ::testing::TestParamInfo<float>& i) {
+                           return std::string(std::isnan(i.param) ? "NaN" : "Inf");
+                         });
+
+// ---------------------------------------------------------------------------------
+// Resume.
+// ---------------------------------------------------------------------------------
+
+class ResumeFromStateDict : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(ResumeFromStateDict, MatchesUninterruptedRun) {
+  const int64_t K = GetParam(), steps = 10;
+  ze::EngineOptions o = zen_options();
+  o.topk_ratio = 0.25;
+  o.update_interval = 3;
+  o.full_warm_up_rounds = 1;
+  o.overlap_step = true;
+  o.grad_clip = 1.0;
+  o.select_strategy = ze::SelectStrategy::kAuto;
+  const std::vector<at::Tensor> init = random_values(kSmallSpecs, 41);
+  std::vector<std::vector<at::Tensor>> grads;
+  for (int64_t s = 0; s < steps; ++s) grads.push_back(random_values(kSmallSpecs, 700 + static_cast<uint64_t>(s), 2.0));
+  auto epoch_of = [](int64_t s) { return s / 4; };
+
+  // A: uninterrupted. B: the same, taking a state_dict at K and carrying on.
+  Problem a = make_problem(kSmallSpecs, init), b = make_problem(kSmallSpecs, init);
+  ze::ZenFlowOptimizer oa(a.param_specs(), o), ob(b.param_specs(), o);
+  std::vector<std::vector<at::Tensor>> traj;
+  std::vector<std::pair<std::string, at::Tensor>> state;
+  std::vector<at::Tensor> values_at_k;
+  for (int64_t s = 0; s < steps; ++s) {
+    a.set_grads(grads[static_cast<size_t>(s)]);
+    oa.step(ctx_at(s, epoch_of(s)));
+    traj.push_back(a.snapshot());
+    if (s == K) {
+      // a state_dict mid-run leaves the trajectory unchanged
+      ASSERT_EQ(ob.steps(), K);
+      state = ob.state_dict();
+      values_at_k = b.snapshot();
+    }
+    b.set_grads(grads[static_cast<size_t>(s)]);
+    ob.step(ctx_at(s, epoch_of(s)));
+    for (size_t i = 0; i < b.params.size(); ++i)
+      ASSERT_TRUE(close(b.params[i], a.params[i], 1e-7, kSmallSpecs[i].name + " (B) at step " + std::to_string(s)));
+  }
+  oa.finish();
+  ob.finish();
+  const auto final_a = a.snapshot();
+  for (size_t i = 0; i < b.params.size(); ++i)
+    EXPECT_TRUE(close(b.params[i], final_a[i], 1e-7, kSmallSpecs[i].name + " (B) after finish"));
+  EXPECT_GE(oa.reselections(), 1) << "the run should exercise a re-selection";
+
+  // C: new optimizer on fresh parameters holding the values at K, state loaded.
+  ASSERT_FALSE(state.empty());
+  Problem c = make_problem(kSmallSpecs, values_at_k);
+  ze::ZenFlowOptimizer oc(c.param_specs(), o);
+  oc.load_state(state);
+  EXPECT_EQ(oc.steps(), K);
+  for (int64_t s = K; s < steps; ++s) {
+    c.set_grads(grads[static_cast<size_t>(s)]);
+    oc.step(ctx_at(s, epoch_of(s)));
+    for (size_t i = 0; i < c.params.size(); ++i)
+      ASSERT_TRUE(close(c.params[i], traj[static_cast<size_t>(s)][i], 1e-7,
+                        kSmallSpecs[i].name + " (resumed) at step " + std::to_string(s)));
+  }
+  EXPECT_EQ(oc.steps(), oa.steps());
+  EXPECT_EQ(oc.host_steps(), oa.host_steps());
+  EXPECT_EQ(oc.windows_completed(), oa.windows_completed());
+  EXPECT_EQ(oc.max_staleness_windows(), oa.max_staleness_windows());
+  EXPECT_EQ(oc.selected_columns("big1"), oa.selected_columns("big1"));
+  EXPECT_EQ(oc.selected_columns("big2"), oa.selected_columns("big2"));
+  oc.finish();
+  for (size_t i = 0; i < c.params.size(); ++i)
+    EXPECT_TRUE(close(c.params[i], final_a[i], 1e-7, kSmallSpecs[i].name + " (resumed) after finish"));
+}
+
+// K = 4: just after window 0's boundary (its host step in flight); K = 5: mid-window.
+INSTANTIATE_TEST_SUITE_P(At, ResumeFromStateDict, ::testing::Values(4, 5),
+                         [](const ::testing::TestParamInfo<int64_t>& i) {
+                           return std::string(i.param == 4 ? "Boundary" : "MidWindow");
+                         });
+
+TEST(ZenFlowOptimizer, ResumePointsAreWhereTheResumeTestsClaim) {
+  Problem p = make_problem(kSmallSpecs, random_values(kSmallSpecs, 41));
+  ze::EngineOptions o = zen_options();
+  o.topk_ratio = 0.25;
+  o.update_interval = 3;
+  o.full_warm_up_rounds = 1;
+  o.overlap_step = true;
+  ze::ZenFlowOptimizer opt(p.param_specs(), o);
+  for (int64_t s = 0; s < 5; ++s) {
+    p.set_grads(random_values(kSmallSpecs, 700 + static_cast<uint64_t>(s)));
+    opt.step(ctx_at(s));
+    if (s == 3) EXPECT_TRUE(opt.at_boundary());  // 4 steps taken
+    if (s == 4) EXPECT_FALSE(opt.at_boundary());  // 5 steps taken
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Zen-auto.
+// ---------------------------------------------------------------------------------
+
+TEST(ZenFlowOptimizer, ZenAutoWindowIsBounded) {
+  for (bool skewed : {true, false}) {
+    SCOPED_TRACE(skewed ? "selected columns dominate" : "random gradients");
+    Problem p = make_problem(kSmallSpecs, random_values(kSmallSpecs, 51));
+    ze::EngineOptions o = zen_options();
+    o.topk_ratio = 0.25;
+    o.update_interval = 0;
+    o.max_update_interval = 3;
+    o.full_warm_up_rounds = 0;
+    o.select_strategy = ze::SelectStrategy::kStep;
+    o.select_interval = 0;
+    ze::ZenFlowOptimizer opt(p.param_specs(), o);
+    const int64_t steps = 13;
+    int64_t since_boundary = 0, boundaries = 0;
+    for (int64_t s = 0; s < steps; ++s) {
+      auto g = random_values(kSmallSpecs, 300 + static_cast<uint64_t>(s));
+      if (skewed) {
+        // Columns 0..1 of big1 and 0..2 of big2 carry nearly all the mass: the
+        // unselected columns never catch up, so only the bound closes windows.
+        g[0].narrow(1, 2, 6).mul_(1e-3);
+        g[2].narrow(1, 3, 9).mul_(1e-3);
+      }
+      p.set_grads(g);
+      const ze::StepReport rep = opt.step(ctx_at(s));
+      ++since_boundary;
+      EXPECT_LE(since_boundary, 3) << "window longer than max_update_interval at step " << s;
+      if (rep.boundary) {
+        ++boundaries;
+        since_boundary = 0;
+      }
+    }
+    EXPECT_EQ(opt.windows_completed(), boundaries);
+    EXPECT_GE(opt.windows_completed(), steps / 3 - 1);
+    if (skewed) EXPECT_EQ(opt.windows_completed(), steps / 3) << "windows of exactly 3 steps";
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Options.
+// ---------------------------------------------------------------------------------
+
+TEST(ZenFlowOptimizer, BadOptionsAreRejected) {
+  const std::vector<Spec> specs = {{"w", {4, 10}}};
+  Problem p = make_problem(specs, random_values(specs, 1));
+  auto build = [&](const ze::EngineOptions& o) { ze::ZenFlowOptimizer opt(p.param_specs(), o); };
+
+  ze::EngineOptions good = zen_options();
+  good.select_strategy = ze::SelectStrategy::kStep;
+  good.update_interval = 2;
+  good.select_interval = 4;
+  EXPECT_NO_THROW(build(good));
+
+  struct Bad {
+    const char* what;
+    void (*edit)(ze::EngineOptions&);
+  };
+  const Bad bad[] = {
+      {"topk_ratio 1.5", [](ze::EngineOptions& o) { o.topk_ratio = 1.5; }},
+      {"topk_ratio -0.1", [](ze::EngineOptions& o) { o.topk_ratio = -0.1; }},
+      {"select_interval 5 with update_interval 2", [](ze::EngineOptions& o) { o.select_interval = 5; }},
+      {"select_interval 3 with update_interval 2", [](ze::EngineOptions& o) { o.select_interval = 3; }},
+      {"select_interval -4 with update_interval 2", [](ze::EngineOptions& o) { o.select_interval = -4; }},
+      {"update_interval -1", [](ze::EngineOptions& o) { o.update_interval = -1; }},
+      {"full_warm_up_rounds -1", [](ze::EngineOptions& o) { o.full_warm_up_rounds = -1; }},
+      {"max_update_interval 0", [](ze::EngineOptions& o) { o.max_update_interval = 0; }},
+  };
+  for (const Bad& b : bad) {
+    ze::EngineOptions o = good;
+    b.edit(o);
+    EXPECT_THROW(build(o), std::invalid_argument) << b.what;
+  }
+  EXPECT_THROW(ze::parse_optimizer_mode("zen"), std::invalid_argument);
+  EXPECT_EQ(ze::parse_optimizer_mode("offload"), ze::OptimizerMode::kOffload);
+}
+
+}  // namespace

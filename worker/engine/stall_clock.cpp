@@ -1,0 +1,49 @@
+// Per-step time accounting (see stall_clock.h).
+#include "worker/engine/stall_clock.h"
+
+namespace zenflow::engine {
+
+const char* stall_cause_name(StallCause cause) {
+  switch (cause) {
+    case StallCause::kHostOptimizer: return "host_optimizer";
+    case StallCause::kTransferD2H: return "transfer_d2h";
+    case StallCause::kTransferH2D: return "transfer_h2d";
+    case StallCause::kNetwork: return "network";
+    case StallCause::kAllreduce: return "allreduce";
+    case StallCause::kData: return "data";
+    case StallCause::kCheckpoint: return "checkpoint";
+  }
+  return "unknown";
+}
+
+double StepTimes::stall_total() const {
+  double s = 0;
+  for (double x : stall_seconds) s += x;
+  return s;
+}
+
+void StallClock::begin_step() {
+  current_ = StepTimes{};
+  start_ = std::chrono::steady_clock::now();
+}
+
+const StepTimes& StallClock::end_step() {
+  current_.wall_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  history_.push_back(current_);
+  return history_.back();
+}
+
+StepTimes StallClock::totals() const {
+  StepTimes t;
+  for (const auto& s : history_) {
+    t.wall_seconds += s.wall_seconds;
+    t.compute_seconds += s.compute_seconds;
+    t.device_optimizer_seconds += s.device_optimizer_seconds;
+    for (int i = 0; i < kNumStallCauses; ++i) t.stall_seconds[i] += s.stall_seconds[i];
+    for (int i = 0; i < 2; ++i) t.transfer_bytes[i] += s.transfer_bytes[i];
+  }
+  return t;
+}
+
+}  // namespace zenflow::engine

@@ -1,0 +1,75 @@
+// Per-step time accounting: compute, device-optimizer time, stalls by cause, bytes moved.
+//
+// The training loop and the engine report into one StallClock; the totals feed the run
+// summary, the benchmarks and (later) the Prometheus counters of DESIGN.md §7, whose
+// cause names these are. Thread safety: one thread (the training loop's) calls
+// everything; totals() may be read by it between steps.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zenflow::engine {
+
+enum class StallCause {
+  kHostOptimizer = 0,  // waiting for the host updater's window step
+  kTransferD2H,
+  kTransferH2D,
+  kNetwork,
+  kAllreduce,
+  kData,
+  kCheckpoint,
+};
+constexpr int kNumStallCauses = 7;
+const char* stall_cause_name(StallCause cause);  // "host_optimizer", "transfer_d2h", ...
+
+enum class Direction { kD2H = 0, kH2D = 1 };
+
+struct StepTimes {
+  double wall_seconds = 0;
+  double compute_seconds = 0;           // forward + backward (+ loss)
+  double device_optimizer_seconds = 0;  // device updater, selection, clipping
+  std::array<double, kNumStallCauses> stall_seconds{};
+  std::array<int64_t, 2> transfer_bytes{};  // indexed by Direction
+  double stall_total() const;
+};
+
+class StallClock {
+ public:
+  void begin_step();
+  // Closes the step: wall time since begin_step(); appends to history().
+  const StepTimes& end_step();
+
+  void add_compute(double seconds) { current_.compute_seconds += seconds; }
+  void add_device_optimizer(double seconds) { current_.device_optimizer_seconds += seconds; }
+  void add_stall(StallCause cause, double seconds) {
+    current_.stall_seconds[static_cast<int>(cause)] += seconds;
+  }
+  void add_bytes(Direction dir, int64_t bytes) { current_.transfer_bytes[static_cast<int>(dir)] += bytes; }
+
+  const StepTimes& current() const { return current_; }
+  const std::vector<StepTimes>& history() const { return history_; }
+  StepTimes totals() const;  // sum over history()
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+  StepTimes current_;
+  std::vector<StepTimes> history_;
+};
+
+// Seconds elapsed on a steady clock; Stopwatch().seconds() after some work.
+class Stopwatch {
+ public:
+  Stopwatch() : start_(std::chrono::steady_clock::now()) {}
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace zenflow::engine

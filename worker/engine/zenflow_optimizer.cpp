@@ -1,0 +1,816 @@
+// ZenFlowOptimizer: device updater, host updater, windows and selection
+// (reference/zenflow-semantics.md, section numbers below refer to it).
+#include "worker/engine/zenflow_optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <stdexcept>
+
+#include "worker/engine/device_ops.h"
+#include "worker/engine/host_optimizer.h"
+#include "worker/engine/host_thread_pool.h"
+
+namespace zenflow::engine {
+
+OptimizerMode parse_optimizer_mode(const std::string& s) {
+  if (s == "device") return OptimizerMode::kDevice;
+  if (s == "offload") return OptimizerMode::kOffload;
+  if (s == "zenflow") return OptimizerMode::kZenFlow;
+  throw std::invalid_argument("optimizer mode must be device, offload or zenflow, got '" + s + "'");
+}
+
+namespace {
+
+at::Tensor index_tensor(const std::vector<int64_t>& v, at::Device device) {
+  at::Tensor t = at::empty({static_cast<int64_t>(v.size())}, at::kLong);
+  std::copy(v.begin(), v.end(), t.data_ptr<int64_t>());
+  return t.to(device);
+}
+
+std::vector<int64_t> to_vector(const at::Tensor& t) {
+  at::Tensor c = t.to(at::kCPU).to(at::kLong).contiguous();
+  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+std::vector<int64_t> complement(const std::vector<int64_t>& sorted_sel, int64_t n) {
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(n) - sorted_sel.size());
+  size_t s = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    if (s < sorted_sel.size() && sorted_sel[s] == j) {
+      ++s;
+      continue;
+    }
+    out.push_back(j);
+  }
+  return out;
+}
+
+GradRef grad_ref(const at::Tensor& t, int64_t offset) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return GradRef::f32(t.data_ptr<float>() + offset);
+    case at::kBFloat16: return GradRef::bf16(reinterpret_cast<const uint16_t*>(t.data_ptr()) + offset);
+    case at::kHalf: return GradRef::fp16(reinterpret_cast<const uint16_t*>(t.data_ptr()) + offset);
+    default: throw std::invalid_argument("unsupported gradient dtype");
+  }
+}
+
+// A parameter whose columns are split between the device and the host updater.
+struct SplitParam {
+  size_t index = 0;
+  at::Tensor w2d;  // detached [out, in] view of the parameter
+  int64_t out = 0, in = 0, k = 0;
+  bool decay = true;
+  double weight_decay = 0;
+  std::vector<int64_t> sel_cpu, unsel_cpu;  // ascending; unsel = host-owned columns
+  at::Tensor sel, unsel;                    // same, int64 on the device
+  at::Tensor dev_m, dev_v, dev_master;      // [out, k] fp32 on the device
+  int64_t host_offset = 0;                  // into the host arenas (capacity out * in)
+  at::Tensor score_acc;                     // this window's column importance, fp32 [in]
+  int64_t n_host() const { return static_cast<int64_t>(unsel_cpu.size()); }
+  int64_t host_elems() const { return n_host() * out; }
+};
+
+// A parameter updated in full on the device every step.
+struct DenseParam {
+  size_t index = 0;
+  at::Tensor p;  // detached
+  at::Tensor m, v, master;
+  double weight_decay = 0;
+};
+
+// The host step whose result has not yet been copied to the device.
+struct InFlight {
+  std::shared_ptr<HostWork> work;  // null after a restore: the result is already in the master
+  int buffer = 0;                  // param_out buffer holding its low-precision output
+};
+
+}  // namespace
+
+struct ZenFlowOptimizer::Impl {
+  EngineOptions opt;
+  StallClock* clock = nullptr;
+  std::vector<ParamSpec> params;
+  std::vector<SplitParam> split;
+  std::vector<DenseParam> dense;
+  std::unique_ptr<HostOptimizer> host;
+  at::Device device{at::kCPU};
+  at::ScalarType split_dtype = at::kFloat;
+
+  // Host arenas (semantics §3): fp32 master, m, v; two window accumulators.
+  HostBuffer master, m, v;
+  HostBuffer acc[2];
+  // Gradient staging (device dtype): a ring for mid-window steps and one buffer per
+  // window parity for the window's last gradient, which the in-flight step still reads.
+  at::Tensor ring[2], last_grad[2];
+  at::Tensor param_out[2];  // low-precision host output for the H2D copy (non-fp32 weights)
+  std::shared_ptr<HostWork> ring_busy[2];
+  std::vector<std::shared_ptr<HostWork>> pending_accumulates;
+  int64_t capacity = 0;
+
+  // Progress (see state_dict for what is persisted).
+  int64_t t = 0;           // non-skipped steps
+  int64_t skipped = 0;
+  int64_t device_step = 0;  // device updater's bias-correction count
+  int64_t host_step = 0;    // host updater's bias-correction count
+  bool selected = false;
+  int64_t window = 0;       // windows completed since warm-up
+  int64_t window_pos = 0;   // steps accumulated in the open window
+  int64_t windows_applied = 0;
+  int64_t max_staleness = 0;
+  int64_t steps_since_selection = 0;
+  int64_t windows_since_selection = 0;
+  int64_t epoch_at_selection = 0;
+  int64_t reselections = 0;
+  std::unique_ptr<InFlight> inflight;
+  double last_lr = 0;
+
+  bool zenflow() const { return opt.mode == OptimizerMode::kZenFlow; }
+  bool in_warmup() const { return !zenflow() || t < opt.full_warm_up_rounds; }
+
+  void stall(StallCause c, double s) {
+    if (clock) clock->add_stall(c, s);
+  }
+  void bytes(Direction d, int64_t n) {
+    if (clock) clock->add_bytes(d, n);
+  }
+  void device_time(double s) {
+    if (clock) clock->add_device_optimizer(s);
+  }
+
+  AdamWCoeffs coeffs(double lr, double weight_decay, int64_t step) const {
+    AdamWParams p;
+    p.lr = lr;
+    p.beta1 = opt.beta1;
+    p.beta2 = opt.beta2;
+    p.eps = opt.eps;
+    p.weight_decay = weight_decay;
+    return AdamWCoeffs::make(p, step);
+  }
+
+  float* host_ptr(const HostBuffer& b, const SplitParam& s) const { return b.data() + s.host_offset; }
+  at::Tensor host_view(const HostBuffer& b, const SplitParam& s) const {
+    return at::from_blob(host_ptr(b, s), {s.n_host(), s.out}, at::kFloat);
+  }
+  at::Tensor staging_view(const at::Tensor& buf, const SplitParam& s) const {
+    return buf.narrow(0, s.host_offset, s.host_elems()).view({s.n_host(), s.out});
+  }
+
+  void validate() {
+    if (opt.topk_ratio < 0 || opt.topk_ratio > 1)
+      throw std::invalid_argument("topk_ratio must be in [0, 1]");
+    if (opt.update_interval < 0) throw std::invalid_argument("update_interval must be >= 0 (0 = auto)");
+    if (opt.full_warm_up_rounds < 0) throw std::invalid_argument("full_warm_up_rounds must be >= 0");
+    if (opt.select_strategy == SelectStrategy::kStep && opt.select_interval > 0 &&
+        opt.update_interval > 0 && opt.select_interval % opt.update_interval != 0)
+      throw std::invalid_argument("select_interval must be a positive multiple of update_interval");
+    if (opt.max_update_interval < 1) throw std::invalid_argument("max_update_interval must be >= 1");
+    if (opt.mode == OptimizerMode::kOffload) {
+      // ZeRO-Offload: everything on the host, one synchronous host step per step.
+      opt.topk_ratio = 0;
+      opt.update_interval = 1;
+      opt.overlap_step = false;
+    }
+  }
+
+  void build() {
+    validate();
+    if (params.empty()) throw std::invalid_argument("ZenFlowOptimizer: no parameters");
+    device = params.front().param.device();
+    bool have_split_dtype = false;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const ParamSpec& ps = params[i];
+      if (!ps.param.defined()) throw std::invalid_argument("parameter '" + ps.name + "' is undefined");
+      if (ps.param.device() != device)
+        throw std::invalid_argument("parameter '" + ps.name + "' is on " + ps.param.device().str() +
+                                    ", others on " + device.str());
+      const auto st = ps.param.scalar_type();
+      if (st != at::kFloat && st != at::kBFloat16 && st != at::kHalf)
+        throw std::invalid_argument("parameter '" + ps.name + "' has unsupported dtype");
+      if (!ps.param.is_contiguous())
+        throw std::invalid_argument("parameter '" + ps.name + "' must be contiguous");
+      at::Tensor p = ps.param.detach();
+      const double wd = ps.weight_decay ? ps.weight_decay_value : 0.0;
+      bool to_split = false;
+      if (opt.mode == OptimizerMode::kOffload) to_split = true;
+      if (opt.mode == OptimizerMode::kZenFlow)
+        to_split = p.dim() == 2 && p.numel() >= opt.min_split_numel;
+      if (to_split) {
+        if (have_split_dtype && st != split_dtype)
+          throw std::invalid_argument("split parameters must share one dtype ('" + ps.name + "' differs)");
+        split_dtype = st;
+        have_split_dtype = true;
+        SplitParam s;
+        s.index = i;
+        s.w2d = p.dim() == 2 ? p : p.reshape({p.numel(), 1});
+        s.out = s.w2d.size(0);
+        s.in = s.w2d.size(1);
+        s.weight_decay = wd;
+        s.host_offset = capacity;
+        capacity += s.out * s.in;
+        s.k = opt.topk_ratio <= 0 ? 0
+                                  : std::max<int64_t>(1, static_cast<int64_t>(std::floor(opt.topk_ratio * s.in)));
+        s.k = std::min(s.k, s.in);
+        split.push_back(std::move(s));
+      } else {
+        DenseParam d;
+        d.index = i;
+        d.p = p;
+        d.weight_decay = wd;
+        auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+        d.m = at::zeros({p.numel()}, f32);
+        d.v = at::zeros({p.numel()}, f32);
+        if (st != at::kFloat) d.master = p.to(at::kFloat).reshape({p.numel()}).clone();
+        dense.push_back(std::move(d));
+      }
+    }
+    if (!split.empty()) {
+      InProcessHostOptions ho;
+      ho.threads = std::max(1, opt.host_threads);
+      ho.cores = opt.host_cores;
+      host = make_in_process_host_optimizer(ho);
+      master = HostBuffer(capacity, nullptr, opt.huge_pages);
+      m = HostBuffer(capacity, nullptr, opt.huge_pages);
+      v = HostBuffer(capacity, nullptr, opt.huge_pages);
+      acc[0] = HostBuffer(capacity, nullptr, opt.huge_pages);
+      acc[1] = HostBuffer(capacity, nullptr, opt.huge_pages);
+      auto host_opts = at::TensorOptions().dtype(split_dtype).device(at::kCPU);
+      if (device.is_cuda()) host_opts = host_opts.pinned_memory(true);
+      for (int b = 0; b < 2; ++b) {
+        ring[b] = at::empty({capacity}, host_opts);
+        last_grad[b] = at::empty({capacity}, host_opts);
+        if (split_dtype != at::kFloat) param_out[b] = at::empty({capacity}, host_opts);
+      }
+      // The host owns every column until the first selection (warm-up = offload).
+      for (auto& s : split) {
+        s.unsel_cpu.resize(static_cast<size_t>(s.in));
+        std::iota(s.unsel_cpu.begin(), s.unsel_cpu.end(), 0);
+        s.sel_cpu.clear();
+        s.unsel = index_tensor(s.unsel_cpu, device);
+        s.sel = index_tensor(s.sel_cpu, device);
+        host_view(master, s).copy_(s.w2d.t().to(at::kCPU).to(at::kFloat));
+        s.score_acc = at::zeros({s.in}, at::TensorOptions().dtype(at::kFloat).device(device));
+      }
+    }
+  }
+
+  std::vector<at::Tensor> grads() {
+    std::vector<at::Tensor> out;
+    out.reserve(params.size());
+    for (auto& ps : params) {
+      at::Tensor g = ps.param.grad();
+      if (!g.defined()) g = at::zeros_like(ps.param);
+      out.push_back(g.detach());
+    }
+    return out;
+  }
+
+  // --- D2H: unselected gradient columns into a host staging buffer ---
+  void stage_gradients(const std::vector<at::Tensor>& g, const at::Tensor& buf) {
+    Stopwatch sw;
+    int64_t moved = 0;
+    for (auto& s : split) {
+      if (s.n_host() == 0) continue;
+      at::Tensor g2d = g[s.index].view({s.out, s.in});
+      at::Tensor dst = staging_view(buf, s);
+      if (device.is_cpu()) {
+        device_ops::gather_columns_t(g2d, s.unsel, dst);
+      } else {
+        at::Tensor tmp = at::empty({s.n_host(), s.out}, g2d.options());
+        device_ops::gather_columns_t(g2d, s.unsel, tmp);
+        dst.copy_(tmp);
+      }
+      moved += s.host_elems() * dst.element_size();
+    }
+    bytes(Direction::kD2H, moved);
+    stall(StallCause::kTransferD2H, sw.seconds());
+  }
+
+  // --- H2D: updated host-owned columns back into the device weights ---
+  // out_buffer < 0: convert from the fp32 master (after a restore).
+  void apply_host_result(int out_buffer) {
+    Stopwatch sw;
+    int64_t moved = 0;
+    for (auto& s : split) {
+      if (s.n_host() == 0) continue;
+      at::Tensor src = split_dtype == at::kFloat || out_buffer < 0 ? host_view(master, s)
+                                                                  : staging_view(param_out[out_buffer], s);
+      if (!device.is_cpu()) src = src.to(device, /*non_blocking=*/false);
+      device_ops::scatter_columns_t(s.w2d, s.unsel, src);
+      moved += s.host_elems() * s.w2d.element_size();
+    }
+    bytes(Direction::kH2D, moved);
+    stall(StallCause::kTransferH2D, sw.seconds());
+  }
+
+  // Builds the host AdamW job over every host-owned column. `last` holds this window's
+  // final gradient; `window_acc` (or null) the sum of the earlier ones.
+  // `last` undefined: the gradient is `window_acc` alone (flushing an open window).
+  StepJob make_step_job(double lr, const at::Tensor& last, const HostBuffer* window_acc,
+                        float grad_scale, int out_buffer) {
+    StepJob job;
+    job.grad_scale = grad_scale;
+    ++host_step;
+    for (auto& s : split) {
+      if (s.n_host() == 0) continue;
+      StepJob::Span sp;
+      sp.adamw.p = host_ptr(master, s);
+      sp.adamw.m = host_ptr(m, s);
+      sp.adamw.v = host_ptr(v, s);
+      sp.adamw.grad = last.defined() ? grad_ref(last, s.host_offset) : GradRef::f32(host_ptr(*window_acc, s));
+      sp.adamw.n = s.host_elems();
+      if (split_dtype != at::kFloat) {
+        sp.adamw.half_out =
+            reinterpret_cast<uint16_t*>(param_out[out_buffer].data_ptr()) + s.host_offset;
+        sp.adamw.half_kind = split_dtype == at::kBFloat16 ? HalfKind::kBF16 : HalfKind::kFP16;
+      }
+      sp.acc = window_acc && last.defined() ? host_ptr(*window_acc, s) : nullptr;
+      sp.coeffs = coeffs(lr, s.weight_decay, host_step);
+      job.spans.push_back(sp);
+    }
+    return job;
+  }
+
+  AccumulateJob make_accumulate_job(const at::Tensor& staged, const HostBuffer& into, bool overwrite) {
+    AccumulateJob job;
+    job.overwrite = overwrite;
+    for (auto& s : split) {
+      if (s.n_host() == 0) continue;
+      job.spans.push_back({host_ptr(into, s), grad_ref(staged, s.host_offset), s.host_elems()});
+    }
+    return job;
+  }
+
+  // Waits for the in-flight host step and copies its result to the device.
+  void complete_inflight() {
+    if (!inflight) return;
+    if (inflight->work) stall(StallCause::kHostOptimizer, inflight->work->wait());
+    const int buf = inflight->work ? inflight->buffer : -1;
+    inflight.reset();
+    apply_host_result(buf);
+    ++windows_applied;
+  }
+
+  void wait_accumulates() {
+    for (auto& w : pending_accumulates) stall(StallCause::kHostOptimizer, w->wait());
+    pending_accumulates.clear();
+    ring_busy[0].reset();
+    ring_busy[1].reset();
+  }
+
+  // --- Selection (§2) ---
+  at::Tensor scores_of(const at::Tensor& g, const SplitParam& s) const {
+    return device_ops::column_scores(g.view({s.out, s.in}), opt.importance == Importance::kL1);
+  }
+
+  std::vector<int64_t> top_k(const at::Tensor& scores, int64_t k) const {
+    if (k <= 0) return {};
+    at::Tensor idx = std::get<1>(at::topk(scores, k, /*dim=*/0, /*largest=*/true, /*sorted=*/true));
+    std::vector<int64_t> out = to_vector(idx);
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  // Moves master/m/v of columns whose owner changes (§3 "one set of moments per
+  // column"). Requires no host work in flight and no open window.
+  void migrate(SplitParam& s, const std::vector<int64_t>& new_sel) {
+    const auto f32cpu = at::TensorOptions().dtype(at::kFloat);
+    // Full per-column state [in, out] assembled from both owners.
+    at::Tensor full_master = at::empty({s.in, s.out}, f32cpu);
+    at::Tensor full_m = at::empty({s.in, s.out}, f32cpu);
+    at::Tensor full_v = at::empty({s.in, s.out}, f32cpu);
+    if (s.n_host() > 0) {
+      at::Tensor hidx = index_tensor(s.unsel_cpu, at::kCPU);
+      full_master.index_copy_(0, hidx, host_view(master, s));
+      full_m.index_copy_(0, hidx, host_view(m, s));
+      full_v.index_copy_(0, hidx, host_view(v, s));
+    }
+    if (s.k > 0 && !s.sel_cpu.empty()) {
+      at::Tensor didx = index_tensor(s.sel_cpu, at::kCPU);
+      at::Tensor dmaster = s.dev_master.defined() ? s.dev_master : s.w2d.index_select(1, s.sel).to(at::kFloat);
+      full_master.index_copy_(0, didx, dmaster.t().to(at::kCPU));
+      full_m.index_copy_(0, didx, s.dev_m.t().to(at::kCPU));
+      full_v.index_copy_(0, didx, s.dev_v.t().to(at::kCPU));
+    }
+    s.sel_cpu = new_sel;
+    s.unsel_cpu = complement(new_sel, s.in);
+    s.sel = index_tensor(s.sel_cpu, device);
+    s.unsel = index_tensor(s.unsel_cpu, device);
+    if (s.n_host() > 0) {
+      at::Tensor hidx = index_tensor(s.unsel_cpu, at::kCPU);
+      host_view(master, s).copy_(full_master.index_select(0, hidx));
+      host_view(m, s).copy_(full_m.index_select(0, hidx));
+      host_view(v, s).copy_(full_v.index_select(0, hidx));
+    }
+    at::Tensor didx = index_tensor(s.sel_cpu, at::kCPU);
+    s.dev_m = full_m.index_select(0, didx).t().contiguous().to(device);
+    s.dev_v = full_v.index_select(0, didx).t().contiguous().to(device);
+    at::Tensor dm = full_master.index_select(0, didx).t().contiguous();
+    if (split_dtype != at::kFloat) {
+      s.dev_master = dm.to(device);
+    } else {
+      s.dev_master = at::Tensor();
+    }
+    // The device copy of an entering column must equal its master value.
+    if (!s.sel_cpu.empty()) s.w2d.index_copy_(1, s.sel, dm.to(device).to(split_dtype));
+  }
+
+  void select_all(const std::vector<at::Tensor>* g, int64_t epoch) {
+    for (auto& s : split) {
+      const at::Tensor sc = g ? scores_of((*g)[s.index], s) : s.score_acc;
+      migrate(s, top_k(sc, s.k));
+    }
+    selected = true;
+    steps_since_selection = 0;
+    windows_since_selection = 0;
+    epoch_at_selection = epoch;
+  }
+
+  // Per matrix: [selected mass, total mass] of this window's scores.
+  std::vector<std::pair<double, double>> window_masses(bool with_fresh, std::vector<double>* fresh) {
+    std::vector<at::Tensor> parts;
+    for (auto& s : split) {
+      at::Tensor sel_mass = s.k > 0 ? s.score_acc.index_select(0, s.sel).sum() : at::zeros({}, s.score_acc.options());
+      parts.push_back(sel_mass);
+      parts.push_back(s.score_acc.sum());
+      if (with_fresh)
+        parts.push_back(s.k > 0 ? std::get<0>(at::topk(s.score_acc, s.k)).sum() : at::zeros({}, s.score_acc.options()));
+    }
+    at::Tensor all = at::stack(parts).to(at::kCPU).to(at::kDouble);
+    const double* a = all.data_ptr<double>();
+    std::vector<std::pair<double, double>> out;
+    const size_t stride = with_fresh ? 3 : 2;
+    for (size_t i = 0; i < split.size(); ++i) {
+      out.emplace_back(a[i * stride], a[i * stride + 1]);
+      if (with_fresh) fresh->push_back(a[i * stride + 2]);
+    }
+    return out;
+  }
+
+  // Zen-auto (§4): does this step close the window?
+  bool auto_window_closes() {
+    if (window_pos >= opt.max_update_interval) return true;
+    auto masses = window_masses(false, nullptr);
+    int64_t ready = 0;
+    for (size_t i = 0; i < split.size(); ++i) {
+      const SplitParam& s = split[i];
+      if (s.k == 0 || s.n_host() == 0) {
+        ++ready;
+        continue;
+      }
+      const double sel = masses[i].first, unsel = masses[i].second - masses[i].first;
+      const double unsel_per_col = unsel / static_cast<double>(s.n_host());
+      const double sel_per_col_step = sel / static_cast<double>(s.k) / static_cast<double>(window_pos);
+      if (unsel_per_col >= sel_per_col_step) ++ready;
+    }
+    return static_cast<double>(ready) >= opt.auto_ratio * static_cast<double>(split.size());
+  }
+
+  // Which matrices to re-select at this boundary (empty = none).
+  std::vector<bool> reselection_due(int64_t epoch) {
+    std::vector<bool> due(split.size(), false);
+    bool all = false;
+    switch (opt.select_strategy) {
+      case SelectStrategy::kStep:
+        all = opt.select_interval > 0 ? steps_since_selection >= opt.select_interval
+                                      : windows_since_selection >= 10;
+        break;
+      case SelectStrategy::kEpoch:
+        all = epoch - epoch_at_selection >= std::max<int64_t>(1, opt.select_interval);
+        break;
+      case SelectStrategy::kAuto: {
+        all = epoch > epoch_at_selection;
+        if (!all) {
+          std::vector<double> fresh;
+          auto masses = window_masses(true, &fresh);
+          for (size_t i = 0; i < split.size(); ++i) {
+            const double total = masses[i].second;
+            if (split[i].k == 0 || split[i].n_host() == 0 || total <= 0) continue;
+            due[i] = masses[i].first / total < opt.reselect_threshold * (fresh[i] / total);
+          }
+        }
+        break;
+      }
+    }
+    if (all) std::fill(due.begin(), due.end(), true);
+    return due;
+  }
+
+  // --- The step ---
+  StepReport step(const StepContext& ctx) {
+    StepReport rep;
+    rep.staleness_windows = zenflow() && selected ? window - windows_applied : 0;
+    std::vector<at::Tensor> g = grads();
+
+    Stopwatch dev_sw;
+    // §5: global norm, non-finite check, clipping before the split.
+    std::vector<at::Tensor> norms;
+    norms.reserve(g.size());
+    for (auto& x : g) norms.push_back((x.scalar_type() == at::kFloat ? x : x.to(at::kFloat)).norm());
+    const double norm = at::stack(norms).norm().item<double>();
+    rep.grad_norm = norm;
+    if (!std::isfinite(norm)) {
+      ++skipped;
+      rep.skipped = true;
+      device_time(dev_sw.seconds());
+      return rep;
+    }
+    max_staleness = std::max(max_staleness, rep.staleness_windows);
+    if (opt.grad_clip > 0) {
+      const double coef = opt.grad_clip / (norm + 1e-6);
+      if (coef < 1.0)
+        for (auto& x : g) x.mul_(coef);
+    }
+
+    const bool warm = in_warmup();
+    last_lr = ctx.lr;
+    // §2: first selection, on the first step after warm-up, from this step's gradient.
+    if (zenflow() && !warm && !selected) select_all(&g, ctx.epoch);
+
+    // §3 device updater: always-device parameters and selected columns.
+    ++device_step;
+    for (auto& d : dense) {
+      device_ops::dense_adamw(d.p, g[d.index], d.master, d.m, d.v,
+                              coeffs(ctx.lr, d.weight_decay, device_step), 1.0f);
+    }
+    if (selected) {
+      for (auto& s : split)
+        if (s.k > 0)
+          device_ops::selected_adamw(s.w2d, g[s.index].view({s.out, s.in}), s.sel, s.dev_master, s.dev_m,
+                                     s.dev_v, coeffs(ctx.lr, s.weight_decay, device_step), 1.0f);
+    }
+    if (zenflow() && !warm)
+      for (auto& s : split) s.score_acc.add_(scores_of(g[s.index], s));
+    device_time(dev_sw.seconds());
+    ++t;
+    if (split.empty()) return rep;
+
+    if (warm) {
+      // Warm-up and offload mode: one synchronous host step over every host column.
+      stage_gradients(g, ring[0]);
+      auto work = host->submit(make_step_job(ctx.lr, ring[0], nullptr, 1.0f, 0));
+      stall(StallCause::kHostOptimizer, work->wait());
+      apply_host_result(0);
+      return rep;
+    }
+
+    ++window_pos;
+    ++steps_since_selection;
+    const bool boundary = opt.update_interval > 0 ? window_pos >= opt.update_interval : auto_window_closes();
+    const int parity = static_cast<int>(window % 2);
+    if (!boundary) {
+      // Mid-window: stage into a ring buffer the accumulate job has released.
+      const int r = static_cast<int>((window_pos - 1) % 2);
+      if (ring_busy[r]) stall(StallCause::kHostOptimizer, ring_busy[r]->wait());
+      stage_gradients(g, ring[r]);
+      auto work = host->submit(make_accumulate_job(ring[r], acc[parity], window_pos == 1));
+      ring_busy[r] = work;
+      pending_accumulates.push_back(work);
+      return rep;
+    }
+
+    // Boundary (§4): hand the window to the host updater.
+    rep.boundary = true;
+    stage_gradients(g, last_grad[parity]);
+    // Accumulates of this window must finish before its step reads the accumulator.
+    const int64_t len = window_pos;
+    std::vector<std::shared_ptr<HostWork>> window_accs = std::move(pending_accumulates);
+    pending_accumulates.clear();
+    StepJob job = make_step_job(ctx.lr, last_grad[parity], len > 1 ? &acc[parity] : nullptr,
+                                1.0f / static_cast<float>(len), parity);
+    job.before = [window_accs] {
+      for (auto& w : window_accs) w->wait();
+    };
+    if (opt.overlap_step) {
+      complete_inflight();  // window k-1: waits (stall host_optimizer), then H2D
+      inflight.reset(new InFlight{host->submit(std::move(job)), parity});
+    } else {
+      auto work = host->submit(std::move(job));
+      stall(StallCause::kHostOptimizer, work->wait());
+      apply_host_result(parity);
+      ++windows_applied;
+    }
+    ++window;
+    ++windows_since_selection;
+    window_pos = 0;
+
+    std::vector<bool> due = reselection_due(ctx.epoch);
+    if (std::any_of(due.begin(), due.end(), [](bool b) { return b; })) {
+      // Re-selection drains the pipeline first (§4).
+      complete_inflight();
+      bool changed = false;
+      for (size_t i = 0; i < split.size(); ++i) {
+        if (!due[i]) continue;
+        std::vector<int64_t> fresh = top_k(split[i].score_acc, split[i].k);
+        if (fresh != split[i].sel_cpu) {
+          migrate(split[i], fresh);
+          changed = true;
+        }
+      }
+      steps_since_selection = 0;
+      windows_since_selection = 0;
+      epoch_at_selection = ctx.epoch;
+      if (changed) ++reselections;
+      rep.reselected = changed;
+    }
+    for (auto& s : split) s.score_acc.zero_();
+    return rep;
+  }
+
+  // Applies the in-flight host step, then closes an open window early so that no
+  // accumulated gradient is lost at the end of training.
+  void finish() {
+    wait_accumulates();
+    complete_inflight();
+    if (window_pos == 0 || split.empty()) return;
+    const int parity = static_cast<int>(window % 2);
+    auto work = host->submit(make_step_job(last_lr, at::Tensor(), &acc[parity],
+                                           1.0f / static_cast<float>(window_pos), parity));
+    stall(StallCause::kHostOptimizer, work->wait());
+    apply_host_result(parity);
+    ++window;
+    ++windows_applied;
+    window_pos = 0;
+    for (auto& s : split) s.score_acc.zero_();
+  }
+};
+
+namespace {
+const char* const kScalarNames[] = {"t", "skipped", "device_step", "host_step", "selected", "window",
+                                    "window_pos", "windows_applied", "max_staleness",
+                                    "steps_since_selection", "windows_since_selection",
+                                    "epoch_at_selection", "reselections", "pending_apply"};
+constexpr size_t kNumScalars = sizeof(kScalarNames) / sizeof(kScalarNames[0]);
+}  // namespace
+
+std::vector<std::pair<std::string, at::Tensor>> ZenFlowOptimizer::state_dict() {
+  Impl& i = *impl_;
+  i.wait_accumulates();
+  if (i.inflight && i.inflight->work) i.stall(StallCause::kCheckpoint, i.inflight->work->wait());
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  const int64_t scalars[kNumScalars] = {i.t, i.skipped, i.device_step, i.host_step, i.selected ? 1 : 0,
+                                        i.window, i.window_pos, i.windows_applied, i.max_staleness,
+                                        i.steps_since_selection, i.windows_since_selection,
+                                        i.epoch_at_selection, i.reselections, i.inflight ? 1 : 0};
+  at::Tensor sc = at::empty({static_cast<int64_t>(kNumScalars)}, at::kLong);
+  std::copy(scalars, scalars + kNumScalars, sc.data_ptr<int64_t>());
+  out.emplace_back("engine/scalars", sc);
+  out.emplace_back("engine/last_lr", at::full({1}, i.last_lr, at::kDouble));
+  auto cpu = [](const at::Tensor& x) { return x.to(at::kCPU).clone(); };
+  const int parity = static_cast<int>(i.window % 2);
+  for (auto& s : i.split) {
+    const std::string p = "split/" + i.params[s.index].name + "/";
+    out.emplace_back(p + "sel", index_tensor(s.sel_cpu, at::kCPU));
+    out.emplace_back(p + "host_master", i.host_view(i.master, s).clone());
+    out.emplace_back(p + "host_m", i.host_view(i.m, s).clone());
+    out.emplace_back(p + "host_v", i.host_view(i.v, s).clone());
+    if (i.window_pos > 0) out.emplace_back(p + "acc", i.host_view(i.acc[parity], s).clone());
+    out.emplace_back(p + "score_acc", cpu(s.score_acc));
+    if (s.dev_m.defined()) {
+      out.emplace_back(p + "dev_m", cpu(s.dev_m));
+      out.emplace_back(p + "dev_v", cpu(s.dev_v));
+    }
+    if (s.dev_master.defined()) out.emplace_back(p + "dev_master", cpu(s.dev_master));
+  }
+  for (auto& d : i.dense) {
+    const std::string p = "dense/" + i.params[d.index].name + "/";
+    out.emplace_back(p + "m", cpu(d.m));
+    out.emplace_back(p + "v", cpu(d.v));
+    if (d.master.defined()) out.emplace_back(p + "master", cpu(d.master));
+  }
+  return out;
+}
+
+void ZenFlowOptimizer::load_state(const std::vector<std::pair<std::string, at::Tensor>>& state) {
+  Impl& i = *impl_;
+  i.wait_accumulates();
+  if (i.inflight && i.inflight->work) i.inflight->work->wait();
+  i.inflight.reset();
+  std::map<std::string, at::Tensor> st(state.begin(), state.end());
+  auto get = [&](const std::string& key, at::IntArrayRef shape) -> at::Tensor {
+    auto it = st.find(key);
+    if (it == st.end()) throw std::runtime_error("engine state: missing '" + key + "'");
+    if (it->second.sizes() != shape)
+      throw std::runtime_error("engine state: '" + key + "' has shape " + std::to_string(it->second.numel()) +
+                               " elements, expected another shape (options or model differ?)");
+    return it->second;
+  };
+  at::Tensor sc = get("engine/scalars", {static_cast<int64_t>(kNumScalars)}).to(at::kLong);
+  const int64_t* a = sc.data_ptr<int64_t>();
+  i.t = a[0];
+  i.skipped = a[1];
+  i.device_step = a[2];
+  i.host_step = a[3];
+  i.selected = a[4] != 0;
+  i.window = a[5];
+  i.window_pos = a[6];
+  i.windows_applied = a[7];
+  i.max_staleness = a[8];
+  i.steps_since_selection = a[9];
+  i.windows_since_selection = a[10];
+  i.epoch_at_selection = a[11];
+  i.reselections = a[12];
+  if (a[13] != 0) i.inflight.reset(new InFlight{nullptr, -1});
+  i.last_lr = get("engine/last_lr", {1}).item<double>();
+  const int parity = static_cast<int>(i.window % 2);
+  for (auto& s : i.split) {
+    const std::string p = "split/" + i.params[s.index].name + "/";
+    auto it = st.find(p + "sel");
+    if (it == st.end()) throw std::runtime_error("engine state: missing '" + p + "sel'");
+    std::vector<int64_t> sel = to_vector(it->second);
+    if (static_cast<int64_t>(sel.size()) != (i.selected ? s.k : 0))
+      throw std::runtime_error("engine state: '" + p + "sel' has " + std::to_string(sel.size()) +
+                               " columns, expected " + std::to_string(i.selected ? s.k : 0));
+    s.sel_cpu = sel;
+    s.unsel_cpu = complement(sel, s.in);
+    s.sel = index_tensor(s.sel_cpu, i.device);
+    s.unsel = index_tensor(s.unsel_cpu, i.device);
+    i.host_view(i.master, s).copy_(get(p + "host_master", {s.n_host(), s.out}));
+    i.host_view(i.m, s).copy_(get(p + "host_m", {s.n_host(), s.out}));
+    i.host_view(i.v, s).copy_(get(p + "host_v", {s.n_host(), s.out}));
+    if (i.window_pos > 0) i.host_view(i.acc[parity], s).copy_(get(p + "acc", {s.n_host(), s.out}));
+    s.score_acc.copy_(get(p + "score_acc", {s.in}));
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(i.device);
+    if (i.selected) {
+      s.dev_m = get(p + "dev_m", {s.out, s.k}).to(f32);
+      s.dev_v = get(p + "dev_v", {s.out, s.k}).to(f32);
+      s.dev_master = i.split_dtype != at::kFloat ? get(p + "dev_master", {s.out, s.k}).to(f32) : at::Tensor();
+    } else {
+      s.dev_m = s.dev_v = s.dev_master = at::Tensor();
+    }
+  }
+  for (auto& d : i.dense) {
+    const std::string p = "dense/" + i.params[d.index].name + "/";
+    d.m.copy_(get(p + "m", d.m.sizes()));
+    d.v.copy_(get(p + "v", d.v.sizes()));
+    if (d.master.defined()) d.master.copy_(get(p + "master", d.master.sizes()));
+  }
+}
+
+ZenFlowOptimizer::ZenFlowOptimizer(std::vector<ParamSpec> params, const EngineOptions& options,
+                                   StallClock* clock)
+    : impl_(new Impl) {
+  impl_->opt = options;
+  impl_->clock = clock;
+  impl_->params = std::move(params);
+  impl_->build();
+}
+
+ZenFlowOptimizer::~ZenFlowOptimizer() {
+  if (impl_ && impl_->host) impl_->host->drain();
+}
+
+void ZenFlowOptimizer::zero_grad() {
+  for (auto& ps : impl_->params) {
+    at::Tensor& g = ps.param.mutable_grad();
+    if (g.defined())
+      g.zero_();
+    else
+      g = at::zeros_like(ps.param);
+  }
+}
+
+StepReport ZenFlowOptimizer::step(const StepContext& ctx) { return impl_->step(ctx); }
+void ZenFlowOptimizer::finish() { impl_->finish(); }
+const EngineOptions& ZenFlowOptimizer::options() const { return impl_->opt; }
+int64_t ZenFlowOptimizer::steps() const { return impl_->t; }
+int64_t ZenFlowOptimizer::skipped_steps() const { return impl_->skipped; }
+int64_t ZenFlowOptimizer::host_steps() const { return impl_->host_step; }
+int64_t ZenFlowOptimizer::windows_completed() const { return impl_->window; }
+int64_t ZenFlowOptimizer::max_staleness_windows() const { return impl_->max_staleness; }
+bool ZenFlowOptimizer::at_boundary() const { return impl_->window_pos == 0; }
+int64_t ZenFlowOptimizer::reselections() const { return impl_->reselections; }
+
+std::vector<int64_t> ZenFlowOptimizer::selected_columns(const std::string& name) const {
+  for (auto& s : impl_->split)
+    if (impl_->params[s.index].name == name) return s.sel_cpu;
+  return {};
+}
+
+bool ZenFlowOptimizer::is_split(const std::string& name) const {
+  for (auto& s : impl_->split)
+    if (impl_->params[s.index].name == name) return true;
+  return false;
+}
+
+int64_t ZenFlowOptimizer::split_elements() const { return impl_->capacity; }
+
+double ZenFlowOptimizer::selected_ratio() const {
+  int64_t sel = 0;
+  for (auto& s : impl_->split) sel += static_cast<int64_t>(s.sel_cpu.size()) * s.out;
+  return impl_->capacity > 0 ? static_cast<double>(sel) / static_cast<double>(impl_->capacity) : 0.0;
+}
+
+int64_t ZenFlowOptimizer::host_state_bytes() const {
+  const Impl& i = *impl_;
+  int64_t b = 5 * i.capacity * 4;
+  for (int k = 0; k < 2; ++k) {
+    if (i.ring[k].defined()) b += i.ring[k].nbytes() + i.last_grad[k].nbytes();
+    if (i.param_out[k].defined()) b += i.param_out[k].nbytes();
+  }
+  return b;
+}
+
+}  // namespace zenflow::engine

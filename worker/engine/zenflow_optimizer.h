@@ -1,0 +1,139 @@
+// ZenFlowOptimizer: the split device/host optimizer of reference/zenflow-semantics.md.
+//
+// One class, three modes (EngineOptions::mode):
+//   kDevice  — plain AdamW on the device for every parameter (the no-offload reference);
+//   kOffload — ZeRO-Offload: every gradient to the host, one synchronous host AdamW per
+//              step over every parameter, parameters back to the device;
+//   kZenFlow — the top-k gradient columns of each large matrix are updated on the device
+//              every step; the rest are accumulated on the host and updated once per
+//              window, overlapped with the next window when overlap_step is set.
+// All modes use the same AdamW kernel and the same host machinery; only the schedule
+// differs, so the modes can be compared step for step.
+//
+// Columns: a 2-D parameter W[out, in] is split along dim 1 (input channel j). 1-D and
+// small parameters (numel < min_split_numel) are always-device in kZenFlow mode.
+//
+// Usage (training thread):
+//   ZenFlowOptimizer opt(params, options, &clock);
+//   for each step: zero_grad(); forward/backward; opt.step({lr, epoch});
+//   opt.finish();  // waits for the in-flight host step and applies it
+//
+// Thread safety: every method is called from the training thread. The host updater
+// runs on its own threads (HostOptimizer) and touches only host buffers.
+//
+// Errors: std::invalid_argument for bad options or parameters (naming them);
+// std::runtime_error for a state_dict that does not match the parameters.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/engine/adamw_kernel.h"
+#include "worker/engine/stall_clock.h"
+
+namespace zenflow::engine {
+
+class HostOptimizer;
+
+enum class OptimizerMode { kDevice, kOffload, kZenFlow };
+enum class SelectStrategy { kAuto, kStep, kEpoch };
+enum class Importance { kL2, kL1 };
+
+OptimizerMode parse_optimizer_mode(const std::string& s);  // "device" | "offload" | "zenflow"
+
+struct EngineOptions {
+  OptimizerMode mode = OptimizerMode::kZenFlow;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double grad_clip = 0.0;  // global L2 norm; 0 disables
+
+  double topk_ratio = 0.1;
+  SelectStrategy select_strategy = SelectStrategy::kAuto;
+  int64_t select_interval = 0;  // 0 = auto: 10 windows for kStep, 1 epoch for kEpoch
+  int64_t update_interval = 4;  // 0 = auto (Zen-auto)
+  int64_t full_warm_up_rounds = 1;
+  bool overlap_step = true;
+  Importance importance = Importance::kL2;
+  double reselect_threshold = 0.9;
+  double auto_ratio = 0.99;
+  int64_t max_update_interval = 16;
+  int64_t min_split_numel = 4096;
+
+  int host_threads = 1;
+  std::vector<int> host_cores;  // cores reserved for the host updater; empty = unpinned
+  bool huge_pages = true;
+};
+
+struct ParamSpec {
+  std::string name;
+  at::Tensor param;  // a leaf with requires_grad; updated in place
+  bool weight_decay = true;
+  double weight_decay_value = 0.0;
+};
+
+struct StepContext {
+  double lr = 1e-3;
+  int64_t epoch = 0;  // data epoch of this step's batch (select_strategy epoch/auto)
+};
+
+struct StepReport {
+  bool skipped = false;         // non-finite gradient: nothing was updated
+  double grad_norm = 0.0;       // global L2 norm before clipping
+  bool boundary = false;        // this step closed a window
+  bool reselected = false;      // the selection changed after this step
+  int64_t staleness_windows = 0;  // windows of host updates missing from the weights this step's gradient was computed with
+};
+
+class ZenFlowOptimizer {
+ public:
+  // `clock` (not owned, may be null) receives device-optimizer time, stalls and bytes.
+  ZenFlowOptimizer(std::vector<ParamSpec> params, const EngineOptions& options,
+                   StallClock* clock = nullptr);
+  ~ZenFlowOptimizer();
+  ZenFlowOptimizer(const ZenFlowOptimizer&) = delete;
+  ZenFlowOptimizer& operator=(const ZenFlowOptimizer&) = delete;
+
+  // Sets every parameter's gradient to zero (allocating it on first use).
+  void zero_grad();
+
+  // One optimizer step with the gradients currently in the parameters' .grad().
+  StepReport step(const StepContext& ctx);
+
+  // Waits for the in-flight host step (if any) and applies it to the device weights,
+  // so the weights reflect every gradient seen. Call before evaluation or export.
+  void finish();
+
+  // Engine state (semantics §7), valid at any step: waits for in-flight host work
+  // (without applying it, so the trajectory is unchanged) and returns named CPU
+  // tensors. load_state() restores it into an optimizer built with the same
+  // parameters and options.
+  std::vector<std::pair<std::string, at::Tensor>> state_dict();
+  void load_state(const std::vector<std::pair<std::string, at::Tensor>>& state);
+
+  // --- Introspection for tests, benchmarks and metrics ---
+  const EngineOptions& options() const;
+  int64_t steps() const;            // non-skipped steps taken
+  int64_t skipped_steps() const;
+  int64_t host_steps() const;       // host AdamW steps (bias-correction count)
+  int64_t windows_completed() const;
+  int64_t max_staleness_windows() const;
+  bool at_boundary() const;         // no window is open (nothing accumulated)
+  // Sorted selected column indices of parameter `name` (empty when not split).
+  std::vector<int64_t> selected_columns(const std::string& name) const;
+  bool is_split(const std::string& name) const;
+  double selected_ratio() const;    // selected elements / split elements
+  int64_t host_state_bytes() const; // host master + m + v + accumulators + staging
+  int64_t split_elements() const;
+  int64_t reselections() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zenflow::engine

@@ -1,0 +1,24 @@
+// The language-model loss shared by every CausalLM.
+#include "worker/model/causal_lm.h"
+
+#include <ATen/ATen.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace zenflow::model {
+
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& targets) {
+  if (logits.dim() != 3 || targets.dim() != 2 || logits.size(0) != targets.size(0) ||
+      logits.size(1) != targets.size(1))
+    throw std::invalid_argument(
+        "causal_lm_loss: expected logits [B, T, V] and targets [B, T], got " +
+        std::to_string(logits.dim()) + "-D logits and " + std::to_string(targets.dim()) +
+        "-D targets of mismatched shape");
+  const int64_t V = logits.size(2);
+  return at::cross_entropy_loss(logits.reshape({-1, V}).to(at::kFloat),
+                                targets.reshape({-1}).to(at::kLong), /*weight=*/{},
+                                at::Reduction::Mean, /*ignore_index=*/-100);
+}
+
+}  // namespace zenflow::model

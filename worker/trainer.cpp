@@ -1,0 +1,355 @@
+// The training loop (see trainer.h).
+#include "worker/trainer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <thread>
+
+#include "worker/checkpoint.h"
+#include "worker/engine/host_thread_pool.h"
+#include "worker/engine/zenflow_optimizer.h"
+#include "worker/model/causal_lm.h"
+#include "worker/model/dataset.h"
+#include "worker/model/llama.h"
+#include "worker/model/schedule.h"
+#include "worker/model/tokenizer.h"
+
+namespace zenflow {
+namespace {
+
+using engine::StallCause;
+using engine::Stopwatch;
+
+model::LlamaConfig llama_config(const ModelSpec& m, int64_t vocab) {
+  model::LlamaConfig c;
+  c.vocab_size = vocab;
+  for (const auto& [key, value] : m.config) {
+    const auto i = static_cast<int64_t>(value);
+    if (key == "hidden_size") c.hidden_size = i;
+    else if (key == "num_hidden_layers") c.num_hidden_layers = i;
+    else if (key == "num_attention_heads") c.num_attention_heads = i;
+    else if (key == "num_key_value_heads") c.num_key_value_heads = i;
+    else if (key == "intermediate_size") c.intermediate_size = i;
+    else if (key == "vocab_size") c.vocab_size = i;
+    else if (key == "max_position_embeddings") c.max_position_embeddings = i;
+    else if (key == "rope_theta") c.rope_theta = value;
+    else if (key == "rms_norm_eps") c.rms_norm_eps = value;
+    else if (key == "tie_word_embeddings") c.tie_word_embeddings = value != 0;
+    else if (key == "initializer_range") c.initializer_range = value;
+  }
+  if (m.config.count("num_attention_heads") && !m.config.count("num_key_value_heads"))
+    c.num_key_value_heads = c.num_attention_heads;
+  if (c.vocab_size < vocab)
+    throw std::invalid_argument("model.config.vocab_size: " + std::to_string(c.vocab_size) +
+                                " is smaller than the tokenizer's " + std::to_string(vocab));
+  return c;
+}
+
+at::Device pick_device(const std::string& wanted) {
+  const bool cuda = at::hasCUDA();
+  if (wanted == "cuda") {
+    if (!cuda) throw std::invalid_argument("train.device: cuda requested but no CUDA device is available");
+    return at::Device(at::kCUDA, 0);
+  }
+  if (wanted == "auto" && cuda) return at::Device(at::kCUDA, 0);
+  return at::Device(at::kCPU);
+}
+
+at::ScalarType pick_dtype(const std::string& wanted, const at::Device& d) {
+  if (wanted == "float32") return at::kFloat;
+  if (wanted == "bfloat16") return at::kBFloat16;
+  if (wanted == "float16") return at::kHalf;
+  return d.is_cuda() ? at::kBFloat16 : at::kFloat;
+}
+
+engine::EngineOptions engine_options(const JobSpec& spec) {
+  engine::EngineOptions o;
+  const auto& z = spec.optimizer.zenflow;
+  o.mode = engine::parse_optimizer_mode(spec.optimizer.mode);
+  o.beta1 = spec.optimizer.beta1;
+  o.beta2 = spec.optimizer.beta2;
+  o.eps = spec.optimizer.eps;
+  o.grad_clip = spec.train.grad_clip;
+  o.topk_ratio = z.topk_ratio;
+  o.select_strategy = z.select_strategy == "step"    ? engine::SelectStrategy::kStep
+                      : z.select_strategy == "epoch" ? engine::SelectStrategy::kEpoch
+                                                     : engine::SelectStrategy::kAuto;
+  o.select_interval = z.select_interval_auto ? 0 : z.select_interval;
+  o.update_interval = z.update_interval_auto ? 0 : z.update_interval;
+  o.full_warm_up_rounds = z.full_warm_up_rounds;
+  o.overlap_step = z.overlap_step;
+  o.importance = z.importance == "l1" ? engine::Importance::kL1 : engine::Importance::kL2;
+  o.reselect_threshold = z.reselect_threshold;
+  o.auto_ratio = z.auto_ratio;
+  o.max_update_interval = z.max_update_interval;
+  o.min_split_numel = z.min_split_numel;
+  o.huge_pages = spec.optimizer.host.huge_pages;
+  return o;
+}
+
+// Splits this process's cores between the host optimizer (the last ones) and compute.
+struct CorePlan {
+  std::vector<int> host;
+  std::vector<int> compute;
+};
+
+CorePlan plan_cores(const JobSpec& spec, bool needs_host) {
+  std::vector<int> cores = engine::available_cores();
+  if (cores.empty()) cores.push_back(0);
+  CorePlan plan;
+  const auto& h = spec.optimizer.host;
+  if (needs_host) {
+    if (!h.reserved_cores_auto) {
+      plan.host = h.reserved_cores;
+    } else {
+      const int64_t n = h.threads_auto ? std::max<int64_t>(1, static_cast<int64_t>(cores.size()) / 2) : h.threads;
+      const size_t take = static_cast<size_t>(std::min<int64_t>(n, std::max<int64_t>(1, static_cast<int64_t>(cores.size()) - 1)));
+      plan.host.assign(cores.end() - static_cast<long>(std::min(take, cores.size())), cores.end());
+    }
+  }
+  for (int c : cores)
+    if (std::find(plan.host.begin(), plan.host.end(), c) == plan.host.end()) plan.compute.push_back(c);
+  if (plan.compute.empty()) plan.compute = cores;  // one core: share it
+  return plan;
+}
+
+void pin_current_thread(const std::vector<int>& cores) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cores) CPU_SET(c, &set);
+  sched_setaffinity(0, sizeof(set), &set);
+}
+
+double evaluate(model::CausalLM& lm, const std::shared_ptr<model::TokenDataset>& val, int64_t micro_batch,
+                int64_t batches, const at::Device& device) {
+  if (!val || val->size() == 0) return -1;
+  at::NoGradGuard no_grad;
+  lm.train(false);
+  model::DataLoader loader(val, std::min<int64_t>(micro_batch, val->size()), 0, 1, /*shuffle=*/false);
+  double sum = 0;
+  int64_t n = 0;
+  const int64_t per_epoch = val->size() / std::min<int64_t>(micro_batch, val->size());
+  for (int64_t b = 0; b < std::min(batches, std::max<int64_t>(1, per_epoch)); ++b) {
+    model::Batch batch = loader.next();
+    at::Tensor logits = lm.forward(batch.input_ids.to(device));
+    sum += model::causal_lm_loss(logits, batch.targets.to(device)).item<double>();
+    ++n;
+  }
+  lm.train(true);
+  return n ? sum / static_cast<double>(n) : -1;
+}
+
+}  // namespace
+
+double percentile(std::vector<double> values, double q) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const double pos = q * static_cast<double>(values.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(values.size() - 1, lo + 1);
+  return values[lo] + (values[hi] - values[lo]) * (pos - static_cast<double>(lo));
+}
+
+RunSummary run_training(const JobSpec& spec, const RunOptions& options, const std::atomic<bool>* stop) {
+  auto log = [&](const std::string& s) {
+    if (options.on_log) options.on_log(s);
+  };
+  Stopwatch wall;
+  RunSummary sum;
+  const at::Device device = pick_device(spec.train.device);
+  const at::ScalarType dtype = pick_dtype(spec.train.dtype, device);
+  sum.device = device.str();
+  sum.mode = spec.optimizer.mode;
+
+  const bool needs_host = spec.optimizer.mode != "device";
+  CorePlan cores = plan_cores(spec, needs_host);
+  const int64_t compute_threads =
+      spec.train.compute_threads > 0 ? spec.train.compute_threads : static_cast<int64_t>(cores.compute.size());
+  pin_current_thread(cores.compute);
+  at::set_num_threads(static_cast<int>(compute_threads));
+  sum.compute_threads = compute_threads;
+  sum.host_threads = needs_host ? static_cast<int64_t>(cores.host.size()) : 0;
+
+  // Data.
+  auto tokenizer = model::load_tokenizer(spec.data.tokenizer);
+  auto all = model::make_text_dataset(spec.data.train, *tokenizer, spec.train.seq_len);
+  std::shared_ptr<model::TokenDataset> train_ds, val_ds;
+  if (!spec.data.val.empty()) {
+    train_ds = all;
+    val_ds = model::make_text_dataset(spec.data.val, *tokenizer, spec.train.seq_len);
+  } else {
+    std::tie(train_ds, val_ds) = model::split_dataset(all, spec.data.val_fraction);
+  }
+  if (train_ds->size() < spec.train.micro_batch)
+    throw std::invalid_argument("train.micro_batch: " + std::to_string(spec.train.micro_batch) +
+                                " exceeds the " + std::to_string(train_ds->size()) + " training examples of " +
+                                spec.data.train);
+  model::DataLoader loader(train_ds, spec.train.micro_batch, spec.train.seed, 2, true);
+
+  // Model.
+  if (!spec.model.from.empty())
+    throw std::invalid_argument("model.from: loading pretrained checkpoints is not supported by this build");
+  auto lm = model::make_llama(llama_config(spec.model, tokenizer->vocab_size()), spec.train.seed);
+  lm->to(device, dtype);
+  lm->train(true);
+
+  std::vector<engine::ParamSpec> params;
+  for (auto& nt : lm->parameters()) {
+    engine::ParamSpec p;
+    p.name = nt.name;
+    p.param = nt.tensor;
+    // No decay on norms and biases (1-D parameters).
+    p.weight_decay = nt.tensor.dim() >= 2;
+    p.weight_decay_value = spec.train.weight_decay;
+    params.push_back(p);
+    sum.params += nt.tensor.numel();
+  }
+  engine::EngineOptions eo = engine_options(spec);
+  eo.host_threads = static_cast<int>(std::max<size_t>(1, cores.host.size()));
+  eo.host_cores = cores.host;
+  engine::StallClock clock;
+  engine::ZenFlowOptimizer opt(params, eo, &clock);
+  sum.split_params = opt.split_elements();
+  sum.host_state_bytes = opt.host_state_bytes();
+
+  model::ScheduleConfig sched;
+  sched.kind = spec.train.schedule;
+  sched.lr = spec.train.lr;
+  sched.warmup_steps = spec.train.warmup_steps;
+  sched.total_steps = spec.train.steps;
+  sched.min_lr_ratio = spec.train.min_lr_ratio;
+
+  // Resume.
+  int64_t step = 0;
+  std::vector<double> history;
+  if (options.resume && !spec.checkpoint.dir.empty()) {
+    if (auto ck = load_latest_checkpoint(spec.checkpoint.dir, log)) {
+      std::map<std::string, at::Tensor> saved(ck->model.begin(), ck->model.end());
+      at::NoGradGuard no_grad;
+      for (auto& nt : lm->parameters()) {
+        auto it = saved.find(nt.name);
+        if (it == saved.end()) throw std::runtime_error(ck->path + ": model tensor '" + nt.name + "' missing");
+        if (it->second.sizes() != nt.tensor.sizes())
+          throw std::runtime_error(ck->path + ": model tensor '" + nt.name + "' has a different shape");
+        nt.tensor.detach().copy_(it->second);
+      }
+      opt.load_state(ck->engine);
+      model::LoaderPosition pos;
+      pos.epoch = ck->trainer.at("loader_epoch").get<int64_t>();
+      pos.index = ck->trainer.at("loader_index").get<int64_t>();
+      loader.restore(pos);
+      step = ck->step;
+      history = ck->trainer.value("losses", std::vector<double>{});
+      log("resumed from " + ck->path + " at step " + std::to_string(step));
+    }
+  }
+  sum.start_step = step;
+  sum.tokens_per_step = spec.train.micro_batch * spec.train.grad_accum * spec.train.seq_len;
+
+  auto save = [&](int64_t at_step) {
+    if (!options.write_checkpoints || spec.checkpoint.dir.empty()) return;
+    Stopwatch sw;
+    NamedTensors model_tensors;
+    for (auto& nt : lm->parameters()) model_tensors.emplace_back(nt.name, nt.tensor.detach());
+    NamedTensors engine_state = opt.state_dict();
+    nlohmann::json meta;
+    meta["job"] = spec.name;
+    meta["loader_epoch"] = loader.position().epoch;
+    meta["loader_index"] = loader.position().index;
+    meta["losses"] = history;
+    meta["mode"] = spec.optimizer.mode;
+    sum.last_checkpoint = write_checkpoint(spec.checkpoint.dir, at_step, model_tensors, engine_state, meta,
+                                           spec.checkpoint.keep);
+    clock.add_stall(StallCause::kCheckpoint, sw.seconds());
+  };
+
+  const int64_t first = step;
+  double tokens_window = 0, seconds_window = 0;
+  while (step < spec.train.steps) {
+    if (stop && stop->load()) {
+      sum.interrupted = true;
+      break;
+    }
+    clock.begin_step();
+    const double lr = model::lr_at(sched, step);
+    opt.zero_grad();
+    double loss_sum = 0;
+    int64_t epoch = 0;
+    int64_t tokens = 0;
+    for (int64_t micro = 0; micro < spec.train.grad_accum; ++micro) {
+      Stopwatch data_sw;
+      model::Batch batch = loader.next();
+      epoch = loader.epoch();
+      at::Tensor ids = batch.input_ids.to(device);
+      at::Tensor targets = batch.targets.to(device);
+      clock.add_stall(StallCause::kData, data_sw.seconds());
+      Stopwatch compute_sw;
+      at::Tensor loss = model::causal_lm_loss(lm->forward(ids), targets);
+      (loss / static_cast<double>(spec.train.grad_accum)).backward();
+      loss_sum += loss.item<double>();
+      tokens += batch.tokens;
+      clock.add_compute(compute_sw.seconds());
+    }
+    engine::StepContext ctx;
+    ctx.lr = lr;
+    ctx.epoch = epoch;
+    opt.step(ctx);
+    const engine::StepTimes& times = clock.end_step();
+    ++step;
+    const double loss = loss_sum / static_cast<double>(spec.train.grad_accum);
+    history.push_back(loss);
+    sum.losses.push_back(loss);
+    sum.step_seconds.push_back(times.wall_seconds);
+    tokens_window = 0.8 * tokens_window + static_cast<double>(tokens);
+    seconds_window = 0.8 * seconds_window + times.wall_seconds;
+
+    if (options.on_step) {
+      StepProgress p;
+      p.step = step;
+      p.total = spec.train.steps;
+      p.loss = loss;
+      p.lr = lr;
+      p.step_seconds = times.wall_seconds;
+      p.tokens_per_second = seconds_window > 0 ? tokens_window / seconds_window : 0;
+      const auto tot = clock.totals();
+      p.stall_fraction = tot.wall_seconds > 0 ? tot.stall_total() / tot.wall_seconds : 0;
+      p.eta_seconds = tot.wall_seconds / static_cast<double>(step - first) * static_cast<double>(spec.train.steps - step);
+      options.on_step(p);
+    }
+    if (spec.train.eval_every > 0 && step % spec.train.eval_every == 0 && step < spec.train.steps && options.evaluate)
+      log("step " + std::to_string(step) + " val_loss " +
+          std::to_string(evaluate(*lm, val_ds, spec.train.micro_batch, spec.train.eval_batches, device)));
+    if (spec.checkpoint.every_steps > 0 && step % spec.checkpoint.every_steps == 0 && step < spec.train.steps)
+      save(step);
+    if (options.stop_after_steps > 0 && step - first >= options.stop_after_steps) {
+      sum.interrupted = true;
+      break;
+    }
+  }
+  if (sum.interrupted) {
+    save(step);
+    if (!sum.last_checkpoint.empty()) log("stopped at step " + std::to_string(step) + "; checkpoint " + sum.last_checkpoint);
+  } else {
+    opt.finish();
+    if (step > first) save(step);
+  }
+  sum.steps = step;
+  sum.skipped_steps = opt.skipped_steps();
+  sum.final_loss = history.empty() ? 0 : history.back();
+  if (options.evaluate && !sum.interrupted)
+    sum.val_loss = evaluate(*lm, val_ds, spec.train.micro_batch, spec.train.eval_batches, device);
+  sum.step_seconds_median = percentile(sum.step_seconds, 0.5);
+  sum.step_seconds_p90 = percentile(sum.step_seconds, 0.9);
+  sum.totals = clock.totals();
+  sum.reselections = opt.reselections();
+  sum.max_staleness_windows = opt.max_staleness_windows();
+  sum.wall_seconds = wall.seconds();
+  return sum;
+}
+
+}  // namespace zenflow

@@ -1,0 +1,76 @@
+// The training loop of one job on one process: model, data, ZenFlow engine, checkpoints.
+//
+// run_training() builds everything from a validated JobSpec, resumes from the newest
+// checkpoint in checkpoint.dir (unless told not to), trains, evaluates and returns a
+// RunSummary. It is what `zenflow run` executes in-process and what the worker agent
+// will run for an assigned job. Thread safety: call from one thread; `stop` may be set
+// from any thread (e.g. a signal handler): the loop then writes a checkpoint and
+// returns with interrupted = true.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/job_spec.h"
+#include "worker/engine/stall_clock.h"
+
+namespace zenflow {
+
+struct StepProgress {
+  int64_t step = 0;  // 1-based steps done
+  int64_t total = 0;
+  double loss = 0;
+  double lr = 0;
+  double step_seconds = 0;
+  double tokens_per_second = 0;  // over the last steps
+  double stall_fraction = 0;     // stall share of wall time so far
+  double eta_seconds = 0;
+};
+
+struct RunOptions {
+  bool resume = true;             // resume from checkpoint.dir when it holds one
+  bool write_checkpoints = true;  // periodic + final/interrupt checkpoints
+  bool evaluate = true;           // validation loss at the end (and every eval_every)
+  int64_t stop_after_steps = 0;   // > 0: stop (with checkpoint) after this many steps of this process
+  std::function<void(const StepProgress&)> on_step;
+  std::function<void(const std::string&)> on_log;  // info/warning lines
+};
+
+struct RunSummary {
+  std::string device;
+  std::string mode;
+  int64_t params = 0;
+  int64_t split_params = 0;       // elements in split matrices
+  int64_t start_step = 0;         // step resumed from (0 = fresh)
+  int64_t steps = 0;              // last step reached (1-based count)
+  int64_t skipped_steps = 0;
+  int64_t tokens_per_step = 0;
+  bool interrupted = false;
+  double final_loss = 0;
+  double val_loss = -1;           // < 0: not evaluated
+  std::vector<double> losses;     // per step of this process, index 0 = start_step + 1
+  std::vector<double> step_seconds;
+  double step_seconds_median = 0;
+  double step_seconds_p90 = 0;
+  engine::StepTimes totals;       // compute, device optimizer, stalls, bytes (this process)
+  double wall_seconds = 0;
+  int64_t host_state_bytes = 0;
+  int64_t host_threads = 0;
+  int64_t compute_threads = 0;
+  int64_t reselections = 0;
+  int64_t max_staleness_windows = 0;
+  std::string last_checkpoint;
+};
+
+RunSummary run_training(const JobSpec& spec, const RunOptions& options,
+                        const std::atomic<bool>* stop = nullptr);
+
+// Median and 90th percentile of a sample (0 when empty).
+double percentile(std::vector<double> values, double q);
+
+}  // namespace zenflow
