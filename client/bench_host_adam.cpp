@@ -289,6 +289,12 @@ int run_host_adam(const HostAdamOptions& o) {
                engine::accumulate(pool, s.acc.data(), g, n, 0.25f, false);
              }));
     }
+    if (o.variant == "accumulate_overwrite") {
+      const GradRef g = s.grad(bf16);
+      report("accumulate_overwrite", 4.0 + g_bytes, measure(o, pool, s, [&] {
+               engine::accumulate(pool, s.acc.data(), g, n, 0.25f, true);
+             }));
+    }
     if (wanted("fused")) {
       const AdamWSpan span = s.span(bf16, true);
       report("fused", 30.0 + g_bytes, measure(o, pool, s, [&] {
@@ -319,8 +325,10 @@ const CommandRegistrar kRegisterHostAdam(50, [](CommandContext& ctx) {
           "COUNT"));
   cmd->add_option("--threads", opts->threads, "Pool threads (default: every available core)")
       ->check(CLI::Range(1, 1024));
-  cmd->add_option("--variant", opts->variant, "adamw|adamw_bf16|accumulate|fused|all")
-      ->check(CLI::IsMember({"adamw", "adamw_bf16", "accumulate", "fused", "all"}));
+  cmd->add_option("--variant", opts->variant, "adamw|adamw_bf16|accumulate|fused|all (the first four), or "
+                  "accumulate_overwrite (a window's first gradient)")
+      ->check(CLI::IsMember({"adamw", "adamw_bf16", "accumulate", "fused", "all",
+                             "accumulate_overwrite"}));
   cmd->add_option("--grad", opts->grad, "Gradient dtype: f32|bf16")
       ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_option("--huge-pages", opts->huge_pages, "Transparent huge pages for the buffers: on|off")

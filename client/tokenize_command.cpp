@@ -1,11 +1,15 @@
-// `zenflow tokenize`: encodes texts to token ids (or decodes ids to text) and prints JSON.
+// `zenflow tokenize`: encodes texts to token ids (or decodes ids to text) and prints JSON;
+// `zenflow bench tokenizer`: its encode/decode throughput.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <exception>
+#include <fstream>
 #include <iostream>
 #include <iterator>
+#include <sstream>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -91,12 +95,87 @@ const CommandRegistrar kTokenizeCommand(40, [](CommandContext& ctx) {
       ->required();
   cmd->add_flag("--decode", opts->decode,
                 "Decode instead: each TEXT is a list of ids separated by spaces or commas");
-  cmd->add_option("text", opts->texts, "Texts to encode (id lists with --decode); stdin when none");
+  // Every positional argument is one text, verbatim: CLI11 would otherwise split an
+  // argument such as "[1, 2]" at its commas (its list syntax, which allow_extra_args
+  // enables); a minimum count that is never reached keeps collecting without it.
+  constexpr int kAll = CLI::detail::expected_max_vector_size;
+  cmd->add_option("text", opts->texts, "Texts to encode (id lists with --decode); stdin when none")
+      ->expected(kAll, kAll)
+      ->allow_extra_args(false)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->footer(
       "Prints one JSON array with an entry per TEXT: its ids, or with --decode its text.\n"
       "Example: zenflow tokenize --tokenizer DIR/tokenizer.json \"Hello world\"  ->  [[15496,995]]");
   CommandContext* context = &ctx;
   cmd->callback([opts, context] { context->exit_code = run_tokenize(*opts); });
+});
+
+struct BenchTokenizerOptions {
+  std::string tokenizer;
+  std::vector<std::string> files;
+  int repeat = 5;
+};
+
+// Encodes the concatenated files `repeat` times (one encode() call per pass: the first
+// pass starts with an empty word cache, later passes find it warm), then decodes.
+int run_bench_tokenizer(const BenchTokenizerOptions& opts) {
+  std::unique_ptr<model::Tokenizer> tokenizer;
+  std::string text;
+  try {
+    const auto t0 = std::chrono::steady_clock::now();
+    tokenizer = model::load_tokenizer(opts.tokenizer);
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::cerr << "zenflow bench tokenizer: loaded " << opts.tokenizer << " in " << load_s << " s\n";
+    for (const std::string& f : opts.files) {
+      std::ifstream in(f, std::ios::binary);
+      if (!in) throw std::runtime_error(f + ": cannot open");
+      std::ostringstream ss;
+      ss << in.rdbuf();
+      text += ss.str();
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "zenflow bench tokenizer: " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  using clock = std::chrono::steady_clock;
+  nlohmann::json passes = nlohmann::json::array();
+  std::vector<int32_t> ids;
+  double encode_s = 0;
+  for (int pass = 0; pass < opts.repeat; ++pass) {
+    const auto t0 = clock::now();
+    ids = tokenizer->encode(text);
+    const double s = std::chrono::duration<double>(clock::now() - t0).count();
+    encode_s += s;
+    passes.push_back(static_cast<double>(text.size()) / 1e6 / s);
+  }
+  const auto t0 = clock::now();
+  const std::string decoded = tokenizer->decode(ids);
+  const double decode_s = std::chrono::duration<double>(clock::now() - t0).count();
+  const double mb = static_cast<double>(text.size()) / 1e6;
+  nlohmann::json out = {
+      {"tokenizer", opts.tokenizer},
+      {"bytes", text.size()},
+      {"tokens", ids.size()},
+      {"bytes_per_token", ids.empty() ? 0.0 : static_cast<double>(text.size()) / static_cast<double>(ids.size())},
+      {"passes", opts.repeat},
+      {"encode_mb_per_s", mb * opts.repeat / encode_s},
+      {"encode_mb_per_s_by_pass", passes},
+      {"decode_mb_per_s", mb / decode_s},
+      {"round_trip", decoded == text},
+  };
+  std::cout << out.dump(2) << "\n";
+  return kExitOk;
+}
+
+const CommandRegistrar kBenchTokenizerCommand(40, [](CommandContext& ctx) {
+  auto opts = std::make_shared<BenchTokenizerOptions>();
+  CLI::App* cmd = ctx.bench->add_subcommand("tokenizer", "Tokenizer encode/decode throughput (MB/s) on text files");
+  cmd->add_option("--tokenizer", opts->tokenizer, "\"byte\", a tokenizer.json, or a directory holding one")
+      ->required();
+  cmd->add_option("--repeat", opts->repeat, "Encode passes over the text")->check(CLI::PositiveNumber);
+  cmd->add_option("files", opts->files, "Text files, concatenated")->required();
+  CommandContext* context = &ctx;
+  cmd->callback([opts, context] { context->exit_code = run_bench_tokenizer(*opts); });
 });
 
 }  // namespace

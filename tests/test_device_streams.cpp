@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -30,7 +31,9 @@ class DeviceStreamsTest : public ::testing::Test {
   at::TensorOptions on_device(at::ScalarType t = at::kFloat) const { return at::TensorOptions().dtype(t).device(device_); }
 
   // Enough queued compute that a copy which failed to wait for it would read stale data.
+  // (On CPU nothing is queued: keep it small.)
   at::Tensor slow_product(int64_t n, int rounds) const {
+    if (!device_.is_cuda()) n = std::min<int64_t>(n, 128);
     at::Tensor x = at::rand({n, n}, on_device()) / static_cast<double>(n);
     at::Tensor y = x;
     for (int r = 0; r < rounds; ++r) y = at::matmul(y, x) + x;

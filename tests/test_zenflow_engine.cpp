@@ -584,11 +584,12 @@ TEST_P(ResumeFromStateDict, MatchesUninterruptedRun) {
   Problem a = make_problem(kSmallSpecs, init), b = make_problem(kSmallSpecs, init);
   ze::ZenFlowOptimizer oa(a.param_specs(), o), ob(b.param_specs(), o);
   std::vector<std::vector<at::Tensor>> traj;
+  std::vector<ze::StepReport> reports;
   std::vector<std::pair<std::string, at::Tensor>> state;
   std::vector<at::Tensor> values_at_k;
   for (int64_t s = 0; s < steps; ++s) {
     a.set_grads(grads[static_cast<size_t>(s)]);
-    oa.step(ctx_at(s, epoch_of(s)));
+    reports.push_back(oa.step(ctx_at(s, epoch_of(s))));
     traj.push_back(a.snapshot());
     if (s == K) {
       // a state_dict mid-run leaves the trajectory unchanged
@@ -616,7 +617,11 @@ TEST_P(ResumeFromStateDict, MatchesUninterruptedRun) {
   EXPECT_EQ(oc.steps(), K);
   for (int64_t s = K; s < steps; ++s) {
     c.set_grads(grads[static_cast<size_t>(s)]);
-    oc.step(ctx_at(s, epoch_of(s)));
+    const ze::StepReport rep = oc.step(ctx_at(s, epoch_of(s)));
+    const ze::StepReport& want = reports[static_cast<size_t>(s)];
+    EXPECT_EQ(rep.boundary, want.boundary) << "step " << s;
+    EXPECT_EQ(rep.reselected, want.reselected) << "step " << s;
+    EXPECT_EQ(rep.staleness_windows, want.staleness_windows) << "step " << s;
     for (size_t i = 0; i < c.params.size(); ++i)
       ASSERT_TRUE(close(c.params[i], traj[static_cast<size_t>(s)][i], 1e-7,
                         kSmallSpecs[i].name + " (resumed) at step " + std::to_string(s)));
@@ -638,6 +643,74 @@ INSTANTIATE_TEST_SUITE_P(At, ResumeFromStateDict, ::testing::Values(4, 5),
                            return std::string(i.param == 4 ? "Boundary" : "MidWindow");
                          });
 
+// The same on the Llama model, where stale or lost host updates change the gradients:
+// the resumed run's losses equal the uninterrupted run's, step by step.
+class ResumeOnLlama : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(ResumeOnLlama, GivesTheSameLossesStepByStep) {
+  const int64_t K = GetParam(), steps = 12;
+  const at::Device dev = test_device();
+  ze::EngineOptions o = device_mode();
+  o.mode = ze::OptimizerMode::kZenFlow;
+  o.topk_ratio = 0.25;
+  o.update_interval = 3;
+  o.full_warm_up_rounds = 1;
+  o.overlap_step = true;
+  o.select_strategy = ze::SelectStrategy::kAuto;
+  std::vector<at::Tensor> batches;
+  at::Generator gen = at::detail::createCPUGenerator(99);
+  for (int64_t s = 0; s < steps; ++s)
+    batches.push_back(at::randint(64, {2, 17}, gen, at::TensorOptions().dtype(at::kLong)).to(dev));
+  auto train_step = [&](zm::CausalLM& m, ze::ZenFlowOptimizer& opt, int64_t s) {
+    opt.zero_grad();
+    const at::Tensor& ids = batches[static_cast<size_t>(s)];
+    at::Tensor loss = zm::causal_lm_loss(m.forward(ids.narrow(1, 0, 16)), ids.narrow(1, 1, 16));
+    loss.backward();
+    ze::StepContext ctx;
+    ctx.lr = 1e-2;
+    ctx.epoch = s / 5;
+    opt.step(ctx);
+    return loss.item<double>();
+  };
+  auto model_a = zm::make_llama(llama_config(), 3);
+  model_a->to(dev, at::kFloat);
+  ze::ZenFlowOptimizer oa(llama_param_specs(*model_a), o);
+  std::vector<double> losses;
+  std::vector<std::pair<std::string, at::Tensor>> state;
+  std::vector<at::Tensor> values_at_k;
+  for (int64_t s = 0; s < steps; ++s) {
+    if (s == K) {
+      state = oa.state_dict();
+      for (auto& p : model_a->parameters()) values_at_k.push_back(cpu_copy(p.tensor));
+    }
+    losses.push_back(train_step(*model_a, oa, s));
+  }
+  auto model_c = zm::make_llama(llama_config(), 4);  // different init, overwritten below
+  model_c->to(dev, at::kFloat);
+  {
+    at::NoGradGuard no_grad;
+    auto pc = model_c->parameters();
+    ASSERT_EQ(pc.size(), values_at_k.size());
+    for (size_t i = 0; i < pc.size(); ++i) pc[i].tensor.copy_(values_at_k[i].to(dev));
+  }
+  ze::ZenFlowOptimizer oc(llama_param_specs(*model_c), o);
+  oc.load_state(state);
+  for (int64_t s = K; s < steps; ++s) {
+    const double loss = train_step(*model_c, oc, s);
+    EXPECT_NEAR(loss, losses[static_cast<size_t>(s)], 1e-6 * std::fabs(losses[static_cast<size_t>(s)]))
+        << "loss at step " << s;
+  }
+  oa.finish();
+  oc.finish();
+  auto pa = model_a->parameters(), pc = model_c->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(close(pc[i].tensor, pa[i].tensor, 1e-6, pa[i].name));
+}
+
+INSTANTIATE_TEST_SUITE_P(At, ResumeOnLlama, ::testing::Values(4, 5),
+                         [](const ::testing::TestParamInfo<int64_t>& i) {
+                           return std::string(i.param == 4 ? "Boundary" : "MidWindow");
+                         });
+
 TEST(ZenFlowOptimizer, ResumePointsAreWhereTheResumeTestsClaim) {
   Problem p = make_problem(kSmallSpecs, random_values(kSmallSpecs, 41));
   ze::EngineOptions o = zen_options();
@@ -649,8 +722,12 @@ TEST(ZenFlowOptimizer, ResumePointsAreWhereTheResumeTestsClaim) {
   for (int64_t s = 0; s < 5; ++s) {
     p.set_grads(random_values(kSmallSpecs, 700 + static_cast<uint64_t>(s)));
     opt.step(ctx_at(s));
-    if (s == 3) EXPECT_TRUE(opt.at_boundary());  // 4 steps taken
-    if (s == 4) EXPECT_FALSE(opt.at_boundary());  // 5 steps taken
+    if (s == 3) {
+      EXPECT_TRUE(opt.at_boundary());  // 4 steps taken
+    }
+    if (s == 4) {
+      EXPECT_FALSE(opt.at_boundary());  // 5 steps taken
+    }
   }
 }
 
@@ -691,7 +768,9 @@ TEST(ZenFlowOptimizer, ZenAutoWindowIsBounded) {
     }
     EXPECT_EQ(opt.windows_completed(), boundaries);
     EXPECT_GE(opt.windows_completed(), steps / 3 - 1);
-    if (skewed) EXPECT_EQ(opt.windows_completed(), steps / 3) << "windows of exactly 3 steps";
+    if (skewed) {
+      EXPECT_EQ(opt.windows_completed(), steps / 3) << "windows of exactly 3 steps";
+    }
   }
 }
 

@@ -542,7 +542,9 @@ void run_against_reference(const ze::EngineOptions& eo, const RefConfig& rc, int
     EXPECT_EQ(opt.host_steps(), ref.host_steps());
     EXPECT_EQ(opt.windows_completed(), ref.windows());
     for (size_t i = 0; i < specs.size(); ++i)
-      if (ref.split(i)) EXPECT_EQ(opt.selected_columns(specs[i].name), ref.selected(i)) << specs[i].name;
+      if (ref.split(i)) {
+        EXPECT_EQ(opt.selected_columns(specs[i].name), ref.selected(i)) << specs[i].name;
+      }
     ASSERT_TRUE(weights_match(tensors, ref));
   }
   opt.finish();

@@ -70,6 +70,9 @@ struct RunSummary {
 RunSummary run_training(const JobSpec& spec, const RunOptions& options,
                         const std::atomic<bool>* stop = nullptr);
 
+// Tunes glibc malloc to keep freed memory mapped (called by run_training).
+void keep_freed_host_memory();
+
 // Median and 90th percentile of a sample (0 when empty).
 double percentile(std::vector<double> values, double q);
 

@@ -37,7 +37,51 @@ void adamw_into(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, c
   adamw_aten(p, g, m, v, c, grad_scale);
 }
 
+// Row-major gather/scatter of columns for CPU tensors of one element size (the
+// ATen index ops are 3-5x slower here, see host-performance-notes.md).
+template <typename T>
+void gather_rows(const T* src, int64_t rows, int64_t in, const int64_t* idx, int64_t n, T* dst) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const T* r = src + i * in;
+    T* d = dst + i * n;
+    for (int64_t c = 0; c < n; ++c) d[c] = r[idx[c]];
+  }
+}
+
+template <typename T>
+void scatter_rows(const T* src, int64_t rows, int64_t in, const int64_t* idx, int64_t n, T* dst) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const T* s = src + i * n;
+    T* r = dst + i * in;
+    for (int64_t c = 0; c < n; ++c) r[idx[c]] = s[c];
+  }
+}
+
+bool cpu_fast_path(const at::Tensor& a, const at::Tensor& b, const at::Tensor& idx) {
+  return a.device().is_cpu() && b.device().is_cpu() && idx.device().is_cpu() && a.is_contiguous() &&
+         b.is_contiguous() && idx.is_contiguous() && a.scalar_type() == b.scalar_type() &&
+         idx.scalar_type() == at::kLong && (a.element_size() == 4 || a.element_size() == 2);
+}
+
 }  // namespace
+
+void accumulate_column_scores(const at::Tensor& grad2d, bool l1, const at::Tensor& scores) {
+  if (grad2d.device().is_cpu() && grad2d.scalar_type() == at::kFloat && grad2d.is_contiguous() &&
+      scores.is_contiguous() && scores.scalar_type() == at::kFloat) {
+    const int64_t rows = grad2d.size(0), in = grad2d.size(1);
+    const float* g = grad2d.data_ptr<float>();
+    float* out = scores.data_ptr<float>();
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* r = g + i * in;
+      if (l1)
+        for (int64_t j = 0; j < in; ++j) out[j] += r[j] < 0 ? -r[j] : r[j];
+      else
+        for (int64_t j = 0; j < in; ++j) out[j] += r[j] * r[j];
+    }
+    return;
+  }
+  scores.add_(column_scores(grad2d, l1));
+}
 
 at::Tensor column_scores(const at::Tensor& grad2d, bool l1) {
   at::Tensor g = grad2d.scalar_type() == at::kFloat ? grad2d : grad2d.to(at::kFloat);
@@ -49,14 +93,16 @@ void selected_adamw(const at::Tensor& weight2d, const at::Tensor& grad2d, const 
                     const at::Tensor& master, const at::Tensor& m, const at::Tensor& v,
                     const AdamWCoeffs& c, float grad_scale) {
   if (sel.numel() == 0) return;
-  at::Tensor g = grad2d.index_select(1, sel);
+  at::Tensor g = at::empty({grad2d.size(0), sel.numel()}, grad2d.options());
+  gather_columns(grad2d, sel, g);
   if (master.defined()) {
     adamw_into(master, g, m, v, c, grad_scale);
-    weight2d.index_copy_(1, sel, master.to(weight2d.scalar_type()));
+    scatter_columns(weight2d, sel, master);
   } else {
-    at::Tensor p = weight2d.index_select(1, sel);  // contiguous fp32 copy
+    at::Tensor p = at::empty({weight2d.size(0), sel.numel()}, weight2d.options());
+    gather_columns(weight2d, sel, p);
     adamw_into(p, g, m, v, c, grad_scale);
-    weight2d.index_copy_(1, sel, p);
+    scatter_columns(weight2d, sel, p);
   }
 }
 
@@ -74,13 +120,44 @@ void dense_adamw(const at::Tensor& param, const at::Tensor& grad, const at::Tens
   }
 }
 
-void gather_columns_t(const at::Tensor& grad2d, const at::Tensor& idx, const at::Tensor& staging) {
+void gather_columns(const at::Tensor& grad2d, const at::Tensor& idx, const at::Tensor& staging) {
+  if (idx.numel() == grad2d.size(1)) {  // every column (offload, warm-up): a plain copy
+    staging.copy_(grad2d);
+    return;
+  }
+  if (cpu_fast_path(grad2d, staging, idx)) {
+    const int64_t rows = grad2d.size(0), in = grad2d.size(1), n = idx.numel();
+    const int64_t* ix = idx.data_ptr<int64_t>();
+    if (grad2d.element_size() == 4)
+      gather_rows(static_cast<const uint32_t*>(grad2d.data_ptr()), rows, in, ix, n,
+                  static_cast<uint32_t*>(staging.data_ptr()));
+    else
+      gather_rows(static_cast<const uint16_t*>(grad2d.data_ptr()), rows, in, ix, n,
+                  static_cast<uint16_t*>(staging.data_ptr()));
+    return;
+  }
   at::Tensor out = staging;
-  at::index_select_out(out, grad2d.t(), 0, idx);
+  at::index_select_out(out, grad2d, 1, idx);
 }
 
-void scatter_columns_t(const at::Tensor& weight2d, const at::Tensor& idx, const at::Tensor& src) {
-  weight2d.t().index_copy_(0, idx, src.to(weight2d.scalar_type()));
+void scatter_columns(const at::Tensor& weight2d, const at::Tensor& idx, const at::Tensor& src) {
+  if (idx.numel() == weight2d.size(1)) {
+    weight2d.copy_(src);
+    return;
+  }
+  at::Tensor s = src.to(weight2d.scalar_type());
+  if (cpu_fast_path(weight2d, s, idx)) {
+    const int64_t rows = weight2d.size(0), in = weight2d.size(1), n = idx.numel();
+    const int64_t* ix = idx.data_ptr<int64_t>();
+    if (weight2d.element_size() == 4)
+      scatter_rows(static_cast<const uint32_t*>(s.data_ptr()), rows, in, ix, n,
+                   static_cast<uint32_t*>(weight2d.data_ptr()));
+    else
+      scatter_rows(static_cast<const uint16_t*>(s.data_ptr()), rows, in, ix, n,
+                   static_cast<uint16_t*>(weight2d.data_ptr()));
+    return;
+  }
+  weight2d.index_copy_(1, idx, s);
 }
 
 }  // namespace zenflow::engine::device_ops

@@ -11,6 +11,8 @@ namespace zenflow::engine::device_ops {
 
 // Per-column importance of grad2d [out, in]: sum_i g^2 (l1: sum_i |g|), fp32 [in].
 at::Tensor column_scores(const at::Tensor& grad2d, bool l1);
+// scores += column_scores(grad2d, l1), without a temporary on the CPU.
+void accumulate_column_scores(const at::Tensor& grad2d, bool l1, const at::Tensor& scores);
 
 // AdamW on the columns `sel` of weight2d [out, in] with gradient columns of grad2d.
 // master [out, k] fp32 holds the columns' master copy when the weight is not fp32
@@ -24,11 +26,12 @@ void selected_adamw(const at::Tensor& weight2d, const at::Tensor& grad2d, const 
 void dense_adamw(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& master,
                  const at::Tensor& m, const at::Tensor& v, const AdamWCoeffs& c, float grad_scale);
 
-// staging[c, i] = grad2d[i, idx[c]]: the columns idx, transposed into a contiguous
-// [n, out] buffer on the same device (one large copy for the D2H transfer).
-void gather_columns_t(const at::Tensor& grad2d, const at::Tensor& idx, const at::Tensor& staging);
+// staging[i, c] = grad2d[i, idx[c]]: the columns idx packed into a contiguous
+// [out, n] buffer (one large copy for the D2H transfer). staging may be on another
+// device (the host) when grad2d is on the CPU.
+void gather_columns(const at::Tensor& grad2d, const at::Tensor& idx, const at::Tensor& staging);
 
-// weight2d[i, idx[c]] = src[c, i] (cast to the weight's dtype).
-void scatter_columns_t(const at::Tensor& weight2d, const at::Tensor& idx, const at::Tensor& src);
+// weight2d[i, idx[c]] = src[i, c] (cast to the weight's dtype).
+void scatter_columns(const at::Tensor& weight2d, const at::Tensor& idx, const at::Tensor& src);
 
 }  // namespace zenflow::engine::device_ops

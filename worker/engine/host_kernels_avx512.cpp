@@ -15,6 +15,9 @@
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 
+#include <algorithm>
+#include <cstdlib>
+
 namespace zenflow::engine::host_kernels {
 namespace {
 
@@ -55,9 +58,10 @@ inline __m256i load_u16(const uint16_t* p, __mmask16 k) {
   else return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
-template <bool kMasked>
+template <bool kMasked, bool kStream = false>
 inline void store_u16(uint16_t* p, __m256i x, __mmask16 k) {
   if constexpr (kMasked) _mm256_mask_storeu_epi16(p, k, x);
+  else if constexpr (kStream) _mm256_stream_si256(reinterpret_cast<__m256i*>(p), x);
   else _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), x);
 }
 
@@ -94,7 +98,7 @@ inline __m256i to_half(__m512 x) {
 }
 
 // One vector of the AdamW update at element i (the first popcount(k) lanes if masked).
-template <GT kType, bool kWindowEnd, HalfOut kHalf, bool kMasked>
+template <GT kType, bool kWindowEnd, HalfOut kHalf, bool kMasked, bool kStream = false>
 inline void adamw_vector(const AdamWSpan& s, const float* acc, int64_t i, const Coeffs& c,
                          __mmask16 k) {
   __m512 g = load_grad<kType, kMasked>(s.grad.data, i, k);
@@ -112,7 +116,16 @@ inline void adamw_vector(const AdamWSpan& s, const float* acc, int64_t i, const 
   store_f32<kMasked>(s.m + i, m, k);
   store_f32<kMasked>(s.v + i, v, k);
   store_f32<kMasked>(s.p + i, p, k);
-  if constexpr (kHalf != HalfOut::kNone) store_u16<kMasked>(s.half_out + i, to_half<kHalf>(p), k);
+  if constexpr (kHalf != HalfOut::kNone)
+    store_u16<kMasked, kStream>(s.half_out + i, to_half<kHalf>(p), k);
+}
+
+int64_t stream_min() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("ZENFLOW_HOST_NT_MIN");
+    return e ? std::atoll(e) : int64_t{1} << 62;
+  }();
+  return v;
 }
 
 template <GT kType, bool kWindowEnd, HalfOut kHalf>
@@ -120,6 +133,17 @@ void adamw_run(const AdamWSpan& s, const float* acc, const AdamWCoeffs& coeffs, 
   const Coeffs c(coeffs, gs);
   const int64_t n = s.n;
   int64_t i = 0;
+  if (kHalf != HalfOut::kNone && n >= stream_min()) {
+    // Peel to 32-byte alignment of half_out, then stream the half copy past the caches.
+    const int64_t head = std::min<int64_t>(
+        n, static_cast<int64_t>((32 - (reinterpret_cast<uintptr_t>(s.half_out) & 31)) & 31) / 2);
+    if (head > 0) {
+      adamw_vector<kType, kWindowEnd, kHalf, true>(s, acc, 0, c, static_cast<__mmask16>((1u << head) - 1u));
+      i = head;
+    }
+    for (; i + kLanes <= n; i += kLanes) adamw_vector<kType, kWindowEnd, kHalf, false, true>(s, acc, i, c, 0);
+    _mm_sfence();
+  }
   for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
     adamw_vector<kType, kWindowEnd, kHalf, false>(s, acc, i, c, 0);
     adamw_vector<kType, kWindowEnd, kHalf, false>(s, acc, i + kLanes, c, 0);
@@ -148,18 +172,29 @@ void adamw_by_grad(const AdamWSpan& s, const float* acc, const AdamWCoeffs& c, f
   }
 }
 
-template <GT kType, bool kOverwrite, bool kMasked>
+template <GT kType, bool kOverwrite, bool kMasked, bool kStream = false>
 inline void accumulate_vector(float* acc, const void* g, int64_t i, __m512 scale, __mmask16 k) {
   const __m512 x = _mm512_mul_ps(load_grad<kType, kMasked>(g, i, k), scale);
   // With overwrite the sum is still formed (0 + x) so that -0 becomes +0 as in scalar.
   const __m512 a = kOverwrite ? _mm512_setzero_ps() : load_f32<kMasked>(acc + i, k);
-  store_f32<kMasked>(acc + i, _mm512_add_ps(a, x), k);
+  if constexpr (kStream) _mm512_stream_ps(acc + i, _mm512_add_ps(a, x));
+  else store_f32<kMasked>(acc + i, _mm512_add_ps(a, x), k);
 }
 
 template <GT kType, bool kOverwrite>
 void accumulate_run(float* acc, const void* g, int64_t n, float scale_f) {
   const __m512 scale = _mm512_set1_ps(scale_f);
   int64_t i = 0;
+  if (kOverwrite && n >= stream_min()) {
+    const int64_t head = std::min<int64_t>(
+        n, static_cast<int64_t>((64 - (reinterpret_cast<uintptr_t>(acc) & 63)) & 63) / 4);
+    if (head > 0) {
+      accumulate_vector<kType, kOverwrite, true>(acc, g, 0, scale, static_cast<__mmask16>((1u << head) - 1u));
+      i = head;
+    }
+    for (; i + kLanes <= n; i += kLanes) accumulate_vector<kType, kOverwrite, false, true>(acc, g, i, scale, 0);
+    _mm_sfence();
+  }
   for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
     accumulate_vector<kType, kOverwrite, false>(acc, g, i, scale, 0);
     accumulate_vector<kType, kOverwrite, false>(acc, g, i + kLanes, scale, 0);

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <condition_variable>
@@ -270,7 +271,8 @@ HostBuffer::HostBuffer(int64_t elements, HostThreadPool* first_touch, bool huge_
   if (elements < 0)
     throw std::invalid_argument("HostBuffer: negative element count " + std::to_string(elements));
   if (elements == 0) return;
-  const size_t stagger = kStaggerStep * (g_buffer_counter.fetch_add(1) % kStaggerSlots);
+  size_t stagger = kStaggerStep * (g_buffer_counter.fetch_add(1) % kStaggerSlots);
+  if (std::getenv("ZF_EXPERIMENT_NO_STAGGER")) stagger = 0;  // EXPERIMENT: remove
   const size_t payload = static_cast<size_t>(elements) * sizeof(float) + stagger;
   const size_t alignment = huge_pages ? kHugePage : kPage;
   // Over-allocate by one alignment so the mapping can start on a 2 MiB boundary.

@@ -151,11 +151,13 @@ struct ZenFlowOptimizer::Impl {
   }
 
   float* host_ptr(const HostBuffer& b, const SplitParam& s) const { return b.data() + s.host_offset; }
+  // Host-owned columns of a parameter, packed row-major: [out, n_host]. Row-wise
+  // gathers and scatters stream through memory; the host kernels see one flat span.
   at::Tensor host_view(const HostBuffer& b, const SplitParam& s) const {
-    return at::from_blob(host_ptr(b, s), {s.n_host(), s.out}, at::kFloat);
+    return at::from_blob(host_ptr(b, s), {s.out, s.n_host()}, at::kFloat);
   }
   at::Tensor staging_view(const at::Tensor& buf, const SplitParam& s) const {
-    return buf.narrow(0, s.host_offset, s.host_elems()).view({s.n_host(), s.out});
+    return buf.narrow(0, s.host_offset, s.host_elems()).view({s.out, s.n_host()});
   }
 
   void validate() {
@@ -250,7 +252,7 @@ struct ZenFlowOptimizer::Impl {
         s.sel_cpu.clear();
         s.unsel = index_tensor(s.unsel_cpu, device);
         s.sel = index_tensor(s.sel_cpu, device);
-        host_view(master, s).copy_(s.w2d.t().to(at::kCPU).to(at::kFloat));
+        host_view(master, s).copy_(s.w2d.to(at::kCPU).to(at::kFloat));
         s.score_acc = at::zeros({s.in}, at::TensorOptions().dtype(at::kFloat).device(device));
       }
     }
@@ -276,10 +278,10 @@ struct ZenFlowOptimizer::Impl {
       at::Tensor g2d = g[s.index].view({s.out, s.in});
       at::Tensor dst = staging_view(buf, s);
       if (device.is_cpu()) {
-        device_ops::gather_columns_t(g2d, s.unsel, dst);
+        device_ops::gather_columns(g2d, s.unsel, dst);
       } else {
-        at::Tensor tmp = at::empty({s.n_host(), s.out}, g2d.options());
-        device_ops::gather_columns_t(g2d, s.unsel, tmp);
+        at::Tensor tmp = at::empty({s.out, s.n_host()}, g2d.options());
+        device_ops::gather_columns(g2d, s.unsel, tmp);
         dst.copy_(tmp);
       }
       moved += s.host_elems() * dst.element_size();
@@ -298,7 +300,7 @@ struct ZenFlowOptimizer::Impl {
       at::Tensor src = split_dtype == at::kFloat || out_buffer < 0 ? host_view(master, s)
                                                                   : staging_view(param_out[out_buffer], s);
       if (!device.is_cpu()) src = src.to(device, /*non_blocking=*/false);
-      device_ops::scatter_columns_t(s.w2d, s.unsel, src);
+      device_ops::scatter_columns(s.w2d, s.unsel, src);
       moved += s.host_elems() * s.w2d.element_size();
     }
     bytes(Direction::kH2D, moved);
@@ -376,23 +378,22 @@ struct ZenFlowOptimizer::Impl {
   // Moves master/m/v of columns whose owner changes (§3 "one set of moments per
   // column"). Requires no host work in flight and no open window.
   void migrate(SplitParam& s, const std::vector<int64_t>& new_sel) {
+    using device_ops::gather_columns;
+    using device_ops::scatter_columns;
     const auto f32cpu = at::TensorOptions().dtype(at::kFloat);
-    // Full per-column state [in, out] assembled from both owners.
-    at::Tensor full_master = at::empty({s.in, s.out}, f32cpu);
-    at::Tensor full_m = at::empty({s.in, s.out}, f32cpu);
-    at::Tensor full_v = at::empty({s.in, s.out}, f32cpu);
+    // Full per-column state [out, in] on the host, assembled from both owners.
+    at::Tensor full[3] = {at::empty({s.out, s.in}, f32cpu), at::empty({s.out, s.in}, f32cpu),
+                          at::empty({s.out, s.in}, f32cpu)};
+    const HostBuffer* host_state[3] = {&master, &m, &v};
     if (s.n_host() > 0) {
       at::Tensor hidx = index_tensor(s.unsel_cpu, at::kCPU);
-      full_master.index_copy_(0, hidx, host_view(master, s));
-      full_m.index_copy_(0, hidx, host_view(m, s));
-      full_v.index_copy_(0, hidx, host_view(v, s));
+      for (int i = 0; i < 3; ++i) scatter_columns(full[i], hidx, host_view(*host_state[i], s));
     }
-    if (s.k > 0 && !s.sel_cpu.empty()) {
+    if (!s.sel_cpu.empty()) {
       at::Tensor didx = index_tensor(s.sel_cpu, at::kCPU);
       at::Tensor dmaster = s.dev_master.defined() ? s.dev_master : s.w2d.index_select(1, s.sel).to(at::kFloat);
-      full_master.index_copy_(0, didx, dmaster.t().to(at::kCPU));
-      full_m.index_copy_(0, didx, s.dev_m.t().to(at::kCPU));
-      full_v.index_copy_(0, didx, s.dev_v.t().to(at::kCPU));
+      const at::Tensor dev_state[3] = {dmaster, s.dev_m, s.dev_v};
+      for (int i = 0; i < 3; ++i) scatter_columns(full[i], didx, dev_state[i].to(at::kCPU).contiguous());
     }
     s.sel_cpu = new_sel;
     s.unsel_cpu = complement(new_sel, s.in);
@@ -400,21 +401,19 @@ struct ZenFlowOptimizer::Impl {
     s.unsel = index_tensor(s.unsel_cpu, device);
     if (s.n_host() > 0) {
       at::Tensor hidx = index_tensor(s.unsel_cpu, at::kCPU);
-      host_view(master, s).copy_(full_master.index_select(0, hidx));
-      host_view(m, s).copy_(full_m.index_select(0, hidx));
-      host_view(v, s).copy_(full_v.index_select(0, hidx));
+      for (int i = 0; i < 3; ++i) gather_columns(full[i], hidx, host_view(*host_state[i], s));
     }
     at::Tensor didx = index_tensor(s.sel_cpu, at::kCPU);
-    s.dev_m = full_m.index_select(0, didx).t().contiguous().to(device);
-    s.dev_v = full_v.index_select(0, didx).t().contiguous().to(device);
-    at::Tensor dm = full_master.index_select(0, didx).t().contiguous();
-    if (split_dtype != at::kFloat) {
-      s.dev_master = dm.to(device);
-    } else {
-      s.dev_master = at::Tensor();
+    at::Tensor dev_state[3];
+    for (int i = 0; i < 3; ++i) {
+      dev_state[i] = at::empty({s.out, s.k}, f32cpu);
+      gather_columns(full[i], didx, dev_state[i]);
     }
+    s.dev_m = dev_state[1].to(device);
+    s.dev_v = dev_state[2].to(device);
+    s.dev_master = split_dtype != at::kFloat ? dev_state[0].to(device) : at::Tensor();
     // The device copy of an entering column must equal its master value.
-    if (!s.sel_cpu.empty()) s.w2d.index_copy_(1, s.sel, dm.to(device).to(split_dtype));
+    if (!s.sel_cpu.empty()) scatter_columns(s.w2d, s.sel, dev_state[0].to(device));
   }
 
   void select_all(const std::vector<at::Tensor>* g, int64_t epoch) {
@@ -542,7 +541,9 @@ struct ZenFlowOptimizer::Impl {
                                      s.dev_v, coeffs(ctx.lr, s.weight_decay, device_step), 1.0f);
     }
     if (zenflow() && !warm)
-      for (auto& s : split) s.score_acc.add_(scores_of(g[s.index], s));
+      for (auto& s : split)
+        device_ops::accumulate_column_scores(g[s.index].view({s.out, s.in}),
+                                             opt.importance == Importance::kL1, s.score_acc);
     device_time(dev_sw.seconds());
     ++t;
     if (split.empty()) return rep;
@@ -727,10 +728,10 @@ void ZenFlowOptimizer::load_state(const std::vector<std::pair<std::string, at::T
     s.unsel_cpu = complement(sel, s.in);
     s.sel = index_tensor(s.sel_cpu, i.device);
     s.unsel = index_tensor(s.unsel_cpu, i.device);
-    i.host_view(i.master, s).copy_(get(p + "host_master", {s.n_host(), s.out}));
-    i.host_view(i.m, s).copy_(get(p + "host_m", {s.n_host(), s.out}));
-    i.host_view(i.v, s).copy_(get(p + "host_v", {s.n_host(), s.out}));
-    if (i.window_pos > 0) i.host_view(i.acc[parity], s).copy_(get(p + "acc", {s.n_host(), s.out}));
+    i.host_view(i.master, s).copy_(get(p + "host_master", {s.out, s.n_host()}));
+    i.host_view(i.m, s).copy_(get(p + "host_m", {s.out, s.n_host()}));
+    i.host_view(i.v, s).copy_(get(p + "host_v", {s.out, s.n_host()}));
+    if (i.window_pos > 0) i.host_view(i.acc[parity], s).copy_(get(p + "acc", {s.out, s.n_host()}));
     s.score_acc.copy_(get(p + "score_acc", {s.in}));
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(i.device);
     if (i.selected) {

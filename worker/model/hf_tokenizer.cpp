@@ -68,10 +68,11 @@ std::string token_bytes(std::string_view token) {
 }
 
 // ---------------------------------------------------------------------------------
-// Pre-tokenizer regexes, implemented as scanners over code points. Each match_*
-// returns the end of the regex match starting at i (the regexes match at every
-// position, so pieces tile the text). The alternatives are tried in the regex's order
-// with its greedy/backtracking outcome worked out by hand; the comments quote them.
+// Pre-tokenizer regexes, implemented as scanners over the UTF-8 text. Each match_*
+// returns the byte offset where the regex match starting at byte p ends (the regexes
+// match at every position, so pieces tile the text). The alternatives are tried in the
+// regex's order with its greedy/backtracking outcome worked out by hand; the comments
+// quote them. Bytes that are not UTF-8 count as one "other" code point each.
 
 enum class SplitRegex { kGpt2, kLlama3 };
 
@@ -88,115 +89,118 @@ constexpr char kLlama3Suffix[] = R"(| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!
 constexpr unsigned char kL = unicode::kLetterClass, kN = unicode::kNumberClass,
                         kS = unicode::kSpaceClass;
 
-struct CodePoints {
-  std::vector<char32_t> cp;
-  std::vector<unsigned char> cls;   // class bits; 0 = "other" ([^\s\p{L}\p{N}])
-  std::vector<std::size_t> offset;  // byte offset of each code point, plus the end
+// One code point of the text being scanned.
+struct CodePoint {
+  char32_t cp;
+  unsigned char cls;  // class bits; 0 = "other" ([^\s\p{L}\p{N}])
+  std::size_t len;    // bytes
 };
 
-void decode_code_points(std::string_view text, CodePoints& out) {
-  out.cp.clear();
-  out.cls.clear();
-  out.offset.clear();
-  for (std::size_t i = 0; i < text.size();) {
-    char32_t cp;
-    const std::size_t len = unicode::decode_utf8(text, i, &cp);
-    out.cp.push_back(cp);
-    out.cls.push_back(unicode::classify(cp));
-    out.offset.push_back(i);
-    i += len;
-  }
-  out.offset.push_back(text.size());
+inline CodePoint code_point_at(std::string_view s, std::size_t p) {
+  const auto b = static_cast<unsigned char>(s[p]);
+  if (b < 0x80) return CodePoint{b, unicode::classify(b), 1};
+  CodePoint c;
+  c.len = unicode::decode_utf8(s, p, &c.cp);
+  c.cls = unicode::classify(c.cp);
+  return c;
 }
 
-bool is_newline(char32_t c) { return c == '\r' || c == '\n'; }
+inline bool is_newline(char32_t c) { return c == '\r' || c == '\n'; }
 
-// 's|'t|'re|'ve|'m|'ll|'d, optionally case-insensitive (where ſ folds to s).
-std::size_t match_contraction(const char32_t* cp, std::size_t n, std::size_t i, bool ignore_case) {
-  if (cp[i] != '\'' || i + 1 >= n) return i;
-  const auto fold = [ignore_case](char32_t c) -> char32_t {
-    if (!ignore_case) return c;
-    if (c >= 'A' && c <= 'Z') return c + ('a' - 'A');
-    return c == 0x17F ? U's' : c;
+// The end of the run of code points from p whose class satisfies `in_class`, stopping
+// after at most `max_count` of them (-1: no limit).
+template <typename InClass>
+std::size_t run_end(std::string_view s, std::size_t p, InClass in_class, int max_count = -1) {
+  int count = 0;
+  while (p < s.size() && (max_count < 0 || count < max_count)) {
+    const CodePoint c = code_point_at(s, p);
+    if (!in_class(c.cls)) break;
+    p += c.len;
+    ++count;
+  }
+  return p;
+}
+
+const auto is_letter_class = [](unsigned char c) { return (c & kL) != 0; };
+const auto is_number_class = [](unsigned char c) { return (c & kN) != 0; };
+const auto is_other_class = [](unsigned char c) { return c == 0; };
+
+// 's|'t|'re|'ve|'m|'ll|'d at p (an apostrophe), optionally case-insensitive (where ſ,
+// U+017F, folds to s). Returns p when there is no match.
+std::size_t match_contraction(std::string_view s, std::size_t p, bool ignore_case) {
+  const std::size_t n = s.size();
+  if (p + 1 >= n) return p;
+  const auto fold = [ignore_case](char c) -> char {
+    return ignore_case && c >= 'A' && c <= 'Z' ? static_cast<char>(c + ('a' - 'A')) : c;
   };
-  const char32_t c1 = fold(cp[i + 1]);
-  if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return i + 2;
-  if (i + 2 < n) {
-    const char32_t c2 = fold(cp[i + 2]);
-    if (((c1 == 'r' || c1 == 'v') && c2 == 'e') || (c1 == 'l' && c2 == 'l')) return i + 3;
+  const char c1 = fold(s[p + 1]);
+  if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return p + 2;
+  if (ignore_case && p + 2 < n && s[p + 1] == '\xC5' && s[p + 2] == '\xBF') return p + 3;  // 'ſ
+  if (p + 2 < n) {
+    const char c2 = fold(s[p + 2]);
+    if (((c1 == 'r' || c1 == 'v') && c2 == 'e') || (c1 == 'l' && c2 == 'l')) return p + 3;
   }
-  return i;
+  return p;
 }
 
-// \s+(?!\S)|\s+ at a whitespace code point i: the run, less its last code point when
-// a non-space follows and the run is longer than one.
-std::size_t match_space_run(const unsigned char* cls, std::size_t n, std::size_t i) {
-  std::size_t k = i + 1;
-  while (k < n && (cls[k] & kS)) ++k;
-  if (k == n) return n;
-  return k - 1 > i ? k - 1 : k;
+// From a whitespace code point at p: \s*[\r\n]+ when `newlines` (the run up to and
+// including its last newline, if it has one), else \s+(?!\S)|\s+ (the run, less its
+// last code point when a non-space follows and the run is longer than one).
+std::size_t match_space_run(std::string_view s, std::size_t p, bool newlines) {
+  std::size_t q = p, last = p, after_newline = 0;
+  while (q < s.size()) {
+    const CodePoint c = code_point_at(s, q);
+    if (!(c.cls & kS)) break;
+    last = q;
+    q += c.len;
+    if (is_newline(c.cp)) after_newline = q;
+  }
+  if (newlines && after_newline != 0) return after_newline;
+  if (q == s.size()) return q;
+  return last > p ? last : q;
 }
 
 // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-std::size_t match_gpt2(const CodePoints& t, std::size_t i) {
-  const std::size_t n = t.cp.size();
-  const char32_t* cp = t.cp.data();
-  const unsigned char* cls = t.cls.data();
-  if (const std::size_t e = match_contraction(cp, n, i, false); e != i) return e;
-  const std::size_t start = (cp[i] == ' ' && i + 1 < n && !(cls[i + 1] & kS)) ? i + 1 : i;
-  const unsigned char c = cls[start];
-  if (c & kS) return match_space_run(cls, n, i);
-  std::size_t j = start + 1;
-  if (c & kL) {
-    while (j < n && (cls[j] & kL)) ++j;
-  } else if (c & kN) {
-    while (j < n && (cls[j] & kN)) ++j;
-  } else {
-    while (j < n && cls[j] == 0) ++j;
+std::size_t match_gpt2(std::string_view s, std::size_t p) {
+  if (s[p] == '\'') {
+    if (const std::size_t e = match_contraction(s, p, false); e != p) return e;
   }
-  return j;
+  CodePoint c = code_point_at(s, p);
+  std::size_t start = p;
+  if (c.cp == ' ' && p + 1 < s.size()) {
+    const CodePoint next = code_point_at(s, p + 1);
+    if (!(next.cls & kS)) start = p + 1, c = next;
+  }
+  if (c.cls & kS) return match_space_run(s, p, false);
+  if (c.cls & kL) return run_end(s, start + c.len, is_letter_class);
+  if (c.cls & kN) return run_end(s, start + c.len, is_number_class);
+  return run_end(s, start + c.len, is_other_class);
 }
 
 // (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,k}|
 //  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
-std::size_t match_llama3(const CodePoints& t, std::size_t i, int max_digits) {
-  const std::size_t n = t.cp.size();
-  const char32_t* cp = t.cp.data();
-  const unsigned char* cls = t.cls.data();
-  if (const std::size_t e = match_contraction(cp, n, i, true); e != i) return e;
-  const unsigned char c = cls[i];
+std::size_t match_llama3(std::string_view s, std::size_t p, int max_digits) {
+  if (s[p] == '\'') {
+    if (const std::size_t e = match_contraction(s, p, true); e != p) return e;
+  }
+  const CodePoint c = code_point_at(s, p);
   // [^\r\n\p{L}\p{N}]?\p{L}+
-  std::size_t letters = n;
-  if (c & kL)
-    letters = i;
-  else if (!(c & kN) && !is_newline(cp[i]) && i + 1 < n && (cls[i + 1] & kL))
-    letters = i + 1;
-  if (letters != n) {
-    std::size_t j = letters + 1;
-    while (j < n && (cls[j] & kL)) ++j;
-    return j;
-  }
+  if (c.cls & kL) return run_end(s, p + c.len, is_letter_class);
+  const CodePoint next = p + c.len < s.size() ? code_point_at(s, p + c.len) : CodePoint{0, 0, 0};
+  if (!(c.cls & kN) && !is_newline(c.cp) && (next.cls & kL))
+    return run_end(s, p + c.len + next.len, is_letter_class);
   // \p{N}{1,k}
-  if (c & kN) {
-    std::size_t j = i + 1;
-    while (j < n && (cls[j] & kN) && (max_digits == 0 || j - i < static_cast<std::size_t>(max_digits)))
-      ++j;
-    return j;
-  }
+  if (c.cls & kN) return run_end(s, p + c.len, is_number_class, max_digits == 0 ? -1 : max_digits - 1);
   //  ?[^\s\p{L}\p{N}]+[\r\n]*
-  const std::size_t start = (cp[i] == ' ' && i + 1 < n && cls[i + 1] == 0) ? i + 1 : i;
-  if (cls[start] == 0) {
-    std::size_t j = start + 1;
-    while (j < n && cls[j] == 0) ++j;
-    while (j < n && is_newline(cp[j])) ++j;
-    return j;
+  std::size_t other = c.cls == 0 ? p : (c.cp == ' ' && next.len != 0 && next.cls == 0) ? p + 1 : s.size();
+  if (other != s.size()) {
+    const std::size_t e = run_end(s, other, is_other_class);
+    std::size_t q = e;
+    while (q < s.size() && is_newline(static_cast<unsigned char>(s[q]))) ++q;
+    return q;
   }
-  // \s*[\r\n]+ : the whitespace run up to and including its last newline.
-  std::size_t k = i + 1;
-  while (k < n && (cls[k] & kS)) ++k;
-  for (std::size_t p = k; p > i; --p)
-    if (is_newline(cp[p - 1])) return p;
-  return match_space_run(cls, n, i);
+  // \s*[\r\n]+, then \s+(?!\S)|\s+
+  return match_space_run(s, p, true);
 }
 
 // Recognizes a Split pre-tokenizer's regex; throws std::invalid_argument otherwise.
@@ -266,6 +270,7 @@ class ByteLevelBpeTokenizer : public Tokenizer {
   }
 
   void encode_segment(std::string_view segment, std::vector<int32_t>& ids) const;
+  void split_and_encode(std::string_view text, std::size_t rule, std::vector<int32_t>& ids) const;
   void encode_piece(std::string_view piece, std::vector<int32_t>& ids) const;
   void bpe(std::string_view piece, std::vector<int32_t>& ids) const;
   // Finds the leftmost-longest added token at or after `from`: returns its index and
@@ -444,28 +449,23 @@ void ByteLevelBpeTokenizer::encode_segment(std::string_view segment, std::vector
     owned = " " + std::string(segment);
     segment = owned;
   }
-  if (rules_.empty()) {
-    encode_piece(segment, ids);
+  split_and_encode(segment, 0, ids);
+}
+
+// Splits `text` with rule `rule` and each piece further with the following rules, then
+// runs BPE on the final pieces; nothing is materialized in between.
+void ByteLevelBpeTokenizer::split_and_encode(std::string_view text, std::size_t rule,
+                                             std::vector<int32_t>& ids) const {
+  if (rule == rules_.size()) {
+    encode_piece(text, ids);
     return;
   }
-  // Each rule splits the pieces the previous one produced.
-  std::vector<std::string_view> pieces{segment}, next;
-  CodePoints t;
-  for (const SplitRule& rule : rules_) {
-    next.clear();
-    for (std::string_view piece : pieces) {
-      decode_code_points(piece, t);
-      const std::size_t n = t.cp.size();
-      for (std::size_t i = 0; i < n;) {
-        const std::size_t j =
-            rule.regex == SplitRegex::kGpt2 ? match_gpt2(t, i) : match_llama3(t, i, rule.max_digits);
-        next.push_back(piece.substr(t.offset[i], t.offset[j] - t.offset[i]));
-        i = j;
-      }
-    }
-    pieces.swap(next);
+  const SplitRule& r = rules_[rule];
+  for (std::size_t p = 0; p < text.size();) {
+    const std::size_t e = r.regex == SplitRegex::kGpt2 ? match_gpt2(text, p) : match_llama3(text, p, r.max_digits);
+    split_and_encode(text.substr(p, e - p), rule + 1, ids);
+    p = e;
   }
-  for (std::string_view piece : pieces) encode_piece(piece, ids);
 }
 
 void ByteLevelBpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ids) const {

@@ -1,0 +1,185 @@
+// `zenflow bench offload`: device vs offload vs zenflow on the same model, data and host
+// kernels, in one process; one JSON object per mode, then a comparison object.
+#include <sys/stat.h>
+
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "client/commands.h"
+#include "client/report.h"
+#include "common/job_spec.h"
+#include "worker/trainer.h"
+
+namespace zenflow::cli {
+namespace {
+
+// Presets: YAML job specs validated by the same parser users go through.
+const std::map<std::string, std::string>& presets() {
+  static const std::map<std::string, std::string> p = {
+      // Few tokens per step: the host optimizer is as large a share of an offload step
+      // as a CPU-only machine allows (one compute core, one host-optimizer core).
+      {"small-batch", R"(name: bench-small-batch
+model: {arch: llama, config: {hidden_size: 1024, num_hidden_layers: 4, num_attention_heads: 8,
+        intermediate_size: 2752, max_position_embeddings: 64}}
+data: {train: DATA, tokenizer: byte, val_fraction: 0.05}
+train: {steps: 20, micro_batch: 1, seq_len: 16, lr: 1.0e-4, schedule: constant, warmup_steps: 0,
+        grad_clip: 1.0, seed: 1, compute_threads: 1, device: cpu}
+optimizer:
+  mode: zenflow
+  zenflow: {topk_ratio: 0.1, select_strategy: auto, update_interval: 4, full_warm_up_rounds: 1,
+            overlap_step: true}
+  host: {threads: 1, reserved_cores: auto}
+checkpoint: {every_steps: 0}
+)"},
+      // The tiny model trained long enough to compare final losses between modes.
+      {"convergence", R"(name: bench-convergence
+model: {arch: llama, config: {hidden_size: 128, num_hidden_layers: 2, num_attention_heads: 4,
+        intermediate_size: 344, max_position_embeddings: 128}}
+data: {train: DATA, tokenizer: byte, val_fraction: 0.05}
+train: {steps: 300, micro_batch: 8, seq_len: 64, lr: 3.0e-3, schedule: cosine, warmup_steps: 10,
+        grad_clip: 1.0, seed: 1, device: cpu}
+optimizer:
+  mode: zenflow
+  zenflow: {topk_ratio: 0.1, select_strategy: auto, update_interval: 4, full_warm_up_rounds: 1,
+            overlap_step: true}
+  host: {threads: auto, reserved_cores: auto}
+checkpoint: {every_steps: 0}
+)"},
+      // ~1B-parameter Llama shape in bf16 on one GPU, sequence 1024.
+      {"gpu-1b", R"(name: bench-gpu-1b
+model: {arch: llama, config: {hidden_size: 2048, num_hidden_layers: 16, num_attention_heads: 16,
+        num_key_value_heads: 16, intermediate_size: 5504, vocab_size: 32000,
+        max_position_embeddings: 1024}}
+data: {train: DATA, tokenizer: byte, val_fraction: 0.05}
+train: {steps: 20, micro_batch: 8, seq_len: 1024, lr: 1.0e-4, schedule: constant, warmup_steps: 0,
+        grad_clip: 1.0, seed: 1, device: cuda, dtype: bfloat16}
+optimizer:
+  mode: zenflow
+  zenflow: {topk_ratio: 0.1, select_strategy: auto, update_interval: 4, full_warm_up_rounds: 1,
+            overlap_step: true}
+  host: {threads: auto, reserved_cores: auto}
+checkpoint: {every_steps: 0}
+)"},
+  };
+  return p;
+}
+
+std::string default_data() {
+  struct stat st;
+  if (stat("/usr/share/common-licenses", &st) == 0) return "/usr/share/common-licenses";
+  return std::string(ZENFLOW_SOURCE_DIR) + "/worker";  // any machine that built us has this
+}
+
+struct BenchArgs {
+  std::string preset = "small-batch";
+  std::string modes = "device,offload,zenflow";
+  int64_t steps = 0;
+  std::string data;
+  std::vector<std::string> sets;
+  bool json = false;
+};
+
+std::vector<std::string> split_csv(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+nlohmann::json mode_json(const RunSummary& s) {
+  nlohmann::json j = summary_json(s);
+  j.erase("losses");
+  const double n = static_cast<double>(std::max<size_t>(1, s.step_seconds.size()));
+  j["transfer_bytes_per_step"] = {{"d2h", static_cast<double>(s.totals.transfer_bytes[0]) / n},
+                                  {"h2d", static_cast<double>(s.totals.transfer_bytes[1]) / n}};
+  double stall = 0;
+  for (double x : s.totals.stall_seconds) stall += x;
+  j["stall_fraction"] = s.totals.wall_seconds > 0 ? stall / s.totals.wall_seconds : 0;
+  return j;
+}
+
+int run_bench(const BenchArgs& a) {
+  auto it = presets().find(a.preset);
+  if (it == presets().end()) {
+    std::cerr << "zenflow bench offload: unknown preset '" << a.preset
+              << "' (available: small-batch, convergence, gpu-1b)\n";
+    return kExitBadInput;
+  }
+  std::string yaml = it->second;
+  const std::string data = a.data.empty() ? default_data() : a.data;
+  yaml.replace(yaml.find("DATA"), 4, data);
+  std::map<std::string, RunSummary> results;
+  std::map<std::string, int64_t> bytes_per_elem;
+  for (const std::string& mode : split_csv(a.modes)) {
+    std::vector<std::string> sets = a.sets;
+    sets.push_back("optimizer.mode=" + mode);
+    if (a.steps > 0) sets.push_back("train.steps=" + std::to_string(a.steps));
+    JobSpec spec;
+    try {
+      spec = parse_job_spec(yaml, sets, ".");
+    } catch (const SpecError& e) {
+      std::cerr << "zenflow bench offload: " << e.what() << "\n";
+      return kExitBadInput;
+    }
+    RunOptions opts;
+    opts.resume = false;
+    opts.write_checkpoints = false;
+    opts.evaluate = false;
+    std::cerr << "bench offload: " << a.preset << " / " << mode << " (" << spec.train.steps << " steps)\n";
+    RunSummary s = run_training(spec, opts);
+    nlohmann::json j = mode_json(s);
+    j["preset"] = a.preset;
+    if (a.json) {
+      std::cout << j.dump() << std::endl;
+    } else {
+      print_summary_table(std::cout, spec, s);
+    }
+    results[mode] = s;
+  }
+  // The comparison the paper's claims are about.
+  nlohmann::json cmp;
+  cmp["preset"] = a.preset;
+  cmp["comparison"] = true;
+  auto med = [&](const std::string& m) { return results.at(m).step_seconds_median; };
+  if (results.count("device") && results.count("offload") && results.count("zenflow")) {
+    const double extra = med("offload") - med("device");
+    cmp["offload_overhead_removed"] = extra > 0 ? (med("offload") - med("zenflow")) / extra : 0.0;
+    cmp["practicality_zenflow"] = med("device") / med("zenflow");
+    cmp["practicality_offload"] = med("device") / med("offload");
+    cmp["speedup_zenflow_over_offload"] = med("offload") / med("zenflow");
+  }
+  for (const auto& [mode, s] : results) {
+    const double n = static_cast<double>(std::max<size_t>(1, s.step_seconds.size()));
+    const double model_bytes = static_cast<double>(s.split_params) * (s.device == "cpu" ? 4.0 : 2.0);
+    if (model_bytes > 0)
+      cmp["transfer_per_step_over_model_size"][mode] =
+          (static_cast<double>(s.totals.transfer_bytes[0] + s.totals.transfer_bytes[1]) / n) / model_bytes;
+    cmp["final_loss"][mode] = s.final_loss;
+  }
+  if (results.count("device")) {
+    for (const auto& [mode, s] : results)
+      cmp["final_loss_rel_diff_vs_device"][mode] =
+          (s.final_loss - results.at("device").final_loss) / results.at("device").final_loss;
+  }
+  std::cout << cmp.dump() << std::endl;
+  return kExitOk;
+}
+
+CommandRegistrar reg(60, [](CommandContext& ctx) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* cmd = ctx.bench->add_subcommand("offload", "device vs offload vs zenflow, same model and data");
+  cmd->add_option("--preset", args->preset, "small-batch | convergence | gpu-1b");
+  cmd->add_option("--modes", args->modes, "Comma-separated modes");
+  cmd->add_option("--steps", args->steps, "Steps per mode (default: the preset's)");
+  cmd->add_option("--data", args->data, "Training text (default /usr/share/common-licenses)");
+  cmd->add_option("--set", args->sets, "Override a preset key (repeatable)");
+  cmd->add_flag("--json", args->json, "One JSON object per mode (and a comparison) on stdout");
+  cmd->callback([args, &ctx] { ctx.exit_code = run_bench(*args); });
+});
+
+}  // namespace
+}  // namespace zenflow::cli

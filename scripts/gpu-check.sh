@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# The GPU check: builds the engine-only tree against the wheel's CUDA LibTorch and runs it on the GPU.
+#
+# Run on a GPU host from the repository root (through the device tool: carry `.debs`,
+# made here by scripts/fetch-gpu-debs.sh). Phases, each with its own time limit inside
+# an overall budget of ZENFLOW_GPU_CHECK_BUDGET seconds (default 470, under 8 minutes):
+#   env        environment facts (GPU, cores, torch, nvcc, cmake)
+#   deps       extracts .debs/*.deb (yaml-cpp, nlohmann-json, CLI11, GoogleTest) into a prefix
+#   configure  cmake: ZENFLOW_SERVICES=OFF, ZENFLOW_CUDA=ON, LibTorch from the PyTorch wheel
+#   build      ninja with every core
+#   ctest      the engine's test suite with ZENFLOW_TEST_DEVICE=cuda
+#   kernels    the CUDA kernel tests (raw kernels and their tensor wrappers)
+#   bench      zenflow bench offload --preset gpu-1b (JSON) and zenflow bench host-adam (JSON)
+# A failed phase does not stop later ones (unless they need what it should have made);
+# the script exits 1 if any phase failed. Logs and JSON go to $OUT (./gpu-check-out when
+# OUT is unset): summary.txt, build.log, ctest.log, kernels.log, bench.log,
+# bench-offload.json, host-adam.json.
+set -uo pipefail
+
+ROOT="$(pwd)"
+OUT="${OUT:-$ROOT/gpu-check-out}"
+BUILD="${ZENFLOW_GPU_BUILD_DIR:-$ROOT/build}"
+PREFIX="${ZENFLOW_GPU_PREFIX:-/tmp/zf-prefix}"
+DEBS="${ZENFLOW_GPU_DEBS:-$ROOT/.debs}"
+BUDGET="${ZENFLOW_GPU_CHECK_BUDGET:-470}"
+JOBS="$(nproc)"
+export ROOT OUT BUILD PREFIX DEBS JOBS
+mkdir -p "$OUT"
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+
+START=$(date +%s)
+FAILED=()
+
+say() { echo "gpu-check: $*" | tee -a "$SUMMARY"; }
+seconds_left() { echo $((BUDGET - ($(date +%s) - START))); }
+
+# phase NAME MAX_SECONDS LOG COMMAND...: runs COMMAND (a program or an exported function)
+# under `timeout`, bounded by both MAX_SECONDS and what is left of the budget; appends
+# its output to LOG.
+phase() {
+  local name=$1 max=$2 log=$3
+  shift 3
+  local left limit rc t0 t1
+  left=$(seconds_left)
+  limit=$((max < left - 5 ? max : left - 5))
+  if ((limit < 5)); then
+    say "$(printf '%-10s SKIPPED  (budget of %ss spent)' "$name" "$BUDGET")"
+    FAILED+=("$name")
+    return 1
+  fi
+  echo "===== $name (limit ${limit}s) =====" >>"$log"
+  t0=$(date +%s.%N)
+  timeout -k 10 "$limit" bash -c '"$@"' "$name" "$@" >>"$log" 2>&1
+  rc=$?
+  t1=$(date +%s.%N)
+  local took
+  took=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
+  if ((rc == 0)); then
+    say "$(printf '%-10s ok       %7ss' "$name" "$took")"
+  elif ((rc == 124 || rc == 137)); then
+    say "$(printf '%-10s TIMEOUT  %7ss (limit %ss; see %s)' "$name" "$took" "$limit" "$(basename "$log")")"
+    FAILED+=("$name")
+  else
+    say "$(printf '%-10s FAILED   %7ss (exit %s; see %s)' "$name" "$took" "$rc" "$(basename "$log")")"
+    FAILED+=("$name")
+  fi
+  return $rc
+}
+
+skip() {  # skip NAME REASON
+  say "$(printf '%-10s SKIPPED  (%s)' "$1" "$2")"
+  FAILED+=("$1")
+}
+
+# ---- 1. environment --------------------------------------------------------------------------
+export PATH="$PATH:/usr/local/cuda/bin"
+PY="${PYTHON:-python3}"
+export PY
+env_facts() {  # fails when no GPU is usable
+  local rc=0
+  echo "date: $(date -u +%FT%TZ)"
+  echo "os: $(grep -s "^PRETTY_NAME=" /etc/os-release | cut -d= -f2)"
+  echo "cores: $(nproc)"
+  echo "memory: $(free -g 2>/dev/null | awk '/^Mem:/ {print $2 " GiB"}')"
+  nvidia-smi -L || rc=1
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+  "$PY" -c 'import sys, torch; ok = torch.cuda.is_available(); print("torch", torch.__version__, "cuda",
+torch.version.cuda, "available", ok, torch.cuda.get_device_name(0) if ok else ""); sys.exit(0 if ok else 1)' || rc=1
+  echo "nvcc: $(nvcc --version | tail -n 2 | head -n 1)"
+  echo "cmake: $(cmake --version | head -n 1)"
+  echo "ninja: $(ninja --version)"
+  echo "c++: $(c++ --version | head -n 1)"
+  return "$rc"
+}
+export -f env_facts
+phase env 30 "$SUMMARY" env_facts
+
+# ---- 2. dependencies from .deb files -----------------------------------------------------------
+extract_debs() {
+  shopt -s nullglob
+  local debs=("$DEBS"/*.deb)
+  if ((${#debs[@]} == 0)); then
+    echo "no .deb files in $DEBS: run scripts/fetch-gpu-debs.sh on a Debian 12 machine and carry .debs"
+    return 1
+  fi
+  rm -rf "$PREFIX"
+  mkdir -p "$PREFIX"
+  local f member
+  for f in "${debs[@]}"; do
+    if command -v dpkg-deb >/dev/null; then
+      dpkg-deb -x "$f" "$PREFIX" || return 1
+    else  # a .deb is an ar archive holding data.tar.{xz,zst,gz}
+      member=$(ar t "$f" | grep '^data\.tar') || return 1
+      case "$member" in
+        *.xz) ar p "$f" "$member" | tar -xJ -C "$PREFIX" ;;
+        *.zst) ar p "$f" "$member" | zstd -dc | tar -x -C "$PREFIX" ;;
+        *.gz) ar p "$f" "$member" | tar -xz -C "$PREFIX" ;;
+        *) echo "unknown member $member in $f"; return 1 ;;
+      esac || return 1
+    fi
+    echo "extracted $(basename "$f")"
+  done
+}
+export -f extract_debs
+phase deps 30 "$OUT/build.log" extract_debs
+export LD_LIBRARY_PATH="$PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+# ---- 3. configure + build -------------------------------------------------------------------------
+configure() {
+  local torch_prefix cuda_root log
+  torch_prefix=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)') || return 1
+  # Torch's CMake config turns TORCH_CUDA_ARCH_LIST into nvcc flags for every CUDA target;
+  # without it, it may pick architectures that CUDA 13 no longer has.
+  export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
+  export CMAKE_POLICY_VERSION_MINIMUM=3.5  # old package configs under CMake 4
+  export CUDACXX="${CUDACXX:-$(command -v nvcc)}"
+  cuda_root=$(dirname "$(dirname "$(readlink -f "$CUDACXX")")")
+  # CUDA 13 has no libnvToolsExt: point Torch's config at the toolkit's header-only NVTX3,
+  # else it falls back to the CUDA::nvToolsExt target, which no longer exists.
+  local nvtx=()
+  [[ -d "$cuda_root/include/nvtx3" ]] && nvtx=(-DUSE_SYSTEM_NVTX=ON "-Dnvtx3_dir=$cuda_root/include")
+  log=$(mktemp)
+  cmake -G Ninja -S "$ROOT" -B "$BUILD" \
+    -DCMAKE_BUILD_TYPE=Release \
+    -DZENFLOW_SERVICES=OFF -DZENFLOW_CUDA=ON -DZENFLOW_BENCH=OFF -DZENFLOW_TESTS=ON \
+    -DCUDAToolkit_ROOT="$cuda_root" "${nvtx[@]}" \
+    -DCMAKE_PREFIX_PATH="$torch_prefix;$PREFIX/usr;$cuda_root" 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  if ((rc == 0)) && ! grep -q "LibTorch has CUDA" "$log"; then
+    echo "configure: this LibTorch has no CUDA (or worker/engine/cuda is not in the build): the GPU path is off"
+    rc=1
+  fi
+  rm -f "$log"
+  return "$rc"
+}
+export -f configure
+if phase configure 120 "$OUT/build.log" configure; then
+  # -k 0: build every target that can be built, so one broken test does not hide the rest.
+  phase build 300 "$OUT/build.log" ninja -C "$BUILD" -j "$JOBS" -k 0
+else
+  skip build "configure failed"
+fi
+ls -la "$BUILD/bin" >>"$OUT/build.log" 2>&1
+
+# ---- 4. the engine suite on CUDA ----------------------------------------------------------------
+CUDA_TESTS='^(CudaKernels|CudaKernelArguments|CudaOps|CudaOpsWithoutCuda)\.'
+if [[ -d "$BUILD" && -f "$BUILD/CTestTestfile.cmake" ]]; then
+  # Several test processes share the GPU; keep each one's CPU threads few.
+  ZENFLOW_TEST_DEVICE=cuda OMP_NUM_THREADS=2 \
+    phase ctest 150 "$OUT/ctest.log" \
+    ctest --test-dir "$BUILD" -j 6 --timeout 120 --output-on-failure -E "$CUDA_TESTS"
+else
+  skip ctest "no build"
+fi
+
+# ---- 5. CUDA kernel tests ------------------------------------------------------------------------
+run_kernel_tests() {
+  local rc=0 t
+  for t in test_cuda_kernels_raw test_cuda_ops; do
+    if [[ ! -x "$BUILD/bin/$t" ]]; then
+      echo "$t was not built"
+      rc=1
+      continue
+    fi
+    "$BUILD/bin/$t" --gtest_brief=0 || rc=1
+  done
+  return $rc
+}
+export -f run_kernel_tests
+ZENFLOW_TEST_DEVICE=cuda phase kernels 60 "$OUT/kernels.log" run_kernel_tests
+
+# ---- 6. benchmarks --------------------------------------------------------------------------------
+ZENFLOW="$BUILD/bin/zenflow"
+export ZENFLOW
+if [[ -x "$ZENFLOW" ]]; then
+  bench_offload() {
+    "$ZENFLOW" bench offload --preset gpu-1b --modes device,offload,zenflow --steps 20 --json \
+      >"$OUT/bench-offload.json"
+  }
+  bench_host_adam() {
+    "$ZENFLOW" bench host-adam --threads 8 --elements 67108864 --variant all --json >"$OUT/host-adam.json"
+  }
+  export -f bench_offload bench_host_adam
+  phase bench 180 "$OUT/bench.log" bench_offload
+  phase host-adam 60 "$OUT/bench.log" bench_host_adam
+else
+  skip bench "no zenflow binary"
+  skip host-adam "no zenflow binary"
+fi
+
+# ---- summary -------------------------------------------------------------------------------------
+say "total $(($(date +%s) - START))s; logs in $OUT"
+if ((${#FAILED[@]})); then
+  say "FAILED phases: ${FAILED[*]}"
+  exit 1
+fi
+say "all phases passed"
