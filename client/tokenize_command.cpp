@@ -1,17 +1,16 @@
 // `zenflow tokenize`: encodes texts to token ids (or decodes ids to text) and prints JSON;
 // `zenflow bench tokenizer`: its encode/decode throughput.
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <exception>
 #include <fstream>
 #include <iostream>
 #include <iterator>
-#include <sstream>
 #include <limits>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -90,8 +89,7 @@ const CommandRegistrar kTokenizeCommand(40, [](CommandContext& ctx) {
   auto opts = std::make_shared<TokenizeOptions>();
   CLI::App* cmd = ctx.root->add_subcommand(
       "tokenize", "Encode texts to token ids, or decode ids to text, printing a JSON array");
-  cmd->add_option("--tokenizer", opts->tokenizer,
-                  "\"byte\", a tokenizer.json, or a directory holding one")
+  cmd->add_option("--tokenizer", opts->tokenizer, "\"byte\", a tokenizer.json, or a directory holding one")
       ->required();
   cmd->add_flag("--decode", opts->decode,
                 "Decode instead: each TEXT is a list of ids separated by spaces or commas");
@@ -156,7 +154,8 @@ int run_bench_tokenizer(const BenchTokenizerOptions& opts) {
       {"tokenizer", opts.tokenizer},
       {"bytes", text.size()},
       {"tokens", ids.size()},
-      {"bytes_per_token", ids.empty() ? 0.0 : static_cast<double>(text.size()) / static_cast<double>(ids.size())},
+      {"bytes_per_token",
+       ids.empty() ? 0.0 : static_cast<double>(text.size()) / static_cast<double>(ids.size())},
       {"passes", opts.repeat},
       {"encode_mb_per_s", mb * opts.repeat / encode_s},
       {"encode_mb_per_s_by_pass", passes},
@@ -169,7 +168,8 @@ int run_bench_tokenizer(const BenchTokenizerOptions& opts) {
 
 const CommandRegistrar kBenchTokenizerCommand(40, [](CommandContext& ctx) {
   auto opts = std::make_shared<BenchTokenizerOptions>();
-  CLI::App* cmd = ctx.bench->add_subcommand("tokenizer", "Tokenizer encode/decode throughput (MB/s) on text files");
+  CLI::App* cmd =
+      ctx.bench->add_subcommand("tokenizer", "Tokenizer encode/decode throughput (MB/s) on text files");
   cmd->add_option("--tokenizer", opts->tokenizer, "\"byte\", a tokenizer.json, or a directory holding one")
       ->required();
   cmd->add_option("--repeat", opts->repeat, "Encode passes over the text")->check(CLI::PositiveNumber);

@@ -155,7 +155,9 @@ configure() {
   return "$rc"
 }
 export -f configure
+CONFIGURED=0
 if phase configure 120 "$OUT/build.log" configure; then
+  CONFIGURED=1
   # -k 0: build every target that can be built, so one broken test does not hide the rest.
   phase build 300 "$OUT/build.log" ninja -C "$BUILD" -j "$JOBS" -k 0
 else
@@ -165,13 +167,13 @@ ls -la "$BUILD/bin" >>"$OUT/build.log" 2>&1
 
 # ---- 4. the engine suite on CUDA ----------------------------------------------------------------
 CUDA_TESTS='^(CudaKernels|CudaKernelArguments|CudaOps|CudaOpsWithoutCuda)\.'
-if [[ -d "$BUILD" && -f "$BUILD/CTestTestfile.cmake" ]]; then
+if ((CONFIGURED)); then
   # Several test processes share the GPU; keep each one's CPU threads few.
   ZENFLOW_TEST_DEVICE=cuda OMP_NUM_THREADS=2 \
     phase ctest 150 "$OUT/ctest.log" \
     ctest --test-dir "$BUILD" -j 6 --timeout 120 --output-on-failure -E "$CUDA_TESTS"
 else
-  skip ctest "no build"
+  skip ctest "configure failed"
 fi
 
 # ---- 5. CUDA kernel tests ------------------------------------------------------------------------
@@ -188,12 +190,16 @@ run_kernel_tests() {
   return $rc
 }
 export -f run_kernel_tests
-ZENFLOW_TEST_DEVICE=cuda phase kernels 60 "$OUT/kernels.log" run_kernel_tests
+if ((CONFIGURED)); then
+  ZENFLOW_TEST_DEVICE=cuda phase kernels 60 "$OUT/kernels.log" run_kernel_tests
+else
+  skip kernels "configure failed"
+fi
 
 # ---- 6. benchmarks --------------------------------------------------------------------------------
 ZENFLOW="$BUILD/bin/zenflow"
 export ZENFLOW
-if [[ -x "$ZENFLOW" ]]; then
+if ((CONFIGURED)) && [[ -x "$ZENFLOW" ]]; then
   bench_offload() {
     "$ZENFLOW" bench offload --preset gpu-1b --modes device,offload,zenflow --steps 20 --json \
       >"$OUT/bench-offload.json"

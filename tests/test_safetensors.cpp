@@ -1,8 +1,6 @@
 // safetensors: round trips per dtype, interchange with Python, zero-copy, corrupt files, shards.
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
 #include <ATen/ATen.h>
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -10,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -105,7 +104,8 @@ TEST(Safetensors, RoundTripsEveryDtype) {
   EXPECT_FALSE(fs::exists(path.string() + ".tmp"));
 
   const SafetensorsFile file(path.string());
-  EXPECT_EQ(file.metadata(), (std::map<std::string, std::string>{{"format", "pt"}, {"note", "zenflow test"}}));
+  EXPECT_EQ(file.metadata(),
+            (std::map<std::string, std::string>{{"format", "pt"}, {"note", "zenflow test"}}));
   std::vector<std::string> order;
   for (const auto& [name, t] : tensors) order.push_back(name);
   EXPECT_EQ(file.names(), order);  // data order is the order written
@@ -265,9 +265,10 @@ TEST(Safetensors, CorruptFilesGiveClearErrors) {
   expect_error(raw_file(dir / "reversed-offsets.safetensors",
                         R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[16,0]}})", data16),
                "end before they begin");
-  expect_error(raw_file(dir / "bad-metadata.safetensors",
-                        R"({"__metadata__":{"n":1},"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})", data16),
-               "__metadata__[\"n\"] is not a string");
+  expect_error(
+      raw_file(dir / "bad-metadata.safetensors",
+               R"({"__metadata__":{"n":1},"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})", data16),
+      "__metadata__[\"n\"] is not a string");
   expect_error(dir / "missing.safetensors", "cannot open");
 
   // A good file cut anywhere is an error, never a crash or a partial read.
@@ -307,11 +308,18 @@ TEST(Safetensors, WriterRejectsBadInput) {
     }
   };
   const std::string path = (dir / "out.safetensors").string();
-  expect_error([&] { write_safetensors(path, {{"a", at::ones({2})}, {"a", at::ones({2})}}); }, "'a' appears twice");
+  expect_error(
+      [&] {
+        write_safetensors(path, {{"a", at::ones({2})}, {"a", at::ones({2})}});
+      },
+      "'a' appears twice");
   expect_error([&] { write_safetensors(path, {{"__metadata__", at::ones({2})}}); }, "cannot name a tensor");
   expect_error([&] { write_safetensors(path, {{"c", at::ones({2}, at::kComplexFloat)}}); }, "tensor 'c'");
-  expect_error([&] { write_safetensors((dir / "no-such-dir" / "x.safetensors").string(), {{"a", at::ones({2})}}); },
-               "cannot create");
+  expect_error(
+      [&] {
+        write_safetensors((dir / "no-such-dir" / "x.safetensors").string(), {{"a", at::ones({2})}});
+      },
+      "cannot create");
   EXPECT_FALSE(fs::exists(path));
   EXPECT_FALSE(fs::exists(path + ".tmp"));
 
@@ -327,13 +335,12 @@ TEST(SafetensorsIndex, ReadsShardedAndSingleFileDirectories) {
   const at::Tensor a = at::randn({4, 4}), b = at::randn({4}), c = at::randn({2, 2}).to(at::kBFloat16);
   write_safetensors((dir / "model-00001-of-00002.safetensors").string(), {{"a", a}, {"b", b}});
   write_safetensors((dir / "model-00002-of-00002.safetensors").string(), {{"c", c}});
-  write_bytes(dir / "model.safetensors.index.json",
-              json({{"metadata", {{"total_size", 84}}},
-                    {"weight_map",
-                     {{"a", "model-00001-of-00002.safetensors"},
-                      {"b", "model-00001-of-00002.safetensors"},
-                      {"c", "model-00002-of-00002.safetensors"}}}})
-                  .dump());
+  write_bytes(dir / "model.safetensors.index.json", json({{"metadata", {{"total_size", 84}}},
+                                                          {"weight_map",
+                                                           {{"a", "model-00001-of-00002.safetensors"},
+                                                            {"b", "model-00001-of-00002.safetensors"},
+                                                            {"c", "model-00002-of-00002.safetensors"}}}})
+                                                        .dump());
   const SafetensorsIndex index(dir.string());
   EXPECT_EQ(index.names(), (std::vector<std::string>{"a", "b", "c"}));
   EXPECT_EQ(index.shards().size(), 2u);
@@ -363,14 +370,16 @@ TEST(SafetensorsIndex, MissingShardOrTensorGivesClearErrors) {
     }
     return std::string("(no error)");
   };
-  std::string error = index_error({{"weight_map",
-                                    {{"a", "model-00001-of-00002.safetensors"},
-                                     {"b", "model-00002-of-00002.safetensors"}}}});
+  std::string error =
+      index_error({{"weight_map",
+                    {{"a", "model-00001-of-00002.safetensors"}, {"b", "model-00002-of-00002.safetensors"}}}});
   EXPECT_NE(error.find("model.safetensors.index.json"), std::string::npos) << error;
-  EXPECT_NE(error.find("shard 'model-00002-of-00002.safetensors' (holding tensor 'b') is missing"), std::string::npos)
+  EXPECT_NE(error.find("shard 'model-00002-of-00002.safetensors' (holding tensor 'b') is missing"),
+            std::string::npos)
       << error;
   error = index_error({{"weight_map", {{"z", "model-00001-of-00002.safetensors"}}}});
-  EXPECT_NE(error.find("tensor 'z' is mapped to shard 'model-00001-of-00002.safetensors', which has no such tensor"),
+  EXPECT_NE(error.find(
+                "tensor 'z' is mapped to shard 'model-00001-of-00002.safetensors', which has no such tensor"),
             std::string::npos)
       << error;
   error = index_error({{"no_weight_map", 1}});
@@ -389,7 +398,8 @@ TEST(SafetensorsIndex, MissingShardOrTensorGivesClearErrors) {
     SafetensorsIndex i(empty.string());
     ADD_FAILURE() << "no error";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("no model.safetensors or model.safetensors.index.json"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("no model.safetensors or model.safetensors.index.json"),
+              std::string::npos)
         << e.what();
   }
 }

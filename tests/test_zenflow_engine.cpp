@@ -564,17 +564,41 @@ INSTANTIATE_TEST_SUITE_P(Values, NonFiniteGradientSkipsStep,
 // Resume.
 // ---------------------------------------------------------------------------------
 
-class ResumeFromStateDict : public ::testing::TestWithParam<int64_t> {};
+// K: steps taken when the state is saved. strategy auto re-selects (and so drains the
+// pipeline) often; strategy step with a long interval keeps window 0's host step in
+// flight at K, so the checkpoint must carry the pending copy-back.
+struct ResumeCase {
+  int64_t K;
+  bool auto_strategy;
+};
+
+std::string resume_case_name(const ::testing::TestParamInfo<ResumeCase>& i) {
+  return std::string(i.param.K == 4 ? "Boundary" : "MidWindow") + (i.param.auto_strategy ? "_auto" : "_stepNoReselect");
+}
+
+const auto kResumeCases = ::testing::Values(ResumeCase{4, true}, ResumeCase{5, true}, ResumeCase{4, false},
+                                            ResumeCase{5, false});
+
+void set_resume_strategy(ze::EngineOptions& o, bool auto_strategy) {
+  if (auto_strategy) {
+    o.select_strategy = ze::SelectStrategy::kAuto;
+  } else {
+    o.select_strategy = ze::SelectStrategy::kStep;
+    o.select_interval = 30;
+  }
+}
+
+class ResumeFromStateDict : public ::testing::TestWithParam<ResumeCase> {};
 
 TEST_P(ResumeFromStateDict, MatchesUninterruptedRun) {
-  const int64_t K = GetParam(), steps = 10;
+  const int64_t K = GetParam().K, steps = 10;
   ze::EngineOptions o = zen_options();
   o.topk_ratio = 0.25;
   o.update_interval = 3;
   o.full_warm_up_rounds = 1;
   o.overlap_step = true;
   o.grad_clip = 1.0;
-  o.select_strategy = ze::SelectStrategy::kAuto;
+  set_resume_strategy(o, GetParam().auto_strategy);
   const std::vector<at::Tensor> init = random_values(kSmallSpecs, 41);
   std::vector<std::vector<at::Tensor>> grads;
   for (int64_t s = 0; s < steps; ++s) grads.push_back(random_values(kSmallSpecs, 700 + static_cast<uint64_t>(s), 2.0));
@@ -607,7 +631,11 @@ TEST_P(ResumeFromStateDict, MatchesUninterruptedRun) {
   const auto final_a = a.snapshot();
   for (size_t i = 0; i < b.params.size(); ++i)
     EXPECT_TRUE(close(b.params[i], final_a[i], 1e-7, kSmallSpecs[i].name + " (B) after finish"));
-  EXPECT_GE(oa.reselections(), 1) << "the run should exercise a re-selection";
+  if (GetParam().auto_strategy) {
+    EXPECT_GE(oa.reselections(), 1) << "the run should exercise a re-selection";
+  } else {
+    EXPECT_EQ(reports[static_cast<size_t>(K)].staleness_windows, 1) << "window 0's host step is in flight at K";
+  }
 
   // C: new optimizer on fresh parameters holding the values at K, state loaded.
   ASSERT_FALSE(state.empty());
@@ -638,17 +666,14 @@ TEST_P(ResumeFromStateDict, MatchesUninterruptedRun) {
 }
 
 // K = 4: just after window 0's boundary (its host step in flight); K = 5: mid-window.
-INSTANTIATE_TEST_SUITE_P(At, ResumeFromStateDict, ::testing::Values(4, 5),
-                         [](const ::testing::TestParamInfo<int64_t>& i) {
-                           return std::string(i.param == 4 ? "Boundary" : "MidWindow");
-                         });
+INSTANTIATE_TEST_SUITE_P(At, ResumeFromStateDict, kResumeCases, resume_case_name);
 
 // The same on the Llama model, where stale or lost host updates change the gradients:
 // the resumed run's losses equal the uninterrupted run's, step by step.
-class ResumeOnLlama : public ::testing::TestWithParam<int64_t> {};
+class ResumeOnLlama : public ::testing::TestWithParam<ResumeCase> {};
 
 TEST_P(ResumeOnLlama, GivesTheSameLossesStepByStep) {
-  const int64_t K = GetParam(), steps = 12;
+  const int64_t K = GetParam().K, steps = 12;
   const at::Device dev = test_device();
   ze::EngineOptions o = device_mode();
   o.mode = ze::OptimizerMode::kZenFlow;
@@ -656,7 +681,7 @@ TEST_P(ResumeOnLlama, GivesTheSameLossesStepByStep) {
   o.update_interval = 3;
   o.full_warm_up_rounds = 1;
   o.overlap_step = true;
-  o.select_strategy = ze::SelectStrategy::kAuto;
+  set_resume_strategy(o, GetParam().auto_strategy);
   std::vector<at::Tensor> batches;
   at::Generator gen = at::detail::createCPUGenerator(99);
   for (int64_t s = 0; s < steps; ++s)
@@ -706,10 +731,7 @@ TEST_P(ResumeOnLlama, GivesTheSameLossesStepByStep) {
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(close(pc[i].tensor, pa[i].tensor, 1e-6, pa[i].name));
 }
 
-INSTANTIATE_TEST_SUITE_P(At, ResumeOnLlama, ::testing::Values(4, 5),
-                         [](const ::testing::TestParamInfo<int64_t>& i) {
-                           return std::string(i.param == 4 ? "Boundary" : "MidWindow");
-                         });
+INSTANTIATE_TEST_SUITE_P(At, ResumeOnLlama, kResumeCases, resume_case_name);
 
 TEST(ZenFlowOptimizer, ResumePointsAreWhereTheResumeTestsClaim) {
   Problem p = make_problem(kSmallSpecs, random_values(kSmallSpecs, 41));

@@ -7,6 +7,8 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <cmath>
 #include <stdexcept>
 #include <thread>
@@ -279,6 +281,18 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
                                            spec.checkpoint.keep);
     clock.add_stall(StallCause::kCheckpoint, sw.seconds());
   };
+
+  // The resolved spec beside the checkpoints: `zenflow export` and humans read it.
+  if (options.write_checkpoints && !spec.checkpoint.dir.empty()) {
+    std::filesystem::create_directories(spec.checkpoint.dir);
+    const std::string tmp = spec.checkpoint.dir + "/job.yaml.tmp";
+    {
+      std::ofstream f(tmp);
+      f << to_yaml(spec);
+      if (!f) throw std::runtime_error("cannot write " + tmp);
+    }
+    std::filesystem::rename(tmp, spec.checkpoint.dir + "/job.yaml");
+  }
 
   const int64_t first = step;
   double tokens_window = 0, seconds_window = 0;

@@ -21,10 +21,10 @@
 namespace zenflow::engine::cuda_kernels {
 namespace {
 
-#define ASSERT_CUDA_OK(expr)                                                      \
-  do {                                                                            \
-    const cudaError_t err_ = (expr);                                              \
-    ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_);    \
+#define ASSERT_CUDA_OK(expr)                                                   \
+  do {                                                                         \
+    const cudaError_t err_ = (expr);                                           \
+    ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_); \
   } while (0)
 
 bool gpu_present() {
@@ -57,24 +57,36 @@ struct Elements {
   std::vector<uint16_t> bits;
 
   Elements(DType t, size_t n) : dtype(t) {
-    if (t == DType::kF32) f32.assign(n, 0.f); else bits.assign(n, 0);
+    if (t == DType::kF32)
+      f32.assign(n, 0.f);
+    else
+      bits.assign(n, 0);
   }
   size_t size() const { return dtype == DType::kF32 ? f32.size() : bits.size(); }
   size_t element_bytes() const { return dtype == DType::kF32 ? 4 : 2; }
   void* data() { return dtype == DType::kF32 ? static_cast<void*>(f32.data()) : bits.data(); }
   float get(size_t i) const {
     switch (dtype) {
-      case DType::kF32: return f32[i];
-      case DType::kBF16: return bf16_value(bits[i]);
-      case DType::kF16: return fp16_value(bits[i]);
+      case DType::kF32:
+        return f32[i];
+      case DType::kBF16:
+        return bf16_value(bits[i]);
+      case DType::kF16:
+        return fp16_value(bits[i]);
     }
     return 0.f;
   }
   void set(size_t i, float f) {  // rounds to the element type
     switch (dtype) {
-      case DType::kF32: f32[i] = f; break;
-      case DType::kBF16: bits[i] = bf16_round(f); break;
-      case DType::kF16: bits[i] = fp16_round(f); break;
+      case DType::kF32:
+        f32[i] = f;
+        break;
+      case DType::kBF16:
+        bits[i] = bf16_round(f);
+        break;
+      case DType::kF16:
+        bits[i] = fp16_round(f);
+        break;
     }
   }
   uint32_t raw(size_t i) const {
@@ -127,7 +139,9 @@ class DeviceBuffer {
   void upload(const void* src) { cudaMemcpy(ptr_, src, bytes_, cudaMemcpyHostToDevice); }
   void download(void* dst) const { cudaMemcpy(dst, ptr_, bytes_, cudaMemcpyDeviceToHost); }
   template <typename T>
-  T* as() const { return static_cast<T*>(ptr_); }
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
   void* get() const { return ptr_; }
 
  private:
@@ -172,15 +186,15 @@ TEST(CudaKernelArguments, InvalidArgumentsAreRejectedBeforeAnyLaunch) {
   const int64_t idx = 0;
   const DeviceAdamWCoeffs c = make_coeffs(1e-3, 0.0, 1);
   // A low-precision weight needs an fp32 master.
-  EXPECT_EQ(selected_adamw(&dummy, &dummy, DType::kBF16, &idx, nullptr, &dummy, &dummy, 1, 1, 1, c,
-                           1.f, nullptr),
-            cudaErrorInvalidValue);
+  EXPECT_EQ(
+      selected_adamw(&dummy, &dummy, DType::kBF16, &idx, nullptr, &dummy, &dummy, 1, 1, 1, c, 1.f, nullptr),
+      cudaErrorInvalidValue);
   EXPECT_EQ(dense_adamw(&dummy, nullptr, &dummy, DType::kF16, &dummy, &dummy, 1, c, 1.f, nullptr),
             cudaErrorInvalidValue);
   // More selected columns than columns; negative sizes; missing pointers.
-  EXPECT_EQ(selected_adamw(&dummy, &dummy, DType::kF32, &idx, nullptr, &dummy, &dummy, 1, 1, 2, c,
-                           1.f, nullptr),
-            cudaErrorInvalidValue);
+  EXPECT_EQ(
+      selected_adamw(&dummy, &dummy, DType::kF32, &idx, nullptr, &dummy, &dummy, 1, 1, 2, c, 1.f, nullptr),
+      cudaErrorInvalidValue);
   EXPECT_EQ(gather_columns_t(&dummy, DType::kF32, -1, 1, &idx, 1, &dummy, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(scatter_columns_t(&dummy, DType::kF32, 1, 1, nullptr, 1, &dummy, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(column_scores(&dummy, DType::kF32, 1, 1, false, nullptr, nullptr, 0, nullptr),
@@ -206,17 +220,20 @@ TEST(CudaKernelArguments, WorkspaceIsNeededOnlyWhenRowsAreSplit) {
 // ---- tests on the GPU -----------------------------------------------------------------------
 
 TEST_F(CudaKernels, ColumnScoresMatchHostSums) {
-  const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {3, 5}, {64, 33}, {1000, 37}, {5000, 40}, {257, 1100}};
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 1},     {3, 5},     {64, 33},
+                                                {1000, 37}, {5000, 40}, {257, 1100}};
   for (DType t : kAllTypes) {
     for (auto [out, in] : shapes) {
       for (bool l1 : {false, true}) {
-        SCOPED_TRACE(name_of(t) + " " + std::to_string(out) + "x" + std::to_string(in) + (l1 ? " l1" : " l2"));
+        SCOPED_TRACE(name_of(t) + " " + std::to_string(out) + "x" + std::to_string(in) +
+                     (l1 ? " l1" : " l2"));
         Elements g = random_elements(t, static_cast<size_t>(out * in));
         DeviceBuffer dg(g);
         DeviceBuffer scores(static_cast<size_t>(in) * sizeof(float));
         const size_t ws_bytes = column_scores_workspace_bytes(out, in);
         DeviceBuffer ws(ws_bytes);
-        ASSERT_CUDA_OK(column_scores(dg.get(), t, out, in, l1, scores.as<float>(), ws.get(), ws_bytes, stream_));
+        ASSERT_CUDA_OK(
+            column_scores(dg.get(), t, out, in, l1, scores.as<float>(), ws.get(), ws_bytes, stream_));
         ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
         std::vector<float> got(static_cast<size_t>(in));
         scores.download(got.data());
@@ -250,7 +267,8 @@ TEST_F(CudaKernels, SelectedAdamWEqualsHostFormulaBitForBit) {
         std::vector<float> master(ns), m(ns, 0.f), v(ns, 0.f);
         for (int64_t i = 0; i < cs.out; ++i)
           for (int64_t c = 0; c < cs.k; ++c)
-            master[static_cast<size_t>(i * cs.k + c)] = w.get(static_cast<size_t>(i * cs.in + sel[static_cast<size_t>(c)]));
+            master[static_cast<size_t>(i * cs.k + c)] =
+                w.get(static_cast<size_t>(i * cs.in + sel[static_cast<size_t>(c)]));
         DeviceBuffer dw(w), dsel(sel), dmaster(master), dm(m), dv(v);
         Elements want_w = w;
         for (int64_t step = 1; step <= 3; ++step) {
@@ -344,15 +362,16 @@ TEST_F(CudaKernels, GatherTransposesColumnsAndScatterPutsThemBack) {
   const Case cases[] = {{1, 1, 1}, {31, 45, 17}, {100, 64, 64}, {1000, 70, 3}, {65, 2000, 1500}};
   for (DType t : kAllTypes) {
     for (const Case& cs : cases) {
-      SCOPED_TRACE(name_of(t) + " " + std::to_string(cs.out) + "x" + std::to_string(cs.in) + " n=" +
-                   std::to_string(cs.n));
+      SCOPED_TRACE(name_of(t) + " " + std::to_string(cs.out) + "x" + std::to_string(cs.in) +
+                   " n=" + std::to_string(cs.n));
       const size_t nw = static_cast<size_t>(cs.out * cs.in), nst = static_cast<size_t>(cs.n * cs.out);
       Elements g = random_elements(t, nw);
       std::vector<int64_t> idx = random_columns(cs.in, cs.n);
       DeviceBuffer dg(g), didx(idx);
       Elements staging(t, nst);
       DeviceBuffer dst(staging);
-      ASSERT_CUDA_OK(gather_columns_t(dg.get(), t, cs.out, cs.in, didx.as<int64_t>(), cs.n, dst.get(), stream_));
+      ASSERT_CUDA_OK(
+          gather_columns_t(dg.get(), t, cs.out, cs.in, didx.as<int64_t>(), cs.n, dst.get(), stream_));
       ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
       dst.download(staging.data());
       for (int64_t c = 0; c < cs.n; ++c)
@@ -365,7 +384,8 @@ TEST_F(CudaKernels, GatherTransposesColumnsAndScatterPutsThemBack) {
       Elements w = random_elements(t, nw);
       Elements src = random_elements(t, nst);
       DeviceBuffer dw(w), dsrc(src);
-      ASSERT_CUDA_OK(scatter_columns_t(dw.get(), t, cs.out, cs.in, didx.as<int64_t>(), cs.n, dsrc.get(), stream_));
+      ASSERT_CUDA_OK(
+          scatter_columns_t(dw.get(), t, cs.out, cs.in, didx.as<int64_t>(), cs.n, dsrc.get(), stream_));
       ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
       Elements want = w;
       for (int64_t c = 0; c < cs.n; ++c)
@@ -385,7 +405,8 @@ TEST_F(CudaKernels, OutOfRangeIndicesTouchNothing) {
   std::vector<int64_t> idx = {3, -1, 10, 7};
   std::vector<float> src(static_cast<size_t>(4 * out), 2.f);
   DeviceBuffer dw(w), didx(idx), dsrc(src);
-  ASSERT_CUDA_OK(scatter_columns_t(dw.get(), DType::kF32, out, in, didx.as<int64_t>(), 4, dsrc.get(), stream_));
+  ASSERT_CUDA_OK(
+      scatter_columns_t(dw.get(), DType::kF32, out, in, didx.as<int64_t>(), 4, dsrc.get(), stream_));
   ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
   std::vector<float> got(w.size());
   dw.download(got.data());

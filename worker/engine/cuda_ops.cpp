@@ -5,11 +5,10 @@
 #include <string>
 
 #ifdef ZENFLOW_WITH_CUDA_OPS
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-
-#include <ATen/ops/empty.h>
 
 #include "worker/engine/cuda/cuda_kernels.h"
 #endif
@@ -34,10 +33,15 @@ void check(cudaError_t err, const char* fn) {
 
 k::DType dtype_of(const at::Tensor& t, const char* fn, const char* name) {
   switch (t.scalar_type()) {
-    case at::kFloat: return k::DType::kF32;
-    case at::kBFloat16: return k::DType::kBF16;
-    case at::kHalf: return k::DType::kF16;
-    default: fail(fn, std::string(name) + " must be float32, bfloat16 or float16, got " + std::string(c10::toString(t.scalar_type())));
+    case at::kFloat:
+      return k::DType::kF32;
+    case at::kBFloat16:
+      return k::DType::kBF16;
+    case at::kHalf:
+      return k::DType::kF16;
+    default:
+      fail(fn, std::string(name) + " must be float32, bfloat16 or float16, got " +
+                   std::string(c10::toString(t.scalar_type())));
   }
 }
 
@@ -45,13 +49,15 @@ k::DType dtype_of(const at::Tensor& t, const char* fn, const char* name) {
 void require_device_tensor(const at::Tensor& t, const c10::Device& device, const char* fn, const char* name) {
   if (!t.defined()) fail(fn, std::string(name) + " is undefined");
   if (!t.is_cuda()) fail(fn, std::string(name) + " must be a CUDA tensor, got " + t.device().str());
-  if (t.device() != device) fail(fn, std::string(name) + " is on " + t.device().str() + ", expected " + device.str());
+  if (t.device() != device)
+    fail(fn, std::string(name) + " is on " + t.device().str() + ", expected " + device.str());
   if (!t.is_contiguous()) fail(fn, std::string(name) + " must be contiguous");
 }
 
 void require_dtype(const at::Tensor& t, at::ScalarType want, const char* fn, const char* name) {
   if (t.scalar_type() != want) {
-    fail(fn, std::string(name) + " must be " + c10::toString(want) + ", got " + c10::toString(t.scalar_type()));
+    fail(fn,
+         std::string(name) + " must be " + c10::toString(want) + ", got " + c10::toString(t.scalar_type()));
   }
 }
 
@@ -75,7 +81,8 @@ void require_index(const at::Tensor& idx, const c10::Device& device, const char*
 }
 
 k::DeviceAdamWCoeffs to_device(const AdamWCoeffs& c) {
-  return {c.beta1, c.beta2, c.one_minus_beta1, c.one_minus_beta2, c.decay, c.step_size, c.inv_sqrt_bc2, c.eps};
+  return {c.beta1, c.beta2,     c.one_minus_beta1, c.one_minus_beta2,
+          c.decay, c.step_size, c.inv_sqrt_bc2,    c.eps};
 }
 
 cudaStream_t current_stream(const c10::Device& device) {
@@ -106,9 +113,8 @@ at::Tensor column_scores(const at::Tensor& grad2d, bool l1) {
   return scores;
 }
 
-void selected_adamw(at::Tensor& weight2d, const at::Tensor& grad2d, const at::Tensor& sel,
-                    at::Tensor* master, at::Tensor& m, at::Tensor& v, const AdamWCoeffs& c,
-                    float grad_scale) {
+void selected_adamw(at::Tensor& weight2d, const at::Tensor& grad2d, const at::Tensor& sel, at::Tensor* master,
+                    at::Tensor& m, at::Tensor& v, const AdamWCoeffs& c, float grad_scale) {
   constexpr const char* fn = "selected_adamw";
   if (!weight2d.defined()) fail(fn, "weight2d is undefined");
   const c10::Device device = weight2d.device();
@@ -121,7 +127,8 @@ void selected_adamw(at::Tensor& weight2d, const at::Tensor& grad2d, const at::Te
   require_shape(grad2d, weight2d.sizes(), fn, "grad2d");
   require_index(sel, device, fn);
   const int64_t kk = sel.size(0);
-  if (kk > in) fail(fn, "more selected columns (" + std::to_string(kk) + ") than columns (" + std::to_string(in) + ")");
+  if (kk > in)
+    fail(fn, "more selected columns (" + std::to_string(kk) + ") than columns (" + std::to_string(in) + ")");
   const std::vector<int64_t> state_shape = {out, kk};
   for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{&m, "m"}, {&v, "v"}}) {
     require_device_tensor(*t, device, fn, name);
@@ -142,8 +149,8 @@ void selected_adamw(at::Tensor& weight2d, const at::Tensor& grad2d, const at::Te
         fn);
 }
 
-void dense_adamw(at::Tensor& param, at::Tensor* master, const at::Tensor& grad, at::Tensor& m,
-                 at::Tensor& v, const AdamWCoeffs& c, float grad_scale) {
+void dense_adamw(at::Tensor& param, at::Tensor* master, const at::Tensor& grad, at::Tensor& m, at::Tensor& v,
+                 const AdamWCoeffs& c, float grad_scale) {
   constexpr const char* fn = "dense_adamw";
   if (!param.defined()) fail(fn, "param is undefined");
   const c10::Device device = param.device();
@@ -152,20 +159,23 @@ void dense_adamw(at::Tensor& param, at::Tensor* master, const at::Tensor& grad, 
   const int64_t n = param.numel();
   require_device_tensor(grad, device, fn, "grad");
   require_dtype(grad, param.scalar_type(), fn, "grad");
-  if (grad.numel() != n) fail(fn, "grad has " + std::to_string(grad.numel()) + " elements, param " + std::to_string(n));
+  if (grad.numel() != n)
+    fail(fn, "grad has " + std::to_string(grad.numel()) + " elements, param " + std::to_string(n));
   for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{&m, "m"}, {&v, "v"}, {master, "master"}}) {
     if (t == nullptr) continue;
     require_device_tensor(*t, device, fn, name);
     require_dtype(*t, at::kFloat, fn, name);
-    if (t->numel() != n) fail(fn, std::string(name) + " has " + std::to_string(t->numel()) + " elements, param " + std::to_string(n));
+    if (t->numel() != n)
+      fail(fn, std::string(name) + " has " + std::to_string(t->numel()) + " elements, param " +
+                   std::to_string(n));
   }
   if (master == nullptr && dtype != k::DType::kF32) {
     fail(fn, "a " + std::string(c10::toString(param.scalar_type())) + " parameter needs an fp32 master");
   }
   c10::cuda::CUDAGuard guard(device);
-  check(k::dense_adamw(param.data_ptr(), master != nullptr ? master->data_ptr<float>() : nullptr, grad.data_ptr(),
-                       dtype, m.data_ptr<float>(), v.data_ptr<float>(), n, to_device(c), grad_scale,
-                       current_stream(device)),
+  check(k::dense_adamw(param.data_ptr(), master != nullptr ? master->data_ptr<float>() : nullptr,
+                       grad.data_ptr(), dtype, m.data_ptr<float>(), v.data_ptr<float>(), n, to_device(c),
+                       grad_scale, current_stream(device)),
         fn);
 }
 
@@ -224,13 +234,16 @@ void selected_adamw(at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tenso
   unavailable("selected_adamw");
 }
 
-void dense_adamw(at::Tensor&, at::Tensor*, const at::Tensor&, at::Tensor&, at::Tensor&, const AdamWCoeffs&, float) {
+void dense_adamw(at::Tensor&, at::Tensor*, const at::Tensor&, at::Tensor&, at::Tensor&, const AdamWCoeffs&,
+                 float) {
   unavailable("dense_adamw");
 }
 
 void gather_columns_t(const at::Tensor&, const at::Tensor&, at::Tensor&) { unavailable("gather_columns_t"); }
 
-void scatter_columns_t(at::Tensor&, const at::Tensor&, const at::Tensor&) { unavailable("scatter_columns_t"); }
+void scatter_columns_t(at::Tensor&, const at::Tensor&, const at::Tensor&) {
+  unavailable("scatter_columns_t");
+}
 
 #endif  // ZENFLOW_WITH_CUDA_OPS
 

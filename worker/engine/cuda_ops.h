@@ -32,14 +32,13 @@ at::Tensor column_scores(const at::Tensor& grad2d, bool l1);
 // grad2d * grad_scale. m, v and *master are [out, k]; column slot c pairs with weight
 // column sel[c]. With a master, the update runs on it and the weight receives it rounded
 // to its dtype; master may be null only for an fp32 weight (updated in place).
-void selected_adamw(at::Tensor& weight2d, const at::Tensor& grad2d, const at::Tensor& sel,
-                    at::Tensor* master, at::Tensor& m, at::Tensor& v, const AdamWCoeffs& c,
-                    float grad_scale);
+void selected_adamw(at::Tensor& weight2d, const at::Tensor& grad2d, const at::Tensor& sel, at::Tensor* master,
+                    at::Tensor& m, at::Tensor& v, const AdamWCoeffs& c, float grad_scale);
 
 // The same update over all elements of `param` (always-device parameters, any shape);
 // grad, m, v and *master have param's number of elements.
-void dense_adamw(at::Tensor& param, at::Tensor* master, const at::Tensor& grad, at::Tensor& m,
-                 at::Tensor& v, const AdamWCoeffs& c, float grad_scale);
+void dense_adamw(at::Tensor& param, at::Tensor* master, const at::Tensor& grad, at::Tensor& m, at::Tensor& v,
+                 const AdamWCoeffs& c, float grad_scale);
 
 // staging[c, i] = grad2d[i, idx[c]]: staging is [n, out] in grad2d's dtype, on the device,
 // ready for one contiguous D2H copy.

@@ -27,10 +27,13 @@ void check_copy(const at::Tensor& src, const at::Tensor& dst, const at::Device& 
     throw std::invalid_argument(std::string("DeviceStreams::") + fn + ": " + what);
   };
   if (!src.defined() || !dst.defined()) fail("undefined tensor");
-  if (src.device() != src_device) fail("source is on " + src.device().str() + ", expected " + src_device.str());
-  if (dst.device() != dst_device) fail("destination is on " + dst.device().str() + ", expected " + dst_device.str());
+  if (src.device() != src_device)
+    fail("source is on " + src.device().str() + ", expected " + src_device.str());
+  if (dst.device() != dst_device)
+    fail("destination is on " + dst.device().str() + ", expected " + dst_device.str());
   if (src.scalar_type() != dst.scalar_type()) {
-    fail(std::string("dtypes differ: ") + c10::toString(src.scalar_type()) + " -> " + c10::toString(dst.scalar_type()));
+    fail(std::string("dtypes differ: ") + c10::toString(src.scalar_type()) + " -> " +
+         c10::toString(dst.scalar_type()));
   }
   if (src.numel() != dst.numel()) {
     fail("element counts differ: " + std::to_string(src.numel()) + " -> " + std::to_string(dst.numel()));
@@ -126,10 +129,11 @@ DeviceStreams::DeviceStreams(at::Device device) : device_(device) {
     throw std::invalid_argument("DeviceStreams: unsupported device " + device.str() + " (cpu or cuda)");
   }
   const c10::DeviceIndex count = c10::cuda::device_count();
+  if (count == 0) throw std::invalid_argument("DeviceStreams: no CUDA device is visible");
   const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
   if (index < 0 || index >= count) {
-    throw std::invalid_argument("DeviceStreams: " + device.str() + " is not one of the " + std::to_string(count) +
-                                " visible CUDA devices");
+    throw std::invalid_argument("DeviceStreams: " + device.str() + " is not one of the " +
+                                std::to_string(count) + " visible CUDA devices");
   }
   device_ = at::Device(at::kCUDA, index);
   streams_ = std::make_unique<Streams>(
@@ -247,8 +251,9 @@ void CopyHandle::make_compute_wait() const {}
 
 DeviceStreams::DeviceStreams(at::Device device) : device_(at::kCPU) {
   if (device.is_cuda()) {
-    throw std::logic_error("DeviceStreams: this build has no CUDA support (build with -DZENFLOW_CUDA=ON against a "
-                           "LibTorch with CUDA)");
+    throw std::logic_error(
+        "DeviceStreams: this build has no CUDA support (build with -DZENFLOW_CUDA=ON against a "
+        "LibTorch with CUDA)");
   }
   if (!device.is_cpu()) {
     throw std::invalid_argument("DeviceStreams: unsupported device " + device.str() + " (cpu or cuda)");

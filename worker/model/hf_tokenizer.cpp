@@ -2,8 +2,6 @@
 // merge-rank BPE over GPT-2's byte alphabet, and the tokenizer.json / encoder.json readers.
 #include "worker/model/hf_tokenizer.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -12,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <queue>
 #include <sstream>
 #include <stdexcept>
@@ -86,8 +85,7 @@ constexpr char kGpt2Pattern[] =
 constexpr char kLlama3Prefix[] = R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|)";
 constexpr char kLlama3Suffix[] = R"(| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
-constexpr unsigned char kL = unicode::kLetterClass, kN = unicode::kNumberClass,
-                        kS = unicode::kSpaceClass;
+constexpr unsigned char kL = unicode::kLetterClass, kN = unicode::kNumberClass, kS = unicode::kSpaceClass;
 
 // One code point of the text being scanned.
 struct CodePoint {
@@ -96,9 +94,19 @@ struct CodePoint {
   std::size_t len;    // bytes
 };
 
+constexpr std::array<unsigned char, 128> kAsciiClass = [] {
+  std::array<unsigned char, 128> t{};
+  for (int c = 0; c < 128; ++c) {
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) t[c] = kL;
+    if (c >= '0' && c <= '9') t[c] = kN;
+    if ((c >= 0x09 && c <= 0x0D) || c == ' ') t[c] = kS;
+  }
+  return t;
+}();
+
 inline CodePoint code_point_at(std::string_view s, std::size_t p) {
   const auto b = static_cast<unsigned char>(s[p]);
-  if (b < 0x80) return CodePoint{b, unicode::classify(b), 1};
+  if (b < 0x80) return CodePoint{b, kAsciiClass[b], 1};
   CodePoint c;
   c.len = unicode::decode_utf8(s, p, &c.cp);
   c.cls = unicode::classify(c.cp);
@@ -209,15 +217,15 @@ SplitRule parse_split_regex(const std::string& pattern) {
   const std::string prefix = kLlama3Prefix, suffix = kLlama3Suffix;
   if (pattern.size() > prefix.size() + suffix.size() && pattern.compare(0, prefix.size(), prefix) == 0 &&
       pattern.compare(pattern.size() - suffix.size(), suffix.size(), suffix) == 0) {
-    const std::string digits =
-        pattern.substr(prefix.size(), pattern.size() - prefix.size() - suffix.size());
+    const std::string digits = pattern.substr(prefix.size(), pattern.size() - prefix.size() - suffix.size());
     if (digits == R"(\p{N}+)") return SplitRule{SplitRegex::kLlama3, 0};
     if (digits == R"(\p{N})") return SplitRule{SplitRegex::kLlama3, 1};
     const std::string open = R"(\p{N}{1,)";
     if (digits.size() > open.size() + 1 && digits.compare(0, open.size(), open) == 0 &&
         digits.back() == '}') {
       const std::string k = digits.substr(open.size(), digits.size() - open.size() - 1);
-      if (!k.empty() && k.size() <= 3 && std::all_of(k.begin(), k.end(), [](char ch) { return ch >= '0' && ch <= '9'; }) && std::stoi(k) > 0)
+      if (!k.empty() && k.size() <= 3 &&
+          std::all_of(k.begin(), k.end(), [](char ch) { return ch >= '0' && ch <= '9'; }) && std::stoi(k) > 0)
         return SplitRule{SplitRegex::kLlama3, std::stoi(k)};
     }
   }
@@ -245,8 +253,8 @@ struct TokenizerSpec {
   bool nfc = false;
   bool add_prefix_space = false;
   bool ignore_merges = false;
-  std::string unk_token;  // empty: none
-  std::string eos_token;  // empty: none
+  std::string unk_token;   // empty: none
+  std::string eos_token;   // empty: none
   std::string eos_source;  // where eos_token came from, for errors
 };
 
@@ -462,7 +470,8 @@ void ByteLevelBpeTokenizer::split_and_encode(std::string_view text, std::size_t 
   }
   const SplitRule& r = rules_[rule];
   for (std::size_t p = 0; p < text.size();) {
-    const std::size_t e = r.regex == SplitRegex::kGpt2 ? match_gpt2(text, p) : match_llama3(text, p, r.max_digits);
+    const std::size_t e =
+        r.regex == SplitRegex::kGpt2 ? match_gpt2(text, p) : match_llama3(text, p, r.max_digits);
     split_and_encode(text.substr(p, e - p), rule + 1, ids);
     p = e;
   }
@@ -591,7 +600,8 @@ std::string type_of(const json& j, const std::string& where) {
 // AddedToken object); empty when absent or null.
 std::string token_name(const json& j) {
   if (j.is_string()) return j.get<std::string>();
-  if (j.is_object() && j.contains("content") && j["content"].is_string()) return j["content"].get<std::string>();
+  if (j.is_object() && j.contains("content") && j["content"].is_string())
+    return j["content"].get<std::string>();
   return "";
 }
 
@@ -618,7 +628,8 @@ void parse_pre_tokenizer(const json& j, TokenizerSpec& spec, bool* byte_level) {
     *byte_level = true;
     if (flag(j, "add_prefix_space")) {
       if (!spec.rules.empty())
-        throw std::invalid_argument("pre_tokenizer: ByteLevel add_prefix_space after a Split is not supported");
+        throw std::invalid_argument(
+            "pre_tokenizer: ByteLevel add_prefix_space after a Split is not supported");
       spec.add_prefix_space = true;
     }
     const auto it = j.find("use_regex");
@@ -655,7 +666,8 @@ void parse_model(const json& m, TokenizerSpec& spec) {
   if (flag(m, "byte_fallback"))
     throw std::invalid_argument("model.byte_fallback is not supported (SentencePiece-style BPE)");
   spec.ignore_merges = flag(m, "ignore_merges");
-  if (m.contains("unk_token") && !m["unk_token"].is_null()) spec.unk_token = m["unk_token"].get<std::string>();
+  if (m.contains("unk_token") && !m["unk_token"].is_null())
+    spec.unk_token = m["unk_token"].get<std::string>();
 
   const json& vocab = m.at("vocab");
   if (!vocab.is_object()) throw std::invalid_argument("model.vocab must be an object of token → id");
@@ -681,7 +693,8 @@ void parse_model(const json& m, TokenizerSpec& spec) {
     } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
       spec.merges.emplace_back(e[0].get<std::string>(), e[1].get<std::string>());
     } else {
-      throw std::invalid_argument("model.merges[" + std::to_string(k) + "] must be \"a b\" or [\"a\", \"b\"]");
+      throw std::invalid_argument("model.merges[" + std::to_string(k) +
+                                  "] must be \"a b\" or [\"a\", \"b\"]");
     }
   }
 }
@@ -781,7 +794,8 @@ std::unique_ptr<Tokenizer> load_gpt2_tokenizer_files(const std::string& encoder_
     const auto space = line.find(' ');
     if (space == std::string::npos || space == 0 || space + 1 == line.size() ||
         line.find(' ', space + 1) != std::string::npos)
-      throw std::runtime_error(vocab_bpe + ":" + std::to_string(number) + ": expected two tokens separated by one space");
+      throw std::runtime_error(vocab_bpe + ":" + std::to_string(number) +
+                               ": expected two tokens separated by one space");
     spec.merges.emplace_back(line.substr(0, space), line.substr(space + 1));
   }
   spec.rules.push_back(SplitRule{SplitRegex::kGpt2, 0});

@@ -1,16 +1,17 @@
-// Llama decoder in plain ATen ops, equation for equation Hugging Face's LlamaForCausalLM.
+// Llama-family decoder in plain ATen ops, equation for equation Hugging Face's
+// LlamaForCausalLM (and Mistral / Qwen2, which differ only in config).
 #include "worker/model/llama.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/version.h>
 
 #include <cmath>
-#include <limits>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "worker/model/attention.h"
 
 namespace zenflow::model {
 namespace {
@@ -27,7 +28,8 @@ void check_config(const LlamaConfig& c) {
   positive("num_key_value_heads", c.num_key_value_heads);
   positive("intermediate_size", c.intermediate_size);
   positive("max_position_embeddings", c.max_position_embeddings);
-  if (c.hidden_size % c.num_attention_heads != 0)
+  if (c.head_dim < 0) fail("head_dim must be >= 0 (0: hidden_size / num_attention_heads), got " + std::to_string(c.head_dim));
+  if (c.head_dim == 0 && c.hidden_size % c.num_attention_heads != 0)
     fail("hidden_size (" + std::to_string(c.hidden_size) +
          ") must be divisible by num_attention_heads (" + std::to_string(c.num_attention_heads) +
          ")");
@@ -35,14 +37,22 @@ void check_config(const LlamaConfig& c) {
     fail("num_attention_heads (" + std::to_string(c.num_attention_heads) +
          ") must be divisible by num_key_value_heads (" + std::to_string(c.num_key_value_heads) +
          ")");
-  if ((c.hidden_size / c.num_attention_heads) % 2 != 0)
-    fail(
-        "head dimension hidden_size / num_attention_heads must be even for rotary "
-        "embeddings, got " +
-        std::to_string(c.hidden_size / c.num_attention_heads));
+  if (c.resolved_head_dim() % 2 != 0)
+    fail("the head dimension must be even for rotary embeddings, got " + std::to_string(c.resolved_head_dim()));
   if (!(c.rope_theta > 0)) fail("rope_theta must be > 0");
   if (!(c.rms_norm_eps > 0)) fail("rms_norm_eps must be > 0");
   if (!(c.initializer_range >= 0)) fail("initializer_range must be >= 0");
+  if (c.sliding_window < 0) fail("sliding_window must be >= 0, got " + std::to_string(c.sliding_window));
+  const RopeScaling& r = c.rope_scaling;
+  if (r.rope_type != "default" && r.rope_type != "linear" && r.rope_type != "llama3")
+    fail("rope_scaling.rope_type '" + r.rope_type + "' is not supported (default, linear, llama3)");
+  if (r.rope_type != "default" && !(r.factor > 0)) fail("rope_scaling.factor must be > 0");
+  if (r.rope_type == "llama3") {
+    if (!(r.low_freq_factor > 0) || !(r.high_freq_factor > r.low_freq_factor))
+      fail("rope_scaling needs 0 < low_freq_factor < high_freq_factor for llama3");
+    if (r.original_max_position_embeddings <= 0)
+      fail("rope_scaling.original_max_position_embeddings must be > 0");
+  }
 }
 
 // HF LlamaRMSNorm: normalise in fp32, cast back to the input dtype, then scale.
@@ -60,12 +70,23 @@ at::Tensor rotate_half(const at::Tensor& x) {
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
+at::Tensor linear(const at::Tensor& x, const at::Tensor* weight, const at::Tensor* bias) {
+  return bias ? at::linear(x, *weight, *bias) : at::linear(x, *weight);
+}
+
+// How parameters are created: random (make_llama) or left uninitialized (loaders).
+struct Init {
+  bool random = true;
+  uint64_t seed = 0;
+  at::TensorOptions options = at::TensorOptions().dtype(at::kFloat);
+};
+
 class Llama final : public CausalLM {
  public:
-  Llama(const LlamaConfig& config, uint64_t seed) : config_(config) {
+  Llama(const LlamaConfig& config, const Init& init) : config_(config) {
     check_config(config_);
-    head_dim_ = config_.hidden_size / config_.num_attention_heads;
-    init(seed);
+    head_dim_ = config_.resolved_head_dim();
+    create_parameters(init);
   }
 
   at::Tensor forward(const at::Tensor& input_ids) override {
@@ -83,6 +104,7 @@ class Llama final : public CausalLM {
     const int64_t nKV = config_.num_key_value_heads;
     const int64_t hd = head_dim_;
     const double eps = config_.rms_norm_eps;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
 
     at::Tensor x = at::embedding(*embed_tokens_, input_ids);  // [B, T, H]
     const auto rope = rotary(T, x.device(), x.scalar_type());
@@ -91,22 +113,22 @@ class Llama final : public CausalLM {
 
     for (const Layer& L : layers_) {
       at::Tensor h = rms_norm(x, *L.input_layernorm, eps);
-      at::Tensor q = at::linear(h, *L.q_proj).view({B, T, nH, hd}).transpose(1, 2);
-      at::Tensor k = at::linear(h, *L.k_proj).view({B, T, nKV, hd}).transpose(1, 2);
-      at::Tensor v = at::linear(h, *L.v_proj).view({B, T, nKV, hd}).transpose(1, 2);
+      at::Tensor q = linear(h, L.q_proj, L.q_bias).view({B, T, nH, hd}).transpose(1, 2);
+      at::Tensor k = linear(h, L.k_proj, L.k_bias).view({B, T, nKV, hd}).transpose(1, 2);
+      at::Tensor v = linear(h, L.v_proj, L.v_bias).view({B, T, nKV, hd}).transpose(1, 2);
       q = q * cos + rotate_half(q) * sin;
       k = k * cos + rotate_half(k) * sin;
       if (nKV != nH) {  // HF repeat_kv: query head j reads kv head j / (nH / nKV)
         k = k.repeat_interleave(nH / nKV, /*dim=*/1);
         v = v.repeat_interleave(nH / nKV, /*dim=*/1);
       }
-      at::Tensor attn = attention(q, k, v);  // [B, nH, T, hd]
+      at::Tensor attn = causal_attention(q, k, v, scale, config_.sliding_window);  // [B, nH, T, hd]
       attn = attn.transpose(1, 2).reshape({B, T, nH * hd});
-      x = x + at::linear(attn, *L.o_proj);
+      x = x + linear(attn, L.o_proj, L.o_bias);
 
       h = rms_norm(x, *L.post_attention_layernorm, eps);
-      at::Tensor mlp = at::silu(at::linear(h, *L.gate_proj)) * at::linear(h, *L.up_proj);
-      x = x + at::linear(mlp, *L.down_proj);
+      at::Tensor mlp = at::silu(linear(h, L.gate_proj, L.gate_bias)) * linear(h, L.up_proj, L.up_bias);
+      x = x + linear(mlp, L.down_proj, L.down_bias);
     }
     x = rms_norm(x, *norm_, eps);
     const at::Tensor& head = config_.tie_word_embeddings ? *embed_tokens_ : *lm_head_;
@@ -132,106 +154,91 @@ class Llama final : public CausalLM {
   void train(bool on) override { training_ = on; }  // no dropout: nothing changes
 
  private:
-  // Pointers into params_; params_ never grows after init, so they stay valid.
+  // Indices into params_ (pointers are resolved after params_ stops growing); a
+  // bias is nullptr when the config has none.
   struct Layer {
-    at::Tensor* input_layernorm;
-    at::Tensor* q_proj;
-    at::Tensor* k_proj;
-    at::Tensor* v_proj;
-    at::Tensor* o_proj;
-    at::Tensor* post_attention_layernorm;
-    at::Tensor* gate_proj;
-    at::Tensor* up_proj;
-    at::Tensor* down_proj;
+    at::Tensor* input_layernorm = nullptr;
+    at::Tensor *q_proj = nullptr, *q_bias = nullptr;
+    at::Tensor *k_proj = nullptr, *k_bias = nullptr;
+    at::Tensor *v_proj = nullptr, *v_bias = nullptr;
+    at::Tensor *o_proj = nullptr, *o_bias = nullptr;
+    at::Tensor* post_attention_layernorm = nullptr;
+    at::Tensor *gate_proj = nullptr, *gate_bias = nullptr;
+    at::Tensor *up_proj = nullptr, *up_bias = nullptr;
+    at::Tensor *down_proj = nullptr, *down_bias = nullptr;
   };
 
-  void init(uint64_t seed) {
+  void create_parameters(const Init& init) {
     const int64_t V = config_.vocab_size;
     const int64_t H = config_.hidden_size;
     const int64_t I = config_.intermediate_size;
     const int64_t q_out = config_.num_attention_heads * head_dim_;
     const int64_t kv_out = config_.num_key_value_heads * head_dim_;
-    at::Generator gen = at::detail::createCPUGenerator(seed);
+    at::Generator gen = at::detail::createCPUGenerator(init.seed);
     const double std_dev = config_.initializer_range;
+    const at::TensorOptions opts = init.options;
     auto matrix = [&](int64_t rows, int64_t cols) {
-      at::Tensor t = at::empty({rows, cols}, at::TensorOptions().dtype(at::kFloat));
-      t.normal_(0.0, std_dev, gen);
+      at::Tensor t = at::empty({rows, cols}, opts);
+      if (init.random) t.normal_(0.0, std_dev, gen);
       return t.requires_grad_(true);
     };
-    auto ones = [](int64_t n) {
-      return at::ones({n}, at::TensorOptions().dtype(at::kFloat)).requires_grad_(true);
+    auto filled = [&](int64_t n, double value) {
+      at::Tensor t = init.random ? at::full({n}, value, opts) : at::empty({n}, opts);
+      return t.requires_grad_(true);
     };
 
-    const size_t count = 1 + 9 * static_cast<size_t>(config_.num_hidden_layers) + 1 +
-                         (config_.tie_word_embeddings ? 0 : 1);
-    params_.reserve(count);
-    params_.emplace_back("model.embed_tokens.weight", matrix(V, H));
+    // Parameters are appended in parameters() order; slots remembers which field of
+    // which layer each one fills.
+    std::vector<std::pair<int64_t, at::Tensor* Layer::*>> slots;
+    auto add = [&](std::string name, at::Tensor t, int64_t layer, at::Tensor* Layer::*field) {
+      params_.emplace_back(std::move(name), std::move(t));
+      slots.emplace_back(layer, field);
+    };
+    add("model.embed_tokens.weight", matrix(V, H), -1, nullptr);
     for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
-      params_.emplace_back(p + "input_layernorm.weight", ones(H));
-      params_.emplace_back(p + "self_attn.q_proj.weight", matrix(q_out, H));
-      params_.emplace_back(p + "self_attn.k_proj.weight", matrix(kv_out, H));
-      params_.emplace_back(p + "self_attn.v_proj.weight", matrix(kv_out, H));
-      params_.emplace_back(p + "self_attn.o_proj.weight", matrix(H, q_out));
-      params_.emplace_back(p + "post_attention_layernorm.weight", ones(H));
-      params_.emplace_back(p + "mlp.gate_proj.weight", matrix(I, H));
-      params_.emplace_back(p + "mlp.up_proj.weight", matrix(I, H));
-      params_.emplace_back(p + "mlp.down_proj.weight", matrix(H, I));
+      add(p + "input_layernorm.weight", filled(H, 1.0), l, &Layer::input_layernorm);
+      add(p + "self_attn.q_proj.weight", matrix(q_out, H), l, &Layer::q_proj);
+      if (config_.qkv_bias) add(p + "self_attn.q_proj.bias", filled(q_out, 0.0), l, &Layer::q_bias);
+      add(p + "self_attn.k_proj.weight", matrix(kv_out, H), l, &Layer::k_proj);
+      if (config_.qkv_bias) add(p + "self_attn.k_proj.bias", filled(kv_out, 0.0), l, &Layer::k_bias);
+      add(p + "self_attn.v_proj.weight", matrix(kv_out, H), l, &Layer::v_proj);
+      if (config_.qkv_bias) add(p + "self_attn.v_proj.bias", filled(kv_out, 0.0), l, &Layer::v_bias);
+      add(p + "self_attn.o_proj.weight", matrix(H, q_out), l, &Layer::o_proj);
+      if (config_.o_bias) add(p + "self_attn.o_proj.bias", filled(H, 0.0), l, &Layer::o_bias);
+      add(p + "post_attention_layernorm.weight", filled(H, 1.0), l, &Layer::post_attention_layernorm);
+      add(p + "mlp.gate_proj.weight", matrix(I, H), l, &Layer::gate_proj);
+      if (config_.mlp_bias) add(p + "mlp.gate_proj.bias", filled(I, 0.0), l, &Layer::gate_bias);
+      add(p + "mlp.up_proj.weight", matrix(I, H), l, &Layer::up_proj);
+      if (config_.mlp_bias) add(p + "mlp.up_proj.bias", filled(I, 0.0), l, &Layer::up_bias);
+      add(p + "mlp.down_proj.weight", matrix(H, I), l, &Layer::down_proj);
+      if (config_.mlp_bias) add(p + "mlp.down_proj.bias", filled(H, 0.0), l, &Layer::down_bias);
     }
-    params_.emplace_back("model.norm.weight", ones(H));
-    if (!config_.tie_word_embeddings) params_.emplace_back("lm_head.weight", matrix(V, H));
-    if (params_.size() != count) throw std::logic_error("Llama: parameter count mismatch");
+    add("model.norm.weight", filled(H, 1.0), -1, nullptr);
+    if (!config_.tie_word_embeddings) add("lm_head.weight", matrix(V, H), -1, nullptr);
 
-    embed_tokens_ = &params_[0].second;
-    for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-      const size_t b = 1 + 9 * static_cast<size_t>(l);
-      layers_.push_back(Layer{&params_[b].second, &params_[b + 1].second, &params_[b + 2].second,
-                              &params_[b + 3].second, &params_[b + 4].second,
-                              &params_[b + 5].second, &params_[b + 6].second,
-                              &params_[b + 7].second, &params_[b + 8].second});
-    }
-    const size_t after_layers = 1 + 9 * static_cast<size_t>(config_.num_hidden_layers);
-    norm_ = &params_[after_layers].second;
-    lm_head_ = config_.tie_word_embeddings ? nullptr : &params_[after_layers + 1].second;
+    layers_.assign(static_cast<size_t>(config_.num_hidden_layers), Layer{});
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (slots[i].first >= 0) layers_[static_cast<size_t>(slots[i].first)].*(slots[i].second) = &params_[i].second;
+    embed_tokens_ = &params_.front().second;
+    lm_head_ = config_.tie_word_embeddings ? nullptr : &params_.back().second;
+    norm_ = &params_[params_.size() - (config_.tie_word_embeddings ? 1 : 2)].second;
   }
 
-  // HF LlamaRotaryEmbedding: inv_freq = 1 / theta^(2i/hd) and angles in fp32,
-  // emb = cat(freqs, freqs), cos/sin cast to the activations' dtype. Cached per (T,
-  // device, dtype) because the trainer calls forward with one shape again and again.
+  // HF LlamaRotaryEmbedding: angles t * inv_freq in fp32, emb = cat(freqs, freqs),
+  // cos/sin cast to the activations' dtype. Cached per (T, device, dtype) because the
+  // trainer calls forward with one shape again and again.
   std::pair<at::Tensor, at::Tensor> rotary(int64_t T, at::Device device, at::ScalarType dtype) {
     if (rope_cos_.defined() && rope_cos_.size(0) == T && rope_cos_.device() == device &&
         rope_cos_.scalar_type() == dtype)
       return {rope_cos_, rope_sin_};
-    at::Tensor exponent =
-        at::arange(0, head_dim_, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) /
-        static_cast<double>(head_dim_);
-    at::Tensor inv_freq = 1.0 / at::pow(config_.rope_theta, exponent);
+    const at::Tensor inv_freq = llama_inv_freq(config_);
     at::Tensor t = at::arange(T, at::TensorOptions().dtype(at::kLong)).to(at::kFloat);
     at::Tensor freqs = at::outer(t, inv_freq);  // [T, hd/2]
     at::Tensor emb = at::cat({freqs, freqs}, -1);
     rope_cos_ = emb.cos().to(device, dtype);
     rope_sin_ = emb.sin().to(device, dtype);
     return {rope_cos_, rope_sin_};
-  }
-
-  // Causal softmax attention with scale 1/sqrt(hd); q, k, v are [B, nH, T, hd].
-  at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-#if TORCH_VERSION_MAJOR >= 2
-    // Fused kernels (flash / memory-efficient on CUDA); the same equation.
-    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                            /*is_causal=*/true);
-#else
-    const int64_t T = q.size(2);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
-    // Softmax in fp32 as HF does, then back to the activations' dtype.
-    at::Tensor scores = (at::matmul(q, k.transpose(-2, -1)) * scale).to(at::kFloat);
-    if (!causal_mask_.defined() || causal_mask_.size(0) != T || causal_mask_.device() != q.device())
-      causal_mask_ =
-          at::ones({T, T}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu(1);
-    scores = scores.masked_fill(causal_mask_, -std::numeric_limits<float>::infinity());
-    at::Tensor probs = at::softmax(scores, -1).to(q.scalar_type());
-    return at::matmul(probs, v);
-#endif
   }
 
   LlamaConfig config_;
@@ -243,13 +250,47 @@ class Llama final : public CausalLM {
   at::Tensor* norm_ = nullptr;
   at::Tensor* lm_head_ = nullptr;
   at::Tensor rope_cos_, rope_sin_;
-  at::Tensor causal_mask_;
 };
 
 }  // namespace
 
+at::Tensor llama_inv_freq(const LlamaConfig& config) {
+  check_config(config);
+  const int64_t hd = config.resolved_head_dim();
+  // _compute_default_rope_parameters: 1 / base^(arange(0, dim, 2).float() / dim).
+  at::Tensor exponent =
+      at::arange(0, hd, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) / static_cast<double>(hd);
+  at::Tensor inv_freq = 1.0 / at::pow(config.rope_theta, exponent);
+  const RopeScaling& r = config.rope_scaling;
+  if (r.rope_type == "linear") return inv_freq / r.factor;
+  if (r.rope_type != "llama3") return inv_freq;
+  // _compute_llama3_parameters, step for step (fp32 tensors, Python-float scalars).
+  const double old_context_len = static_cast<double>(r.original_max_position_embeddings);
+  const double low_freq_wavelen = old_context_len / r.low_freq_factor;
+  const double high_freq_wavelen = old_context_len / r.high_freq_factor;
+  // Python's `scalar / tensor` is tensor.reciprocal() * scalar: mirrored for the same bits.
+  const at::Tensor wavelen = inv_freq.reciprocal() * (2 * M_PI);
+  at::Tensor inv_freq_llama = at::where(wavelen > low_freq_wavelen, inv_freq / r.factor, inv_freq);
+  const at::Tensor smooth_factor =
+      (wavelen.reciprocal() * old_context_len - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+  const at::Tensor smoothed_inv_freq =
+      (1 - smooth_factor) * inv_freq_llama / r.factor + smooth_factor * inv_freq_llama;
+  const at::Tensor is_medium_freq = (wavelen < high_freq_wavelen).logical_not().logical_and(
+      (wavelen > low_freq_wavelen).logical_not());
+  return at::where(is_medium_freq, smoothed_inv_freq, inv_freq_llama);
+}
+
 std::unique_ptr<CausalLM> make_llama(const LlamaConfig& config, uint64_t seed) {
-  return std::make_unique<Llama>(config, seed);
+  Init init;
+  init.seed = seed;
+  return std::make_unique<Llama>(config, init);
+}
+
+std::unique_ptr<CausalLM> make_llama_uninitialized(const LlamaConfig& config, const at::TensorOptions& options) {
+  Init init;
+  init.random = false;
+  init.options = options;
+  return std::make_unique<Llama>(config, init);
 }
 
 int64_t llama_parameter_count(const LlamaConfig& config) {
@@ -257,13 +298,15 @@ int64_t llama_parameter_count(const LlamaConfig& config) {
   const int64_t V = config.vocab_size;
   const int64_t H = config.hidden_size;
   const int64_t I = config.intermediate_size;
-  const int64_t hd = H / config.num_attention_heads;
+  const int64_t hd = config.resolved_head_dim();
   const int64_t q_out = config.num_attention_heads * hd;
   const int64_t kv_out = config.num_key_value_heads * hd;
   const int64_t per_layer = 2 * H                         // two RMSNorm weights
                             + q_out * H + 2 * kv_out * H  // q, k, v
                             + H * q_out                   // o
-                            + 3 * I * H;                  // gate, up, down
+                            + 3 * I * H                   // gate, up, down
+                            + (config.qkv_bias ? q_out + 2 * kv_out : 0) + (config.o_bias ? H : 0) +
+                            (config.mlp_bias ? 2 * I + H : 0);
   return V * H + config.num_hidden_layers * per_layer + H +
          (config.tie_word_embeddings ? 0 : V * H);
 }

@@ -6,14 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -36,13 +35,20 @@ struct DtypeSpec {
 };
 
 constexpr DtypeSpec kDtypes[] = {
-    {"F64", 8, at::kDouble},     {"F32", 4, at::kFloat},
-    {"F16", 2, at::kHalf},       {"BF16", 2, at::kBFloat16},
-    {"I64", 8, at::kLong},       {"I32", 4, at::kInt},
-    {"I16", 2, at::kShort},      {"I8", 1, at::kChar},
-    {"U8", 1, at::kByte},        {"BOOL", 1, at::kBool},
-    {"U64", 8, at::ScalarType::Undefined},     {"U32", 4, at::ScalarType::Undefined},
-    {"U16", 2, at::ScalarType::Undefined},     {"F8_E4M3", 1, at::ScalarType::Undefined},
+    {"F64", 8, at::kDouble},
+    {"F32", 4, at::kFloat},
+    {"F16", 2, at::kHalf},
+    {"BF16", 2, at::kBFloat16},
+    {"I64", 8, at::kLong},
+    {"I32", 4, at::kInt},
+    {"I16", 2, at::kShort},
+    {"I8", 1, at::kChar},
+    {"U8", 1, at::kByte},
+    {"BOOL", 1, at::kBool},
+    {"U64", 8, at::ScalarType::Undefined},
+    {"U32", 4, at::ScalarType::Undefined},
+    {"U16", 2, at::ScalarType::Undefined},
+    {"F8_E4M3", 1, at::ScalarType::Undefined},
     {"F8_E5M2", 1, at::ScalarType::Undefined},
 };
 
@@ -197,8 +203,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   const std::string* previous = nullptr;
   for (const Span& s : spans) {
     if (s.begin < expected)
-      fail(path, "tensor '" + *s.name + "' (data bytes " + std::to_string(s.begin) + ".." + std::to_string(s.end) +
-                     ") overlaps tensor '" + *previous + "' (ending at " + std::to_string(expected) + ")");
+      fail(path, "tensor '" + *s.name + "' (data bytes " + std::to_string(s.begin) + ".." +
+                     std::to_string(s.end) + ") overlaps tensor '" + *previous + "' (ending at " +
+                     std::to_string(expected) + ")");
     if (s.begin > expected)
       fail(path, "data bytes " + std::to_string(expected) + ".." + std::to_string(s.begin) +
                      " before tensor '" + *s.name + "' belong to no tensor");
@@ -240,7 +247,8 @@ at::Tensor SafetensorsFile::tensor(const std::string& name) const {
     return copy;
   }
   std::shared_ptr<const Mapping> keep = mapping_;
-  return at::from_blob(data, e.shape, [keep](void*) {}, options);
+  return at::from_blob(
+      data, e.shape, [keep](void*) {}, options);
 }
 
 SafetensorsIndex::SafetensorsIndex(const std::string& path) {
@@ -352,7 +360,8 @@ class TempFile {
     const int fd = fd_;
     fd_ = -1;
     if (::close(fd) != 0) fail(final_, "close of " + tmp_ + " failed: " + errno_text());
-    if (::rename(tmp_.c_str(), final_.c_str()) != 0) fail(final_, "rename from " + tmp_ + " failed: " + errno_text());
+    if (::rename(tmp_.c_str(), final_.c_str()) != 0)
+      fail(final_, "rename from " + tmp_ + " failed: " + errno_text());
     committed_ = true;
     // Make the rename itself durable.
     std::string dir = fs::path(final_).parent_path().string();
@@ -395,7 +404,8 @@ void write_safetensors(const std::string& path,
       fail(path, "tensor '" + name + "': " + e.what());
     }
     const std::size_t nbytes = static_cast<std::size_t>(t.numel()) * t.element_size();
-    header[name] = {{"dtype", dtype}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + nbytes}}};
+    header[name] = {
+        {"dtype", dtype}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + nbytes}}};
     offset += nbytes;
   }
   std::string text = header.dump();

@@ -35,8 +35,8 @@ bool in_ranges(const CodepointRange* begin, const CodepointRange* end, char32_t 
 
 bool is_white_space_property(char32_t cp) {
   return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
-         cp == 0x205F || cp == 0x3000;
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
+         cp == 0x3000;
 }
 
 // Class bits for the Basic Multilingual Plane; higher planes go to the range tables.
@@ -95,8 +95,8 @@ void decompose(char32_t cp, std::vector<char32_t>& out) {
 char32_t compose(char32_t first, char32_t second) {
   if (first >= kLBase && first < kLBase + kLCount && second >= kVBase && second < kVBase + kVCount)
     return kSBase + ((first - kLBase) * kVCount + (second - kVBase)) * kTCount;
-  if (first >= kSBase && first < kSBase + kSCount && (first - kSBase) % kTCount == 0 &&
-      second > kTBase && second < kTBase + kTCount)
+  if (first >= kSBase && first < kSBase + kSCount && (first - kSBase) % kTCount == 0 && second > kTBase &&
+      second < kTBase + kTCount)
     return first + (second - kTBase);
   const auto* end = std::end(kCompositions);
   const auto* it = std::lower_bound(std::begin(kCompositions), end, std::make_pair(first, second),

@@ -12,6 +12,7 @@ namespace {
 
 constexpr int kColumnsPerBlock = 32;  // blockDim.x
 constexpr int kRowLanes = 8;          // blockDim.y
+constexpr int kThreads = kColumnsPerBlock * kRowLanes;
 constexpr int64_t kTargetBlocks = 1024;
 constexpr int64_t kMinRowsPerChunk = 64;
 
@@ -41,7 +42,7 @@ __device__ __forceinline__ float contribution(typename E::Storage x) {
 
 // dst[blockIdx.y * in + j] = the chunk's sum for column j.
 template <typename E, bool kL1>
-__global__ void __launch_bounds__(kColumnsPerBlock* kRowLanes)
+__global__ void __launch_bounds__(kThreads)
     column_partial_kernel(const typename E::Storage* __restrict__ grad, int64_t out, int64_t in,
                           int64_t rows_per_chunk, float* __restrict__ dst) {
   __shared__ float sums[kRowLanes][kColumnsPerBlock + 1];
@@ -94,9 +95,8 @@ size_t column_scores_workspace_bytes(int64_t out, int64_t in) {
   return p.chunks > 1 ? static_cast<size_t>(p.chunks * in) * sizeof(float) : 0;
 }
 
-cudaError_t column_scores(const void* grad, DType dtype, int64_t out, int64_t in, bool l1,
-                          float* scores, void* workspace, size_t workspace_bytes,
-                          cudaStream_t stream) {
+cudaError_t column_scores(const void* grad, DType dtype, int64_t out, int64_t in, bool l1, float* scores,
+                          void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   if (out < 0 || in < 0) return cudaErrorInvalidValue;
   if (in == 0) return cudaSuccess;
   if (scores == nullptr) return cudaErrorInvalidValue;

@@ -49,9 +49,8 @@ size_t column_scores_workspace_bytes(int64_t out, int64_t in);
 // pass over the gradient. The summation order is fixed, so results are deterministic.
 // `workspace` must hold column_scores_workspace_bytes(out, in) bytes (may be null when
 // that is 0) and must not be used by other work until this call's kernels have run.
-cudaError_t column_scores(const void* grad, DType dtype, int64_t out, int64_t in, bool l1,
-                          float* scores, void* workspace, size_t workspace_bytes,
-                          cudaStream_t stream);
+cudaError_t column_scores(const void* grad, DType dtype, int64_t out, int64_t in, bool l1, float* scores,
+                          void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 // ---- AdamW -----------------------------------------------------------------------------
 // Both kernels apply, per element, the exact host formula of adamw_kernel.h, with
@@ -68,31 +67,27 @@ cudaError_t column_scores(const void* grad, DType dtype, int64_t out, int64_t in
 // for row i and selected slot c, element (i, sel[c]) of weight/grad pairs with element
 // (i, c) of master/m/v, which are [out, k] fp32. `grad` has the weight's dtype. The
 // indices must be distinct. `master` may be null only when dtype is kF32.
-cudaError_t selected_adamw(void* weight, const void* grad, DType dtype, const int64_t* sel,
-                           float* master, float* m, float* v, int64_t out, int64_t in,
-                           int64_t k, const DeviceAdamWCoeffs& coeffs, float grad_scale,
-                           cudaStream_t stream);
+cudaError_t selected_adamw(void* weight, const void* grad, DType dtype, const int64_t* sel, float* master,
+                           float* m, float* v, int64_t out, int64_t in, int64_t k,
+                           const DeviceAdamWCoeffs& coeffs, float grad_scale, cudaStream_t stream);
 
 // The same update on a contiguous span of n elements (always-device parameters).
 // `param` and `grad` have type `dtype`; `master` may be null only when dtype is kF32.
-cudaError_t dense_adamw(void* param, float* master, const void* grad, DType dtype, float* m,
-                        float* v, int64_t n, const DeviceAdamWCoeffs& coeffs,
-                        float grad_scale, cudaStream_t stream);
+cudaError_t dense_adamw(void* param, float* master, const void* grad, DType dtype, float* m, float* v,
+                        int64_t n, const DeviceAdamWCoeffs& coeffs, float grad_scale, cudaStream_t stream);
 
 // ---- column transfer staging -------------------------------------------------------------
 
 // staging[c, i] = grad[i, idx[c]] for c < n, i < out: the columns idx gathered and
 // transposed into one contiguous [n, out] buffer (one D2H copy; a column is contiguous,
 // the host layout of zenflow-semantics.md §1). Same dtype in and out.
-cudaError_t gather_columns_t(const void* grad, DType dtype, int64_t out, int64_t in,
-                             const int64_t* idx, int64_t n, void* staging,
-                             cudaStream_t stream);
+cudaError_t gather_columns_t(const void* grad, DType dtype, int64_t out, int64_t in, const int64_t* idx,
+                             int64_t n, void* staging, cudaStream_t stream);
 
 // weight[i, idx[c]] = src[c, i]: the inverse of gather_columns_t, applying the host
 // updater's [n, out] output to the device weight. Indices must be distinct (a repeated
 // index makes the result unspecified among its sources).
-cudaError_t scatter_columns_t(void* weight, DType dtype, int64_t out, int64_t in,
-                              const int64_t* idx, int64_t n, const void* src,
-                              cudaStream_t stream);
+cudaError_t scatter_columns_t(void* weight, DType dtype, int64_t out, int64_t in, const int64_t* idx,
+                              int64_t n, const void* src, cudaStream_t stream);
 
 }  // namespace zenflow::engine::cuda_kernels

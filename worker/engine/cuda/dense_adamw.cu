@@ -30,9 +30,8 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-cudaError_t dense_adamw(void* param, float* master, const void* grad, DType dtype, float* m,
-                        float* v, int64_t n, const DeviceAdamWCoeffs& coeffs,
-                        float grad_scale, cudaStream_t stream) {
+cudaError_t dense_adamw(void* param, float* master, const void* grad, DType dtype, float* m, float* v,
+                        int64_t n, const DeviceAdamWCoeffs& coeffs, float grad_scale, cudaStream_t stream) {
   if (n < 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (param == nullptr || grad == nullptr || m == nullptr || v == nullptr) return cudaErrorInvalidValue;
@@ -41,8 +40,8 @@ cudaError_t dense_adamw(void* param, float* master, const void* grad, DType dtyp
   return dispatch_dtype(dtype, [&](auto e) {
     using E = decltype(e);
     dense_adamw_kernel<E><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        static_cast<typename E::Storage*>(param), master,
-        static_cast<const typename E::Storage*>(grad), m, v, n, coeffs, grad_scale);
+        static_cast<typename E::Storage*>(param), master, static_cast<const typename E::Storage*>(grad), m, v,
+        n, coeffs, grad_scale);
     return cudaGetLastError();
   });
 }

@@ -34,9 +34,7 @@ struct BF16 {
 
 struct F16 {
   using Storage = uint16_t;
-  static __device__ __forceinline__ float load(uint16_t h) {
-    return __half2float(__ushort_as_half(h));
-  }
+  static __device__ __forceinline__ float load(uint16_t h) { return __half2float(__ushort_as_half(h)); }
   // Round to nearest even; NaN becomes sign | 0x7e00 (as float_to_fp16()).
   static __device__ __forceinline__ uint16_t store(float f) {
     const uint32_t u = __float_as_uint(f);
@@ -49,9 +47,12 @@ struct F16 {
 template <typename Fn>
 cudaError_t dispatch_dtype(DType dtype, Fn&& fn) {
   switch (dtype) {
-    case DType::kF32: return fn(F32{});
-    case DType::kBF16: return fn(BF16{});
-    case DType::kF16: return fn(F16{});
+    case DType::kF32:
+      return fn(F32{});
+    case DType::kBF16:
+      return fn(BF16{});
+    case DType::kF16:
+      return fn(F16{});
   }
   return cudaErrorInvalidValue;
 }

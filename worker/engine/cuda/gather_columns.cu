@@ -11,11 +11,12 @@ namespace {
 
 constexpr int kTile = 32;
 constexpr int kRowsPerPass = 8;  // blockDim.y; each thread moves kTile / kRowsPerPass elements
+constexpr int kThreads = kTile * kRowsPerPass;
 constexpr int64_t kMaxGridY = 65535;
 
 // blockIdx.x: a tile of rows i; blockIdx.y (grid-stride): a tile of gathered columns c.
 template <typename Bits>
-__global__ void __launch_bounds__(kTile* kRowsPerPass)
+__global__ void __launch_bounds__(kThreads)
     gather_columns_t_kernel(const Bits* __restrict__ grad, int64_t out, int64_t in,
                             const int64_t* __restrict__ idx, int64_t n, Bits* __restrict__ staging) {
   __shared__ Bits tile[kTile][kTile + 1];
@@ -40,8 +41,8 @@ __global__ void __launch_bounds__(kTile* kRowsPerPass)
 }
 
 template <typename Bits>
-cudaError_t launch(const void* grad, int64_t out, int64_t in, const int64_t* idx, int64_t n,
-                   void* staging, cudaStream_t stream) {
+cudaError_t launch(const void* grad, int64_t out, int64_t in, const int64_t* idx, int64_t n, void* staging,
+                   cudaStream_t stream) {
   const int64_t tiles_y = ceil_div(n, kTile);
   const dim3 grid(static_cast<unsigned>(ceil_div(out, kTile)),
                   static_cast<unsigned>(tiles_y < kMaxGridY ? tiles_y : kMaxGridY));
@@ -52,17 +53,18 @@ cudaError_t launch(const void* grad, int64_t out, int64_t in, const int64_t* idx
 
 }  // namespace
 
-cudaError_t gather_columns_t(const void* grad, DType dtype, int64_t out, int64_t in,
-                             const int64_t* idx, int64_t n, void* staging,
-                             cudaStream_t stream) {
+cudaError_t gather_columns_t(const void* grad, DType dtype, int64_t out, int64_t in, const int64_t* idx,
+                             int64_t n, void* staging, cudaStream_t stream) {
   if (out < 0 || in < 0 || n < 0) return cudaErrorInvalidValue;
   if (out == 0 || n == 0) return cudaSuccess;
   if (grad == nullptr || idx == nullptr || staging == nullptr) return cudaErrorInvalidValue;
   if (ceil_div(out, kTile) > 0x7fffffff) return cudaErrorInvalidValue;
   switch (dtype) {
-    case DType::kF32: return launch<uint32_t>(grad, out, in, idx, n, staging, stream);
+    case DType::kF32:
+      return launch<uint32_t>(grad, out, in, idx, n, staging, stream);
     case DType::kBF16:
-    case DType::kF16: return launch<uint16_t>(grad, out, in, idx, n, staging, stream);
+    case DType::kF16:
+      return launch<uint16_t>(grad, out, in, idx, n, staging, stream);
   }
   return cudaErrorInvalidValue;
 }

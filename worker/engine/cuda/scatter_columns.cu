@@ -11,11 +11,12 @@ namespace {
 
 constexpr int kTile = 32;
 constexpr int kRowsPerPass = 8;
+constexpr int kThreads = kTile * kRowsPerPass;
 constexpr int64_t kMaxGridY = 65535;
 
 // blockIdx.x: a tile of weight rows i; blockIdx.y (grid-stride): a tile of source rows c.
 template <typename Bits>
-__global__ void __launch_bounds__(kTile* kRowsPerPass)
+__global__ void __launch_bounds__(kThreads)
     scatter_columns_t_kernel(Bits* __restrict__ weight, int64_t out, int64_t in,
                              const int64_t* __restrict__ idx, int64_t n, const Bits* __restrict__ src) {
   __shared__ Bits tile[kTile][kTile + 1];
@@ -41,8 +42,8 @@ __global__ void __launch_bounds__(kTile* kRowsPerPass)
 }
 
 template <typename Bits>
-cudaError_t launch(void* weight, int64_t out, int64_t in, const int64_t* idx, int64_t n,
-                   const void* src, cudaStream_t stream) {
+cudaError_t launch(void* weight, int64_t out, int64_t in, const int64_t* idx, int64_t n, const void* src,
+                   cudaStream_t stream) {
   const int64_t tiles_y = ceil_div(n, kTile);
   const dim3 grid(static_cast<unsigned>(ceil_div(out, kTile)),
                   static_cast<unsigned>(tiles_y < kMaxGridY ? tiles_y : kMaxGridY));
@@ -53,17 +54,18 @@ cudaError_t launch(void* weight, int64_t out, int64_t in, const int64_t* idx, in
 
 }  // namespace
 
-cudaError_t scatter_columns_t(void* weight, DType dtype, int64_t out, int64_t in,
-                              const int64_t* idx, int64_t n, const void* src,
-                              cudaStream_t stream) {
+cudaError_t scatter_columns_t(void* weight, DType dtype, int64_t out, int64_t in, const int64_t* idx,
+                              int64_t n, const void* src, cudaStream_t stream) {
   if (out < 0 || in < 0 || n < 0) return cudaErrorInvalidValue;
   if (out == 0 || n == 0) return cudaSuccess;
   if (weight == nullptr || idx == nullptr || src == nullptr) return cudaErrorInvalidValue;
   if (ceil_div(out, kTile) > 0x7fffffff) return cudaErrorInvalidValue;
   switch (dtype) {
-    case DType::kF32: return launch<uint32_t>(weight, out, in, idx, n, src, stream);
+    case DType::kF32:
+      return launch<uint32_t>(weight, out, in, idx, n, src, stream);
     case DType::kBF16:
-    case DType::kF16: return launch<uint16_t>(weight, out, in, idx, n, src, stream);
+    case DType::kF16:
+      return launch<uint16_t>(weight, out, in, idx, n, src, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -17,10 +17,9 @@ constexpr int64_t kMaxBlocks = 8192;
 template <typename E, typename Index>
 __global__ void __launch_bounds__(kThreads)
     selected_adamw_kernel(typename E::Storage* __restrict__ weight,
-                          const typename E::Storage* __restrict__ grad,
-                          const int64_t* __restrict__ sel, float* __restrict__ master,
-                          float* __restrict__ m, float* __restrict__ v, Index out, int64_t in,
-                          Index k, DeviceAdamWCoeffs c, float grad_scale) {
+                          const typename E::Storage* __restrict__ grad, const int64_t* __restrict__ sel,
+                          float* __restrict__ master, float* __restrict__ m, float* __restrict__ v, Index out,
+                          int64_t in, Index k, DeviceAdamWCoeffs c, float grad_scale) {
   const Index total = out * k;
   const Index stride = static_cast<Index>(gridDim.x) * kThreads;
   for (Index e = static_cast<Index>(blockIdx.x) * kThreads + threadIdx.x; e < total; e += stride) {
@@ -43,10 +42,9 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-cudaError_t selected_adamw(void* weight, const void* grad, DType dtype, const int64_t* sel,
-                           float* master, float* m, float* v, int64_t out, int64_t in,
-                           int64_t k, const DeviceAdamWCoeffs& coeffs, float grad_scale,
-                           cudaStream_t stream) {
+cudaError_t selected_adamw(void* weight, const void* grad, DType dtype, const int64_t* sel, float* master,
+                           float* m, float* v, int64_t out, int64_t in, int64_t k,
+                           const DeviceAdamWCoeffs& coeffs, float grad_scale, cudaStream_t stream) {
   if (out < 0 || in < 0 || k < 0 || k > in) return cudaErrorInvalidValue;
   if (out == 0 || k == 0) return cudaSuccess;
   if (weight == nullptr || grad == nullptr || sel == nullptr || m == nullptr || v == nullptr) {

@@ -1,0 +1,81 @@
+// The zenflow binary: exit codes and messages for bad specs, --json output of run.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+std::string write_file(const std::string& name, const std::string& text) {
+  fs::path p = fs::temp_directory_path() / ("zenflow-cli-" + std::to_string(::getpid()));
+  fs::create_directories(p);
+  std::ofstream(p / name) << text;
+  return (p / name).string();
+}
+
+const char* kValid = R"(name: cli-test
+model: {arch: llama, config: {hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 4,
+        intermediate_size: 64, max_position_embeddings: 32}}
+data: {train: /usr/share/common-licenses, tokenizer: byte}
+train: {steps: 3, micro_batch: 2, seq_len: 16, lr: 1.0e-3, warmup_steps: 1, device: cpu}
+optimizer: {mode: zenflow, zenflow: {update_interval: 2, full_warm_up_rounds: 0, min_split_numel: 512}}
+checkpoint: {every_steps: 0}
+)";
+
+}  // namespace
+
+TEST(Cli, BadSpecExitsTwoNamingTheKeyPath) {
+  const std::string spec = write_file("bad.yaml", std::string(kValid) + "bogus: 1\n");
+  Result r = run("run " + spec);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("bogus: unknown key"), std::string::npos) << r.out;
+
+  const std::string ok = write_file("ok.yaml", kValid);
+  r = run("run " + ok + " --set optimizer.zenflow.topk_ratio=1.5");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("optimizer.zenflow.topk_ratio: must be in [0, 1], got 1.5"), std::string::npos) << r.out;
+}
+
+TEST(Cli, RunJsonReportsLossesAndStalls) {
+  const std::string spec = write_file("ok.yaml", kValid);
+  const std::string cmd = std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow run " + spec + " --no-resume --json 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  ASSERT_EQ(pclose(p), 0) << out;
+  nlohmann::json j = nlohmann::json::parse(out.substr(out.find('{')));
+  EXPECT_EQ(j.at("steps").get<int>(), 3);
+  EXPECT_EQ(j.at("losses").size(), 3u);
+  EXPECT_GT(j.at("final_loss").get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(j.at("final_loss").get<double>(), j.at("losses").back().get<double>());
+  EXPECT_GT(j.at("val_loss").get<double>(), 0.0);
+  EXPECT_GT(j.at("step_seconds_median").get<double>(), 0.0);
+  for (const char* cause : {"host_optimizer", "transfer_d2h", "transfer_h2d", "data", "allreduce", "network", "checkpoint"})
+    EXPECT_TRUE(j.at("stall_seconds").contains(cause)) << cause;
+  EXPECT_GT(j.at("transfer_bytes").at("d2h").get<double>(), 0.0);
+}
