@@ -1,7 +1,9 @@
 // The zenflow binary: exit codes and messages for bad specs, --json output of run.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -78,4 +80,43 @@ TEST(Cli, RunJsonReportsLossesAndStalls) {
   for (const char* cause : {"host_optimizer", "transfer_d2h", "transfer_h2d", "data", "allreduce", "network", "checkpoint"})
     EXPECT_TRUE(j.at("stall_seconds").contains(cause)) << cause;
   EXPECT_GT(j.at("transfer_bytes").at("d2h").get<double>(), 0.0);
+}
+
+TEST(Cli, InterruptWritesACheckpointAndExits130) {
+  const fs::path dir = fs::temp_directory_path() / ("zenflow-cli-int-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  std::string spec_text = kValid;
+  spec_text.replace(spec_text.find("steps: 3"), 8, "steps: 100000");
+  spec_text.replace(spec_text.find("checkpoint: {every_steps: 0}"), 28,
+                    "checkpoint: {every_steps: 0, dir: " + (dir / "ckpt").string() + "}");
+  const std::string spec = write_file("long.yaml", spec_text);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    freopen("/dev/null", "w", stderr);
+    const std::string bin = std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow";
+    execl(bin.c_str(), bin.c_str(), "run", spec.c_str(), "--quiet", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Wait (bounded) until training has started, i.e. job.yaml was written.
+  for (int i = 0; i < 600 && !fs::exists(dir / "ckpt" / "job.yaml"); ++i) usleep(50 * 1000);
+  usleep(500 * 1000);
+  kill(pid, SIGINT);
+  int status = 0;
+  for (int i = 0; i < 600; ++i) {
+    if (waitpid(pid, &status, WNOHANG) == pid) break;
+    usleep(50 * 1000);
+    if (i == 599) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      FAIL() << "zenflow did not stop within 30 s of SIGINT";
+    }
+  }
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  bool found = false;
+  for (auto& e : fs::directory_iterator(dir / "ckpt"))
+    found |= e.path().filename().string().rfind("step-", 0) == 0 && fs::exists(e.path() / "engine.pt");
+  EXPECT_TRUE(found) << "no checkpoint written on interrupt";
+  fs::remove_all(dir);
 }

@@ -1,0 +1,117 @@
+#include "worker/distributed/rendezvous.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+
+namespace zenflow::distributed {
+namespace {
+
+long long parse_integer(const char* name, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || end == text.c_str() || *end != '\0' || errno == ERANGE) {
+    throw std::invalid_argument(std::string(name) + "='" + text + "' is not an integer");
+  }
+  return v;
+}
+
+const char* required(const std::function<const char*(const char*)>& lookup, const char* name) {
+  const char* v = lookup(name);
+  if (v == nullptr || *v == '\0') {
+    throw std::invalid_argument(std::string(name) +
+                                " is not set (a distributed rank needs ZENFLOW_RANK, "
+                                "ZENFLOW_WORLD_SIZE, ZENFLOW_MASTER_ADDR and ZENFLOW_MASTER_PORT)");
+  }
+  return v;
+}
+
+}  // namespace
+
+std::chrono::milliseconds parse_timeout_seconds(const std::string& text, const std::string& what) {
+  errno = 0;
+  char* end = nullptr;
+  const double s = std::strtod(text.c_str(), &end);
+  if (text.empty() || end == text.c_str() || *end != '\0' || errno == ERANGE || !std::isfinite(s) ||
+      s <= 0.0 || s > 1e7) {
+    throw std::invalid_argument(what + "='" + text +
+                                "' is not a positive number of seconds (e.g. 300 or 0.5)");
+  }
+  const auto ms = static_cast<long long>(std::llround(s * 1000.0));
+  return std::chrono::milliseconds(ms < 1 ? 1 : ms);
+}
+
+void RankInfo::validate() const {
+  if (world_size < 1) {
+    throw std::invalid_argument("world_size (" + std::string(kEnvWorldSize) + ") must be >= 1, got " +
+                                std::to_string(world_size));
+  }
+  if (rank < 0 || rank >= world_size) {
+    throw std::invalid_argument("rank (" + std::string(kEnvRank) + ") must be in [0, " +
+                                std::to_string(world_size) + "), got " + std::to_string(rank));
+  }
+  if (master_addr.empty()) {
+    throw std::invalid_argument("master_addr (" + std::string(kEnvMasterAddr) + ") is empty");
+  }
+  if (master_port < 0 || master_port > 65535 || (master_port == 0 && world_size > 1)) {
+    throw std::invalid_argument("master_port (" + std::string(kEnvMasterPort) +
+                                ") must be in 1..65535 (0 only for a single rank), got " +
+                                std::to_string(master_port));
+  }
+  if (timeout.count() <= 0) {
+    throw std::invalid_argument("timeout (" + std::string(kEnvTimeout) + ") must be positive, got " +
+                                std::to_string(timeout.count()) + " ms");
+  }
+}
+
+std::string RankInfo::to_string() const {
+  std::ostringstream os;
+  os << "rank " << rank << " of " << world_size << ", store " << master_addr << ":" << master_port
+     << ", timeout " << static_cast<double>(timeout.count()) / 1000.0 << " s";
+  return os.str();
+}
+
+bool distributed_env_present() {
+  const char* v = std::getenv(kEnvWorldSize);
+  return v != nullptr && *v != '\0';
+}
+
+RankInfo rank_info_from_lookup(const std::function<const char*(const char*)>& lookup) {
+  RankInfo info;
+  const long long world = parse_integer(kEnvWorldSize, required(lookup, kEnvWorldSize));
+  if (world < 1 || world > std::numeric_limits<int>::max()) {
+    throw std::invalid_argument(std::string(kEnvWorldSize) + "=" + std::to_string(world) +
+                                " must be >= 1");
+  }
+  info.world_size = static_cast<int>(world);
+  const long long rank = parse_integer(kEnvRank, required(lookup, kEnvRank));
+  if (rank < 0 || rank >= world) {
+    throw std::invalid_argument(std::string(kEnvRank) + "=" + std::to_string(rank) + " must be in [0, " +
+                                std::to_string(world) + ") (" + kEnvWorldSize + "=" +
+                                std::to_string(world) + ")");
+  }
+  info.rank = static_cast<int>(rank);
+  info.master_addr = required(lookup, kEnvMasterAddr);
+  const long long port = parse_integer(kEnvMasterPort, required(lookup, kEnvMasterPort));
+  if (port < 1 || port > 65535) {
+    throw std::invalid_argument(std::string(kEnvMasterPort) + "=" + std::to_string(port) +
+                                " must be a TCP port in 1..65535");
+  }
+  info.master_port = static_cast<int>(port);
+  if (const char* t = lookup(kEnvTimeout); t != nullptr && *t != '\0') {
+    info.timeout = parse_timeout_seconds(t, kEnvTimeout);
+  }
+  if (const char* a = lookup(kEnvLocalAddr); a != nullptr) info.local_addr = a;
+  info.validate();
+  return info;
+}
+
+RankInfo rank_info_from_env() {
+  return rank_info_from_lookup([](const char* name) { return std::getenv(name); });
+}
+
+}  // namespace zenflow::distributed

@@ -1,0 +1,64 @@
+// Rank identity and rendezvous address of one rank process of a data-parallel job.
+//
+// A rank process learns who it is from explicit inputs, never from the local launcher
+// alone: `zenflow run --nproc N` (launcher.h) sets these environment variables for the
+// ranks it starts on this machine, and the coordinator's worker agents (a later issue)
+// pass the same values with each assignment on other machines.
+//
+//   ZENFLOW_RANK            required  integer in [0, world_size)
+//   ZENFLOW_WORLD_SIZE      required  integer >= 1
+//   ZENFLOW_MASTER_ADDR     required  host or IPv4 address of rank 0, which hosts the
+//                                     rendezvous TCPStore
+//   ZENFLOW_MASTER_PORT     required  TCP port of that store, 1..65535
+//   ZENFLOW_DIST_TIMEOUT_S  optional  seconds (may be fractional, > 0) bounding the
+//                                     rendezvous and every collective; default 300
+//   ZENFLOW_LOCAL_ADDR      optional  address this rank's Gloo transport binds to;
+//                                     default: 127.0.0.1 when the master address is a
+//                                     loopback address, else this host's name
+//
+// Errors: std::invalid_argument naming the variable, its value and what was expected.
+// Thread safety: pure functions (rank_info_from_env reads the environment).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+
+namespace zenflow::distributed {
+
+inline constexpr const char* kEnvRank = "ZENFLOW_RANK";
+inline constexpr const char* kEnvWorldSize = "ZENFLOW_WORLD_SIZE";
+inline constexpr const char* kEnvMasterAddr = "ZENFLOW_MASTER_ADDR";
+inline constexpr const char* kEnvMasterPort = "ZENFLOW_MASTER_PORT";
+inline constexpr const char* kEnvTimeout = "ZENFLOW_DIST_TIMEOUT_S";
+inline constexpr const char* kEnvLocalAddr = "ZENFLOW_LOCAL_ADDR";
+inline constexpr std::chrono::milliseconds kDefaultDistTimeout{300'000};
+
+struct RankInfo {
+  int rank = 0;
+  int world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  // 0 only for world_size == 1 (rank 0 then picks a free port)
+  std::chrono::milliseconds timeout = kDefaultDistTimeout;
+  std::string local_addr;  // "" = auto (see above)
+
+  // Throws std::invalid_argument when a field is out of range (naming the field).
+  void validate() const;
+  std::string to_string() const;  // "rank 1 of 2, store 127.0.0.1:29500, timeout 5 s"
+};
+
+// True when ZENFLOW_WORLD_SIZE is set: this process is a rank of a distributed job.
+bool distributed_env_present();
+
+// Reads and validates the variables above.
+RankInfo rank_info_from_env();
+
+// Same, reading through `lookup` (returns nullptr when a variable is unset); for tests
+// and for callers that hold the values in another map.
+RankInfo rank_info_from_lookup(const std::function<const char*(const char*)>& lookup);
+
+// Parses seconds ("5", "0.5") into milliseconds; throws std::invalid_argument naming
+// `what` when the text is not a positive finite number.
+std::chrono::milliseconds parse_timeout_seconds(const std::string& text, const std::string& what);
+
+}  // namespace zenflow::distributed
