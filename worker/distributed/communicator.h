@@ -63,7 +63,9 @@ constexpr int kNumTraffic = 4;
 const char* traffic_name(Traffic t);  // "gradients", "selection", "parameters", "other"
 
 enum class Reduction { kSum, kMean };
-enum class ReduceScatterAlgo { kAuto, kAllToAll, kAllreduce };
+// kNative: Gloo all-to-all + local sum, NCCL reduce_scatter (see above);
+// kAllreduce: allreduce of the whole buffer, then the local slice (for comparison).
+enum class ReduceScatterAlgo { kNative, kAllreduce };
 
 struct KindStats {
   int64_t calls = 0;
@@ -147,7 +149,7 @@ class Communicator {
   // allowed) summing to flat.numel().
   at::Tensor reduce_scatter(const at::Tensor& flat, const std::vector<int64_t>& shard_sizes,
                             Reduction reduction = Reduction::kSum, Traffic traffic = Traffic::kOther,
-                            ReduceScatterAlgo algo = ReduceScatterAlgo::kAuto);
+                            ReduceScatterAlgo algo = ReduceScatterAlgo::kNative);
   // Inverse layout: every rank passes its shard (shard_sizes[rank] elements); returns
   // the concatenation of all shards in rank order (sum(shard_sizes) elements).
   at::Tensor all_gather(const at::Tensor& shard, const std::vector<int64_t>& shard_sizes,

@@ -45,7 +45,7 @@ k::DType dtype_of(const at::Tensor& t, const char* fn, const char* name) {
   }
 }
 
-// A defined, contiguous CUDA tensor on `device` (the first tensor's device when null).
+// A defined, contiguous CUDA tensor on `device`.
 void require_device_tensor(const at::Tensor& t, const c10::Device& device, const char* fn, const char* name) {
   if (!t.defined()) fail(fn, std::string(name) + " is undefined");
   if (!t.is_cuda()) fail(fn, std::string(name) + " must be a CUDA tensor, got " + t.device().str());
@@ -74,10 +74,10 @@ void require_2d(const at::Tensor& t, const char* fn, const char* name) {
   if (t.dim() != 2) fail(fn, std::string(name) + " must be 2-D, got " + std::to_string(t.dim()) + "-D");
 }
 
-void require_index(const at::Tensor& idx, const c10::Device& device, const char* fn) {
-  require_device_tensor(idx, device, fn, "idx");
-  require_dtype(idx, at::kLong, fn, "idx");
-  if (idx.dim() != 1) fail(fn, "idx must be 1-D");
+void require_index(const at::Tensor& idx, const c10::Device& device, const char* fn, const char* name) {
+  require_device_tensor(idx, device, fn, name);
+  require_dtype(idx, at::kLong, fn, name);
+  if (idx.dim() != 1) fail(fn, std::string(name) + " must be 1-D");
 }
 
 k::DeviceAdamWCoeffs to_device(const AdamWCoeffs& c) {
@@ -125,7 +125,7 @@ void selected_adamw(at::Tensor& weight2d, const at::Tensor& grad2d, const at::Te
   require_device_tensor(grad2d, device, fn, "grad2d");
   require_dtype(grad2d, weight2d.scalar_type(), fn, "grad2d");
   require_shape(grad2d, weight2d.sizes(), fn, "grad2d");
-  require_index(sel, device, fn);
+  require_index(sel, device, fn, "sel");
   const int64_t kk = sel.size(0);
   if (kk > in)
     fail(fn, "more selected columns (" + std::to_string(kk) + ") than columns (" + std::to_string(in) + ")");
@@ -186,7 +186,7 @@ void gather_columns_t(const at::Tensor& grad2d, const at::Tensor& idx, at::Tenso
   require_device_tensor(grad2d, device, fn, "grad2d");
   require_2d(grad2d, fn, "grad2d");
   const k::DType dtype = dtype_of(grad2d, fn, "grad2d");
-  require_index(idx, device, fn);
+  require_index(idx, device, fn, "idx");
   const int64_t out = grad2d.size(0), in = grad2d.size(1), n = idx.size(0);
   require_device_tensor(staging, device, fn, "staging");
   require_dtype(staging, grad2d.scalar_type(), fn, "staging");
@@ -204,7 +204,7 @@ void scatter_columns_t(at::Tensor& weight2d, const at::Tensor& idx, const at::Te
   require_device_tensor(weight2d, device, fn, "weight2d");
   require_2d(weight2d, fn, "weight2d");
   const k::DType dtype = dtype_of(weight2d, fn, "weight2d");
-  require_index(idx, device, fn);
+  require_index(idx, device, fn, "idx");
   const int64_t out = weight2d.size(0), in = weight2d.size(1), n = idx.size(0);
   require_device_tensor(src, device, fn, "src");
   require_dtype(src, weight2d.scalar_type(), fn, "src");

@@ -165,6 +165,7 @@ struct ZenFlowOptimizer::Impl {
       throw std::invalid_argument("topk_ratio must be in [0, 1]");
     if (opt.update_interval < 0) throw std::invalid_argument("update_interval must be >= 0 (0 = auto)");
     if (opt.full_warm_up_rounds < 0) throw std::invalid_argument("full_warm_up_rounds must be >= 0");
+    if (opt.select_interval < 0) throw std::invalid_argument("select_interval must be >= 0 (0 = auto)");
     if (opt.select_strategy == SelectStrategy::kStep && opt.select_interval > 0 &&
         opt.update_interval > 0 && opt.select_interval % opt.update_interval != 0)
       throw std::invalid_argument("select_interval must be a positive multiple of update_interval");

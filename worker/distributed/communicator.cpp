@@ -1,0 +1,808 @@
+#include "worker/distributed/communicator.h"
+
+#include <torch/version.h>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#ifdef USE_C10D_GLOO
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <functional>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace zenflow::distributed {
+
+// LibTorch 2.x splits ProcessGroup (the dispatcher-facing wrapper) from Backend (what
+// ProcessGroupGloo/NCCL derive from); in 1.13 they derive from ProcessGroup directly.
+// The collective methods used here have the same signatures on both bases.
+#if TORCH_VERSION_MAJOR >= 2
+using PGBase = c10d::Backend;
+#else
+using PGBase = c10d::ProcessGroup;
+#endif
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string fmt_seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), s < 10 ? "%.2f s" : "%.1f s", s);
+  return buf;
+}
+
+std::string fmt_ms(std::chrono::milliseconds ms) { return fmt_seconds(ms.count() / 1000.0); }
+
+std::string fmt_bytes(int64_t b) {
+  char buf[48];
+  if (b < 1024) {
+    std::snprintf(buf, sizeof(buf), "%lld B", static_cast<long long>(b));
+  } else if (b < (int64_t{1} << 20)) {
+    std::snprintf(buf, sizeof(buf), "%.1f KiB", b / 1024.0);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.1f MiB", b / (1024.0 * 1024.0));
+  }
+  return buf;
+}
+
+// c10::Error::what() carries a C++ backtrace; the message alone is what users need.
+std::string error_text(const std::exception& e) {
+  if (const auto* ce = dynamic_cast<const c10::Error*>(&e)) return ce->what_without_backtrace();
+  return e.what();
+}
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
+}
+
+int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+std::string hb_key(int rank) { return "zenflow/hb/" + std::to_string(rank); }
+
+// State shared with the heartbeat thread and the failure probe. Both touch the store
+// through `monitor`, a client connection of their own; a store operation can block
+// when the store's host is stopped, so neither is ever joined without a deadline.
+struct MonitorState {
+  c10::intrusive_ptr<c10d::TCPStore> monitor;
+  int rank = 0;
+  std::chrono::milliseconds interval{0};
+  std::mutex store_mu;  // one store operation at a time on `monitor`
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  bool exited = false;
+  std::atomic<bool> store_lost{false};
+};
+
+void heartbeat_loop(std::shared_ptr<MonitorState> st) {
+  std::unique_lock<std::mutex> lk(st->mu);
+  while (!st->stop) {
+    lk.unlock();
+    try {
+      std::lock_guard<std::mutex> g(st->store_mu);
+      st->monitor->add(hb_key(st->rank), 1);
+    } catch (const std::exception&) {
+      st->store_lost = true;  // the store's host (rank 0) is gone; nothing more to beat
+      lk.lock();
+      break;
+    }
+    lk.lock();
+    st->cv.wait_for(lk, st->interval, [&] { return st->stop; });
+  }
+  st->exited = true;
+  st->cv.notify_all();
+}
+
+struct ProbeResult {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  bool store_error = false;
+  std::vector<int64_t> first, second;
+};
+
+}  // namespace
+
+const char* collective_kind_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllreduce: return "allreduce";
+    case CollectiveKind::kReduceScatter: return "reduce_scatter";
+    case CollectiveKind::kAllGather: return "all_gather";
+    case CollectiveKind::kBroadcast: return "broadcast";
+    case CollectiveKind::kBarrier: return "barrier";
+  }
+  return "?";
+}
+
+const char* traffic_name(Traffic t) {
+  switch (t) {
+    case Traffic::kGradients: return "gradients";
+    case Traffic::kSelection: return "selection";
+    case Traffic::kParameters: return "parameters";
+    case Traffic::kOther: return "other";
+  }
+  return "?";
+}
+
+int64_t CommStats::total_bytes() const {
+  int64_t s = 0;
+  for (const auto& k : by_kind) s += k.bytes;
+  return s;
+}
+
+namespace detail {
+struct PendingOp {
+  Communicator* comm = nullptr;
+  c10::intrusive_ptr<c10d::Work> work;
+  CollectiveKind kind = CollectiveKind::kAllreduce;
+  std::string what;  // "allreduce of 4.0 KiB (gradients)"
+  Clock::time_point start;
+  std::function<void()> finish;  // post-processing once the collective succeeded
+  std::mutex mu;
+  bool done = false;
+};
+}  // namespace detail
+
+struct Communicator::Impl {
+  RankInfo info;
+  CommunicatorOptions opts;
+  Communicator* self = nullptr;
+  std::string backend;
+  int port = 0;
+  c10::intrusive_ptr<c10d::TCPStore> store;  // rendezvous; rank 0 hosts the server
+  c10::intrusive_ptr<PGBase> pg;
+  std::shared_ptr<MonitorState> mon;
+  std::thread hb_thread;
+
+  std::mutex launch_mu;
+  mutable std::mutex stats_mu;
+  CommStats stats;
+  mutable std::mutex fail_mu;
+  std::string failure;
+  std::atomic<bool> failed{false};
+
+  std::string where() const {
+    return "rank " + std::to_string(info.rank) + " of " + std::to_string(info.world_size);
+  }
+
+  void rendezvous();
+  void create_process_group();
+  void start_heartbeat();
+  void stop_heartbeat();
+  void close_store();
+
+  void check_usable(const std::string& what) const {
+    if (!failed) return;
+    std::lock_guard<std::mutex> lk(fail_mu);
+    throw std::runtime_error("zenflow distributed: " + what + " refused on " + where() +
+                             ": the communicator failed earlier: " + failure);
+  }
+
+  void check_tensor(const at::Tensor& t, const char* op) const {
+    if (!t.defined()) throw std::invalid_argument(std::string(op) + ": undefined tensor");
+    if (t.is_sparse()) throw std::invalid_argument(std::string(op) + ": sparse tensors are not supported");
+    if (t.device().type() != opts.device_type) {
+      throw std::invalid_argument(std::string(op) + ": tensor on " + t.device().str() + " but the " +
+                                  backend + " communicator works on " +
+                                  c10::DeviceTypeName(opts.device_type));
+    }
+  }
+
+  std::shared_ptr<detail::PendingOp> launch(CollectiveKind kind, int64_t bytes, Traffic traffic,
+                                            const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
+                                            std::function<void()> finish) {
+    auto op = std::make_shared<detail::PendingOp>();
+    op->comm = self;
+    op->kind = kind;
+    op->what = std::string(collective_kind_name(kind)) +
+               (kind == CollectiveKind::kBarrier ? std::string()
+                                                 : " of " + fmt_bytes(bytes) + " (" + traffic_name(traffic) + ")");
+    op->finish = std::move(finish);
+    check_usable(op->what);
+    {
+      std::lock_guard<std::mutex> lk(launch_mu);
+      op->start = Clock::now();
+      try {
+        op->work = start();
+      } catch (const std::exception& e) {
+        throw std::runtime_error("zenflow distributed: " + op->what + " could not be launched on " + where() +
+                                 ": " + error_text(e));
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lk(stats_mu);
+      auto& k = stats.by_kind[static_cast<int>(kind)];
+      k.calls += 1;
+      k.bytes += bytes;
+      stats.bytes_by_traffic[static_cast<int>(traffic)] += bytes;
+    }
+    return op;
+  }
+
+  double complete(detail::PendingOp& op) {
+    std::lock_guard<std::mutex> lk(op.mu);
+    if (op.done) return 0.0;
+    const auto t0 = Clock::now();
+    try {
+      if (backend == "nccl") {
+        // NCCL: wait() makes the current stream wait; its watchdog enforces the timeout.
+        op.work->wait();
+      } else {
+        op.work->wait(info.timeout);
+      }
+    } catch (const std::exception& e) {
+      op.done = true;
+      fail(op, error_text(e));
+    }
+    const double waited = seconds_since(t0);
+    op.done = true;
+    if (op.finish) op.finish();
+    op.work.reset();
+    std::lock_guard<std::mutex> g(stats_mu);
+    stats.by_kind[static_cast<int>(op.kind)].wait_seconds += waited;
+    return waited;
+  }
+
+  double run(const std::shared_ptr<detail::PendingOp>& op) { return complete(*op); }
+
+  // Samples every rank's heartbeat counter twice, 3 intervals apart, from a helper
+  // thread with a deadline (a stopped store host would block the store client).
+  std::string lost_ranks_report() {
+    const int world = info.world_size;
+    if (world == 1) return "no peer to lose (world size 1)";
+    if (!mon) return "heartbeat not running";
+    if (mon->store_lost && info.rank != 0) {
+      return "lost rank 0 (it hosts the rendezvous store, which no longer answers)";
+    }
+    auto res = std::make_shared<ProbeResult>();
+    auto st = mon;
+    const auto pause = 3 * st->interval;
+    std::thread([st, res, world, pause] {
+      auto read_all = [&](std::vector<int64_t>& out) {
+        std::lock_guard<std::mutex> g(st->store_mu);
+        out.resize(world);
+        for (int r = 0; r < world; ++r) out[r] = st->monitor->add(hb_key(r), 0);
+      };
+      bool err = false;
+      std::vector<int64_t> a, b;
+      try {
+        read_all(a);
+        std::this_thread::sleep_for(pause);
+        read_all(b);
+      } catch (const std::exception&) {
+        err = true;
+      }
+      std::lock_guard<std::mutex> lk(res->mu);
+      res->store_error = err;
+      res->first = std::move(a);
+      res->second = std::move(b);
+      res->done = true;
+      res->cv.notify_all();
+    }).detach();
+    std::unique_lock<std::mutex> lk(res->mu);
+    const bool done = res->cv.wait_for(lk, pause + std::chrono::milliseconds(2000), [&] { return res->done; });
+    if (!done) {
+      return info.rank == 0 ? "the heartbeat store did not answer"
+                            : "lost rank 0 (it hosts the rendezvous store, which does not answer)";
+    }
+    if (res->store_error) {
+      return info.rank == 0 ? "the heartbeat store failed"
+                            : "lost rank 0 (it hosts the rendezvous store, which no longer answers)";
+    }
+    std::vector<int> stale;
+    for (int r = 0; r < world; ++r) {
+      if (r != info.rank && res->first[r] == res->second[r]) stale.push_back(r);
+    }
+    if (stale.empty()) {
+      return "every peer's heartbeat is alive: a peer did not join this collective in time (hung, "
+             "diverged, or failed itself; see its log)";
+    }
+    return std::string(stale.size() == 1 ? "lost rank " : "lost ranks ") + join_ranks(stale) +
+           " (no heartbeat for " + fmt_seconds(std::chrono::duration<double>(pause).count()) + ")";
+  }
+
+  [[noreturn]] void fail(const detail::PendingOp& op, const std::string& cause) {
+    const double elapsed = seconds_since(op.start);
+    bool first = false;
+    if (!failed) {
+      const std::string lost = lost_ranks_report();  // takes a few heartbeat intervals
+      std::lock_guard<std::mutex> lk(fail_mu);
+      if (!failed) {
+        failure = op.what + " failed on " + where() + " after " + fmt_seconds(elapsed) + " (timeout " +
+                  fmt_ms(info.timeout) + "): " + lost + "; cause: " + cause;
+        failed = true;
+        first = true;
+      }
+    }
+    std::lock_guard<std::mutex> lk(fail_mu);
+    if (first) throw std::runtime_error("zenflow distributed: " + failure);
+    throw std::runtime_error("zenflow distributed: " + op.what + " aborted on " + where() +
+                             " after an earlier failure: " + failure);
+  }
+};
+
+void Communicator::Impl::rendezvous() {
+  const std::string addr = info.master_addr + ":" + std::to_string(info.master_port);
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<std::uint16_t>(info.master_port);
+  so.isServer = info.rank == 0;
+  so.waitWorkers = false;  // our own join protocol below names the missing ranks
+  so.timeout = info.timeout;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, so);
+  } catch (const std::exception& e) {
+    if (info.rank == 0) {
+      throw std::runtime_error("zenflow distributed: rank 0 cannot host the rendezvous store on " + addr +
+                               ": " + error_text(e));
+    }
+    throw std::runtime_error("zenflow distributed: " + where() + " could not reach the rendezvous store at " +
+                             addr + " within " + fmt_ms(info.timeout) + " (is rank 0 running?): " +
+                             error_text(e));
+  }
+  port = store->getPort();
+  const std::string joined = "zenflow/rdzv/joined/";
+  try {
+    if (store->add(joined + std::to_string(info.rank), 1) != 1) {
+      throw std::runtime_error("zenflow distributed: rank " + std::to_string(info.rank) +
+                               " joined the rendezvous at " + addr + " twice (two processes with the same rank?)");
+    }
+    const std::string ws_key = "zenflow/rdzv/world_size";
+    const std::string ws = std::to_string(info.world_size);
+    if (info.rank == 0) store->set(ws_key, std::vector<uint8_t>(ws.begin(), ws.end()));
+    std::vector<std::string> keys;
+    keys.reserve(info.world_size);
+    for (int r = 0; r < info.world_size; ++r) keys.push_back(joined + std::to_string(r));
+    keys.push_back(ws_key);
+    try {
+      store->wait(keys, info.timeout);
+    } catch (const std::exception&) {
+      std::vector<int> missing;
+      for (int r = 0; r < info.world_size; ++r) {
+        if (!store->check({keys[r]})) missing.push_back(r);
+      }
+      throw std::runtime_error("zenflow distributed: rendezvous at " + addr + " timed out after " +
+                               fmt_ms(info.timeout) + " on " + where() + ": " +
+                               (missing.empty() ? std::string("world size never published")
+                                                : std::string(missing.size() == 1 ? "rank " : "ranks ") +
+                                                      join_ranks(missing) + " did not join"));
+    }
+    const auto v = store->get(ws_key);
+    const std::string got(v.begin(), v.end());
+    if (got != ws) {
+      throw std::runtime_error("zenflow distributed: world size mismatch at " + addr + ": rank 0 has " + got +
+                               ", " + where() + " has " + ws);
+    }
+  } catch (const std::runtime_error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw std::runtime_error("zenflow distributed: rendezvous at " + addr + " failed on " + where() + ": " +
+                             error_text(e));
+  }
+}
+
+void Communicator::Impl::create_process_group() {
+  auto pg_store = c10::make_intrusive<c10d::PrefixStore>("zenflow/pg", store);
+  if (opts.device_type == at::kCUDA) {
+#ifdef USE_C10D_NCCL
+    auto o = c10d::ProcessGroupNCCL::Options::create();
+    o->timeout = info.timeout;
+    pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(pg_store, info.rank, info.world_size, o);
+    backend = "nccl";
+    return;
+#else
+    throw std::invalid_argument("zenflow distributed: CUDA tensors need NCCL, and this LibTorch was built "
+                                "without it (USE_C10D_NCCL undefined)");
+#endif
+  }
+  if (opts.device_type != at::kCPU) {
+    throw std::invalid_argument(std::string("zenflow distributed: no process group for device type ") +
+                                c10::DeviceTypeName(opts.device_type));
+  }
+#ifdef USE_C10D_GLOO
+  auto o = c10d::ProcessGroupGloo::Options::create(info.timeout);
+  std::string local = info.local_addr;
+  if (local.empty() && is_loopback(info.master_addr)) local = "127.0.0.1";
+  try {
+    o->devices.push_back(local.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                       : c10d::ProcessGroupGloo::createDeviceForHostname(local));
+  } catch (const std::exception& e) {
+    throw std::runtime_error("zenflow distributed: cannot create a Gloo device on " +
+                             (local.empty() ? std::string("this host") : local) + ": " + error_text(e));
+  }
+  o->threads = std::max(1, opts.gloo_threads);
+  pg = c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, info.rank, info.world_size, o);
+  backend = "gloo";
+#else
+  throw std::invalid_argument("zenflow distributed: this LibTorch was built without Gloo (USE_C10D_GLOO)");
+#endif
+}
+
+void Communicator::Impl::start_heartbeat() {
+  mon = std::make_shared<MonitorState>();
+  mon->rank = info.rank;
+  mon->interval = opts.heartbeat_interval;
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<std::uint16_t>(port);
+  so.isServer = false;
+  so.waitWorkers = false;
+  so.timeout = info.timeout;
+  mon->monitor = c10::make_intrusive<c10d::TCPStore>(info.master_addr, so);
+  mon->monitor->add(hb_key(info.rank), 1);
+  hb_thread = std::thread(heartbeat_loop, mon);
+}
+
+void Communicator::Impl::stop_heartbeat() {
+  if (!mon) return;
+  std::unique_lock<std::mutex> lk(mon->mu);
+  mon->stop = true;
+  mon->cv.notify_all();
+  // A store operation blocked on a stopped store host would hold the thread: wait a
+  // bounded time, then let it go (it owns its state through the shared pointer).
+  const bool exited = mon->cv.wait_for(lk, mon->interval * 2 + std::chrono::milliseconds(1000),
+                                       [&] { return mon->exited; });
+  lk.unlock();
+  if (hb_thread.joinable()) {
+    if (exited) {
+      hb_thread.join();
+    } else {
+      hb_thread.detach();
+    }
+  }
+}
+
+void Communicator::Impl::close_store() {
+  // Every rank counts itself out; rank 0 keeps the store it hosts alive until the others
+  // have closed (or close_grace passed), so their last store operations do not fail.
+  if (!store || failed) return;
+  try {
+    const int64_t n = store->add("zenflow/closed", 1);
+    if (info.rank != 0 || n >= info.world_size) return;
+    const auto deadline = Clock::now() + opts.close_grace;
+    while (Clock::now() < deadline) {
+      if (store->add("zenflow/closed", 0) >= info.world_size) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  } catch (const std::exception&) {
+    // The store host is gone: nothing to close.
+  }
+}
+
+Communicator::Communicator(const RankInfo& info, CommunicatorOptions options) : impl_(std::make_unique<Impl>()) {
+  info.validate();
+  auto& im = *impl_;
+  im.info = info;
+  im.self = this;
+  if (options.heartbeat_interval.count() <= 0) {
+    options.heartbeat_interval =
+        std::clamp(info.timeout / 10, std::chrono::milliseconds(50), std::chrono::milliseconds(1000));
+  }
+  if (options.close_grace.count() <= 0) {
+    options.close_grace = std::min<std::chrono::milliseconds>(info.timeout, std::chrono::milliseconds(5000));
+  }
+  if (options.gloo_threads < 1) throw std::invalid_argument("CommunicatorOptions::gloo_threads must be >= 1");
+  im.opts = options;
+  im.rendezvous();
+  try {
+    im.create_process_group();
+  } catch (const std::invalid_argument&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw std::runtime_error("zenflow distributed: creating the process group failed on " + im.where() +
+                             " (timeout " + fmt_ms(info.timeout) + "): " + error_text(e));
+  }
+  try {
+    im.start_heartbeat();
+  } catch (const std::exception& e) {
+    throw std::runtime_error("zenflow distributed: heartbeat connection to the store failed on " + im.where() +
+                             ": " + error_text(e));
+  }
+}
+
+Communicator::~Communicator() {
+  if (!impl_) return;
+  impl_->stop_heartbeat();
+  impl_->close_store();
+  impl_->pg.reset();  // joins Gloo's threads: each in-flight op ends within the timeout
+  if (impl_->mon) {
+    std::lock_guard<std::mutex> lk(impl_->mon->mu);
+    if (impl_->mon->exited) impl_->mon->monitor.reset();
+  }
+  impl_->store.reset();
+}
+
+int Communicator::rank() const { return impl_->info.rank; }
+int Communicator::world_size() const { return impl_->info.world_size; }
+std::chrono::milliseconds Communicator::timeout() const { return impl_->info.timeout; }
+std::chrono::milliseconds Communicator::heartbeat_interval() const { return impl_->opts.heartbeat_interval; }
+int Communicator::master_port() const { return impl_->port; }
+std::string Communicator::backend() const { return impl_->backend; }
+at::DeviceType Communicator::device_type() const { return impl_->opts.device_type; }
+
+CommStats Communicator::stats() const {
+  std::lock_guard<std::mutex> lk(impl_->stats_mu);
+  return impl_->stats;
+}
+
+void Communicator::reset_stats() {
+  std::lock_guard<std::mutex> lk(impl_->stats_mu);
+  impl_->stats = CommStats{};
+}
+
+bool Communicator::failed() const { return impl_->failed; }
+
+std::string Communicator::failure_message() const {
+  std::lock_guard<std::mutex> lk(impl_->fail_mu);
+  return impl_->failure;
+}
+
+double CommWork::wait() {
+  if (!op_) throw std::logic_error("CommWork::wait on an empty work");
+  return op_->comm->impl_->complete(*op_);
+}
+
+bool CommWork::is_completed() const {
+  if (!op_) return true;
+  std::lock_guard<std::mutex> lk(op_->mu);
+  return op_->done || (op_->work && op_->work->isCompleted());
+}
+
+CommWork Communicator::allreduce_sum_async(const at::Tensor& t, Traffic traffic) {
+  impl_->check_tensor(t, "allreduce");
+  if (!t.is_contiguous()) throw std::invalid_argument("allreduce_sum_async: the tensor must be contiguous");
+  auto& im = *impl_;
+  at::Tensor buf = t;
+  CommWork w;
+  w.op_ = im.launch(
+      CollectiveKind::kAllreduce, nbytes(t), traffic,
+      [&] {
+        std::vector<at::Tensor> v{buf};
+        c10d::AllreduceOptions o;
+        o.reduceOp = c10d::ReduceOp::SUM;
+        o.timeout = im.info.timeout;
+        return im.pg->allreduce(v, o);
+      },
+      nullptr);
+  return w;
+}
+
+void Communicator::allreduce_sum_(at::Tensor& t, Traffic traffic) {
+  impl_->check_tensor(t, "allreduce");
+  if (t.is_contiguous()) {
+    allreduce_sum_async(t, traffic).wait();
+    return;
+  }
+  at::Tensor tmp = t.contiguous();
+  allreduce_sum_async(tmp, traffic).wait();
+  t.copy_(tmp);
+}
+
+void Communicator::allreduce_mean_(at::Tensor& t, Traffic traffic) {
+  allreduce_sum_(t, traffic);
+  t.div_(world_size());
+}
+
+void Communicator::allreduce_sum_(std::vector<at::Tensor>& ts, Traffic traffic) {
+  if (ts.empty()) return;
+  std::vector<at::Tensor> flat;
+  flat.reserve(ts.size());
+  for (const auto& t : ts) {
+    impl_->check_tensor(t, "allreduce (list)");
+    if (t.scalar_type() != ts[0].scalar_type() || t.device() != ts[0].device()) {
+      throw std::invalid_argument("allreduce (list): every tensor must have the dtype and device of the first (" +
+                                  std::string(c10::toString(ts[0].scalar_type())) + " on " + ts[0].device().str() +
+                                  ")");
+    }
+    flat.push_back(t.reshape({-1}));
+  }
+  at::Tensor buf = at::cat(flat);
+  allreduce_sum_async(buf, traffic).wait();
+  int64_t off = 0;
+  for (auto& t : ts) {
+    const int64_t n = t.numel();
+    t.copy_(buf.narrow(0, off, n).view(t.sizes()));
+    off += n;
+  }
+}
+
+void Communicator::allreduce_mean_(std::vector<at::Tensor>& ts, Traffic traffic) {
+  allreduce_sum_(ts, traffic);
+  for (auto& t : ts) t.div_(world_size());
+}
+
+std::vector<int64_t> Communicator::even_shards(int64_t numel, int world_size) {
+  if (world_size < 1 || numel < 0) throw std::invalid_argument("even_shards: bad numel or world size");
+  std::vector<int64_t> s(world_size, numel / world_size);
+  for (int64_t r = 0; r < numel % world_size; ++r) s[r] += 1;
+  return s;
+}
+
+namespace {
+void check_shards(const char* op, const std::vector<int64_t>& sizes, int world, int64_t total, bool check_total) {
+  if (static_cast<int>(sizes.size()) != world) {
+    throw std::invalid_argument(std::string(op) + ": " + std::to_string(sizes.size()) +
+                                " shard sizes for world size " + std::to_string(world));
+  }
+  int64_t sum = 0;
+  for (int64_t s : sizes) {
+    if (s < 0) throw std::invalid_argument(std::string(op) + ": negative shard size");
+    sum += s;
+  }
+  if (check_total && sum != total) {
+    throw std::invalid_argument(std::string(op) + ": shard sizes sum to " + std::to_string(sum) +
+                                " but the buffer has " + std::to_string(total) + " elements");
+  }
+}
+}  // namespace
+
+at::Tensor Communicator::reduce_scatter(const at::Tensor& flat_in, const std::vector<int64_t>& shard_sizes,
+                                        Reduction reduction, Traffic traffic, ReduceScatterAlgo algo) {
+  auto& im = *impl_;
+  im.check_tensor(flat_in, "reduce_scatter");
+  if (flat_in.dim() != 1) throw std::invalid_argument("reduce_scatter: the buffer must be 1-D");
+  const int world = world_size();
+  const int me = rank();
+  check_shards("reduce_scatter", shard_sizes, world, flat_in.numel(), true);
+  at::Tensor flat = flat_in.contiguous();
+  int64_t offset = 0;
+  for (int r = 0; r < me; ++r) offset += shard_sizes[r];
+  const int64_t mine = shard_sizes[me];
+  const int64_t bytes = nbytes(flat);
+  at::Tensor result;
+
+  if (flat.numel() == 0) {
+    result = flat.new_empty({0});
+  } else if (algo == ReduceScatterAlgo::kAllreduce) {
+    at::Tensor buf = flat.clone();
+    im.run(im.launch(
+        CollectiveKind::kReduceScatter, bytes, traffic,
+        [&] {
+          std::vector<at::Tensor> v{buf};
+          c10d::AllreduceOptions o;
+          o.timeout = im.info.timeout;
+          return im.pg->allreduce(v, o);
+        },
+        nullptr));
+    result = buf.narrow(0, offset, mine).clone();
+  } else if (im.backend == "nccl") {
+    const int64_t m = *std::max_element(shard_sizes.begin(), shard_sizes.end());
+    at::Tensor padded = at::zeros({world * m}, flat.options());
+    int64_t off = 0;
+    for (int r = 0; r < world; ++r) {
+      padded.narrow(0, r * m, shard_sizes[r]).copy_(flat.narrow(0, off, shard_sizes[r]));
+      off += shard_sizes[r];
+    }
+    at::Tensor out = at::empty({m}, flat.options());
+    im.run(im.launch(
+        CollectiveKind::kReduceScatter, bytes, traffic,
+        [&] {
+          c10d::ReduceScatterOptions o;
+          o.timeout = im.info.timeout;
+          return im.pg->_reduce_scatter_base(out, padded, o);
+        },
+        nullptr));
+    result = out.narrow(0, 0, mine);
+  } else {
+    // Gloo: all-to-all of the per-owner pieces, then a local sum over the W senders.
+    at::Tensor recv = at::empty({world * mine}, flat.options());
+    std::vector<int64_t> in_counts = shard_sizes;
+    std::vector<int64_t> out_counts(world, mine);
+    im.run(im.launch(
+        CollectiveKind::kReduceScatter, bytes, traffic,
+        [&] {
+          c10d::AllToAllOptions o;
+          o.timeout = im.info.timeout;
+          return im.pg->alltoall_base(recv, flat, out_counts, in_counts, o);
+        },
+        nullptr));
+    result = recv.view({world, mine}).sum(0);
+  }
+  if (reduction == Reduction::kMean) result.div_(world);
+  return result;
+}
+
+at::Tensor Communicator::all_gather(const at::Tensor& shard_in, const std::vector<int64_t>& shard_sizes,
+                                    Traffic traffic) {
+  auto& im = *impl_;
+  im.check_tensor(shard_in, "all_gather");
+  const int world = world_size();
+  const int me = rank();
+  check_shards("all_gather", shard_sizes, world, 0, false);
+  if (shard_in.numel() != shard_sizes[me]) {
+    throw std::invalid_argument("all_gather: rank " + std::to_string(me) + " passed " +
+                                std::to_string(shard_in.numel()) + " elements, its shard size is " +
+                                std::to_string(shard_sizes[me]));
+  }
+  const int64_t m = *std::max_element(shard_sizes.begin(), shard_sizes.end());
+  int64_t total = 0;
+  for (int64_t s : shard_sizes) total += s;
+  if (m == 0) return shard_in.new_empty({0});
+  at::Tensor padded = at::zeros({m}, shard_in.options());
+  padded.narrow(0, 0, shard_sizes[me]).copy_(shard_in.reshape({-1}));
+  at::Tensor gathered = at::empty({world, m}, shard_in.options());
+  const int64_t bytes = total * static_cast<int64_t>(shard_in.element_size());
+  if (im.backend == "nccl") {
+    at::Tensor out = gathered.view({-1});
+    im.run(im.launch(
+        CollectiveKind::kAllGather, bytes, traffic,
+        [&] {
+          c10d::AllgatherOptions o;
+          o.timeout = im.info.timeout;
+          return im.pg->_allgather_base(out, padded, o);
+        },
+        nullptr));
+  } else {
+    std::vector<std::vector<at::Tensor>> outs(1);
+    for (int r = 0; r < world; ++r) outs[0].push_back(gathered[r]);
+    std::vector<at::Tensor> ins{padded};
+    im.run(im.launch(
+        CollectiveKind::kAllGather, bytes, traffic,
+        [&] {
+          c10d::AllgatherOptions o;
+          o.timeout = im.info.timeout;
+          return im.pg->allgather(outs, ins, o);
+        },
+        nullptr));
+  }
+  std::vector<at::Tensor> parts;
+  for (int r = 0; r < world; ++r) parts.push_back(gathered[r].narrow(0, 0, shard_sizes[r]));
+  return at::cat(parts);
+}
+
+void Communicator::broadcast_(at::Tensor& t, int root, Traffic traffic) {
+  auto& im = *impl_;
+  im.check_tensor(t, "broadcast");
+  if (root < 0 || root >= world_size()) {
+    throw std::invalid_argument("broadcast: root " + std::to_string(root) + " is not a rank of " +
+                                std::to_string(world_size()));
+  }
+  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+  im.run(im.launch(
+      CollectiveKind::kBroadcast, nbytes(t), traffic,
+      [&] {
+        std::vector<at::Tensor> v{buf};
+        c10d::BroadcastOptions o;
+        o.rootRank = root;
+        o.rootTensor = 0;
+        o.timeout = im.info.timeout;
+        return im.pg->broadcast(v, o);
+      },
+      nullptr));
+  if (!buf.is_same(t)) t.copy_(buf);
+}
+
+void Communicator::barrier() {
+  auto& im = *impl_;
+  im.run(im.launch(
+      CollectiveKind::kBarrier, 0, Traffic::kOther,
+      [&] {
+        c10d::BarrierOptions o;
+        o.timeout = im.info.timeout;
+        return im.pg->barrier(o);
+      },
+      nullptr));
+}
+
+}  // namespace zenflow::distributed
