@@ -74,7 +74,9 @@ std::string utf8(std::initializer_list<char32_t> cps) {
 // The Python reference encoder (tests/gpt2_reference_encoder.py) on `strings`.
 json python_reference(const std::string& encoder, const std::string& vocab, const std::string& pattern,
                       const std::vector<std::string>& strings) {
-  const fs::path input = scratch_dir() / ("strings-" + pattern + ".json");
+  // Named per test: CTest may run this executable's tests in parallel.
+  const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  const fs::path input = scratch_dir() / ("strings-" + test + "-" + pattern + ".json");
   write_text(input, json(strings).dump());
   std::string out;
   const int rc =

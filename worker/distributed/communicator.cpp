@@ -350,7 +350,8 @@ void Communicator::Impl::rendezvous() {
   so.port = static_cast<std::uint16_t>(info.master_port);
   so.isServer = info.rank == 0;
   so.waitWorkers = false;  // our own join protocol below names the missing ranks
-  so.timeout = info.timeout;
+  const std::chrono::milliseconds rdzv_timeout = opts.rendezvous_timeout;
+  so.timeout = rdzv_timeout;
   try {
     store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, so);
   } catch (const std::exception& e) {
@@ -359,7 +360,7 @@ void Communicator::Impl::rendezvous() {
                                ": " + error_text(e));
     }
     throw std::runtime_error("zenflow distributed: " + where() + " could not reach the rendezvous store at " +
-                             addr + " within " + fmt_ms(info.timeout) + " (is rank 0 running?): " +
+                             addr + " within " + fmt_ms(rdzv_timeout) + " (is rank 0 running?): " +
                              error_text(e));
   }
   port = store->getPort();
@@ -377,14 +378,14 @@ void Communicator::Impl::rendezvous() {
     for (int r = 0; r < info.world_size; ++r) keys.push_back(joined + std::to_string(r));
     keys.push_back(ws_key);
     try {
-      store->wait(keys, info.timeout);
+      store->wait(keys, rdzv_timeout);
     } catch (const std::exception&) {
       std::vector<int> missing;
       for (int r = 0; r < info.world_size; ++r) {
         if (!store->check({keys[r]})) missing.push_back(r);
       }
       throw std::runtime_error("zenflow distributed: rendezvous at " + addr + " timed out after " +
-                               fmt_ms(info.timeout) + " on " + where() + ": " +
+                               fmt_ms(rdzv_timeout) + " on " + where() + ": " +
                                (missing.empty() ? std::string("world size never published")
                                                 : std::string(missing.size() == 1 ? "rank " : "ranks ") +
                                                       join_ranks(missing) + " did not join"));
@@ -502,6 +503,7 @@ Communicator::Communicator(const RankInfo& info, CommunicatorOptions options) : 
   if (options.close_grace.count() <= 0) {
     options.close_grace = std::min<std::chrono::milliseconds>(info.timeout, std::chrono::milliseconds(5000));
   }
+  if (options.rendezvous_timeout.count() <= 0) options.rendezvous_timeout = info.timeout;
   if (options.gloo_threads < 1) throw std::invalid_argument("CommunicatorOptions::gloo_threads must be >= 1");
   im.opts = options;
   im.rendezvous();

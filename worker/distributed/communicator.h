@@ -85,6 +85,9 @@ struct CommunicatorOptions {
   // kCPU -> Gloo; kCUDA -> NCCL (std::invalid_argument when this LibTorch lacks NCCL).
   at::DeviceType device_type = at::kCPU;
   int gloo_threads = 2;  // Gloo worker threads (collectives in flight at once)
+  // Bound on the rendezvous (all ranks joining: process start-up included), which may
+  // need longer than a collective. 0 = RankInfo::timeout.
+  std::chrono::milliseconds rendezvous_timeout{0};
   // 0 = auto: timeout / 10, clamped to [50 ms, 1 s].
   std::chrono::milliseconds heartbeat_interval{0};
   // Rank 0 waits this long at destruction for the other ranks to close, so that the

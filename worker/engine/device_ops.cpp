@@ -3,6 +3,8 @@
 
 #include <stdexcept>
 
+#include "worker/engine/cuda_ops.h"
+
 namespace zenflow::engine::device_ops {
 namespace {
 
@@ -15,6 +17,8 @@ void adamw_aten(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, c
   p.mul_(c.decay);
   p.addcdiv_(m, v.sqrt().mul_(c.inv_sqrt_bc2).add_(c.eps), -c.step_size);
 }
+
+bool use_cuda_kernels(const at::Tensor& t) { return t.is_cuda() && cuda_ops::available(); }
 
 bool is_cpu_f32_contig(const at::Tensor& t) {
   return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous();
@@ -80,6 +84,10 @@ void accumulate_column_scores(const at::Tensor& grad2d, bool l1, const at::Tenso
     }
     return;
   }
+  if (use_cuda_kernels(grad2d) && grad2d.is_contiguous()) {
+    scores.add_(cuda_ops::column_scores(grad2d, l1));
+    return;
+  }
   scores.add_(column_scores(grad2d, l1));
 }
 
@@ -93,6 +101,11 @@ void selected_adamw(const at::Tensor& weight2d, const at::Tensor& grad2d, const 
                     const at::Tensor& master, const at::Tensor& m, const at::Tensor& v,
                     const AdamWCoeffs& c, float grad_scale) {
   if (sel.numel() == 0) return;
+  if (use_cuda_kernels(weight2d) && grad2d.is_contiguous() && weight2d.is_contiguous()) {
+    at::Tensor w = weight2d, mm = m, vv = v, ms = master;
+    cuda_ops::selected_adamw(w, grad2d, sel, ms.defined() ? &ms : nullptr, mm, vv, c, grad_scale);
+    return;
+  }
   at::Tensor g = at::empty({grad2d.size(0), sel.numel()}, grad2d.options());
   gather_columns(grad2d, sel, g);
   if (master.defined()) {
@@ -108,6 +121,11 @@ void selected_adamw(const at::Tensor& weight2d, const at::Tensor& grad2d, const 
 
 void dense_adamw(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& master,
                  const at::Tensor& m, const at::Tensor& v, const AdamWCoeffs& c, float grad_scale) {
+  if (use_cuda_kernels(param) && param.is_contiguous() && grad.is_contiguous()) {
+    at::Tensor p = param, mm = m, vv = v, ms = master;
+    cuda_ops::dense_adamw(p, ms.defined() ? &ms : nullptr, grad, mm, vv, c, grad_scale);
+    return;
+  }
   if (master.defined()) {
     adamw_into(master, grad.reshape(master.sizes()), m, v, c, grad_scale);
     param.copy_(master.view(param.sizes()));

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "worker/engine/device_ops.h"
+#include "worker/engine/device_streams.h"
 #include "worker/engine/host_optimizer.h"
 #include "worker/engine/host_thread_pool.h"
 
@@ -68,6 +69,7 @@ struct SplitParam {
   at::Tensor sel, unsel;                    // same, int64 on the device
   at::Tensor dev_m, dev_v, dev_master;      // [out, k] fp32 on the device
   int64_t host_offset = 0;                  // into the host arenas (capacity out * in)
+  int64_t stage_offset = 0;                 // into the packed staging buffers (see relayout)
   at::Tensor score_acc;                     // this window's column importance, fp32 [in]
   int64_t n_host() const { return static_cast<int64_t>(unsel_cpu.size()); }
   int64_t host_elems() const { return n_host() * out; }
@@ -106,6 +108,14 @@ struct ZenFlowOptimizer::Impl {
   // window parity for the window's last gradient, which the in-flight step still reads.
   at::Tensor ring[2], last_grad[2];
   at::Tensor param_out[2];  // low-precision host output for the H2D copy (non-fp32 weights)
+  // Transfers: dedicated copy streams on CUDA, plain copies on the CPU. Device-side
+  // staging (CUDA only) lets the D2H of step t overlap step t+1's compute.
+  std::unique_ptr<DeviceStreams> streams;
+  at::Tensor dev_stage[2], dev_h2d;
+  CopyHandle dev_stage_busy[2];
+  CopyHandle h2d_done;  // the last H2D: host buffers it reads are not rewritten before it completes
+  int dev_slot = 0;
+  int64_t staged_total = 0;  // elements of host-owned columns, packed
   std::shared_ptr<HostWork> ring_busy[2];
   std::vector<std::shared_ptr<HostWork>> pending_accumulates;
   int64_t capacity = 0;
@@ -156,8 +166,17 @@ struct ZenFlowOptimizer::Impl {
   at::Tensor host_view(const HostBuffer& b, const SplitParam& s) const {
     return at::from_blob(host_ptr(b, s), {s.out, s.n_host()}, at::kFloat);
   }
+  // Staging buffers hold only host-owned columns, packed over all parameters, so each
+  // direction is one contiguous copy.
   at::Tensor staging_view(const at::Tensor& buf, const SplitParam& s) const {
-    return buf.narrow(0, s.host_offset, s.host_elems()).view({s.out, s.n_host()});
+    return buf.narrow(0, s.stage_offset, s.host_elems()).view({s.out, s.n_host()});
+  }
+  void relayout() {
+    staged_total = 0;
+    for (auto& s : split) {
+      s.stage_offset = staged_total;
+      staged_total += s.host_elems();
+    }
   }
 
   void validate() {
@@ -239,13 +258,14 @@ struct ZenFlowOptimizer::Impl {
       v = HostBuffer(capacity, nullptr, opt.huge_pages);
       acc[0] = HostBuffer(capacity, nullptr, opt.huge_pages);
       acc[1] = HostBuffer(capacity, nullptr, opt.huge_pages);
-      auto host_opts = at::TensorOptions().dtype(split_dtype).device(at::kCPU);
-      if (device.is_cuda()) host_opts = host_opts.pinned_memory(true);
+      streams = std::make_unique<DeviceStreams>(device);
       for (int b = 0; b < 2; ++b) {
-        ring[b] = at::empty({capacity}, host_opts);
-        last_grad[b] = at::empty({capacity}, host_opts);
-        if (split_dtype != at::kFloat) param_out[b] = at::empty({capacity}, host_opts);
+        ring[b] = streams->alloc_host({capacity}, split_dtype);
+        last_grad[b] = streams->alloc_host({capacity}, split_dtype);
+        if (split_dtype != at::kFloat) param_out[b] = streams->alloc_host({capacity}, split_dtype);
+        if (device.is_cuda()) dev_stage[b] = at::empty({capacity}, at::TensorOptions().dtype(split_dtype).device(device));
       }
+      if (device.is_cuda()) dev_h2d = at::empty({capacity}, at::TensorOptions().dtype(split_dtype).device(device));
       // The host owns every column until the first selection (warm-up = offload).
       for (auto& s : split) {
         s.unsel_cpu.resize(static_cast<size_t>(s.in));
@@ -256,6 +276,7 @@ struct ZenFlowOptimizer::Impl {
         host_view(master, s).copy_(s.w2d.to(at::kCPU).to(at::kFloat));
         s.score_acc = at::zeros({s.in}, at::TensorOptions().dtype(at::kFloat).device(device));
       }
+      relayout();
     }
   }
 
@@ -271,40 +292,56 @@ struct ZenFlowOptimizer::Impl {
   }
 
   // --- D2H: unselected gradient columns into a host staging buffer ---
-  void stage_gradients(const std::vector<at::Tensor>& g, const at::Tensor& buf) {
+  // Returns the copy's handle: the host job that reads `buf` waits for it.
+  CopyHandle stage_gradients(const std::vector<at::Tensor>& g, const at::Tensor& buf) {
     Stopwatch sw;
-    int64_t moved = 0;
-    for (auto& s : split) {
-      if (s.n_host() == 0) continue;
-      at::Tensor g2d = g[s.index].view({s.out, s.in});
-      at::Tensor dst = staging_view(buf, s);
-      if (device.is_cpu()) {
-        device_ops::gather_columns(g2d, s.unsel, dst);
-      } else {
-        at::Tensor tmp = at::empty({s.out, s.n_host()}, g2d.options());
-        device_ops::gather_columns(g2d, s.unsel, tmp);
-        dst.copy_(tmp);
-      }
-      moved += s.host_elems() * dst.element_size();
+    CopyHandle done;
+    if (!device.is_cuda()) {
+      for (auto& s : split)
+        if (s.n_host() > 0) device_ops::gather_columns(g[s.index].view({s.out, s.in}), s.unsel, staging_view(buf, s));
+    } else {
+      const int slot = dev_slot;
+      dev_slot ^= 1;
+      dev_stage_busy[slot].make_compute_wait();  // its previous D2H has read it
+      for (auto& s : split)
+        if (s.n_host() > 0)
+          device_ops::gather_columns(g[s.index].view({s.out, s.in}), s.unsel, staging_view(dev_stage[slot], s));
+      done = streams->copy_d2h(dev_stage[slot].narrow(0, 0, staged_total), buf.narrow(0, 0, staged_total));
+      dev_stage_busy[slot] = done;
     }
-    bytes(Direction::kD2H, moved);
+    bytes(Direction::kD2H, staged_total * buf.element_size());
     stall(StallCause::kTransferD2H, sw.seconds());
+    return done;
   }
 
   // --- H2D: updated host-owned columns back into the device weights ---
-  // out_buffer < 0: convert from the fp32 master (after a restore).
+  // out_buffer >= 0: the host step's low-precision output in param_out[out_buffer];
+  // otherwise (fp32 weights, or after a restore) the fp32 master.
   void apply_host_result(int out_buffer) {
     Stopwatch sw;
-    int64_t moved = 0;
-    for (auto& s : split) {
-      if (s.n_host() == 0) continue;
-      at::Tensor src = split_dtype == at::kFloat || out_buffer < 0 ? host_view(master, s)
-                                                                  : staging_view(param_out[out_buffer], s);
-      if (!device.is_cpu()) src = src.to(device, /*non_blocking=*/false);
-      device_ops::scatter_columns(s.w2d, s.unsel, src);
-      moved += s.host_elems() * s.w2d.element_size();
+    const bool from_half = split_dtype != at::kFloat && out_buffer >= 0;
+    if (!device.is_cuda()) {
+      for (auto& s : split) {
+        if (s.n_host() == 0) continue;
+        device_ops::scatter_columns(s.w2d, s.unsel,
+                                    from_half ? staging_view(param_out[out_buffer], s) : host_view(master, s));
+      }
+    } else if (from_half) {
+      h2d_done = streams->copy_h2d(param_out[out_buffer].narrow(0, 0, staged_total), dev_h2d.narrow(0, 0, staged_total));
+      h2d_done.make_compute_wait();
+      for (auto& s : split)
+        if (s.n_host() > 0) device_ops::scatter_columns(s.w2d, s.unsel, staging_view(dev_h2d, s));
+    } else {
+      for (auto& s : split) {
+        if (s.n_host() == 0) continue;
+        at::Tensor src = host_view(master, s);
+        if (split_dtype != at::kFloat) src = src.to(split_dtype);
+        h2d_done = streams->copy_h2d(src.reshape({-1}), dev_h2d.narrow(0, s.stage_offset, s.host_elems()));
+        h2d_done.make_compute_wait();
+        device_ops::scatter_columns(s.w2d, s.unsel, staging_view(dev_h2d, s));
+      }
     }
-    bytes(Direction::kH2D, moved);
+    bytes(Direction::kH2D, staged_total * at::elementSize(split_dtype));
     stall(StallCause::kTransferH2D, sw.seconds());
   }
 
@@ -322,11 +359,11 @@ struct ZenFlowOptimizer::Impl {
       sp.adamw.p = host_ptr(master, s);
       sp.adamw.m = host_ptr(m, s);
       sp.adamw.v = host_ptr(v, s);
-      sp.adamw.grad = last.defined() ? grad_ref(last, s.host_offset) : GradRef::f32(host_ptr(*window_acc, s));
+      sp.adamw.grad = last.defined() ? grad_ref(last, s.stage_offset) : GradRef::f32(host_ptr(*window_acc, s));
       sp.adamw.n = s.host_elems();
       if (split_dtype != at::kFloat) {
         sp.adamw.half_out =
-            reinterpret_cast<uint16_t*>(param_out[out_buffer].data_ptr()) + s.host_offset;
+            reinterpret_cast<uint16_t*>(param_out[out_buffer].data_ptr()) + s.stage_offset;
         sp.adamw.half_kind = split_dtype == at::kBFloat16 ? HalfKind::kBF16 : HalfKind::kFP16;
       }
       sp.acc = window_acc && last.defined() ? host_ptr(*window_acc, s) : nullptr;
@@ -341,7 +378,7 @@ struct ZenFlowOptimizer::Impl {
     job.overwrite = overwrite;
     for (auto& s : split) {
       if (s.n_host() == 0) continue;
-      job.spans.push_back({host_ptr(into, s), grad_ref(staged, s.host_offset), s.host_elems()});
+      job.spans.push_back({host_ptr(into, s), grad_ref(staged, s.stage_offset), s.host_elems()});
     }
     return job;
   }
@@ -379,6 +416,7 @@ struct ZenFlowOptimizer::Impl {
   // Moves master/m/v of columns whose owner changes (§3 "one set of moments per
   // column"). Requires no host work in flight and no open window.
   void migrate(SplitParam& s, const std::vector<int64_t>& new_sel) {
+    h2d_done.wait();  // an H2D may still read the master we are about to rewrite
     using device_ops::gather_columns;
     using device_ops::scatter_columns;
     const auto f32cpu = at::TensorOptions().dtype(at::kFloat);
@@ -423,6 +461,7 @@ struct ZenFlowOptimizer::Impl {
       migrate(s, top_k(sc, s.k));
     }
     selected = true;
+    relayout();
     steps_since_selection = 0;
     windows_since_selection = 0;
     epoch_at_selection = epoch;
@@ -551,8 +590,12 @@ struct ZenFlowOptimizer::Impl {
 
     if (warm) {
       // Warm-up and offload mode: one synchronous host step over every host column.
-      stage_gradients(g, ring[0]);
-      auto work = host->submit(make_step_job(ctx.lr, ring[0], nullptr, 1.0f, 0));
+      StepJob job = make_step_job(ctx.lr, ring[0], nullptr, 1.0f, 0);
+      job.before = [d2h = stage_gradients(g, ring[0]), h2d = h2d_done]() mutable {
+        d2h.wait();
+        h2d.wait();
+      };
+      auto work = host->submit(std::move(job));
       stall(StallCause::kHostOptimizer, work->wait());
       apply_host_result(0);
       return rep;
@@ -566,8 +609,9 @@ struct ZenFlowOptimizer::Impl {
       // Mid-window: stage into a ring buffer the accumulate job has released.
       const int r = static_cast<int>((window_pos - 1) % 2);
       if (ring_busy[r]) stall(StallCause::kHostOptimizer, ring_busy[r]->wait());
-      stage_gradients(g, ring[r]);
-      auto work = host->submit(make_accumulate_job(ring[r], acc[parity], window_pos == 1));
+      AccumulateJob job = make_accumulate_job(ring[r], acc[parity], window_pos == 1);
+      job.before = [d2h = stage_gradients(g, ring[r])]() mutable { d2h.wait(); };
+      auto work = host->submit(std::move(job));
       ring_busy[r] = work;
       pending_accumulates.push_back(work);
       return rep;
@@ -575,20 +619,27 @@ struct ZenFlowOptimizer::Impl {
 
     // Boundary (§4): hand the window to the host updater.
     rep.boundary = true;
-    stage_gradients(g, last_grad[parity]);
-    // Accumulates of this window must finish before its step reads the accumulator.
+    CopyHandle d2h = stage_gradients(g, last_grad[parity]);
     const int64_t len = window_pos;
     std::vector<std::shared_ptr<HostWork>> window_accs = std::move(pending_accumulates);
     pending_accumulates.clear();
     StepJob job = make_step_job(ctx.lr, last_grad[parity], len > 1 ? &acc[parity] : nullptr,
                                 1.0f / static_cast<float>(len), parity);
-    job.before = [window_accs] {
-      for (auto& w : window_accs) w->wait();
+    // Before the host step reads and writes: this window's accumulates, its last D2H and
+    // the previous H2D (which reads the master or param_out) must have completed.
+    auto before = [&] {
+      return [window_accs, d2h, h2d = h2d_done]() mutable {
+        for (auto& w : window_accs) w->wait();
+        d2h.wait();
+        h2d.wait();
+      };
     };
     if (opt.overlap_step) {
       complete_inflight();  // window k-1: waits (stall host_optimizer), then H2D
+      job.before = before();
       inflight.reset(new InFlight{host->submit(std::move(job)), parity});
     } else {
+      job.before = before();
       auto work = host->submit(std::move(job));
       stall(StallCause::kHostOptimizer, work->wait());
       apply_host_result(parity);
@@ -611,6 +662,7 @@ struct ZenFlowOptimizer::Impl {
           changed = true;
         }
       }
+      relayout();
       steps_since_selection = 0;
       windows_since_selection = 0;
       epoch_at_selection = ctx.epoch;
@@ -628,8 +680,9 @@ struct ZenFlowOptimizer::Impl {
     complete_inflight();
     if (window_pos == 0 || split.empty()) return;
     const int parity = static_cast<int>(window % 2);
-    auto work = host->submit(make_step_job(last_lr, at::Tensor(), &acc[parity],
-                                           1.0f / static_cast<float>(window_pos), parity));
+    StepJob job = make_step_job(last_lr, at::Tensor(), &acc[parity], 1.0f / static_cast<float>(window_pos), parity);
+    job.before = [h2d = h2d_done]() mutable { h2d.wait(); };
+    auto work = host->submit(std::move(job));
     stall(StallCause::kHostOptimizer, work->wait());
     apply_host_result(parity);
     ++window;
@@ -690,6 +743,7 @@ void ZenFlowOptimizer::load_state(const std::vector<std::pair<std::string, at::T
   i.wait_accumulates();
   if (i.inflight && i.inflight->work) i.inflight->work->wait();
   i.inflight.reset();
+  i.h2d_done.wait();
   std::map<std::string, at::Tensor> st(state.begin(), state.end());
   auto get = [&](const std::string& key, at::IntArrayRef shape) -> at::Tensor {
     auto it = st.find(key);
@@ -743,6 +797,7 @@ void ZenFlowOptimizer::load_state(const std::vector<std::pair<std::string, at::T
       s.dev_m = s.dev_v = s.dev_master = at::Tensor();
     }
   }
+  i.relayout();
   for (auto& d : i.dense) {
     const std::string p = "dense/" + i.params[d.index].name + "/";
     d.m.copy_(get(p + "m", d.m.sizes()));
@@ -795,6 +850,10 @@ bool ZenFlowOptimizer::is_split(const std::string& name) const {
   for (auto& s : impl_->split)
     if (impl_->params[s.index].name == name) return true;
   return false;
+}
+
+int64_t ZenFlowOptimizer::pinned_host_bytes() const {
+  return impl_->streams ? impl_->streams->pinned_bytes() : 0;
 }
 
 int64_t ZenFlowOptimizer::split_elements() const { return impl_->capacity; }

@@ -128,6 +128,7 @@ class ZenFlowOptimizer {
   bool is_split(const std::string& name) const;
   double selected_ratio() const;    // selected elements / split elements
   int64_t host_state_bytes() const; // host master + m + v + accumulators + staging
+  int64_t pinned_host_bytes() const; // page-locked staging (CUDA; plain memory on CPU)
   int64_t split_elements() const;
   int64_t reselections() const;
 

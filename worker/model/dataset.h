@@ -76,3 +76,41 @@ class DataLoader {
 };
 
 }  // namespace zenflow::model
+
+namespace zenflow::model {
+
+// A token stream packed into seq_len+1 blocks exactly as make_text_dataset packs text:
+// example i is tokens [i*T, i*T + T + 1). `what` names the source in errors. Throws
+// std::runtime_error when there are fewer than seq_len + 1 tokens.
+std::shared_ptr<TokenDataset> make_packed_dataset(std::vector<int32_t> tokens, int64_t seq_len,
+                                                  const std::string& what);
+
+// JSON Lines (`path` a file, or a directory whose regular files are read in name order),
+// one JSON object per line, blank lines skipped, other keys ignored. The first object
+// decides the kind, which every line must then share:
+//   {"text": ...}        each text's tokens, followed by tok.eos_id() (or, when the
+//                        tokenizer has none, by the tokens of "\n"), all packed as by
+//                        make_packed_dataset;
+//   {"prompt": ..., "completion": ...}
+//                        one example per line: tokens = encode(prompt) +
+//                        encode(completion) + [eos when the tokenizer has one], cut to
+//                        seq_len + 1 and padded (pad = eos, or 0 without one); input[t] =
+//                        tokens[t], target[t] = tokens[t + 1] where t + 1 falls on a
+//                        completion / eos token, -100 on the prompt and the padding. A
+//                        line whose window holds no completion token (prompt too long) is
+//                        dropped.
+// Throws std::runtime_error naming the file and line for bad JSON, a missing or
+// non-string field, or a mix of kinds; and when no example results.
+std::shared_ptr<TokenDataset> make_jsonl_dataset(const std::string& path, const Tokenizer& tok, int64_t seq_len);
+
+// Pre-tokenized binary token ids, packed like text. The element type comes from the
+// file name: NAME.u16 or NAME.u16.bin (uint16), NAME.u32 or NAME.u32.bin (uint32),
+// little-endian, no header. `path` is such a file or a directory of them (all regular
+// files, in name order, concatenated). Files are memory-mapped, not copied. Every id is
+// checked < vocab_size up front; the error names the file, the token index and byte
+// offset, the id and vocab_size. Also throws std::runtime_error naming the file for an
+// unrecognized name, a size that is not a whole number of ids, or too few tokens.
+std::shared_ptr<TokenDataset> make_token_file_dataset(const std::string& path, int64_t seq_len,
+                                                      int64_t vocab_size);
+
+}  // namespace zenflow::model
