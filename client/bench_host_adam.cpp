@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/commands.h"
@@ -70,8 +71,7 @@ int64_t parse_elements(const std::string& text) {
     used = 0;
   }
   if (used != digits.size() || digits.empty() || value <= 0)
-    throw std::invalid_argument("--elements: '" + text +
-                                "' is not a positive count (e.g. 1000000, 16M, 1G)");
+    throw std::invalid_argument("--elements: '" + text + "' is not a positive count (e.g. 1000000, 16M, 1G)");
   return value * multiplier;
 }
 
@@ -127,8 +127,7 @@ struct HostState {
     });
   }
   GradRef grad(bool bf16) const {
-    return bf16 ? GradRef::bf16(reinterpret_cast<const uint16_t*>(g16.data()))
-                : GradRef::f32(g.data());
+    return bf16 ? GradRef::bf16(reinterpret_cast<const uint16_t*>(g16.data())) : GradRef::f32(g.data());
   }
   AdamWSpan span(bool bf16_grad, bool half_out) const {
     AdamWSpan s;
@@ -144,7 +143,7 @@ struct HostState {
 };
 
 struct Measurement {
-  double seconds = 0;       // median
+  double seconds = 0;           // median
   double roofline_seconds = 0;  // median of the interleaved acc += g passes
 };
 
@@ -191,6 +190,7 @@ Json line(const std::string& variant, int64_t n, int threads, const std::string&
 }
 
 void print(const Json& j, bool json) {
+  if (j.is_null()) return;
   if (json) {
     std::cout << j.dump() << std::endl;
     return;
@@ -230,6 +230,34 @@ Json torch_line(int64_t n, int threads, const HostAdamOptions& o) {
   return j;
 }
 
+// The fixed cost of one parallel_for (an empty chunk function): back to back, while
+// the workers still poll, and after an idle gap that lets them sleep on the futex.
+// It bounds how small the host updater's per-call chunks can usefully be.
+Json pool_latency_line(HostThreadPool& pool, const HostAdamOptions& o) {
+  auto empty_call = [&] { pool.parallel_for(pool.size() * 16, 16, [](int64_t, int64_t) {}); };
+  std::vector<double> hot, cold;
+  for (int i = 0; i < o.warmup + 10 * o.reps; ++i) {
+    const double t = seconds_of(empty_call);
+    if (i >= o.warmup) hot.push_back(t);
+  }
+  for (int i = 0; i < o.reps; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    cold.push_back(seconds_of(empty_call));
+  }
+  Json j;
+  j["variant"] = "pool_call";
+  j["threads"] = pool.size();
+  j["back_to_back_us_median"] = median(hot) * 1e6;
+  j["after_idle_us_median"] = median(cold) * 1e6;
+  if (!o.json) {
+    std::printf("pool_call    threads=%d  back-to-back %.1f us, after idle %.1f us (medians)\n", pool.size(),
+                median(hot) * 1e6, median(cold) * 1e6);
+    std::fflush(stdout);
+    return Json();
+  }
+  return j;
+}
+
 int run_host_adam(const HostAdamOptions& o) {
   if (!o.isa.empty()) engine::set_host_isa(engine::parse_host_isa(o.isa));
   std::vector<int> cores = engine::available_cores();
@@ -248,6 +276,10 @@ int run_host_adam(const HostAdamOptions& o) {
   params.weight_decay = 0.01;
   const AdamWCoeffs coeffs = AdamWCoeffs::make(params, 10);
 
+  if (o.variant == "pool") {
+    print(pool_latency_line(pool, o), o.json);
+    return kExitOk;
+  }
   for (const std::string& text : o.elements) {
     const int64_t n = parse_elements(text);
     HostState s(n, pool, huge, bf16);
@@ -262,13 +294,12 @@ int run_host_adam(const HostAdamOptions& o) {
         // AdamW over the accumulator with the bf16 copy.
         const double separate = seconds["accumulate"] + seconds["adamw_bf16"];
         const double roof_bytes_per_s = 12.0 * static_cast<double>(n) / roof_seconds;
-        j["vs_separate"] = {
-            {"seconds", separate},
-            {"bytes_per_element", (8.0 + g_bytes) + 30.0},
-            {"saved_seconds", separate - m.seconds},
-            {"saved_fraction", (separate - m.seconds) / separate},
-            {"saved_bytes_per_element_at_roofline",
-             (separate - m.seconds) * roof_bytes_per_s / static_cast<double>(n)}};
+        j["vs_separate"] = {{"seconds", separate},
+                            {"bytes_per_element", (8.0 + g_bytes) + 30.0},
+                            {"saved_seconds", separate - m.seconds},
+                            {"saved_fraction", (separate - m.seconds) / separate},
+                            {"saved_bytes_per_element_at_roofline",
+                             (separate - m.seconds) * roof_bytes_per_s / static_cast<double>(n)}};
       }
       print(j, o.json);
     };
@@ -285,21 +316,18 @@ int run_host_adam(const HostAdamOptions& o) {
     }
     if (wanted("accumulate")) {
       const GradRef g = s.grad(bf16);
-      report("accumulate", 8.0 + g_bytes, measure(o, pool, s, [&] {
-               engine::accumulate(pool, s.acc.data(), g, n, 0.25f, false);
-             }));
+      report("accumulate", 8.0 + g_bytes,
+             measure(o, pool, s, [&] { engine::accumulate(pool, s.acc.data(), g, n, 0.25f, false); }));
     }
     if (o.variant == "accumulate_overwrite") {
       const GradRef g = s.grad(bf16);
-      report("accumulate_overwrite", 4.0 + g_bytes, measure(o, pool, s, [&] {
-               engine::accumulate(pool, s.acc.data(), g, n, 0.25f, true);
-             }));
+      report("accumulate_overwrite", 4.0 + g_bytes,
+             measure(o, pool, s, [&] { engine::accumulate(pool, s.acc.data(), g, n, 0.25f, true); }));
     }
     if (wanted("fused")) {
       const AdamWSpan span = s.span(bf16, true);
-      report("fused", 30.0 + g_bytes, measure(o, pool, s, [&] {
-               engine::adamw_window_end(pool, span, s.acc.data(), coeffs, 0.25f);
-             }));
+      report("fused", 30.0 + g_bytes,
+             measure(o, pool, s, [&] { engine::adamw_window_end(pool, span, s.acc.data(), coeffs, 0.25f); }));
     }
     if (o.vs_torch) print(torch_line(n, threads, o), o.json);
   }
@@ -313,6 +341,7 @@ const CommandRegistrar kRegisterHostAdam(50, [](CommandContext& ctx) {
   cmd->add_option("--elements", opts->elements,
                   "Element counts (repeatable or comma-separated; K/M/G suffixes are binary)")
       ->delimiter(',')
+      ->capture_default_str()
       ->check(CLI::Validator(
           [](std::string& v) {
             try {
@@ -325,18 +354,27 @@ const CommandRegistrar kRegisterHostAdam(50, [](CommandContext& ctx) {
           "COUNT"));
   cmd->add_option("--threads", opts->threads, "Pool threads (default: every available core)")
       ->check(CLI::Range(1, 1024));
-  cmd->add_option("--variant", opts->variant, "adamw|adamw_bf16|accumulate|fused|all (the first four), or "
-                  "accumulate_overwrite (a window's first gradient)")
-      ->check(CLI::IsMember({"adamw", "adamw_bf16", "accumulate", "fused", "all",
-                             "accumulate_overwrite"}));
+  cmd->add_option("--variant", opts->variant,
+                  "adamw|adamw_bf16|accumulate|fused|all (the first four); also "
+                  "accumulate_overwrite (a window's first gradient) and pool (the fixed "
+                  "cost of one parallel_for)")
+      ->capture_default_str()
+      ->check(CLI::IsMember(
+          {"adamw", "adamw_bf16", "accumulate", "fused", "all", "accumulate_overwrite", "pool"}));
   cmd->add_option("--grad", opts->grad, "Gradient dtype: f32|bf16")
+      ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_option("--huge-pages", opts->huge_pages, "Transparent huge pages for the buffers: on|off")
+      ->capture_default_str()
       ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--isa", opts->isa, "Force the kernel build: scalar|avx2|avx512")
       ->check(CLI::IsMember({"scalar", "avx2", "avx512"}));
-  cmd->add_option("--reps", opts->reps, "Timed repetitions (median reported)")->check(CLI::Range(1, 100000));
-  cmd->add_option("--warmup", opts->warmup, "Untimed repetitions first")->check(CLI::Range(0, 1000));
+  cmd->add_option("--reps", opts->reps, "Timed repetitions (median reported)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  cmd->add_option("--warmup", opts->warmup, "Untimed repetitions first")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
   cmd->add_flag("--json", opts->json, "One JSON object per line");
   cmd->add_flag("--vs-torch", opts->vs_torch, "Also time LibTorch's torch::optim::AdamW");
   CommandContext* c = &ctx;

@@ -93,7 +93,7 @@ TEST(Cli, InterruptWritesACheckpointAndExits130) {
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    freopen("/dev/null", "w", stderr);
+    if (!freopen("/dev/null", "w", stderr)) _exit(126);
     const std::string bin = std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow";
     execl(bin.c_str(), bin.c_str(), "run", spec.c_str(), "--quiet", static_cast<char*>(nullptr));
     _exit(127);

@@ -11,23 +11,31 @@
 // dies with it (PR_SET_PDEATHSIG). Ports are found at run time; every wait is bounded.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <ATen/detail/CUDAHooksInterface.h>
 
 #include "worker/distributed/communicator.h"
 #include "worker/distributed/grad_reducer.h"
@@ -42,6 +50,14 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// LibTorch wheels ship ProcessGroupGloo.hpp without Gloo's own headers, so a build
+// against one has no CPU process group (Communicator::gloo_available() is false there);
+// GPU hosts use NCCL. The CPU tests skip themselves in such a build.
+#define REQUIRE_GLOO()                                                                 \
+  do {                                                                                 \
+    if (!zd::Communicator::gloo_available()) GTEST_SKIP() << "this LibTorch has no Gloo headers"; \
+  } while (0)
+
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 zd::RankInfo local_rank(int rank, int world, int port, std::chrono::milliseconds timeout = 20s) {
@@ -55,17 +71,30 @@ zd::RankInfo local_rank(int rank, int world, int port, std::chrono::milliseconds
 }
 
 // Runs fn(comm) on `world` rank threads of this process; failures inside are gtest
-// failures (gtest assertions are thread-safe); an exception fails the test.
-void run_ranks(int world, const std::function<void(zd::Communicator&)>& fn,
+// failures (gtest assertions are thread-safe); an exception fails the test. The store is
+// hosted by this test (a StoreServer, as the launcher does) or, with external off, by
+// rank 0 on a reserved port.
+void run_ranks(int world, const std::function<void(zd::Communicator&)>& fn, bool external = true,
                std::chrono::milliseconds timeout = 20s) {
-  const int port = zd::find_free_port();
+  std::unique_ptr<zd::StoreServer> server;
+  std::unique_ptr<zd::PortReservation> reservation;
+  int port = 0;
+  if (external) {
+    server = std::make_unique<zd::StoreServer>("127.0.0.1", 0, timeout);
+    port = server->port();
+  } else {
+    reservation = std::make_unique<zd::PortReservation>();
+    port = reservation->port();
+  }
   std::vector<std::thread> threads;
   std::mutex mu;
   std::vector<std::string> errors;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        zd::Communicator comm(local_rank(r, world, port, timeout));
+        zd::RankInfo info = local_rank(r, world, port, timeout);
+        info.store_external = external;
+        zd::Communicator comm(info);
         fn(comm);
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lk(mu);
@@ -95,7 +124,7 @@ struct Child {
 };
 
 // Re-executes this test binary as rank `rank` playing `role`.
-pid_t spawn_role(const std::string& role, int rank, int world, int port, double timeout_s) {
+pid_t spawn_role(const std::string& role, int rank, int world, int port, double timeout_s, bool external = false) {
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     if (std::strncmp(*e, "ZENFLOW_", 8) != 0) env.emplace_back(*e);
@@ -106,6 +135,7 @@ pid_t spawn_role(const std::string& role, int rank, int world, int port, double 
   env.push_back("ZENFLOW_MASTER_ADDR=127.0.0.1");
   env.push_back("ZENFLOW_MASTER_PORT=" + std::to_string(port));
   env.push_back("ZENFLOW_DIST_TIMEOUT_S=" + std::to_string(timeout_s));
+  env.push_back(std::string("ZENFLOW_STORE_EXTERNAL=") + (external ? "1" : "0"));
   std::vector<char*> envp;
   for (auto& s : env) envp.push_back(s.data());
   envp.push_back(nullptr);
@@ -284,6 +314,7 @@ TEST(RankInfo, ParsesAndValidatesEnvironment) {
 // ---- collectives ----------------------------------------------------------------------
 
 TEST(Communicator, CollectivesAreExactOnThreeRanks) {
+  REQUIRE_GLOO();
   run_ranks(3, [](zd::Communicator& comm) {
     const int r = comm.rank();
     const int W = comm.world_size();
@@ -352,10 +383,11 @@ TEST(Communicator, CollectivesAreExactOnThreeRanks) {
     EXPECT_THROW(comm.all_gather(bad, {1, 1, 1}), std::invalid_argument);
     EXPECT_THROW(comm.broadcast_(bad, 3), std::invalid_argument);
     EXPECT_FALSE(comm.failed());
-  });
+  }, /*external=*/false);
 }
 
 TEST(Communicator, ByteCountersPerKindAndTraffic) {
+  REQUIRE_GLOO();
   run_ranks(2, [](zd::Communicator& comm) {
     comm.reset_stats();
     at::Tensor grads = at::zeros({1000});         // 4000 B of gradients
@@ -382,6 +414,7 @@ TEST(Communicator, ByteCountersPerKindAndTraffic) {
 // Reduce-scatter on Gloo: all-to-all + local sum (what kNative does) against allreduce +
 // slice, on 2 ranks x 4 MiB. Both exact; the timings are printed for the closing note.
 TEST(Communicator, ReduceScatterAlgorithmsAgreeAndAreTimed) {
+  REQUIRE_GLOO();
   run_ranks(2, [](zd::Communicator& comm) {
     const int64_t n = 1 << 20;
     at::Tensor flat = at::arange(n, at::kFloat).remainder(1000) * (comm.rank() + 1);
@@ -408,6 +441,7 @@ TEST(Communicator, ReduceScatterAlgorithmsAgreeAndAreTimed) {
 // ---- the bucketed gradient reducer ----------------------------------------------------
 
 TEST(GradReducer, TwoRanksOfBatchBEqualOneRankOf2B) {
+  REQUIRE_GLOO();
   const int64_t b = 8;
   const Mlp init = Mlp::make(7);
   const Batch full = make_batch(2 * b);
@@ -448,6 +482,7 @@ TEST(GradReducer, TwoRanksOfBatchBEqualOneRankOf2B) {
 }
 
 TEST(GradReducer, AccumulationCommunicatesOnlyOnTheLastMicroBatch) {
+  REQUIRE_GLOO();
   const int64_t b = 8;  // per rank: 2 micro-batches of 4
   const Mlp init = Mlp::make(11);
   const Batch full = make_batch(2 * b);
@@ -482,6 +517,7 @@ TEST(GradReducer, AccumulationCommunicatesOnlyOnTheLastMicroBatch) {
 }
 
 TEST(GradReducer, UnusedParameterOnOneRankContributesZeros) {
+  REQUIRE_GLOO();
   run_ranks(2, [](zd::Communicator& comm) {
     at::Tensor w = at::ones({3}).set_requires_grad(true);
     at::Tensor extra = at::ones({2}).set_requires_grad(true);
@@ -497,6 +533,7 @@ TEST(GradReducer, UnusedParameterOnOneRankContributesZeros) {
 }
 
 TEST(GradReducer, AllreduceNowWithoutHooks) {
+  REQUIRE_GLOO();
   run_ranks(2, [](zd::Communicator& comm) {
     std::vector<at::Tensor> ps;
     for (int i = 0; i < 3; ++i) {
@@ -510,19 +547,133 @@ TEST(GradReducer, AllreduceNowWithoutHooks) {
   });
 }
 
+// The `allreduce` stall figure: 2 ranks, a 4-layer MLP of width 384, batch 32 per rank;
+// the time finish() blocks, as a share of the step, with 1 MiB buckets launched during
+// backward against one bucket launched at its end. Sanity checks only: CPU timings on a
+// shared machine are the figure, not a pass criterion.
+TEST(GradReducer, AllreduceStallShareFigure) {
+  REQUIRE_GLOO();
+  const int64_t width = 384, batch = 32;
+  at::manual_seed(3);
+  std::vector<at::Tensor> init;
+  for (int l = 0; l < 4; ++l) {
+    init.push_back(at::randn({width, width}) * 0.05);
+    init.push_back(at::zeros({width}));
+  }
+  const at::Tensor x = at::randn({2 * batch, width}), y = at::randn({2 * batch, width});
+  for (int64_t bucket : {int64_t{1} << 20, int64_t{1} << 30}) {
+    run_ranks(2, [&](zd::Communicator& comm) {
+      std::vector<at::Tensor> ps;
+      for (const auto& p : init) ps.push_back(p.clone().set_requires_grad(true));
+      zd::GradReducerOptions o;
+      o.bucket_bytes = bucket;
+      zd::GradReducer red(comm, ps, o);
+      const at::Tensor xr = x.narrow(0, comm.rank() * batch, batch), yr = y.narrow(0, comm.rank() * batch, batch);
+      double step_s = 0, wait_s = 0;
+      for (int it = 0; it < 8; ++it) {
+        comm.barrier();
+        const auto t0 = Clock::now();
+        at::Tensor h = xr;
+        for (int l = 0; l < 4; ++l) h = at::tanh(at::linear(h, ps[2 * l], ps[2 * l + 1]));
+        at::mse_loss(h, yr).backward();
+        const zd::ReduceReport rep = red.finish();
+        if (it >= 2) {  // warm-up excluded
+          step_s += seconds_since(t0);
+          wait_s += rep.wait_seconds;
+        }
+        EXPECT_EQ(rep.launched_during_backward, red.num_buckets());
+      }
+      EXPECT_LE(wait_s, step_s);
+      if (comm.rank() == 0) {
+        std::printf("[figure] 2 Gloo ranks, %d bucket(s) of <= %lld B, %.1f MiB of gradients: allreduce stall %.2f ms "
+                    "of %.2f ms per step (%.0f%%)\n",
+                    red.num_buckets(), static_cast<long long>(bucket), 4 * (width * width + width) * 4 / 1048576.0,
+                    wait_s / 6 * 1e3, step_s / 6 * 1e3, 100 * wait_s / step_s);
+      }
+    });
+  }
+}
+
+// ---- NCCL (GPU hosts) ------------------------------------------------------------------
+
+// Every collective on CUDA tensors through NCCL: one rank per visible GPU (threads), so a
+// 1-GPU host runs a 1-rank NCCL group and a 2-GPU host a real 2-rank one.
+TEST(CommunicatorNccl, CollectivesAndReducerOnCuda) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  ASSERT_TRUE(zd::Communicator::nccl_available()) << "this LibTorch has CUDA but was built without NCCL";
+  const int world = std::min<int>(2, at::detail::getCUDAHooks().getNumGPUs());
+  std::printf("[figure] NCCL test with %d rank(s)\n", world);
+  zd::StoreServer server;
+  const int port = server.port();
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::vector<std::string> errors;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        const at::Device dev(at::kCUDA, static_cast<c10::DeviceIndex>(r));
+        zd::CommunicatorOptions o;
+        o.device_type = at::kCUDA;
+        zd::RankInfo info = local_rank(r, world, port, 60s);
+        info.store_external = true;
+        zd::Communicator comm(info, o);
+        EXPECT_EQ(comm.backend(), "nccl");
+        const int W = comm.world_size();
+        const auto f32 = at::TensorOptions().dtype(at::kFloat).device(dev);
+        at::Tensor a = at::arange(10, f32) * (r + 1);
+        comm.allreduce_sum_(a, zd::Traffic::kGradients);
+        EXPECT_TRUE(at::equal(a.cpu(), at::arange(10, at::kFloat) * (W * (W + 1) / 2)));
+        const std::vector<int64_t> shards = W == 1 ? std::vector<int64_t>{7} : std::vector<int64_t>{4, 3};
+        at::Tensor flat = at::arange(7, f32) * (r + 1) + r;
+        at::Tensor mine = comm.reduce_scatter(flat, shards);
+        at::Tensor all = comm.all_gather(mine, shards);
+        at::Tensor want = at::zeros({7});
+        for (int q = 0; q < W; ++q) want += at::arange(7, at::kFloat) * (q + 1) + q;
+        EXPECT_TRUE(at::equal(all.cpu(), want));
+        at::Tensor b = at::full({4}, static_cast<float>(r), f32);
+        comm.broadcast_(b, W - 1);
+        EXPECT_TRUE(at::equal(b.cpu(), at::full({4}, static_cast<float>(W - 1))));
+        comm.barrier();
+        at::Tensor w = at::ones({3}, f32).set_requires_grad(true);
+        zd::GradReducer red(comm, {w});
+        (w * (r + 1)).sum().backward();
+        EXPECT_EQ(red.launched_during_backward(), 1);
+        red.finish();
+        EXPECT_TRUE(at::equal(w.grad().cpu(), at::full({3}, (W + 1) / 2.0f)));
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lk(mu);
+        errors.push_back("rank " + std::to_string(r) + ": " + e.what());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) ADD_FAILURE() << e;
+}
+
 // ---- failures -------------------------------------------------------------------------
 
 namespace {
 
-// This process is rank `me` of 2; the child is the other rank, running "spin". After
-// three good allreduces the child is signalled; the next allreduce must throw a message
-// naming the lost rank within `bound` seconds.
-void lose_peer(int me, int sig, double timeout_s, double bound_s) {
-  const int port = zd::find_free_port();
+// This process is rank `me` of 2; the child is the other rank, running "spin". The
+// store is hosted by rank 0 (on a port reserved here), or, with `external`, by this
+// process outside the ranks. After three good allreduces the child is signalled; an
+// allreduce must then throw a message naming the lost rank within `bound` seconds.
+void lose_peer(int me, int sig, double timeout_s, double bound_s, bool external = false) {
+  std::unique_ptr<zd::StoreServer> server;
+  std::unique_ptr<zd::PortReservation> reservation;
+  int port = 0;
+  if (external) {
+    server = std::make_unique<zd::StoreServer>("127.0.0.1", 0);
+    port = server->port();
+  } else {
+    reservation = std::make_unique<zd::PortReservation>();
+    port = reservation->port();
+  }
   const int peer = 1 - me;
-  Child child(spawn_role("spin", peer, 2, port, timeout_s));
+  Child child(spawn_role("spin", peer, 2, port, timeout_s, external));
   ASSERT_GT(child.pid, 0);
   zd::RankInfo info = local_rank(me, 2, port, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  info.store_external = external;
   zd::Communicator comm(info, slow_start_options());
   for (int i = 0; i < 3; ++i) {
     at::Tensor t = at::ones({8});
@@ -535,8 +686,8 @@ void lose_peer(int me, int sig, double timeout_s, double bound_s) {
   // that one can still succeed; the one after cannot.
   const auto t0 = Clock::now();
   std::string message;
-  int ok_after_signal = 0;
-  for (; ok_after_signal < 3 && message.empty(); ++ok_after_signal) {
+  int attempts = 0;
+  for (; attempts < 3 && message.empty(); ++attempts) {
     try {
       at::Tensor t = at::ones({8});
       comm.allreduce_sum_(t);
@@ -546,7 +697,7 @@ void lose_peer(int me, int sig, double timeout_s, double bound_s) {
     }
   }
   ASSERT_FALSE(message.empty()) << "allreduces kept succeeding without rank " << peer;
-  EXPECT_LE(ok_after_signal, 2);
+  EXPECT_LE(attempts, 2);
   const double took = seconds_since(t0);
   std::printf("[figure] lost rank %d (signal %d, timeout %.1f s): rank %d threw after %.2f s: %s\n", peer, sig,
               timeout_s, me, took, message.c_str());
@@ -569,21 +720,33 @@ void lose_peer(int me, int sig, double timeout_s, double bound_s) {
 
 }  // namespace
 
-TEST(DistributedFailure, KilledPeerIsNamedWithinTheTimeout) { lose_peer(0, SIGKILL, 5.0, 5.0); }
+TEST(DistributedFailure, KilledPeerIsNamedWithinTheTimeout) {
+  REQUIRE_GLOO();
+  lose_peer(0, SIGKILL, 5.0, 5.0);
+}
 
-TEST(DistributedFailure, KilledStoreHostIsNamedWithinTheTimeout) { lose_peer(1, SIGKILL, 5.0, 5.0); }
+TEST(DistributedFailure, KilledStoreHostIsNamedWithinTheTimeout) {
+  REQUIRE_GLOO();
+  lose_peer(1, SIGKILL, 5.0, 5.0);
+}
+
+TEST(DistributedFailure, KilledRank0WithAnExternalStoreIsNamedByItsHeartbeat) {
+  REQUIRE_GLOO();
+  lose_peer(1, SIGKILL, 5.0, 5.0, /*external=*/true);
+}
 
 TEST(DistributedFailure, StoppedPeerTimesOutAndIsNamed) {
+  REQUIRE_GLOO();
   // A frozen peer (SIGSTOP) keeps its sockets open: the collective's timeout (3 s)
-  // fires, then its heartbeat is found stale.
-  lose_peer(0, SIGSTOP, 3.0, 3.0 + 2.5);
+  // fires, and its heartbeat, read while the wait lasted, is found stale at once.
+  lose_peer(0, SIGSTOP, 3.0, 3.0 + 1.0);
 }
 
 TEST(DistributedFailure, RendezvousNamesTheRankThatNeverJoined) {
-  const int port = zd::find_free_port();
+  zd::PortReservation port;
   const auto t0 = Clock::now();
   try {
-    zd::Communicator comm(local_rank(0, 3, port, 1500ms));
+    zd::Communicator comm(local_rank(0, 3, port.port(), 1500ms));
     ADD_FAILURE() << "rendezvous succeeded with ranks missing";
   } catch (const std::runtime_error& e) {
     const std::string m = e.what();
@@ -591,6 +754,77 @@ TEST(DistributedFailure, RendezvousNamesTheRankThatNeverJoined) {
     EXPECT_NE(m.find("timed out after 1.50 s"), std::string::npos) << m;
   }
   EXPECT_LT(seconds_since(t0), 4.0);
+}
+
+namespace {
+
+// Accepts TCP connections on 127.0.0.1 and never answers. At the end it drains what the
+// clients sent before closing, so that they see an orderly close: LibTorch 1.13's
+// TCPStore client terminates the process when its background thread reads a reset.
+class SilentEndpoint {
+ public:
+  SilentEndpoint() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(fd_, 16) != 0) {
+      throw std::runtime_error("SilentEndpoint: cannot listen");
+    }
+    socklen_t len = sizeof(a);
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    acceptor_ = std::thread([this] {
+      while (!stop_) {
+        pollfd p{fd_, POLLIN, 0};
+        if (::poll(&p, 1, 20) > 0) {
+          const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+          if (c >= 0) conns_.push_back(c);
+        }
+      }
+    });
+  }
+  ~SilentEndpoint() {
+    stop_ = true;
+    acceptor_.join();
+    char buf[4096];
+    for (int c : conns_) {
+      while (::recv(c, buf, sizeof(buf), MSG_DONTWAIT) > 0) {
+      }
+      ::shutdown(c, SHUT_WR);
+      ::close(c);
+    }
+    ::close(fd_);
+  }
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::vector<int> conns_;  // touched by the acceptor until it is joined
+  std::thread acceptor_;
+};
+
+}  // namespace
+
+// A store address where something accepts connections but never answers (a stopped
+// store host, a wrong port): the constructor gives up within its bound instead of
+// blocking in the store client forever.
+TEST(DistributedFailure, SilentStoreEndpointIsBounded) {
+  SilentEndpoint silent;
+  zd::CommunicatorOptions o;
+  o.rendezvous_timeout = 1s;
+  const auto t0 = Clock::now();
+  try {
+    zd::Communicator comm(local_rank(1, 2, silent.port(), 1s), o);
+    ADD_FAILURE() << "rendezvous with a silent endpoint succeeded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not answer"), std::string::npos) << e.what();
+  }
+  const double took = seconds_since(t0);
+  EXPECT_GT(took, 3.5);  // rendezvous 1 s + timeout 1 s + 2 s
+  EXPECT_LT(took, 6.0);
 }
 
 // ---- the launcher ---------------------------------------------------------------------
@@ -612,11 +846,16 @@ const std::vector<std::string> kChildArgv{"test_distributed", "--gtest_filter=Di
 }  // namespace
 
 TEST(Launcher, RanksRendezvousThroughTheEnvironment) {
-  const zd::LaunchResult r = zd::launch_local_ranks_detailed(3, kChildArgv, launcher_options("allreduce", nullptr));
-  EXPECT_EQ(r.exit_code, 0) << r.message;
-  EXPECT_EQ(r.failed_rank, -1);
-  ASSERT_EQ(r.ranks.size(), 3u);
-  for (const auto& e : r.ranks) EXPECT_TRUE(e.exited && e.status == 0);
+  REQUIRE_GLOO();
+  for (bool host_store : {true, false}) {
+    zd::LaunchOptions o = launcher_options("allreduce", nullptr);
+    o.host_store = host_store;  // the launcher hosts the store, or rank 0 does
+    const zd::LaunchResult r = zd::launch_local_ranks_detailed(3, kChildArgv, o);
+    EXPECT_EQ(r.exit_code, 0) << r.message;
+    EXPECT_EQ(r.failed_rank, -1);
+    ASSERT_EQ(r.ranks.size(), 3u);
+    for (const auto& e : r.ranks) EXPECT_TRUE(e.exited && e.status == 0);
+  }
 }
 
 TEST(Launcher, FailedRankIsNamedAndTheOthersAreStopped) {

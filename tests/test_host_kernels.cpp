@@ -1,7 +1,6 @@
 // Host kernels (AdamW step, window-end AdamW, accumulate) against a double-precision
 // reference on every ISA build, bf16/fp16 rounding, and ISA selection.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <array>
@@ -67,16 +66,24 @@ struct Arrays {
   std::vector<float> p, m, v, acc, g32;
   std::vector<uint16_t> g16, half;
   explicit Arrays(int64_t n)
-      : p(n + kSlack), m(n + kSlack), v(n + kSlack), acc(n + kSlack), g32(n + kSlack),
-        g16(n + kSlack), half(n + kSlack) {}
+      : p(n + kSlack),
+        m(n + kSlack),
+        v(n + kSlack),
+        acc(n + kSlack),
+        g32(n + kSlack),
+        g16(n + kSlack),
+        half(n + kSlack) {}
 };
 
 // Decoded value of a stored gradient element.
 float grad_value(const Arrays& a, GradRef::Type type, int64_t i) {
   switch (type) {
-    case GradRef::Type::kF32: return a.g32[i];
-    case GradRef::Type::kBF16: return bf16_to_float(a.g16[i]);
-    case GradRef::Type::kFP16: return fp16_to_float(a.g16[i]);
+    case GradRef::Type::kF32:
+      return a.g32[i];
+    case GradRef::Type::kBF16:
+      return bf16_to_float(a.g16[i]);
+    case GradRef::Type::kFP16:
+      return fp16_to_float(a.g16[i]);
   }
   return 0.f;
 }
@@ -86,8 +93,7 @@ float grad_value(const Arrays& a, GradRef::Type type, int64_t i) {
 // the gradient's squared magnitude, acc (a window's earlier gradients) has the last
 // gradient's sign, and p has the opposite sign to the update's direction so that
 // p * decay and -step_size * m / (...) add up instead of cancelling.
-void fill_realistic(Arrays& a, GradRef::Type type, float grad_scale, bool fresh_state,
-                    uint32_t seed) {
+void fill_realistic(Arrays& a, GradRef::Type type, float grad_scale, bool fresh_state, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> unit(0.f, 1.f);
   const size_t n = a.p.size();
@@ -117,8 +123,8 @@ struct Case {
 std::string describe(const Case& c, HostIsa isa) {
   const char* g = c.grad == GradRef::Type::kF32 ? "f32" : c.grad == GradRef::Type::kBF16 ? "bf16" : "fp16";
   const char* h = c.half == HalfOutKind::kNone ? "none" : c.half == HalfOutKind::kBF16 ? "bf16" : "fp16";
-  return std::string(host_isa_name(isa)) + " n=" + std::to_string(c.n) + " offset=" +
-         std::to_string(c.offset) + " grad=" + g + " half_out=" + h +
+  return std::string(host_isa_name(isa)) + " n=" + std::to_string(c.n) +
+         " offset=" + std::to_string(c.offset) + " grad=" + g + " half_out=" + h +
          (c.window_end ? " window_end" : " step");
 }
 
@@ -144,7 +150,7 @@ double run_adamw_case(const Case& c, HostIsa isa, int64_t step, float grad_scale
   span.p = a.p.data() + o;
   span.m = a.m.data() + o;
   span.v = a.v.data() + o;
-  span.grad = c.grad == GradRef::Type::kF32 ? GradRef::f32(a.g32.data() + o)
+  span.grad = c.grad == GradRef::Type::kF32    ? GradRef::f32(a.g32.data() + o)
               : c.grad == GradRef::Type::kBF16 ? GradRef::bf16(a.g16.data() + o)
                                                : GradRef::fp16(a.g16.data() + o);
   span.half_out = c.half == HalfOutKind::kNone ? nullptr : a.half.data() + o;
@@ -156,16 +162,15 @@ double run_adamw_case(const Case& c, HostIsa isa, int64_t step, float grad_scale
     adamw_step(span, co, grad_scale);
   }
 
-  const double b1 = co.beta1, b2 = co.beta2, omb1 = co.one_minus_beta1,
-               omb2 = co.one_minus_beta2, decay = co.decay, step_size = co.step_size,
-               inv_bc2 = co.inv_sqrt_bc2, eps = co.eps;
+  const double b1 = co.beta1, b2 = co.beta2, omb1 = co.one_minus_beta1, omb2 = co.one_minus_beta2,
+               decay = co.decay, step_size = co.step_size, inv_bc2 = co.inv_sqrt_bc2, eps = co.eps;
   double worst = 0.0;
   int64_t bad = 0;
   for (int64_t k = 0; k < static_cast<int64_t>(a.p.size()); ++k) {
     const bool inside = k >= o && k < o + c.n;
     if (!inside) {  // nothing outside the span is touched
-      if (bits(a.p[k]) != bits(in.p[k]) || bits(a.m[k]) != bits(in.m[k]) ||
-          bits(a.v[k]) != bits(in.v[k]) || a.half[k] != in.half[k])
+      if (bits(a.p[k]) != bits(in.p[k]) || bits(a.m[k]) != bits(in.m[k]) || bits(a.v[k]) != bits(in.v[k]) ||
+          a.half[k] != in.half[k])
         ++bad;
       continue;
     }
@@ -238,7 +243,7 @@ TEST(HostKernels, AccumulateMatchesDoubleReferenceOnEveryIsaSizeAndOffset) {
             fill_realistic(a, type, 1.f, false, static_cast<uint32_t>(n + offset));
             const Arrays in = a;
             const float scale = 0.25f * 1.1f;  // not a power of two: the product rounds
-            const GradRef g = type == GradRef::Type::kF32 ? GradRef::f32(a.g32.data() + offset)
+            const GradRef g = type == GradRef::Type::kF32    ? GradRef::f32(a.g32.data() + offset)
                               : type == GradRef::Type::kBF16 ? GradRef::bf16(a.g16.data() + offset)
                                                              : GradRef::fp16(a.g16.data() + offset);
             accumulate(a.acc.data() + offset, g, n, scale, overwrite);
@@ -254,8 +259,8 @@ TEST(HostKernels, AccumulateMatchesDoubleReferenceOnEveryIsaSizeAndOffset) {
               err = std::max(err, rel_error(a.acc[k], ref));
             }
             EXPECT_EQ(outside, 0) << host_isa_name(isa) << " n=" << n;
-            EXPECT_LE(err, kMaxRelError) << host_isa_name(isa) << " n=" << n << " offset=" << offset
-                                         << " overwrite=" << overwrite;
+            EXPECT_LE(err, kMaxRelError)
+                << host_isa_name(isa) << " n=" << n << " offset=" << offset << " overwrite=" << overwrite;
             worst = std::max(worst, err);
           }
         }
@@ -290,9 +295,13 @@ TEST(HostKernels, AllIsaBuildsAreBitwiseIdentical) {
         AdamWParams params;
         params.weight_decay = 0.1;
         const AdamWCoeffs co = AdamWCoeffs::make(params, 3);
-        AdamWSpan span{a.p.data() + offset, a.m.data() + offset, a.v.data() + offset,
-                       GradRef::f32(a.g32.data() + offset), a.half.data() + offset,
-                       HalfKind::kBF16, n};
+        AdamWSpan span{a.p.data() + offset,
+                       a.m.data() + offset,
+                       a.v.data() + offset,
+                       GradRef::f32(a.g32.data() + offset),
+                       a.half.data() + offset,
+                       HalfKind::kBF16,
+                       n};
         adamw_step(span, co, 0.7f);
         span.grad = GradRef::bf16(a.g16.data() + offset);
         span.half_kind = HalfKind::kFP16;
@@ -306,10 +315,9 @@ TEST(HostKernels, AllIsaBuildsAreBitwiseIdentical) {
         int64_t diff = 0;
         for (size_t i = 0; i < x.p.size(); ++i)
           diff += bits(x.p[i]) != bits(y.p[i]) || bits(x.m[i]) != bits(y.m[i]) ||
-                  bits(x.v[i]) != bits(y.v[i]) || bits(x.acc[i]) != bits(y.acc[i]) ||
-                  x.half[i] != y.half[i];
-        EXPECT_EQ(diff, 0) << host_isa_name(isas[r]) << " vs " << host_isa_name(isas[0])
-                           << " n=" << n << " offset=" << offset;
+                  bits(x.v[i]) != bits(y.v[i]) || bits(x.acc[i]) != bits(y.acc[i]) || x.half[i] != y.half[i];
+        EXPECT_EQ(diff, 0) << host_isa_name(isas[r]) << " vs " << host_isa_name(isas[0]) << " n=" << n
+                           << " offset=" << offset;
       }
     }
   }
@@ -345,26 +353,24 @@ const std::vector<RoundingCase> kBf16Cases = {
 
 // Crafted fp32 bit patterns and their round-to-nearest-even fp16 (F16C semantics).
 const std::vector<RoundingCase> kFp16Cases = {
-    {0x3f800000, 0x3c00},  // 1.0
-    {0x3f801000, 0x3c00},  // 1 + 2^-11: tie, stays even
-    {0x3f803000, 0x3c02},  // 1 + 3*2^-11: tie, rounds up to even
-    {0x3f801001, 0x3c01},  // just above the tie
-    {0xbf803000, 0xbc02},
-    {0x80000000, 0x8000},  // -0
-    {0x477fe000, 0x7bff},  // 65504, the largest fp16
-    {0x477fefff, 0x7bff},  // just below the tie to Inf
-    {0x477ff000, 0x7c00},  // 65520: tie, 65504 is odd, rounds to Inf
-    {0x7f7fffff, 0x7c00},  // FLT_MAX -> Inf
-    {0x33800000, 0x0001},  // 2^-24, smallest fp16 subnormal
-    {0x33000000, 0x0000},  // 2^-25: tie, rounds to even 0
-    {0x33c00000, 0x0002},  // 3*2^-25: tie, rounds up to even 2
-    {0x387fc000, 0x03ff},  // largest subnormal
-    {0x387ff000, 0x0400},  // rounds up into the smallest normal
-    {0x7f800000, 0x7c00},  // Inf
-    {0xff800000, 0xfc00},
-    {0x7fc00000, 0x7e00},  // quiet NaN
-    {0x7f800001, 0x7e00},  // signalling NaN stays NaN (quiet)
-    {0xffa12345, 0xff09},  // payload's top bits kept
+    {0x3f800000, 0x3c00},                        // 1.0
+    {0x3f801000, 0x3c00},                        // 1 + 2^-11: tie, stays even
+    {0x3f803000, 0x3c02},                        // 1 + 3*2^-11: tie, rounds up to even
+    {0x3f801001, 0x3c01},                        // just above the tie
+    {0xbf803000, 0xbc02}, {0x80000000, 0x8000},  // -0
+    {0x477fe000, 0x7bff},                        // 65504, the largest fp16
+    {0x477fefff, 0x7bff},                        // just below the tie to Inf
+    {0x477ff000, 0x7c00},                        // 65520: tie, 65504 is odd, rounds to Inf
+    {0x7f7fffff, 0x7c00},                        // FLT_MAX -> Inf
+    {0x33800000, 0x0001},                        // 2^-24, smallest fp16 subnormal
+    {0x33000000, 0x0000},                        // 2^-25: tie, rounds to even 0
+    {0x33c00000, 0x0002},                        // 3*2^-25: tie, rounds up to even 2
+    {0x387fc000, 0x03ff},                        // largest subnormal
+    {0x387ff000, 0x0400},                        // rounds up into the smallest normal
+    {0x7f800000, 0x7c00},                        // Inf
+    {0xff800000, 0xfc00}, {0x7fc00000, 0x7e00},  // quiet NaN
+    {0x7f800001, 0x7e00},                        // signalling NaN stays NaN (quiet)
+    {0xffa12345, 0xff09},                        // payload's top bits kept
 };
 
 // Runs the crafted values through adamw_step with step_size 0 and decay 1, so that the
@@ -387,8 +393,8 @@ void check_rounding_through_kernel(const std::vector<RoundingCase>& cases, HalfK
       adamw_step(span, co, 1.f);
       for (int64_t i = 0; i < n; ++i) {
         const RoundingCase& rc = cases[static_cast<size_t>(i + shift) % cases.size()];
-        EXPECT_EQ(half[i], rc.out) << host_isa_name(isa) << " input 0x" << std::hex << rc.in
-                                   << " lane " << std::dec << i;
+        EXPECT_EQ(half[i], rc.out) << host_isa_name(isa) << " input 0x" << std::hex << rc.in << " lane "
+                                   << std::dec << i;
       }
     }
   }
@@ -445,8 +451,7 @@ TEST(HostKernels, HalfGradientInputsDecodeExactlyOnEveryIsa) {
           mismatches += bits(acc[i]) != bits(0.0f + want);
         }
       }
-      EXPECT_EQ(mismatches, 0) << host_isa_name(isa)
-                               << (type == GradRef::Type::kBF16 ? " bf16" : " fp16");
+      EXPECT_EQ(mismatches, 0) << host_isa_name(isa) << (type == GradRef::Type::kBF16 ? " bf16" : " fp16");
     }
   }
 }
@@ -458,7 +463,7 @@ TEST(HostKernels, AdamWCoefficientsFollowTheStepCount) {
   p.beta2 = 0.999;
   p.weight_decay = 0.1;
   const AdamWCoeffs c1 = AdamWCoeffs::make(p, 1);
-  EXPECT_FLOAT_EQ(c1.step_size, 1e-2f);                              // lr / (1 - 0.9)
+  EXPECT_FLOAT_EQ(c1.step_size, 1e-2f);  // lr / (1 - 0.9)
   EXPECT_FLOAT_EQ(c1.inv_sqrt_bc2, static_cast<float>(1.0 / std::sqrt(0.001)));
   EXPECT_FLOAT_EQ(c1.decay, 1.0f - 1e-4f);
   const AdamWCoeffs c10 = AdamWCoeffs::make(p, 10);
@@ -504,8 +509,8 @@ std::string run_child(const std::string& isa_env) {
   const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (len <= 0) return "cannot read /proc/self/exe";
   self[len] = '\0';
-  const std::string cmd = "ZENFLOW_TEST_ISA_CHILD=1 ZENFLOW_HOST_ISA=" + isa_env + " '" +
-                          std::string(self) + "' --gtest_filter=HostIsaChild.PrintsResolvedIsa 2>&1";
+  const std::string cmd = "ZENFLOW_TEST_ISA_CHILD=1 ZENFLOW_HOST_ISA=" + isa_env + " '" + std::string(self) +
+                          "' --gtest_filter=HostIsaChild.PrintsResolvedIsa 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return "popen failed";
   std::string out;
@@ -525,8 +530,7 @@ TEST(HostIsa, EnvironmentVariableSelectsTheIsa) {
     }
   }
   const std::string bogus = run_child("bogus");
-  EXPECT_NE(bogus.find("ISA_ERROR=ZENFLOW_HOST_ISA: unknown host ISA 'bogus'"), std::string::npos)
-      << bogus;
+  EXPECT_NE(bogus.find("ISA_ERROR=ZENFLOW_HOST_ISA: unknown host ISA 'bogus'"), std::string::npos) << bogus;
 }
 
 }  // namespace

@@ -1,7 +1,6 @@
 // HostThreadPool (chunking, pinning, determinism, no per-call allocation, errors) and
 // HostBuffer (alignment, zero fill, 4 KiB staggering).
 #include <gtest/gtest.h>
-
 #include <sched.h>
 
 #include <algorithm>
@@ -61,8 +60,7 @@ std::vector<Range> chunks_of(HostThreadPool& pool, int64_t n, int64_t align) {
 TEST(HostThreadPool, ChunksCoverTheRangeOnceOnAlignedBoundaries) {
   for (int threads : {1, 2, 3, 5}) {
     HostThreadPool pool(threads, {});
-    for (int64_t n : {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{100},
-                      int64_t{1000003}}) {
+    for (int64_t n : {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{100}, int64_t{1000003}}) {
       for (int64_t align : {int64_t{1}, int64_t{32}, int64_t{24}}) {
         const int64_t granule = align == 24 ? 48 : align == 32 ? 32 : 16;  // lcm(align, 16)
         const std::vector<Range> r = chunks_of(pool, n, align);
@@ -102,7 +100,8 @@ TEST(HostThreadPool, WorkerRunsOnItsPinnedCore) {
   for (int rep = 0; rep < 20; ++rep) {
     const std::vector<Range> r = chunks_of(pool, 1 << 12, 16);
     ASSERT_EQ(static_cast<int>(r.size()), threads);
-    for (int i = 0; i < threads; ++i) EXPECT_EQ(r[static_cast<size_t>(i)].cpu, pinned[static_cast<size_t>(i)]);
+    for (int i = 0; i < threads; ++i)
+      EXPECT_EQ(r[static_cast<size_t>(i)].cpu, pinned[static_cast<size_t>(i)]);
   }
 }
 
@@ -191,8 +190,13 @@ void run_window(State& s, int64_t n, HostThreadPool* pool) {
   AdamWParams params;
   params.weight_decay = 0.05;
   const AdamWCoeffs c = AdamWCoeffs::make(params, 4);
-  AdamWSpan span{s.p.data() + o, s.m.data() + o, s.v.data() + o, GradRef::f32(s.g.data() + o),
-                 s.half.data() + o, HalfKind::kBF16, n};
+  AdamWSpan span{s.p.data() + o,
+                 s.m.data() + o,
+                 s.v.data() + o,
+                 GradRef::f32(s.g.data() + o),
+                 s.half.data() + o,
+                 HalfKind::kBF16,
+                 n};
   AdamWSpan span16 = span;
   span16.grad = GradRef::bf16(s.g16.data() + o);
   if (pool != nullptr) {
@@ -224,10 +228,14 @@ TEST(HostThreadPool, PooledKernelsAreBitwiseIdenticalToSingleThreadedCalls) {
         State pooled = single;
         run_window(single, n, nullptr);
         run_window(pooled, n, &pool);
-        EXPECT_TRUE(bitwise_equal(single.p, pooled.p)) << host_isa_name(isa) << " threads=" << threads << " n=" << n;
-        EXPECT_TRUE(bitwise_equal(single.m, pooled.m)) << host_isa_name(isa) << " threads=" << threads << " n=" << n;
-        EXPECT_TRUE(bitwise_equal(single.v, pooled.v)) << host_isa_name(isa) << " threads=" << threads << " n=" << n;
-        EXPECT_TRUE(bitwise_equal(single.acc, pooled.acc)) << host_isa_name(isa) << " threads=" << threads << " n=" << n;
+        EXPECT_TRUE(bitwise_equal(single.p, pooled.p))
+            << host_isa_name(isa) << " threads=" << threads << " n=" << n;
+        EXPECT_TRUE(bitwise_equal(single.m, pooled.m))
+            << host_isa_name(isa) << " threads=" << threads << " n=" << n;
+        EXPECT_TRUE(bitwise_equal(single.v, pooled.v))
+            << host_isa_name(isa) << " threads=" << threads << " n=" << n;
+        EXPECT_TRUE(bitwise_equal(single.acc, pooled.acc))
+            << host_isa_name(isa) << " threads=" << threads << " n=" << n;
         EXPECT_TRUE(single.half == pooled.half) << host_isa_name(isa) << " threads=" << threads << " n=" << n;
       }
     }
@@ -240,8 +248,8 @@ TEST(HostThreadPool, PooledKernelCallsAllocateNothing) {
   const int64_t n = 4096 + 7;
   State s = make_state(n, 1);
   const AdamWCoeffs c = AdamWCoeffs::make(AdamWParams{}, 1);
-  AdamWSpan span{s.p.data(), s.m.data(), s.v.data(), GradRef::f32(s.g.data()), s.half.data(),
-                 HalfKind::kBF16, n};
+  AdamWSpan span{s.p.data(),    s.m.data(),      s.v.data(), GradRef::f32(s.g.data()),
+                 s.half.data(), HalfKind::kBF16, n};
   adamw_step(pool, span, c, 1.0f);  // warm-up (ISA resolution, lazy statics)
   const long before = g_allocations.load();
   for (int i = 0; i < 1000; ++i) {

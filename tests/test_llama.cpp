@@ -1,6 +1,7 @@
 // The Llama decoder: shapes, causality, GQA, init, parameter layout, loss, training, and
 // a logits check against Hugging Face's LlamaForCausalLM equations in Python.
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -46,7 +47,7 @@ at::Tensor param(zm::CausalLM& m, const std::string& name) {
 
 // Copies every parameter of `from` into the same-named parameter of `to`.
 void copy_parameters(zm::CausalLM& from, zm::CausalLM& to) {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   for (auto& p : from.parameters()) param(to, p.name).copy_(p.tensor);
 }
 
@@ -65,7 +66,7 @@ TEST(Llama, ForwardGivesLogitsPerPositionAndVocabEntry) {
 
 TEST(Llama, ChangingATokenLeavesEarlierLogitsBitwiseUnchanged) {
   auto model = zm::make_llama(tiny_config(), 2);
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const at::Tensor ids = random_ids(2, 16, 64, 7);
   const at::Tensor base = model->forward(ids);
   const int64_t t = 9;
@@ -90,7 +91,7 @@ TEST(Llama, GroupedQueryAttentionEqualsMultiHeadWithRepeatedKeyValueHeads) {
   ASSERT_EQ(param(*m, "model.layers.0.self_attn.k_proj.weight").sizes(),
             (std::vector<int64_t>{4 * hd, H}));
   {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     for (auto& p : g->parameters()) {
       at::Tensor w = p.tensor;
       if (p.name.find("k_proj") != std::string::npos || p.name.find("v_proj") != std::string::npos)
@@ -98,7 +99,7 @@ TEST(Llama, GroupedQueryAttentionEqualsMultiHeadWithRepeatedKeyValueHeads) {
       param(*m, p.name).copy_(w);
     }
   }
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const at::Tensor ids = random_ids(2, 12, 64, 8);
   const at::Tensor lg = g->forward(ids), lm = m->forward(ids);
   EXPECT_LT((lg - lm).abs().max().item<float>(), 1e-6f);
@@ -192,10 +193,10 @@ TEST(Llama, TiedEmbeddingsServeAsTheOutputHead) {
   // With lm_head set to the embedding, the untied model computes the same logits.
   copy_parameters(*tied, *untied);
   {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     param(*untied, "lm_head.weight").copy_(param(*tied, "model.embed_tokens.weight"));
   }
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   EXPECT_LT((tied->forward(ids) - untied->forward(ids)).abs().max().item<float>(), 1e-6f);
 }
 
@@ -213,7 +214,7 @@ TEST(Llama, Bfloat16ForwardTracksFloat32) {
   auto model = zm::make_llama(tiny_config(), 1);
   const at::Tensor ids = random_ids(2, 12, 64, 1);
   const at::Tensor targets = random_ids(2, 12, 64, 2);
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const at::Tensor ref = model->forward(ids);
   const double ref_loss = zm::causal_lm_loss(ref, targets).item<double>();
   model->to(at::kCPU, at::kBFloat16);
@@ -297,7 +298,7 @@ TEST(Llama, TrainingOnRepetitiveTextReducesTheLoss) {
     at::Tensor loss = zm::causal_lm_loss(model->forward(in), tg);
     loss.backward();
     losses.push_back(loss.item<double>());
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) {
       at::Tensor p = params[i].tensor;
       at::Tensor g = p.grad();
@@ -416,13 +417,13 @@ void export_case(const fs::path& dir, const zm::LlamaConfig& c, uint64_t seed) {
   fs::create_directories(dir);
   auto model = zm::make_llama(c, seed);
   {  // norms away from 1 so that their weights are exercised
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     for (auto& p : model->parameters())
       if (p.tensor.dim() == 1) p.tensor.copy_(1.0 + 0.5 * at::rand_like(p.tensor));
   }
   const int64_t B = 2, T = 24;
   const at::Tensor ids = random_ids(B, T, c.vocab_size, seed + 100);
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const at::Tensor logits = model->forward(ids);
   std::ofstream manifest(dir / "manifest.txt");
   manifest << "V=" << c.vocab_size << " H=" << c.hidden_size << " L=" << c.num_hidden_layers

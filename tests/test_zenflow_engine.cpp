@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <ATen/Context.h>
 
 #include <algorithm>
@@ -713,7 +714,7 @@ TEST_P(ResumeOnLlama, GivesTheSameLossesStepByStep) {
   auto model_c = zm::make_llama(llama_config(), 4);  // different init, overwritten below
   model_c->to(dev, at::kFloat);
   {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     auto pc = model_c->parameters();
     ASSERT_EQ(pc.size(), values_at_k.size());
     for (size_t i = 0; i < pc.size(); ++i) pc[i].tensor.copy_(values_at_k[i].to(dev));

@@ -2,6 +2,7 @@
 #include "worker/trainer.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <ATen/Parallel.h>
 #include <malloc.h>
 #include <sched.h>
@@ -131,7 +132,7 @@ void pin_current_thread(const std::vector<int>& cores) {
 double evaluate(model::CausalLM& lm, const std::shared_ptr<model::TokenDataset>& val, int64_t micro_batch,
                 int64_t batches, const at::Device& device) {
   if (!val || val->size() == 0) return -1;
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   lm.train(false);
   model::DataLoader loader(val, std::min<int64_t>(micro_batch, val->size()), 0, 1, /*shuffle=*/false);
   double sum = 0;
@@ -244,7 +245,7 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
   if (options.resume && !spec.checkpoint.dir.empty()) {
     if (auto ck = load_latest_checkpoint(spec.checkpoint.dir, log)) {
       std::map<std::string, at::Tensor> saved(ck->model.begin(), ck->model.end());
-      at::NoGradGuard no_grad;
+      c10::NoGradGuard no_grad;
       for (auto& nt : lm->parameters()) {
         auto it = saved.find(nt.name);
         if (it == saved.end()) throw std::runtime_error(ck->path + ": model tensor '" + nt.name + "' missing");

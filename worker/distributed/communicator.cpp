@@ -6,16 +6,23 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
-#ifdef USE_C10D_GLOO
+// Torch's CMake config defines USE_C10D_GLOO / USE_C10D_NCCL for the process groups
+// its build has; the headers (and Gloo's own, which ProcessGroupGloo.hpp includes) must
+// also have been shipped.
+#if defined(USE_C10D_GLOO) && __has_include(<torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>) && \
+    __has_include(<gloo/algorithm.h>)
+#define ZENFLOW_HAVE_GLOO 1
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
-#ifdef USE_C10D_NCCL
+#if defined(USE_C10D_NCCL) && __has_include(<torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>)
+#define ZENFLOW_HAVE_NCCL 1
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <cstdio>
 #include <functional>
 #include <mutex>
@@ -85,31 +92,64 @@ std::string hb_key(int rank) { return "zenflow/hb/" + std::to_string(rank); }
 // State shared with the heartbeat thread and the failure probe. Both touch the store
 // through `monitor`, a client connection of their own; a store operation can block
 // when the store's host is stopped, so neither is ever joined without a deadline.
+//
+// Suspect mode: while a wait on a collective has lasted longer than `suspect_after`,
+// the heartbeat thread also reads every rank's counter each tick and keeps the last
+// few readings, so that a collective that times out can name the stale ranks at once
+// (comparing with a reading a few intervals old) instead of sampling afterwards.
 struct MonitorState {
   c10::intrusive_ptr<c10d::TCPStore> monitor;
   int rank = 0;
+  int world = 1;
   std::chrono::milliseconds interval{0};
+  std::chrono::milliseconds suspect_after{0};
+  std::atomic<int64_t> waiting_since_ns{0};  // steady-clock ns of the current wait; 0 = none
   std::mutex store_mu;  // one store operation at a time on `monitor`
-  std::mutex mu;
+  std::mutex mu;        // guards everything below
   std::condition_variable cv;
   bool stop = false;
   bool exited = false;
   std::atomic<bool> store_lost{false};
+  std::deque<std::pair<Clock::time_point, std::vector<int64_t>>> readings;  // suspect mode
 };
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+std::vector<int64_t> read_heartbeats(MonitorState& st) {
+  std::lock_guard<std::mutex> g(st.store_mu);
+  std::vector<int64_t> out(st.world);
+  for (int r = 0; r < st.world; ++r) out[r] = st.monitor->add(hb_key(r), 0);
+  return out;
+}
 
 void heartbeat_loop(std::shared_ptr<MonitorState> st) {
   std::unique_lock<std::mutex> lk(st->mu);
   while (!st->stop) {
     lk.unlock();
+    std::vector<int64_t> reading;
     try {
-      std::lock_guard<std::mutex> g(st->store_mu);
-      st->monitor->add(hb_key(st->rank), 1);
+      {
+        std::lock_guard<std::mutex> g(st->store_mu);
+        st->monitor->add(hb_key(st->rank), 1);
+      }
+      const int64_t since = st->waiting_since_ns.load();
+      if (since != 0 && now_ns() - since > std::chrono::nanoseconds(st->suspect_after).count()) {
+        reading = read_heartbeats(*st);
+      }
     } catch (const std::exception&) {
       st->store_lost = true;  // the store's host (rank 0) is gone; nothing more to beat
       lk.lock();
       break;
     }
     lk.lock();
+    if (!reading.empty()) {
+      st->readings.emplace_back(Clock::now(), std::move(reading));
+      if (st->readings.size() > 8) st->readings.pop_front();
+    } else if (st->waiting_since_ns.load() == 0) {
+      st->readings.clear();
+    }
     st->cv.wait_for(lk, st->interval, [&] { return st->stop; });
   }
   st->exited = true;
@@ -160,7 +200,6 @@ struct PendingOp {
   CollectiveKind kind = CollectiveKind::kAllreduce;
   std::string what;  // "allreduce of 4.0 KiB (gradients)"
   Clock::time_point start;
-  std::function<void()> finish;  // post-processing once the collective succeeded
   std::mutex mu;
   bool done = false;
 };
@@ -172,7 +211,7 @@ struct Communicator::Impl {
   Communicator* self = nullptr;
   std::string backend;
   int port = 0;
-  c10::intrusive_ptr<c10d::TCPStore> store;  // rendezvous; rank 0 hosts the server
+  c10::intrusive_ptr<c10d::TCPStore> store;  // rendezvous (rank 0 hosts it unless store_external)
   c10::intrusive_ptr<PGBase> pg;
   std::shared_ptr<MonitorState> mon;
   std::thread hb_thread;
@@ -188,9 +227,7 @@ struct Communicator::Impl {
     return "rank " + std::to_string(info.rank) + " of " + std::to_string(info.world_size);
   }
 
-  void rendezvous();
-  void create_process_group();
-  void start_heartbeat();
+  void start_heartbeat(c10::intrusive_ptr<c10d::TCPStore> monitor);
   void stop_heartbeat();
   void close_store();
 
@@ -212,15 +249,13 @@ struct Communicator::Impl {
   }
 
   std::shared_ptr<detail::PendingOp> launch(CollectiveKind kind, int64_t bytes, Traffic traffic,
-                                            const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
-                                            std::function<void()> finish) {
+                                            const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
     auto op = std::make_shared<detail::PendingOp>();
     op->comm = self;
     op->kind = kind;
     op->what = std::string(collective_kind_name(kind)) +
                (kind == CollectiveKind::kBarrier ? std::string()
                                                  : " of " + fmt_bytes(bytes) + " (" + traffic_name(traffic) + ")");
-    op->finish = std::move(finish);
     check_usable(op->what);
     {
       std::lock_guard<std::mutex> lk(launch_mu);
@@ -246,6 +281,19 @@ struct Communicator::Impl {
     std::lock_guard<std::mutex> lk(op.mu);
     if (op.done) return 0.0;
     const auto t0 = Clock::now();
+    int64_t mark = 0;
+    if (mon) {
+      int64_t expected = 0;
+      mark = now_ns();
+      if (!mon->waiting_since_ns.compare_exchange_strong(expected, mark)) mark = 0;  // an older wait marks it
+    }
+    struct Unmark {
+      MonitorState* st;
+      int64_t mark;
+      ~Unmark() {
+        if (st != nullptr && mark != 0) st->waiting_since_ns.compare_exchange_strong(mark, 0);
+      }
+    } unmark{mon.get(), mark};
     try {
       if (backend == "nccl") {
         // NCCL: wait() makes the current stream wait; its watchdog enforces the timeout.
@@ -259,7 +307,6 @@ struct Communicator::Impl {
     }
     const double waited = seconds_since(t0);
     op.done = true;
-    if (op.finish) op.finish();
     op.work.reset();
     std::lock_guard<std::mutex> g(stats_mu);
     stats.by_kind[static_cast<int>(op.kind)].wait_seconds += waited;
@@ -268,50 +315,67 @@ struct Communicator::Impl {
 
   double run(const std::shared_ptr<detail::PendingOp>& op) { return complete(*op); }
 
-  // Samples every rank's heartbeat counter twice, 3 intervals apart, from a helper
-  // thread with a deadline (a stopped store host would block the store client).
+  bool store_is_remote() const { return info.rank != 0 || info.store_external; }
+
+  std::string store_lost_text(bool silent) const {
+    const char* how = silent ? "does not answer" : "no longer answers";
+    if (info.store_external) {
+      return std::string("the rendezvous store (hosted outside the ranks, e.g. by the launcher) ") + how;
+    }
+    if (info.rank == 0) return std::string("the heartbeat store (hosted by this rank) ") + how;
+    return std::string("lost rank 0 (it hosts the rendezvous store, which ") + how + ")";
+  }
+
+  // Names the ranks whose heartbeat counter stopped: compares a fresh reading with one
+  // taken at least 2.5 intervals ago in suspect mode, or, without one, reads twice 3
+  // intervals apart. Store reads run on a helper thread with a deadline (a stopped store
+  // host would block the store client).
   std::string lost_ranks_report() {
     const int world = info.world_size;
     if (world == 1) return "no peer to lose (world size 1)";
     if (!mon) return "heartbeat not running";
-    if (mon->store_lost && info.rank != 0) {
-      return "lost rank 0 (it hosts the rendezvous store, which no longer answers)";
-    }
+    if (mon->store_lost && store_is_remote()) return store_lost_text(false);
     auto res = std::make_shared<ProbeResult>();
     auto st = mon;
-    const auto pause = 3 * st->interval;
-    std::thread([st, res, world, pause] {
-      auto read_all = [&](std::vector<int64_t>& out) {
-        std::lock_guard<std::mutex> g(st->store_mu);
-        out.resize(world);
-        for (int r = 0; r < world; ++r) out[r] = st->monitor->add(hb_key(r), 0);
-      };
+    Clock::time_point base_time;
+    {
+      std::lock_guard<std::mutex> lk(st->mu);
+      const auto cutoff = Clock::now() - st->interval * 5 / 2;
+      for (auto it = st->readings.rbegin(); it != st->readings.rend(); ++it) {
+        if (it->first <= cutoff) {
+          res->first = it->second;
+          base_time = it->first;
+          break;
+        }
+      }
+    }
+    const bool have_base = !res->first.empty();
+    const auto pause = have_base ? std::chrono::milliseconds(0) : 3 * st->interval;
+    if (!have_base) base_time = Clock::now();
+    std::thread([st, res, have_base, pause] {
       bool err = false;
       std::vector<int64_t> a, b;
       try {
-        read_all(a);
-        std::this_thread::sleep_for(pause);
-        read_all(b);
+        if (!have_base) {
+          a = read_heartbeats(*st);
+          std::this_thread::sleep_for(pause);
+        }
+        b = read_heartbeats(*st);
       } catch (const std::exception&) {
         err = true;
       }
       std::lock_guard<std::mutex> lk(res->mu);
       res->store_error = err;
-      res->first = std::move(a);
+      if (!have_base) res->first = std::move(a);
       res->second = std::move(b);
       res->done = true;
       res->cv.notify_all();
     }).detach();
     std::unique_lock<std::mutex> lk(res->mu);
     const bool done = res->cv.wait_for(lk, pause + std::chrono::milliseconds(2000), [&] { return res->done; });
-    if (!done) {
-      return info.rank == 0 ? "the heartbeat store did not answer"
-                            : "lost rank 0 (it hosts the rendezvous store, which does not answer)";
-    }
-    if (res->store_error) {
-      return info.rank == 0 ? "the heartbeat store failed"
-                            : "lost rank 0 (it hosts the rendezvous store, which no longer answers)";
-    }
+    if (!done) return store_lost_text(true);
+    if (res->store_error) return store_lost_text(false);
+    const double silent = seconds_since(base_time);
     std::vector<int> stale;
     for (int r = 0; r < world; ++r) {
       if (r != info.rank && res->first[r] == res->second[r]) stale.push_back(r);
@@ -321,7 +385,7 @@ struct Communicator::Impl {
              "diverged, or failed itself; see its log)";
     }
     return std::string(stale.size() == 1 ? "lost rank " : "lost ranks ") + join_ranks(stale) +
-           " (no heartbeat for " + fmt_seconds(std::chrono::duration<double>(pause).count()) + ")";
+           " (no heartbeat in the last " + fmt_seconds(silent) + ")";
   }
 
   [[noreturn]] void fail(const detail::PendingOp& op, const std::string& cause) {
@@ -344,85 +408,107 @@ struct Communicator::Impl {
   }
 };
 
-void Communicator::Impl::rendezvous() {
+namespace {
+
+// What the constructor builds. It is built on a helper thread that the constructor waits
+// for with a deadline: a TCPStore client has no receive timeout, so a store operation
+// against a silent endpoint (a stopped store host, a port that is not a store) would
+// block forever. On the deadline the helper is let go with this state.
+struct Setup {
+  RankInfo info;
+  CommunicatorOptions opts;
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  c10::intrusive_ptr<c10d::TCPStore> monitor;
+  c10::intrusive_ptr<PGBase> pg;
+  std::string backend;
+  int port = 0;
+  std::string where() const {
+    return "rank " + std::to_string(info.rank) + " of " + std::to_string(info.world_size);
+  }
+};
+
+void rendezvous(Setup& su) {
+  const RankInfo& info = su.info;
   const std::string addr = info.master_addr + ":" + std::to_string(info.master_port);
+  const bool host = info.rank == 0 && !info.store_external;
   c10d::TCPStoreOptions so;
   so.port = static_cast<std::uint16_t>(info.master_port);
-  so.isServer = info.rank == 0;
+  so.isServer = host;
   so.waitWorkers = false;  // our own join protocol below names the missing ranks
-  const std::chrono::milliseconds rdzv_timeout = opts.rendezvous_timeout;
+  const std::chrono::milliseconds rdzv_timeout = su.opts.rendezvous_timeout;
   so.timeout = rdzv_timeout;
   try {
-    store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, so);
+    su.store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, so);
   } catch (const std::exception& e) {
-    if (info.rank == 0) {
-      throw std::runtime_error("zenflow distributed: rank 0 cannot host the rendezvous store on " + addr +
-                               ": " + error_text(e));
+    if (host) {
+      throw std::runtime_error("zenflow distributed: rank 0 cannot host the rendezvous store on " + addr + ": " +
+                               error_text(e));
     }
-    throw std::runtime_error("zenflow distributed: " + where() + " could not reach the rendezvous store at " +
-                             addr + " within " + fmt_ms(rdzv_timeout) + " (is rank 0 running?): " +
-                             error_text(e));
+    throw std::runtime_error("zenflow distributed: " + su.where() + " could not reach the rendezvous store at " +
+                             addr + " within " + fmt_ms(rdzv_timeout) + " (is " +
+                             (info.store_external ? "the launcher" : "rank 0") + " running?): " + error_text(e));
   }
-  port = store->getPort();
+  su.port = su.store->getPort();
   const std::string joined = "zenflow/rdzv/joined/";
   try {
-    if (store->add(joined + std::to_string(info.rank), 1) != 1) {
-      throw std::runtime_error("zenflow distributed: rank " + std::to_string(info.rank) +
-                               " joined the rendezvous at " + addr + " twice (two processes with the same rank?)");
+    if (su.store->add(joined + std::to_string(info.rank), 1) != 1) {
+      throw std::runtime_error("zenflow distributed: rank " + std::to_string(info.rank) + " joined the rendezvous at " +
+                               addr + " twice (two processes with the same rank?)");
     }
     const std::string ws_key = "zenflow/rdzv/world_size";
     const std::string ws = std::to_string(info.world_size);
-    if (info.rank == 0) store->set(ws_key, std::vector<uint8_t>(ws.begin(), ws.end()));
+    if (info.rank == 0) su.store->set(ws_key, std::vector<uint8_t>(ws.begin(), ws.end()));
     std::vector<std::string> keys;
-    keys.reserve(info.world_size);
+    keys.reserve(info.world_size + 1);
     for (int r = 0; r < info.world_size; ++r) keys.push_back(joined + std::to_string(r));
     keys.push_back(ws_key);
     try {
-      store->wait(keys, rdzv_timeout);
+      su.store->wait(keys, rdzv_timeout);
     } catch (const std::exception&) {
       std::vector<int> missing;
       for (int r = 0; r < info.world_size; ++r) {
-        if (!store->check({keys[r]})) missing.push_back(r);
+        if (!su.store->check({keys[r]})) missing.push_back(r);
       }
       throw std::runtime_error("zenflow distributed: rendezvous at " + addr + " timed out after " +
-                               fmt_ms(rdzv_timeout) + " on " + where() + ": " +
+                               fmt_ms(rdzv_timeout) + " on " + su.where() + ": " +
                                (missing.empty() ? std::string("world size never published")
                                                 : std::string(missing.size() == 1 ? "rank " : "ranks ") +
                                                       join_ranks(missing) + " did not join"));
     }
-    const auto v = store->get(ws_key);
+    const auto v = su.store->get(ws_key);
     const std::string got(v.begin(), v.end());
     if (got != ws) {
-      throw std::runtime_error("zenflow distributed: world size mismatch at " + addr + ": rank 0 has " + got +
-                               ", " + where() + " has " + ws);
+      throw std::runtime_error("zenflow distributed: world size mismatch at " + addr + ": rank 0 has " + got + ", " +
+                               su.where() + " has " + ws);
     }
   } catch (const std::runtime_error&) {
     throw;
   } catch (const std::exception& e) {
-    throw std::runtime_error("zenflow distributed: rendezvous at " + addr + " failed on " + where() + ": " +
+    throw std::runtime_error("zenflow distributed: rendezvous at " + addr + " failed on " + su.where() + ": " +
                              error_text(e));
   }
 }
 
-void Communicator::Impl::create_process_group() {
-  auto pg_store = c10::make_intrusive<c10d::PrefixStore>("zenflow/pg", store);
-  if (opts.device_type == at::kCUDA) {
-#ifdef USE_C10D_NCCL
+void create_process_group(Setup& su) {
+  const RankInfo& info = su.info;
+  auto pg_store = c10::make_intrusive<c10d::PrefixStore>("zenflow/pg", su.store);
+  if (su.opts.device_type == at::kCUDA) {
+#ifdef ZENFLOW_HAVE_NCCL
     auto o = c10d::ProcessGroupNCCL::Options::create();
     o->timeout = info.timeout;
-    pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(pg_store, info.rank, info.world_size, o);
-    backend = "nccl";
+    su.pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(pg_store, info.rank, info.world_size, o);
+    su.backend = "nccl";
     return;
 #else
-    throw std::invalid_argument("zenflow distributed: CUDA tensors need NCCL, and this LibTorch was built "
-                                "without it (USE_C10D_NCCL undefined)");
+    throw std::invalid_argument(
+        "zenflow distributed: CUDA tensors need NCCL, and this LibTorch was built without it (USE_C10D_NCCL)");
 #endif
   }
-  if (opts.device_type != at::kCPU) {
+  if (su.opts.device_type != at::kCPU) {
     throw std::invalid_argument(std::string("zenflow distributed: no process group for device type ") +
-                                c10::DeviceTypeName(opts.device_type));
+                                c10::DeviceTypeName(su.opts.device_type));
   }
-#ifdef USE_C10D_GLOO
+#ifdef ZENFLOW_HAVE_GLOO
   auto o = c10d::ProcessGroupGloo::Options::create(info.timeout);
   std::string local = info.local_addr;
   if (local.empty() && is_loopback(info.master_addr)) local = "127.0.0.1";
@@ -433,25 +519,65 @@ void Communicator::Impl::create_process_group() {
     throw std::runtime_error("zenflow distributed: cannot create a Gloo device on " +
                              (local.empty() ? std::string("this host") : local) + ": " + error_text(e));
   }
-  o->threads = std::max(1, opts.gloo_threads);
-  pg = c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, info.rank, info.world_size, o);
-  backend = "gloo";
+  o->threads = std::max(1, su.opts.gloo_threads);
+  su.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, info.rank, info.world_size, o);
+  su.backend = "gloo";
 #else
-  throw std::invalid_argument("zenflow distributed: this LibTorch was built without Gloo (USE_C10D_GLOO)");
+  throw std::invalid_argument(
+      "zenflow distributed: no Gloo process group in this build (LibTorch without USE_C10D_GLOO, or "
+      "without Gloo's headers, as PyTorch wheels ship): CPU ranks need the system LibTorch; CUDA ranks use NCCL");
 #endif
 }
 
-void Communicator::Impl::start_heartbeat() {
-  mon = std::make_shared<MonitorState>();
-  mon->rank = info.rank;
-  mon->interval = opts.heartbeat_interval;
+void connect_monitor(Setup& su) {
   c10d::TCPStoreOptions so;
-  so.port = static_cast<std::uint16_t>(port);
+  so.port = static_cast<std::uint16_t>(su.port);
   so.isServer = false;
   so.waitWorkers = false;
-  so.timeout = info.timeout;
-  mon->monitor = c10::make_intrusive<c10d::TCPStore>(info.master_addr, so);
-  mon->monitor->add(hb_key(info.rank), 1);
+  so.timeout = su.info.timeout;
+  su.monitor = c10::make_intrusive<c10d::TCPStore>(su.info.master_addr, so);
+  su.monitor->add(hb_key(su.info.rank), 1);
+}
+
+// Runs fn on a helper thread and waits at most `limit`: returns true when it finished
+// (rethrowing its exception), false on the deadline, leaving the helper detached with
+// whatever fn captured (which must therefore own its state).
+bool run_bounded(std::function<void()> fn, std::chrono::milliseconds limit) {
+  struct Done {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::exception_ptr error;
+  };
+  auto d = std::make_shared<Done>();
+  std::thread([d, fn = std::move(fn)] {
+    std::exception_ptr error;
+    try {
+      fn();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lk(d->mu);
+    d->error = error;
+    d->done = true;
+    d->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lk(d->mu);
+  if (!d->cv.wait_for(lk, limit, [&] { return d->done; })) return false;
+  if (d->error) std::rethrow_exception(d->error);
+  return true;
+}
+
+}  // namespace
+
+void Communicator::Impl::start_heartbeat(c10::intrusive_ptr<c10d::TCPStore> monitor) {
+  mon = std::make_shared<MonitorState>();
+  mon->monitor = std::move(monitor);
+  mon->rank = info.rank;
+  mon->world = info.world_size;
+  mon->interval = opts.heartbeat_interval;
+  mon->suspect_after =
+      std::max<std::chrono::milliseconds>(info.timeout / 2, info.timeout - 4 * opts.heartbeat_interval);
   hb_thread = std::thread(heartbeat_loop, mon);
 }
 
@@ -462,8 +588,8 @@ void Communicator::Impl::stop_heartbeat() {
   mon->cv.notify_all();
   // A store operation blocked on a stopped store host would hold the thread: wait a
   // bounded time, then let it go (it owns its state through the shared pointer).
-  const bool exited = mon->cv.wait_for(lk, mon->interval * 2 + std::chrono::milliseconds(1000),
-                                       [&] { return mon->exited; });
+  const bool exited =
+      mon->cv.wait_for(lk, mon->interval * 2 + std::chrono::milliseconds(1000), [&] { return mon->exited; });
   lk.unlock();
   if (hb_thread.joinable()) {
     if (exited) {
@@ -475,17 +601,26 @@ void Communicator::Impl::stop_heartbeat() {
 }
 
 void Communicator::Impl::close_store() {
-  // Every rank counts itself out; rank 0 keeps the store it hosts alive until the others
-  // have closed (or close_grace passed), so their last store operations do not fail.
+  // Every rank counts itself out; rank 0, when it hosts the store, keeps it alive until
+  // the others have closed (or close_grace passed), so that their last store operations
+  // do not fail. Bounded: the store's host may be gone or stopped.
   if (!store || failed) return;
+  auto st = store;
+  const int rank = info.rank, world = info.world_size;
+  const bool host = rank == 0 && !info.store_external;
+  const auto grace = opts.close_grace;
   try {
-    const int64_t n = store->add("zenflow/closed", 1);
-    if (info.rank != 0 || n >= info.world_size) return;
-    const auto deadline = Clock::now() + opts.close_grace;
-    while (Clock::now() < deadline) {
-      if (store->add("zenflow/closed", 0) >= info.world_size) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
+    run_bounded(
+        [st, rank, world, host, grace] {
+          const int64_t n = st->add("zenflow/closed", 1);
+          if (!host || n >= world) return;
+          const auto deadline = Clock::now() + grace;
+          while (Clock::now() < deadline) {
+            if (st->add("zenflow/closed", 0) >= world) return;
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          }
+        },
+        grace + std::chrono::milliseconds(1000));
   } catch (const std::exception&) {
     // The store host is gone: nothing to close.
   }
@@ -506,21 +641,44 @@ Communicator::Communicator(const RankInfo& info, CommunicatorOptions options) : 
   if (options.rendezvous_timeout.count() <= 0) options.rendezvous_timeout = info.timeout;
   if (options.gloo_threads < 1) throw std::invalid_argument("CommunicatorOptions::gloo_threads must be >= 1");
   im.opts = options;
-  im.rendezvous();
-  try {
-    im.create_process_group();
-  } catch (const std::invalid_argument&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw std::runtime_error("zenflow distributed: creating the process group failed on " + im.where() +
-                             " (timeout " + fmt_ms(info.timeout) + "): " + error_text(e));
+
+  auto su = std::make_shared<Setup>();
+  su->info = info;
+  su->opts = options;
+  // Rendezvous, then the process group (Gloo's or NCCL's own rendezvous over the store),
+  // then the heartbeat connection; all of it bounded.
+  const auto limit = options.rendezvous_timeout + info.timeout + std::chrono::milliseconds(2000);
+  const std::string addr = info.master_addr + ":" + std::to_string(info.master_port);
+  const bool finished = run_bounded(
+      [su] {
+        rendezvous(*su);
+        try {
+          create_process_group(*su);
+        } catch (const std::invalid_argument&) {
+          throw;
+        } catch (const std::exception& e) {
+          throw std::runtime_error("zenflow distributed: creating the process group failed on " + su->where() +
+                                   " (timeout " + fmt_ms(su->info.timeout) + "): " + error_text(e));
+        }
+        try {
+          connect_monitor(*su);
+        } catch (const std::exception& e) {
+          throw std::runtime_error("zenflow distributed: heartbeat connection to the store failed on " +
+                                   su->where() + ": " + error_text(e));
+        }
+      },
+      limit);
+  if (!finished) {
+    throw std::runtime_error("zenflow distributed: rendezvous at " + addr + " did not complete within " +
+                             fmt_ms(limit) + " on " + im.where() +
+                             ": the store does not answer (is that address a zenflow rendezvous store? is its "
+                             "host stopped?)");
   }
-  try {
-    im.start_heartbeat();
-  } catch (const std::exception& e) {
-    throw std::runtime_error("zenflow distributed: heartbeat connection to the store failed on " + im.where() +
-                             ": " + error_text(e));
-  }
+  im.store = su->store;
+  im.pg = su->pg;
+  im.backend = su->backend;
+  im.port = su->port;
+  im.start_heartbeat(su->monitor);
 }
 
 Communicator::~Communicator() {
@@ -528,10 +686,8 @@ Communicator::~Communicator() {
   impl_->stop_heartbeat();
   impl_->close_store();
   impl_->pg.reset();  // joins Gloo's threads: each in-flight op ends within the timeout
-  if (impl_->mon) {
-    std::lock_guard<std::mutex> lk(impl_->mon->mu);
-    if (impl_->mon->exited) impl_->mon->monitor.reset();
-  }
+  // The monitor connection lives as long as MonitorState: a heartbeat or probe thread
+  // that was let go while blocked on a stopped store host still owns it.
   impl_->store.reset();
 }
 
@@ -585,8 +741,7 @@ CommWork Communicator::allreduce_sum_async(const at::Tensor& t, Traffic traffic)
         o.reduceOp = c10d::ReduceOp::SUM;
         o.timeout = im.info.timeout;
         return im.pg->allreduce(v, o);
-      },
-      nullptr);
+      });
   return w;
 }
 
@@ -632,6 +787,22 @@ void Communicator::allreduce_sum_(std::vector<at::Tensor>& ts, Traffic traffic) 
 void Communicator::allreduce_mean_(std::vector<at::Tensor>& ts, Traffic traffic) {
   allreduce_sum_(ts, traffic);
   for (auto& t : ts) t.div_(world_size());
+}
+
+bool Communicator::nccl_available() {
+#ifdef ZENFLOW_HAVE_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool Communicator::gloo_available() {
+#ifdef ZENFLOW_HAVE_GLOO
+  return true;
+#else
+  return false;
+#endif
 }
 
 std::vector<int64_t> Communicator::even_shards(int64_t numel, int world_size) {
@@ -685,8 +856,7 @@ at::Tensor Communicator::reduce_scatter(const at::Tensor& flat_in, const std::ve
           c10d::AllreduceOptions o;
           o.timeout = im.info.timeout;
           return im.pg->allreduce(v, o);
-        },
-        nullptr));
+        }));
     result = buf.narrow(0, offset, mine).clone();
   } else if (im.backend == "nccl") {
     const int64_t m = *std::max_element(shard_sizes.begin(), shard_sizes.end());
@@ -703,8 +873,7 @@ at::Tensor Communicator::reduce_scatter(const at::Tensor& flat_in, const std::ve
           c10d::ReduceScatterOptions o;
           o.timeout = im.info.timeout;
           return im.pg->_reduce_scatter_base(out, padded, o);
-        },
-        nullptr));
+        }));
     result = out.narrow(0, 0, mine);
   } else {
     // Gloo: all-to-all of the per-owner pieces, then a local sum over the W senders.
@@ -717,8 +886,7 @@ at::Tensor Communicator::reduce_scatter(const at::Tensor& flat_in, const std::ve
           c10d::AllToAllOptions o;
           o.timeout = im.info.timeout;
           return im.pg->alltoall_base(recv, flat, out_counts, in_counts, o);
-        },
-        nullptr));
+        }));
     result = recv.view({world, mine}).sum(0);
   }
   if (reduction == Reduction::kMean) result.div_(world);
@@ -753,8 +921,7 @@ at::Tensor Communicator::all_gather(const at::Tensor& shard_in, const std::vecto
           c10d::AllgatherOptions o;
           o.timeout = im.info.timeout;
           return im.pg->_allgather_base(out, padded, o);
-        },
-        nullptr));
+        }));
   } else {
     std::vector<std::vector<at::Tensor>> outs(1);
     for (int r = 0; r < world; ++r) outs[0].push_back(gathered[r]);
@@ -765,8 +932,7 @@ at::Tensor Communicator::all_gather(const at::Tensor& shard_in, const std::vecto
           c10d::AllgatherOptions o;
           o.timeout = im.info.timeout;
           return im.pg->allgather(outs, ins, o);
-        },
-        nullptr));
+        }));
   }
   std::vector<at::Tensor> parts;
   for (int r = 0; r < world; ++r) parts.push_back(gathered[r].narrow(0, 0, shard_sizes[r]));
@@ -790,8 +956,7 @@ void Communicator::broadcast_(at::Tensor& t, int root, Traffic traffic) {
         o.rootTensor = 0;
         o.timeout = im.info.timeout;
         return im.pg->broadcast(v, o);
-      },
-      nullptr));
+      }));
   if (!buf.is_same(t)) t.copy_(buf);
 }
 
@@ -803,8 +968,7 @@ void Communicator::barrier() {
         c10d::BarrierOptions o;
         o.timeout = im.info.timeout;
         return im.pg->barrier(o);
-      },
-      nullptr));
+      }));
 }
 
 }  // namespace zenflow::distributed

@@ -1,11 +1,16 @@
 // Communicator: one rank's membership of a data-parallel job, on LibTorch's c10d.
 //
-// Rendezvous: rank 0 hosts a c10d::TCPStore at master_addr:master_port; every rank
-// connects to it, announces itself, and waits (bounded by RankInfo::timeout) until all
-// world_size ranks have joined; then a process group is built over the store:
+// Rendezvous: rank 0 hosts a c10d::TCPStore at master_addr:master_port (or, with
+// RankInfo::store_external, a StoreServer outside the ranks does — the local launcher's
+// default); every rank connects to it, announces itself, and waits (bounded by
+// rendezvous_timeout) until all world_size ranks have joined; then a process group is
+// built over the store:
 //   * CPU tensors  -> c10d::ProcessGroupGloo (TCP transport bound to the local address);
 //   * CUDA tensors -> c10d::ProcessGroupNCCL, when this LibTorch has it (USE_C10D_NCCL);
 //                     the caller selects the CUDA device before constructing.
+// A TCPStore client has no receive timeout, so every store operation that could meet a
+// silent endpoint (construction, heartbeat, failure probe, close) runs on a helper thread
+// that is waited for with a deadline and let go past it.
 //
 // Collectives are c10d's, not home-made. Every one is bounded: Gloo's transport timeout
 // and each wait are set to RankInfo::timeout. Failure handling: each rank runs a small
@@ -31,6 +36,10 @@
 // full output; broadcast: the tensor) — the size nccl-tests call the message size. Bytes
 // a rank puts on the wire are about 2(W-1)/W*S for a ring allreduce and (W-1)/W*S for
 // reduce_scatter / all_gather.
+//
+// Wait accounting: KindStats::wait_seconds is the time callers were blocked. On NCCL a
+// wait only makes the current CUDA stream wait (the watchdog enforces the timeout), so
+// the stall shows on the stream, not here.
 //
 // Threads: every method may be called from any thread; launches are serialized by one
 // mutex, waits happen outside it. Ranks must launch collectives in the same order
@@ -120,8 +129,9 @@ class CommWork {
 class Communicator {
  public:
   // Rendezvous and process-group creation; blocks until every rank has joined, bounded
-  // by info.timeout. Throws std::invalid_argument for bad info/options and
-  // std::runtime_error naming the missing ranks on timeout.
+  // by rendezvous_timeout + timeout + 2 s in all (a silent store endpoint included).
+  // Throws std::invalid_argument for bad info/options and std::runtime_error naming the
+  // missing ranks on timeout.
   explicit Communicator(const RankInfo& info, CommunicatorOptions options = {});
   ~Communicator();
   Communicator(const Communicator&) = delete;
@@ -160,6 +170,11 @@ class Communicator {
   // Copies root's tensor into every rank's `t` (same shape and dtype on every rank).
   void broadcast_(at::Tensor& t, int root, Traffic traffic = Traffic::kOther);
   void barrier();
+
+  // Whether this LibTorch has the process groups (compile-time: USE_C10D_NCCL /
+  // USE_C10D_GLOO in Torch's CMake config).
+  static bool nccl_available();
+  static bool gloo_available();
 
   // `numel` split into world_size contiguous shards whose sizes differ by at most one.
   static std::vector<int64_t> even_shards(int64_t numel, int world_size);

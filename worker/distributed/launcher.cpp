@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <memory>
+#include <tuple>
 #include <stdexcept>
 #include <thread>
 
@@ -38,7 +40,8 @@ std::string describe(const RankExit& e) {
 
 bool is_rank_variable(const char* entry) {
   static const char* const names[] = {kEnvRank,      kEnvWorldSize, kEnvMasterAddr, kEnvMasterPort,
-                                      kEnvTimeout,   "ZENFLOW_LOCAL_RANK", "ZENFLOW_LOCAL_WORLD_SIZE"};
+                                      kEnvTimeout,   kEnvStoreExternal, "ZENFLOW_LOCAL_RANK",
+                                      "ZENFLOW_LOCAL_WORLD_SIZE"};
   for (const char* n : names) {
     const size_t len = std::strlen(n);
     if (std::strncmp(entry, n, len) == 0 && entry[len] == '=') return true;
@@ -72,14 +75,17 @@ class SignalScope {
 
 }  // namespace
 
-int find_free_port(const std::string& host) {
+namespace {
+
+// Binds a TCP socket to port 0 on `host`; returns {fd, port}. reuse: SO_REUSEADDR.
+std::pair<int, int> bind_port_zero(const std::string& host, bool reuse) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
   addrinfo* res = nullptr;
   if (int rc = getaddrinfo(host.c_str(), "0", &hints, &res); rc != 0) {
-    throw std::runtime_error("find_free_port: cannot resolve " + host + ": " + gai_strerror(rc));
+    throw std::runtime_error("cannot resolve " + host + ": " + gai_strerror(rc));
   }
   std::string err = "no address";
   for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
@@ -88,22 +94,50 @@ int find_free_port(const std::string& host) {
       err = std::strerror(errno);
       continue;
     }
+    const int one = 1;
+    if (reuse) ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
       sockaddr_storage ss{};
       socklen_t len = sizeof(ss);
       if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
         const int port = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
                                                   : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
-        ::close(fd);
         freeaddrinfo(res);
-        return port;
+        return {fd, port};
       }
     }
     err = std::strerror(errno);
     ::close(fd);
   }
   freeaddrinfo(res);
-  throw std::runtime_error("find_free_port: cannot bind a socket on " + host + ": " + err);
+  throw std::runtime_error("cannot bind a socket on " + host + ": " + err);
+}
+
+}  // namespace
+
+int find_free_port(const std::string& host) {
+  try {
+    const auto [fd, port] = bind_port_zero(host, false);
+    ::close(fd);
+    return port;
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string("find_free_port: ") + e.what());
+  }
+}
+
+PortReservation::PortReservation(const std::string& host) {
+  try {
+    std::tie(fd_, port_) = bind_port_zero(host, true);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string("PortReservation: ") + e.what());
+  }
+}
+
+PortReservation::~PortReservation() { release(); }
+
+void PortReservation::release() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
 }
 
 LaunchResult launch_local_ranks_detailed(int nproc, const std::vector<std::string>& argv_of_child,
@@ -112,7 +146,19 @@ LaunchResult launch_local_ranks_detailed(int nproc, const std::vector<std::strin
   if (argv_of_child.empty()) throw std::invalid_argument("launch_local_ranks: argv_of_child is empty");
   if (options.executable.empty()) throw std::invalid_argument("launch_local_ranks: no executable");
   auto log = options.log ? options.log : [](const std::string& m) { std::cerr << m << std::endl; };
-  const int port = options.master_port > 0 ? options.master_port : find_free_port(options.master_addr);
+  // The store: hosted here (bound now, before any rank starts), or by rank 0 on a port
+  // held reserved until the launch ends.
+  std::unique_ptr<StoreServer> store;
+  std::unique_ptr<PortReservation> reservation;
+  int port = options.master_port;
+  if (options.host_store) {
+    store = std::make_unique<StoreServer>(options.master_addr, options.master_port,
+                                          options.timeout.count() > 0 ? options.timeout : kDefaultDistTimeout);
+    port = store->port();
+  } else if (port == 0) {
+    reservation = std::make_unique<PortReservation>(options.master_addr);
+    port = reservation->port();
+  }
 
   // Everything the children need is built before fork(): after it, the child (a copy of
   // a possibly multithreaded process) may only call async-signal-safe functions.
@@ -124,6 +170,7 @@ LaunchResult launch_local_ranks_detailed(int nproc, const std::vector<std::strin
   base_env.push_back(std::string(kEnvMasterAddr) + "=" + options.master_addr);
   base_env.push_back(std::string(kEnvMasterPort) + "=" + std::to_string(port));
   base_env.push_back("ZENFLOW_LOCAL_WORLD_SIZE=" + std::to_string(nproc));
+  base_env.push_back(std::string(kEnvStoreExternal) + "=" + (options.host_store ? "1" : "0"));
   if (options.timeout.count() > 0) {
     char buf[32];
     std::snprintf(buf, sizeof(buf), "%.3f", options.timeout.count() / 1000.0);
@@ -207,7 +254,7 @@ LaunchResult launch_local_ranks_detailed(int nproc, const std::vector<std::strin
     }
   }
   log("zenflow: started " + std::to_string(nproc) + " rank(s), rendezvous " + options.master_addr + ":" +
-      std::to_string(port));
+      std::to_string(port) + (options.host_store ? " (hosted by the launcher)" : " (hosted by rank 0)"));
 
   bool termed = false;
   bool killed = false;

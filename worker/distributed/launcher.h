@@ -3,9 +3,12 @@
 // Starts N copies of an executable (by default this one, /proc/self/exe) as rank
 // processes of one job on this machine, each with the rendezvous variables of
 // rendezvous.h (ZENFLOW_RANK, ZENFLOW_WORLD_SIZE, ZENFLOW_MASTER_ADDR,
-// ZENFLOW_MASTER_PORT, ZENFLOW_DIST_TIMEOUT_S when a timeout is given) plus
-// ZENFLOW_LOCAL_RANK / ZENFLOW_LOCAL_WORLD_SIZE (this machine's share, for picking a
-// GPU), on a free port found at run time. Children inherit stdout/stderr, run in their
+// ZENFLOW_MASTER_PORT, ZENFLOW_DIST_TIMEOUT_S when a timeout is given,
+// ZENFLOW_STORE_EXTERNAL) plus ZENFLOW_LOCAL_RANK / ZENFLOW_LOCAL_WORLD_SIZE (this
+// machine's share, for picking a GPU). By default the launcher itself hosts the
+// rendezvous store (a StoreServer on a port the kernel picks, bound before any rank
+// starts, and alive when rank 0 dies); with host_store off rank 0 hosts it, on a port
+// the launcher holds reserved (PortReservation) while the ranks run. Children inherit stdout/stderr, run in their
 // own process groups (so a terminal's Ctrl-C reaches them once, through the launcher)
 // and die with the launcher (PR_SET_PDEATHSIG).
 //
@@ -34,6 +37,7 @@ struct LaunchOptions {
   std::string executable = "/proc/self/exe";
   std::string master_addr = "127.0.0.1";
   int master_port = 0;                          // 0 = a free port found at run time
+  bool host_store = true;                       // the launcher hosts the store (see above)
   std::chrono::milliseconds timeout{0};         // > 0: sets ZENFLOW_DIST_TIMEOUT_S
   std::chrono::milliseconds grace{10'000};      // after the first failure, before SIGTERM
   std::chrono::milliseconds term_grace{3'000};  // after SIGTERM, before SIGKILL
@@ -66,8 +70,27 @@ LaunchResult launch_local_ranks_detailed(int nproc, const std::vector<std::strin
 int launch_local_ranks(int nproc, const std::vector<std::string>& argv_of_child,
                        const LaunchOptions& options = {});
 
-// A TCP port that was free on `host` a moment ago (bind to port 0, read it, close).
+// A TCP port that was free on `host` a moment ago (bind to port 0, read it, close): another
+// process may take it before it is used; PortReservation closes that window.
 // Throws std::runtime_error when no socket can be bound.
 int find_free_port(const std::string& host = "127.0.0.1");
+
+// Holds a free TCP port: a socket bound to it with SO_REUSEADDR and not listening, so
+// that the kernel gives the port to no other bind(0) or outgoing connection while a
+// listener that also sets SO_REUSEADDR (c10d's TCPStore server does) can still bind it.
+// Throws std::runtime_error when no socket can be bound. Not thread-safe.
+class PortReservation {
+ public:
+  explicit PortReservation(const std::string& host = "127.0.0.1");
+  ~PortReservation();
+  PortReservation(const PortReservation&) = delete;
+  PortReservation& operator=(const PortReservation&) = delete;
+  int port() const { return port_; }
+  void release();  // closes the socket (also done by the destructor)
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
 
 }  // namespace zenflow::distributed

@@ -1,5 +1,7 @@
 #include "worker/distributed/rendezvous.h"
 
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -71,6 +73,7 @@ void RankInfo::validate() const {
 std::string RankInfo::to_string() const {
   std::ostringstream os;
   os << "rank " << rank << " of " << world_size << ", store " << master_addr << ":" << master_port
+     << (store_external ? " (external)" : "")
      << ", timeout " << static_cast<double>(timeout.count()) / 1000.0 << " s";
   return os.str();
 }
@@ -106,9 +109,42 @@ RankInfo rank_info_from_lookup(const std::function<const char*(const char*)>& lo
     info.timeout = parse_timeout_seconds(t, kEnvTimeout);
   }
   if (const char* a = lookup(kEnvLocalAddr); a != nullptr) info.local_addr = a;
+  if (const char* x = lookup(kEnvStoreExternal); x != nullptr && *x != '\0') {
+    const std::string v = x;
+    if (v == "1") {
+      info.store_external = true;
+    } else if (v != "0") {
+      throw std::invalid_argument(std::string(kEnvStoreExternal) + "='" + v + "' must be 0 or 1");
+    }
+  }
   info.validate();
   return info;
 }
+
+struct StoreServer::Impl {
+  c10::intrusive_ptr<c10d::TCPStore> store;
+};
+
+StoreServer::StoreServer(const std::string& host, int port, std::chrono::milliseconds timeout)
+    : impl_(std::make_unique<Impl>()) {
+  if (port < 0 || port > 65535) throw std::invalid_argument("StoreServer: port must be in 0..65535");
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<std::uint16_t>(port);
+  so.isServer = true;
+  so.waitWorkers = false;
+  so.timeout = timeout;
+  try {
+    impl_->store = c10::make_intrusive<c10d::TCPStore>(host, so);
+  } catch (const std::exception& e) {
+    const auto* ce = dynamic_cast<const c10::Error*>(&e);
+    throw std::runtime_error("zenflow distributed: cannot host a rendezvous store on " + host + ":" +
+                             std::to_string(port) + ": " + (ce ? ce->what_without_backtrace() : e.what()));
+  }
+}
+
+StoreServer::~StoreServer() = default;
+
+int StoreServer::port() const { return impl_->store->getPort(); }
 
 RankInfo rank_info_from_env() {
   return rank_info_from_lookup([](const char* name) { return std::getenv(name); });

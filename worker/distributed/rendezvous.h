@@ -15,6 +15,10 @@
 //   ZENFLOW_LOCAL_ADDR      optional  address this rank's Gloo transport binds to;
 //                                     default: 127.0.0.1 when the master address is a
 //                                     loopback address, else this host's name
+//   ZENFLOW_STORE_EXTERNAL  optional  "1": the store at master_addr:master_port is
+//                                     hosted outside the ranks (the local launcher, a
+//                                     worker agent: a StoreServer below) and rank 0
+//                                     only connects to it; "0" or unset: rank 0 hosts it
 //
 // Errors: std::invalid_argument naming the variable, its value and what was expected.
 // Thread safety: pure functions (rank_info_from_env reads the environment).
@@ -22,6 +26,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 
 namespace zenflow::distributed {
@@ -32,6 +37,7 @@ inline constexpr const char* kEnvMasterAddr = "ZENFLOW_MASTER_ADDR";
 inline constexpr const char* kEnvMasterPort = "ZENFLOW_MASTER_PORT";
 inline constexpr const char* kEnvTimeout = "ZENFLOW_DIST_TIMEOUT_S";
 inline constexpr const char* kEnvLocalAddr = "ZENFLOW_LOCAL_ADDR";
+inline constexpr const char* kEnvStoreExternal = "ZENFLOW_STORE_EXTERNAL";
 inline constexpr std::chrono::milliseconds kDefaultDistTimeout{300'000};
 
 struct RankInfo {
@@ -41,6 +47,7 @@ struct RankInfo {
   int master_port = 0;  // 0 only for world_size == 1 (rank 0 then picks a free port)
   std::chrono::milliseconds timeout = kDefaultDistTimeout;
   std::string local_addr;  // "" = auto (see above)
+  bool store_external = false;  // true: no rank hosts the store (see above)
 
   // Throws std::invalid_argument when a field is out of range (naming the field).
   void validate() const;
@@ -60,5 +67,25 @@ RankInfo rank_info_from_lookup(const std::function<const char*(const char*)>& lo
 // Parses seconds ("5", "0.5") into milliseconds; throws std::invalid_argument naming
 // `what` when the text is not a positive finite number.
 std::chrono::milliseconds parse_timeout_seconds(const std::string& text, const std::string& what);
+
+// A rendezvous store hosted outside the ranks: a c10d::TCPStore server that lives as
+// long as this object. The local launcher runs one (bound before any rank starts, so the
+// port cannot be taken in between, and alive when rank 0 dies, so that the survivors'
+// heartbeats name it); ranks then get ZENFLOW_STORE_EXTERNAL=1. Port 0 picks a free
+// port (port() tells which). Throws std::runtime_error when the port cannot be bound.
+// Thread safety: construct and destroy on one thread; port() from any.
+class StoreServer {
+ public:
+  explicit StoreServer(const std::string& host = "127.0.0.1", int port = 0,
+                       std::chrono::milliseconds timeout = kDefaultDistTimeout);
+  ~StoreServer();
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+  int port() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace zenflow::distributed

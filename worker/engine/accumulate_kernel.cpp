@@ -9,8 +9,7 @@ namespace host_kernels {
 namespace {
 
 template <typename Load>
-void accumulate_loop(float* __restrict acc, int64_t n, float scale, bool overwrite,
-                     Load load) {
+void accumulate_loop(float* __restrict acc, int64_t n, float scale, bool overwrite, Load load) {
   if (overwrite) {
     for (int64_t i = 0; i < n; ++i) acc[i] = 0.0f + load(i) * scale;
   } else {
@@ -28,13 +27,11 @@ void accumulate_scalar(float* acc, GradRef g, int64_t n, float scale, bool overw
     }
     case GradRef::Type::kBF16: {
       const uint16_t* __restrict x = static_cast<const uint16_t*>(g.data);
-      return accumulate_loop(acc, n, scale, overwrite,
-                             [x](int64_t i) { return bf16_to_float(x[i]); });
+      return accumulate_loop(acc, n, scale, overwrite, [x](int64_t i) { return bf16_to_float(x[i]); });
     }
     case GradRef::Type::kFP16: {
       const uint16_t* __restrict x = static_cast<const uint16_t*>(g.data);
-      return accumulate_loop(acc, n, scale, overwrite,
-                             [x](int64_t i) { return fp16_to_float(x[i]); });
+      return accumulate_loop(acc, n, scale, overwrite, [x](int64_t i) { return fp16_to_float(x[i]); });
     }
   }
 }
@@ -46,8 +43,7 @@ void accumulate(float* acc, GradRef g, int64_t n, float scale, bool overwrite) {
   host_kernels::active_table().accumulate(acc, g, n, scale, overwrite);
 }
 
-void accumulate(HostThreadPool& pool, float* acc, GradRef g, int64_t n, float scale,
-                bool overwrite) {
+void accumulate(HostThreadPool& pool, float* acc, GradRef g, int64_t n, float scale, bool overwrite) {
   if (n <= 0) return;
   // Captured by one pointer so the std::function needs no allocation.
   struct Job {

@@ -19,7 +19,6 @@ void accumulate(float* acc, GradRef g, int64_t n, float scale, bool overwrite);
 
 // The same split over `pool` (bitwise identical to the single call; see
 // HostThreadPool for the threading contract).
-void accumulate(HostThreadPool& pool, float* acc, GradRef g, int64_t n, float scale,
-                bool overwrite);
+void accumulate(HostThreadPool& pool, float* acc, GradRef g, int64_t n, float scale, bool overwrite);
 
 }  // namespace zenflow::engine

@@ -81,17 +81,15 @@ void adamw_step(const AdamWSpan& span, const AdamWCoeffs& c, float grad_scale = 
 // the window's sum of earlier gradients and `last` is the window's final gradient.
 // One pass over memory instead of an accumulate pass followed by an AdamW pass.
 // `acc` is read, not written.
-void adamw_window_end(const AdamWSpan& span, const float* acc, const AdamWCoeffs& c,
-                      float grad_scale);
+void adamw_window_end(const AdamWSpan& span, const float* acc, const AdamWCoeffs& c, float grad_scale);
 
 // The same, split over `pool` in static chunks whose boundaries fall on cache lines
 // (for 64-byte aligned spans); results are bitwise identical to the single-threaded
 // calls. Blocks until done; exceptions from the kernels are rethrown here. Call from
 // one thread at a time per pool (see HostThreadPool).
-void adamw_step(HostThreadPool& pool, const AdamWSpan& span, const AdamWCoeffs& c,
-                float grad_scale = 1.0f);
-void adamw_window_end(HostThreadPool& pool, const AdamWSpan& span, const float* acc,
-                      const AdamWCoeffs& c, float grad_scale);
+void adamw_step(HostThreadPool& pool, const AdamWSpan& span, const AdamWCoeffs& c, float grad_scale = 1.0f);
+void adamw_window_end(HostThreadPool& pool, const AdamWSpan& span, const float* acc, const AdamWCoeffs& c,
+                      float grad_scale);
 
 // Chunk granularity (elements) the pooled kernels pass to HostThreadPool::parallel_for:
 // a whole cache line of fp32 and of bf16/fp16 arrays.

@@ -1,6 +1,9 @@
 // Device-side engine operations: ATen + host kernel on CPU, CUDA kernels on GPU.
 #include "worker/engine/device_ops.h"
 
+#include <ATen/Parallel.h>
+
+#include <algorithm>
 #include <stdexcept>
 
 #include "worker/engine/cuda_ops.h"
@@ -43,22 +46,27 @@ void adamw_into(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, c
 
 // Row-major gather/scatter of columns for CPU tensors of one element size (the
 // ATen index ops are 3-5x slower here, see host-performance-notes.md).
+// Rows are split over LibTorch's compute threads (one thread on the CPU "device").
 template <typename T>
 void gather_rows(const T* src, int64_t rows, int64_t in, const int64_t* idx, int64_t n, T* dst) {
-  for (int64_t i = 0; i < rows; ++i) {
-    const T* r = src + i * in;
-    T* d = dst + i * n;
-    for (int64_t c = 0; c < n; ++c) d[c] = r[idx[c]];
-  }
+  at::parallel_for(0, rows, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, n)), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const T* r = src + i * in;
+      T* d = dst + i * n;
+      for (int64_t c = 0; c < n; ++c) d[c] = r[idx[c]];
+    }
+  });
 }
 
 template <typename T>
 void scatter_rows(const T* src, int64_t rows, int64_t in, const int64_t* idx, int64_t n, T* dst) {
-  for (int64_t i = 0; i < rows; ++i) {
-    const T* s = src + i * n;
-    T* r = dst + i * in;
-    for (int64_t c = 0; c < n; ++c) r[idx[c]] = s[c];
-  }
+  at::parallel_for(0, rows, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, n)), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const T* s = src + i * n;
+      T* r = dst + i * in;
+      for (int64_t c = 0; c < n; ++c) r[idx[c]] = s[c];
+    }
+  });
 }
 
 bool cpu_fast_path(const at::Tensor& a, const at::Tensor& b, const at::Tensor& idx) {

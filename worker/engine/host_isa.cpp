@@ -36,8 +36,8 @@ CpuFeatures detect() {
   const bool f16c = c & (1u << 29);
   if (!osxsave || !avx) return f;
   const uint64_t xcr0 = read_xcr0();
-  const bool ymm_state = (xcr0 & 0x6) == 0x6;           // SSE + AVX state
-  const bool zmm_state = (xcr0 & 0xe6) == 0xe6;         // + opmask, ZMM_Hi256, Hi16_ZMM
+  const bool ymm_state = (xcr0 & 0x6) == 0x6;    // SSE + AVX state
+  const bool zmm_state = (xcr0 & 0xe6) == 0xe6;  // + opmask, ZMM_Hi256, Hi16_ZMM
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
   const bool avx2 = b & (1u << 5);
   const bool avx512f = b & (1u << 16);
@@ -59,8 +59,7 @@ const host_kernels::Table& table_for(HostIsa isa) {
                                           host_kernels::adamw_window_end_scalar,
                                           host_kernels::accumulate_scalar};
 #if defined(__x86_64__)
-  static const host_kernels::Table avx2{host_kernels::adamw_step_avx2,
-                                        host_kernels::adamw_window_end_avx2,
+  static const host_kernels::Table avx2{host_kernels::adamw_step_avx2, host_kernels::adamw_window_end_avx2,
                                         host_kernels::accumulate_avx2};
   static const host_kernels::Table avx512{host_kernels::adamw_step_avx512,
                                           host_kernels::adamw_window_end_avx512,
@@ -95,9 +94,12 @@ HostIsa resolve_from_environment() {
 
 const char* host_isa_name(HostIsa isa) {
   switch (isa) {
-    case HostIsa::kScalar: return "scalar";
-    case HostIsa::kAvx2: return "avx2";
-    case HostIsa::kAvx512: return "avx512";
+    case HostIsa::kScalar:
+      return "scalar";
+    case HostIsa::kAvx2:
+      return "avx2";
+    case HostIsa::kAvx512:
+      return "avx512";
   }
   return "unknown";
 }
@@ -106,18 +108,21 @@ HostIsa parse_host_isa(const std::string& name) {
   if (name == "scalar") return HostIsa::kScalar;
   if (name == "avx2") return HostIsa::kAvx2;
   if (name == "avx512") return HostIsa::kAvx512;
-  throw std::invalid_argument("unknown host ISA '" + name +
-                              "' (expected scalar, avx2 or avx512)");
+  throw std::invalid_argument("unknown host ISA '" + name + "' (expected scalar, avx2 or avx512)");
 }
 
 bool host_isa_supported(HostIsa isa) {
   switch (isa) {
-    case HostIsa::kScalar: return true;
+    case HostIsa::kScalar:
+      return true;
 #if defined(__x86_64__)
-    case HostIsa::kAvx2: return features().avx2;
-    case HostIsa::kAvx512: return features().avx512;
+    case HostIsa::kAvx2:
+      return features().avx2;
+    case HostIsa::kAvx512:
+      return features().avx512;
 #else
-    default: return false;
+    default:
+      return false;
 #endif
   }
   return false;

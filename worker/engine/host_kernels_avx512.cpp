@@ -16,7 +16,6 @@
 #pragma GCC diagnostic pop
 
 #include <algorithm>
-#include <cstdlib>
 
 namespace zenflow::engine::host_kernels {
 namespace {
@@ -26,8 +25,7 @@ enum class HalfOut { kNone, kBF16, kFP16 };
 constexpr int64_t kLanes = 16;
 
 struct Coeffs {
-  __m512 beta1, beta2, one_minus_beta1, one_minus_beta2, decay, step_size, inv_sqrt_bc2,
-      eps, grad_scale;
+  __m512 beta1, beta2, one_minus_beta1, one_minus_beta2, decay, step_size, inv_sqrt_bc2, eps, grad_scale;
   Coeffs(const AdamWCoeffs& c, float gs)
       : beta1(_mm512_set1_ps(c.beta1)),
         beta2(_mm512_set1_ps(c.beta2)),
@@ -42,27 +40,36 @@ struct Coeffs {
 
 template <bool kMasked>
 inline __m512 load_f32(const float* p, __mmask16 k) {
-  if constexpr (kMasked) return _mm512_maskz_loadu_ps(k, p);
-  else return _mm512_loadu_ps(p);
+  if constexpr (kMasked)
+    return _mm512_maskz_loadu_ps(k, p);
+  else
+    return _mm512_loadu_ps(p);
 }
 
 template <bool kMasked>
 inline void store_f32(float* p, __m512 x, __mmask16 k) {
-  if constexpr (kMasked) _mm512_mask_storeu_ps(p, k, x);
-  else _mm512_storeu_ps(p, x);
+  if constexpr (kMasked)
+    _mm512_mask_storeu_ps(p, k, x);
+  else
+    _mm512_storeu_ps(p, x);
 }
 
 template <bool kMasked>
 inline __m256i load_u16(const uint16_t* p, __mmask16 k) {
-  if constexpr (kMasked) return _mm256_maskz_loadu_epi16(k, p);
-  else return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  if constexpr (kMasked)
+    return _mm256_maskz_loadu_epi16(k, p);
+  else
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
 template <bool kMasked, bool kStream = false>
 inline void store_u16(uint16_t* p, __m256i x, __mmask16 k) {
-  if constexpr (kMasked) _mm256_mask_storeu_epi16(p, k, x);
-  else if constexpr (kStream) _mm256_stream_si256(reinterpret_cast<__m256i*>(p), x);
-  else _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), x);
+  if constexpr (kMasked)
+    _mm256_mask_storeu_epi16(p, k, x);
+  else if constexpr (kStream)
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), x);
+  else
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), x);
 }
 
 template <GT kType, bool kMasked>
@@ -93,14 +100,15 @@ inline __m256i to_bf16(__m512 x) {
 
 template <HalfOut kHalf>
 inline __m256i to_half(__m512 x) {
-  if constexpr (kHalf == HalfOut::kBF16) return to_bf16(x);
-  else return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  if constexpr (kHalf == HalfOut::kBF16)
+    return to_bf16(x);
+  else
+    return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
 // One vector of the AdamW update at element i (the first popcount(k) lanes if masked).
 template <GT kType, bool kWindowEnd, HalfOut kHalf, bool kMasked, bool kStream = false>
-inline void adamw_vector(const AdamWSpan& s, const float* acc, int64_t i, const Coeffs& c,
-                         __mmask16 k) {
+inline void adamw_vector(const AdamWSpan& s, const float* acc, int64_t i, const Coeffs& c, __mmask16 k) {
   __m512 g = load_grad<kType, kMasked>(s.grad.data, i, k);
   if constexpr (kWindowEnd) g = _mm512_add_ps(load_f32<kMasked>(acc + i, k), g);
   g = _mm512_mul_ps(g, c.grad_scale);
@@ -108,24 +116,13 @@ inline void adamw_vector(const AdamWSpan& s, const float* acc, int64_t i, const 
   __m512 v = load_f32<kMasked>(s.v + i, k);
   __m512 p = load_f32<kMasked>(s.p + i, k);
   m = _mm512_add_ps(_mm512_mul_ps(c.beta1, m), _mm512_mul_ps(c.one_minus_beta1, g));
-  v = _mm512_add_ps(_mm512_mul_ps(c.beta2, v),
-                    _mm512_mul_ps(_mm512_mul_ps(c.one_minus_beta2, g), g));
+  v = _mm512_add_ps(_mm512_mul_ps(c.beta2, v), _mm512_mul_ps(_mm512_mul_ps(c.one_minus_beta2, g), g));
   const __m512 denom = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(v), c.inv_sqrt_bc2), c.eps);
-  p = _mm512_sub_ps(_mm512_mul_ps(p, c.decay),
-                    _mm512_div_ps(_mm512_mul_ps(c.step_size, m), denom));
+  p = _mm512_sub_ps(_mm512_mul_ps(p, c.decay), _mm512_div_ps(_mm512_mul_ps(c.step_size, m), denom));
   store_f32<kMasked>(s.m + i, m, k);
   store_f32<kMasked>(s.v + i, v, k);
   store_f32<kMasked>(s.p + i, p, k);
-  if constexpr (kHalf != HalfOut::kNone)
-    store_u16<kMasked, kStream>(s.half_out + i, to_half<kHalf>(p), k);
-}
-
-int64_t stream_min() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("ZENFLOW_HOST_NT_MIN");
-    return e ? std::atoll(e) : int64_t{1} << 62;
-  }();
-  return v;
+  if constexpr (kHalf != HalfOut::kNone) store_u16<kMasked, kStream>(s.half_out + i, to_half<kHalf>(p), k);
 }
 
 template <GT kType, bool kWindowEnd, HalfOut kHalf>
@@ -133,8 +130,9 @@ void adamw_run(const AdamWSpan& s, const float* acc, const AdamWCoeffs& coeffs, 
   const Coeffs c(coeffs, gs);
   const int64_t n = s.n;
   int64_t i = 0;
-  if (kHalf != HalfOut::kNone && n >= stream_min()) {
-    // Peel to 32-byte alignment of half_out, then stream the half copy past the caches.
+  if (kHalf != HalfOut::kNone && n >= kStreamMinElements) {
+    // Peel to 32-byte alignment of half_out, then stream the write-only half copy past
+    // the caches (see kStreamMinElements).
     const int64_t head = std::min<int64_t>(
         n, static_cast<int64_t>((32 - (reinterpret_cast<uintptr_t>(s.half_out) & 31)) & 31) / 2);
     if (head > 0) {
@@ -158,17 +156,19 @@ void adamw_run(const AdamWSpan& s, const float* acc, const AdamWCoeffs& coeffs, 
 template <GT kType, bool kWindowEnd>
 void adamw_by_half(const AdamWSpan& s, const float* acc, const AdamWCoeffs& c, float gs) {
   if (s.half_out == nullptr) return adamw_run<kType, kWindowEnd, HalfOut::kNone>(s, acc, c, gs);
-  if (s.half_kind == HalfKind::kBF16)
-    return adamw_run<kType, kWindowEnd, HalfOut::kBF16>(s, acc, c, gs);
+  if (s.half_kind == HalfKind::kBF16) return adamw_run<kType, kWindowEnd, HalfOut::kBF16>(s, acc, c, gs);
   return adamw_run<kType, kWindowEnd, HalfOut::kFP16>(s, acc, c, gs);
 }
 
 template <bool kWindowEnd>
 void adamw_by_grad(const AdamWSpan& s, const float* acc, const AdamWCoeffs& c, float gs) {
   switch (s.grad.type) {
-    case GT::kF32: return adamw_by_half<GT::kF32, kWindowEnd>(s, acc, c, gs);
-    case GT::kBF16: return adamw_by_half<GT::kBF16, kWindowEnd>(s, acc, c, gs);
-    case GT::kFP16: return adamw_by_half<GT::kFP16, kWindowEnd>(s, acc, c, gs);
+    case GT::kF32:
+      return adamw_by_half<GT::kF32, kWindowEnd>(s, acc, c, gs);
+    case GT::kBF16:
+      return adamw_by_half<GT::kBF16, kWindowEnd>(s, acc, c, gs);
+    case GT::kFP16:
+      return adamw_by_half<GT::kFP16, kWindowEnd>(s, acc, c, gs);
   }
 }
 
@@ -177,22 +177,26 @@ inline void accumulate_vector(float* acc, const void* g, int64_t i, __m512 scale
   const __m512 x = _mm512_mul_ps(load_grad<kType, kMasked>(g, i, k), scale);
   // With overwrite the sum is still formed (0 + x) so that -0 becomes +0 as in scalar.
   const __m512 a = kOverwrite ? _mm512_setzero_ps() : load_f32<kMasked>(acc + i, k);
-  if constexpr (kStream) _mm512_stream_ps(acc + i, _mm512_add_ps(a, x));
-  else store_f32<kMasked>(acc + i, _mm512_add_ps(a, x), k);
+  if constexpr (kStream)
+    _mm512_stream_ps(acc + i, _mm512_add_ps(a, x));
+  else
+    store_f32<kMasked>(acc + i, _mm512_add_ps(a, x), k);
 }
 
 template <GT kType, bool kOverwrite>
 void accumulate_run(float* acc, const void* g, int64_t n, float scale_f) {
   const __m512 scale = _mm512_set1_ps(scale_f);
   int64_t i = 0;
-  if (kOverwrite && n >= stream_min()) {
-    const int64_t head = std::min<int64_t>(
-        n, static_cast<int64_t>((64 - (reinterpret_cast<uintptr_t>(acc) & 63)) & 63) / 4);
+  if (kOverwrite && n >= kStreamMinElements) {
+    // acc is write-only when overwriting: peel to 64-byte alignment, then stream it.
+    const int64_t head =
+        std::min<int64_t>(n, static_cast<int64_t>((64 - (reinterpret_cast<uintptr_t>(acc) & 63)) & 63) / 4);
     if (head > 0) {
       accumulate_vector<kType, kOverwrite, true>(acc, g, 0, scale, static_cast<__mmask16>((1u << head) - 1u));
       i = head;
     }
-    for (; i + kLanes <= n; i += kLanes) accumulate_vector<kType, kOverwrite, false, true>(acc, g, i, scale, 0);
+    for (; i + kLanes <= n; i += kLanes)
+      accumulate_vector<kType, kOverwrite, false, true>(acc, g, i, scale, 0);
     _mm_sfence();
   }
   for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
@@ -208,8 +212,10 @@ void accumulate_run(float* acc, const void* g, int64_t n, float scale_f) {
 
 template <GT kType>
 void accumulate_by_mode(float* acc, const void* g, int64_t n, float scale, bool overwrite) {
-  if (overwrite) accumulate_run<kType, true>(acc, g, n, scale);
-  else accumulate_run<kType, false>(acc, g, n, scale);
+  if (overwrite)
+    accumulate_run<kType, true>(acc, g, n, scale);
+  else
+    accumulate_run<kType, false>(acc, g, n, scale);
 }
 
 }  // namespace
@@ -218,16 +224,18 @@ void adamw_step_avx512(const AdamWSpan& s, const AdamWCoeffs& c, float grad_scal
   adamw_by_grad<false>(s, nullptr, c, grad_scale);
 }
 
-void adamw_window_end_avx512(const AdamWSpan& s, const float* acc, const AdamWCoeffs& c,
-                             float grad_scale) {
+void adamw_window_end_avx512(const AdamWSpan& s, const float* acc, const AdamWCoeffs& c, float grad_scale) {
   adamw_by_grad<true>(s, acc, c, grad_scale);
 }
 
 void accumulate_avx512(float* acc, GradRef g, int64_t n, float scale, bool overwrite) {
   switch (g.type) {
-    case GT::kF32: return accumulate_by_mode<GT::kF32>(acc, g.data, n, scale, overwrite);
-    case GT::kBF16: return accumulate_by_mode<GT::kBF16>(acc, g.data, n, scale, overwrite);
-    case GT::kFP16: return accumulate_by_mode<GT::kFP16>(acc, g.data, n, scale, overwrite);
+    case GT::kF32:
+      return accumulate_by_mode<GT::kF32>(acc, g.data, n, scale, overwrite);
+    case GT::kBF16:
+      return accumulate_by_mode<GT::kBF16>(acc, g.data, n, scale, overwrite);
+    case GT::kFP16:
+      return accumulate_by_mode<GT::kFP16>(acc, g.data, n, scale, overwrite);
   }
 }
 

@@ -9,15 +9,14 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <algorithm>
 #include <chrono>
 #include <climits>
-#include <cstdlib>
+#include <condition_variable>
 #include <cstring>
 #include <exception>
-#include <condition_variable>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -30,13 +29,11 @@ namespace zenflow::engine {
 namespace {
 
 void futex_wait(std::atomic<uint32_t>* word, uint32_t expected) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, nullptr,
-          nullptr, 0);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, nullptr, nullptr, 0);
 }
 
 void futex_wake_all(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
-          nullptr, 0);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
 }
 
 inline void cpu_relax() {
@@ -48,10 +45,13 @@ inline void cpu_relax() {
 }
 
 // How long a worker polls for the next call, and the caller for completion, before
-// sleeping in the kernel. Short: a spinning thread on a shared core steals time from
-// the threads doing the work.
-constexpr std::chrono::microseconds kWorkerSpin{50};
-constexpr std::chrono::microseconds kCallerSpin{10};
+// sleeping on a futex. A futex wake-up of a sleeping thread took ~70 us on the dev VM
+// (a halted vCPU must be woken) against ~1 us for a polling one, so workers, which own
+// their reserved cores, poll long enough to catch the next call of a host step
+// (host_optimizer splits a step into back-to-back calls). The caller polls briefly: it
+// may share a core with a worker or with training threads.
+constexpr std::chrono::microseconds kWorkerSpin{200};
+constexpr std::chrono::microseconds kCallerSpin{20};
 
 int64_t gcd64(int64_t a, int64_t b) {
   while (b != 0) {
@@ -81,13 +81,13 @@ struct HostThreadPool::Impl {
   std::atomic<int> sleeping_workers{0};
   bool stopping = false;  // published by a generation bump
 
-  alignas(64) std::atomic<int> pending{0};       // chunks not finished in this call
-  std::atomic<uint32_t> done{0};                 // futex word: 1 once pending hits 0
+  alignas(64) std::atomic<int> pending{0};  // chunks not finished in this call
+  std::atomic<uint32_t> done{0};            // futex word: 1 once pending hits 0
   std::atomic<int> caller_sleeping{0};
 
-  alignas(64) std::atomic<bool> busy{false};     // a parallel_for is in progress
+  alignas(64) std::atomic<bool> busy{false};  // a parallel_for is in progress
   std::atomic<bool> failed{false};
-  std::exception_ptr error;                      // first exception of this call
+  std::exception_ptr error;  // first exception of this call
 
   // Start-up handshake: each worker reports whether pinning worked.
   std::mutex start_mu;
@@ -124,8 +124,7 @@ struct HostThreadPool::Impl {
     {
       std::lock_guard<std::mutex> lock(start_mu);
       if (!pin_error.empty() && start_error.empty())
-        start_error = "HostThreadPool: cannot pin worker " + std::to_string(index) + " to " +
-                      pin_error;
+        start_error = "HostThreadPool: cannot pin worker " + std::to_string(index) + " to " + pin_error;
       ++started;
     }
     start_cv.notify_all();
@@ -138,6 +137,9 @@ struct HostThreadPool::Impl {
         while ((g = generation.load(std::memory_order_acquire)) == seen &&
                std::chrono::steady_clock::now() < until) {
           for (int k = 0; k < 16; ++k) cpu_relax();
+          // Lets another runnable thread on this core (an oversubscribed pool, or a
+          // training thread where cores are shared) run instead of this poll.
+          sched_yield();
         }
         while (g == seen) {
           sleeping_workers.fetch_add(1, std::memory_order_seq_cst);
@@ -182,8 +184,7 @@ struct HostThreadPool::Impl {
 
 HostThreadPool::HostThreadPool(int threads, std::vector<int> cores) : impl_(new Impl) {
   if (threads < 1)
-    throw std::invalid_argument("HostThreadPool: threads must be >= 1, got " +
-                                std::to_string(threads));
+    throw std::invalid_argument("HostThreadPool: threads must be >= 1, got " + std::to_string(threads));
   // Resolve the kernel ISA here, on the constructing thread, so that a bad
   // ZENFLOW_HOST_ISA fails loudly before any work is queued.
   active_host_isa();
@@ -191,8 +192,7 @@ HostThreadPool::HostThreadPool(int threads, std::vector<int> cores) : impl_(new 
   impl_->cores = std::move(cores);
   impl_->workers.reserve(static_cast<size_t>(threads));
   try {
-    for (int i = 0; i < threads; ++i)
-      impl_->workers.emplace_back([this, i] { impl_->worker_main(i); });
+    for (int i = 0; i < threads; ++i) impl_->workers.emplace_back([this, i] { impl_->worker_main(i); });
   } catch (...) {
     impl_->stop_and_join();
     throw;
@@ -213,8 +213,7 @@ HostThreadPool::~HostThreadPool() { impl_->stop_and_join(); }
 
 int HostThreadPool::size() const { return impl_->threads; }
 
-void HostThreadPool::parallel_for(int64_t n, int64_t align,
-                                  const std::function<void(int64_t, int64_t)>& fn) {
+void HostThreadPool::parallel_for(int64_t n, int64_t align, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
   if (t_running_pool == impl_.get())
     throw std::logic_error("HostThreadPool::parallel_for called from one of its own chunks");
@@ -233,19 +232,21 @@ void HostThreadPool::parallel_for(int64_t n, int64_t align,
   s.pending.store(s.threads, std::memory_order_relaxed);
   s.wake_workers();
 
-  if (s.pending.load(std::memory_order_acquire) != 0) {
-    const auto until = std::chrono::steady_clock::now() + kCallerSpin;
-    while (s.pending.load(std::memory_order_acquire) != 0 &&
-           std::chrono::steady_clock::now() < until) {
-      for (int k = 0; k < 16; ++k) cpu_relax();
-    }
-    while (s.done.load(std::memory_order_seq_cst) == 0) {
-      s.caller_sleeping.store(1, std::memory_order_seq_cst);
-      if (s.done.load(std::memory_order_seq_cst) == 0) futex_wait(&s.done, 0);
-      s.caller_sleeping.store(0, std::memory_order_seq_cst);
-    }
+  // Completion is `done`, never `pending` alone: the last worker sets done after its
+  // decrement, so returning on done guarantees no worker still touches this call's
+  // state when the next call resets it.
+  const auto until = std::chrono::steady_clock::now() + kCallerSpin;
+  while (s.done.load(std::memory_order_acquire) == 0 && std::chrono::steady_clock::now() < until) {
+    for (int k = 0; k < 16; ++k) cpu_relax();
+    sched_yield();  // a worker may be waiting for this core
   }
-  // pending == 0 was published with release by the last worker; its writes are visible.
+  while (s.done.load(std::memory_order_seq_cst) == 0) {
+    s.caller_sleeping.store(1, std::memory_order_seq_cst);
+    if (s.done.load(std::memory_order_seq_cst) == 0) futex_wait(&s.done, 0);
+    s.caller_sleeping.store(0, std::memory_order_seq_cst);
+  }
+  // done = 1 was stored (release) after the last decrement of `pending`, whose
+  // acquire-release chain orders every worker's writes before it.
   std::exception_ptr error = s.failed.load(std::memory_order_acquire) ? s.error : nullptr;
   s.error = nullptr;
   s.fn = nullptr;
@@ -266,13 +267,11 @@ constexpr size_t kStaggerStep = 320;
 constexpr unsigned kStaggerSlots = 12;
 }  // namespace
 
-HostBuffer::HostBuffer(int64_t elements, HostThreadPool* first_touch, bool huge_pages)
-    : size_(elements) {
+HostBuffer::HostBuffer(int64_t elements, HostThreadPool* first_touch, bool huge_pages) : size_(elements) {
   if (elements < 0)
     throw std::invalid_argument("HostBuffer: negative element count " + std::to_string(elements));
   if (elements == 0) return;
-  size_t stagger = kStaggerStep * (g_buffer_counter.fetch_add(1) % kStaggerSlots);
-  if (std::getenv("ZF_EXPERIMENT_NO_STAGGER")) stagger = 0;  // EXPERIMENT: remove
+  const size_t stagger = kStaggerStep * (g_buffer_counter.fetch_add(1) % kStaggerSlots);
   const size_t payload = static_cast<size_t>(elements) * sizeof(float) + stagger;
   const size_t alignment = huge_pages ? kHugePage : kPage;
   // Over-allocate by one alignment so the mapping can start on a 2 MiB boundary.
@@ -304,8 +303,7 @@ HostBuffer::HostBuffer(int64_t elements, HostThreadPool* first_touch, bool huge_
     const size_t first_byte = offset + static_cast<size_t>(begin) * sizeof(float);
     const size_t end_byte = offset + static_cast<size_t>(end) * sizeof(float);
     size_t page = begin == 0 ? 0 : (first_byte + kPage - 1) / kPage;
-    for (; page * kPage < end_byte; ++page)
-      reinterpret_cast<volatile char*>(page_base)[page * kPage] = 0;
+    for (; page * kPage < end_byte; ++page) reinterpret_cast<volatile char*>(page_base)[page * kPage] = 0;
   };
   if (first_touch != nullptr) {
     first_touch->parallel_for(elements, kHostChunkAlign, touch);

@@ -72,7 +72,7 @@ class HostBuffer {
  private:
   float* data_ = nullptr;
   int64_t size_ = 0;
-  size_t bytes_ = 0;  // length of the mapping
+  size_t bytes_ = 0;     // length of the mapping
   void* map_ = nullptr;  // start of the mapping
 };
 

@@ -136,6 +136,8 @@ struct ZenFlowOptimizer::Impl {
   int64_t reselections = 0;
   std::unique_ptr<InFlight> inflight;
   double last_lr = 0;
+  HostBuffer scratch;        // re-pack buffer for migrations, sized for the largest matrix
+  int64_t capacity_max = 0;
 
   bool zenflow() const { return opt.mode == OptimizerMode::kZenFlow; }
   bool in_warmup() const { return !zenflow() || t < opt.full_warm_up_rounds; }
@@ -232,6 +234,7 @@ struct ZenFlowOptimizer::Impl {
         s.weight_decay = wd;
         s.host_offset = capacity;
         capacity += s.out * s.in;
+        capacity_max = std::max(capacity_max, s.out * s.in);
         s.k = opt.topk_ratio <= 0 ? 0
                                   : std::max<int64_t>(1, static_cast<int64_t>(std::floor(opt.topk_ratio * s.in)));
         s.k = std::min(s.k, s.in);
@@ -414,45 +417,106 @@ struct ZenFlowOptimizer::Impl {
   }
 
   // Moves master/m/v of columns whose owner changes (§3 "one set of moments per
-  // column"). Requires no host work in flight and no open window.
+  // column"): only entering and leaving columns cross between device and host; the host
+  // arrays are re-packed in place through a reused scratch buffer (no per-call
+  // allocation of model-sized memory). Requires no host work in flight and no open window.
   void migrate(SplitParam& s, const std::vector<int64_t>& new_sel) {
     h2d_done.wait();  // an H2D may still read the master we are about to rewrite
     using device_ops::gather_columns;
     using device_ops::scatter_columns;
+    if (new_sel == s.sel_cpu) return;
     const auto f32cpu = at::TensorOptions().dtype(at::kFloat);
-    // Full per-column state [out, in] on the host, assembled from both owners.
-    at::Tensor full[3] = {at::empty({s.out, s.in}, f32cpu), at::empty({s.out, s.in}, f32cpu),
-                          at::empty({s.out, s.in}, f32cpu)};
-    const HostBuffer* host_state[3] = {&master, &m, &v};
-    if (s.n_host() > 0) {
-      at::Tensor hidx = index_tensor(s.unsel_cpu, at::kCPU);
-      for (int i = 0; i < 3; ++i) scatter_columns(full[i], hidx, host_view(*host_state[i], s));
-    }
-    if (!s.sel_cpu.empty()) {
-      at::Tensor didx = index_tensor(s.sel_cpu, at::kCPU);
-      at::Tensor dmaster = s.dev_master.defined() ? s.dev_master : s.w2d.index_select(1, s.sel).to(at::kFloat);
+    std::vector<int64_t> entering, leaving;
+    std::set_difference(new_sel.begin(), new_sel.end(), s.sel_cpu.begin(), s.sel_cpu.end(),
+                        std::back_inserter(entering));
+    std::set_difference(s.sel_cpu.begin(), s.sel_cpu.end(), new_sel.begin(), new_sel.end(),
+                        std::back_inserter(leaving));
+    std::vector<int64_t> new_unsel = complement(new_sel, s.in);
+    // Positions of each column in the old packed host arrays and the old device arrays.
+    std::vector<int64_t> host_pos(static_cast<size_t>(s.in), -1), dev_pos(static_cast<size_t>(s.in), -1);
+    for (size_t j = 0; j < s.unsel_cpu.size(); ++j) host_pos[static_cast<size_t>(s.unsel_cpu[j])] = static_cast<int64_t>(j);
+    for (size_t j = 0; j < s.sel_cpu.size(); ++j) dev_pos[static_cast<size_t>(s.sel_cpu[j])] = static_cast<int64_t>(j);
+    const int64_t n_old = s.n_host(), n_leave = static_cast<int64_t>(leaving.size());
+    const int64_t n_enter = static_cast<int64_t>(entering.size());
+
+    // Leaving columns: device state -> host (small D2H).
+    at::Tensor dmaster = s.dev_master.defined() || s.sel_cpu.empty()
+                             ? s.dev_master
+                             : s.w2d.index_select(1, s.sel).to(at::kFloat);
+    at::Tensor leave_state[3];
+    if (n_leave > 0) {
+      std::vector<int64_t> lpos;
+      for (int64_t c : leaving) lpos.push_back(dev_pos[static_cast<size_t>(c)]);
+      at::Tensor lidx = index_tensor(lpos, device);
       const at::Tensor dev_state[3] = {dmaster, s.dev_m, s.dev_v};
-      for (int i = 0; i < 3; ++i) scatter_columns(full[i], didx, dev_state[i].to(at::kCPU).contiguous());
+      for (int i = 0; i < 3; ++i) leave_state[i] = dev_state[i].index_select(1, lidx).to(at::kCPU).contiguous();
+    }
+    // Entering columns: host state -> device (small H2D), read before the re-pack.
+    at::Tensor enter_state[3];
+    const HostBuffer* host_state[3] = {&master, &m, &v};
+    if (n_enter > 0) {
+      std::vector<int64_t> epos;
+      for (int64_t c : entering) epos.push_back(host_pos[static_cast<size_t>(c)]);
+      at::Tensor eidx = index_tensor(epos, at::kCPU);
+      for (int i = 0; i < 3; ++i) {
+        enter_state[i] = at::empty({s.out, n_enter}, f32cpu);
+        gather_columns(host_view(*host_state[i], s), eidx, enter_state[i]);
+        enter_state[i] = enter_state[i].to(device);
+      }
+    }
+    // New device arrays: kept columns from the old ones, entering ones from the host.
+    {
+      std::vector<int64_t> src;  // index into [old device columns | entering columns]
+      size_t e = 0;
+      for (int64_t c : new_sel) {
+        if (dev_pos[static_cast<size_t>(c)] >= 0) {
+          src.push_back(dev_pos[static_cast<size_t>(c)]);
+        } else {
+          while (entering[e] != c) ++e;
+          src.push_back(static_cast<int64_t>(s.sel_cpu.size() + e));
+        }
+      }
+      at::Tensor sidx = index_tensor(src, device);
+      auto combine = [&](const at::Tensor& old_cols, const at::Tensor& enter) {
+        at::Tensor base = old_cols.defined() ? old_cols : at::empty({s.out, 0}, enter.defined() ? enter.options() : at::TensorOptions().dtype(at::kFloat).device(device));
+        at::Tensor all = enter.defined() ? at::cat({base, enter}, 1) : base;
+        return all.index_select(1, sidx).contiguous();
+      };
+      at::Tensor new_master = combine(dmaster, enter_state[0]);
+      s.dev_m = combine(s.dev_m, enter_state[1]);
+      s.dev_v = combine(s.dev_v, enter_state[2]);
+      s.dev_master = split_dtype != at::kFloat ? new_master : at::Tensor();
+      // Entering columns' device copies take their master value.
+      if (n_enter > 0) scatter_columns(s.w2d, index_tensor(entering, device), enter_state[0]);
+    }
+    // Re-pack the host arrays: [old packed | leaving] -> new packed, row by row.
+    {
+      std::vector<int64_t> src;
+      size_t l = 0;
+      for (int64_t c : new_unsel) {
+        if (host_pos[static_cast<size_t>(c)] >= 0) {
+          src.push_back(host_pos[static_cast<size_t>(c)]);
+        } else {
+          while (leaving[l] != c) ++l;
+          src.push_back(n_old + static_cast<int64_t>(l));
+        }
+      }
+      at::Tensor sidx = index_tensor(src, at::kCPU);
+      const int64_t width = n_old + n_leave;
+      if (scratch.size() < s.out * width) scratch = HostBuffer(capacity_max, nullptr, opt.huge_pages);
+      at::Tensor combined = at::from_blob(scratch.data(), {s.out, width}, at::kFloat);
+      const int64_t n_new = static_cast<int64_t>(new_unsel.size());
+      for (int i = 0; i < 3; ++i) {
+        float* base = host_ptr(*host_state[i], s);
+        combined.narrow(1, 0, n_old).copy_(at::from_blob(base, {s.out, n_old}, at::kFloat));
+        if (n_leave > 0) combined.narrow(1, n_old, n_leave).copy_(leave_state[i]);
+        gather_columns(combined, sidx, at::from_blob(base, {s.out, n_new}, at::kFloat));
+      }
     }
     s.sel_cpu = new_sel;
-    s.unsel_cpu = complement(new_sel, s.in);
+    s.unsel_cpu = new_unsel;
     s.sel = index_tensor(s.sel_cpu, device);
     s.unsel = index_tensor(s.unsel_cpu, device);
-    if (s.n_host() > 0) {
-      at::Tensor hidx = index_tensor(s.unsel_cpu, at::kCPU);
-      for (int i = 0; i < 3; ++i) gather_columns(full[i], hidx, host_view(*host_state[i], s));
-    }
-    at::Tensor didx = index_tensor(s.sel_cpu, at::kCPU);
-    at::Tensor dev_state[3];
-    for (int i = 0; i < 3; ++i) {
-      dev_state[i] = at::empty({s.out, s.k}, f32cpu);
-      gather_columns(full[i], didx, dev_state[i]);
-    }
-    s.dev_m = dev_state[1].to(device);
-    s.dev_v = dev_state[2].to(device);
-    s.dev_master = split_dtype != at::kFloat ? dev_state[0].to(device) : at::Tensor();
-    // The device copy of an entering column must equal its master value.
-    if (!s.sel_cpu.empty()) scatter_columns(s.w2d, s.sel, dev_state[0].to(device));
   }
 
   void select_all(const std::vector<at::Tensor>* g, int64_t epoch) {

@@ -1,6 +1,7 @@
 // Hugging Face model directories: config.json parsing, validated memory-mapped loading, export.
 #include "worker/model/hf_model.h"
 
+#include <c10/core/GradMode.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -292,7 +293,7 @@ LoadedModel open_model(const std::string& dir, bool load, const HfLoadOptions& o
 
   const at::ScalarType dtype = options.dtype == at::ScalarType::Undefined ? out.checkpoint_dtype : options.dtype;
   out.model = make_architecture(out.config, at::TensorOptions().device(options.device).dtype(dtype), nullptr, where);
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   for (NamedTensor& p : out.model->parameters()) {
     const std::string src = source_name(p.name);
     const SafetensorsFile& f = index.file_of(src);

@@ -315,6 +315,10 @@ ByteLevelBpeTokenizer::ByteLevelBpeTokenizer(const TokenizerSpec& spec, const st
   for (const auto& [token, id] : spec.vocab) max_id = std::max(max_id, id);
   for (const auto& t : added_) max_id = std::max<int64_t>(max_id, t.id);
   if (max_id < 0) fail("the vocabulary is empty");
+  const auto tokens = static_cast<int64_t>(spec.vocab.size() + added_.size());
+  if (max_id >= 4 * tokens + 1024)  // ids index a dense table
+    fail("token ids are too sparse: id " + std::to_string(max_id) + " among " + std::to_string(tokens) +
+         " tokens");
   id_text_.resize(static_cast<std::size_t>(max_id) + 1);
   id_known_.assign(id_text_.size(), 0);
 

@@ -1,0 +1,84 @@
+// export_run: newest checkpoint + job.yaml of a run -> Hugging Face model directory.
+#include "worker/run_export.h"
+
+#include <filesystem>
+#include <optional>
+#include <vector>
+
+#include "common/job_spec.h"
+#include "worker/checkpoint.h"
+#include "worker/model/hf_model.h"
+#include "worker/model/tokenizer.h"
+#include "worker/model_factory.h"
+
+namespace zenflow {
+
+namespace fs = std::filesystem;
+
+ExportSummary export_run(const std::string& run_dir, const std::string& out_dir, const std::string& dtype,
+                         const std::function<void(const std::string&)>& warn) {
+  std::error_code ec;
+  if (!fs::is_directory(run_dir, ec)) throw ExportInputError(run_dir + ": not a directory");
+  if (fs::exists(out_dir, ec) && !(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec)))
+    throw ExportInputError(out_dir + ": already exists and is not an empty directory; choose another --out or remove it");
+  std::optional<Checkpoint> ck = load_latest_checkpoint(run_dir, warn);
+  if (!ck) throw ExportInputError(run_dir + ": holds no readable checkpoint (step-NNNNNNNN directories)");
+
+  fs::path job_file = fs::path(run_dir) / "job.yaml";
+  if (!fs::exists(job_file, ec)) job_file = fs::path(ck->path) / "job.yaml";
+  if (!fs::exists(job_file, ec))
+    throw ExportInputError(run_dir + ": no job.yaml beside the checkpoints; cannot tell which model they belong to");
+  JobSpec spec;
+  try {
+    spec = load_job_spec(job_file.string());
+  } catch (const SpecError& e) {
+    throw ExportInputError(job_file.string() + ": " + e.what());
+  }
+
+  int64_t vocab = 0;
+  try {
+    vocab = model::load_tokenizer(spec.data.tokenizer)->vocab_size();
+  } catch (const std::exception& e) {
+    throw ExportInputError(std::string("data.tokenizer: ") + e.what());
+  }
+  model::LoadedModel info;
+  try {
+    info = describe_model_from_spec(spec.model, vocab);
+  } catch (const std::invalid_argument& e) {
+    throw ExportInputError(job_file.string() + ": " + e.what());
+  }
+
+  at::ScalarType out_dtype = info.checkpoint_dtype;
+  if (dtype == "auto") {
+    if (out_dtype != at::kBFloat16 && out_dtype != at::kHalf) out_dtype = at::kFloat;
+  } else {
+    try {
+      out_dtype = model::hf_dtype_from_name(dtype);
+    } catch (const std::invalid_argument& e) {
+      throw ExportInputError(std::string("--dtype: ") + e.what() + " (or auto)");
+    }
+  }
+
+  ExportSummary s;
+  s.checkpoint = ck->path;
+  s.step = ck->step;
+  s.out_dir = out_dir;
+  s.dtype = model::hf_dtype_name(out_dtype);
+  s.model_type = info.model_type;
+  if (spec.data.tokenizer != "byte") {
+    s.tokenizer_source = spec.data.tokenizer;
+  } else if (!spec.model.from.empty()) {
+    s.tokenizer_source = spec.model.from;
+  }
+  std::vector<model::NamedTensor> tensors;
+  for (auto& [name, t] : ck->model) {
+    tensors.push_back({name, t});
+    s.parameters += t.numel();
+  }
+  s.tensors = static_cast<int64_t>(tensors.size());
+  ck->engine.clear();  // not needed: free the optimizer state before converting weights
+  model::export_hf_model(tensors, info.config, out_dir, out_dtype, s.tokenizer_source);
+  return s;
+}
+
+}  // namespace zenflow
