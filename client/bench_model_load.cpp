@@ -2,9 +2,8 @@
 // (optionally generating a ~1B-parameter bf16 Llama checkpoint to load first).
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -12,6 +11,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -112,7 +112,8 @@ int run_model_load(const ModelLoadArgs& a) {
                       {"parameters", params},
                       {"checkpoint_dtype", zenflow::model::hf_dtype_name(m.checkpoint_dtype)},
                       {"device", a.device},
-                      {"dtype", zenflow::model::hf_dtype_name(m.model->parameters().front().tensor.scalar_type())},
+                      {"dtype",
+                       zenflow::model::hf_dtype_name(m.model->parameters().front().tensor.scalar_type())},
                       {"file_gb", file_bytes / gb},
                       {"parameter_gb", param_bytes / gb},
                       {"load_seconds", seconds},
@@ -138,7 +139,8 @@ const CommandRegistrar kBenchModelLoad(45, [](CommandContext& ctx) {
   cmd->add_flag("--generate", args->generate,
                 "Write a random ~1.1B-parameter bf16 Llama (TinyLlama shape) into DIR first, then exit");
   cmd->add_option("--device", args->device, "Load onto this device (cpu, cuda)");
-  cmd->add_option("--dtype", args->dtype, "Parameter dtype: auto (the checkpoint's), float32, bfloat16, float16")
+  cmd->add_option("--dtype", args->dtype,
+                  "Parameter dtype: auto (the checkpoint's), float32, bfloat16, float16")
       ->check(CLI::IsMember({"auto", "float32", "bfloat16", "float16"}));
   CommandContext* context = &ctx;
   cmd->callback([args, context] { context->exit_code = run_model_load(*args); });

@@ -1,10 +1,9 @@
 // `zenflow export RUN_DIR --out DIR`: the newest checkpoint of a run as a Hugging Face model directory.
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <exception>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "client/commands.h"
@@ -21,11 +20,13 @@ struct ExportArgs {
 
 int run_export(const ExportArgs& a) {
   try {
-    const ExportSummary s =
-        export_run(a.run_dir, a.out, a.dtype, [](const std::string& w) { std::cerr << "zenflow export: " << w << "\n"; });
+    const ExportSummary s = export_run(a.run_dir, a.out, a.dtype, [](const std::string& w) {
+      std::cerr << "zenflow export: " << w << "\n";
+    });
     std::cerr << "zenflow export: step " << s.step << " of " << s.checkpoint << " -> " << s.out_dir << " ("
               << s.model_type << ", " << s.parameters << " parameters, " << s.dtype << ")\n";
-    if (s.tokenizer_source.empty()) std::cerr << "zenflow export: byte tokenizer: no tokenizer files to copy\n";
+    if (s.tokenizer_source.empty())
+      std::cerr << "zenflow export: byte tokenizer: no tokenizer files to copy\n";
     std::cout << nlohmann::json{{"out", s.out_dir},
                                 {"checkpoint", s.checkpoint},
                                 {"step", s.step},
@@ -50,7 +51,8 @@ const CommandRegistrar kExportCommand(30, [](CommandContext& ctx) {
   auto args = std::make_shared<ExportArgs>();
   CLI::App* cmd = ctx.root->add_subcommand(
       "export", "Write the newest checkpoint of a run as a Hugging Face model directory");
-  cmd->add_option("run_dir", args->run_dir, "The run's checkpoint.dir (step-NNNNNNNN directories and job.yaml)")
+  cmd->add_option("run_dir", args->run_dir,
+                  "The run's checkpoint.dir (step-NNNNNNNN directories and job.yaml)")
       ->required();
   cmd->add_option("--out", args->out, "Output directory (must not exist, or be empty)")->required();
   cmd->add_option("--dtype", args->dtype, "Weights dtype: auto (the input model's; float32 for random init)")

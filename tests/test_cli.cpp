@@ -1,5 +1,7 @@
 // The zenflow binary: exit codes and messages for bad specs, --json output of run.
 #include <gtest/gtest.h>
+
+#include "common/remove_tree.h"
 #include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/wait.h>
@@ -84,7 +86,7 @@ TEST(Cli, RunJsonReportsLossesAndStalls) {
 
 TEST(Cli, InterruptWritesACheckpointAndExits130) {
   const fs::path dir = fs::temp_directory_path() / ("zenflow-cli-int-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  zenflow::remove_tree(dir);
   std::string spec_text = kValid;
   spec_text.replace(spec_text.find("steps: 3"), 8, "steps: 100000");
   spec_text.replace(spec_text.find("checkpoint: {every_steps: 0}"), 28,
@@ -118,5 +120,5 @@ TEST(Cli, InterruptWritesACheckpointAndExits130) {
   for (auto& e : fs::directory_iterator(dir / "ckpt"))
     found |= e.path().filename().string().rfind("step-", 0) == 0 && fs::exists(e.path() / "engine.pt");
   EXPECT_TRUE(found) << "no checkpoint written on interrupt";
-  fs::remove_all(dir);
+  zenflow::remove_tree(dir);
 }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/remove_tree.h"
 #include "worker/model/dataset.h"
 #include "worker/model/tokenizer.h"
 
@@ -32,7 +33,7 @@ class TempDir {
   }
   ~TempDir() {
     std::error_code ec;
-    fs::remove_all(path_, ec);
+    zenflow::remove_tree(path_, ec);
   }
   const fs::path& path() const { return path_; }
   void write(const std::string& name, const std::string& text) const {

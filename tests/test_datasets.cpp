@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/job_spec.h"
+#include "common/remove_tree.h"
 #include "worker/model/causal_lm.h"
 #include "worker/model/dataset.h"
 #include "worker/model/tokenizer.h"
@@ -25,12 +26,14 @@ namespace {
 
 fs::path scratch_dir(const std::string& name) {
   const fs::path dir = fs::path(ZENFLOW_BINARY_DIR) / "test-tmp" / "test_datasets" / name;
-  fs::remove_all(dir);
+  zenflow::remove_tree(dir);
   fs::create_directories(dir);
   return dir;
 }
 
-void write_text(const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
 
 template <typename T>
 void write_ids(const fs::path& path, const std::vector<T>& ids) {
@@ -41,8 +44,12 @@ void write_ids(const fs::path& path, const std::vector<T>& ids) {
 // Bytes are tokens 0..255 and 256 is the end-of-sequence token.
 class EosByteTokenizer : public zm::Tokenizer {
  public:
-  std::vector<int32_t> encode(std::string_view text) const override { return zm::ByteTokenizer().encode(text); }
-  std::string decode(const std::vector<int32_t>& ids) const override { return zm::ByteTokenizer().decode(ids); }
+  std::vector<int32_t> encode(std::string_view text) const override {
+    return zm::ByteTokenizer().encode(text);
+  }
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    return zm::ByteTokenizer().decode(ids);
+  }
   int64_t vocab_size() const override { return 257; }
   int32_t eos_id() const override { return 256; }
 };
@@ -81,7 +88,8 @@ std::string error_of(const std::function<void()>& f) {
 
 TEST(JsonlDataset, TextLinesArePackedWithNewlineSeparatorsWhenTheTokenizerHasNoEos) {
   const fs::path dir = scratch_dir("text_byte");
-  write_text(dir / "d.jsonl", "{\"text\": \"abc\"}\n{\"id\": 3, \"text\": \"de\"}\n\n  \n{\"text\": \"fgh\"}\n");
+  write_text(dir / "d.jsonl",
+             "{\"text\": \"abc\"}\n{\"id\": 3, \"text\": \"de\"}\n\n  \n{\"text\": \"fgh\"}\n");
   const auto ds = zm::make_jsonl_dataset((dir / "d.jsonl").string(), zm::ByteTokenizer(), 3);
   // Stream "abc\nde\nfgh" (10 tokens): (10 - 1) / 3 = 3 blocks of 4 sharing an edge.
   ASSERT_EQ(ds->size(), 3);
@@ -124,7 +132,8 @@ TEST(JsonlDataset, PromptCompletionMasksPromptAndPaddingExactly) {
   // No prompt: every completion token after the first is a target.
   e = example(*ds, 2);
   EXPECT_EQ(e.input, (std::vector<int64_t>{'h', 'i', kEos, kEos, kEos, kEos, kEos, kEos}));
-  EXPECT_EQ(e.target, (std::vector<int64_t>{'i', kEos, kIgnore, kIgnore, kIgnore, kIgnore, kIgnore, kIgnore}));
+  EXPECT_EQ(e.target,
+            (std::vector<int64_t>{'i', kEos, kIgnore, kIgnore, kIgnore, kIgnore, kIgnore, kIgnore}));
 
   // The loss sees only the completion: logits that put all mass on a wrong token at
   // every prompt / padding position change nothing; uniform elsewhere gives ln V.
@@ -160,7 +169,8 @@ TEST(JsonlDataset, BadLinesAreErrorsNamingFileAndLine) {
   };
   const std::string file = (dir / "d.jsonl").string();
   std::string e = error_for("{\"text\": \"abc\"}\n{\"prompt\": \"a\", \"completion\": \"b\"}\n");
-  EXPECT_NE(e.find(file + ":2: mixes prompt/completion lines into a file of text lines"), std::string::npos) << e;
+  EXPECT_NE(e.find(file + ":2: mixes prompt/completion lines into a file of text lines"), std::string::npos)
+      << e;
   e = error_for("{\"text\": \"abcdef\"}\n\n{\"text\": \"abc\"\n");
   EXPECT_NE(e.find(file + ":3: not valid JSON"), std::string::npos) << e;
   e = error_for("{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"a\"}\n");
@@ -236,9 +246,11 @@ TEST(TokenFileDataset, BadFilesAreErrorsNamingTheOffset) {
 TEST(DatasetFromSpec, FormatsAndValidationSplit) {
   const fs::path dir = scratch_dir("spec");
   std::string lines;
-  for (int i = 0; i < 20; ++i) lines += "{\"prompt\": \"q" + std::to_string(i) + "\", \"completion\": \"a\"}\n";
+  for (int i = 0; i < 20; ++i)
+    lines += "{\"prompt\": \"q" + std::to_string(i) + "\", \"completion\": \"a\"}\n";
   write_text(dir / "train.jsonl", lines);
-  write_text(dir / "val.jsonl", "{\"prompt\": \"p\", \"completion\": \"c\"}\n{\"prompt\": \"p\", \"completion\": \"d\"}\n");
+  write_text(dir / "val.jsonl",
+             "{\"prompt\": \"p\", \"completion\": \"c\"}\n{\"prompt\": \"p\", \"completion\": \"d\"}\n");
   const EosByteTokenizer tok;
   zenflow::DataSpec d;
   d.format = "jsonl";
@@ -264,8 +276,9 @@ TEST(DatasetFromSpec, FormatsAndValidationSplit) {
   std::tie(train, val) = zenflow::make_dataset_from_spec(tokens, tok, 10, 4);
   EXPECT_EQ(train->size() + val->size(), 4);
   EXPECT_EQ(val->size(), 1);
-  EXPECT_NE(error_of([&] { zenflow::make_dataset_from_spec(tokens, tok, 10, 3); }).find("is 3, not < vocab_size 3"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { zenflow::make_dataset_from_spec(tokens, tok, 10, 3); }).find("is 3, not < vocab_size 3"),
+      std::string::npos);
 
   zenflow::DataSpec text;
   write_text(dir / "t.txt", "hello world, hello tokens");

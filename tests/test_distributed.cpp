@@ -9,20 +9,20 @@
 // ZENFLOW_TEST_ROLE naming what the child does (DistributedChild.Role skips itself in
 // an ordinary run). Every child is killed and reaped by the test that started it, and
 // dies with it (PR_SET_PDEATHSIG). Ports are found at run time; every wait is bounded.
-#include <gtest/gtest.h>
-
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -34,8 +34,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <ATen/detail/CUDAHooksInterface.h>
 
 #include "worker/distributed/communicator.h"
 #include "worker/distributed/grad_reducer.h"
@@ -53,12 +51,14 @@ namespace {
 // LibTorch wheels ship ProcessGroupGloo.hpp without Gloo's own headers, so a build
 // against one has no CPU process group (Communicator::gloo_available() is false there);
 // GPU hosts use NCCL. The CPU tests skip themselves in such a build.
-#define REQUIRE_GLOO()                                                                 \
-  do {                                                                                 \
+#define REQUIRE_GLOO()                                                                            \
+  do {                                                                                            \
     if (!zd::Communicator::gloo_available()) GTEST_SKIP() << "this LibTorch has no Gloo headers"; \
   } while (0)
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 zd::RankInfo local_rank(int rank, int world, int port, std::chrono::milliseconds timeout = 20s) {
   zd::RankInfo info;
@@ -124,7 +124,8 @@ struct Child {
 };
 
 // Re-executes this test binary as rank `rank` playing `role`.
-pid_t spawn_role(const std::string& role, int rank, int world, int port, double timeout_s, bool external = false) {
+pid_t spawn_role(const std::string& role, int rank, int world, int port, double timeout_s,
+                 bool external = false) {
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     if (std::strncmp(*e, "ZENFLOW_", 8) != 0) env.emplace_back(*e);
@@ -205,7 +206,8 @@ void expect_close(const std::vector<at::Tensor>& got, const std::vector<at::Tens
   for (size_t i = 0; i < got.size(); ++i) {
     const double scale = want[i].abs().max().item<double>();
     const double diff = (got[i] - want[i]).abs().max().item<double>();
-    EXPECT_LE(diff, rel * scale) << what << ": parameter " << i << " max|diff| " << diff << " scale " << scale;
+    EXPECT_LE(diff, rel * scale) << what << ": parameter " << i << " max|diff| " << diff << " scale "
+                                 << scale;
   }
 }
 
@@ -315,83 +317,90 @@ TEST(RankInfo, ParsesAndValidatesEnvironment) {
 
 TEST(Communicator, CollectivesAreExactOnThreeRanks) {
   REQUIRE_GLOO();
-  run_ranks(3, [](zd::Communicator& comm) {
-    const int r = comm.rank();
-    const int W = comm.world_size();
-    ASSERT_EQ(W, 3);
-    EXPECT_EQ(comm.backend(), "gloo");
+  run_ranks(
+      3,
+      [](zd::Communicator& comm) {
+        const int r = comm.rank();
+        const int W = comm.world_size();
+        ASSERT_EQ(W, 3);
+        EXPECT_EQ(comm.backend(), "gloo");
 
-    // allreduce: rank r contributes (r + 1) * arange -> 6 * arange, exactly.
-    at::Tensor a = at::arange(10, at::kFloat) * (r + 1);
-    comm.allreduce_sum_(a, zd::Traffic::kGradients);
-    EXPECT_TRUE(at::equal(a, at::arange(10, at::kFloat) * 6));
-    at::Tensor m = at::full({5}, 3.0 * r, at::kDouble);
-    comm.allreduce_mean_(m);
-    EXPECT_TRUE(at::equal(m, at::full({5}, 3.0, at::kDouble)));
-    // A non-contiguous tensor goes through a copy.
-    at::Tensor nc = at::arange(12, at::kFloat).view({3, 4}).t() * (r + 1);
-    comm.allreduce_sum_(nc);
-    EXPECT_TRUE(at::equal(nc, at::arange(12, at::kFloat).view({3, 4}).t() * 6));
+        // allreduce: rank r contributes (r + 1) * arange -> 6 * arange, exactly.
+        at::Tensor a = at::arange(10, at::kFloat) * (r + 1);
+        comm.allreduce_sum_(a, zd::Traffic::kGradients);
+        EXPECT_TRUE(at::equal(a, at::arange(10, at::kFloat) * 6));
+        at::Tensor m = at::full({5}, 3.0 * r, at::kDouble);
+        comm.allreduce_mean_(m);
+        EXPECT_TRUE(at::equal(m, at::full({5}, 3.0, at::kDouble)));
+        // A non-contiguous tensor goes through a copy.
+        at::Tensor nc = at::arange(12, at::kFloat).view({3, 4}).t() * (r + 1);
+        comm.allreduce_sum_(nc);
+        EXPECT_TRUE(at::equal(nc, at::arange(12, at::kFloat).view({3, 4}).t() * 6));
 
-    // A list, coalesced: one collective.
-    const int64_t calls_before = comm.stats().kind(zd::CollectiveKind::kAllreduce).calls;
-    std::vector<at::Tensor> list{at::full({2, 3}, r + 1.0f), at::full({7}, 10.0f * r), at::full({1}, 1.0f)};
-    comm.allreduce_sum_(list, zd::Traffic::kSelection);
-    EXPECT_EQ(comm.stats().kind(zd::CollectiveKind::kAllreduce).calls, calls_before + 1);
-    EXPECT_TRUE(at::equal(list[0], at::full({2, 3}, 6.0f)));
-    EXPECT_TRUE(at::equal(list[1], at::full({7}, 30.0f)));
-    EXPECT_TRUE(at::equal(list[2], at::full({1}, 3.0f)));
+        // A list, coalesced: one collective.
+        const int64_t calls_before = comm.stats().kind(zd::CollectiveKind::kAllreduce).calls;
+        std::vector<at::Tensor> list{at::full({2, 3}, r + 1.0f), at::full({7}, 10.0f * r),
+                                     at::full({1}, 1.0f)};
+        comm.allreduce_sum_(list, zd::Traffic::kSelection);
+        EXPECT_EQ(comm.stats().kind(zd::CollectiveKind::kAllreduce).calls, calls_before + 1);
+        EXPECT_TRUE(at::equal(list[0], at::full({2, 3}, 6.0f)));
+        EXPECT_TRUE(at::equal(list[1], at::full({7}, 30.0f)));
+        EXPECT_TRUE(at::equal(list[2], at::full({1}, 3.0f)));
 
-    // reduce_scatter over uneven shards, both algorithms; rank r's buffer is
-    // (r + 1) * arange(N) + r, so the sum is 6 * arange(N) + 3.
-    for (const std::vector<int64_t>& shards :
-         {std::vector<int64_t>{4, 3, 3}, std::vector<int64_t>{5, 0, 2}, std::vector<int64_t>{1, 1, 0}}) {
-      int64_t n = 0;
-      for (int64_t s : shards) n += s;
-      at::Tensor flat = at::arange(n, at::kFloat) * (r + 1) + r;
-      int64_t off = 0;
-      for (int q = 0; q < r; ++q) off += shards[q];
-      const at::Tensor want = (at::arange(n, at::kFloat) * 6 + 3).narrow(0, off, shards[r]);
-      for (auto algo : {zd::ReduceScatterAlgo::kNative, zd::ReduceScatterAlgo::kAllreduce}) {
-        at::Tensor mine = comm.reduce_scatter(flat, shards, zd::Reduction::kSum, zd::Traffic::kGradients, algo);
-        EXPECT_TRUE(at::equal(mine, want)) << "shards " << shards[0] << "," << shards[1] << "," << shards[2];
-        at::Tensor mean = comm.reduce_scatter(flat, shards, zd::Reduction::kMean, zd::Traffic::kGradients, algo);
-        EXPECT_TRUE(at::allclose(mean, want / 3.0, 0, 1e-6));
-      }
-      // all_gather inverts it: every rank gets the whole reduced buffer.
-      at::Tensor mine = comm.reduce_scatter(flat, shards);
-      at::Tensor all = comm.all_gather(mine, shards, zd::Traffic::kParameters);
-      EXPECT_TRUE(at::equal(all, at::arange(n, at::kFloat) * 6 + 3));
-    }
-    EXPECT_EQ(zd::Communicator::even_shards(10, 3), (std::vector<int64_t>{4, 3, 3}));
+        // reduce_scatter over uneven shards, both algorithms; rank r's buffer is
+        // (r + 1) * arange(N) + r, so the sum is 6 * arange(N) + 3.
+        for (const std::vector<int64_t>& shards :
+             {std::vector<int64_t>{4, 3, 3}, std::vector<int64_t>{5, 0, 2}, std::vector<int64_t>{1, 1, 0}}) {
+          int64_t n = 0;
+          for (int64_t s : shards) n += s;
+          at::Tensor flat = at::arange(n, at::kFloat) * (r + 1) + r;
+          int64_t off = 0;
+          for (int q = 0; q < r; ++q) off += shards[q];
+          const at::Tensor want = (at::arange(n, at::kFloat) * 6 + 3).narrow(0, off, shards[r]);
+          for (auto algo : {zd::ReduceScatterAlgo::kNative, zd::ReduceScatterAlgo::kAllreduce}) {
+            at::Tensor mine =
+                comm.reduce_scatter(flat, shards, zd::Reduction::kSum, zd::Traffic::kGradients, algo);
+            EXPECT_TRUE(at::equal(mine, want))
+                << "shards " << shards[0] << "," << shards[1] << "," << shards[2];
+            at::Tensor mean =
+                comm.reduce_scatter(flat, shards, zd::Reduction::kMean, zd::Traffic::kGradients, algo);
+            EXPECT_TRUE(at::allclose(mean, want / 3.0, 0, 1e-6));
+          }
+          // all_gather inverts it: every rank gets the whole reduced buffer.
+          at::Tensor mine = comm.reduce_scatter(flat, shards);
+          at::Tensor all = comm.all_gather(mine, shards, zd::Traffic::kParameters);
+          EXPECT_TRUE(at::equal(all, at::arange(n, at::kFloat) * 6 + 3));
+        }
+        EXPECT_EQ(zd::Communicator::even_shards(10, 3), (std::vector<int64_t>{4, 3, 3}));
 
-    // all_gather of distinct per-rank shards of sizes {2, 0, 3}.
-    const std::vector<int64_t> sizes{2, 0, 3};
-    at::Tensor shard = at::arange(sizes[r], at::kLong) + 100 * r;
-    at::Tensor g = comm.all_gather(shard, sizes);
-    EXPECT_TRUE(at::equal(g, at::tensor(std::vector<int64_t>{0, 1, 200, 201, 202})));
+        // all_gather of distinct per-rank shards of sizes {2, 0, 3}.
+        const std::vector<int64_t> sizes{2, 0, 3};
+        at::Tensor shard = at::arange(sizes[r], at::kLong) + 100 * r;
+        at::Tensor g = comm.all_gather(shard, sizes);
+        EXPECT_TRUE(at::equal(g, at::tensor(std::vector<int64_t>{0, 1, 200, 201, 202})));
 
-    // broadcast from rank 2.
-    at::Tensor b = at::full({4}, static_cast<float>(r));
-    comm.broadcast_(b, 2);
-    EXPECT_TRUE(at::equal(b, at::full({4}, 2.0f)));
-    comm.barrier();
+        // broadcast from rank 2.
+        at::Tensor b = at::full({4}, static_cast<float>(r));
+        comm.broadcast_(b, 2);
+        EXPECT_TRUE(at::equal(b, at::full({4}, 2.0f)));
+        comm.barrier();
 
-    // Argument errors are std::invalid_argument and do not break the communicator.
-    at::Tensor bad = at::zeros({5});
-    EXPECT_THROW(comm.reduce_scatter(bad, {1, 1, 1}), std::invalid_argument);
-    EXPECT_THROW(comm.all_gather(bad, {1, 1, 1}), std::invalid_argument);
-    EXPECT_THROW(comm.broadcast_(bad, 3), std::invalid_argument);
-    EXPECT_FALSE(comm.failed());
-  }, /*external=*/false);
+        // Argument errors are std::invalid_argument and do not break the communicator.
+        at::Tensor bad = at::zeros({5});
+        EXPECT_THROW(comm.reduce_scatter(bad, {1, 1, 1}), std::invalid_argument);
+        EXPECT_THROW(comm.all_gather(bad, {1, 1, 1}), std::invalid_argument);
+        EXPECT_THROW(comm.broadcast_(bad, 3), std::invalid_argument);
+        EXPECT_FALSE(comm.failed());
+      },
+      /*external=*/false);
 }
 
 TEST(Communicator, ByteCountersPerKindAndTraffic) {
   REQUIRE_GLOO();
   run_ranks(2, [](zd::Communicator& comm) {
     comm.reset_stats();
-    at::Tensor grads = at::zeros({1000});         // 4000 B of gradients
-    at::Tensor scores = at::zeros({10});          // 40 B of selection scores
+    at::Tensor grads = at::zeros({1000});  // 4000 B of gradients
+    at::Tensor scores = at::zeros({10});   // 40 B of selection scores
     comm.allreduce_sum_(grads, zd::Traffic::kGradients);
     comm.allreduce_sum_(scores, zd::Traffic::kSelection);
     at::Tensor flat = at::zeros({100}, at::kDouble);  // 800 B
@@ -419,21 +428,25 @@ TEST(Communicator, ReduceScatterAlgorithmsAgreeAndAreTimed) {
     const int64_t n = 1 << 20;
     at::Tensor flat = at::arange(n, at::kFloat).remainder(1000) * (comm.rank() + 1);
     const auto shards = zd::Communicator::even_shards(n, 2);
-    const at::Tensor want = (at::arange(n, at::kFloat).remainder(1000) * 3).narrow(0, comm.rank() * (n / 2), n / 2);
+    const at::Tensor want =
+        (at::arange(n, at::kFloat).remainder(1000) * 3).narrow(0, comm.rank() * (n / 2), n / 2);
     double best[2] = {1e9, 1e9};
     for (int rep = 0; rep < 5; ++rep) {
       for (int a = 0; a < 2; ++a) {
         comm.barrier();
         const auto t0 = Clock::now();
-        at::Tensor mine = comm.reduce_scatter(flat, shards, zd::Reduction::kSum, zd::Traffic::kOther,
-                                              a == 0 ? zd::ReduceScatterAlgo::kNative : zd::ReduceScatterAlgo::kAllreduce);
+        at::Tensor mine =
+            comm.reduce_scatter(flat, shards, zd::Reduction::kSum, zd::Traffic::kOther,
+                                a == 0 ? zd::ReduceScatterAlgo::kNative : zd::ReduceScatterAlgo::kAllreduce);
         best[a] = std::min(best[a], seconds_since(t0));
         EXPECT_TRUE(at::equal(mine, want));
       }
     }
     if (comm.rank() == 0) {
-      std::printf("[figure] reduce_scatter of 4 MiB on 2 Gloo ranks: all-to-all+sum %.2f ms, allreduce+slice %.2f ms\n",
-                  best[0] * 1e3, best[1] * 1e3);
+      std::printf(
+          "[figure] reduce_scatter of 4 MiB on 2 Gloo ranks: all-to-all+sum %.2f ms, allreduce+slice %.2f "
+          "ms\n",
+          best[0] * 1e3, best[1] * 1e3);
     }
   });
 }
@@ -473,7 +486,8 @@ TEST(GradReducer, TwoRanksOfBatchBEqualOneRankOf2B) {
         EXPECT_GE(rep.wait_seconds, 0.0);
         std::vector<at::Tensor> got;
         for (auto& p : m.params) got.push_back(p.grad());
-        expect_close(got, want, 1e-6, "bucket " + std::to_string(bucket_bytes) + " step " + std::to_string(step));
+        expect_close(got, want, 1e-6,
+                     "bucket " + std::to_string(bucket_bytes) + " step " + std::to_string(step));
       }
       EXPECT_EQ(comm.stats().traffic_bytes(zd::Traffic::kGradients),
                 2 * (32 * 16 + 32 + 32 * 32 + 32 + 4 * 32 + 4) * 4);
@@ -568,7 +582,8 @@ TEST(GradReducer, AllreduceStallShareFigure) {
       zd::GradReducerOptions o;
       o.bucket_bytes = bucket;
       zd::GradReducer red(comm, ps, o);
-      const at::Tensor xr = x.narrow(0, comm.rank() * batch, batch), yr = y.narrow(0, comm.rank() * batch, batch);
+      const at::Tensor xr = x.narrow(0, comm.rank() * batch, batch),
+                       yr = y.narrow(0, comm.rank() * batch, batch);
       double step_s = 0, wait_s = 0;
       for (int it = 0; it < 8; ++it) {
         comm.barrier();
@@ -585,10 +600,12 @@ TEST(GradReducer, AllreduceStallShareFigure) {
       }
       EXPECT_LE(wait_s, step_s);
       if (comm.rank() == 0) {
-        std::printf("[figure] 2 Gloo ranks, %d bucket(s) of <= %lld B, %.1f MiB of gradients: allreduce stall %.2f ms "
-                    "of %.2f ms per step (%.0f%%)\n",
-                    red.num_buckets(), static_cast<long long>(bucket), 4 * (width * width + width) * 4 / 1048576.0,
-                    wait_s / 6 * 1e3, step_s / 6 * 1e3, 100 * wait_s / step_s);
+        std::printf(
+            "[figure] 2 Gloo ranks, %d bucket(s) of <= %lld B, %.1f MiB of gradients: allreduce stall %.2f "
+            "ms "
+            "of %.2f ms per step (%.0f%%)\n",
+            red.num_buckets(), static_cast<long long>(bucket), 4 * (width * width + width) * 4 / 1048576.0,
+            wait_s / 6 * 1e3, step_s / 6 * 1e3, 100 * wait_s / step_s);
       }
     });
   }
@@ -672,7 +689,8 @@ void lose_peer(int me, int sig, double timeout_s, double bound_s, bool external 
   const int peer = 1 - me;
   Child child(spawn_role("spin", peer, 2, port, timeout_s, external));
   ASSERT_GT(child.pid, 0);
-  zd::RankInfo info = local_rank(me, 2, port, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  zd::RankInfo info =
+      local_rank(me, 2, port, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
   info.store_external = external;
   zd::Communicator comm(info, slow_start_options());
   for (int i = 0; i < 3; ++i) {
@@ -699,8 +717,8 @@ void lose_peer(int me, int sig, double timeout_s, double bound_s, bool external 
   ASSERT_FALSE(message.empty()) << "allreduces kept succeeding without rank " << peer;
   EXPECT_LE(attempts, 2);
   const double took = seconds_since(t0);
-  std::printf("[figure] lost rank %d (signal %d, timeout %.1f s): rank %d threw after %.2f s: %s\n", peer, sig,
-              timeout_s, me, took, message.c_str());
+  std::printf("[figure] lost rank %d (signal %d, timeout %.1f s): rank %d threw after %.2f s: %s\n", peer,
+              sig, timeout_s, me, took, message.c_str());
   EXPECT_LT(took, bound_s);
   EXPECT_NE(message.find("lost rank " + std::to_string(peer)), std::string::npos) << message;
   EXPECT_NE(message.find("allreduce"), std::string::npos) << message;
@@ -861,7 +879,8 @@ TEST(Launcher, RanksRendezvousThroughTheEnvironment) {
 TEST(Launcher, FailedRankIsNamedAndTheOthersAreStopped) {
   std::vector<std::string> lines;
   const auto t0 = Clock::now();
-  const zd::LaunchResult r = zd::launch_local_ranks_detailed(2, kChildArgv, launcher_options("exit3_rank1", &lines));
+  const zd::LaunchResult r =
+      zd::launch_local_ranks_detailed(2, kChildArgv, launcher_options("exit3_rank1", &lines));
   const double took = seconds_since(t0);
   EXPECT_EQ(r.exit_code, 3);
   EXPECT_EQ(r.failed_rank, 1);
@@ -882,7 +901,8 @@ TEST(Launcher, ForwardsSigintToTheRanks) {
     ::kill(::getpid(), SIGINT);  // as a terminal's Ctrl-C would reach the launcher
   });
   const auto t0 = Clock::now();
-  const zd::LaunchResult r = zd::launch_local_ranks_detailed(2, kChildArgv, launcher_options("sleep", &lines));
+  const zd::LaunchResult r =
+      zd::launch_local_ranks_detailed(2, kChildArgv, launcher_options("sleep", &lines));
   interrupter.join();
   EXPECT_EQ(r.interrupted_by, SIGINT);
   EXPECT_EQ(r.exit_code, 128 + SIGINT);

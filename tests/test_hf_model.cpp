@@ -2,8 +2,8 @@
 // load and match an independent PyTorch transcription of the HF forward equations; sharded
 // and bf16 loading; malformed inputs; export round trips; the job-spec model factory.
 #include <ATen/ATen.h>
-#include <c10/core/GradMode.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -21,11 +21,12 @@
 #include <vector>
 
 #include "common/job_spec.h"
+#include "common/remove_tree.h"
+#include "worker/checkpoint.h"
 #include "worker/model/gpt2.h"
 #include "worker/model/hf_model.h"
 #include "worker/model/llama.h"
 #include "worker/model/safetensors.h"
-#include "worker/checkpoint.h"
 #include "worker/model_factory.h"
 #include "worker/run_export.h"
 
@@ -40,7 +41,7 @@ const std::string kPython = "/usr/bin/python3";
 
 fs::path scratch_dir(const std::string& name) {
   const fs::path dir = fs::path(ZENFLOW_BINARY_DIR) / "test-tmp" / "test_hf_model" / name;
-  fs::remove_all(dir);
+  zenflow::remove_tree(dir);
   fs::create_directories(dir);
   return dir;
 }
@@ -64,7 +65,9 @@ std::string read_text(const fs::path& path) {
   return ss.str();
 }
 
-void write_text(const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
 
 void write_raw(const fs::path& file, const at::Tensor& t) {
   const at::Tensor c = t.detach().contiguous();
@@ -83,7 +86,8 @@ at::Tensor random_ids(int64_t B, int64_t T, int64_t V, uint64_t seed) {
 Named random_weights(const json& config, uint64_t seed) {
   at::Generator gen = at::detail::createCPUGenerator(seed);
   Named out;
-  for (const auto& p : zm::make_hf_architecture(config, at::TensorOptions().device(at::kMeta))->parameters()) {
+  for (const auto& p :
+       zm::make_hf_architecture(config, at::TensorOptions().device(at::kMeta))->parameters()) {
     at::Tensor t = at::empty(p.tensor.sizes(), at::kFloat);
     const bool norm = p.name.find("norm") != std::string::npos || p.name.find("ln_") != std::string::npos;
     if (norm && p.name.find(".weight") != std::string::npos) {
@@ -452,8 +456,8 @@ TEST(HfModel, LogitsMatchHuggingFaceEquationsInPythonForEveryArchitecture) {
   std::string args;
   uint64_t seed = 100;
   for (const Case& c : cases) {
-    const fs::path model_dir = write_model_dir(dir / ("model_" + c.name), c.config, random_weights(c.config, ++seed),
-                                               c.dtype);
+    const fs::path model_dir =
+        write_model_dir(dir / ("model_" + c.name), c.config, random_weights(c.config, ++seed), c.dtype);
     prepare_case(dir / c.name, model_dir, seed);
     args += " " + (dir / c.name).string();
   }
@@ -487,8 +491,8 @@ TEST(HfModel, Llama3RopeScalingKeepsHighDividesLowAndBlendsMediumFrequencies) {
   for (int64_t i = 5; i < 8; ++i) EXPECT_FLOAT_EQ(scaled[i].item<float>(), base[i].item<float>() / 8) << i;
   const double wavelen = 2 * M_PI / base[4].item<double>();
   const double smooth = (8192 / wavelen - 1) / (4 - 1);
-  EXPECT_NEAR(scaled[4].item<double>(), (1 - smooth) * base[4].item<double>() / 8 + smooth * base[4].item<double>(),
-              1e-9);
+  EXPECT_NEAR(scaled[4].item<double>(),
+              (1 - smooth) * base[4].item<double>() / 8 + smooth * base[4].item<double>(), 1e-9);
   EXPECT_GT(smooth, 0.2);
   EXPECT_LT(smooth, 0.8);
 }
@@ -503,7 +507,7 @@ TEST(HfModel, ConfigsMapToArchitecturesWithHuggingFaceDefaults) {
   EXPECT_EQ(m.sliding_window, 5);
   EXPECT_EQ(m.rope_scaling.rope_type, "linear");
   EXPECT_EQ(m.num_key_value_heads, 1);
-  json minimal = {{"model_type", "mistral"}, {"vocab_size", 10},        {"hidden_size", 8},
+  json minimal = {{"model_type", "mistral"}, {"vocab_size", 10},       {"hidden_size", 8},
                   {"intermediate_size", 16}, {"num_hidden_layers", 1}, {"num_attention_heads", 2}};
   const zm::LlamaConfig d = zm::llama_config_from_hf(minimal);
   EXPECT_EQ(d.num_key_value_heads, 2);
@@ -618,11 +622,13 @@ TEST(HfModel, MalformedDirectoriesGiveErrorsNamingTheProblem) {
   };
 
   std::string e = load_error(variant("missing", [](json&, Named& t) {
-    t.erase(std::remove_if(t.begin(), t.end(), [](auto& p) { return p.first == "model.layers.1.mlp.up_proj.weight"; }),
+    t.erase(std::remove_if(t.begin(), t.end(),
+                           [](auto& p) { return p.first == "model.layers.1.mlp.up_proj.weight"; }),
             t.end());
   }));
-  EXPECT_NE(e.find("model.safetensors: tensor 'model.layers.1.mlp.up_proj.weight' (shape [48, 32]) is missing"),
-            std::string::npos)
+  EXPECT_NE(
+      e.find("model.safetensors: tensor 'model.layers.1.mlp.up_proj.weight' (shape [48, 32]) is missing"),
+      std::string::npos)
       << e;
 
   e = load_error(variant("shape", [](json&, Named& t) {
@@ -634,10 +640,12 @@ TEST(HfModel, MalformedDirectoriesGiveErrorsNamingTheProblem) {
       << e;
 
   e = load_error(variant("vocab", [](json& c, Named&) { c["vocab_size"] = 100; }));
-  EXPECT_NE(e.find("tensor 'model.embed_tokens.weight' has shape [96, 32], expected [100, 32]"), std::string::npos)
+  EXPECT_NE(e.find("tensor 'model.embed_tokens.weight' has shape [96, 32], expected [100, 32]"),
+            std::string::npos)
       << e;
 
-  e = load_error(variant("extra", [](json&, Named& t) { t.emplace_back("model.layers.0.adapter.weight", at::zeros({2})); }));
+  e = load_error(variant(
+      "extra", [](json&, Named& t) { t.emplace_back("model.layers.0.adapter.weight", at::zeros({2})); }));
   EXPECT_NE(e.find("unexpected tensor 'model.layers.0.adapter.weight'"), std::string::npos) << e;
 
   e = load_error(variant("int_dtype", [](json&, Named& t) {
@@ -647,9 +655,11 @@ TEST(HfModel, MalformedDirectoriesGiveErrorsNamingTheProblem) {
   EXPECT_NE(e.find("tensor 'model.norm.weight' has dtype I32"), std::string::npos) << e;
 
   // Buffers older transformers saved are accepted.
-  EXPECT_EQ(load_error(variant("inv_freq", [](json&, Named& t) {
-              t.emplace_back("model.layers.0.self_attn.rotary_emb.inv_freq", at::ones({4}));
-            })),
+  EXPECT_EQ(load_error(variant("inv_freq",
+                               [](json&, Named& t) {
+                                 t.emplace_back("model.layers.0.self_attn.rotary_emb.inv_freq",
+                                                at::ones({4}));
+                               })),
             "");
 
   const fs::path bad_json = variant("bad_json", [](json&, Named&) {});
@@ -684,20 +694,26 @@ TEST(HfModel, MalformedDirectoriesGiveErrorsNamingTheProblem) {
   EXPECT_NE(e.find("config.json: cannot open"), std::string::npos) << e;
 }
 
-TEST(HfModel, ExportRoundTripGivesIdenticalLogitsAndCopiesTokenizerFiles) {
+TEST(HfModel, ExportAfterTrainingReloadsToIdenticalLogitsAndCopiesTokenizerFiles) {
   const fs::path dir = scratch_dir("export");
   for (const json& config : {llama_gqa_config(), gpt2_variant_config(), qwen2_config()}) {
     SCOPED_TRACE(config.dump());
-    fs::remove_all(dir);
+    zenflow::remove_tree(dir);
     const fs::path src = write_model_dir(dir / "src", config, random_weights(config, 17));
     write_text(src / "tokenizer.json", "{\"model\": {\"type\": \"BPE\"}}");
     write_text(src / "tokenizer_config.json", "{\"eos_token\": \"</s>\"}");
     zm::LoadedModel loaded = zm::load_hf_model(src.string());
-    {  // "fine-tune": move every weight a little
+    const at::Tensor before = logits_of(*loaded.model, random_ids(1, 8, 80, 8));
+    for (int step = 0; step < 3; ++step) {  // fine-tune: three SGD steps on fixed data
+      const at::Tensor ids = random_ids(4, 12, 80, 40 + step);
+      zm::causal_lm_loss(loaded.model->forward(ids), random_ids(4, 12, 80, 50 + step)).backward();
       c10::NoGradGuard no_grad;
-      at::Generator gen = at::detail::createCPUGenerator(3);
-      for (auto& p : loaded.model->parameters()) p.tensor.add_(at::normal(0.0, 0.01, p.tensor.sizes(), gen));
+      for (auto& p : loaded.model->parameters()) {
+        p.tensor.sub_(0.5 * p.tensor.grad());
+        p.tensor.grad().zero_();
+      }
     }
+    ASSERT_GT((logits_of(*loaded.model, random_ids(1, 8, 80, 8)) - before).abs().max().item<float>(), 1e-3f);
     zm::export_hf_model(*loaded.model, loaded.config, (dir / "out").string(), at::kFloat, src.string());
     EXPECT_EQ(read_text(dir / "out" / "tokenizer.json"), read_text(src / "tokenizer.json"));
     EXPECT_EQ(read_text(dir / "out" / "tokenizer_config.json"), read_text(src / "tokenizer_config.json"));
@@ -726,7 +742,8 @@ TEST(HfModel, ExportRoundTripGivesIdenticalLogitsAndCopiesTokenizerFiles) {
 TEST(HfModel, ExportRefusesBadInputAndLeavesNothingBehind) {
   const fs::path dir = scratch_dir("export_errors");
   const json config = llama_gqa_config();
-  zm::LoadedModel loaded = zm::load_hf_model(write_model_dir(dir / "src", config, random_weights(config, 19)).string());
+  zm::LoadedModel loaded =
+      zm::load_hf_model(write_model_dir(dir / "src", config, random_weights(config, 19)).string());
   std::vector<zm::NamedTensor> params = loaded.model->parameters();
 
   fs::create_directories(dir / "busy");
@@ -744,9 +761,11 @@ TEST(HfModel, ExportRefusesBadInputAndLeavesNothingBehind) {
     zm::export_hf_model(missing, config, (dir / "out").string(), at::kFloat, "");
     ADD_FAILURE() << "exported without lm_head.weight";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("tensor 'lm_head.weight' is missing"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("tensor 'lm_head.weight' is missing"), std::string::npos)
+        << e.what();
   }
-  EXPECT_THROW(zm::export_hf_model(params, config, (dir / "out").string(), at::kDouble, ""), std::runtime_error);
+  EXPECT_THROW(zm::export_hf_model(params, config, (dir / "out").string(), at::kDouble, ""),
+               std::runtime_error);
   EXPECT_FALSE(fs::exists(dir / "out"));
   for (const auto& entry : fs::directory_iterator(dir))
     EXPECT_EQ(entry.path().filename().string().find(".tmp"), std::string::npos) << entry.path();
@@ -759,7 +778,7 @@ TEST(HfModel, ExportRefusesBadInputAndLeavesNothingBehind) {
 
 TEST(ModelFactory, RandomInitFromSpecBuildsTheArchAndAnExportableConfig) {
   zenflow::ModelSpec llama;
-  llama.config = {{"hidden_size", 32}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+  llama.config = {{"hidden_size", 32},        {"num_hidden_layers", 2},  {"num_attention_heads", 4},
                   {"num_key_value_heads", 2}, {"intermediate_size", 48}, {"max_position_embeddings", 64}};
   zenflow::ModelSpec gpt2 = llama;
   gpt2.arch = "gpt2";
@@ -817,12 +836,13 @@ TEST(ModelFactory, ModelFromLoadsTheCheckpointAndRejectsConfigOverrides) {
   EXPECT_EQ(info.checkpoint_dtype, at::kBFloat16);
   EXPECT_EQ(info.source_dir, dir.string());
   EXPECT_FALSE(info.model);
-  EXPECT_TRUE(at::equal(param(*m, "model.layers.1.self_attn.q_proj.bias"),
-                        w[std::find_if(w.begin(), w.end(), [](auto& p) {
-                            return p.first == "model.layers.1.self_attn.q_proj.bias";
-                          }) - w.begin()]
-                            .second.to(at::kBFloat16)
-                            .to(at::kFloat)));
+  EXPECT_TRUE(
+      at::equal(param(*m, "model.layers.1.self_attn.q_proj.bias"),
+                w[std::find_if(w.begin(), w.end(),
+                               [](auto& p) { return p.first == "model.layers.1.self_attn.q_proj.bias"; }) -
+                  w.begin()]
+                    .second.to(at::kBFloat16)
+                    .to(at::kFloat)));
   EXPECT_EQ(zenflow::describe_model_from_spec(spec, 80).checkpoint_dtype, at::kBFloat16);
   try {
     zenflow::make_model_from_spec(spec, 81, 1, nullptr);
@@ -845,7 +865,8 @@ void write_run(const fs::path& run_dir, const std::string& job_yaml, const Named
   Named earlier;
   for (const auto& [n, t] : weights) earlier.emplace_back(n, at::zeros_like(t));
   zenflow::write_checkpoint(run_dir.string(), step - 1, earlier, {}, json::object(), 3);
-  zenflow::write_checkpoint(run_dir.string(), step, weights, {{"engine.m", at::ones({3})}}, json::object(), 3);
+  zenflow::write_checkpoint(run_dir.string(), step, weights, {{"engine.m", at::ones({3})}}, json::object(),
+                            3);
 }
 
 }  // namespace
@@ -860,8 +881,9 @@ TEST(ExportRun, FineTunedCheckpointOfAPretrainedModelExportsInItsDtypeWithTokeni
   // The "fine-tuned" weights: fp32, as a CPU run keeps them.
   const Named tuned = random_weights(config, 31);
   write_run(dir / "run",
-            "name: t\nmodel: {from: " + src.string() + "}\ndata: {train: /dev/null, tokenizer: byte}\n"
-            "train: {seq_len: 16}\n",
+            "name: t\nmodel: {from: " + src.string() +
+                "}\ndata: {train: /dev/null, tokenizer: byte}\n"
+                "train: {seq_len: 16}\n",
             tuned, 8);
   std::vector<std::string> warnings;
   const zenflow::ExportSummary s = zenflow::export_run((dir / "run").string(), (dir / "out").string(), "auto",
@@ -885,23 +907,28 @@ TEST(ExportRun, FineTunedCheckpointOfAPretrainedModelExportsInItsDtypeWithTokeni
   zenflow::export_run((dir / "run").string(), (dir / "out32").string(), "float32", nullptr);
   zm::LoadedModel out32 = zm::load_hf_model((dir / "out32").string());
   const auto p32 = out32.model->parameters();
-  for (size_t i = 0; i < p32.size(); ++i) EXPECT_TRUE(at::equal(p32[i].tensor, tuned[i].second)) << p32[i].name;
+  for (size_t i = 0; i < p32.size(); ++i)
+    EXPECT_TRUE(at::equal(p32[i].tensor, tuned[i].second)) << p32[i].name;
 }
 
 TEST(ExportRun, RandomInitRunExportsFloat32AndBadInputIsReported) {
   const fs::path dir = scratch_dir("export_run_random");
   zenflow::ModelSpec m;
   m.arch = "gpt2";
-  m.config = {{"hidden_size", 32}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+  m.config = {{"hidden_size", 32},
+              {"num_hidden_layers", 2},
+              {"num_attention_heads", 4},
               {"max_position_embeddings", 32}};
   auto model = zenflow::make_model_from_spec(m, 256, 3, nullptr);
   Named weights;
   for (const auto& p : model->parameters()) weights.emplace_back(p.name, p.tensor.detach());
-  write_run(dir / "run",
-            "name: r\nmodel: {arch: gpt2, config: {hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 4, "
-            "max_position_embeddings: 32}}\ndata: {train: /dev/null}\ntrain: {seq_len: 16}\n",
-            weights, 5);
-  const zenflow::ExportSummary s = zenflow::export_run((dir / "run").string(), (dir / "out").string(), "auto", nullptr);
+  write_run(
+      dir / "run",
+      "name: r\nmodel: {arch: gpt2, config: {hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 4, "
+      "max_position_embeddings: 32}}\ndata: {train: /dev/null}\ntrain: {seq_len: 16}\n",
+      weights, 5);
+  const zenflow::ExportSummary s =
+      zenflow::export_run((dir / "run").string(), (dir / "out").string(), "auto", nullptr);
   EXPECT_EQ(s.dtype, "float32");
   EXPECT_EQ(s.model_type, "gpt2");
   EXPECT_TRUE(s.tokenizer_source.empty());
@@ -917,7 +944,8 @@ TEST(ExportRun, RandomInitRunExportsFloat32AndBadInputIsReported) {
     }
     return std::string();
   };
-  EXPECT_NE(input_error(dir / "run", "float64").find("--dtype: dtype 'float64' is not one of"), std::string::npos);
+  EXPECT_NE(input_error(dir / "run", "float64").find("--dtype: dtype 'float64' is not one of"),
+            std::string::npos);
   fs::create_directories(dir / "empty");
   EXPECT_NE(input_error(dir / "empty", "auto").find("holds no readable checkpoint"), std::string::npos);
   fs::remove(dir / "run" / "job.yaml");

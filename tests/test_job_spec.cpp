@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/remove_tree.h"
 #include "common/job_spec.h"
 
 namespace zenflow {
@@ -385,7 +386,7 @@ TEST(JobSpec, LoadResolvesAgainstTheFilesDirectoryAndNamesTheFileInErrors) {
     EXPECT_EQ(e.path(), missing);
     EXPECT_STREQ(e.what(), (missing + ": cannot read file").c_str());
   }
-  fs::remove_all(dir);
+  zenflow::remove_tree(dir);
 }
 
 TEST(JobSpec, ToYamlRoundTripsEveryField) {

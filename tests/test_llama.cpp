@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/remove_tree.h"
 #include "worker/model/causal_lm.h"
 #include "worker/model/llama.h"
 
@@ -482,7 +483,7 @@ TEST(Llama, LogitsMatchHuggingFaceEquationsInPython) {
                       " " + (dir / "tied").string() + " 2>&1",
                   &status);
   std::error_code ec;
-  fs::remove_all(dir, ec);
+  zenflow::remove_tree(dir, ec);
   ASSERT_EQ(status, 0) << out;
   std::cout << out;
   size_t pos = 0;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/remove_tree.h"
 #include "worker/model/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -28,7 +29,7 @@ const std::string kPython = "/usr/bin/python3";
 
 fs::path scratch_dir(const std::string& name) {
   const fs::path dir = fs::path(ZENFLOW_BINARY_DIR) / "test-tmp" / "test_safetensors" / name;
-  fs::remove_all(dir);
+  zenflow::remove_tree(dir);
   fs::create_directories(dir);
   return dir;
 }

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <string>
 
+#include "common/remove_tree.h"
 #include "common/job_spec.h"
 #include "worker/checkpoint.h"
 #include "worker/trainer.h"
@@ -16,7 +17,7 @@ namespace {
 
 std::string temp_dir(const std::string& name) {
   fs::path p = fs::temp_directory_path() / ("zenflow-test-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(p);
+  zenflow::remove_tree(p);
   fs::create_directories(p);
   return p.string();
 }
@@ -76,7 +77,7 @@ TEST(Trainer, ResumeAfterInterruptGivesTheSameLossesStepByStep) {
   ASSERT_EQ(b2.losses.size(), 5u);
   for (size_t i = 0; i < 7; ++i) EXPECT_DOUBLE_EQ(b1.losses[i], a.losses[i]) << "step " << i + 1;
   for (size_t i = 0; i < 5; ++i) EXPECT_DOUBLE_EQ(b2.losses[i], a.losses[7 + i]) << "step " << i + 8;
-  fs::remove_all(dir);
+  zenflow::remove_tree(dir);
 }
 
 TEST(Trainer, DamagedNewestCheckpointFallsBackToThePreviousOne) {
@@ -104,7 +105,7 @@ TEST(Trainer, DamagedNewestCheckpointFallsBackToThePreviousOne) {
   EXPECT_TRUE(warned);
   ASSERT_EQ(b.losses.size(), 7u);
   for (size_t i = 0; i < 7; ++i) EXPECT_DOUBLE_EQ(b.losses[i], a.losses[5 + i]) << "step " << i + 6;
-  fs::remove_all(dir);
+  zenflow::remove_tree(dir);
 }
 
 // Semantics §6: D2H moves the unselected columns every step, H2D once per window.
@@ -137,5 +138,5 @@ TEST(Trainer, TransferBytesFollowTheSplit) {
   // of H2D, the last one applied by finish().
   EXPECT_EQ(s.totals.transfer_bytes[0], 4 * (all + 9 * unsel));
   EXPECT_EQ(s.totals.transfer_bytes[1], 4 * (all + 3 * unsel));
-  fs::remove_all(dir);
+  zenflow::remove_tree(dir);
 }

@@ -1,4 +1,5 @@
 // Atomic training checkpoints (see checkpoint.h).
+#include "common/remove_tree.h"
 #include "worker/checkpoint.h"
 
 #include <fcntl.h>
@@ -78,7 +79,7 @@ std::string write_checkpoint(const std::string& dir, int64_t step, const NamedTe
   if (ec) throw std::runtime_error("checkpoint: cannot create " + root.string() + ": " + ec.message());
   const fs::path final_dir = root / step_name(step);
   const fs::path tmp = root / (step_name(step) + ".tmp");
-  fs::remove_all(tmp, ec);
+  zenflow::remove_tree(tmp, ec);
   fs::create_directories(tmp, ec);
   if (ec) throw std::runtime_error("checkpoint: cannot create " + tmp.string() + ": " + ec.message());
 
@@ -93,14 +94,14 @@ std::string write_checkpoint(const std::string& dir, int64_t step, const NamedTe
   }
   for (const char* name : {"model.pt", "engine.pt", "trainer.json"}) fsync_path(tmp / name);
   fsync_path(tmp);
-  fs::remove_all(final_dir, ec);
+  zenflow::remove_tree(final_dir, ec);
   fs::rename(tmp, final_dir, ec);
   if (ec) throw std::runtime_error("checkpoint: cannot rename " + tmp.string() + ": " + ec.message());
   fsync_path(root);
 
   auto all = list_checkpoints(dir);
   for (size_t i = 0; keep > 0 && all.size() - i > static_cast<size_t>(keep); ++i)
-    fs::remove_all(all[i].second, ec);
+    zenflow::remove_tree(all[i].second, ec);
   return final_dir.string();
 }
 

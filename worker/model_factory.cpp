@@ -16,8 +16,8 @@ int64_t vocab_for(const ModelSpec& m, int64_t tokenizer_vocab) {
   if (it == m.config.end()) return tokenizer_vocab;
   const auto v = static_cast<int64_t>(it->second);
   if (v < tokenizer_vocab)
-    throw std::invalid_argument("model.config.vocab_size: " + std::to_string(v) + " is smaller than the tokenizer's " +
-                                std::to_string(tokenizer_vocab));
+    throw std::invalid_argument("model.config.vocab_size: " + std::to_string(v) +
+                                " is smaller than the tokenizer's " + std::to_string(tokenizer_vocab));
   return v;
 }
 
@@ -26,16 +26,26 @@ model::LlamaConfig llama_config(const ModelSpec& m, int64_t tokenizer_vocab) {
   c.vocab_size = vocab_for(m, tokenizer_vocab);
   for (const auto& [key, value] : m.config) {
     const auto i = static_cast<int64_t>(value);
-    if (key == "hidden_size") c.hidden_size = i;
-    else if (key == "num_hidden_layers") c.num_hidden_layers = i;
-    else if (key == "num_attention_heads") c.num_attention_heads = i;
-    else if (key == "num_key_value_heads") c.num_key_value_heads = i;
-    else if (key == "intermediate_size") c.intermediate_size = i;
-    else if (key == "max_position_embeddings") c.max_position_embeddings = i;
-    else if (key == "rope_theta") c.rope_theta = value;
-    else if (key == "rms_norm_eps") c.rms_norm_eps = value;
-    else if (key == "tie_word_embeddings") c.tie_word_embeddings = value != 0;
-    else if (key == "initializer_range") c.initializer_range = value;
+    if (key == "hidden_size")
+      c.hidden_size = i;
+    else if (key == "num_hidden_layers")
+      c.num_hidden_layers = i;
+    else if (key == "num_attention_heads")
+      c.num_attention_heads = i;
+    else if (key == "num_key_value_heads")
+      c.num_key_value_heads = i;
+    else if (key == "intermediate_size")
+      c.intermediate_size = i;
+    else if (key == "max_position_embeddings")
+      c.max_position_embeddings = i;
+    else if (key == "rope_theta")
+      c.rope_theta = value;
+    else if (key == "rms_norm_eps")
+      c.rms_norm_eps = value;
+    else if (key == "tie_word_embeddings")
+      c.tie_word_embeddings = value != 0;
+    else if (key == "initializer_range")
+      c.initializer_range = value;
     else if (key != "vocab_size")
       throw std::invalid_argument("model.config." + key + ": not a llama setting");
   }
@@ -49,13 +59,20 @@ model::GPT2Config gpt2_config(const ModelSpec& m, int64_t tokenizer_vocab) {
   c.vocab_size = vocab_for(m, tokenizer_vocab);
   for (const auto& [key, value] : m.config) {
     const auto i = static_cast<int64_t>(value);
-    if (key == "hidden_size") c.n_embd = i;
-    else if (key == "num_hidden_layers") c.n_layer = i;
-    else if (key == "num_attention_heads") c.n_head = i;
-    else if (key == "intermediate_size") c.n_inner = i;
-    else if (key == "max_position_embeddings") c.n_positions = i;
-    else if (key == "tie_word_embeddings") c.tie_word_embeddings = value != 0;
-    else if (key == "initializer_range") c.initializer_range = value;
+    if (key == "hidden_size")
+      c.n_embd = i;
+    else if (key == "num_hidden_layers")
+      c.n_layer = i;
+    else if (key == "num_attention_heads")
+      c.n_head = i;
+    else if (key == "intermediate_size")
+      c.n_inner = i;
+    else if (key == "max_position_embeddings")
+      c.n_positions = i;
+    else if (key == "tie_word_embeddings")
+      c.tie_word_embeddings = value != 0;
+    else if (key == "initializer_range")
+      c.initializer_range = value;
     else if (key != "vocab_size")
       throw std::invalid_argument("model.config." + key + ": not a gpt2 setting");
   }
@@ -82,8 +99,9 @@ void check_from(const ModelSpec& spec) {
 
 void check_vocab(const model::LoadedModel& info, int64_t model_vocab, int64_t tokenizer_vocab) {
   if (model_vocab < tokenizer_vocab)
-    throw std::invalid_argument("model.from: " + info.source_dir + " has vocab_size " + std::to_string(model_vocab) +
-                                ", smaller than the tokenizer's " + std::to_string(tokenizer_vocab));
+    throw std::invalid_argument("model.from: " + info.source_dir + " has vocab_size " +
+                                std::to_string(model_vocab) + ", smaller than the tokenizer's " +
+                                std::to_string(tokenizer_vocab));
 }
 
 int64_t config_vocab(const model::LoadedModel& info) {
@@ -114,9 +132,9 @@ model::LoadedModel describe_model_from_spec(const ModelSpec& spec, int64_t token
   return info;
 }
 
-std::unique_ptr<model::CausalLM> make_model_from_spec(const ModelSpec& spec, int64_t tokenizer_vocab, uint64_t seed,
-                                                      model::LoadedModel* info, at::Device device,
-                                                      at::ScalarType dtype) {
+std::unique_ptr<model::CausalLM> make_model_from_spec(const ModelSpec& spec, int64_t tokenizer_vocab,
+                                                      uint64_t seed, model::LoadedModel* info,
+                                                      at::Device device, at::ScalarType dtype) {
   std::unique_ptr<model::CausalLM> lm;
   model::LoadedModel described;
   if (!spec.from.empty()) {

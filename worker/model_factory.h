@@ -33,8 +33,8 @@ namespace zenflow {
 // generated for random init), arch, model_type, checkpoint_dtype (kFloat for random
 // init) and source_dir. Throws std::invalid_argument("model.<key>: ...") for spec
 // problems and std::runtime_error naming the file for checkpoint problems.
-std::unique_ptr<model::CausalLM> make_model_from_spec(const ModelSpec& spec, int64_t tokenizer_vocab, uint64_t seed,
-                                                      model::LoadedModel* info,
+std::unique_ptr<model::CausalLM> make_model_from_spec(const ModelSpec& spec, int64_t tokenizer_vocab,
+                                                      uint64_t seed, model::LoadedModel* info,
                                                       at::Device device = at::kCPU,
                                                       at::ScalarType dtype = at::ScalarType::Undefined);
 

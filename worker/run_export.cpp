@@ -20,14 +20,16 @@ ExportSummary export_run(const std::string& run_dir, const std::string& out_dir,
   std::error_code ec;
   if (!fs::is_directory(run_dir, ec)) throw ExportInputError(run_dir + ": not a directory");
   if (fs::exists(out_dir, ec) && !(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec)))
-    throw ExportInputError(out_dir + ": already exists and is not an empty directory; choose another --out or remove it");
+    throw ExportInputError(
+        out_dir + ": already exists and is not an empty directory; choose another --out or remove it");
   std::optional<Checkpoint> ck = load_latest_checkpoint(run_dir, warn);
   if (!ck) throw ExportInputError(run_dir + ": holds no readable checkpoint (step-NNNNNNNN directories)");
 
   fs::path job_file = fs::path(run_dir) / "job.yaml";
   if (!fs::exists(job_file, ec)) job_file = fs::path(ck->path) / "job.yaml";
   if (!fs::exists(job_file, ec))
-    throw ExportInputError(run_dir + ": no job.yaml beside the checkpoints; cannot tell which model they belong to");
+    throw ExportInputError(run_dir +
+                           ": no job.yaml beside the checkpoints; cannot tell which model they belong to");
   JobSpec spec;
   try {
     spec = load_job_spec(job_file.string());

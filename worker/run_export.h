@@ -10,7 +10,8 @@
 namespace zenflow {
 
 // Bad input to export_run: no run directory, no checkpoint, no or unreadable job.yaml,
-// an unknown dtype, an output directory that exists and is not empty. The CLI maps it to its bad-input exit code.
+// an unknown dtype, an output directory that exists and is not empty. The CLI maps it to its bad-input exit
+// code.
 class ExportInputError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;

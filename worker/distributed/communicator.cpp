@@ -22,8 +22,8 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <deque>
 #include <cstdio>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <sstream>
@@ -104,8 +104,8 @@ struct MonitorState {
   std::chrono::milliseconds interval{0};
   std::chrono::milliseconds suspect_after{0};
   std::atomic<int64_t> waiting_since_ns{0};  // steady-clock ns of the current wait; 0 = none
-  std::mutex store_mu;  // one store operation at a time on `monitor`
-  std::mutex mu;        // guards everything below
+  std::mutex store_mu;                       // one store operation at a time on `monitor`
+  std::mutex mu;                             // guards everything below
   std::condition_variable cv;
   bool stop = false;
   bool exited = false;
@@ -168,21 +168,30 @@ struct ProbeResult {
 
 const char* collective_kind_name(CollectiveKind kind) {
   switch (kind) {
-    case CollectiveKind::kAllreduce: return "allreduce";
-    case CollectiveKind::kReduceScatter: return "reduce_scatter";
-    case CollectiveKind::kAllGather: return "all_gather";
-    case CollectiveKind::kBroadcast: return "broadcast";
-    case CollectiveKind::kBarrier: return "barrier";
+    case CollectiveKind::kAllreduce:
+      return "allreduce";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::kAllGather:
+      return "all_gather";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
+    case CollectiveKind::kBarrier:
+      return "barrier";
   }
   return "?";
 }
 
 const char* traffic_name(Traffic t) {
   switch (t) {
-    case Traffic::kGradients: return "gradients";
-    case Traffic::kSelection: return "selection";
-    case Traffic::kParameters: return "parameters";
-    case Traffic::kOther: return "other";
+    case Traffic::kGradients:
+      return "gradients";
+    case Traffic::kSelection:
+      return "selection";
+    case Traffic::kParameters:
+      return "parameters";
+    case Traffic::kOther:
+      return "other";
   }
   return "?";
 }
@@ -253,9 +262,10 @@ struct Communicator::Impl {
     auto op = std::make_shared<detail::PendingOp>();
     op->comm = self;
     op->kind = kind;
-    op->what = std::string(collective_kind_name(kind)) +
-               (kind == CollectiveKind::kBarrier ? std::string()
-                                                 : " of " + fmt_bytes(bytes) + " (" + traffic_name(traffic) + ")");
+    op->what =
+        std::string(collective_kind_name(kind)) +
+        (kind == CollectiveKind::kBarrier ? std::string()
+                                          : " of " + fmt_bytes(bytes) + " (" + traffic_name(traffic) + ")");
     check_usable(op->what);
     {
       std::lock_guard<std::mutex> lk(launch_mu);
@@ -372,7 +382,8 @@ struct Communicator::Impl {
       res->cv.notify_all();
     }).detach();
     std::unique_lock<std::mutex> lk(res->mu);
-    const bool done = res->cv.wait_for(lk, pause + std::chrono::milliseconds(2000), [&] { return res->done; });
+    const bool done =
+        res->cv.wait_for(lk, pause + std::chrono::milliseconds(2000), [&] { return res->done; });
     if (!done) return store_lost_text(true);
     if (res->store_error) return store_lost_text(false);
     const double silent = seconds_since(base_time);
@@ -441,19 +452,21 @@ void rendezvous(Setup& su) {
     su.store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, so);
   } catch (const std::exception& e) {
     if (host) {
-      throw std::runtime_error("zenflow distributed: rank 0 cannot host the rendezvous store on " + addr + ": " +
-                               error_text(e));
+      throw std::runtime_error("zenflow distributed: rank 0 cannot host the rendezvous store on " + addr +
+                               ": " + error_text(e));
     }
-    throw std::runtime_error("zenflow distributed: " + su.where() + " could not reach the rendezvous store at " +
-                             addr + " within " + fmt_ms(rdzv_timeout) + " (is " +
-                             (info.store_external ? "the launcher" : "rank 0") + " running?): " + error_text(e));
+    throw std::runtime_error(
+        "zenflow distributed: " + su.where() + " could not reach the rendezvous store at " + addr +
+        " within " + fmt_ms(rdzv_timeout) + " (is " + (info.store_external ? "the launcher" : "rank 0") +
+        " running?): " + error_text(e));
   }
   su.port = su.store->getPort();
   const std::string joined = "zenflow/rdzv/joined/";
   try {
     if (su.store->add(joined + std::to_string(info.rank), 1) != 1) {
-      throw std::runtime_error("zenflow distributed: rank " + std::to_string(info.rank) + " joined the rendezvous at " +
-                               addr + " twice (two processes with the same rank?)");
+      throw std::runtime_error("zenflow distributed: rank " + std::to_string(info.rank) +
+                               " joined the rendezvous at " + addr +
+                               " twice (two processes with the same rank?)");
     }
     const std::string ws_key = "zenflow/rdzv/world_size";
     const std::string ws = std::to_string(info.world_size);
@@ -478,14 +491,14 @@ void rendezvous(Setup& su) {
     const auto v = su.store->get(ws_key);
     const std::string got(v.begin(), v.end());
     if (got != ws) {
-      throw std::runtime_error("zenflow distributed: world size mismatch at " + addr + ": rank 0 has " + got + ", " +
-                               su.where() + " has " + ws);
+      throw std::runtime_error("zenflow distributed: world size mismatch at " + addr + ": rank 0 has " + got +
+                               ", " + su.where() + " has " + ws);
     }
   } catch (const std::runtime_error&) {
     throw;
   } catch (const std::exception& e) {
-    throw std::runtime_error("zenflow distributed: rendezvous at " + addr + " failed on " + su.where() + ": " +
-                             error_text(e));
+    throw std::runtime_error("zenflow distributed: rendezvous at " + addr + " failed on " + su.where() +
+                             ": " + error_text(e));
   }
 }
 
@@ -501,7 +514,8 @@ void create_process_group(Setup& su) {
     return;
 #else
     throw std::invalid_argument(
-        "zenflow distributed: CUDA tensors need NCCL, and this LibTorch was built without it (USE_C10D_NCCL)");
+        "zenflow distributed: CUDA tensors need NCCL, and this LibTorch was built without it "
+        "(USE_C10D_NCCL)");
 #endif
   }
   if (su.opts.device_type != at::kCPU) {
@@ -525,7 +539,8 @@ void create_process_group(Setup& su) {
 #else
   throw std::invalid_argument(
       "zenflow distributed: no Gloo process group in this build (LibTorch without USE_C10D_GLOO, or "
-      "without Gloo's headers, as PyTorch wheels ship): CPU ranks need the system LibTorch; CUDA ranks use NCCL");
+      "without Gloo's headers, as PyTorch wheels ship): CPU ranks need the system LibTorch; CUDA ranks use "
+      "NCCL");
 #endif
 }
 
@@ -626,7 +641,8 @@ void Communicator::Impl::close_store() {
   }
 }
 
-Communicator::Communicator(const RankInfo& info, CommunicatorOptions options) : impl_(std::make_unique<Impl>()) {
+Communicator::Communicator(const RankInfo& info, CommunicatorOptions options)
+    : impl_(std::make_unique<Impl>()) {
   info.validate();
   auto& im = *impl_;
   im.info = info;
@@ -657,8 +673,9 @@ Communicator::Communicator(const RankInfo& info, CommunicatorOptions options) : 
         } catch (const std::invalid_argument&) {
           throw;
         } catch (const std::exception& e) {
-          throw std::runtime_error("zenflow distributed: creating the process group failed on " + su->where() +
-                                   " (timeout " + fmt_ms(su->info.timeout) + "): " + error_text(e));
+          throw std::runtime_error("zenflow distributed: creating the process group failed on " +
+                                   su->where() + " (timeout " + fmt_ms(su->info.timeout) +
+                                   "): " + error_text(e));
         }
         try {
           connect_monitor(*su);
@@ -669,10 +686,11 @@ Communicator::Communicator(const RankInfo& info, CommunicatorOptions options) : 
       },
       limit);
   if (!finished) {
-    throw std::runtime_error("zenflow distributed: rendezvous at " + addr + " did not complete within " +
-                             fmt_ms(limit) + " on " + im.where() +
-                             ": the store does not answer (is that address a zenflow rendezvous store? is its "
-                             "host stopped?)");
+    throw std::runtime_error(
+        "zenflow distributed: rendezvous at " + addr + " did not complete within " + fmt_ms(limit) + " on " +
+        im.where() +
+        ": the store does not answer (is that address a zenflow rendezvous store? is its "
+        "host stopped?)");
   }
   im.store = su->store;
   im.pg = su->pg;
@@ -733,15 +751,13 @@ CommWork Communicator::allreduce_sum_async(const at::Tensor& t, Traffic traffic)
   auto& im = *impl_;
   at::Tensor buf = t;
   CommWork w;
-  w.op_ = im.launch(
-      CollectiveKind::kAllreduce, nbytes(t), traffic,
-      [&] {
-        std::vector<at::Tensor> v{buf};
-        c10d::AllreduceOptions o;
-        o.reduceOp = c10d::ReduceOp::SUM;
-        o.timeout = im.info.timeout;
-        return im.pg->allreduce(v, o);
-      });
+  w.op_ = im.launch(CollectiveKind::kAllreduce, nbytes(t), traffic, [&] {
+    std::vector<at::Tensor> v{buf};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    o.timeout = im.info.timeout;
+    return im.pg->allreduce(v, o);
+  });
   return w;
 }
 
@@ -768,9 +784,9 @@ void Communicator::allreduce_sum_(std::vector<at::Tensor>& ts, Traffic traffic) 
   for (const auto& t : ts) {
     impl_->check_tensor(t, "allreduce (list)");
     if (t.scalar_type() != ts[0].scalar_type() || t.device() != ts[0].device()) {
-      throw std::invalid_argument("allreduce (list): every tensor must have the dtype and device of the first (" +
-                                  std::string(c10::toString(ts[0].scalar_type())) + " on " + ts[0].device().str() +
-                                  ")");
+      throw std::invalid_argument(
+          "allreduce (list): every tensor must have the dtype and device of the first (" +
+          std::string(c10::toString(ts[0].scalar_type())) + " on " + ts[0].device().str() + ")");
     }
     flat.push_back(t.reshape({-1}));
   }
@@ -813,7 +829,8 @@ std::vector<int64_t> Communicator::even_shards(int64_t numel, int world_size) {
 }
 
 namespace {
-void check_shards(const char* op, const std::vector<int64_t>& sizes, int world, int64_t total, bool check_total) {
+void check_shards(const char* op, const std::vector<int64_t>& sizes, int world, int64_t total,
+                  bool check_total) {
   if (static_cast<int>(sizes.size()) != world) {
     throw std::invalid_argument(std::string(op) + ": " + std::to_string(sizes.size()) +
                                 " shard sizes for world size " + std::to_string(world));
@@ -849,14 +866,12 @@ at::Tensor Communicator::reduce_scatter(const at::Tensor& flat_in, const std::ve
     result = flat.new_empty({0});
   } else if (algo == ReduceScatterAlgo::kAllreduce) {
     at::Tensor buf = flat.clone();
-    im.run(im.launch(
-        CollectiveKind::kReduceScatter, bytes, traffic,
-        [&] {
-          std::vector<at::Tensor> v{buf};
-          c10d::AllreduceOptions o;
-          o.timeout = im.info.timeout;
-          return im.pg->allreduce(v, o);
-        }));
+    im.run(im.launch(CollectiveKind::kReduceScatter, bytes, traffic, [&] {
+      std::vector<at::Tensor> v{buf};
+      c10d::AllreduceOptions o;
+      o.timeout = im.info.timeout;
+      return im.pg->allreduce(v, o);
+    }));
     result = buf.narrow(0, offset, mine).clone();
   } else if (im.backend == "nccl") {
     const int64_t m = *std::max_element(shard_sizes.begin(), shard_sizes.end());
@@ -867,26 +882,22 @@ at::Tensor Communicator::reduce_scatter(const at::Tensor& flat_in, const std::ve
       off += shard_sizes[r];
     }
     at::Tensor out = at::empty({m}, flat.options());
-    im.run(im.launch(
-        CollectiveKind::kReduceScatter, bytes, traffic,
-        [&] {
-          c10d::ReduceScatterOptions o;
-          o.timeout = im.info.timeout;
-          return im.pg->_reduce_scatter_base(out, padded, o);
-        }));
+    im.run(im.launch(CollectiveKind::kReduceScatter, bytes, traffic, [&] {
+      c10d::ReduceScatterOptions o;
+      o.timeout = im.info.timeout;
+      return im.pg->_reduce_scatter_base(out, padded, o);
+    }));
     result = out.narrow(0, 0, mine);
   } else {
     // Gloo: all-to-all of the per-owner pieces, then a local sum over the W senders.
     at::Tensor recv = at::empty({world * mine}, flat.options());
     std::vector<int64_t> in_counts = shard_sizes;
     std::vector<int64_t> out_counts(world, mine);
-    im.run(im.launch(
-        CollectiveKind::kReduceScatter, bytes, traffic,
-        [&] {
-          c10d::AllToAllOptions o;
-          o.timeout = im.info.timeout;
-          return im.pg->alltoall_base(recv, flat, out_counts, in_counts, o);
-        }));
+    im.run(im.launch(CollectiveKind::kReduceScatter, bytes, traffic, [&] {
+      c10d::AllToAllOptions o;
+      o.timeout = im.info.timeout;
+      return im.pg->alltoall_base(recv, flat, out_counts, in_counts, o);
+    }));
     result = recv.view({world, mine}).sum(0);
   }
   if (reduction == Reduction::kMean) result.div_(world);
@@ -915,24 +926,20 @@ at::Tensor Communicator::all_gather(const at::Tensor& shard_in, const std::vecto
   const int64_t bytes = total * static_cast<int64_t>(shard_in.element_size());
   if (im.backend == "nccl") {
     at::Tensor out = gathered.view({-1});
-    im.run(im.launch(
-        CollectiveKind::kAllGather, bytes, traffic,
-        [&] {
-          c10d::AllgatherOptions o;
-          o.timeout = im.info.timeout;
-          return im.pg->_allgather_base(out, padded, o);
-        }));
+    im.run(im.launch(CollectiveKind::kAllGather, bytes, traffic, [&] {
+      c10d::AllgatherOptions o;
+      o.timeout = im.info.timeout;
+      return im.pg->_allgather_base(out, padded, o);
+    }));
   } else {
     std::vector<std::vector<at::Tensor>> outs(1);
     for (int r = 0; r < world; ++r) outs[0].push_back(gathered[r]);
     std::vector<at::Tensor> ins{padded};
-    im.run(im.launch(
-        CollectiveKind::kAllGather, bytes, traffic,
-        [&] {
-          c10d::AllgatherOptions o;
-          o.timeout = im.info.timeout;
-          return im.pg->allgather(outs, ins, o);
-        }));
+    im.run(im.launch(CollectiveKind::kAllGather, bytes, traffic, [&] {
+      c10d::AllgatherOptions o;
+      o.timeout = im.info.timeout;
+      return im.pg->allgather(outs, ins, o);
+    }));
   }
   std::vector<at::Tensor> parts;
   for (int r = 0; r < world; ++r) parts.push_back(gathered[r].narrow(0, 0, shard_sizes[r]));
@@ -947,28 +954,24 @@ void Communicator::broadcast_(at::Tensor& t, int root, Traffic traffic) {
                                 std::to_string(world_size()));
   }
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
-  im.run(im.launch(
-      CollectiveKind::kBroadcast, nbytes(t), traffic,
-      [&] {
-        std::vector<at::Tensor> v{buf};
-        c10d::BroadcastOptions o;
-        o.rootRank = root;
-        o.rootTensor = 0;
-        o.timeout = im.info.timeout;
-        return im.pg->broadcast(v, o);
-      }));
+  im.run(im.launch(CollectiveKind::kBroadcast, nbytes(t), traffic, [&] {
+    std::vector<at::Tensor> v{buf};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    o.rootTensor = 0;
+    o.timeout = im.info.timeout;
+    return im.pg->broadcast(v, o);
+  }));
   if (!buf.is_same(t)) t.copy_(buf);
 }
 
 void Communicator::barrier() {
   auto& im = *impl_;
-  im.run(im.launch(
-      CollectiveKind::kBarrier, 0, Traffic::kOther,
-      [&] {
-        c10d::BarrierOptions o;
-        o.timeout = im.info.timeout;
-        return im.pg->barrier(o);
-      }));
+  im.run(im.launch(CollectiveKind::kBarrier, 0, Traffic::kOther, [&] {
+    c10d::BarrierOptions o;
+    o.timeout = im.info.timeout;
+    return im.pg->barrier(o);
+  }));
 }
 
 }  // namespace zenflow::distributed

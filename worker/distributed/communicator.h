@@ -141,8 +141,8 @@ class Communicator {
   int world_size() const;
   std::chrono::milliseconds timeout() const;
   std::chrono::milliseconds heartbeat_interval() const;
-  int master_port() const;        // the store's port (the chosen one when 0 was asked)
-  std::string backend() const;    // "gloo" | "nccl"
+  int master_port() const;      // the store's port (the chosen one when 0 was asked)
+  std::string backend() const;  // "gloo" | "nccl"
   at::DeviceType device_type() const;
 
   // In place over all ranks. Any dense tensor on the communicator's device; a

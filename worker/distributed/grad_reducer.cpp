@@ -10,10 +10,10 @@ namespace zenflow::distributed {
 
 struct GradReducer::State {
   struct Bucket {
-    std::vector<int> params;      // indices into `params`
-    std::vector<int64_t> offsets; // element offset of each param in `flat`
+    std::vector<int> params;       // indices into `params`
+    std::vector<int64_t> offsets;  // element offset of each param in `flat`
     at::Tensor flat;
-    int pending = 0;              // params whose gradient has not arrived this step
+    int pending = 0;  // params whose gradient has not arrived this step
     bool launched = false;
     CommWork work;
   };
@@ -21,14 +21,14 @@ struct GradReducer::State {
   Communicator* comm = nullptr;
   GradReducerOptions opts;
   std::vector<at::Tensor> params;
-  std::vector<int> bucket_of;          // param -> bucket
-  std::vector<int> slot_of;            // param -> index within its bucket
+  std::vector<int> bucket_of;  // param -> bucket
+  std::vector<int> slot_of;    // param -> index within its bucket
   std::vector<Bucket> buckets;
   std::vector<unsigned> hook_handles;
 
-  std::mutex mu;                       // guards everything below (hooks: any thread)
+  std::mutex mu;  // guards everything below (hooks: any thread)
   bool sync = true;
-  std::vector<char> ready;             // param received its gradient this step
+  std::vector<char> ready;  // param received its gradient this step
   int next_launch = 0;
   std::atomic<int> launched_by_hooks{0};
 
@@ -244,7 +244,8 @@ std::vector<std::vector<int>> GradReducer::bucket_layout() const {
   return out;
 }
 
-ReduceReport allreduce_gradients(Communicator& comm, const std::vector<at::Tensor>& params, int64_t bucket_bytes) {
+ReduceReport allreduce_gradients(Communicator& comm, const std::vector<at::Tensor>& params,
+                                 int64_t bucket_bytes) {
   GradReducerOptions o;
   o.bucket_bytes = bucket_bytes;
   o.register_hooks = false;

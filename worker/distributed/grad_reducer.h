@@ -10,6 +10,8 @@
 // waits for the buckets (the time it blocks is the step's `allreduce` stall), divides
 // by the world size and writes the averaged gradients into .grad().
 //
+// Memory: the buckets hold one more copy of the gradients (flat buffers allocated once).
+//
 // Order: buckets are always launched in index order, so every rank issues the same
 // sequence of collectives even when autograd finishes parameters in a different order.
 // A parameter that received no gradient in this backward (unused) holds its bucket back
@@ -46,8 +48,8 @@ namespace zenflow::distributed {
 
 struct GradReducerOptions {
   int64_t bucket_bytes = int64_t{25} * 1024 * 1024;
-  bool average = true;          // divide the sum by the world size
-  bool register_hooks = true;   // false: only allreduce_now()/finish() reduce
+  bool average = true;         // divide the sum by the world size
+  bool register_hooks = true;  // false: only allreduce_now()/finish() reduce
 };
 
 struct ReduceReport {

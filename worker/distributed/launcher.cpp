@@ -15,9 +15,9 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
-#include <tuple>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 
 #include "worker/distributed/rendezvous.h"
 
@@ -39,9 +39,9 @@ std::string describe(const RankExit& e) {
 }
 
 bool is_rank_variable(const char* entry) {
-  static const char* const names[] = {kEnvRank,      kEnvWorldSize, kEnvMasterAddr, kEnvMasterPort,
-                                      kEnvTimeout,   kEnvStoreExternal, "ZENFLOW_LOCAL_RANK",
-                                      "ZENFLOW_LOCAL_WORLD_SIZE"};
+  static const char* const names[] = {
+      kEnvRank,    kEnvWorldSize,     kEnvMasterAddr,       kEnvMasterPort,
+      kEnvTimeout, kEnvStoreExternal, "ZENFLOW_LOCAL_RANK", "ZENFLOW_LOCAL_WORLD_SIZE"};
   for (const char* n : names) {
     const size_t len = std::strlen(n);
     if (std::strncmp(entry, n, len) == 0 && entry[len] == '=') return true;
@@ -142,7 +142,8 @@ void PortReservation::release() {
 
 LaunchResult launch_local_ranks_detailed(int nproc, const std::vector<std::string>& argv_of_child,
                                          const LaunchOptions& options) {
-  if (nproc < 1) throw std::invalid_argument("launch_local_ranks: nproc must be >= 1, got " + std::to_string(nproc));
+  if (nproc < 1)
+    throw std::invalid_argument("launch_local_ranks: nproc must be >= 1, got " + std::to_string(nproc));
   if (argv_of_child.empty()) throw std::invalid_argument("launch_local_ranks: argv_of_child is empty");
   if (options.executable.empty()) throw std::invalid_argument("launch_local_ranks: no executable");
   auto log = options.log ? options.log : [](const std::string& m) { std::cerr << m << std::endl; };
@@ -152,8 +153,9 @@ LaunchResult launch_local_ranks_detailed(int nproc, const std::vector<std::strin
   std::unique_ptr<PortReservation> reservation;
   int port = options.master_port;
   if (options.host_store) {
-    store = std::make_unique<StoreServer>(options.master_addr, options.master_port,
-                                          options.timeout.count() > 0 ? options.timeout : kDefaultDistTimeout);
+    store =
+        std::make_unique<StoreServer>(options.master_addr, options.master_port,
+                                      options.timeout.count() > 0 ? options.timeout : kDefaultDistTimeout);
     port = store->port();
   } else if (port == 0) {
     reservation = std::make_unique<PortReservation>(options.master_addr);
@@ -295,8 +297,8 @@ LaunchResult launch_local_ranks_detailed(int nproc, const std::vector<std::strin
       if (failed && result.failed_rank < 0 && !e.stopped_by_launcher) {
         result.failed_rank = r;
         result.exit_code = e.exited ? e.status : 128 + e.status;
-        result.message = "zenflow: rank " + std::to_string(r) + " (pid " + std::to_string(e.pid) + ") failed with " +
-                         describe(e);
+        result.message = "zenflow: rank " + std::to_string(r) + " (pid " + std::to_string(e.pid) +
+                         ") failed with " + describe(e);
         log(result.message + (remaining > 0 ? "; stopping the other ranks" : ""));
         term_at = Clock::now() + options.grace;
       }
@@ -332,7 +334,8 @@ LaunchResult launch_local_ranks_detailed(int nproc, const std::vector<std::strin
   return result;
 }
 
-int launch_local_ranks(int nproc, const std::vector<std::string>& argv_of_child, const LaunchOptions& options) {
+int launch_local_ranks(int nproc, const std::vector<std::string>& argv_of_child,
+                       const LaunchOptions& options) {
   LaunchResult r = launch_local_ranks_detailed(nproc, argv_of_child, options);
   if (!r.message.empty()) {
     if (options.log) {

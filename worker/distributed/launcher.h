@@ -8,9 +8,9 @@
 // machine's share, for picking a GPU). By default the launcher itself hosts the
 // rendezvous store (a StoreServer on a port the kernel picks, bound before any rank
 // starts, and alive when rank 0 dies); with host_store off rank 0 hosts it, on a port
-// the launcher holds reserved (PortReservation) while the ranks run. Children inherit stdout/stderr, run in their
-// own process groups (so a terminal's Ctrl-C reaches them once, through the launcher)
-// and die with the launcher (PR_SET_PDEATHSIG).
+// the launcher holds reserved (PortReservation) while the ranks run. Children inherit stdout/stderr, run in
+// their own process groups (so a terminal's Ctrl-C reaches them once, through the launcher) and die with the
+// launcher (PR_SET_PDEATHSIG).
 //
 // Supervision: SIGINT/SIGTERM received by the launcher are forwarded to every rank.
 // When a rank exits non-zero (or is killed by a signal), the others get `grace` to
@@ -36,11 +36,11 @@ namespace zenflow::distributed {
 struct LaunchOptions {
   std::string executable = "/proc/self/exe";
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;                          // 0 = a free port found at run time
-  bool host_store = true;                       // the launcher hosts the store (see above)
-  std::chrono::milliseconds timeout{0};         // > 0: sets ZENFLOW_DIST_TIMEOUT_S
-  std::chrono::milliseconds grace{10'000};      // after the first failure, before SIGTERM
-  std::chrono::milliseconds term_grace{3'000};  // after SIGTERM, before SIGKILL
+  int master_port = 0;                                         // 0 = a free port found at run time
+  bool host_store = true;                                      // the launcher hosts the store (see above)
+  std::chrono::milliseconds timeout{0};                        // > 0: sets ZENFLOW_DIST_TIMEOUT_S
+  std::chrono::milliseconds grace{10'000};                     // after the first failure, before SIGTERM
+  std::chrono::milliseconds term_grace{3'000};                 // after SIGTERM, before SIGKILL
   std::vector<std::pair<std::string, std::string>> extra_env;  // set in every child
   // Receives the launcher's messages (one line each, no newline); default: stderr.
   std::function<void(const std::string&)> log;
@@ -48,16 +48,16 @@ struct LaunchOptions {
 
 struct RankExit {
   int pid = -1;
-  bool exited = false;  // false: killed by a signal
-  int status = 0;       // exit status, or the signal number
+  bool exited = false;               // false: killed by a signal
+  int status = 0;                    // exit status, or the signal number
   bool stopped_by_launcher = false;  // the launcher signalled it after a failure/interrupt
 };
 
 struct LaunchResult {
-  int exit_code = 0;     // 0 when every rank exited 0
-  int failed_rank = -1;  // first rank that failed on its own; -1 if none
+  int exit_code = 0;       // 0 when every rank exited 0
+  int failed_rank = -1;    // first rank that failed on its own; -1 if none
   int interrupted_by = 0;  // signal forwarded from the launcher, 0 if none
-  std::string message;   // "" on success; else names the failed rank and its status
+  std::string message;     // "" on success; else names the failed rank and its status
   std::vector<RankExit> ranks;
 };
 

@@ -1,13 +1,12 @@
 #include "worker/distributed/rendezvous.h"
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <sstream>
 #include <stdexcept>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 namespace zenflow::distributed {
 namespace {
@@ -73,8 +72,8 @@ void RankInfo::validate() const {
 std::string RankInfo::to_string() const {
   std::ostringstream os;
   os << "rank " << rank << " of " << world_size << ", store " << master_addr << ":" << master_port
-     << (store_external ? " (external)" : "")
-     << ", timeout " << static_cast<double>(timeout.count()) / 1000.0 << " s";
+     << (store_external ? " (external)" : "") << ", timeout " << static_cast<double>(timeout.count()) / 1000.0
+     << " s";
   return os.str();
 }
 
@@ -87,15 +86,14 @@ RankInfo rank_info_from_lookup(const std::function<const char*(const char*)>& lo
   RankInfo info;
   const long long world = parse_integer(kEnvWorldSize, required(lookup, kEnvWorldSize));
   if (world < 1 || world > std::numeric_limits<int>::max()) {
-    throw std::invalid_argument(std::string(kEnvWorldSize) + "=" + std::to_string(world) +
-                                " must be >= 1");
+    throw std::invalid_argument(std::string(kEnvWorldSize) + "=" + std::to_string(world) + " must be >= 1");
   }
   info.world_size = static_cast<int>(world);
   const long long rank = parse_integer(kEnvRank, required(lookup, kEnvRank));
   if (rank < 0 || rank >= world) {
     throw std::invalid_argument(std::string(kEnvRank) + "=" + std::to_string(rank) + " must be in [0, " +
-                                std::to_string(world) + ") (" + kEnvWorldSize + "=" +
-                                std::to_string(world) + ")");
+                                std::to_string(world) + ") (" + kEnvWorldSize + "=" + std::to_string(world) +
+                                ")");
   }
   info.rank = static_cast<int>(rank);
   info.master_addr = required(lookup, kEnvMasterAddr);

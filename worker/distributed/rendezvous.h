@@ -46,7 +46,7 @@ struct RankInfo {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0 only for world_size == 1 (rank 0 then picks a free port)
   std::chrono::milliseconds timeout = kDefaultDistTimeout;
-  std::string local_addr;  // "" = auto (see above)
+  std::string local_addr;       // "" = auto (see above)
   bool store_external = false;  // true: no rank hosts the store (see above)
 
   // Throws std::invalid_argument when a field is out of range (naming the field).

@@ -27,12 +27,15 @@ void check_config(const GPT2Config& c) {
   positive("n_head", c.n_head);
   if (c.n_inner < 0) fail("n_inner must be >= 0 (0: 4 * n_embd), got " + std::to_string(c.n_inner));
   if (c.n_embd % c.n_head != 0)
-    fail("n_embd (" + std::to_string(c.n_embd) + ") must be divisible by n_head (" + std::to_string(c.n_head) + ")");
+    fail("n_embd (" + std::to_string(c.n_embd) + ") must be divisible by n_head (" +
+         std::to_string(c.n_head) + ")");
   if (!(c.layer_norm_epsilon > 0)) fail("layer_norm_epsilon must be > 0");
   if (!(c.initializer_range >= 0)) fail("initializer_range must be >= 0");
   const std::string& a = c.activation_function;
-  if (a != "gelu_new" && a != "gelu_pytorch_tanh" && a != "gelu" && a != "relu" && a != "silu" && a != "swish")
-    fail("activation_function '" + a + "' is not supported (gelu_new, gelu_pytorch_tanh, gelu, relu, silu, swish)");
+  if (a != "gelu_new" && a != "gelu_pytorch_tanh" && a != "gelu" && a != "relu" && a != "silu" &&
+      a != "swish")
+    fail("activation_function '" + a +
+         "' is not supported (gelu_new, gelu_pytorch_tanh, gelu, relu, silu, swish)");
 }
 
 // HF Conv1D: x @ W + b with W [in, out].
@@ -61,8 +64,8 @@ class GPT2 final : public CausalLM {
     const int64_t B = input_ids.size(0);
     const int64_t T = input_ids.size(1);
     if (T > config_.n_positions)
-      throw std::invalid_argument("GPT2::forward: sequence length " + std::to_string(T) + " exceeds n_positions " +
-                                  std::to_string(config_.n_positions));
+      throw std::invalid_argument("GPT2::forward: sequence length " + std::to_string(T) +
+                                  " exceeds n_positions " + std::to_string(config_.n_positions));
     const int64_t E = config_.n_embd;
     const int64_t nH = config_.n_head;
     const int64_t hd = E / nH;
@@ -143,7 +146,7 @@ class GPT2 final : public CausalLM {
       return t.requires_grad_(true);
     };
 
-    std::vector<std::pair<int64_t, at::Tensor* Layer::*>> slots;
+    std::vector<std::pair<int64_t, at::Tensor * Layer::*>> slots;
     auto add = [&](std::string name, at::Tensor t, int64_t layer, at::Tensor* Layer::*field) {
       params_.emplace_back(std::move(name), std::move(t));
       slots.emplace_back(layer, field);
@@ -171,7 +174,8 @@ class GPT2 final : public CausalLM {
 
     layers_.assign(static_cast<size_t>(config_.n_layer), Layer{});
     for (size_t i = 0; i < params_.size(); ++i)
-      if (slots[i].first >= 0) layers_[static_cast<size_t>(slots[i].first)].*(slots[i].second) = &params_[i].second;
+      if (slots[i].first >= 0)
+        layers_[static_cast<size_t>(slots[i].first)].*(slots[i].second) = &params_[i].second;
     wte_ = &params_[0].second;
     wpe_ = &params_[1].second;
     const size_t ln_f = params_.size() - (config_.tie_word_embeddings ? 2 : 3);
@@ -197,7 +201,8 @@ std::unique_ptr<CausalLM> make_gpt2(const GPT2Config& config, uint64_t seed) {
   return std::make_unique<GPT2>(config, init);
 }
 
-std::unique_ptr<CausalLM> make_gpt2_uninitialized(const GPT2Config& config, const at::TensorOptions& options) {
+std::unique_ptr<CausalLM> make_gpt2_uninitialized(const GPT2Config& config,
+                                                  const at::TensorOptions& options) {
   Init init;
   init.random = false;
   init.options = options;
@@ -209,9 +214,9 @@ int64_t gpt2_parameter_count(const GPT2Config& config) {
   const int64_t V = config.vocab_size;
   const int64_t E = config.n_embd;
   const int64_t I = config.inner_size();
-  const int64_t per_layer = 4 * E                  // two LayerNorms
-                            + E * 3 * E + 3 * E    // c_attn
-                            + E * E + E            // attn c_proj
+  const int64_t per_layer = 4 * E                     // two LayerNorms
+                            + E * 3 * E + 3 * E       // c_attn
+                            + E * E + E               // attn c_proj
                             + E * I + I + I * E + E;  // mlp
   return V * E + config.n_positions * E + config.n_layer * per_layer + 2 * E +
          (config.tie_word_embeddings ? 0 : V * E);

@@ -18,6 +18,7 @@
 #include <string>
 #include <utility>
 
+#include "common/remove_tree.h"
 #include "worker/model/safetensors.h"
 
 namespace zenflow::model {
@@ -46,7 +47,8 @@ const json* field(const json& c, const char* key) {
   return &*it;
 }
 
-int64_t get_int(const json& c, const char* key, int64_t fallback, const std::string& where, bool required = false) {
+int64_t get_int(const json& c, const char* key, int64_t fallback, const std::string& where,
+                bool required = false) {
   const json* v = field(c, key);
   if (!v) {
     if (required) config_fail(where, std::string("required key '") + key + "' is missing");
@@ -74,7 +76,8 @@ bool get_bool(const json& c, const char* key, bool fallback, const std::string& 
   config_fail(where, std::string("key '") + key + "' must be true or false, got " + v->dump());
 }
 
-std::string get_string(const json& c, const char* key, const std::string& fallback, const std::string& where) {
+std::string get_string(const json& c, const char* key, const std::string& fallback,
+                       const std::string& where) {
   const json* v = field(c, key);
   if (!v) return fallback;
   if (v->is_string()) return v->get<std::string>();
@@ -195,8 +198,8 @@ GPT2Config gpt2_config_from(const json& c, const std::string& where) {
   return g;
 }
 
-std::unique_ptr<CausalLM> make_architecture(const json& config, const at::TensorOptions& options, std::string* arch,
-                                            const std::string& where) {
+std::unique_ptr<CausalLM> make_architecture(const json& config, const at::TensorOptions& options,
+                                            std::string* arch, const std::string& where) {
   const std::string type = model_type_of(config, where);
   if (arch) *arch = type == "gpt2" ? "gpt2" : "llama";
   if (type == "gpt2") return make_gpt2_uninitialized(gpt2_config_from(config, where), options);
@@ -206,7 +209,8 @@ std::unique_ptr<CausalLM> make_architecture(const json& config, const at::Tensor
 json read_config(const fs::path& dir) {
   const fs::path path = dir / "config.json";
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(path.string() + ": cannot open (is '" + dir.string() + "' a model directory?)");
+  if (!in)
+    throw std::runtime_error(path.string() + ": cannot open (is '" + dir.string() + "' a model directory?)");
   json c;
   try {
     c = json::parse(in);
@@ -234,6 +238,21 @@ bool known_buffer(const std::string& name, const std::string& arch, bool tied) {
 
 bool loadable_dtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf || t == at::kDouble;
+}
+
+// Maps the pages of [begin, end) in one call before they are read (one fault per page
+// costs far more on virtual machines); best effort: kernels before 5.14 lack it.
+void populate_pages(const SafetensorsFile& file, const SafetensorsEntry& e) {
+#ifdef MADV_POPULATE_READ
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto base = reinterpret_cast<uintptr_t>(file.mapped_data());
+  const uintptr_t begin = (base + e.begin) / page * page;
+  const uintptr_t end = base + e.end;
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ);
+#else
+  (void)file;
+  (void)e;
+#endif
 }
 
 // Returns the mapping's pages under [begin, end) to the kernel (they are re-read from
@@ -280,8 +299,8 @@ LoadedModel open_model(const std::string& dir, bool load, const HfLoadOptions& o
       throw std::runtime_error(file + ": tensor '" + src + "' has dtype " + e.dtype_name +
                                ", expected a floating dtype (F32, BF16, F16, F64)");
     if (at::IntArrayRef(e.shape) != p.tensor.sizes())
-      throw std::runtime_error(file + ": tensor '" + src + "' has shape " + shape_string(e.shape) + ", expected " +
-                               shape_string(p.tensor.sizes()));
+      throw std::runtime_error(file + ": tensor '" + src + "' has shape " + shape_string(e.shape) +
+                               ", expected " + shape_string(p.tensor.sizes()));
     used.insert(src);
   }
   for (const std::string& name : index.names())
@@ -291,12 +310,15 @@ LoadedModel open_model(const std::string& dir, bool load, const HfLoadOptions& o
   out.checkpoint_dtype = index.info(source_name(expected.front().name)).dtype;
   if (!load) return out;
 
-  const at::ScalarType dtype = options.dtype == at::ScalarType::Undefined ? out.checkpoint_dtype : options.dtype;
-  out.model = make_architecture(out.config, at::TensorOptions().device(options.device).dtype(dtype), nullptr, where);
+  const at::ScalarType dtype =
+      options.dtype == at::ScalarType::Undefined ? out.checkpoint_dtype : options.dtype;
+  out.model =
+      make_architecture(out.config, at::TensorOptions().device(options.device).dtype(dtype), nullptr, where);
   c10::NoGradGuard no_grad;
   for (NamedTensor& p : out.model->parameters()) {
     const std::string src = source_name(p.name);
     const SafetensorsFile& f = index.file_of(src);
+    populate_pages(f, f.info(src));
     p.tensor.copy_(f.tensor(src));
     drop_pages(f, f.info(src));
   }
@@ -329,9 +351,13 @@ void write_text_file(const fs::path& path, const std::string& text) {
 
 std::string hf_model_type(const nlohmann::json& config) { return model_type_of(config, "config.json"); }
 
-LlamaConfig llama_config_from_hf(const nlohmann::json& config) { return llama_config_from(config, "config.json"); }
+LlamaConfig llama_config_from_hf(const nlohmann::json& config) {
+  return llama_config_from(config, "config.json");
+}
 
-GPT2Config gpt2_config_from_hf(const nlohmann::json& config) { return gpt2_config_from(config, "config.json"); }
+GPT2Config gpt2_config_from_hf(const nlohmann::json& config) {
+  return gpt2_config_from(config, "config.json");
+}
 
 std::unique_ptr<CausalLM> make_hf_architecture(const nlohmann::json& config, const at::TensorOptions& options,
                                                std::string* arch) {
@@ -343,7 +369,8 @@ nlohmann::json hf_config_json(const LlamaConfig& c, const std::string& model_typ
   json j;
   if (model_type == "llama") {
     if (c.qkv_bias != c.o_bias)
-      throw std::invalid_argument("hf_config_json: a llama config has biases on all of q/k/v/o_proj or on none");
+      throw std::invalid_argument(
+          "hf_config_json: a llama config has biases on all of q/k/v/o_proj or on none");
     j["architectures"] = {"LlamaForCausalLM"};
     j["attention_bias"] = c.qkv_bias;
     j["mlp_bias"] = c.mlp_bias;
@@ -353,10 +380,12 @@ nlohmann::json hf_config_json(const LlamaConfig& c, const std::string& model_typ
     j["architectures"] = {"Qwen2ForCausalLM"};
     j["use_sliding_window"] = false;
   } else if (model_type == "mistral") {
-    if (c.qkv_bias || c.o_bias || c.mlp_bias) throw std::invalid_argument("hf_config_json: mistral has no biases");
+    if (c.qkv_bias || c.o_bias || c.mlp_bias)
+      throw std::invalid_argument("hf_config_json: mistral has no biases");
     j["architectures"] = {"MistralForCausalLM"};
   } else {
-    throw std::invalid_argument("hf_config_json: model_type '" + model_type + "' is not llama, mistral or qwen2");
+    throw std::invalid_argument("hf_config_json: model_type '" + model_type +
+                                "' is not llama, mistral or qwen2");
   }
   if (model_type != "mistral" && c.sliding_window > 0)
     throw std::invalid_argument("hf_config_json: sliding_window is a mistral setting");
@@ -382,7 +411,8 @@ nlohmann::json hf_config_json(const LlamaConfig& c, const std::string& model_typ
     }
     j["rope_scaling"] = r;
   }
-  if (model_type == "mistral") j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+  if (model_type == "mistral")
+    j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
   j["hidden_act"] = "silu";
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["initializer_range"] = c.initializer_range;
@@ -432,7 +462,8 @@ std::string hf_dtype_name(at::ScalarType dtype) {
   if (dtype == at::kFloat) return "float32";
   if (dtype == at::kBFloat16) return "bfloat16";
   if (dtype == at::kHalf) return "float16";
-  throw std::invalid_argument(std::string("dtype ") + c10::toString(dtype) + " is not float32, bfloat16 or float16");
+  throw std::invalid_argument(std::string("dtype ") + c10::toString(dtype) +
+                              " is not float32, bfloat16 or float16");
 }
 
 void export_hf_model(const std::vector<NamedTensor>& tensors, const nlohmann::json& config,
@@ -447,8 +478,8 @@ void export_hf_model(const std::vector<NamedTensor>& tensors, const nlohmann::js
   }
 
   // The tensors must be exactly the architecture's parameters.
-  const auto meta = make_architecture(config, at::TensorOptions().device(at::kMeta).dtype(at::kFloat), nullptr,
-                                      "export config");
+  const auto meta = make_architecture(config, at::TensorOptions().device(at::kMeta).dtype(at::kFloat),
+                                      nullptr, "export config");
   std::map<std::string, const at::Tensor*> given;
   for (const NamedTensor& t : tensors)
     if (!given.emplace(t.name, &t.tensor).second) fail("tensor '" + t.name + "' is given twice");
@@ -457,12 +488,13 @@ void export_hf_model(const std::vector<NamedTensor>& tensors, const nlohmann::js
     const auto it = given.find(p.name);
     if (it == given.end()) fail("cannot export: tensor '" + p.name + "' is missing");
     if (it->second->sizes() != p.tensor.sizes())
-      fail("cannot export: tensor '" + p.name + "' has shape " + shape_string(it->second->sizes()) + ", expected " +
-           shape_string(p.tensor.sizes()));
+      fail("cannot export: tensor '" + p.name + "' has shape " + shape_string(it->second->sizes()) +
+           ", expected " + shape_string(p.tensor.sizes()));
     ordered.emplace_back(p.name, *it->second);
     given.erase(it);
   }
-  if (!given.empty()) fail("cannot export: tensor '" + given.begin()->first + "' is not a parameter of this config");
+  if (!given.empty())
+    fail("cannot export: tensor '" + given.begin()->first + "' is not a parameter of this config");
 
   // Tokenizer files to copy: (source, name in the output).
   std::vector<std::pair<fs::path, std::string>> copies;
@@ -476,10 +508,12 @@ void export_hf_model(const std::vector<NamedTensor>& tensors, const nlohmann::js
     } else if (!fs::is_directory(src, ec)) {
       fail("tokenizer source '" + tokenizer_source + "' is neither a file nor a directory");
     }
-    for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                             "merges.txt", "tokenizer.model", "added_tokens.json", "generation_config.json"}) {
+    for (const char* name :
+         {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+          "tokenizer.model", "added_tokens.json", "generation_config.json"}) {
       const fs::path p = src_dir / name;
-      const bool taken = std::any_of(copies.begin(), copies.end(), [&](const auto& c) { return c.second == name; });
+      const bool taken =
+          std::any_of(copies.begin(), copies.end(), [&](const auto& c) { return c.second == name; });
       if (!taken && fs::is_regular_file(p, ec)) copies.emplace_back(p, name);
     }
   }
@@ -491,7 +525,7 @@ void export_hf_model(const std::vector<NamedTensor>& tensors, const nlohmann::js
   fs::create_directories(parent, ec);
   if (ec) fail("cannot create the parent directory: " + ec.message());
   const fs::path tmp = parent / ("." + out.filename().string() + ".tmp-" + std::to_string(::getpid()));
-  fs::remove_all(tmp, ec);
+  zenflow::remove_tree(tmp, ec);
   fs::create_directory(tmp, ec);
   if (ec) fail("cannot create " + tmp.string() + ": " + ec.message());
   try {
@@ -515,15 +549,15 @@ void export_hf_model(const std::vector<NamedTensor>& tensors, const nlohmann::js
     if (ec) throw std::runtime_error("cannot rename " + tmp.string() + ": " + ec.message());
     fsync_path(parent, true);
   } catch (const std::exception& e) {
-    fs::remove_all(tmp, ec);
+    zenflow::remove_tree(tmp, ec);
     const std::string what = e.what();
     if (what.rfind(out.string(), 0) == 0) throw;
     fail(what);
   }
 }
 
-void export_hf_model(CausalLM& model, const nlohmann::json& config, const std::string& out_dir, at::ScalarType dtype,
-                     const std::string& tokenizer_source) {
+void export_hf_model(CausalLM& model, const nlohmann::json& config, const std::string& out_dir,
+                     at::ScalarType dtype, const std::string& tokenizer_source) {
   export_hf_model(model.parameters(), config, out_dir, dtype, tokenizer_source);
 }
 

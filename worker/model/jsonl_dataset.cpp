@@ -1,9 +1,8 @@
 // JSON Lines datasets ({"text"} packed, {"prompt","completion"} masked) and packed token streams.
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -79,7 +78,8 @@ class PromptCompletionDataset final : public TokenDataset {
 std::vector<fs::path> input_files(const std::string& path) {
   std::error_code ec;
   const fs::file_status status = fs::status(path, ec);
-  if (ec || !fs::exists(status)) throw std::runtime_error("jsonl dataset: path '" + path + "' does not exist");
+  if (ec || !fs::exists(status))
+    throw std::runtime_error("jsonl dataset: path '" + path + "' does not exist");
   if (fs::is_regular_file(status)) return {fs::path(path)};
   if (!fs::is_directory(status))
     throw std::runtime_error("jsonl dataset: '" + path + "' is neither a file nor a directory");
@@ -105,24 +105,27 @@ const std::string& string_field(const json& obj, const char* key, const std::str
 
 std::shared_ptr<TokenDataset> make_packed_dataset(std::vector<int32_t> tokens, int64_t seq_len,
                                                   const std::string& what) {
-  if (seq_len <= 0) throw std::invalid_argument(what + ": seq_len must be > 0, got " + std::to_string(seq_len));
+  if (seq_len <= 0)
+    throw std::invalid_argument(what + ": seq_len must be > 0, got " + std::to_string(seq_len));
   if (static_cast<int64_t>(tokens.size()) < seq_len + 1)
     throw std::runtime_error(what + ": " + std::to_string(tokens.size()) + " tokens, need at least " +
                              std::to_string(seq_len + 1) + " (one block of seq_len + 1)");
   return std::make_shared<PackedDataset>(std::move(tokens), seq_len, what);
 }
 
-std::shared_ptr<TokenDataset> make_jsonl_dataset(const std::string& path, const Tokenizer& tok, int64_t seq_len) {
+std::shared_ptr<TokenDataset> make_jsonl_dataset(const std::string& path, const Tokenizer& tok,
+                                                 int64_t seq_len) {
   const std::string what = "jsonl dataset '" + path + "'";
-  if (seq_len <= 0) throw std::invalid_argument(what + ": seq_len must be > 0, got " + std::to_string(seq_len));
+  if (seq_len <= 0)
+    throw std::invalid_argument(what + ": seq_len must be > 0, got " + std::to_string(seq_len));
   const int32_t eos = tok.eos_id();
   const std::vector<int32_t> separator = eos >= 0 ? std::vector<int32_t>{eos} : tok.encode("\n");
   const int64_t width = seq_len + 1;
 
   Kind kind = Kind::kUnknown;
-  std::vector<int32_t> packed;                        // kText
-  std::vector<int32_t> rows;                          // kPromptCompletion
-  std::vector<std::pair<int64_t, int64_t>> spans;     // kPromptCompletion
+  std::vector<int32_t> packed;                     // kText
+  std::vector<int32_t> rows;                       // kPromptCompletion
+  std::vector<std::pair<int64_t, int64_t>> spans;  // kPromptCompletion
   int64_t dropped = 0;
   for (const fs::path& file : input_files(path)) {
     std::ifstream in(file, std::ios::binary);
@@ -141,11 +144,12 @@ std::shared_ptr<TokenDataset> make_jsonl_dataset(const std::string& path, const 
       const bool pc = obj.contains("prompt") || obj.contains("completion");
       if (kind == Kind::kUnknown) {
         if (!pc && !obj.contains("text"))
-          throw std::runtime_error(where + ": expected a \"text\" string, or \"prompt\" and \"completion\" strings");
+          throw std::runtime_error(where +
+                                   ": expected a \"text\" string, or \"prompt\" and \"completion\" strings");
         kind = pc ? Kind::kPromptCompletion : Kind::kText;
       } else if (pc != (kind == Kind::kPromptCompletion)) {
-        throw std::runtime_error(where + ": mixes " + (pc ? "prompt/completion" : "text") + " lines into a file of " +
-                                 (pc ? "text" : "prompt/completion") + " lines");
+        throw std::runtime_error(where + ": mixes " + (pc ? "prompt/completion" : "text") +
+                                 " lines into a file of " + (pc ? "text" : "prompt/completion") + " lines");
       }
 
       if (kind == Kind::kText) {

@@ -28,17 +28,17 @@ void check_config(const LlamaConfig& c) {
   positive("num_key_value_heads", c.num_key_value_heads);
   positive("intermediate_size", c.intermediate_size);
   positive("max_position_embeddings", c.max_position_embeddings);
-  if (c.head_dim < 0) fail("head_dim must be >= 0 (0: hidden_size / num_attention_heads), got " + std::to_string(c.head_dim));
+  if (c.head_dim < 0)
+    fail("head_dim must be >= 0 (0: hidden_size / num_attention_heads), got " + std::to_string(c.head_dim));
   if (c.head_dim == 0 && c.hidden_size % c.num_attention_heads != 0)
-    fail("hidden_size (" + std::to_string(c.hidden_size) +
-         ") must be divisible by num_attention_heads (" + std::to_string(c.num_attention_heads) +
-         ")");
+    fail("hidden_size (" + std::to_string(c.hidden_size) + ") must be divisible by num_attention_heads (" +
+         std::to_string(c.num_attention_heads) + ")");
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     fail("num_attention_heads (" + std::to_string(c.num_attention_heads) +
-         ") must be divisible by num_key_value_heads (" + std::to_string(c.num_key_value_heads) +
-         ")");
+         ") must be divisible by num_key_value_heads (" + std::to_string(c.num_key_value_heads) + ")");
   if (c.resolved_head_dim() % 2 != 0)
-    fail("the head dimension must be even for rotary embeddings, got " + std::to_string(c.resolved_head_dim()));
+    fail("the head dimension must be even for rotary embeddings, got " +
+         std::to_string(c.resolved_head_dim()));
   if (!(c.rope_theta > 0)) fail("rope_theta must be > 0");
   if (!(c.rms_norm_eps > 0)) fail("rms_norm_eps must be > 0");
   if (!(c.initializer_range >= 0)) fail("initializer_range must be >= 0");
@@ -189,7 +189,7 @@ class Llama final : public CausalLM {
 
     // Parameters are appended in parameters() order; slots remembers which field of
     // which layer each one fills.
-    std::vector<std::pair<int64_t, at::Tensor* Layer::*>> slots;
+    std::vector<std::pair<int64_t, at::Tensor * Layer::*>> slots;
     auto add = [&](std::string name, at::Tensor t, int64_t layer, at::Tensor* Layer::*field) {
       params_.emplace_back(std::move(name), std::move(t));
       slots.emplace_back(layer, field);
@@ -219,7 +219,8 @@ class Llama final : public CausalLM {
 
     layers_.assign(static_cast<size_t>(config_.num_hidden_layers), Layer{});
     for (size_t i = 0; i < params_.size(); ++i)
-      if (slots[i].first >= 0) layers_[static_cast<size_t>(slots[i].first)].*(slots[i].second) = &params_[i].second;
+      if (slots[i].first >= 0)
+        layers_[static_cast<size_t>(slots[i].first)].*(slots[i].second) = &params_[i].second;
     embed_tokens_ = &params_.front().second;
     lm_head_ = config_.tie_word_embeddings ? nullptr : &params_.back().second;
     norm_ = &params_[params_.size() - (config_.tie_word_embeddings ? 1 : 2)].second;
@@ -275,8 +276,8 @@ at::Tensor llama_inv_freq(const LlamaConfig& config) {
       (wavelen.reciprocal() * old_context_len - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
   const at::Tensor smoothed_inv_freq =
       (1 - smooth_factor) * inv_freq_llama / r.factor + smooth_factor * inv_freq_llama;
-  const at::Tensor is_medium_freq = (wavelen < high_freq_wavelen).logical_not().logical_and(
-      (wavelen > low_freq_wavelen).logical_not());
+  const at::Tensor is_medium_freq =
+      (wavelen < high_freq_wavelen).logical_not().logical_and((wavelen > low_freq_wavelen).logical_not());
   return at::where(is_medium_freq, smoothed_inv_freq, inv_freq_llama);
 }
 
@@ -286,7 +287,8 @@ std::unique_ptr<CausalLM> make_llama(const LlamaConfig& config, uint64_t seed) {
   return std::make_unique<Llama>(config, init);
 }
 
-std::unique_ptr<CausalLM> make_llama_uninitialized(const LlamaConfig& config, const at::TensorOptions& options) {
+std::unique_ptr<CausalLM> make_llama_uninitialized(const LlamaConfig& config,
+                                                   const at::TensorOptions& options) {
   Init init;
   init.random = false;
   init.options = options;
@@ -307,8 +309,7 @@ int64_t llama_parameter_count(const LlamaConfig& config) {
                             + 3 * I * H                   // gate, up, down
                             + (config.qkv_bias ? q_out + 2 * kv_out : 0) + (config.o_bias ? H : 0) +
                             (config.mlp_bias ? 2 * I + H : 0);
-  return V * H + config.num_hidden_layers * per_layer + H +
-         (config.tie_word_embeddings ? 0 : V * H);
+  return V * H + config.num_hidden_layers * per_layer + H + (config.tie_word_embeddings ? 0 : V * H);
 }
 
 }  // namespace zenflow::model

@@ -118,7 +118,8 @@ class TokenFileDataset final : public TokenDataset {
     auto tg = targets.accessor<int64_t, 2>()[row];
     // Tokens [i*T, i*T + T + 1) may span files: walk them from the one holding the start.
     const int64_t begin = i * seq_len_;
-    size_t f = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin() - 1);
+    size_t f =
+        static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin() - 1);
     int64_t k = begin - starts_[f];
     for (int64_t t = 0; t <= seq_len_; ++t) {
       while (k >= files_[f]->size()) {
@@ -144,7 +145,8 @@ class TokenFileDataset final : public TokenDataset {
 std::shared_ptr<TokenDataset> make_token_file_dataset(const std::string& path, int64_t seq_len,
                                                       int64_t vocab_size) {
   const std::string what = "token dataset '" + path + "'";
-  if (seq_len <= 0) throw std::invalid_argument(what + ": seq_len must be > 0, got " + std::to_string(seq_len));
+  if (seq_len <= 0)
+    throw std::invalid_argument(what + ": seq_len must be > 0, got " + std::to_string(seq_len));
   if (vocab_size <= 0) throw std::invalid_argument(what + ": vocab_size must be > 0");
   std::error_code ec;
   const fs::file_status status = fs::status(path, ec);
