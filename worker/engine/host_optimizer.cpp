@@ -6,6 +6,7 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <algorithm>
 #include <variant>
 
 #include "worker/engine/accumulate_kernel.h"
@@ -58,6 +59,17 @@ void for_flat_range(const std::vector<int64_t>& starts, const std::vector<int64_
     if (e > b) fn(s, b, e);
   }
 }
+
+// Spans laid end to end: flat element index -> (span, offset).
+struct FlatSpans {
+  std::vector<int64_t> starts, sizes;
+  int64_t total = 0;
+  void add(int64_t n) {
+    starts.push_back(total);
+    sizes.push_back(n);
+    total += n;
+  }
+};
 
 class InProcessHostOptimizer : public HostOptimizer {
  public:
@@ -158,17 +170,17 @@ class InProcessHostOptimizer : public HostOptimizer {
   }
 
   void run_accumulate(const AccumulateJob& job) {
-    std::vector<int64_t> starts, sizes;
-    int64_t total = 0;
-    for (const auto& s : job.spans) {
-      starts.push_back(total);
-      sizes.push_back(s.n);
-      total += s.n;
-    }
-    pool_.parallel_for(total, 16, [&](int64_t lo, int64_t hi) {
-      for_flat_range(starts, sizes, lo, hi, [&](size_t i, int64_t b, int64_t e) {
-        const auto& s = job.spans[i];
-        accumulate(s.acc + b, s.grad.offset(b), e - b, job.scale, job.overwrite);
+    FlatSpans flat;
+    for (const auto& s : job.spans) flat.add(s.n);
+    // One pointer captured: std::function keeps it inline (no allocation per call).
+    struct Ctx {
+      const AccumulateJob* job;
+      const FlatSpans* flat;
+    } ctx{&job, &flat};
+    pool_.parallel_for(flat.total, kHostChunkAlign, [c = &ctx](int64_t lo, int64_t hi) {
+      for_flat_range(c->flat->starts, c->flat->sizes, lo, hi, [&](size_t i, int64_t b, int64_t e) {
+        const auto& s = c->job->spans[i];
+        accumulate(s.acc + b, s.grad.offset(b), e - b, c->job->scale, c->job->overwrite);
       });
     });
   }
@@ -178,19 +190,19 @@ class InProcessHostOptimizer : public HostOptimizer {
     try {
       StepJob& job = pending.job;
       if (job.before) job.before();
-      std::vector<int64_t> starts, sizes;
-      int64_t total = 0;
-      for (const auto& s : job.spans) {
-        starts.push_back(total);
-        sizes.push_back(s.adamw.n);
-        total += s.adamw.n;
-      }
-      const int64_t chunk = std::max<int64_t>(options_.chunk_elements, 16);
-      for (int64_t c0 = 0; c0 < total; c0 += chunk) {
-        const int64_t c1 = std::min(total, c0 + chunk);
-        pool_.parallel_for(c1 - c0, 16, [&](int64_t lo, int64_t hi) {
-          for_flat_range(starts, sizes, c0 + lo, c0 + hi, [&](size_t i, int64_t b, int64_t e) {
-            const auto& s = job.spans[i];
+      FlatSpans flat;
+      for (const auto& s : job.spans) flat.add(s.adamw.n);
+      const int64_t chunk = std::max<int64_t>(options_.chunk_elements, kHostChunkAlign);
+      for (int64_t c0 = 0; c0 < flat.total; c0 += chunk) {
+        const int64_t c1 = std::min(flat.total, c0 + chunk);
+        struct Ctx {
+          const StepJob* job;
+          const FlatSpans* flat;
+          int64_t c0;
+        } ctx{&job, &flat, c0};
+        pool_.parallel_for(c1 - c0, kHostChunkAlign, [c = &ctx](int64_t lo, int64_t hi) {
+          for_flat_range(c->flat->starts, c->flat->sizes, c->c0 + lo, c->c0 + hi, [&](size_t i, int64_t b, int64_t e) {
+            const auto& s = c->job->spans[i];
             AdamWSpan part = s.adamw;
             part.p += b;
             part.m += b;
@@ -199,9 +211,9 @@ class InProcessHostOptimizer : public HostOptimizer {
             if (part.half_out) part.half_out += b;
             part.n = e - b;
             if (s.acc)
-              adamw_window_end(part, s.acc + b, s.coeffs, job.grad_scale);
+              adamw_window_end(part, s.acc + b, s.coeffs, c->job->grad_scale);
             else
-              adamw_step(part, s.coeffs, job.grad_scale);
+              adamw_step(part, s.coeffs, c->job->grad_scale);
           });
         });
         run_pending_accumulates();

@@ -468,7 +468,8 @@ std::string hf_dtype_name(at::ScalarType dtype) {
 
 void export_hf_model(const std::vector<NamedTensor>& tensors, const nlohmann::json& config,
                      const std::string& out_dir, at::ScalarType dtype, const std::string& tokenizer_source) {
-  const fs::path out = fs::path(out_dir).lexically_normal();
+  fs::path out = fs::path(out_dir).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();  // "DIR/" names DIR
   auto fail = [&](const std::string& what) { throw std::runtime_error(out.string() + ": " + what); };
   std::string dtype_name;
   try {
