@@ -33,18 +33,20 @@ optimizer:
   host: {threads: 1, reserved_cores: auto}
 checkpoint: {every_steps: 0}
 )"},
-      // The tiny model trained long enough to compare final losses between modes.
+      // Fine-tuning, the regime ZenFlow is for: a base model is pre-trained once in
+      // device mode on one text (PRETRAIN steps), then every mode fine-tunes that same
+      // base on another text; final losses are compared.
       {"convergence", R"(name: bench-convergence
 model: {arch: llama, config: {hidden_size: 128, num_hidden_layers: 2, num_attention_heads: 4,
         intermediate_size: 344, max_position_embeddings: 128}}
-data: {train: DATA, tokenizer: byte, val_fraction: 0.05}
-train: {steps: 300, micro_batch: 8, seq_len: 64, lr: 3.0e-3, schedule: cosine, warmup_steps: 10,
-        grad_clip: 1.0, seed: 1, device: cpu}
+data: {train: FINETUNE_DATA, tokenizer: byte, val_fraction: 0.1}
+train: {steps: 200, micro_batch: 8, seq_len: 64, lr: 1.0e-3, schedule: cosine, warmup_steps: 10,
+        grad_clip: 1.0, seed: 1, device: cpu, compute_threads: 1}
 optimizer:
   mode: zenflow
   zenflow: {topk_ratio: 0.1, select_strategy: auto, update_interval: 4, full_warm_up_rounds: 1,
             overlap_step: true}
-  host: {threads: auto, reserved_cores: auto}
+  host: {threads: 1, reserved_cores: auto}
 checkpoint: {every_steps: 0}
 )"},
       // ~1B-parameter Llama shape in bf16 on one GPU, sequence 1024.
@@ -77,6 +79,8 @@ struct BenchArgs {
   std::string modes = "device,offload,zenflow";
   int64_t steps = 0;
   std::string data;
+  std::string finetune_data = "/usr/share/common-licenses/Apache-2.0";
+  int64_t pretrain_steps = 300;
   std::vector<std::string> sets;
   bool json = false;
 };
@@ -111,7 +115,31 @@ int run_bench(const BenchArgs& a) {
   }
   std::string yaml = it->second;
   const std::string data = a.data.empty() ? default_data() : a.data;
-  yaml.replace(yaml.find("DATA"), 4, data);
+  const bool finetune = yaml.find("FINETUNE_DATA") != std::string::npos;
+  if (finetune) {
+    yaml.replace(yaml.find("FINETUNE_DATA"), 13, a.finetune_data);
+  } else {
+    yaml.replace(yaml.find("DATA"), 4, data);
+  }
+  std::vector<std::pair<std::string, at::Tensor>> base_weights;
+  if (finetune) {
+    // Pre-train the shared base model once, in device mode, on the pre-training text.
+    std::vector<std::string> sets = a.sets;
+    sets.push_back("optimizer.mode=device");
+    sets.push_back("data.train=" + data);
+    sets.push_back("train.steps=" + std::to_string(a.pretrain_steps));
+    sets.push_back("train.lr=3.0e-3");
+    JobSpec base = parse_job_spec(yaml, sets, ".");
+    RunOptions opts;
+    opts.resume = false;
+    opts.write_checkpoints = false;
+    opts.evaluate = false;
+    opts.final_weights = &base_weights;
+    std::cerr << "bench offload: pre-training the base model (" << a.pretrain_steps << " steps, device mode, "
+              << data << ")\n";
+    RunSummary s = run_training(base, opts);
+    std::cerr << "bench offload: base model loss " << s.final_loss << "; fine-tuning on " << a.finetune_data << "\n";
+  }
   std::map<std::string, RunSummary> results;
   std::map<std::string, int64_t> bytes_per_elem;
   for (const std::string& mode : split_csv(a.modes)) {
@@ -128,7 +156,8 @@ int run_bench(const BenchArgs& a) {
     RunOptions opts;
     opts.resume = false;
     opts.write_checkpoints = false;
-    opts.evaluate = false;
+    opts.evaluate = finetune;
+    opts.initial_weights = base_weights;
     std::cerr << "bench offload: " << a.preset << " / " << mode << " (" << spec.train.steps << " steps)\n";
     RunSummary s = run_training(spec, opts);
     nlohmann::json j = mode_json(s);
@@ -159,11 +188,15 @@ int run_bench(const BenchArgs& a) {
       cmp["transfer_per_step_over_model_size"][mode] =
           (static_cast<double>(s.totals.transfer_bytes[0] + s.totals.transfer_bytes[1]) / n) / model_bytes;
     cmp["final_loss"][mode] = s.final_loss;
+    if (s.val_loss >= 0) cmp["val_loss"][mode] = s.val_loss;
   }
   if (results.count("device")) {
-    for (const auto& [mode, s] : results)
-      cmp["final_loss_rel_diff_vs_device"][mode] =
-          (s.final_loss - results.at("device").final_loss) / results.at("device").final_loss;
+    const RunSummary& d = results.at("device");
+    for (const auto& [mode, s] : results) {
+      cmp["final_loss_rel_diff_vs_device"][mode] = (s.final_loss - d.final_loss) / d.final_loss;
+      if (s.val_loss >= 0 && d.val_loss > 0)
+        cmp["val_loss_rel_diff_vs_device"][mode] = (s.val_loss - d.val_loss) / d.val_loss;
+    }
   }
   std::cout << cmp.dump() << std::endl;
   return kExitOk;
@@ -177,6 +210,8 @@ CommandRegistrar reg(60, [](CommandContext& ctx) {
   cmd->add_option("--steps", args->steps, "Steps per mode (default: the preset's)");
   cmd->add_option("--data", args->data, "Training text (default /usr/share/common-licenses)");
   cmd->add_option("--set", args->sets, "Override a preset key (repeatable)");
+  cmd->add_option("--finetune-data", args->finetune_data, "convergence: the fine-tuning text");
+  cmd->add_option("--pretrain-steps", args->pretrain_steps, "convergence: pre-training steps of the base model");
   cmd->add_flag("--json", args->json, "One JSON object per mode (and a comparison) on stdout");
   cmd->callback([args, &ctx] { ctx.exit_code = run_bench(*args); });
 });

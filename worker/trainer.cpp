@@ -15,11 +15,11 @@
 #include <thread>
 
 #include "worker/checkpoint.h"
+#include "worker/model_factory.h"
 #include "worker/engine/host_thread_pool.h"
 #include "worker/engine/zenflow_optimizer.h"
 #include "worker/model/causal_lm.h"
 #include "worker/model/dataset.h"
-#include "worker/model/llama.h"
 #include "worker/model/schedule.h"
 #include "worker/model/tokenizer.h"
 
@@ -28,31 +28,6 @@ namespace {
 
 using engine::StallCause;
 using engine::Stopwatch;
-
-model::LlamaConfig llama_config(const ModelSpec& m, int64_t vocab) {
-  model::LlamaConfig c;
-  c.vocab_size = vocab;
-  for (const auto& [key, value] : m.config) {
-    const auto i = static_cast<int64_t>(value);
-    if (key == "hidden_size") c.hidden_size = i;
-    else if (key == "num_hidden_layers") c.num_hidden_layers = i;
-    else if (key == "num_attention_heads") c.num_attention_heads = i;
-    else if (key == "num_key_value_heads") c.num_key_value_heads = i;
-    else if (key == "intermediate_size") c.intermediate_size = i;
-    else if (key == "vocab_size") c.vocab_size = i;
-    else if (key == "max_position_embeddings") c.max_position_embeddings = i;
-    else if (key == "rope_theta") c.rope_theta = value;
-    else if (key == "rms_norm_eps") c.rms_norm_eps = value;
-    else if (key == "tie_word_embeddings") c.tie_word_embeddings = value != 0;
-    else if (key == "initializer_range") c.initializer_range = value;
-  }
-  if (m.config.count("num_attention_heads") && !m.config.count("num_key_value_heads"))
-    c.num_key_value_heads = c.num_attention_heads;
-  if (c.vocab_size < vocab)
-    throw std::invalid_argument("model.config.vocab_size: " + std::to_string(c.vocab_size) +
-                                " is smaller than the tokenizer's " + std::to_string(vocab));
-  return c;
-}
 
 at::Device pick_device(const std::string& wanted) {
   const bool cuda = at::hasCUDA();
@@ -192,26 +167,30 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
 
   // Data.
   auto tokenizer = model::load_tokenizer(spec.data.tokenizer);
-  auto all = model::make_text_dataset(spec.data.train, *tokenizer, spec.train.seq_len);
-  std::shared_ptr<model::TokenDataset> train_ds, val_ds;
-  if (!spec.data.val.empty()) {
-    train_ds = all;
-    val_ds = model::make_text_dataset(spec.data.val, *tokenizer, spec.train.seq_len);
-  } else {
-    std::tie(train_ds, val_ds) = model::split_dataset(all, spec.data.val_fraction);
+
+  // Model: a Hugging Face directory (model.from) or a random init from model.config.
+  model::LoadedModel info;
+  auto lm = make_model_from_spec(spec.model, tokenizer->vocab_size(), spec.train.seed, &info);
+  if (!options.initial_weights.empty()) {
+    std::map<std::string, at::Tensor> init(options.initial_weights.begin(), options.initial_weights.end());
+    c10::NoGradGuard no_grad;
+    for (auto& nt : lm->parameters()) {
+      auto it = init.find(nt.name);
+      if (it == init.end() || it->second.sizes() != nt.tensor.sizes())
+        throw std::invalid_argument("initial weights: '" + nt.name + "' missing or of another shape");
+      nt.tensor.detach().copy_(it->second);
+    }
   }
+  lm->to(device, dtype);
+  lm->train(true);
+
+  std::shared_ptr<model::TokenDataset> train_ds, val_ds;
+  std::tie(train_ds, val_ds) = make_dataset_from_spec(spec.data, *tokenizer, spec.train.seq_len, lm->vocab_size());
   if (train_ds->size() < spec.train.micro_batch)
     throw std::invalid_argument("train.micro_batch: " + std::to_string(spec.train.micro_batch) +
                                 " exceeds the " + std::to_string(train_ds->size()) + " training examples of " +
                                 spec.data.train);
   model::DataLoader loader(train_ds, spec.train.micro_batch, spec.train.seed, 2, true);
-
-  // Model.
-  if (!spec.model.from.empty())
-    throw std::invalid_argument("model.from: loading pretrained checkpoints is not supported by this build");
-  auto lm = model::make_llama(llama_config(spec.model, tokenizer->vocab_size()), spec.train.seed);
-  lm->to(device, dtype);
-  lm->train(true);
 
   std::vector<engine::ParamSpec> params;
   for (auto& nt : lm->parameters()) {
@@ -366,6 +345,11 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
     if (step > first) save(step);
   }
   sum.steps = step;
+  if (options.final_weights) {
+    options.final_weights->clear();
+    for (auto& nt : lm->parameters())
+      options.final_weights->emplace_back(nt.name, nt.tensor.detach().to(at::kCPU).to(at::kFloat).clone());
+  }
   sum.skipped_steps = opt.skipped_steps();
   sum.final_loss = history.empty() ? 0 : history.back();
   if (options.evaluate && !sum.interrupted)

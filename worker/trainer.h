@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
+
 #include "common/job_spec.h"
 #include "worker/engine/stall_clock.h"
 
@@ -37,6 +39,11 @@ struct RunOptions {
   bool write_checkpoints = true;  // periodic + final/interrupt checkpoints
   bool evaluate = true;           // validation loss at the end (and every eval_every)
   int64_t stop_after_steps = 0;   // > 0: stop (with checkpoint) after this many steps of this process
+  // Start from these weights (by parameter name) instead of the random init, e.g. a
+  // model trained earlier in this process. Every parameter must be present.
+  std::vector<std::pair<std::string, at::Tensor>> initial_weights;
+  // When set, receives the final weights (CPU copies) after training.
+  std::vector<std::pair<std::string, at::Tensor>>* final_weights = nullptr;
   std::function<void(const StepProgress&)> on_step;
   std::function<void(const std::string&)> on_log;  // info/warning lines
 };
