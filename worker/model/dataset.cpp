@@ -52,33 +52,6 @@ std::string read_text(const std::string& path) {
   return text;
 }
 
-class TextDataset final : public TokenDataset {
- public:
-  TextDataset(std::vector<int32_t> tokens, int64_t seq_len)
-      : tokens_(std::move(tokens)), seq_len_(seq_len) {}
-
-  // Example i covers tokens [i*T, i*T + T + 1): consecutive examples share one token.
-  int64_t size() const override { return (static_cast<int64_t>(tokens_.size()) - 1) / seq_len_; }
-  int64_t seq_len() const override { return seq_len_; }
-
-  void fill(int64_t i, at::Tensor& input_ids, at::Tensor& targets, int64_t row) const override {
-    if (i < 0 || i >= size())
-      throw std::out_of_range("text dataset: example " + std::to_string(i) + " out of range [0, " +
-                              std::to_string(size()) + ")");
-    auto in = input_ids.accessor<int64_t, 2>()[row];
-    auto tg = targets.accessor<int64_t, 2>()[row];
-    const int32_t* block = tokens_.data() + i * seq_len_;
-    for (int64_t t = 0; t < seq_len_; ++t) {
-      in[t] = block[t];
-      tg[t] = block[t + 1];
-    }
-  }
-
- private:
-  std::vector<int32_t> tokens_;
-  int64_t seq_len_;
-};
-
 // Examples [offset, offset + count) of another dataset.
 class SubsetDataset final : public TokenDataset {
  public:
@@ -103,16 +76,9 @@ class SubsetDataset final : public TokenDataset {
 
 std::shared_ptr<TokenDataset> make_text_dataset(const std::string& path, const Tokenizer& tok,
                                                 int64_t seq_len) {
-  if (seq_len <= 0)
-    throw std::invalid_argument("text dataset '" + path + "': seq_len must be > 0, got " +
-                                std::to_string(seq_len));
-  std::vector<int32_t> tokens = tok.encode(read_text(path));
-  const int64_t needed = seq_len + 1;
-  if (static_cast<int64_t>(tokens.size()) < needed)
-    throw std::runtime_error("text dataset '" + path + "': " + std::to_string(tokens.size()) +
-                             " tokens, need at least " + std::to_string(needed) +
-                             " (one block of seq_len + 1)");
-  return std::make_shared<TextDataset>(std::move(tokens), seq_len);
+  const std::string what = "text dataset '" + path + "'";
+  if (seq_len <= 0) throw std::invalid_argument(what + ": seq_len must be > 0, got " + std::to_string(seq_len));
+  return make_packed_dataset(tok.encode(read_text(path)), seq_len, what);
 }
 
 std::pair<std::shared_ptr<TokenDataset>, std::shared_ptr<TokenDataset>> split_dataset(
