@@ -72,7 +72,7 @@ void print_summary_table(std::ostream& out, const JobSpec& spec, const RunSummar
                    (s.start_step > 0 ? " (resumed at " + std::to_string(s.start_step) + ")" : "") +
                    (s.skipped_steps > 0 ? ", " + std::to_string(s.skipped_steps) + " skipped" : ""));
   row("final train loss", fmt(s.final_loss));
-  row("val loss", s.val_loss >= 0 ? fmt(s.val_loss) : "-");
+  row("val loss / perplexity", s.val_loss >= 0 ? fmt(s.val_loss) + " / " + fmt(std::exp(s.val_loss), 2) : "-");
   row("median step time", fmt(s.step_seconds_median, 4) + " s (p90 " + fmt(s.step_seconds_p90, 4) + " s)");
   row("tokens / step", std::to_string(s.tokens_per_step));
   out << "  time breakdown (this process, " << fmt(t.wall_seconds, 2) << " s in steps):\n";
@@ -105,6 +105,7 @@ nlohmann::json summary_json(const RunSummary& s) {
   j["tokens_per_step"] = s.tokens_per_step;
   j["final_loss"] = s.final_loss;
   j["val_loss"] = s.val_loss >= 0 ? nlohmann::json(s.val_loss) : nlohmann::json(nullptr);
+  j["val_perplexity"] = s.val_loss >= 0 ? nlohmann::json(std::exp(s.val_loss)) : nlohmann::json(nullptr);
   j["losses"] = s.losses;
   j["step_seconds_median"] = s.step_seconds_median;
   j["step_seconds_p90"] = s.step_seconds_p90;

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "common/remove_tree.h"
+#include "worker/model/safetensors.h"
 #include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/wait.h>
@@ -118,7 +119,54 @@ TEST(Cli, InterruptWritesACheckpointAndExits130) {
   EXPECT_EQ(WEXITSTATUS(status), 130);
   bool found = false;
   for (auto& e : fs::directory_iterator(dir / "ckpt"))
-    found |= e.path().filename().string().rfind("step-", 0) == 0 && fs::exists(e.path() / "engine.pt");
+    found |= e.path().filename().string().rfind("step-", 0) == 0 && fs::exists(e.path() / "engine.safetensors");
   EXPECT_TRUE(found) << "no checkpoint written on interrupt";
+  zenflow::remove_tree(dir);
+}
+
+namespace {
+// Runs `zenflow run SPEC --quiet` to completion; returns its exit status.
+int run_to_end(const std::string& spec) {
+  const std::string cmd = std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow run " + spec + " --quiet >/dev/null 2>&1";
+  const int st = std::system(cmd.c_str());
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+}  // namespace
+
+// Issue 4: SIGKILL after a checkpoint, rerun the same command: the final weights equal
+// an uninterrupted run's, bit for bit.
+TEST(Cli, KilledRunResumesToTheSameFinalWeights) {
+  const fs::path dir = fs::temp_directory_path() / ("zenflow-cli-kill-" + std::to_string(::getpid()));
+  zenflow::remove_tree(dir);
+  auto spec_for = [&](const std::string& ckpt) {
+    std::string text = kValid;
+    text.replace(text.find("steps: 3"), 8, "steps: 40");
+    text.replace(text.find("checkpoint: {every_steps: 0}"), 28,
+                 "checkpoint: {every_steps: 4, keep: 2, dir: " + (dir / ckpt).string() + "}");
+    return write_file(ckpt + ".yaml", text);
+  };
+  const std::string straight = spec_for("straight"), killed = spec_for("killed");
+  ASSERT_EQ(run_to_end(straight), 0);
+
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (!freopen("/dev/null", "w", stderr)) _exit(126);
+    const std::string bin = std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow";
+    execl(bin.c_str(), bin.c_str(), "run", killed.c_str(), "--quiet", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // SIGKILL once the first periodic checkpoint exists (bounded wait).
+  for (int i = 0; i < 1200 && !fs::exists(dir / "killed" / "step-00000004" / "trainer.json"); ++i) usleep(25 * 1000);
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the run finished before it could be killed";
+  ASSERT_EQ(run_to_end(killed), 0);  // resumes from the newest complete checkpoint
+
+  zenflow::model::SafetensorsFile a((dir / "straight" / "step-00000040" / "model.safetensors").string());
+  zenflow::model::SafetensorsFile b((dir / "killed" / "step-00000040" / "model.safetensors").string());
+  ASSERT_EQ(a.names(), b.names());
+  for (const auto& name : a.names()) EXPECT_TRUE(a.tensor(name).equal(b.tensor(name))) << name;
   zenflow::remove_tree(dir);
 }

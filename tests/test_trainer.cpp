@@ -93,7 +93,7 @@ TEST(Trainer, DamagedNewestCheckpointFallsBackToThePreviousOne) {
   run_training(spec, first);
   // Truncate the newest checkpoint's engine state.
   const std::string newest = list_checkpoints(spec.checkpoint.dir).back().second;
-  fs::resize_file(newest + "/engine.pt", fs::file_size(newest + "/engine.pt") / 2);
+  fs::resize_file(newest + "/engine.safetensors", fs::file_size(newest + "/engine.safetensors") / 2);
 
   std::vector<std::string> warnings;
   RunOptions resume = quiet();

@@ -2,6 +2,8 @@
 #include "common/remove_tree.h"
 #include "worker/checkpoint.h"
 
+#include "worker/model/safetensors.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -11,7 +13,6 @@
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
-#include <torch/serialize.h>
 
 namespace zenflow {
 namespace fs = std::filesystem;
@@ -26,24 +27,17 @@ void fsync_path(const fs::path& p) {
   if (rc != 0) throw std::runtime_error("checkpoint: fsync failed for " + p.string());
 }
 
-void save_tensors(const fs::path& path, const NamedTensors& named, nlohmann::json& names_out) {
-  std::vector<at::Tensor> tensors;
-  names_out = nlohmann::json::array();
-  for (const auto& [name, t] : named) {
-    names_out.push_back(name);
-    tensors.push_back(t.detach().to(at::kCPU).contiguous());
-  }
-  torch::save(tensors, path.string());
+void save_tensors(const fs::path& path, const NamedTensors& named) {
+  std::vector<std::pair<std::string, at::Tensor>> cpu;
+  cpu.reserve(named.size());
+  for (const auto& [name, t] : named) cpu.emplace_back(name, t.detach().to(at::kCPU).contiguous());
+  model::write_safetensors(path.string(), cpu, {{"format", "pt"}, {"writer", "zenflow"}});
 }
 
-NamedTensors load_tensors(const fs::path& path, const nlohmann::json& names) {
-  std::vector<at::Tensor> tensors;
-  torch::load(tensors, path.string());
-  if (tensors.size() != names.size())
-    throw std::runtime_error(path.string() + " holds " + std::to_string(tensors.size()) +
-                             " tensors, trainer.json names " + std::to_string(names.size()));
+NamedTensors load_tensors(const fs::path& path) {
+  model::SafetensorsFile file(path.string());  // validates the header and the byte ranges
   NamedTensors out;
-  for (size_t i = 0; i < tensors.size(); ++i) out.emplace_back(names[i].get<std::string>(), tensors[i]);
+  for (const std::string& name : file.names()) out.emplace_back(name, file.tensor(name).clone());
   return out;
 }
 
@@ -85,14 +79,14 @@ std::string write_checkpoint(const std::string& dir, int64_t step, const NamedTe
 
   nlohmann::json meta = trainer;
   meta["step"] = step;
-  save_tensors(tmp / "model.pt", model, meta["model_tensors"]);
-  save_tensors(tmp / "engine.pt", engine, meta["engine_tensors"]);
+  save_tensors(tmp / "model.safetensors", model);
+  save_tensors(tmp / "engine.safetensors", engine);
   {
     std::ofstream f(tmp / "trainer.json");
     f << meta.dump(1) << "\n";
     if (!f) throw std::runtime_error("checkpoint: cannot write " + (tmp / "trainer.json").string());
   }
-  for (const char* name : {"model.pt", "engine.pt", "trainer.json"}) fsync_path(tmp / name);
+  for (const char* name : {"model.safetensors", "engine.safetensors", "trainer.json"}) fsync_path(tmp / name);
   fsync_path(tmp);
   zenflow::remove_tree(final_dir, ec);
   fs::rename(tmp, final_dir, ec);
@@ -119,8 +113,8 @@ std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir,
       c.path = p.string();
       c.trainer = nlohmann::json::parse(ss.str());
       c.step = c.trainer.at("step").get<int64_t>();
-      c.model = load_tensors(p / "model.pt", c.trainer.at("model_tensors"));
-      c.engine = load_tensors(p / "engine.pt", c.trainer.at("engine_tensors"));
+      c.model = load_tensors(p / "model.safetensors");
+      c.engine = load_tensors(p / "engine.safetensors");
       return c;
     } catch (const std::exception& e) {
       if (warn) warn("checkpoint " + p.string() + " is damaged (" + e.what() + "); trying the previous one");

@@ -1,7 +1,7 @@
 // Training checkpoints: atomic directories step-NNNNNNNN/ under checkpoint.dir.
 //
-// A checkpoint directory holds model.pt (the model's named tensors), engine.pt (the
-// ZenFlow engine state, semantics §7) and trainer.json (step, loader position, loss
+// A checkpoint directory holds model.safetensors (the model's named tensors, Hugging Face
+// names), engine.safetensors (the ZenFlow engine state, semantics §7) and trainer.json (step, loader position, loss
 // history, job name). It is written to a temporary directory, every file fsynced, then
 // renamed into place, so a crash never leaves a half-written checkpoint under the final
 // name. Only the training thread writes; readers never see partial directories.

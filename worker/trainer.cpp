@@ -328,8 +328,10 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
       options.on_step(p);
     }
     if (spec.train.eval_every > 0 && step % spec.train.eval_every == 0 && step < spec.train.steps && options.evaluate)
-      log("step " + std::to_string(step) + " val_loss " +
-          std::to_string(evaluate(*lm, val_ds, spec.train.micro_batch, spec.train.eval_batches, device)));
+    {
+      const double v = evaluate(*lm, val_ds, spec.train.micro_batch, spec.train.eval_batches, device);
+      log("step " + std::to_string(step) + " val_loss " + std::to_string(v) + " perplexity " + std::to_string(std::exp(v)));
+    }
     if (spec.checkpoint.every_steps > 0 && step % spec.checkpoint.every_steps == 0 && step < spec.train.steps)
       save(step);
     if (options.stop_after_steps > 0 && step - first >= options.stop_after_steps) {
