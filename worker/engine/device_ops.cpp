@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <vector>
 
 #include "worker/engine/cuda_ops.h"
 
@@ -45,26 +46,66 @@ void adamw_into(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, c
 }
 
 // Row-major gather/scatter of columns for CPU tensors of one element size (the
-// ATen index ops are 3-5x slower here, see host-performance-notes.md).
-// Rows are split over LibTorch's compute threads (one thread on the CPU "device").
+// ATen index ops are 3-5x slower here, see host-performance-notes.md). Sorted index
+// lists are mostly runs of consecutive columns (the unselected 90%): those are copied
+// run by run, which the compiler turns into wide moves; scattered lists go element
+// by element. Rows are split over LibTorch's compute threads.
+struct Runs {
+  std::vector<int64_t> start, len;  // idx[c .. c+len) == start .. start+len
+};
+
+Runs runs_of(const int64_t* idx, int64_t n) {
+  Runs r;
+  for (int64_t c = 0; c < n;) {
+    int64_t e = c + 1;
+    while (e < n && idx[e] == idx[e - 1] + 1) ++e;
+    r.start.push_back(idx[c]);
+    r.len.push_back(e - c);
+    c = e;
+  }
+  return r;
+}
+
+constexpr int64_t kMinMeanRun = 4;  // below this, element-wise copies win
+
 template <typename T>
 void gather_rows(const T* src, int64_t rows, int64_t in, const int64_t* idx, int64_t n, T* dst) {
+  const Runs runs = runs_of(idx, n);
+  const bool by_run = static_cast<int64_t>(runs.start.size()) * kMinMeanRun <= n;
   at::parallel_for(0, rows, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, n)), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const T* r = src + i * in;
       T* d = dst + i * n;
-      for (int64_t c = 0; c < n; ++c) d[c] = r[idx[c]];
+      if (by_run) {
+        for (size_t k = 0; k < runs.start.size(); ++k) {
+          const T* from = r + runs.start[k];
+          for (int64_t c = 0; c < runs.len[k]; ++c) d[c] = from[c];
+          d += runs.len[k];
+        }
+      } else {
+        for (int64_t c = 0; c < n; ++c) d[c] = r[idx[c]];
+      }
     }
   });
 }
 
 template <typename T>
 void scatter_rows(const T* src, int64_t rows, int64_t in, const int64_t* idx, int64_t n, T* dst) {
+  const Runs runs = runs_of(idx, n);
+  const bool by_run = static_cast<int64_t>(runs.start.size()) * kMinMeanRun <= n;
   at::parallel_for(0, rows, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, n)), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const T* s = src + i * n;
       T* r = dst + i * in;
-      for (int64_t c = 0; c < n; ++c) r[idx[c]] = s[c];
+      if (by_run) {
+        for (size_t k = 0; k < runs.start.size(); ++k) {
+          T* to = r + runs.start[k];
+          for (int64_t c = 0; c < runs.len[k]; ++c) to[c] = s[c];
+          s += runs.len[k];
+        }
+      } else {
+        for (int64_t c = 0; c < n; ++c) r[idx[c]] = s[c];
+      }
     }
   });
 }
