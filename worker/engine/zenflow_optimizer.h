@@ -13,6 +13,18 @@
 // Columns: a 2-D parameter W[out, in] is split along dim 1 (input channel j). 1-D and
 // small parameters (numel < min_split_numel) are always-device in kZenFlow mode.
 //
+// Choices the semantics leave open, fixed here (and pinned by the tests):
+//  - The first selection happens on the first step after warm-up, before that step's
+//    update, from that step's gradient. Later re-selections are decided at window
+//    boundaries from the window's summed column scores and take effect from the next step.
+//  - Re-selection drains the pipeline: the in-flight host step and the one just handed
+//    over are completed and applied before columns change owner (master, m, v move with
+//    the column; nothing is zeroed).
+//  - select_interval 0 ("auto"): every 10 windows for kStep, every epoch for kEpoch.
+//  - finish() closes a still-open window with the mean of its steps so far.
+//  - Host-owned columns are stored packed row-major ([out, n_host] per matrix); every
+//    staging buffer is packed over all matrices, so each transfer is one copy.
+//
 // Usage (training thread):
 //   ZenFlowOptimizer opt(params, options, &clock);
 //   for each step: zero_grad(); forward/backward; opt.step({lr, epoch});
