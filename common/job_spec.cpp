@@ -328,7 +328,7 @@ void read_train(const YAML::Node& node, TrainSpec& t) {
   Section s(node, "train",
             {"steps", "micro_batch", "grad_accum", "seq_len", "lr", "schedule", "warmup_steps",
              "min_lr_ratio", "weight_decay", "grad_clip", "seed", "eval_every", "eval_batches",
-             "device", "dtype", "compute_threads"});
+             "device", "dtype", "autocast", "compute_threads"});
   read_int(s, "steps", t.steps, at_least(1));
   read_int(s, "micro_batch", t.micro_batch, at_least(1));
   read_int(s, "grad_accum", t.grad_accum, at_least(1));
@@ -353,6 +353,7 @@ void read_train(const YAML::Node& node, TrainSpec& t) {
   read_int(s, "eval_batches", t.eval_batches, at_least(1));
   read_choice(s, "device", t.device, {"auto", "cpu", "cuda"});
   read_choice(s, "dtype", t.dtype, {"auto", "float32", "bfloat16", "float16"});
+  read_choice(s, "autocast", t.autocast, {"none", "bfloat16", "float16"});
   read_int(s, "compute_threads", t.compute_threads, at_least(0));
 }
 
@@ -662,6 +663,7 @@ std::string to_yaml(const JobSpec& spec) {
   integer("eval_batches", t.eval_batches);
   str("device", t.device);
   str("dtype", t.dtype);
+  str("autocast", t.autocast);
   integer("compute_threads", t.compute_threads);
   out << YAML::EndMap;
 
@@ -736,10 +738,10 @@ bool operator==(const DataSpec& a, const DataSpec& b) {
 bool operator==(const TrainSpec& a, const TrainSpec& b) {
   return std::tie(a.steps, a.micro_batch, a.grad_accum, a.seq_len, a.lr, a.schedule, a.warmup_steps,
                   a.min_lr_ratio, a.weight_decay, a.grad_clip, a.seed, a.eval_every, a.eval_batches,
-                  a.device, a.dtype, a.compute_threads) ==
+                  a.device, a.dtype, a.autocast, a.compute_threads) ==
          std::tie(b.steps, b.micro_batch, b.grad_accum, b.seq_len, b.lr, b.schedule, b.warmup_steps,
                   b.min_lr_ratio, b.weight_decay, b.grad_clip, b.seed, b.eval_every, b.eval_batches,
-                  b.device, b.dtype, b.compute_threads);
+                  b.device, b.dtype, b.autocast, b.compute_threads);
 }
 bool operator==(const ZenflowSpec& a, const ZenflowSpec& b) {
   return std::tie(a.topk_ratio, a.select_strategy, a.select_interval_auto, a.select_interval,

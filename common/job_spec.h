@@ -72,6 +72,9 @@ struct TrainSpec {
   int64_t eval_batches = 4;
   std::string device = "auto";  // auto | cpu | cuda
   std::string dtype = "auto";   // auto | float32 | bfloat16 | float16 (weights on the device)
+  // Mixed precision by autocast on CUDA (weights stay in `dtype`, matmuls run in this
+  // dtype): none | bfloat16 | float16. Ignored on the CPU, which computes in fp32.
+  std::string autocast = "none";
   int64_t compute_threads = 0;  // 0 = auto (cores minus the host optimizer's)
 };
 

@@ -140,3 +140,20 @@ TEST(Trainer, TransferBytesFollowTheSplit) {
   EXPECT_EQ(s.totals.transfer_bytes[1], 4 * (all + 3 * unsel));
   zenflow::remove_tree(dir);
 }
+
+// Autocast is a CUDA feature: on the CPU the run is unchanged (fp32), bit for bit.
+TEST(Trainer, AutocastIsIgnoredOnTheCpu) {
+  const std::string dir = temp_dir("autocast");
+  JobSpec spec = tiny_spec(dir, "");
+  spec.train.steps = 4;
+  RunOptions o = quiet();
+  o.write_checkpoints = false;
+  o.resume = false;
+  RunSummary plain = run_training(spec, o);
+  spec.train.autocast = "bfloat16";
+  RunSummary cast = run_training(spec, o);
+  ASSERT_EQ(plain.losses.size(), cast.losses.size());
+  for (size_t i = 0; i < plain.losses.size(); ++i) EXPECT_DOUBLE_EQ(plain.losses[i], cast.losses[i]);
+  EXPECT_THROW(parse_job_spec("name: x\ndata: {train: /tmp}\ntrain: {autocast: fp8}\n"), SpecError);
+  zenflow::remove_tree(dir);
+}

@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
+#include <torch/version.h>
 #include <malloc.h>
 #include <sched.h>
 
@@ -123,6 +125,44 @@ double evaluate(model::CausalLM& lm, const std::shared_ptr<model::TokenDataset>&
   return n ? sum / static_cast<double>(n) : -1;
 }
 
+// Autocast on CUDA for the forward pass and loss (backward follows the recorded casts).
+class CudaAutocast {
+ public:
+  CudaAutocast(bool on, at::ScalarType dtype) : on_(on) {
+    if (!on_) return;
+#if TORCH_VERSION_MAJOR >= 2
+    prev_enabled_ = at::autocast::is_autocast_enabled(at::kCUDA);
+    prev_dtype_ = at::autocast::get_autocast_dtype(at::kCUDA);
+    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+#else
+    prev_enabled_ = at::autocast::is_enabled();
+    prev_dtype_ = at::autocast::get_autocast_gpu_dtype();
+    at::autocast::set_autocast_gpu_dtype(dtype);
+    at::autocast::set_enabled(true);
+#endif
+    at::autocast::increment_nesting();
+  }
+  ~CudaAutocast() {
+    if (!on_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+#if TORCH_VERSION_MAJOR >= 2
+    at::autocast::set_autocast_enabled(at::kCUDA, prev_enabled_);
+    at::autocast::set_autocast_dtype(at::kCUDA, prev_dtype_);
+#else
+    at::autocast::set_enabled(prev_enabled_);
+    at::autocast::set_autocast_gpu_dtype(prev_dtype_);
+#endif
+  }
+  CudaAutocast(const CudaAutocast&) = delete;
+  CudaAutocast& operator=(const CudaAutocast&) = delete;
+
+ private:
+  bool on_;
+  bool prev_enabled_ = false;
+  at::ScalarType prev_dtype_ = at::kBFloat16;
+};
+
 }  // namespace
 
 void keep_freed_host_memory() {
@@ -154,6 +194,8 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
   const at::Device device = pick_device(spec.train.device);
   const at::ScalarType dtype = pick_dtype(spec.train.dtype, device);
   sum.device = device.str();
+  const bool use_autocast = device.is_cuda() && spec.train.autocast != "none";
+  const at::ScalarType autocast_dtype = spec.train.autocast == "float16" ? at::kHalf : at::kBFloat16;
   sum.mode = spec.optimizer.mode;
 
   const bool needs_host = spec.optimizer.mode != "device";
@@ -170,7 +212,11 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
 
   // Model: a Hugging Face directory (model.from) or a random init from model.config.
   model::LoadedModel info;
-  auto lm = make_model_from_spec(spec.model, tokenizer->vocab_size(), spec.train.seed, &info);
+  // Weights go straight to the device (a memory-mapped checkpoint is never held in
+  // host RAM on a GPU host), unless initial weights replace them first.
+  auto lm = options.initial_weights.empty()
+                ? make_model_from_spec(spec.model, tokenizer->vocab_size(), spec.train.seed, &info, device, dtype)
+                : make_model_from_spec(spec.model, tokenizer->vocab_size(), spec.train.seed, &info);
   if (!options.initial_weights.empty()) {
     std::map<std::string, at::Tensor> init(options.initial_weights.begin(), options.initial_weights.end());
     c10::NoGradGuard no_grad;
@@ -295,7 +341,11 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
       at::Tensor targets = batch.targets.to(device);
       clock.add_stall(StallCause::kData, data_sw.seconds());
       Stopwatch compute_sw;
-      at::Tensor loss = model::causal_lm_loss(lm->forward(ids), targets);
+      at::Tensor loss;
+      {
+        CudaAutocast autocast(use_autocast, autocast_dtype);
+        loss = model::causal_lm_loss(lm->forward(ids), targets);
+      }
       (loss / static_cast<double>(spec.train.grad_accum)).backward();
       loss_sum += loss.item<double>();
       tokens += batch.tokens;
