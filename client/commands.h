@@ -16,6 +16,7 @@ struct CommandContext {
   CLI::App* root = nullptr;
   CLI::App* bench = nullptr;  // `zenflow bench ...`
   int exit_code = 0;
+  std::vector<std::string> argv;  // the process's arguments, argv[0] included
 };
 
 using CommandSetup = std::function<void(CommandContext&)>;

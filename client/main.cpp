@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   CommandContext ctx;
   ctx.root = &app;
+  ctx.argv.assign(argv, argv + argc);
   ctx.bench = app.add_subcommand("bench", "Benchmarks that print figures as JSON");
   ctx.bench->require_subcommand(1);
   for (auto& setup : registered_commands()) setup(ctx);

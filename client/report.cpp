@@ -96,6 +96,7 @@ nlohmann::json summary_json(const RunSummary& s) {
   nlohmann::json j;
   j["mode"] = s.mode;
   j["device"] = s.device;
+  j["world_size"] = s.world_size;
   j["params"] = s.params;
   j["split_params"] = s.split_params;
   j["steps"] = s.steps;

@@ -11,6 +11,8 @@
 #include "client/commands.h"
 #include "client/report.h"
 #include "common/job_spec.h"
+#include "worker/distributed/launcher.h"
+#include "worker/distributed/rendezvous.h"
 #include "worker/trainer.h"
 
 namespace zenflow::cli {
@@ -30,9 +32,25 @@ struct RunArgs {
   bool json = false;
   bool no_resume = false;
   bool quiet = false;
+  int nproc = 1;
+  std::vector<std::string> argv;  // this process's argv, for the rank processes
 };
 
 int run(const RunArgs& a) {
+  if (a.nproc > 1 && !distributed::distributed_env_present()) {
+    // The local launcher: N copies of this command, each one rank, minus --nproc.
+    std::vector<std::string> child;
+    for (size_t i = 0; i < a.argv.size(); ++i) {
+      if (a.argv[i] == "--nproc") {
+        ++i;
+        continue;
+      }
+      if (a.argv[i].rfind("--nproc=", 0) == 0) continue;
+      child.push_back(a.argv[i]);
+    }
+    return distributed::launch_local_ranks(a.nproc, child);
+  }
+  const bool rank0 = !distributed::distributed_env_present() || distributed::rank_info_from_env().rank == 0;
   JobSpec spec;
   try {
     spec = load_job_spec(a.job, a.sets);
@@ -42,12 +60,12 @@ int run(const RunArgs& a) {
   }
   std::signal(SIGINT, on_sigint);
   std::signal(SIGTERM, on_sigint);
-  ProgressPrinter progress(std::cerr, isatty(2) != 0 && !a.quiet, a.quiet);
+  ProgressPrinter progress(std::cerr, isatty(2) != 0 && !a.quiet && rank0, a.quiet || !rank0);
   RunOptions opts;
   opts.resume = !a.no_resume;
   opts.on_step = [&](const StepProgress& p) { progress.step(p); };
   opts.on_log = [&](const std::string& s) { progress.log(s); };
-  std::cerr << "zenflow: job " << spec.name << " (" << spec.optimizer.mode << " mode), " << spec.train.steps
+  if (rank0) std::cerr << "zenflow: job " << spec.name << " (" << spec.optimizer.mode << " mode), " << spec.train.steps
             << " steps, checkpoints in " << spec.checkpoint.dir << "\n";
   RunSummary sum;
   try {
@@ -58,8 +76,10 @@ int run(const RunArgs& a) {
     return kExitBadInput;
   }
   progress.finish();
-  print_summary_table(a.json ? std::cerr : std::cout, spec, sum);
-  if (a.json) std::cout << summary_json(sum).dump() << std::endl;
+  if (rank0) {
+    print_summary_table(a.json ? std::cerr : std::cout, spec, sum);
+    if (a.json) std::cout << summary_json(sum).dump() << std::endl;
+  }
   return sum.interrupted ? kExitInterrupted : kExitOk;
 }
 
@@ -71,7 +91,12 @@ CommandRegistrar reg(10, [](CommandContext& ctx) {
   cmd->add_flag("--json", args->json, "Print one JSON object with the results at the end (stdout)");
   cmd->add_flag("--no-resume", args->no_resume, "Start fresh even if checkpoint.dir holds a checkpoint");
   cmd->add_flag("--quiet", args->quiet, "No progress lines");
-  cmd->callback([args, &ctx] { ctx.exit_code = run(*args); });
+  cmd->add_option("--nproc", args->nproc, "Data-parallel rank processes on this machine (Gloo on CPU, NCCL on GPU)")
+      ->check(CLI::Range(1, 1024));
+  cmd->callback([args, &ctx] {
+    args->argv = ctx.argv;
+    ctx.exit_code = run(*args);
+  });
 });
 
 }  // namespace

@@ -17,6 +17,9 @@
 #include <thread>
 
 #include "worker/checkpoint.h"
+#include "worker/distributed/communicator.h"
+#include "worker/distributed/grad_reducer.h"
+#include "worker/distributed/rendezvous.h"
 #include "worker/model_factory.h"
 #include "worker/engine/host_thread_pool.h"
 #include "worker/engine/zenflow_optimizer.h"
@@ -207,6 +210,14 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
   sum.compute_threads = compute_threads;
   sum.host_threads = needs_host ? static_cast<int64_t>(cores.host.size()) : 0;
 
+  // Data parallelism: ranks started with ZENFLOW_RANK/WORLD_SIZE/MASTER_* train one model
+  // together (gradients averaged; the engine runs replicated on every rank).
+  std::unique_ptr<distributed::Communicator> comm;
+  if (distributed::distributed_env_present()) comm = std::make_unique<distributed::Communicator>(distributed::rank_info_from_env());
+  const int64_t world = comm ? comm->world_size() : 1;
+  const int64_t rank = comm ? comm->rank() : 0;
+  sum.world_size = world;
+
   // Data.
   auto tokenizer = model::load_tokenizer(spec.data.tokenizer);
 
@@ -236,7 +247,13 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
     throw std::invalid_argument("train.micro_batch: " + std::to_string(spec.train.micro_batch) +
                                 " exceeds the " + std::to_string(train_ds->size()) + " training examples of " +
                                 spec.data.train);
-  model::DataLoader loader(train_ds, spec.train.micro_batch, spec.train.seed, 2, true);
+  if (train_ds->size() < spec.train.micro_batch * world)
+    throw std::invalid_argument("train.micro_batch: " + std::to_string(spec.train.micro_batch) + " x " +
+                                std::to_string(world) + " ranks exceeds the " + std::to_string(train_ds->size()) +
+                                " training examples");
+  // Every rank draws the same global batch of micro_batch x world examples and keeps its rows,
+  // so W ranks x micro-batch b see exactly what 1 rank x micro-batch W*b sees.
+  model::DataLoader loader(train_ds, spec.train.micro_batch * world, spec.train.seed, 2, true);
 
   std::vector<engine::ParamSpec> params;
   for (auto& nt : lm->parameters()) {
@@ -254,6 +271,12 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
   eo.host_cores = cores.host;
   engine::StallClock clock;
   engine::ZenFlowOptimizer opt(params, eo, &clock);
+  std::unique_ptr<distributed::GradReducer> reducer;
+  if (comm) {
+    std::vector<at::Tensor> ps;
+    for (auto& p : params) ps.push_back(p.param);
+    reducer = std::make_unique<distributed::GradReducer>(*comm, ps);
+  }
   sum.split_params = opt.split_elements();
   sum.host_state_bytes = opt.host_state_bytes();
 
@@ -292,7 +315,7 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
   sum.tokens_per_step = spec.train.micro_batch * spec.train.grad_accum * spec.train.seq_len;
 
   auto save = [&](int64_t at_step) {
-    if (!options.write_checkpoints || spec.checkpoint.dir.empty()) return;
+    if (!options.write_checkpoints || spec.checkpoint.dir.empty() || rank != 0) return;
     Stopwatch sw;
     NamedTensors model_tensors;
     for (auto& nt : lm->parameters()) model_tensors.emplace_back(nt.name, nt.tensor.detach());
@@ -309,7 +332,7 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
   };
 
   // The resolved spec beside the checkpoints: `zenflow export` and humans read it.
-  if (options.write_checkpoints && !spec.checkpoint.dir.empty()) {
+  if (options.write_checkpoints && !spec.checkpoint.dir.empty() && rank == 0) {
     std::filesystem::create_directories(spec.checkpoint.dir);
     const std::string tmp = spec.checkpoint.dir + "/job.yaml.tmp";
     {
@@ -321,9 +344,10 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
   }
 
   const int64_t first = step;
+  bool stop_agreed = false;  // with several ranks, all stop at the same step
   double tokens_window = 0, seconds_window = 0;
   while (step < spec.train.steps) {
-    if (stop && stop->load()) {
+    if ((comm && stop_agreed) || (!comm && stop && stop->load())) {
       sum.interrupted = true;
       break;
     }
@@ -337,6 +361,13 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
       Stopwatch data_sw;
       model::Batch batch = loader.next();
       epoch = loader.epoch();
+      if (world > 1) {
+        const int64_t b = spec.train.micro_batch;
+        batch.input_ids = batch.input_ids.narrow(0, rank * b, b);
+        batch.targets = batch.targets.narrow(0, rank * b, b);
+        batch.tokens = batch.targets.ne(-100).sum().item<int64_t>();
+      }
+      if (reducer) reducer->set_sync(micro == spec.train.grad_accum - 1);
       at::Tensor ids = batch.input_ids.to(device);
       at::Tensor targets = batch.targets.to(device);
       clock.add_stall(StallCause::kData, data_sw.seconds());
@@ -351,6 +382,17 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
       tokens += batch.tokens;
       clock.add_compute(compute_sw.seconds());
     }
+    if (reducer) {
+      const distributed::ReduceReport r = reducer->finish();
+      clock.add_stall(StallCause::kAllreduce, r.wait_seconds);
+      // The reported loss is the global batch's, identical on every rank.
+      at::Tensor l = at::full({2}, 0.0, at::kDouble);
+      l[0] = loss_sum;
+      l[1] = stop && stop->load() ? 1.0 : 0.0;
+      comm->allreduce_sum_(l);
+      loss_sum = l[0].item<double>() / static_cast<double>(world);
+      stop_agreed = l[1].item<double>() > 0;
+    }
     engine::StepContext ctx;
     ctx.lr = lr;
     ctx.epoch = epoch;
@@ -364,7 +406,7 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
     tokens_window = 0.8 * tokens_window + static_cast<double>(tokens);
     seconds_window = 0.8 * seconds_window + times.wall_seconds;
 
-    if (options.on_step) {
+    if (options.on_step && rank == 0) {
       StepProgress p;
       p.step = step;
       p.total = spec.train.steps;

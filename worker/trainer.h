@@ -51,6 +51,7 @@ struct RunOptions {
 struct RunSummary {
   std::string device;
   std::string mode;
+  int64_t world_size = 1;         // data-parallel ranks
   int64_t params = 0;
   int64_t split_params = 0;       // elements in split matrices
   int64_t start_step = 0;         // step resumed from (0 = fresh)
