@@ -21,4 +21,18 @@ at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& targets) {
                                 at::Reduction::Mean, /*ignore_index=*/-100);
 }
 
+std::vector<NamedTensor> NamedParameterModel::parameters() {
+  std::vector<NamedTensor> out;
+  out.reserve(params_.size());
+  for (const auto& p : params_) out.push_back({p.first, p.second});
+  return out;
+}
+
+void NamedParameterModel::to(at::Device device, at::ScalarType dtype) {
+  for (auto& p : params_) {
+    if (p.second.device() == device && p.second.scalar_type() == dtype) continue;
+    p.second = p.second.detach().to(device, dtype).requires_grad_(true);
+  }
+}
+
 }  // namespace zenflow::model

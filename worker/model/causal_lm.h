@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <memory>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,20 @@ class CausalLM {
   virtual int64_t vocab_size() const = 0;
   virtual void to(at::Device device, at::ScalarType dtype) = 0;
   virtual void train(bool on) = 0;
+};
+
+// The parameter bookkeeping the decoder models share: named leaf tensors in a stable
+// order, moved or cast in place by to(). Subclasses append to params_ while building and
+// must not let it grow afterwards (they keep pointers into it).
+class NamedParameterModel : public CausalLM {
+ public:
+  std::vector<NamedTensor> parameters() override;
+  void to(at::Device device, at::ScalarType dtype) override;
+  void train(bool on) override { training_ = on; }  // no dropout: nothing changes
+
+ protected:
+  bool training_ = true;
+  std::vector<std::pair<std::string, at::Tensor>> params_;
 };
 
 // Mean cross-entropy over positions whose target != -100; logits [B,T,V], targets [B,T].

@@ -49,7 +49,7 @@ struct Init {
   at::TensorOptions options = at::TensorOptions().dtype(at::kFloat);
 };
 
-class GPT2 final : public CausalLM {
+class GPT2 final : public NamedParameterModel {
  public:
   GPT2(const GPT2Config& config, const Init& init) : config_(config) {
     check_config(config_);
@@ -92,23 +92,7 @@ class GPT2 final : public CausalLM {
     return at::linear(x, config_.tie_word_embeddings ? *wte_ : *lm_head_);  // [B, T, V]
   }
 
-  std::vector<NamedTensor> parameters() override {
-    std::vector<NamedTensor> out;
-    out.reserve(params_.size());
-    for (const auto& p : params_) out.push_back({p.first, p.second});
-    return out;
-  }
-
   int64_t vocab_size() const override { return config_.vocab_size; }
-
-  void to(at::Device device, at::ScalarType dtype) override {
-    for (auto& p : params_) {
-      if (p.second.device() == device && p.second.scalar_type() == dtype) continue;
-      p.second = p.second.detach().to(device, dtype).requires_grad_(true);
-    }
-  }
-
-  void train(bool on) override { training_ = on; }  // no dropout: nothing changes
 
  private:
   struct Layer {
@@ -185,8 +169,6 @@ class GPT2 final : public CausalLM {
   }
 
   GPT2Config config_;
-  bool training_ = true;
-  std::vector<std::pair<std::string, at::Tensor>> params_;
   at::Tensor *wte_ = nullptr, *wpe_ = nullptr;
   std::vector<Layer> layers_;
   at::Tensor *ln_f_w_ = nullptr, *ln_f_b_ = nullptr;

@@ -81,7 +81,7 @@ struct Init {
   at::TensorOptions options = at::TensorOptions().dtype(at::kFloat);
 };
 
-class Llama final : public CausalLM {
+class Llama final : public NamedParameterModel {
  public:
   Llama(const LlamaConfig& config, const Init& init) : config_(config) {
     check_config(config_);
@@ -135,23 +135,7 @@ class Llama final : public CausalLM {
     return at::linear(x, head);  // [B, T, V]
   }
 
-  std::vector<NamedTensor> parameters() override {
-    std::vector<NamedTensor> out;
-    out.reserve(params_.size());
-    for (const auto& p : params_) out.push_back({p.first, p.second});
-    return out;
-  }
-
   int64_t vocab_size() const override { return config_.vocab_size; }
-
-  void to(at::Device device, at::ScalarType dtype) override {
-    for (auto& p : params_) {
-      if (p.second.device() == device && p.second.scalar_type() == dtype) continue;
-      p.second = p.second.detach().to(device, dtype).requires_grad_(true);
-    }
-  }
-
-  void train(bool on) override { training_ = on; }  // no dropout: nothing changes
 
  private:
   // Indices into params_ (pointers are resolved after params_ stops growing); a
@@ -244,8 +228,6 @@ class Llama final : public CausalLM {
 
   LlamaConfig config_;
   int64_t head_dim_ = 0;
-  bool training_ = true;
-  std::vector<std::pair<std::string, at::Tensor>> params_;
   at::Tensor* embed_tokens_ = nullptr;
   std::vector<Layer> layers_;
   at::Tensor* norm_ = nullptr;
