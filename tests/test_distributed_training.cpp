@@ -1,13 +1,17 @@
 // Data-parallel training through `zenflow run --nproc 2` (Gloo on 127.0.0.1): 2 ranks x
 // micro-batch b must equal 1 rank x micro-batch 2b on the same data order.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "common/remove_tree.h"
 #include "worker/model/safetensors.h"
@@ -73,5 +77,54 @@ INSTANTIATE_TEST_SUITE_P(
                            "update_interval: 1, overlap_step: false, full_warm_up_rounds: 0, "
                            "select_strategy: step, select_interval: 1"}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// Kill one rank of a running `zenflow run --nproc 2`: the job fails fast, naming the rank.
+TEST(DistributedTraining, KilledRankFailsTheJobNamingIt) {
+  const fs::path dir = fs::temp_directory_path() / ("zenflow-dp-kill-" + std::to_string(::getpid()));
+  zenflow::remove_tree(dir);
+  fs::create_directories(dir);
+  std::string text = spec_text("device", (dir / "ckpt").string(), 2, "update_interval: 1");
+  text.replace(text.find("steps: 10"), 9, "steps: 1000000");
+  const std::string spec = (dir / "long.yaml").string();
+  std::ofstream(spec) << text;
+  const std::string log = (dir / "log.txt").string();
+  const pid_t launcher = fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    if (!freopen(log.c_str(), "w", stderr)) _exit(126);
+    const std::string bin = std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow";
+    execl(bin.c_str(), bin.c_str(), "run", spec.c_str(), "--nproc", "2", "--quiet", "--no-resume",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // The launcher's children are the ranks; wait (bounded) until training runs (job.yaml).
+  std::vector<pid_t> ranks;
+  for (int i = 0; i < 600 && (ranks.size() < 2 || !fs::exists(dir / "ckpt" / "job.yaml")); ++i) {
+    usleep(50 * 1000);
+    ranks.clear();
+    std::ifstream children("/proc/" + std::to_string(launcher) + "/task/" + std::to_string(launcher) + "/children");
+    for (pid_t p; children >> p;) ranks.push_back(p);
+  }
+  ASSERT_EQ(ranks.size(), 2u);
+  usleep(500 * 1000);
+  kill(ranks[1], SIGKILL);
+  int status = 0;
+  bool exited = false;
+  for (int i = 0; i < 600 && !exited; ++i) {  // 30 s bound
+    exited = waitpid(launcher, &status, WNOHANG) == launcher;
+    if (!exited) usleep(50 * 1000);
+  }
+  if (!exited) {
+    kill(launcher, SIGKILL);
+    for (pid_t p : ranks) kill(p, SIGKILL);
+    waitpid(launcher, &status, 0);
+    FAIL() << "the job did not stop within 30 s of losing a rank";
+  }
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0);
+  std::ifstream in(log);
+  const std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(out.find("rank 1 (pid " + std::to_string(ranks[1]) + ") failed"), std::string::npos) << out;
+  zenflow::remove_tree(dir);
+}
 
 }  // namespace
