@@ -1,5 +1,7 @@
 #include "worker/distributed/communicator.h"
 
+#include <csignal>
+
 #include <torch/version.h>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -644,6 +646,10 @@ void Communicator::Impl::close_store() {
 Communicator::Communicator(const RankInfo& info, CommunicatorOptions options)
     : impl_(std::make_unique<Impl>()) {
   info.validate();
+  // A peer that dies leaves sockets whose next write raises SIGPIPE, which would kill this
+  // rank before the collective can report the lost peer: ignore it process-wide (the
+  // write then fails with EPIPE and surfaces as an error naming the rank).
+  std::signal(SIGPIPE, SIG_IGN);
   auto& im = *impl_;
   im.info = info;
   im.self = this;
