@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/shell.h"
 #include "common/job_spec.h"
 #include "common/remove_tree.h"
 #include "worker/checkpoint.h"
@@ -46,17 +47,7 @@ fs::path scratch_dir(const std::string& name) {
   return dir;
 }
 
-int run(const std::string& command, std::string* out) {
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return -1;
-  std::string text;
-  char buf[65536];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) text.append(buf, n);
-  const int status = pclose(pipe);
-  *out = text;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using zenflow::test_support::run;
 
 std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);

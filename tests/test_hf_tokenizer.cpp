@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/shell.h"
 #include "worker/model/hf_tokenizer.h"
 #include "worker/model/tokenizer.h"
 #include "worker/model/unicode.h"
@@ -41,29 +42,11 @@ std::string quote(const std::string& s) {
   return out + "'";
 }
 
-// Runs a shell command; returns its exit status and stdout.
-int run(const std::string& command, std::string* out = nullptr) {
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return -1;
-  std::string text;
-  char buf[65536];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) text.append(buf, n);
-  const int status = pclose(pipe);
-  if (out) *out = text;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using zenflow::test_support::run;
 
-void write_text(const fs::path& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary) << text;
-}
+const auto& write_text = zenflow::test_support::write_file;
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+const auto& read_text = zenflow::test_support::read_file;
 
 std::string utf8(std::initializer_list<char32_t> cps) {
   std::string s;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/shell.h"
 #include "common/remove_tree.h"
 #include "worker/model/safetensors.h"
 
@@ -34,28 +35,11 @@ fs::path scratch_dir(const std::string& name) {
   return dir;
 }
 
-int run(const std::string& command, std::string* out = nullptr) {
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return -1;
-  std::string text;
-  char buf[65536];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) text.append(buf, n);
-  const int status = pclose(pipe);
-  if (out) *out = text;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using zenflow::test_support::run;
 
-void write_bytes(const fs::path& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
-}
+const auto& write_bytes = zenflow::test_support::write_file;
 
-std::string read_bytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+const auto& read_bytes = zenflow::test_support::read_file;
 
 // A file with the given header text and data bytes; header_len overrides the length field.
 fs::path raw_file(const fs::path& path, const std::string& header, const std::string& data,
