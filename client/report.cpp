@@ -88,6 +88,14 @@ void print_summary_table(std::ostream& out, const JobSpec& spec, const RunSummar
     row("bytes / step d2h, h2d", std::to_string(t.transfer_bytes[0] / steps) + ", " +
                                      std::to_string(t.transfer_bytes[1] / steps));
   }
+  if (s.host_state_bytes > 0)
+    row(s.world_size > 1 ? "host state / rank" : "host state", fmt(static_cast<double>(s.host_state_bytes) / 1048576.0, 1) + " MiB");
+  if (s.world_size > 1 && steps > 0) {
+    auto kib = [&](int64_t b) { return fmt(static_cast<double>(b) / static_cast<double>(steps) / 1024.0, 1) + " KiB"; };
+    row("ranks", std::to_string(s.world_size) + (s.ranks_identical ? " (weights bit-identical)" : " (WEIGHTS DIFFER)"));
+    row("collectives / step", "gradients " + kib(s.comm_gradient_bytes) + ", selection " +
+                                  kib(s.comm_selection_bytes) + ", parameters " + kib(s.comm_parameter_bytes));
+  }
   row("host threads / compute", std::to_string(s.host_threads) + " / " + std::to_string(s.compute_threads));
   if (!s.last_checkpoint.empty()) row("checkpoint", s.last_checkpoint);
 }
@@ -119,6 +127,10 @@ nlohmann::json summary_json(const RunSummary& s) {
   j["transfer_bytes"] = {{"d2h", s.totals.transfer_bytes[0]}, {"h2d", s.totals.transfer_bytes[1]}};
   j["wall_seconds"] = s.wall_seconds;
   j["host_state_bytes"] = s.host_state_bytes;
+  j["ranks_identical"] = s.ranks_identical;
+  j["comm_bytes"] = {{"gradients", s.comm_gradient_bytes},
+                     {"selection", s.comm_selection_bytes},
+                     {"parameters", s.comm_parameter_bytes}};
   j["host_threads"] = s.host_threads;
   j["compute_threads"] = s.compute_threads;
   j["reselections"] = s.reselections;

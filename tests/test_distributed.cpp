@@ -37,6 +37,7 @@
 
 #include "worker/distributed/communicator.h"
 #include "worker/distributed/grad_reducer.h"
+#include "tests/support/ranks.h"
 #include "worker/distributed/launcher.h"
 #include "worker/distributed/rendezvous.h"
 
@@ -48,63 +49,12 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// LibTorch wheels ship ProcessGroupGloo.hpp without Gloo's own headers, so a build
-// against one has no CPU process group (Communicator::gloo_available() is false there);
-// GPU hosts use NCCL. The CPU tests skip themselves in such a build.
-#define REQUIRE_GLOO()                                                                            \
-  do {                                                                                            \
-    if (!zd::Communicator::gloo_available()) GTEST_SKIP() << "this LibTorch has no Gloo headers"; \
-  } while (0)
-
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-zd::RankInfo local_rank(int rank, int world, int port, std::chrono::milliseconds timeout = 20s) {
-  zd::RankInfo info;
-  info.rank = rank;
-  info.world_size = world;
-  info.master_addr = "127.0.0.1";
-  info.master_port = port;
-  info.timeout = timeout;
-  return info;
-}
-
-// Runs fn(comm) on `world` rank threads of this process; failures inside are gtest
-// failures (gtest assertions are thread-safe); an exception fails the test. The store is
-// hosted by this test (a StoreServer, as the launcher does) or, with external off, by
-// rank 0 on a reserved port.
-void run_ranks(int world, const std::function<void(zd::Communicator&)>& fn, bool external = true,
-               std::chrono::milliseconds timeout = 20s) {
-  std::unique_ptr<zd::StoreServer> server;
-  std::unique_ptr<zd::PortReservation> reservation;
-  int port = 0;
-  if (external) {
-    server = std::make_unique<zd::StoreServer>("127.0.0.1", 0, timeout);
-    port = server->port();
-  } else {
-    reservation = std::make_unique<zd::PortReservation>();
-    port = reservation->port();
-  }
-  std::vector<std::thread> threads;
-  std::mutex mu;
-  std::vector<std::string> errors;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        zd::RankInfo info = local_rank(r, world, port, timeout);
-        info.store_external = external;
-        zd::Communicator comm(info);
-        fn(comm);
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lk(mu);
-        errors.push_back("rank " + std::to_string(r) + ": " + e.what());
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (const auto& e : errors) ADD_FAILURE() << e;
-}
+using zenflow::test_support::local_rank;
+using zenflow::test_support::run_ranks;
 
 // ---- subprocess ranks ----------------------------------------------------------------
 
@@ -620,20 +570,13 @@ TEST(CommunicatorNccl, CollectivesAndReducerOnCuda) {
   ASSERT_TRUE(zd::Communicator::nccl_available()) << "this LibTorch has CUDA but was built without NCCL";
   const int world = std::min<int>(2, at::detail::getCUDAHooks().getNumGPUs());
   std::printf("[figure] NCCL test with %d rank(s)\n", world);
-  zd::StoreServer server;
-  const int port = server.port();
-  std::vector<std::thread> threads;
-  std::mutex mu;
-  std::vector<std::string> errors;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
+  zd::CommunicatorOptions o;
+  o.device_type = at::kCUDA;
+  run_ranks(
+      world,
+      [&](zd::Communicator& comm) {
+        const int r = comm.rank();
         const at::Device dev(at::kCUDA, static_cast<c10::DeviceIndex>(r));
-        zd::CommunicatorOptions o;
-        o.device_type = at::kCUDA;
-        zd::RankInfo info = local_rank(r, world, port, 60s);
-        info.store_external = true;
-        zd::Communicator comm(info, o);
         EXPECT_EQ(comm.backend(), "nccl");
         const int W = comm.world_size();
         const auto f32 = at::TensorOptions().dtype(at::kFloat).device(dev);
@@ -657,14 +600,8 @@ TEST(CommunicatorNccl, CollectivesAndReducerOnCuda) {
         EXPECT_EQ(red.launched_during_backward(), 1);
         red.finish();
         EXPECT_TRUE(at::equal(w.grad().cpu(), at::full({3}, (W + 1) / 2.0f)));
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lk(mu);
-        errors.push_back("rank " + std::to_string(r) + ": " + e.what());
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (const auto& e : errors) ADD_FAILURE() << e;
+      },
+      true, 60s, o);
 }
 
 // ---- failures -------------------------------------------------------------------------

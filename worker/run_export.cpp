@@ -78,7 +78,6 @@ ExportSummary export_run(const std::string& run_dir, const std::string& out_dir,
     s.parameters += t.numel();
   }
   s.tensors = static_cast<int64_t>(tensors.size());
-  ck->engine.clear();  // not needed: free the optimizer state before converting weights
   model::export_hf_model(tensors, info.config, out_dir, out_dtype, s.tokenizer_source);
   return s;
 }

@@ -13,11 +13,14 @@
 #include <filesystem>
 #include <fstream>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <thread>
 
 #include "worker/checkpoint.h"
 #include "worker/distributed/communicator.h"
+#include "worker/distributed/engine_collectives.h"
 #include "worker/distributed/grad_reducer.h"
 #include "worker/distributed/rendezvous.h"
 #include "worker/model_factory.h"
@@ -34,13 +37,18 @@ namespace {
 using engine::StallCause;
 using engine::Stopwatch;
 
+// On CUDA, the local rank's GPU (ZENFLOW_LOCAL_RANK, set by the launcher and the worker
+// agents; wrapped around the visible devices).
 at::Device pick_device(const std::string& wanted) {
   const bool cuda = at::hasCUDA();
-  if (wanted == "cuda") {
-    if (!cuda) throw std::invalid_argument("train.device: cuda requested but no CUDA device is available");
-    return at::Device(at::kCUDA, 0);
+  if (wanted == "cuda" && !cuda)
+    throw std::invalid_argument("train.device: cuda requested but no CUDA device is available");
+  if ((wanted == "cuda" || wanted == "auto") && cuda) {
+    const char* local = std::getenv("ZENFLOW_LOCAL_RANK");
+    const int n = std::max<int>(1, static_cast<int>(at::getNumGPUs()));
+    const int index = local ? std::atoi(local) % n : 0;
+    return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
   }
-  if (wanted == "auto" && cuda) return at::Device(at::kCUDA, 0);
   return at::Device(at::kCPU);
 }
 
@@ -166,6 +174,25 @@ class CudaAutocast {
   at::ScalarType prev_dtype_ = at::kBFloat16;
 };
 
+// 64-bit FNV-1a over the parameters' bytes, 8 bytes at a time (tail bytewise).
+int64_t weights_fingerprint(const std::vector<model::NamedTensor>& params) {
+  uint64_t h = 1469598103934665603ull;
+  const uint64_t prime = 1099511628211ull;
+  for (const auto& nt : params) {
+    const at::Tensor t = nt.tensor.detach().to(at::kCPU).contiguous();
+    const auto* p = static_cast<const unsigned char*>(t.data_ptr());
+    const size_t n = t.nbytes();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, p + i, 8);
+      h = (h ^ w) * prime;
+    }
+    for (; i < n; ++i) h = (h ^ p[i]) * prime;
+  }
+  return static_cast<int64_t>(h);
+}
+
 }  // namespace
 
 void keep_freed_host_memory() {
@@ -188,8 +215,9 @@ double percentile(std::vector<double> values, double q) {
 }
 
 RunSummary run_training(const JobSpec& spec, const RunOptions& options, const std::atomic<bool>* stop) {
+  bool log_here = true;  // rank 0 speaks for the job
   auto log = [&](const std::string& s) {
-    if (options.on_log) options.on_log(s);
+    if (options.on_log && log_here) options.on_log(s);
   };
   Stopwatch wall;
   keep_freed_host_memory();
@@ -211,12 +239,18 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
   sum.host_threads = needs_host ? static_cast<int64_t>(cores.host.size()) : 0;
 
   // Data parallelism: ranks started with ZENFLOW_RANK/WORLD_SIZE/MASTER_* train one model
-  // together (gradients averaged; the engine runs replicated on every rank).
+  // together: always-device gradients averaged by the GradReducer, split matrices
+  // exchanged by the engine (partitioned host optimizer, zenflow_optimizer.h).
   std::unique_ptr<distributed::Communicator> comm;
-  if (distributed::distributed_env_present()) comm = std::make_unique<distributed::Communicator>(distributed::rank_info_from_env());
+  if (distributed::distributed_env_present()) {
+    distributed::CommunicatorOptions co;
+    co.device_type = device.type();  // Gloo on CPU, NCCL on CUDA
+    comm = std::make_unique<distributed::Communicator>(distributed::rank_info_from_env(), co);
+  }
   const int64_t world = comm ? comm->world_size() : 1;
   const int64_t rank = comm ? comm->rank() : 0;
   sum.world_size = world;
+  log_here = rank == 0;
 
   // Data.
   auto tokenizer = model::load_tokenizer(spec.data.tokenizer);
@@ -270,12 +304,16 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
   eo.host_threads = static_cast<int>(std::max<size_t>(1, cores.host.size()));
   eo.host_cores = cores.host;
   engine::StallClock clock;
-  engine::ZenFlowOptimizer opt(params, eo, &clock);
+  std::unique_ptr<distributed::EngineCollectives> collectives;
+  if (comm) collectives = std::make_unique<distributed::EngineCollectives>(*comm);
+  engine::ZenFlowOptimizer opt(params, eo, &clock, collectives.get());
+  // The reducer averages the parameters the engine does not exchange itself.
   std::unique_ptr<distributed::GradReducer> reducer;
   if (comm) {
     std::vector<at::Tensor> ps;
-    for (auto& p : params) ps.push_back(p.param);
-    reducer = std::make_unique<distributed::GradReducer>(*comm, ps);
+    for (auto& p : params)
+      if (!opt.is_split(p.name)) ps.push_back(p.param);
+    if (!ps.empty()) reducer = std::make_unique<distributed::GradReducer>(*comm, ps);
   }
   sum.split_params = opt.split_elements();
   sum.host_state_bytes = opt.host_state_bytes();
@@ -301,7 +339,16 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
           throw std::runtime_error(ck->path + ": model tensor '" + nt.name + "' has a different shape");
         nt.tensor.detach().copy_(it->second);
       }
-      opt.load_state(ck->engine);
+      if (ck->world_size == world) {
+        opt.load_state(load_engine_shard(*ck, static_cast<int>(rank)));
+      } else {
+        // Re-shard: this rank's columns come from whichever old ranks held them.
+        std::vector<NamedTensors> shards;
+        for (int r = 0; r < static_cast<int>(ck->world_size); ++r) shards.push_back(load_engine_shard(*ck, r));
+        opt.load_state_shards(shards);
+        log("re-sharded the optimizer state of " + std::to_string(ck->world_size) + " ranks over " +
+            std::to_string(world));
+      }
       model::LoaderPosition pos;
       pos.epoch = ck->trainer.at("loader_epoch").get<int64_t>();
       pos.index = ck->trainer.at("loader_index").get<int64_t>();
@@ -312,22 +359,31 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
     }
   }
   sum.start_step = step;
-  sum.tokens_per_step = spec.train.micro_batch * spec.train.grad_accum * spec.train.seq_len;
+  sum.tokens_per_step = spec.train.micro_batch * spec.train.grad_accum * spec.train.seq_len * world;
 
+  // Every rank writes its shard of the engine state; rank 0 the rest, then commits.
   auto save = [&](int64_t at_step) {
-    if (!options.write_checkpoints || spec.checkpoint.dir.empty() || rank != 0) return;
+    if (!options.write_checkpoints || spec.checkpoint.dir.empty()) return;
     Stopwatch sw;
-    NamedTensors model_tensors;
-    for (auto& nt : lm->parameters()) model_tensors.emplace_back(nt.name, nt.tensor.detach());
     NamedTensors engine_state = opt.state_dict();
-    nlohmann::json meta;
-    meta["job"] = spec.name;
-    meta["loader_epoch"] = loader.position().epoch;
-    meta["loader_index"] = loader.position().index;
-    meta["losses"] = history;
-    meta["mode"] = spec.optimizer.mode;
-    sum.last_checkpoint = write_checkpoint(spec.checkpoint.dir, at_step, model_tensors, engine_state, meta,
-                                           spec.checkpoint.keep);
+    if (rank == 0) begin_checkpoint(spec.checkpoint.dir, at_step);
+    if (world > 1) {
+      comm->barrier();
+      if (rank != 0) write_engine_shard(spec.checkpoint.dir, at_step, static_cast<int>(rank), engine_state);
+      comm->barrier();
+    }
+    if (rank == 0) {
+      NamedTensors model_tensors;
+      for (auto& nt : lm->parameters()) model_tensors.emplace_back(nt.name, nt.tensor.detach());
+      nlohmann::json meta;
+      meta["job"] = spec.name;
+      meta["loader_epoch"] = loader.position().epoch;
+      meta["loader_index"] = loader.position().index;
+      meta["losses"] = history;
+      meta["mode"] = spec.optimizer.mode;
+      sum.last_checkpoint = commit_checkpoint(spec.checkpoint.dir, at_step, model_tensors, engine_state, meta,
+                                              spec.checkpoint.keep, static_cast<int>(world));
+    }
     clock.add_stall(StallCause::kCheckpoint, sw.seconds());
   };
 
@@ -385,13 +441,19 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
     if (reducer) {
       const distributed::ReduceReport r = reducer->finish();
       clock.add_stall(StallCause::kAllreduce, r.wait_seconds);
-      // The reported loss is the global batch's, identical on every rank.
-      at::Tensor l = at::full({2}, 0.0, at::kDouble);
+    }
+    if (comm) {
+      // The reported loss and tokens are the global batch's, identical on every rank.
+      at::Tensor l = at::empty({3}, at::kDouble);
       l[0] = loss_sum;
       l[1] = stop && stop->load() ? 1.0 : 0.0;
+      l[2] = static_cast<double>(tokens);
+      l = l.to(device);
       comm->allreduce_sum_(l);
+      l = l.to(at::kCPU);
       loss_sum = l[0].item<double>() / static_cast<double>(world);
       stop_agreed = l[1].item<double>() > 0;
+      tokens = static_cast<int64_t>(l[2].item<double>());
     }
     engine::StepContext ctx;
     ctx.lr = lr;
@@ -453,6 +515,21 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
   sum.totals = clock.totals();
   sum.reselections = opt.reselections();
   sum.max_staleness_windows = opt.max_staleness_windows();
+  if (comm) {
+    // Every update is replicated or all-gathered, so the ranks' weights must be equal
+    // bit for bit; a difference is a bug worth shouting about.
+    at::Tensor mine = at::full({1}, weights_fingerprint(lm->parameters()), at::kLong).to(device);
+    const at::Tensor all = comm->all_gather(mine, std::vector<int64_t>(static_cast<size_t>(world), 1)).to(at::kCPU);
+    std::string differ;
+    for (int64_t r = 1; r < world; ++r)
+      if (all[r].item<int64_t>() != all[0].item<int64_t>()) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+    sum.ranks_identical = differ.empty();
+    if (!differ.empty()) log("warning: the weights of rank(s) " + differ + " differ from rank 0's");
+    const distributed::CommStats cs = comm->stats();
+    sum.comm_gradient_bytes = cs.traffic_bytes(distributed::Traffic::kGradients);
+    sum.comm_selection_bytes = cs.traffic_bytes(distributed::Traffic::kSelection);
+    sum.comm_parameter_bytes = cs.traffic_bytes(distributed::Traffic::kParameters);
+  }
   sum.wall_seconds = wall.seconds();
   return sum;
 }

@@ -67,11 +67,16 @@ struct RunSummary {
   double step_seconds_p90 = 0;
   engine::StepTimes totals;       // compute, device optimizer, stalls, bytes (this process)
   double wall_seconds = 0;
-  int64_t host_state_bytes = 0;
+  int64_t host_state_bytes = 0;  // this rank's host optimizer state (1/W of it with W ranks)
   int64_t host_threads = 0;
   int64_t compute_threads = 0;
   int64_t reselections = 0;
   int64_t max_staleness_windows = 0;
+  // Data parallel: logical bytes of this process's collectives (communicator.h) by traffic.
+  int64_t comm_gradient_bytes = 0;
+  int64_t comm_selection_bytes = 0;
+  int64_t comm_parameter_bytes = 0;
+  bool ranks_identical = true;  // every rank ended with bit-identical weights (checked with W > 1)
   std::string last_checkpoint;
 };
 

@@ -116,6 +116,19 @@ bool cpu_fast_path(const at::Tensor& a, const at::Tensor& b, const at::Tensor& i
          idx.scalar_type() == at::kLong && (a.element_size() == 4 || a.element_size() == 2);
 }
 
+// idx == [0, 1, ..., n-1]. A CPU index is checked; a device index is not read (that
+// would synchronise): device callers pass ascending unique indices, for which n
+// entries out of n columns are the identity.
+bool every_column_in_order(const at::Tensor& idx, int64_t n) {
+  if (idx.numel() != n) return false;
+  if (!idx.device().is_cpu()) return true;
+  const at::Tensor c = idx.contiguous();
+  const int64_t* ix = c.data_ptr<int64_t>();
+  for (int64_t j = 0; j < n; ++j)
+    if (ix[j] != j) return false;
+  return true;
+}
+
 }  // namespace
 
 void accumulate_column_scores(const at::Tensor& grad2d, bool l1, const at::Tensor& scores) {
@@ -188,7 +201,7 @@ void dense_adamw(const at::Tensor& param, const at::Tensor& grad, const at::Tens
 }
 
 void gather_columns(const at::Tensor& grad2d, const at::Tensor& idx, const at::Tensor& staging) {
-  if (idx.numel() == grad2d.size(1)) {  // every column (offload, warm-up): a plain copy
+  if (every_column_in_order(idx, grad2d.size(1))) {  // offload, warm-up: a plain copy
     staging.copy_(grad2d);
     return;
   }
@@ -208,7 +221,7 @@ void gather_columns(const at::Tensor& grad2d, const at::Tensor& idx, const at::T
 }
 
 void scatter_columns(const at::Tensor& weight2d, const at::Tensor& idx, const at::Tensor& src) {
-  if (idx.numel() == weight2d.size(1)) {
+  if (every_column_in_order(idx, weight2d.size(1))) {
     weight2d.copy_(src);
     return;
   }

@@ -26,6 +26,8 @@ void selected_adamw(const at::Tensor& weight2d, const at::Tensor& grad2d, const 
 void dense_adamw(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& master,
                  const at::Tensor& m, const at::Tensor& v, const AdamWCoeffs& c, float grad_scale);
 
+// Indices on a CUDA device must be ascending and unique (those on the CPU may be in
+// any order): an index naming every column is then taken to be the identity.
 // staging[i, c] = grad2d[i, idx[c]]: the columns idx packed into a contiguous
 // [out, n] buffer (one large copy for the D2H transfer). staging may be on another
 // device (the host) when grad2d is on the CPU.

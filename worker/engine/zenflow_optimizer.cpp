@@ -35,6 +35,12 @@ std::vector<int64_t> to_vector(const at::Tensor& t) {
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
+std::string shape_str(at::IntArrayRef shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
 std::vector<int64_t> complement(const std::vector<int64_t>& sorted_sel, int64_t n) {
   std::vector<int64_t> out;
   out.reserve(static_cast<size_t>(n) - sorted_sel.size());
@@ -58,6 +64,13 @@ GradRef grad_ref(const at::Tensor& t, int64_t offset) {
   }
 }
 
+// The host-owned columns of one matrix that one rank's host updater holds.
+struct Part {
+  std::vector<int64_t> cols;  // ascending
+  at::Tensor idx;             // the same, int64 on the device
+  int64_t stage_offset = 0;   // into the all-rank packed staging layout (see relayout)
+};
+
 // A parameter whose columns are split between the device and the host updater.
 struct SplitParam {
   size_t index = 0;
@@ -65,14 +78,22 @@ struct SplitParam {
   int64_t out = 0, in = 0, k = 0;
   bool decay = true;
   double weight_decay = 0;
-  std::vector<int64_t> sel_cpu, unsel_cpu;  // ascending; unsel = host-owned columns
-  at::Tensor sel, unsel;                    // same, int64 on the device
+  std::vector<int64_t> sel_cpu, unsel_cpu;  // ascending; unsel = host-owned columns (all ranks)
+  at::Tensor sel;                           // sel_cpu, int64 on the device
+  std::vector<int64_t> range_lo, range_hi;  // per rank: the columns whose host state it owns
+  std::vector<Part> parts;                  // per rank: unsel_cpu within its range
+  int me = 0;                               // this rank
   at::Tensor dev_m, dev_v, dev_master;      // [out, k] fp32 on the device
-  int64_t host_offset = 0;                  // into the host arenas (capacity out * in)
-  int64_t stage_offset = 0;                 // into the packed staging buffers (see relayout)
+  int64_t host_offset = 0;                  // into this rank's host arenas (capacity out * range)
+  int64_t local_offset = 0;                 // into this rank's packed staging (its shard)
   at::Tensor score_acc;                     // this window's column importance, fp32 [in]
   int64_t n_host() const { return static_cast<int64_t>(unsel_cpu.size()); }
-  int64_t host_elems() const { return n_host() * out; }
+  const Part& own() const { return parts[static_cast<size_t>(me)]; }
+  int64_t n_own() const { return static_cast<int64_t>(own().cols.size()); }
+  int64_t own_elems() const { return n_own() * out; }
+  bool owns(int64_t c) const {
+    return c >= range_lo[static_cast<size_t>(me)] && c < range_hi[static_cast<size_t>(me)];
+  }
 };
 
 // A parameter updated in full on the device every step.
@@ -98,6 +119,11 @@ struct ZenFlowOptimizer::Impl {
   std::vector<SplitParam> split;
   std::vector<DenseParam> dense;
   std::unique_ptr<HostOptimizer> host;
+  Collectives* coll = nullptr;  // null: one rank
+  int world = 1, me = 0;
+  std::vector<int64_t> shard_sizes, shard_begin;  // per rank, in the packed staging layout
+  int64_t own_total = 0;                          // this rank's shard
+  at::Tensor pack_out;  // W > 1: this rank's updated columns, packed for the all-gather
   at::Device device{at::kCPU};
   at::ScalarType split_dtype = at::kFloat;
 
@@ -115,7 +141,7 @@ struct ZenFlowOptimizer::Impl {
   CopyHandle dev_stage_busy[2];
   CopyHandle h2d_done;  // the last H2D: host buffers it reads are not rewritten before it completes
   int dev_slot = 0;
-  int64_t staged_total = 0;  // elements of host-owned columns, packed
+  int64_t staged_total = 0;  // elements of host-owned columns (all ranks), packed
   std::shared_ptr<HostWork> ring_busy[2];
   std::vector<std::shared_ptr<HostWork>> pending_accumulates;
   int64_t capacity = 0;
@@ -137,9 +163,11 @@ struct ZenFlowOptimizer::Impl {
   std::unique_ptr<InFlight> inflight;
   double last_lr = 0;
   HostBuffer scratch;        // re-pack buffer for migrations, sized for the largest matrix
-  int64_t capacity_max = 0;
+  int64_t capacity_max = 0;  // largest matrix range this rank owns (elements)
+  int64_t capacity_all = 0;  // split elements of all ranks
 
   bool zenflow() const { return opt.mode == OptimizerMode::kZenFlow; }
+  bool partitioned() const { return world > 1; }
   bool in_warmup() const { return !zenflow() || t < opt.full_warm_up_rounds; }
 
   void stall(StallCause c, double s) {
@@ -163,21 +191,73 @@ struct ZenFlowOptimizer::Impl {
   }
 
   float* host_ptr(const HostBuffer& b, const SplitParam& s) const { return b.data() + s.host_offset; }
-  // Host-owned columns of a parameter, packed row-major: [out, n_host]. Row-wise
-  // gathers and scatters stream through memory; the host kernels see one flat span.
+  // This rank's host-owned columns of a parameter, packed row-major: [out, n_own].
+  // Row-wise gathers and scatters stream through memory; the host kernels see one flat
+  // span.
   at::Tensor host_view(const HostBuffer& b, const SplitParam& s) const {
-    return at::from_blob(host_ptr(b, s), {s.out, s.n_host()}, at::kFloat);
+    return at::from_blob(host_ptr(b, s), {s.out, s.n_own()}, at::kFloat);
   }
-  // Staging buffers hold only host-owned columns, packed over all parameters, so each
-  // direction is one contiguous copy.
-  at::Tensor staging_view(const at::Tensor& buf, const SplitParam& s) const {
-    return buf.narrow(0, s.stage_offset, s.host_elems()).view({s.out, s.n_host()});
+  // Staging buffers hold only host-owned columns, packed over all parameters, rank by
+  // rank (rank 0's columns of every matrix, then rank 1's, ...), so each direction is
+  // one contiguous copy and each rank's shard is one contiguous range. part_view: rank
+  // r's columns of s in an all-rank buffer; own_view: this rank's in a shard buffer.
+  at::Tensor part_view(const at::Tensor& buf, const SplitParam& s, int r) const {
+    const Part& p = s.parts[static_cast<size_t>(r)];
+    const int64_t n = static_cast<int64_t>(p.cols.size());
+    return buf.narrow(0, p.stage_offset, n * s.out).view({s.out, n});
+  }
+  at::Tensor own_view(const at::Tensor& buf, const SplitParam& s) const {
+    return buf.narrow(0, s.local_offset, s.own_elems()).view({s.out, s.n_own()});
+  }
+  // Splits unsel_cpu into the ranks' parts.
+  void assign_parts(SplitParam& s) const {
+    s.parts.assign(static_cast<size_t>(world), Part{});
+    for (int64_t c : s.unsel_cpu) {
+      int r = 0;
+      while (c >= s.range_hi[static_cast<size_t>(r)] || c < s.range_lo[static_cast<size_t>(r)]) ++r;
+      s.parts[static_cast<size_t>(r)].cols.push_back(c);
+    }
+    for (auto& p : s.parts) p.idx = index_tensor(p.cols, device);
   }
   void relayout() {
     staged_total = 0;
+    shard_sizes.assign(static_cast<size_t>(world), 0);
+    shard_begin.assign(static_cast<size_t>(world), 0);
+    for (int r = 0; r < world; ++r) {
+      shard_begin[static_cast<size_t>(r)] = staged_total;
+      for (auto& s : split) {
+        Part& p = s.parts[static_cast<size_t>(r)];
+        p.stage_offset = staged_total;
+        staged_total += static_cast<int64_t>(p.cols.size()) * s.out;
+      }
+      shard_sizes[static_cast<size_t>(r)] = staged_total - shard_begin[static_cast<size_t>(r)];
+    }
+    own_total = shard_sizes[static_cast<size_t>(me)];
+    for (auto& s : split) s.local_offset = s.own().stage_offset - shard_begin[static_cast<size_t>(me)];
+  }
+  // Column ranges: even per matrix when it has at least W columns, else the whole
+  // matrix to the rank holding the fewest elements so far (offload mode's 1-D
+  // parameters are one column each).
+  void assign_ranges() {
+    std::vector<int64_t> load(static_cast<size_t>(world), 0);
     for (auto& s : split) {
-      s.stage_offset = staged_total;
-      staged_total += s.host_elems();
+      s.me = me;
+      s.range_lo.assign(static_cast<size_t>(world), 0);
+      s.range_hi.assign(static_cast<size_t>(world), 0);
+      if (s.in >= world) {
+        int64_t lo = 0;
+        for (int r = 0; r < world; ++r) {
+          const int64_t n = s.in / world + (r < s.in % world ? 1 : 0);
+          s.range_lo[static_cast<size_t>(r)] = lo;
+          s.range_hi[static_cast<size_t>(r)] = lo + n;
+          load[static_cast<size_t>(r)] += n * s.out;
+          lo += n;
+        }
+      } else {
+        const size_t r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+        s.range_hi[r] = s.in;
+        load[r] += s.in * s.out;
+      }
     }
   }
 
@@ -232,9 +312,7 @@ struct ZenFlowOptimizer::Impl {
         s.out = s.w2d.size(0);
         s.in = s.w2d.size(1);
         s.weight_decay = wd;
-        s.host_offset = capacity;
-        capacity += s.out * s.in;
-        capacity_max = std::max(capacity_max, s.out * s.in);
+        capacity_all += s.out * s.in;
         s.k = opt.topk_ratio <= 0 ? 0
                                   : std::max<int64_t>(1, static_cast<int64_t>(std::floor(opt.topk_ratio * s.in)));
         s.k = std::min(s.k, s.in);
@@ -252,6 +330,14 @@ struct ZenFlowOptimizer::Impl {
       }
     }
     if (!split.empty()) {
+      // This rank's share of the host state (all of it with one rank).
+      assign_ranges();
+      for (auto& s : split) {
+        const int64_t cols = s.range_hi[static_cast<size_t>(me)] - s.range_lo[static_cast<size_t>(me)];
+        s.host_offset = capacity;
+        capacity += s.out * cols;
+        capacity_max = std::max(capacity_max, s.out * cols);
+      }
       InProcessHostOptions ho;
       ho.threads = std::max(1, opt.host_threads);
       ho.cores = opt.host_cores;
@@ -266,17 +352,21 @@ struct ZenFlowOptimizer::Impl {
         ring[b] = streams->alloc_host({capacity}, split_dtype);
         last_grad[b] = streams->alloc_host({capacity}, split_dtype);
         if (split_dtype != at::kFloat) param_out[b] = streams->alloc_host({capacity}, split_dtype);
-        if (device.is_cuda()) dev_stage[b] = at::empty({capacity}, at::TensorOptions().dtype(split_dtype).device(device));
+        // Device-side staging: the all-rank layout (the reduce-scatter's input with W > 1).
+        if (device.is_cuda() || (partitioned() && b == 0))
+          dev_stage[b] = at::empty({capacity_all}, at::TensorOptions().dtype(split_dtype).device(device));
       }
       if (device.is_cuda()) dev_h2d = at::empty({capacity}, at::TensorOptions().dtype(split_dtype).device(device));
+      if (partitioned()) pack_out = streams->alloc_host({capacity}, split_dtype);
       // The host owns every column until the first selection (warm-up = offload).
       for (auto& s : split) {
         s.unsel_cpu.resize(static_cast<size_t>(s.in));
         std::iota(s.unsel_cpu.begin(), s.unsel_cpu.end(), 0);
         s.sel_cpu.clear();
-        s.unsel = index_tensor(s.unsel_cpu, device);
         s.sel = index_tensor(s.sel_cpu, device);
-        host_view(master, s).copy_(s.w2d.to(at::kCPU).to(at::kFloat));
+        assign_parts(s);
+        const int64_t lo = s.range_lo[static_cast<size_t>(me)];
+        host_view(master, s).copy_(s.w2d.narrow(1, lo, s.n_own()).to(at::kCPU).to(at::kFloat));
         s.score_acc = at::zeros({s.in}, at::TensorOptions().dtype(at::kFloat).device(device));
       }
       relayout();
@@ -294,27 +384,90 @@ struct ZenFlowOptimizer::Impl {
     return out;
   }
 
+  // Packs every rank's host-owned gradient columns into `buf` (all-rank layout).
+  void gather_parts(const std::vector<at::Tensor>& g, const at::Tensor& buf) const {
+    for (auto& s : split)
+      for (int r = 0; r < world; ++r)
+        if (!s.parts[static_cast<size_t>(r)].cols.empty())
+          device_ops::gather_columns(g[s.index].view({s.out, s.in}), s.parts[static_cast<size_t>(r)].idx,
+                                     part_view(buf, s, r));
+  }
+
   // --- D2H: unselected gradient columns into a host staging buffer ---
-  // Returns the copy's handle: the host job that reads `buf` waits for it.
-  CopyHandle stage_gradients(const std::vector<at::Tensor>& g, const at::Tensor& buf) {
+  // One rank: gathered from the gradients. Several: `shard`, this rank's reduce-scattered
+  // columns (sync_split_gradients). Returns the copy's handle: the host job that reads
+  // `buf` waits for it.
+  CopyHandle stage_gradients(const std::vector<at::Tensor>& g, const at::Tensor& shard, const at::Tensor& buf) {
     Stopwatch sw;
     CopyHandle done;
-    if (!device.is_cuda()) {
-      for (auto& s : split)
-        if (s.n_host() > 0) device_ops::gather_columns(g[s.index].view({s.out, s.in}), s.unsel, staging_view(buf, s));
+    if (partitioned()) {
+      done = streams->copy_d2h(shard, buf.narrow(0, 0, own_total));
+    } else if (!device.is_cuda()) {
+      gather_parts(g, buf);
     } else {
       const int slot = dev_slot;
       dev_slot ^= 1;
       dev_stage_busy[slot].make_compute_wait();  // its previous D2H has read it
-      for (auto& s : split)
-        if (s.n_host() > 0)
-          device_ops::gather_columns(g[s.index].view({s.out, s.in}), s.unsel, staging_view(dev_stage[slot], s));
+      gather_parts(g, dev_stage[slot]);
       done = streams->copy_d2h(dev_stage[slot].narrow(0, 0, staged_total), buf.narrow(0, 0, staged_total));
       dev_stage_busy[slot] = done;
     }
-    bytes(Direction::kD2H, staged_total * buf.element_size());
+    bytes(Direction::kD2H, own_total * buf.element_size());
     stall(StallCause::kTransferD2H, sw.seconds());
     return done;
+  }
+
+  // --- Several ranks: make every rank see what its updaters need (see the header) ---
+  struct SyncedGradients {
+    at::Tensor shard;           // this rank's host-owned columns, mean over ranks
+    at::Tensor scores;          // summed column scores of all split matrices, fp32 (when asked)
+    at::Tensor replicated_sq;   // squared norm of the selected columns (identical on all ranks)
+    at::Tensor shards_sq;       // squared norm of all ranks' shards
+  };
+  SyncedGradients sync_split_gradients(const std::vector<at::Tensor>& g, bool want_scores) {
+    Stopwatch sw;
+    SyncedGradients out;
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+    // Local scores first: the all-reduce below overwrites the selected columns.
+    std::vector<at::Tensor> parts;
+    if (want_scores)
+      for (auto& s : split) parts.push_back(scores_of(g[s.index], s));
+    // Selected columns: all-reduced (mean), written back into the gradients.
+    out.replicated_sq = at::zeros({}, f32);
+    if (selected) {
+      int64_t n = 0;
+      for (auto& s : split) n += s.k * s.out;
+      if (n > 0) {
+        at::Tensor buf = at::empty({n}, at::TensorOptions().dtype(split_dtype).device(device));
+        int64_t off = 0;
+        for (auto& s : split) {
+          if (s.k == 0) continue;
+          device_ops::gather_columns(g[s.index].view({s.out, s.in}), s.sel, buf.narrow(0, off, s.k * s.out).view({s.out, s.k}));
+          off += s.k * s.out;
+        }
+        coll->allreduce_sum_(buf, CollectiveTraffic::kGradients);
+        buf.div_(world);
+        off = 0;
+        for (auto& s : split) {
+          if (s.k == 0) continue;
+          device_ops::scatter_columns(g[s.index].view({s.out, s.in}), s.sel, buf.narrow(0, off, s.k * s.out).view({s.out, s.k}));
+          off += s.k * s.out;
+        }
+        out.replicated_sq = buf.to(at::kFloat).pow(2).sum();
+      }
+    }
+    // Host-owned columns: reduce-scattered (mean) to their owners.
+    gather_parts(g, dev_stage[0]);
+    out.shard = coll->reduce_scatter_mean(dev_stage[0].narrow(0, 0, staged_total), shard_sizes,
+                                          CollectiveTraffic::kGradients);
+    // One small all-reduce: the column scores and the shards' squared norms.
+    parts.push_back(out.shard.to(at::kFloat).pow(2).sum().reshape({1}));
+    at::Tensor small = at::cat(parts);
+    coll->allreduce_sum_(small, CollectiveTraffic::kSelection);
+    out.shards_sq = small[small.numel() - 1];
+    if (want_scores) out.scores = small.narrow(0, 0, small.numel() - 1);
+    stall(StallCause::kAllreduce, sw.seconds());
+    return out;
   }
 
   // --- H2D: updated host-owned columns back into the device weights ---
@@ -323,29 +476,58 @@ struct ZenFlowOptimizer::Impl {
   void apply_host_result(int out_buffer) {
     Stopwatch sw;
     const bool from_half = split_dtype != at::kFloat && out_buffer >= 0;
-    if (!device.is_cuda()) {
+    double gathered = 0;  // seconds in the all-gather: stall `allreduce`, not `transfer_h2d`
+    if (partitioned()) {
+      gathered = apply_partitioned(from_half ? param_out[out_buffer] : at::Tensor());
+    } else if (!device.is_cuda()) {
       for (auto& s : split) {
-        if (s.n_host() == 0) continue;
-        device_ops::scatter_columns(s.w2d, s.unsel,
-                                    from_half ? staging_view(param_out[out_buffer], s) : host_view(master, s));
+        if (s.n_own() == 0) continue;
+        device_ops::scatter_columns(s.w2d, s.own().idx,
+                                    from_half ? own_view(param_out[out_buffer], s) : host_view(master, s));
       }
     } else if (from_half) {
-      h2d_done = streams->copy_h2d(param_out[out_buffer].narrow(0, 0, staged_total), dev_h2d.narrow(0, 0, staged_total));
+      h2d_done = streams->copy_h2d(param_out[out_buffer].narrow(0, 0, own_total), dev_h2d.narrow(0, 0, own_total));
       h2d_done.make_compute_wait();
       for (auto& s : split)
-        if (s.n_host() > 0) device_ops::scatter_columns(s.w2d, s.unsel, staging_view(dev_h2d, s));
+        if (s.n_own() > 0) device_ops::scatter_columns(s.w2d, s.own().idx, own_view(dev_h2d, s));
     } else {
       for (auto& s : split) {
-        if (s.n_host() == 0) continue;
+        if (s.n_own() == 0) continue;
         at::Tensor src = host_view(master, s);
         if (split_dtype != at::kFloat) src = src.to(split_dtype);
-        h2d_done = streams->copy_h2d(src.reshape({-1}), dev_h2d.narrow(0, s.stage_offset, s.host_elems()));
+        h2d_done = streams->copy_h2d(src.reshape({-1}), dev_h2d.narrow(0, s.local_offset, s.own_elems()));
         h2d_done.make_compute_wait();
-        device_ops::scatter_columns(s.w2d, s.unsel, staging_view(dev_h2d, s));
+        device_ops::scatter_columns(s.w2d, s.own().idx, own_view(dev_h2d, s));
       }
     }
-    bytes(Direction::kH2D, staged_total * at::elementSize(split_dtype));
-    stall(StallCause::kTransferH2D, sw.seconds());
+    bytes(Direction::kH2D, own_total * at::elementSize(split_dtype));
+    stall(StallCause::kTransferH2D, sw.seconds() - gathered);
+  }
+
+  // Several ranks: this rank's updated columns (the host step's low-precision output, or
+  // the fp32 master) go to the device and are all-gathered into every rank's weights.
+  // Returns the seconds spent in the all-gather.
+  double apply_partitioned(const at::Tensor& half_out) {
+    h2d_done.wait();  // the previous H2D has read pack_out
+    at::Tensor own = (half_out.defined() ? half_out : pack_out).narrow(0, 0, own_total);
+    if (!half_out.defined())
+      for (auto& s : split)
+        if (s.n_own() > 0) own_view(pack_out, s).copy_(host_view(master, s));
+    at::Tensor src = own;
+    if (device.is_cuda()) {
+      h2d_done = streams->copy_h2d(own, dev_h2d.narrow(0, 0, own_total));
+      h2d_done.make_compute_wait();
+      src = dev_h2d.narrow(0, 0, own_total);
+    }
+    Stopwatch sw;
+    const at::Tensor all = coll->all_gather(src, shard_sizes, CollectiveTraffic::kParameters);
+    const double seconds = sw.seconds();
+    stall(StallCause::kAllreduce, seconds);
+    for (auto& s : split)
+      for (int r = 0; r < world; ++r)
+        if (!s.parts[static_cast<size_t>(r)].cols.empty())
+          device_ops::scatter_columns(s.w2d, s.parts[static_cast<size_t>(r)].idx, part_view(all, s, r));
+    return seconds;
   }
 
   // Builds the host AdamW job over every host-owned column. `last` holds this window's
@@ -357,16 +539,16 @@ struct ZenFlowOptimizer::Impl {
     job.grad_scale = grad_scale;
     ++host_step;
     for (auto& s : split) {
-      if (s.n_host() == 0) continue;
+      if (s.n_own() == 0) continue;
       StepJob::Span sp;
       sp.adamw.p = host_ptr(master, s);
       sp.adamw.m = host_ptr(m, s);
       sp.adamw.v = host_ptr(v, s);
-      sp.adamw.grad = last.defined() ? grad_ref(last, s.stage_offset) : GradRef::f32(host_ptr(*window_acc, s));
-      sp.adamw.n = s.host_elems();
+      sp.adamw.grad = last.defined() ? grad_ref(last, s.local_offset) : GradRef::f32(host_ptr(*window_acc, s));
+      sp.adamw.n = s.own_elems();
       if (split_dtype != at::kFloat) {
         sp.adamw.half_out =
-            reinterpret_cast<uint16_t*>(param_out[out_buffer].data_ptr()) + s.stage_offset;
+            reinterpret_cast<uint16_t*>(param_out[out_buffer].data_ptr()) + s.local_offset;
         sp.adamw.half_kind = split_dtype == at::kBFloat16 ? HalfKind::kBF16 : HalfKind::kFP16;
       }
       sp.acc = window_acc && last.defined() ? host_ptr(*window_acc, s) : nullptr;
@@ -380,8 +562,8 @@ struct ZenFlowOptimizer::Impl {
     AccumulateJob job;
     job.overwrite = overwrite;
     for (auto& s : split) {
-      if (s.n_host() == 0) continue;
-      job.spans.push_back({host_ptr(into, s), grad_ref(staged, s.stage_offset), s.host_elems()});
+      if (s.n_own() == 0) continue;
+      job.spans.push_back({host_ptr(into, s), grad_ref(staged, s.local_offset), s.own_elems()});
     }
     return job;
   }
@@ -420,6 +602,9 @@ struct ZenFlowOptimizer::Impl {
   // column"): only entering and leaving columns cross between device and host; the host
   // arrays are re-packed in place through a reused scratch buffer (no per-call
   // allocation of model-sized memory). Requires no host work in flight and no open window.
+  // Several ranks: a leaving column goes to the rank whose range holds it (the device
+  // state is replicated, so that is a local copy); an entering column's state is
+  // all-reduced from its owner (every other rank contributes zeros) to every rank.
   void migrate(SplitParam& s, const std::vector<int64_t>& new_sel) {
     h2d_done.wait();  // an H2D may still read the master we are about to rewrite
     using device_ops::gather_columns;
@@ -431,22 +616,29 @@ struct ZenFlowOptimizer::Impl {
                         std::back_inserter(entering));
     std::set_difference(s.sel_cpu.begin(), s.sel_cpu.end(), new_sel.begin(), new_sel.end(),
                         std::back_inserter(leaving));
-    std::vector<int64_t> new_unsel = complement(new_sel, s.in);
-    // Positions of each column in the old packed host arrays and the old device arrays.
+    std::vector<int64_t> leaving_own;
+    for (int64_t c : leaving)
+      if (s.owns(c)) leaving_own.push_back(c);
+    const std::vector<int64_t> new_unsel = complement(new_sel, s.in);
+    std::vector<int64_t> new_own;
+    for (int64_t c : new_unsel)
+      if (s.owns(c)) new_own.push_back(c);
+    // Positions of each column in this rank's old packed host arrays and the old device arrays.
+    const std::vector<int64_t>& old_own = s.own().cols;
     std::vector<int64_t> host_pos(static_cast<size_t>(s.in), -1), dev_pos(static_cast<size_t>(s.in), -1);
-    for (size_t j = 0; j < s.unsel_cpu.size(); ++j) host_pos[static_cast<size_t>(s.unsel_cpu[j])] = static_cast<int64_t>(j);
+    for (size_t j = 0; j < old_own.size(); ++j) host_pos[static_cast<size_t>(old_own[j])] = static_cast<int64_t>(j);
     for (size_t j = 0; j < s.sel_cpu.size(); ++j) dev_pos[static_cast<size_t>(s.sel_cpu[j])] = static_cast<int64_t>(j);
-    const int64_t n_old = s.n_host(), n_leave = static_cast<int64_t>(leaving.size());
+    const int64_t n_old = s.n_own(), n_leave = static_cast<int64_t>(leaving_own.size());
     const int64_t n_enter = static_cast<int64_t>(entering.size());
 
-    // Leaving columns: device state -> host (small D2H).
+    // Leaving columns this rank owns: device state -> host (small D2H).
     at::Tensor dmaster = s.dev_master.defined() || s.sel_cpu.empty()
                              ? s.dev_master
                              : s.w2d.index_select(1, s.sel).to(at::kFloat);
     at::Tensor leave_state[3];
     if (n_leave > 0) {
       std::vector<int64_t> lpos;
-      for (int64_t c : leaving) lpos.push_back(dev_pos[static_cast<size_t>(c)]);
+      for (int64_t c : leaving_own) lpos.push_back(dev_pos[static_cast<size_t>(c)]);
       at::Tensor lidx = index_tensor(lpos, device);
       const at::Tensor dev_state[3] = {dmaster, s.dev_m, s.dev_v};
       for (int i = 0; i < 3; ++i) leave_state[i] = dev_state[i].index_select(1, lidx).to(at::kCPU).contiguous();
@@ -455,14 +647,29 @@ struct ZenFlowOptimizer::Impl {
     at::Tensor enter_state[3];
     const HostBuffer* host_state[3] = {&master, &m, &v};
     if (n_enter > 0) {
-      std::vector<int64_t> epos;
-      for (int64_t c : entering) epos.push_back(host_pos[static_cast<size_t>(c)]);
-      at::Tensor eidx = index_tensor(epos, at::kCPU);
-      for (int i = 0; i < 3; ++i) {
-        enter_state[i] = at::empty({s.out, n_enter}, f32cpu);
-        gather_columns(host_view(*host_state[i], s), eidx, enter_state[i]);
-        enter_state[i] = enter_state[i].to(device);
+      std::vector<int64_t> epos, eslot;  // for the entering columns this rank owns
+      for (size_t e = 0; e < entering.size(); ++e) {
+        if (host_pos[static_cast<size_t>(entering[e])] < 0) continue;
+        epos.push_back(host_pos[static_cast<size_t>(entering[e])]);
+        eslot.push_back(static_cast<int64_t>(e));
       }
+      at::Tensor all = at::zeros({3, s.out, n_enter}, f32cpu);
+      if (!epos.empty()) {
+        at::Tensor eidx = index_tensor(epos, at::kCPU);
+        const bool every = static_cast<int64_t>(epos.size()) == n_enter;
+        at::Tensor tmp = every ? at::Tensor() : at::empty({s.out, static_cast<int64_t>(epos.size())}, f32cpu);
+        for (int i = 0; i < 3; ++i) {
+          if (every) {
+            gather_columns(host_view(*host_state[i], s), eidx, all[i]);
+          } else {
+            gather_columns(host_view(*host_state[i], s), eidx, tmp);
+            all[i].index_copy_(1, index_tensor(eslot, at::kCPU), tmp);
+          }
+        }
+      }
+      all = all.to(device);
+      if (partitioned()) coll->allreduce_sum_(all, CollectiveTraffic::kParameters);
+      for (int i = 0; i < 3; ++i) enter_state[i] = all[i];
     }
     // New device arrays: kept columns from the old ones, entering ones from the host.
     {
@@ -489,15 +696,15 @@ struct ZenFlowOptimizer::Impl {
       // Entering columns' device copies take their master value.
       if (n_enter > 0) scatter_columns(s.w2d, index_tensor(entering, device), enter_state[0]);
     }
-    // Re-pack the host arrays: [old packed | leaving] -> new packed, row by row.
+    // Re-pack this rank's host arrays: [old packed | leaving] -> new packed, row by row.
     {
       std::vector<int64_t> src;
       size_t l = 0;
-      for (int64_t c : new_unsel) {
+      for (int64_t c : new_own) {
         if (host_pos[static_cast<size_t>(c)] >= 0) {
           src.push_back(host_pos[static_cast<size_t>(c)]);
         } else {
-          while (leaving[l] != c) ++l;
+          while (leaving_own[l] != c) ++l;
           src.push_back(n_old + static_cast<int64_t>(l));
         }
       }
@@ -505,7 +712,7 @@ struct ZenFlowOptimizer::Impl {
       const int64_t width = n_old + n_leave;
       if (scratch.size() < s.out * width) scratch = HostBuffer(capacity_max, nullptr, opt.huge_pages);
       at::Tensor combined = at::from_blob(scratch.data(), {s.out, width}, at::kFloat);
-      const int64_t n_new = static_cast<int64_t>(new_unsel.size());
+      const int64_t n_new = static_cast<int64_t>(new_own.size());
       for (int i = 0; i < 3; ++i) {
         float* base = host_ptr(*host_state[i], s);
         combined.narrow(1, 0, n_old).copy_(at::from_blob(base, {s.out, n_old}, at::kFloat));
@@ -516,12 +723,16 @@ struct ZenFlowOptimizer::Impl {
     s.sel_cpu = new_sel;
     s.unsel_cpu = new_unsel;
     s.sel = index_tensor(s.sel_cpu, device);
-    s.unsel = index_tensor(s.unsel_cpu, device);
+    assign_parts(s);
   }
 
-  void select_all(const std::vector<at::Tensor>* g, int64_t epoch) {
+  // `step_scores`: this step's all-reduced scores of all matrices (several ranks);
+  // undefined: computed from g.
+  void select_all(const std::vector<at::Tensor>& g, const at::Tensor& step_scores, int64_t epoch) {
+    int64_t off = 0;
     for (auto& s : split) {
-      const at::Tensor sc = g ? scores_of((*g)[s.index], s) : s.score_acc;
+      const at::Tensor sc = step_scores.defined() ? step_scores.narrow(0, off, s.in) : scores_of(g[s.index], s);
+      off += s.in;
       migrate(s, top_k(sc, s.k));
     }
     selected = true;
@@ -606,12 +817,36 @@ struct ZenFlowOptimizer::Impl {
     StepReport rep;
     rep.staleness_windows = zenflow() && selected ? window - windows_applied : 0;
     std::vector<at::Tensor> g = grads();
+    const bool dist = partitioned() && !split.empty();
+    // Several ranks: the first selection comes before the gradients are exchanged, so
+    // that this step's exchange already follows it (top-k is unaffected by clipping's
+    // uniform scale; a non-finite score means a skipped step, which selects nothing).
+    if (dist && zenflow() && !in_warmup() && !selected) {
+      Stopwatch sw;
+      std::vector<at::Tensor> parts;
+      for (auto& s : split) parts.push_back(scores_of(g[s.index], s));
+      at::Tensor sc = at::cat(parts);
+      coll->allreduce_sum_(sc, CollectiveTraffic::kSelection);
+      stall(StallCause::kAllreduce, sw.seconds());
+      if (std::isfinite(sc.sum().item<double>())) select_all(g, sc, ctx.epoch);
+    }
+    SyncedGradients synced;
+    if (dist) synced = sync_split_gradients(g, zenflow() && !in_warmup());
 
     Stopwatch dev_sw;
     // §5: global norm, non-finite check, clipping before the split.
     std::vector<at::Tensor> norms;
-    norms.reserve(g.size());
-    for (auto& x : g) norms.push_back((x.scalar_type() == at::kFloat ? x : x.to(at::kFloat)).norm());
+    norms.reserve(g.size() + 2);
+    auto fp32 = [](const at::Tensor& x) { return x.scalar_type() == at::kFloat ? x : x.to(at::kFloat); };
+    if (!dist) {
+      for (auto& x : g) norms.push_back(fp32(x).norm());
+    } else {
+      // Split parameters' local gradients are not the averaged ones: their norm is the
+      // selected columns' (replicated) plus every rank's shard.
+      for (auto& d : dense) norms.push_back(fp32(g[d.index]).norm());
+      norms.push_back(synced.replicated_sq.sqrt());
+      norms.push_back(synced.shards_sq.to(at::kFloat).sqrt());
+    }
     const double norm = at::stack(norms).norm().item<double>();
     rep.grad_norm = norm;
     if (!std::isfinite(norm)) {
@@ -623,14 +858,19 @@ struct ZenFlowOptimizer::Impl {
     max_staleness = std::max(max_staleness, rep.staleness_windows);
     if (opt.grad_clip > 0) {
       const double coef = opt.grad_clip / (norm + 1e-6);
-      if (coef < 1.0)
+      if (coef < 1.0) {
         for (auto& x : g) x.mul_(coef);
+        if (dist) {
+          synced.shard.mul_(coef);
+          if (synced.scores.defined()) synced.scores.mul_(opt.importance == Importance::kL1 ? coef : coef * coef);
+        }
+      }
     }
 
     const bool warm = in_warmup();
     last_lr = ctx.lr;
     // §2: first selection, on the first step after warm-up, from this step's gradient.
-    if (zenflow() && !warm && !selected) select_all(&g, ctx.epoch);
+    if (zenflow() && !warm && !selected) select_all(g, synced.scores, ctx.epoch);
 
     // §3 device updater: always-device parameters and selected columns.
     ++device_step;
@@ -644,10 +884,17 @@ struct ZenFlowOptimizer::Impl {
           device_ops::selected_adamw(s.w2d, g[s.index].view({s.out, s.in}), s.sel, s.dev_master, s.dev_m,
                                      s.dev_v, coeffs(ctx.lr, s.weight_decay, device_step), 1.0f);
     }
-    if (zenflow() && !warm)
-      for (auto& s : split)
-        device_ops::accumulate_column_scores(g[s.index].view({s.out, s.in}),
-                                             opt.importance == Importance::kL1, s.score_acc);
+    if (zenflow() && !warm) {
+      int64_t off = 0;
+      for (auto& s : split) {
+        if (dist)
+          s.score_acc.add_(synced.scores.narrow(0, off, s.in));
+        else
+          device_ops::accumulate_column_scores(g[s.index].view({s.out, s.in}),
+                                               opt.importance == Importance::kL1, s.score_acc);
+        off += s.in;
+      }
+    }
     device_time(dev_sw.seconds());
     ++t;
     if (split.empty()) return rep;
@@ -655,7 +902,7 @@ struct ZenFlowOptimizer::Impl {
     if (warm) {
       // Warm-up and offload mode: one synchronous host step over every host column.
       StepJob job = make_step_job(ctx.lr, ring[0], nullptr, 1.0f, 0);
-      job.before = [d2h = stage_gradients(g, ring[0]), h2d = h2d_done]() mutable {
+      job.before = [d2h = stage_gradients(g, synced.shard, ring[0]), h2d = h2d_done]() mutable {
         d2h.wait();
         h2d.wait();
       };
@@ -674,7 +921,7 @@ struct ZenFlowOptimizer::Impl {
       const int r = static_cast<int>((window_pos - 1) % 2);
       if (ring_busy[r]) stall(StallCause::kHostOptimizer, ring_busy[r]->wait());
       AccumulateJob job = make_accumulate_job(ring[r], acc[parity], window_pos == 1);
-      job.before = [d2h = stage_gradients(g, ring[r])]() mutable { d2h.wait(); };
+      job.before = [d2h = stage_gradients(g, synced.shard, ring[r])]() mutable { d2h.wait(); };
       auto work = host->submit(std::move(job));
       ring_busy[r] = work;
       pending_accumulates.push_back(work);
@@ -683,7 +930,7 @@ struct ZenFlowOptimizer::Impl {
 
     // Boundary (§4): hand the window to the host updater.
     rep.boundary = true;
-    CopyHandle d2h = stage_gradients(g, last_grad[parity]);
+    CopyHandle d2h = stage_gradients(g, synced.shard, last_grad[parity]);
     const int64_t len = window_pos;
     std::vector<std::shared_ptr<HostWork>> window_accs = std::move(pending_accumulates);
     pending_accumulates.clear();
@@ -777,11 +1024,14 @@ std::vector<std::pair<std::string, at::Tensor>> ZenFlowOptimizer::state_dict() {
   std::copy(scalars, scalars + kNumScalars, sc.data_ptr<int64_t>());
   out.emplace_back("engine/scalars", sc);
   out.emplace_back("engine/last_lr", at::full({1}, i.last_lr, at::kDouble));
+  out.emplace_back("engine/partition", index_tensor({i.me, i.world}, at::kCPU));
   auto cpu = [](const at::Tensor& x) { return x.to(at::kCPU).clone(); };
   const int parity = static_cast<int>(i.window % 2);
   for (auto& s : i.split) {
     const std::string p = "split/" + i.params[s.index].name + "/";
     out.emplace_back(p + "sel", index_tensor(s.sel_cpu, at::kCPU));
+    // This rank's shard of the host state: the columns host_cols, in that order.
+    out.emplace_back(p + "host_cols", index_tensor(s.own().cols, at::kCPU));
     out.emplace_back(p + "host_master", i.host_view(i.master, s).clone());
     out.emplace_back(p + "host_m", i.host_view(i.m, s).clone());
     out.emplace_back(p + "host_v", i.host_view(i.v, s).clone());
@@ -803,20 +1053,36 @@ std::vector<std::pair<std::string, at::Tensor>> ZenFlowOptimizer::state_dict() {
 }
 
 void ZenFlowOptimizer::load_state(const std::vector<std::pair<std::string, at::Tensor>>& state) {
+  load_state_shards({state});
+}
+
+void ZenFlowOptimizer::load_state_shards(
+    const std::vector<std::vector<std::pair<std::string, at::Tensor>>>& shards) {
   Impl& i = *impl_;
+  if (shards.empty()) throw std::runtime_error("engine state: no shards");
   i.wait_accumulates();
   if (i.inflight && i.inflight->work) i.inflight->work->wait();
   i.inflight.reset();
   i.h2d_done.wait();
-  std::map<std::string, at::Tensor> st(state.begin(), state.end());
-  auto get = [&](const std::string& key, at::IntArrayRef shape) -> at::Tensor {
-    auto it = st.find(key);
-    if (it == st.end()) throw std::runtime_error("engine state: missing '" + key + "'");
-    if (it->second.sizes() != shape)
-      throw std::runtime_error("engine state: '" + key + "' has shape " + std::to_string(it->second.numel()) +
-                               " elements, expected another shape (options or model differ?)");
-    return it->second;
+  std::vector<std::map<std::string, at::Tensor>> maps;
+  for (const auto& sh : shards) maps.emplace_back(sh.begin(), sh.end());
+  auto find = [&](size_t shard, const std::string& key) -> const at::Tensor* {
+    auto it = maps[shard].find(key);
+    return it == maps[shard].end() ? nullptr : &it->second;
   };
+  auto where = [&](size_t shard) {
+    return shards.size() > 1 ? " (shard of rank " + std::to_string(shard) + ")" : std::string();
+  };
+  auto get_from = [&](size_t shard, const std::string& key, at::IntArrayRef shape) -> at::Tensor {
+    const at::Tensor* t = find(shard, key);
+    if (!t) throw std::runtime_error("engine state: missing '" + key + "'" + where(shard));
+    if (t->sizes() != shape)
+      throw std::runtime_error("engine state: '" + key + "'" + where(shard) + " has shape " + shape_str(t->sizes()) +
+                               ", expected " + shape_str(shape) + " (options or model differ?)");
+    return *t;
+  };
+  // Everything but the host state is replicated: rank 0's shard has it.
+  auto get = [&](const std::string& key, at::IntArrayRef shape) { return get_from(0, key, shape); };
   at::Tensor sc = get("engine/scalars", {static_cast<int64_t>(kNumScalars)}).to(at::kLong);
   const int64_t* a = sc.data_ptr<int64_t>();
   i.t = a[0];
@@ -837,26 +1103,62 @@ void ZenFlowOptimizer::load_state(const std::vector<std::pair<std::string, at::T
   const int parity = static_cast<int>(i.window % 2);
   for (auto& s : i.split) {
     const std::string p = "split/" + i.params[s.index].name + "/";
-    auto it = st.find(p + "sel");
-    if (it == st.end()) throw std::runtime_error("engine state: missing '" + p + "sel'");
-    std::vector<int64_t> sel = to_vector(it->second);
+    const at::Tensor* sel_t = find(0, p + "sel");
+    if (!sel_t) throw std::runtime_error("engine state: missing '" + p + "sel'");
+    std::vector<int64_t> sel = to_vector(*sel_t);
     if (static_cast<int64_t>(sel.size()) != (i.selected ? s.k : 0))
       throw std::runtime_error("engine state: '" + p + "sel' has " + std::to_string(sel.size()) +
                                " columns, expected " + std::to_string(i.selected ? s.k : 0));
     s.sel_cpu = sel;
     s.unsel_cpu = complement(sel, s.in);
     s.sel = index_tensor(s.sel_cpu, i.device);
-    s.unsel = index_tensor(s.unsel_cpu, i.device);
-    i.host_view(i.master, s).copy_(get(p + "host_master", {s.out, s.n_host()}));
-    i.host_view(i.m, s).copy_(get(p + "host_m", {s.out, s.n_host()}));
-    i.host_view(i.v, s).copy_(get(p + "host_v", {s.out, s.n_host()}));
-    if (i.window_pos > 0) i.host_view(i.acc[parity], s).copy_(get(p + "acc", {s.out, s.n_host()}));
+    i.assign_parts(s);
+    // The host state of this rank's columns, from whichever shards hold them. A shard
+    // without host_cols (one rank) holds every host-owned column.
+    std::vector<std::string> names = {"host_master", "host_m", "host_v"};
+    std::vector<const HostBuffer*> into = {&i.master, &i.m, &i.v};
+    if (i.window_pos > 0) {
+      names.push_back("acc");
+      into.push_back(&i.acc[parity]);
+    }
+    std::vector<int64_t> pos(static_cast<size_t>(s.in), -1);  // column -> position in this rank's arrays
+    for (size_t q = 0; q < s.own().cols.size(); ++q) pos[static_cast<size_t>(s.own().cols[q])] = static_cast<int64_t>(q);
+    int64_t found = 0;
+    for (size_t sh = 0; sh < shards.size(); ++sh) {
+      const at::Tensor* cols_t = find(sh, p + "host_cols");
+      const std::vector<int64_t> cols = cols_t ? to_vector(*cols_t) : s.unsel_cpu;
+      std::vector<int64_t> src, dst;
+      for (size_t q = 0; q < cols.size(); ++q) {
+        const int64_t c = cols[q];
+        if (c < 0 || c >= s.in) throw std::runtime_error("engine state: '" + p + "host_cols'" + where(sh) + " names column " + std::to_string(c));
+        if (pos[static_cast<size_t>(c)] < 0) continue;
+        src.push_back(static_cast<int64_t>(q));
+        dst.push_back(pos[static_cast<size_t>(c)]);
+        pos[static_cast<size_t>(c)] = -1;  // taken
+      }
+      found += static_cast<int64_t>(src.size());
+      if (src.empty()) continue;
+      const bool same = src.size() == cols.size() && static_cast<int64_t>(src.size()) == s.n_own() &&
+                        std::is_sorted(dst.begin(), dst.end()) && dst.front() == 0;
+      for (size_t n = 0; n < names.size(); ++n) {
+        at::Tensor from = get_from(sh, p + names[n], {s.out, static_cast<int64_t>(cols.size())});
+        at::Tensor to = i.host_view(*into[n], s);
+        if (same)
+          to.copy_(from);
+        else
+          to.index_copy_(1, index_tensor(dst, at::kCPU), from.index_select(1, index_tensor(src, at::kCPU)).to(at::kFloat));
+      }
+    }
+    if (found != s.n_own())
+      throw std::runtime_error("engine state: " + std::to_string(s.n_own() - found) + " host-owned columns of '" +
+                               i.params[s.index].name + "' are in no shard (a rank's engine state is missing?)");
     s.score_acc.copy_(get(p + "score_acc", {s.in}));
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(i.device);
     if (i.selected) {
-      s.dev_m = get(p + "dev_m", {s.out, s.k}).to(f32);
-      s.dev_v = get(p + "dev_v", {s.out, s.k}).to(f32);
-      s.dev_master = i.split_dtype != at::kFloat ? get(p + "dev_master", {s.out, s.k}).to(f32) : at::Tensor();
+      // Copies, never aliases of the caller's tensors (copy = true).
+      s.dev_m = get(p + "dev_m", {s.out, s.k}).to(f32, false, true);
+      s.dev_v = get(p + "dev_v", {s.out, s.k}).to(f32, false, true);
+      s.dev_master = i.split_dtype != at::kFloat ? get(p + "dev_master", {s.out, s.k}).to(f32, false, true) : at::Tensor();
     } else {
       s.dev_m = s.dev_v = s.dev_master = at::Tensor();
     }
@@ -871,10 +1173,15 @@ void ZenFlowOptimizer::load_state(const std::vector<std::pair<std::string, at::T
 }
 
 ZenFlowOptimizer::ZenFlowOptimizer(std::vector<ParamSpec> params, const EngineOptions& options,
-                                   StallClock* clock)
+                                   StallClock* clock, Collectives* collectives)
     : impl_(new Impl) {
   impl_->opt = options;
   impl_->clock = clock;
+  if (collectives && collectives->world_size() > 1) {
+    impl_->coll = collectives;
+    impl_->world = collectives->world_size();
+    impl_->me = collectives->rank();
+  }
   impl_->params = std::move(params);
   impl_->build();
 }
@@ -920,12 +1227,19 @@ int64_t ZenFlowOptimizer::pinned_host_bytes() const {
   return impl_->streams ? impl_->streams->pinned_bytes() : 0;
 }
 
-int64_t ZenFlowOptimizer::split_elements() const { return impl_->capacity; }
+int64_t ZenFlowOptimizer::split_elements() const { return impl_->capacity_all; }
+int ZenFlowOptimizer::world_size() const { return impl_->world; }
+
+std::vector<int64_t> ZenFlowOptimizer::owned_host_columns(const std::string& name) const {
+  for (auto& s : impl_->split)
+    if (impl_->params[s.index].name == name) return s.own().cols;
+  return {};
+}
 
 double ZenFlowOptimizer::selected_ratio() const {
   int64_t sel = 0;
   for (auto& s : impl_->split) sel += static_cast<int64_t>(s.sel_cpu.size()) * s.out;
-  return impl_->capacity > 0 ? static_cast<double>(sel) / static_cast<double>(impl_->capacity) : 0.0;
+  return impl_->capacity_all > 0 ? static_cast<double>(sel) / static_cast<double>(impl_->capacity_all) : 0.0;
 }
 
 int64_t ZenFlowOptimizer::host_state_bytes() const {
@@ -935,6 +1249,7 @@ int64_t ZenFlowOptimizer::host_state_bytes() const {
     if (i.ring[k].defined()) b += i.ring[k].nbytes() + i.last_grad[k].nbytes();
     if (i.param_out[k].defined()) b += i.param_out[k].nbytes();
   }
+  if (i.pack_out.defined()) b += i.pack_out.nbytes();
   return b;
 }
 

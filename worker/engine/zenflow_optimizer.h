@@ -25,6 +25,22 @@
 //  - Host-owned columns are stored packed row-major ([out, n_host] per matrix); every
 //    staging buffer is packed over all matrices, so each transfer is one copy.
 //
+// Data parallelism (a Collectives group of W > 1 ranks; collectives.h): the caller
+// averages the gradients of the always-device parameters (GradReducer); the engine
+// handles the split ones. Column scores are all-reduced (sum of the ranks' local
+// scores, §2); selected columns' gradients are all-reduced and updated on every rank
+// (replicated); host-owned columns are partitioned ZeRO-2 style: the columns of each
+// matrix are cut into W contiguous ranges balanced by bytes (a matrix with fewer
+// columns than ranks goes whole to the least-loaded rank), rank r's host updater owns
+// the host-owned columns inside its ranges (master, m, v, accumulators: ~1/W of the
+// single-rank host memory), their gradients are reduce-scattered (mean) to it, and
+// at every window boundary the updated columns are all-gathered into every rank's
+// weights. Gradient clipping uses the global norm (replicated part + all-reduced norm
+// of the shards). A column keeps its owner rank while it stays host-owned; columns
+// entering the selected set are all-reduced from their owner to every rank. Ranks stay
+// bitwise identical. state_dict() then holds this rank's shard of the host state;
+// load_state_shards() re-shards the shards written by any number of ranks.
+//
 // Usage (training thread):
 //   ZenFlowOptimizer opt(params, options, &clock);
 //   for each step: zero_grad(); forward/backward; opt.step({lr, epoch});
@@ -45,6 +61,7 @@
 #include <vector>
 
 #include "worker/engine/adamw_kernel.h"
+#include "worker/engine/collectives.h"
 #include "worker/engine/stall_clock.h"
 
 namespace zenflow::engine {
@@ -104,8 +121,9 @@ struct StepReport {
 class ZenFlowOptimizer {
  public:
   // `clock` (not owned, may be null) receives device-optimizer time, stalls and bytes.
+  // `collectives` (not owned, may be null = one rank) is the data-parallel group.
   ZenFlowOptimizer(std::vector<ParamSpec> params, const EngineOptions& options,
-                   StallClock* clock = nullptr);
+                   StallClock* clock = nullptr, Collectives* collectives = nullptr);
   ~ZenFlowOptimizer();
   ZenFlowOptimizer(const ZenFlowOptimizer&) = delete;
   ZenFlowOptimizer& operator=(const ZenFlowOptimizer&) = delete;
@@ -126,6 +144,9 @@ class ZenFlowOptimizer {
   // parameters and options.
   std::vector<std::pair<std::string, at::Tensor>> state_dict();
   void load_state(const std::vector<std::pair<std::string, at::Tensor>>& state);
+  // The same from the state_dict()s of all ranks of a run with any number of ranks
+  // (index = old rank): every host-owned column is taken from the shard that holds it.
+  void load_state_shards(const std::vector<std::vector<std::pair<std::string, at::Tensor>>>& shards);
 
   // --- Introspection for tests, benchmarks and metrics ---
   const EngineOptions& options() const;
@@ -143,6 +164,9 @@ class ZenFlowOptimizer {
   int64_t pinned_host_bytes() const; // page-locked staging (CUDA; plain memory on CPU)
   int64_t split_elements() const;
   int64_t reselections() const;
+  int world_size() const;           // data-parallel ranks the host state is partitioned over
+  // Host-owned columns of `name` whose host state this rank holds, in storage order.
+  std::vector<int64_t> owned_host_columns(const std::string& name) const;
 
  private:
   struct Impl;
