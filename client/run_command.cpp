@@ -1,4 +1,5 @@
 // `zenflow run JOB.yaml`: trains a job in this process (the embedded default).
+#include <algorithm>
 #include <unistd.h>
 
 #include <atomic>
@@ -32,12 +33,20 @@ struct RunArgs {
   bool json = false;
   bool no_resume = false;
   bool quiet = false;
-  int nproc = 1;
+  int nproc = 0;  // 0: resources.gpus_per_worker (at least 1)
   std::vector<std::string> argv;  // this process's argv, for the rank processes
 };
 
 int run(const RunArgs& a) {
-  if (a.nproc > 1 && !distributed::distributed_env_present()) {
+  JobSpec spec;
+  try {
+    spec = load_job_spec(a.job, a.sets);  // before any rank starts: one clear error, not N
+  } catch (const SpecError& e) {
+    std::cerr << "zenflow: invalid job spec: " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  const int nproc = a.nproc > 0 ? a.nproc : static_cast<int>(std::max<int64_t>(1, spec.resources.gpus_per_worker));
+  if (nproc > 1 && !distributed::distributed_env_present()) {
     // The local launcher: N copies of this command, each one rank, minus --nproc.
     std::vector<std::string> child;
     for (size_t i = 0; i < a.argv.size(); ++i) {
@@ -48,16 +57,9 @@ int run(const RunArgs& a) {
       if (a.argv[i].rfind("--nproc=", 0) == 0) continue;
       child.push_back(a.argv[i]);
     }
-    return distributed::launch_local_ranks(a.nproc, child);
+    return distributed::launch_local_ranks(nproc, child);
   }
   const bool rank0 = !distributed::distributed_env_present() || distributed::rank_info_from_env().rank == 0;
-  JobSpec spec;
-  try {
-    spec = load_job_spec(a.job, a.sets);
-  } catch (const SpecError& e) {
-    std::cerr << "zenflow: invalid job spec: " << e.what() << "\n";
-    return kExitBadInput;
-  }
   std::signal(SIGINT, on_sigint);
   std::signal(SIGTERM, on_sigint);
   ProgressPrinter progress(std::cerr, isatty(2) != 0 && !a.quiet && rank0, a.quiet || !rank0);
@@ -91,7 +93,8 @@ CommandRegistrar reg(10, [](CommandContext& ctx) {
   cmd->add_flag("--json", args->json, "Print one JSON object with the results at the end (stdout)");
   cmd->add_flag("--no-resume", args->no_resume, "Start fresh even if checkpoint.dir holds a checkpoint");
   cmd->add_flag("--quiet", args->quiet, "No progress lines");
-  cmd->add_option("--nproc", args->nproc, "Data-parallel rank processes on this machine (Gloo on CPU, NCCL on GPU)")
+  cmd->add_option("--nproc", args->nproc, "Data-parallel rank processes on this machine (Gloo on CPU, NCCL on GPU); "
+                  "default: resources.gpus_per_worker")
       ->check(CLI::Range(1, 1024));
   cmd->callback([args, &ctx] {
     args->argv = ctx.argv;
