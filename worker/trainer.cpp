@@ -90,9 +90,21 @@ struct CorePlan {
   std::vector<int> compute;
 };
 
+// Ranks started on one machine (ZENFLOW_LOCAL_RANK of ZENFLOW_LOCAL_WORLD_SIZE) take
+// disjoint contiguous slices of its cores, so their compute and host threads never meet.
 CorePlan plan_cores(const JobSpec& spec, bool needs_host) {
   std::vector<int> cores = engine::available_cores();
   if (cores.empty()) cores.push_back(0);
+  const char* lr = std::getenv("ZENFLOW_LOCAL_RANK");
+  const char* lw = std::getenv("ZENFLOW_LOCAL_WORLD_SIZE");
+  const int local_world = lw ? std::atoi(lw) : 1, local_rank = lr ? std::atoi(lr) : 0;
+  if (local_world > 1 && local_rank >= 0 && local_rank < local_world) {
+    const size_t n = cores.size(), w = static_cast<size_t>(local_world), r = static_cast<size_t>(local_rank);
+    if (n >= w)
+      cores = std::vector<int>(cores.begin() + static_cast<long>(r * n / w), cores.begin() + static_cast<long>((r + 1) * n / w));
+    else
+      cores = {cores[r % n]};
+  }
   CorePlan plan;
   const auto& h = spec.optimizer.host;
   if (needs_host) {
