@@ -15,5 +15,19 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
       && cmake --build build-cuda --target zenflow_cuda_kernels test_cuda_kernels_raw \
       && ./build-cuda/bin/test_cuda_kernels_raw) || status=1
   fi
+  # The engine's CUDA host code (the ZENFLOW_WITH_CUDA_OPS branches: streams, events,
+  # kernel dispatch) compiles only against a CUDA LibTorch, which GPU hosts have. Debian's
+  # LibTorch ships the c10/cuda headers without their generated macros header: with a
+  # stand-in for it, a syntax check catches errors here, before a GPU session.
+  echo "== CUDA host-code syntax check"
+  shim=build-cuda/shim/c10/cuda/impl
+  mkdir -p "$shim"
+  printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' > "$shim/cuda_cmake_macros.h"
+  for f in $(grep -l ZENFLOW_WITH_CUDA_OPS worker/engine/*.cpp tests/*.cpp worker/*.cpp); do
+    g++ -fsyntax-only -std=gnu++17 -Wall -Wextra -Werror -Wno-unused-parameter -Wno-deprecated-declarations \
+      -DZENFLOW_WITH_CUDA_OPS -DZENFLOW_SOURCE_DIR='""' -DZENFLOW_BINARY_DIR='""' \
+      -I. -Ibuild-cuda/shim -I/usr/local/cuda/include -isystem /usr/include/torch/csrc/api/include "$f" \
+      || { echo "CUDA host-code syntax check failed: $f"; status=1; }
+  done
 fi
 exit $status
