@@ -378,6 +378,7 @@ TEST(ZenFlowOptimizer, ReselectionRanksBySummedWindowScoresAndOnlyAtBoundaries) 
   EXPECT_FALSE(r2.boundary);
   EXPECT_FALSE(r2.reselected);
   EXPECT_EQ(opt.selected_columns("w"), (Cols{1, 2, 4}));
+  EXPECT_EQ(opt.owned_host_columns("w"), (Cols{0, 3, 5, 6, 7, 8, 9}));
   // Step 3 closes the window. Window sums (l2): col0 16.04, col9 13.10, col3 10, col1 9,
   // col4 6.25, col2 5.76, col8 1.6 -> {0, 3, 9}; step 3 alone would pick column 9 first,
   // steps 1+2 alone {0, 1, 3}.
@@ -389,6 +390,9 @@ TEST(ZenFlowOptimizer, ReselectionRanksBySummedWindowScoresAndOnlyAtBoundaries) 
   EXPECT_TRUE(r3.reselected);
   EXPECT_EQ(opt.selected_columns("w"), (Cols{0, 3, 9}));
   EXPECT_EQ(opt.reselections(), 1);
+  // The columns leaving the device take the host slots of those entering it, in order;
+  // every other host column stays where it was (a re-selection moves O(changed columns)).
+  EXPECT_EQ(opt.owned_host_columns("w"), (Cols{1, 2, 5, 6, 7, 8, 4}));
 }
 
 // ---------------------------------------------------------------------------------

@@ -598,6 +598,35 @@ struct ZenFlowOptimizer::Impl {
     return out;
   }
 
+  // Storage order of rank r's host-owned columns of s after `entering` moved to the
+  // device and `leaving` to the host: when as many of the rank's columns leave the device
+  // as enter it (always, with one rank: k is fixed), the leaving columns take the slots of
+  // the entering ones in order, so a re-selection touches O(changed columns), not the
+  // whole host state; otherwise ascending (a full re-pack).
+  static std::vector<int64_t> new_part_order(const SplitParam& s, int r, const std::vector<int64_t>& entering,
+                                             const std::vector<int64_t>& leaving) {
+    const int64_t lo = s.range_lo[static_cast<size_t>(r)], hi = s.range_hi[static_cast<size_t>(r)];
+    auto in_range = [&](int64_t c) { return c >= lo && c < hi; };
+    const std::vector<int64_t>& old = s.parts[static_cast<size_t>(r)].cols;
+    std::vector<int64_t> leave_r, out;
+    for (int64_t c : leaving)
+      if (in_range(c)) leave_r.push_back(c);
+    size_t n_enter_r = 0;
+    for (int64_t c : entering) n_enter_r += in_range(c) ? 1 : 0;
+    if (n_enter_r == leave_r.size()) {
+      out = old;
+      size_t next = 0;
+      for (int64_t& c : out)
+        if (std::binary_search(entering.begin(), entering.end(), c)) c = leave_r[next++];
+      return out;
+    }
+    for (int64_t c : old)
+      if (!std::binary_search(entering.begin(), entering.end(), c)) out.push_back(c);
+    out.insert(out.end(), leave_r.begin(), leave_r.end());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
   // Moves master/m/v of columns whose owner changes (§3 "one set of moments per
   // column"): only entering and leaving columns cross between device and host; the host
   // arrays are re-packed in place through a reused scratch buffer (no per-call
@@ -619,10 +648,14 @@ struct ZenFlowOptimizer::Impl {
     std::vector<int64_t> leaving_own;
     for (int64_t c : leaving)
       if (s.owns(c)) leaving_own.push_back(c);
-    const std::vector<int64_t> new_unsel = complement(new_sel, s.in);
-    std::vector<int64_t> new_own;
-    for (int64_t c : new_unsel)
-      if (s.owns(c)) new_own.push_back(c);
+    // Every rank's new storage order (all ranks compute all of them: the staging layout
+    // depends on them); this rank's is new_own.
+    std::vector<int64_t> new_unsel;
+    for (int r = 0; r < world; ++r) {
+      const std::vector<int64_t> order = new_part_order(s, r, entering, leaving);
+      new_unsel.insert(new_unsel.end(), order.begin(), order.end());
+    }
+    const std::vector<int64_t> new_own = new_part_order(s, me, entering, leaving);
     // Positions of each column in this rank's old packed host arrays and the old device arrays.
     const std::vector<int64_t>& old_own = s.own().cols;
     std::vector<int64_t> host_pos(static_cast<size_t>(s.in), -1), dev_pos(static_cast<size_t>(s.in), -1);
@@ -696,8 +729,18 @@ struct ZenFlowOptimizer::Impl {
       // Entering columns' device copies take their master value.
       if (n_enter > 0) scatter_columns(s.w2d, index_tensor(entering, device), enter_state[0]);
     }
-    // Re-pack this rank's host arrays: [old packed | leaving] -> new packed, row by row.
-    {
+    if (static_cast<int64_t>(new_own.size()) == n_old) {
+      // Slot for slot: each leaving column is written where a column that moved to the
+      // device was (new_part_order); nothing else moves.
+      std::vector<int64_t> slots;
+      for (size_t q = 0; q < new_own.size(); ++q)
+        if (host_pos[static_cast<size_t>(new_own[q])] < 0) slots.push_back(static_cast<int64_t>(q));
+      if (!slots.empty()) {
+        const at::Tensor sidx = index_tensor(slots, at::kCPU);
+        for (int i = 0; i < 3; ++i) scatter_columns(host_view(*host_state[i], s), sidx, leave_state[i]);
+      }
+    } else {
+      // Re-pack this rank's host arrays: [old packed | leaving] -> new packed, row by row.
       std::vector<int64_t> src;
       size_t l = 0;
       for (int64_t c : new_own) {
@@ -964,6 +1007,7 @@ struct ZenFlowOptimizer::Impl {
     if (std::any_of(due.begin(), due.end(), [](bool b) { return b; })) {
       // Re-selection drains the pipeline first (§4).
       complete_inflight();
+      Stopwatch sel_sw;  // top-k and moving the columns that change owner: device optimizer time
       bool changed = false;
       for (size_t i = 0; i < split.size(); ++i) {
         if (!due[i]) continue;
@@ -979,6 +1023,7 @@ struct ZenFlowOptimizer::Impl {
       epoch_at_selection = ctx.epoch;
       if (changed) ++reselections;
       rep.reselected = changed;
+      device_time(sel_sw.seconds());
     }
     for (auto& s : split) s.score_acc.zero_();
     return rep;
