@@ -7,12 +7,16 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "worker/engine/device_streams.h"
+#include "worker/engine/stall_clock.h"
 
 namespace zenflow::engine {
 namespace {
@@ -130,6 +134,29 @@ TEST_F(DeviceStreamsTest, ComputeTimerAndSynchronizeMeasureTime) {
   EXPECT_TRUE(at::isfinite(y).all().item<bool>());
 }
 
+// A host-side wait between start() and stop(): on CUDA the events see only what the
+// compute stream noticed — nothing while queued work kept it busy, the whole wait when it
+// was idle. On CPU the timer is the wall clock (the whole wait, always).
+TEST_F(DeviceStreamsTest, ComputeTimerAroundAHostWaitSeesOnlyTheGpuIdleTime) {
+  DeviceStreams streams(device_);
+  const auto sleep = [] { std::this_thread::sleep_for(std::chrono::milliseconds(30)); };
+  streams.synchronize_compute();
+  ComputeTimer idle(device_);
+  idle.start();
+  sleep();
+  idle.stop();
+  EXPECT_GE(idle.seconds(), 0.025);  // the stream had nothing to do for the whole wait
+  if (!device_.is_cuda()) return;
+  at::Tensor y = slow_product(8192, 40);  // well over 30 ms of queued GPU work
+  ComputeTimer covered(device_);
+  covered.start();
+  sleep();
+  covered.stop();
+  std::printf("[figure] host wait of 30 ms behind queued GPU work: %.3f ms of GPU idle\n", 1e3 * covered.seconds());
+  EXPECT_LT(covered.seconds(), 0.005);
+  EXPECT_TRUE(at::isfinite(y).all().item<bool>());
+}
+
 TEST_F(DeviceStreamsTest, MismatchedCopiesAreRejected) {
   DeviceStreams streams(device_);
   at::Tensor dev = at::zeros({8}, on_device());
@@ -152,6 +179,27 @@ TEST_F(DeviceStreamsTest, DefaultHandleIsComplete) {
   EXPECT_EQ(h.wait(), 0.0);
   h.make_compute_wait();
   EXPECT_EQ(h.bytes(), 0);
+}
+
+TEST(StallClock, DeferredDurationsResolveOnceAtTheEndOfTheStep) {
+  StallClock clock;
+  clock.begin_step();
+  int calls = 0;
+  clock.add_stall(StallCause::kHostOptimizer, 0.5);
+  clock.add_deferred(TimeKind::kStall, StallCause::kHostOptimizer, [&] { return ++calls, 0.25; });
+  clock.add_deferred(TimeKind::kCompute, StallCause::kData, [&] { return ++calls, 2.0; });
+  clock.add_deferred(TimeKind::kDeviceOptimizer, StallCause::kData, [&] { return ++calls, 0.125; });
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(clock.current().compute_seconds, 0.0);
+  const StepTimes t = clock.end_step();
+  EXPECT_EQ(calls, 3);
+  EXPECT_DOUBLE_EQ(t.stall_seconds[static_cast<int>(StallCause::kHostOptimizer)], 0.75);
+  EXPECT_DOUBLE_EQ(t.compute_seconds, 2.0);
+  EXPECT_DOUBLE_EQ(t.device_optimizer_seconds, 0.125);
+  clock.begin_step();
+  clock.end_step();
+  EXPECT_EQ(calls, 3);
+  EXPECT_DOUBLE_EQ(clock.totals().compute_seconds, 2.0);
 }
 
 #ifndef ZENFLOW_WITH_CUDA_OPS

@@ -24,6 +24,7 @@
 #include "worker/distributed/grad_reducer.h"
 #include "worker/distributed/rendezvous.h"
 #include "worker/model_factory.h"
+#include "worker/engine/device_streams.h"
 #include "worker/engine/host_thread_pool.h"
 #include "worker/engine/zenflow_optimizer.h"
 #include "worker/model/causal_lm.h"
@@ -439,6 +440,13 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
       at::Tensor ids = batch.input_ids.to(device);
       at::Tensor targets = batch.targets.to(device);
       clock.add_stall(StallCause::kData, data_sw.seconds());
+      // Compute time: on CUDA what the compute stream spent on forward and backward (CUDA
+      // events, resolved at the step's end); on the CPU the wall clock.
+      std::shared_ptr<engine::ComputeTimer> compute_events;
+      if (device.is_cuda()) {
+        compute_events = std::make_shared<engine::ComputeTimer>(device);
+        compute_events->start();
+      }
       Stopwatch compute_sw;
       at::Tensor loss;
       {
@@ -446,13 +454,29 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
         loss = model::causal_lm_loss(lm->forward(ids), targets);
       }
       (loss / static_cast<double>(spec.train.grad_accum)).backward();
+      if (compute_events) {
+        compute_events->stop();
+        clock.add_deferred(engine::TimeKind::kCompute, StallCause::kData,
+                           [compute_events] { return compute_events->seconds(); });
+      }
       loss_sum += loss.item<double>();
       tokens += batch.tokens;
-      clock.add_compute(compute_sw.seconds());
+      if (!compute_events) clock.add_compute(compute_sw.seconds());
     }
     if (reducer) {
+      // On NCCL the wait is the compute stream's, not the host's: measure it with events.
+      std::shared_ptr<engine::ComputeTimer> events;
+      if (device.is_cuda()) {
+        events = std::make_shared<engine::ComputeTimer>(device);
+        events->start();
+      }
       const distributed::ReduceReport r = reducer->finish();
-      clock.add_stall(StallCause::kAllreduce, r.wait_seconds);
+      if (events) {
+        events->stop();
+        clock.add_deferred(engine::TimeKind::kStall, StallCause::kAllreduce, [events] { return events->seconds(); });
+      } else {
+        clock.add_stall(StallCause::kAllreduce, r.wait_seconds);
+      }
     }
     if (comm) {
       // The reported loss and tokens are the global batch's, identical on every rank.

@@ -207,8 +207,11 @@ double DeviceStreams::synchronize_compute() {
   return seconds_between(t0, std::chrono::steady_clock::now());
 }
 
-ComputeTimer::ComputeTimer(const DeviceStreams& streams) : device_(streams.device()) {
+ComputeTimer::ComputeTimer(const DeviceStreams& streams) : ComputeTimer(streams.device()) {}
+
+ComputeTimer::ComputeTimer(at::Device device) : device_(device) {
   if (device_.is_cuda()) {
+    if (!device_.has_index()) device_ = at::Device(at::kCUDA, c10::cuda::current_device());
     start_event_ = std::make_shared<CudaEventHandle>(device_.index(), true);
     stop_event_ = std::make_shared<CudaEventHandle>(device_.index(), true);
   }
@@ -289,6 +292,10 @@ CopyHandle DeviceStreams::copy_h2d(const at::Tensor& src_host, const at::Tensor&
 double DeviceStreams::synchronize_compute() { return 0; }
 
 ComputeTimer::ComputeTimer(const DeviceStreams& streams) : device_(streams.device()) {}
+
+ComputeTimer::ComputeTimer(at::Device device) : device_(device) {
+  if (device_.is_cuda()) throw std::logic_error("ComputeTimer: this build has no CUDA support");
+}
 
 void ComputeTimer::start() {
   wall_start_ = std::chrono::steady_clock::now();

@@ -109,9 +109,15 @@ class DeviceStreams {
 
 // Time taken by the compute work enqueued between start() and stop(): CUDA events on the
 // compute stream, the wall clock on CPU.
+//
+// Around a host-side wait (start(); wait; stop()), the CUDA events measure how long the
+// compute stream ran dry because of it: zero when work queued earlier kept the GPU busy
+// for the whole wait. Around a stream-side wait (CopyHandle::make_compute_wait) plus the
+// kernels after it, what the stream spent on both.
 class ComputeTimer {
  public:
   explicit ComputeTimer(const DeviceStreams& streams);
+  explicit ComputeTimer(at::Device device);  // kCPU, or kCUDA with an index
   void start();
   void stop();
   // Seconds between start() and stop(); blocks until the work before stop() finished.

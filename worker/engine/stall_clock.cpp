@@ -24,12 +24,26 @@ double StepTimes::stall_total() const {
 
 void StallClock::begin_step() {
   current_ = StepTimes{};
+  deferred_.clear();
   start_ = std::chrono::steady_clock::now();
+}
+
+void StallClock::add_deferred(TimeKind kind, StallCause cause, std::function<double()> seconds) {
+  deferred_.push_back({kind, cause, std::move(seconds)});
 }
 
 const StepTimes& StallClock::end_step() {
   current_.wall_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  for (auto& d : deferred_) {
+    const double s = d.seconds();
+    switch (d.kind) {
+      case TimeKind::kCompute: current_.compute_seconds += s; break;
+      case TimeKind::kDeviceOptimizer: current_.device_optimizer_seconds += s; break;
+      case TimeKind::kStall: current_.stall_seconds[static_cast<int>(d.cause)] += s; break;
+    }
+  }
+  deferred_.clear();
   history_.push_back(current_);
   return history_.back();
 }

@@ -4,11 +4,18 @@
 // summary, the benchmarks and (later) the Prometheus counters of DESIGN.md §7, whose
 // cause names these are. Thread safety: one thread (the training loop's) calls
 // everything; totals() may be read by it between steps.
+//
+// On a GPU, what matters is what the compute stream did: compute time and stalls are
+// measured with CUDA events (ComputeTimer, device_streams.h) around the work or the wait,
+// and are known only once the GPU has passed the events. Such durations are added as
+// deferred values (add_deferred) and resolved by end_step(). On the CPU they are wall
+// clock seconds, added at once.
 #pragma once
 
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,6 +44,9 @@ struct StepTimes {
   double stall_total() const;
 };
 
+// What a duration counts as (add_deferred).
+enum class TimeKind { kCompute, kDeviceOptimizer, kStall };
+
 class StallClock {
  public:
   void begin_step();
@@ -49,6 +59,9 @@ class StallClock {
     current_.stall_seconds[static_cast<int>(cause)] += seconds;
   }
   void add_bytes(Direction dir, int64_t bytes) { current_.transfer_bytes[static_cast<int>(dir)] += bytes; }
+  // `seconds` is called (and may block until the GPU reached its events) by end_step();
+  // `cause` matters for TimeKind::kStall only.
+  void add_deferred(TimeKind kind, StallCause cause, std::function<double()> seconds);
 
   const StepTimes& current() const { return current_; }
   const std::vector<StepTimes>& history() const { return history_; }
@@ -58,6 +71,12 @@ class StallClock {
   std::chrono::steady_clock::time_point start_;
   StepTimes current_;
   std::vector<StepTimes> history_;
+  struct Deferred {
+    TimeKind kind;
+    StallCause cause;
+    std::function<double()> seconds;
+  };
+  std::vector<Deferred> deferred_;
 };
 
 // Seconds elapsed on a steady clock; Stopwatch().seconds() after some work.

@@ -170,14 +170,46 @@ struct ZenFlowOptimizer::Impl {
   bool partitioned() const { return world > 1; }
   bool in_warmup() const { return !zenflow() || t < opt.full_warm_up_rounds; }
 
-  void stall(StallCause c, double s) {
-    if (clock) clock->add_stall(c, s);
-  }
   void bytes(Direction d, int64_t n) {
     if (clock) clock->add_bytes(d, n);
   }
-  void device_time(double s) {
-    if (clock) clock->add_device_optimizer(s);
+
+  // Time accounting (stall_clock.h): a measured region counts as device-optimizer time or
+  // as a stall. On CUDA it is what the compute stream spent across the region, from CUDA
+  // events, resolved when the step ends: a host wait the GPU did not notice (queued work
+  // covered it) costs nothing. On the CPU, wall-clock seconds.
+  struct TimeSpan {
+    std::shared_ptr<ComputeTimer> events;  // CUDA only
+    Stopwatch wall;
+  };
+  TimeSpan begin_span() const {
+    TimeSpan span;
+    if (clock && device.is_cuda()) {
+      span.events = std::make_shared<ComputeTimer>(device);
+      span.events->start();
+    }
+    return span;
+  }
+  void end_span(TimeSpan& span, TimeKind kind, StallCause cause = StallCause::kHostOptimizer) {
+    if (!clock) return;
+    if (!span.events) {
+      const double s = span.wall.seconds();
+      if (kind == TimeKind::kStall) clock->add_stall(cause, s);
+      if (kind == TimeKind::kDeviceOptimizer) clock->add_device_optimizer(s);
+      if (kind == TimeKind::kCompute) clock->add_compute(s);
+      return;
+    }
+    span.events->stop();
+    clock->add_deferred(kind, cause, [events = span.events] { return events->seconds(); });
+  }
+  template <class Body>
+  void stalled(StallCause cause, Body&& body) {
+    TimeSpan span = begin_span();
+    body();
+    end_span(span, TimeKind::kStall, cause);
+  }
+  void wait_for(StallCause cause, const std::shared_ptr<HostWork>& work) {
+    stalled(cause, [&] { work->wait(); });
   }
 
   AdamWCoeffs coeffs(double lr, double weight_decay, int64_t step) const {
@@ -398,7 +430,7 @@ struct ZenFlowOptimizer::Impl {
   // columns (sync_split_gradients). Returns the copy's handle: the host job that reads
   // `buf` waits for it.
   CopyHandle stage_gradients(const std::vector<at::Tensor>& g, const at::Tensor& shard, const at::Tensor& buf) {
-    Stopwatch sw;
+    TimeSpan span = begin_span();
     CopyHandle done;
     if (partitioned()) {
       done = streams->copy_d2h(shard, buf.narrow(0, 0, own_total));
@@ -413,7 +445,7 @@ struct ZenFlowOptimizer::Impl {
       dev_stage_busy[slot] = done;
     }
     bytes(Direction::kD2H, own_total * buf.element_size());
-    stall(StallCause::kTransferD2H, sw.seconds());
+    end_span(span, TimeKind::kStall, StallCause::kTransferD2H);
     return done;
   }
 
@@ -425,7 +457,7 @@ struct ZenFlowOptimizer::Impl {
     at::Tensor shards_sq;       // squared norm of all ranks' shards
   };
   SyncedGradients sync_split_gradients(const std::vector<at::Tensor>& g, bool want_scores) {
-    Stopwatch sw;
+    TimeSpan span = begin_span();
     SyncedGradients out;
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
     // Local scores first: the all-reduce below overwrites the selected columns.
@@ -466,7 +498,7 @@ struct ZenFlowOptimizer::Impl {
     coll->allreduce_sum_(small, CollectiveTraffic::kSelection);
     out.shards_sq = small[small.numel() - 1];
     if (want_scores) out.scores = small.narrow(0, 0, small.numel() - 1);
-    stall(StallCause::kAllreduce, sw.seconds());
+    end_span(span, TimeKind::kStall, StallCause::kAllreduce);
     return out;
   }
 
@@ -474,12 +506,14 @@ struct ZenFlowOptimizer::Impl {
   // out_buffer >= 0: the host step's low-precision output in param_out[out_buffer];
   // otherwise (fp32 weights, or after a restore) the fp32 master.
   void apply_host_result(int out_buffer) {
-    Stopwatch sw;
     const bool from_half = split_dtype != at::kFloat && out_buffer >= 0;
-    double gathered = 0;  // seconds in the all-gather: stall `allreduce`, not `transfer_h2d`
+    bytes(Direction::kH2D, own_total * at::elementSize(split_dtype));
     if (partitioned()) {
-      gathered = apply_partitioned(from_half ? param_out[out_buffer] : at::Tensor());
-    } else if (!device.is_cuda()) {
+      apply_partitioned(from_half ? param_out[out_buffer] : at::Tensor());
+      return;
+    }
+    TimeSpan span = begin_span();
+    if (!device.is_cuda()) {
       for (auto& s : split) {
         if (s.n_own() == 0) continue;
         device_ops::scatter_columns(s.w2d, s.own().idx,
@@ -500,34 +534,36 @@ struct ZenFlowOptimizer::Impl {
         device_ops::scatter_columns(s.w2d, s.own().idx, own_view(dev_h2d, s));
       }
     }
-    bytes(Direction::kH2D, own_total * at::elementSize(split_dtype));
-    stall(StallCause::kTransferH2D, sw.seconds() - gathered);
+    end_span(span, TimeKind::kStall, StallCause::kTransferH2D);
   }
 
   // Several ranks: this rank's updated columns (the host step's low-precision output, or
   // the fp32 master) go to the device and are all-gathered into every rank's weights.
-  // Returns the seconds spent in the all-gather.
-  double apply_partitioned(const at::Tensor& half_out) {
-    h2d_done.wait();  // the previous H2D has read pack_out
-    at::Tensor own = (half_out.defined() ? half_out : pack_out).narrow(0, 0, own_total);
-    if (!half_out.defined())
+  // The all-gather is stall `allreduce`, the rest `transfer_h2d`.
+  void apply_partitioned(const at::Tensor& half_out) {
+    at::Tensor src;
+    stalled(StallCause::kTransferH2D, [&] {
+      h2d_done.wait();  // the previous H2D has read pack_out
+      at::Tensor own = (half_out.defined() ? half_out : pack_out).narrow(0, 0, own_total);
+      if (!half_out.defined())
+        for (auto& s : split)
+          if (s.n_own() > 0) own_view(pack_out, s).copy_(host_view(master, s));
+      src = own;
+      if (device.is_cuda()) {
+        h2d_done = streams->copy_h2d(own, dev_h2d.narrow(0, 0, own_total));
+        h2d_done.make_compute_wait();
+        src = dev_h2d.narrow(0, 0, own_total);
+      }
+    });
+    at::Tensor all;
+    stalled(StallCause::kAllreduce,
+            [&] { all = coll->all_gather(src, shard_sizes, CollectiveTraffic::kParameters); });
+    stalled(StallCause::kTransferH2D, [&] {
       for (auto& s : split)
-        if (s.n_own() > 0) own_view(pack_out, s).copy_(host_view(master, s));
-    at::Tensor src = own;
-    if (device.is_cuda()) {
-      h2d_done = streams->copy_h2d(own, dev_h2d.narrow(0, 0, own_total));
-      h2d_done.make_compute_wait();
-      src = dev_h2d.narrow(0, 0, own_total);
-    }
-    Stopwatch sw;
-    const at::Tensor all = coll->all_gather(src, shard_sizes, CollectiveTraffic::kParameters);
-    const double seconds = sw.seconds();
-    stall(StallCause::kAllreduce, seconds);
-    for (auto& s : split)
-      for (int r = 0; r < world; ++r)
-        if (!s.parts[static_cast<size_t>(r)].cols.empty())
-          device_ops::scatter_columns(s.w2d, s.parts[static_cast<size_t>(r)].idx, part_view(all, s, r));
-    return seconds;
+        for (int r = 0; r < world; ++r)
+          if (!s.parts[static_cast<size_t>(r)].cols.empty())
+            device_ops::scatter_columns(s.w2d, s.parts[static_cast<size_t>(r)].idx, part_view(all, s, r));
+    });
   }
 
   // Builds the host AdamW job over every host-owned column. `last` holds this window's
@@ -571,7 +607,7 @@ struct ZenFlowOptimizer::Impl {
   // Waits for the in-flight host step and copies its result to the device.
   void complete_inflight() {
     if (!inflight) return;
-    if (inflight->work) stall(StallCause::kHostOptimizer, inflight->work->wait());
+    if (inflight->work) wait_for(StallCause::kHostOptimizer, inflight->work);
     const int buf = inflight->work ? inflight->buffer : -1;
     inflight.reset();
     apply_host_result(buf);
@@ -579,7 +615,7 @@ struct ZenFlowOptimizer::Impl {
   }
 
   void wait_accumulates() {
-    for (auto& w : pending_accumulates) stall(StallCause::kHostOptimizer, w->wait());
+    for (auto& w : pending_accumulates) wait_for(StallCause::kHostOptimizer, w);
     pending_accumulates.clear();
     ring_busy[0].reset();
     ring_busy[1].reset();
@@ -865,18 +901,19 @@ struct ZenFlowOptimizer::Impl {
     // that this step's exchange already follows it (top-k is unaffected by clipping's
     // uniform scale; a non-finite score means a skipped step, which selects nothing).
     if (dist && zenflow() && !in_warmup() && !selected) {
-      Stopwatch sw;
-      std::vector<at::Tensor> parts;
-      for (auto& s : split) parts.push_back(scores_of(g[s.index], s));
-      at::Tensor sc = at::cat(parts);
-      coll->allreduce_sum_(sc, CollectiveTraffic::kSelection);
-      stall(StallCause::kAllreduce, sw.seconds());
+      at::Tensor sc;
+      stalled(StallCause::kAllreduce, [&] {
+        std::vector<at::Tensor> parts;
+        for (auto& s : split) parts.push_back(scores_of(g[s.index], s));
+        sc = at::cat(parts);
+        coll->allreduce_sum_(sc, CollectiveTraffic::kSelection);
+      });
       if (std::isfinite(sc.sum().item<double>())) select_all(g, sc, ctx.epoch);
     }
     SyncedGradients synced;
     if (dist) synced = sync_split_gradients(g, zenflow() && !in_warmup());
 
-    Stopwatch dev_sw;
+    TimeSpan dev_span = begin_span();
     // §5: global norm, non-finite check, clipping before the split.
     std::vector<at::Tensor> norms;
     norms.reserve(g.size() + 2);
@@ -895,7 +932,7 @@ struct ZenFlowOptimizer::Impl {
     if (!std::isfinite(norm)) {
       ++skipped;
       rep.skipped = true;
-      device_time(dev_sw.seconds());
+      end_span(dev_span, TimeKind::kDeviceOptimizer);
       return rep;
     }
     max_staleness = std::max(max_staleness, rep.staleness_windows);
@@ -938,7 +975,7 @@ struct ZenFlowOptimizer::Impl {
         off += s.in;
       }
     }
-    device_time(dev_sw.seconds());
+    end_span(dev_span, TimeKind::kDeviceOptimizer);
     ++t;
     if (split.empty()) return rep;
 
@@ -950,7 +987,7 @@ struct ZenFlowOptimizer::Impl {
         h2d.wait();
       };
       auto work = host->submit(std::move(job));
-      stall(StallCause::kHostOptimizer, work->wait());
+      wait_for(StallCause::kHostOptimizer, work);
       apply_host_result(0);
       return rep;
     }
@@ -962,7 +999,7 @@ struct ZenFlowOptimizer::Impl {
     if (!boundary) {
       // Mid-window: stage into a ring buffer the accumulate job has released.
       const int r = static_cast<int>((window_pos - 1) % 2);
-      if (ring_busy[r]) stall(StallCause::kHostOptimizer, ring_busy[r]->wait());
+      if (ring_busy[r]) wait_for(StallCause::kHostOptimizer, ring_busy[r]);
       AccumulateJob job = make_accumulate_job(ring[r], acc[parity], window_pos == 1);
       job.before = [d2h = stage_gradients(g, synced.shard, ring[r])]() mutable { d2h.wait(); };
       auto work = host->submit(std::move(job));
@@ -995,7 +1032,7 @@ struct ZenFlowOptimizer::Impl {
     } else {
       job.before = before();
       auto work = host->submit(std::move(job));
-      stall(StallCause::kHostOptimizer, work->wait());
+      wait_for(StallCause::kHostOptimizer, work);
       apply_host_result(parity);
       ++windows_applied;
     }
@@ -1007,7 +1044,7 @@ struct ZenFlowOptimizer::Impl {
     if (std::any_of(due.begin(), due.end(), [](bool b) { return b; })) {
       // Re-selection drains the pipeline first (§4).
       complete_inflight();
-      Stopwatch sel_sw;  // top-k and moving the columns that change owner: device optimizer time
+      TimeSpan sel_span = begin_span();  // top-k and moving the columns that change owner
       bool changed = false;
       for (size_t i = 0; i < split.size(); ++i) {
         if (!due[i]) continue;
@@ -1023,7 +1060,7 @@ struct ZenFlowOptimizer::Impl {
       epoch_at_selection = ctx.epoch;
       if (changed) ++reselections;
       rep.reselected = changed;
-      device_time(sel_sw.seconds());
+      end_span(sel_span, TimeKind::kDeviceOptimizer);
     }
     for (auto& s : split) s.score_acc.zero_();
     return rep;
@@ -1039,7 +1076,7 @@ struct ZenFlowOptimizer::Impl {
     StepJob job = make_step_job(last_lr, at::Tensor(), &acc[parity], 1.0f / static_cast<float>(window_pos), parity);
     job.before = [h2d = h2d_done]() mutable { h2d.wait(); };
     auto work = host->submit(std::move(job));
-    stall(StallCause::kHostOptimizer, work->wait());
+    wait_for(StallCause::kHostOptimizer, work);
     apply_host_result(parity);
     ++window;
     ++windows_applied;
@@ -1059,7 +1096,7 @@ constexpr size_t kNumScalars = sizeof(kScalarNames) / sizeof(kScalarNames[0]);
 std::vector<std::pair<std::string, at::Tensor>> ZenFlowOptimizer::state_dict() {
   Impl& i = *impl_;
   i.wait_accumulates();
-  if (i.inflight && i.inflight->work) i.stall(StallCause::kCheckpoint, i.inflight->work->wait());
+  if (i.inflight && i.inflight->work) i.wait_for(StallCause::kCheckpoint, i.inflight->work);
   std::vector<std::pair<std::string, at::Tensor>> out;
   const int64_t scalars[kNumScalars] = {i.t, i.skipped, i.device_step, i.host_step, i.selected ? 1 : 0,
                                         i.window, i.window_pos, i.windows_applied, i.max_staleness,
