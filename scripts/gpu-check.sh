@@ -11,6 +11,9 @@
 #   ctest      the engine's test suite with ZENFLOW_TEST_DEVICE=cuda
 #   kernels    the CUDA kernel tests (raw kernels and their tensor wrappers)
 #   bench      zenflow bench offload --preset gpu-1b (JSON) and zenflow bench host-adam (JSON)
+#   verify     zenflow run on CUDA as a 1-rank NCCL group with autocast (LibTorch 2.x autocast,
+#              CUDA-event stall timing, NCCL in the trainer), export, and the GPU load of a
+#              generated 1.1B checkpoint (bench model-load --device cuda: peak host RSS)
 # A failed phase does not stop later ones (unless they need what it should have made);
 # the script exits 1 if any phase failed. Logs and JSON go to $OUT (./gpu-check-out when
 # OUT is unset): summary.txt, build.log, ctest.log, kernels.log, bench.log,
@@ -213,6 +216,30 @@ if ((CONFIGURED)) && [[ -x "$ZENFLOW" ]]; then
 else
   skip bench "no zenflow binary"
   skip host-adam "no zenflow binary"
+fi
+
+# ---- 7. end-to-end checks of what the suite does not cover ----------------------------------------
+verify_run() {
+  local dir="$OUT/verify" rc=0
+  rm -rf "$dir" /tmp/zf-model-1b
+  mkdir -p "$dir"
+  local port
+  port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  ZENFLOW_RANK=0 ZENFLOW_WORLD_SIZE=1 ZENFLOW_MASTER_ADDR=127.0.0.1 ZENFLOW_MASTER_PORT="$port" \
+    "$ZENFLOW" run "$ROOT/examples/tiny.yaml" --no-resume --quiet --json --set train.steps=30 \
+    --set train.device=cuda --set train.autocast=bfloat16 --set checkpoint.dir="$dir/run" \
+    >"$dir/run.json" || rc=1
+  "$ZENFLOW" export "$dir/run" --out "$dir/hf" || rc=1
+  "$ZENFLOW" bench model-load /tmp/zf-model-1b --generate || rc=1
+  "$ZENFLOW" bench model-load /tmp/zf-model-1b --device cuda >"$dir/model-load-cuda.json" || rc=1
+  rm -rf /tmp/zf-model-1b
+  return $rc
+}
+export -f verify_run
+if ((CONFIGURED)) && [[ -x "$ZENFLOW" ]]; then
+  phase verify 90 "$OUT/verify.log" verify_run
+else
+  skip verify "no zenflow binary"
 fi
 
 # ---- summary -------------------------------------------------------------------------------------
