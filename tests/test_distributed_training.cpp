@@ -243,6 +243,16 @@ TEST(DistributedTraining, SameWorldResumeIsExact) {
   ASSERT_EQ(a.size(), 20u);
   ASSERT_EQ(b.size(), 10u);
   for (size_t i = 0; i < b.size(); ++i) EXPECT_EQ(b[i], a[10 + i]) << "step " << 11 + i;
+  // A checkpoint whose rank-1 shard is damaged is skipped: the ranks resume from the one before.
+  for (const char* later : {"step-00000015", "step-00000020"}) zenflow::remove_tree(dir / "ckpt" / later);
+  fs::resize_file(dir / "ckpt" / "step-00000010" / "engine-rank-00001.safetensors", 100);
+  const nlohmann::json fallback = run_json(spec, 2, flags);
+  ASSERT_EQ(fallback["exit"], 0) << fallback["stderr"];
+  EXPECT_EQ(fallback["start_step"], 5);
+  EXPECT_NE(fallback["stderr"].get<std::string>().find("damaged"), std::string::npos) << fallback["stderr"];
+  const auto c = fallback["losses"].get<std::vector<double>>();
+  ASSERT_EQ(c.size(), 15u);
+  for (size_t i = 0; i < c.size(); ++i) EXPECT_EQ(c[i], a[5 + i]) << "step " << 6 + i;
   zenflow::remove_tree(dir);
 }
 
