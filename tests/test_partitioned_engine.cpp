@@ -41,13 +41,13 @@ struct Shape {
 };
 const Shape kShapes[] = {{"w1", 16, 48}, {"w2", 24, 30}, {"bias", 16, 0}, {"tiny", 8, 9}};
 
-std::vector<at::Tensor> make_params() {
+std::vector<at::Tensor> make_params(at::ScalarType dtype = at::kFloat) {
   std::vector<at::Tensor> ps;
   for (const Shape& s : kShapes) {
     at::Tensor t =
         s.in ? at::arange(s.out * s.in, at::kFloat).view({s.out, s.in}) : at::arange(s.out, at::kFloat);
     t = (t * 0.37).sin() * 0.5;
-    ps.push_back(t.contiguous().set_requires_grad(true));
+    ps.push_back(t.to(dtype).contiguous().set_requires_grad(true));
   }
   return ps;
 }
@@ -71,7 +71,8 @@ at::Tensor grad_for(const Shape& s, int64_t step, int variant) {
 }
 
 void set_grads(const std::vector<at::Tensor>& ps, int64_t step, int variant) {
-  for (size_t k = 0; k < ps.size(); ++k) ps[k].mutable_grad() = grad_for(kShapes[k], step, variant);
+  for (size_t k = 0; k < ps.size(); ++k)
+    ps[k].mutable_grad() = grad_for(kShapes[k], step, variant).to(ps[k].scalar_type());
 }
 
 std::unique_ptr<ZenFlowOptimizer> make_opt(const std::vector<at::Tensor>& ps, const EngineOptions& o,
@@ -103,7 +104,8 @@ std::vector<at::Tensor> snapshot(const std::vector<at::Tensor>& ps) {
 }
 
 double rel_err(const at::Tensor& a, const at::Tensor& b) {
-  return (a - b).norm().item<double>() / std::max(1e-12, b.norm().item<double>());
+  const at::Tensor x = a.to(at::kDouble), y = b.to(at::kDouble);
+  return (x - y).norm().item<double>() / std::max(1e-12, y.norm().item<double>());
 }
 
 void expect_close(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& want, double tol,
@@ -137,8 +139,8 @@ void dp_steps(zenflow::distributed::Communicator& comm, ZenFlowOptimizer& opt,
 // One rank's trajectory: weights after every step (and after finish(), last).
 using Trajectory = std::vector<std::vector<at::Tensor>>;
 
-Trajectory run_single(const EngineOptions& o, int64_t steps, int variant) {
-  auto ps = make_params();
+Trajectory run_single(const EngineOptions& o, int64_t steps, int variant, at::ScalarType dtype = at::kFloat) {
+  auto ps = make_params(dtype);
   auto opt = make_opt(ps, o);
   Trajectory t;
   for (int64_t s = 0; s < steps; ++s) {
@@ -153,11 +155,12 @@ Trajectory run_single(const EngineOptions& o, int64_t steps, int variant) {
 
 // `variant_of_rank(r)`: which gradient rank r sees.
 std::vector<Trajectory> run_ranks_engine(int world, const EngineOptions& o, int64_t steps,
-                                         const std::function<int(int)>& variant_of_rank) {
+                                         const std::function<int(int)>& variant_of_rank,
+                                         at::ScalarType dtype = at::kFloat) {
   std::vector<Trajectory> out(static_cast<size_t>(world));
   run_ranks(world, [&](zenflow::distributed::Communicator& comm) {
     zenflow::distributed::EngineCollectives coll(comm);
-    auto ps = make_params();
+    auto ps = make_params(dtype);
     auto opt = make_opt(ps, o, &coll);
     ASSERT_EQ(opt->world_size(), world);
     Trajectory& t = out[static_cast<size_t>(comm.rank())];
@@ -182,6 +185,7 @@ struct Case {
   SelectStrategy strategy;
   int64_t S;
   double clip;
+  at::ScalarType dtype = at::kFloat;
 };
 
 class SameGradientsOnEveryRank : public ::testing::TestWithParam<Case> {};
@@ -198,8 +202,8 @@ TEST_P(SameGradientsOnEveryRank, TwoRanksReproduceOneRankStepByStep) {
   o.select_interval = c.S;
   o.grad_clip = c.clip;
   const int64_t steps = 14;
-  const Trajectory one = run_single(o, steps, 0);
-  const auto two = run_ranks_engine(2, o, steps, [](int) { return 0; });
+  const Trajectory one = run_single(o, steps, 0, c.dtype);
+  const auto two = run_ranks_engine(2, o, steps, [](int) { return 0; }, c.dtype);
   ASSERT_EQ(two[0].size(), one.size());
   ASSERT_EQ(two[1].size(), one.size());
   for (size_t s = 0; s < one.size(); ++s) {
@@ -219,7 +223,13 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"zenflow_U4_overlap_auto", OptimizerMode::kZenFlow, 0.1, 4, true, SelectStrategy::kAuto, 0, 0.0},
         Case{"zenflow_all_host", OptimizerMode::kZenFlow, 0.0, 2, true, SelectStrategy::kStep, 2, 1.0},
         Case{"zenflow_all_device", OptimizerMode::kZenFlow, 1.0, 2, true, SelectStrategy::kStep, 2, 1.0},
-        Case{"offload", OptimizerMode::kOffload, 0.0, 1, false, SelectStrategy::kAuto, 0, 1.0}),
+        Case{"offload", OptimizerMode::kOffload, 0.0, 1, false, SelectStrategy::kAuto, 0, 1.0},
+        // bf16 weights: the host step's low-precision output is what the ranks all-gather
+        // (and what a re-selection with a step in flight must fix or re-pack).
+        Case{"zenflow_U3_overlap_step_bf16", OptimizerMode::kZenFlow, 0.25, 3, true, SelectStrategy::kStep, 3, 0.0,
+             at::kBFloat16},
+        Case{"zenflow_U2_overlap_auto_bf16", OptimizerMode::kZenFlow, 0.1, 2, true, SelectStrategy::kAuto, 0, 1.0,
+             at::kBFloat16}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(PartitionedEngine, DifferentGradientsKeepRanksBitwiseIdentical) {

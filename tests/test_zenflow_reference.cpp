@@ -231,7 +231,8 @@ class Reference {
         write_host_columns();
       }
       if (since_selection_ >= cfg_.select_interval) {
-        apply_pending();  // drain before re-selecting
+        // No drain: the in-flight step of the previous window was applied above; this
+        // window's results stay pending for the columns that stay on the host.
         for (auto& p : params_)
           if (p.split && choose(p, p.win_score)) rep.reselected = true;
         since_selection_ = 0;
@@ -292,8 +293,10 @@ class Reference {
   }
 
   // Sets the device-owned columns to the top k by score; returns whether the set changed.
-  // A column entering the device brings its master value into the weights (equal already:
-  // the pipeline is drained whenever this runs); its m and v are the element's own.
+  // A column entering the device brings its master value — this window's host step
+  // included — into the weights at once (its pending result is dropped: the device owns
+  // it now); its m and v are the element's own. A column leaving keeps its weights until
+  // its first host step.
   bool choose(P& p, const std::vector<double>& scores) {
     std::vector<int64_t> order(static_cast<size_t>(p.cols));
     std::iota(order.begin(), order.end(), 0);
@@ -303,13 +306,21 @@ class Reference {
     std::vector<bool> next(static_cast<size_t>(p.cols), false);
     for (int64_t q = 0; q < p.k; ++q) next[static_cast<size_t>(order[static_cast<size_t>(q)])] = true;
     const bool changed = next != p.on_device;
+    std::vector<bool> entering(static_cast<size_t>(p.cols), false);
     for (int64_t j = 0; j < p.cols; ++j) {
-      if (next[static_cast<size_t>(j)] && !p.on_device[static_cast<size_t>(j)])
+      if (next[static_cast<size_t>(j)] && !p.on_device[static_cast<size_t>(j)]) {
+        entering[static_cast<size_t>(j)] = true;
         for (int64_t r = 0; r < p.rows; ++r) {
           const size_t e = static_cast<size_t>(r * p.cols + j);
           p.w[e] = p.master[e];
         }
+      }
     }
+    p.pending.erase(std::remove_if(p.pending.begin(), p.pending.end(),
+                                   [&](const std::pair<size_t, float>& pe) {
+                                     return entering[pe.first % static_cast<size_t>(p.cols)];
+                                   }),
+                    p.pending.end());
     p.on_device = next;
     return changed;
   }

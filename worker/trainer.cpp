@@ -533,7 +533,11 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
     save(step);
     if (!sum.last_checkpoint.empty()) log("stopped at step " + std::to_string(step) + "; checkpoint " + sum.last_checkpoint);
   } else {
+    // The last window's host step and its copy to the device: counted in the totals (not
+    // a training step of its own).
+    clock.begin_step();
     opt.finish();
+    clock.end_step();
     if (step > first) save(step);
   }
   sum.steps = step;

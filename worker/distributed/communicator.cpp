@@ -213,6 +213,7 @@ struct PendingOp {
   Clock::time_point start;
   std::mutex mu;
   bool done = false;
+  std::function<void()> after;  // run once the collective succeeded (copy-back of a wire buffer)
 };
 }  // namespace detail
 
@@ -320,6 +321,10 @@ struct Communicator::Impl {
     const double waited = seconds_since(t0);
     op.done = true;
     op.work.reset();
+    if (op.after) {
+      op.after();
+      op.after = nullptr;
+    }
     std::lock_guard<std::mutex> g(stats_mu);
     stats.by_kind[static_cast<int>(op.kind)].wait_seconds += waited;
     return waited;
@@ -755,7 +760,9 @@ CommWork Communicator::allreduce_sum_async(const at::Tensor& t, Traffic traffic)
   impl_->check_tensor(t, "allreduce");
   if (!t.is_contiguous()) throw std::invalid_argument("allreduce_sum_async: the tensor must be contiguous");
   auto& im = *impl_;
-  at::Tensor buf = t;
+  // Gloo (LibTorch 1.13) has no bf16 reductions: sum in fp32 and round once on the way back.
+  const bool widen = im.backend == "gloo" && t.scalar_type() == at::kBFloat16;
+  at::Tensor buf = widen ? t.to(at::kFloat) : t;
   CommWork w;
   w.op_ = im.launch(CollectiveKind::kAllreduce, nbytes(t), traffic, [&] {
     std::vector<at::Tensor> v{buf};
@@ -764,6 +771,7 @@ CommWork Communicator::allreduce_sum_async(const at::Tensor& t, Traffic traffic)
     o.timeout = im.info.timeout;
     return im.pg->allreduce(v, o);
   });
+  if (widen) w.op_->after = [t, buf]() mutable { t.copy_(buf); };
   return w;
 }
 
@@ -858,6 +866,8 @@ at::Tensor Communicator::reduce_scatter(const at::Tensor& flat_in, const std::ve
   auto& im = *impl_;
   im.check_tensor(flat_in, "reduce_scatter");
   if (flat_in.dim() != 1) throw std::invalid_argument("reduce_scatter: the buffer must be 1-D");
+  if (im.backend == "gloo" && flat_in.scalar_type() == at::kBFloat16)  // no bf16 in Gloo here
+    return reduce_scatter(flat_in.to(at::kFloat), shard_sizes, reduction, traffic, algo).to(at::kBFloat16);
   const int world = world_size();
   const int me = rank();
   check_shards("reduce_scatter", shard_sizes, world, flat_in.numel(), true);
@@ -914,6 +924,8 @@ at::Tensor Communicator::all_gather(const at::Tensor& shard_in, const std::vecto
                                     Traffic traffic) {
   auto& im = *impl_;
   im.check_tensor(shard_in, "all_gather");
+  if (im.backend == "gloo" && shard_in.scalar_type() == at::kBFloat16)  // no bf16 in Gloo here
+    return all_gather(shard_in.to(at::kFloat), shard_sizes, traffic).to(at::kBFloat16);
   const int world = world_size();
   const int me = rank();
   check_shards("all_gather", shard_sizes, world, 0, false);
@@ -955,6 +967,12 @@ at::Tensor Communicator::all_gather(const at::Tensor& shard_in, const std::vecto
 void Communicator::broadcast_(at::Tensor& t, int root, Traffic traffic) {
   auto& im = *impl_;
   im.check_tensor(t, "broadcast");
+  if (im.backend == "gloo" && t.scalar_type() == at::kBFloat16) {  // no bf16 in Gloo here
+    at::Tensor wide = t.to(at::kFloat);
+    broadcast_(wide, root, traffic);
+    t.copy_(wide);
+    return;
+  }
   if (root < 0 || root >= world_size()) {
     throw std::invalid_argument("broadcast: root " + std::to_string(root) + " is not a rank of " +
                                 std::to_string(world_size()));

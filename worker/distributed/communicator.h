@@ -30,6 +30,9 @@
 // _reduce_scatter_base over equal, zero-padded chunks. All-gather of variable shard
 // sizes pads every shard to the largest one (Gloo allgather / NCCL _allgather_base).
 //
+// bf16 on Gloo: LibTorch 1.13's Gloo has no bf16 reductions or moves, so bf16 buffers
+// travel as fp32 (sums then round once); NCCL takes bf16 natively.
+//
 // Byte counters (stats()): per collective kind and per traffic class (gradients,
 // selection scores, parameters, other), counting the logical size S of the collective's
 // whole buffer (allreduce: the buffer; reduce_scatter: the full input; all_gather: the

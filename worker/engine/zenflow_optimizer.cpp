@@ -104,6 +104,15 @@ struct DenseParam {
   double weight_decay = 0;
 };
 
+// Leaving columns of one matrix whose host slots the in-flight host step still writes
+// (it runs on the layout from before a re-selection): their state goes in once it is done.
+struct SlotFix {
+  size_t split_index = 0;
+  at::Tensor slots;     // CPU int64: positions in this rank's host arrays
+  at::Tensor state[3];  // CPU fp32 [out, n]: master, m, v
+  at::Tensor weights;   // CPU, the weights' dtype [out, n]: the columns' current weights
+};
+
 // The host step whose result has not yet been copied to the device.
 struct InFlight {
   std::shared_ptr<HostWork> work;  // null after a restore: the result is already in the master
@@ -161,6 +170,7 @@ struct ZenFlowOptimizer::Impl {
   int64_t epoch_at_selection = 0;
   int64_t reselections = 0;
   std::unique_ptr<InFlight> inflight;
+  std::vector<SlotFix> slot_fixes;  // for the in-flight step's layout change (see SlotFix)
   double last_lr = 0;
   HostBuffer scratch;        // re-pack buffer for migrations, sized for the largest matrix
   int64_t capacity_max = 0;  // largest matrix range this rank owns (elements)
@@ -609,9 +619,25 @@ struct ZenFlowOptimizer::Impl {
     if (!inflight) return;
     if (inflight->work) wait_for(StallCause::kHostOptimizer, inflight->work);
     const int buf = inflight->work ? inflight->buffer : -1;
+    apply_slot_fixes();
     inflight.reset();
     apply_host_result(buf);
     ++windows_applied;
+  }
+
+  // Writes the leaving columns' state into the host slots the finished in-flight step
+  // wrote garbage into (the entering columns' old slots), and their weights into its
+  // low-precision output, which the next H2D copies.
+  void apply_slot_fixes() {
+    const int buf = inflight && inflight->work ? inflight->buffer : -1;
+    const HostBuffer* host_state[3] = {&master, &m, &v};
+    for (auto& f : slot_fixes) {
+      SplitParam& sp = split[f.split_index];
+      for (int i = 0; i < 3; ++i) device_ops::scatter_columns(host_view(*host_state[i], sp), f.slots, f.state[i]);
+      if (buf >= 0 && split_dtype != at::kFloat)
+        device_ops::scatter_columns(own_view(param_out[buf], sp), f.slots, f.weights);
+    }
+    slot_fixes.clear();
   }
 
   void wait_accumulates() {
@@ -670,7 +696,12 @@ struct ZenFlowOptimizer::Impl {
   // Several ranks: a leaving column goes to the rank whose range holds it (the device
   // state is replicated, so that is a local copy); an entering column's state is
   // all-reduced from its owner (every other rank contributes zeros) to every rank.
-  void migrate(SplitParam& s, const std::vector<int64_t>& new_sel) {
+  // `enter_ready` ([3, out, n_entering] on the device: master, m, v): the entering
+  // columns' state, already brought up to date (enter_window_step) — not read from the
+  // host. `defer_host`: a host step on the old layout is in flight; leaving columns take
+  // their slots when it is done (SlotFix; requires slot-for-slot orders).
+  void migrate(SplitParam& s, const std::vector<int64_t>& new_sel, const at::Tensor& enter_ready = at::Tensor(),
+               bool defer_host = false) {
     h2d_done.wait();  // an H2D may still read the master we are about to rewrite
     using device_ops::gather_columns;
     using device_ops::scatter_columns;
@@ -715,7 +746,9 @@ struct ZenFlowOptimizer::Impl {
     // Entering columns: host state -> device (small H2D), read before the re-pack.
     at::Tensor enter_state[3];
     const HostBuffer* host_state[3] = {&master, &m, &v};
-    if (n_enter > 0) {
+    if (n_enter > 0 && enter_ready.defined()) {
+      for (int i = 0; i < 3; ++i) enter_state[i] = enter_ready[i];
+    } else if (n_enter > 0) {
       std::vector<int64_t> epos, eslot;  // for the entering columns this rank owns
       for (size_t e = 0; e < entering.size(); ++e) {
         if (host_pos[static_cast<size_t>(entering[e])] < 0) continue;
@@ -773,9 +806,19 @@ struct ZenFlowOptimizer::Impl {
         if (host_pos[static_cast<size_t>(new_own[q])] < 0) slots.push_back(static_cast<int64_t>(q));
       if (!slots.empty()) {
         const at::Tensor sidx = index_tensor(slots, at::kCPU);
-        for (int i = 0; i < 3; ++i) scatter_columns(host_view(*host_state[i], s), sidx, leave_state[i]);
+        if (defer_host) {
+          SlotFix f;
+          f.split_index = static_cast<size_t>(&s - split.data());
+          f.slots = sidx;
+          for (int i = 0; i < 3; ++i) f.state[i] = leave_state[i];
+          if (split_dtype != at::kFloat) f.weights = s.w2d.index_select(1, index_tensor(leaving_own, device)).to(at::kCPU).contiguous();
+          slot_fixes.push_back(std::move(f));
+        } else {
+          for (int i = 0; i < 3; ++i) scatter_columns(host_view(*host_state[i], s), sidx, leave_state[i]);
+        }
       }
     } else {
+      if (defer_host) throw std::logic_error("migrate: a re-pack while a host step is in flight");
       // Re-pack this rank's host arrays: [old packed | leaving] -> new packed, row by row.
       std::vector<int64_t> src;
       size_t l = 0;
@@ -803,6 +846,155 @@ struct ZenFlowOptimizer::Impl {
     s.unsel_cpu = new_unsel;
     s.sel = index_tensor(s.sel_cpu, device);
     assign_parts(s);
+  }
+
+  // A re-selection decided at a boundary: per matrix, the fresh top-k when it differs.
+  struct Reselection {
+    bool due = false;  // some matrix was due (resets the selection counters)
+    bool changed = false;
+    std::vector<std::vector<int64_t>> fresh;     // per matrix; empty when unchanged
+    std::vector<std::vector<int64_t>> entering;  // per matrix: fresh minus the current set
+    std::vector<at::Tensor> ready;               // per matrix: enter_window_step's result
+  };
+
+  Reselection plan_reselection(int64_t epoch) {
+    Reselection p;
+    p.fresh.resize(split.size());
+    p.entering.resize(split.size());
+    p.ready.resize(split.size());
+    const std::vector<bool> due = reselection_due(epoch);
+    for (size_t i = 0; i < split.size(); ++i) {
+      if (!due[i]) continue;
+      p.due = true;
+      std::vector<int64_t> fresh = top_k(split[i].score_acc, split[i].k);
+      if (fresh == split[i].sel_cpu) continue;
+      std::set_difference(fresh.begin(), fresh.end(), split[i].sel_cpu.begin(), split[i].sel_cpu.end(),
+                          std::back_inserter(p.entering[i]));
+      p.fresh[i] = std::move(fresh);
+      p.changed = true;
+    }
+    return p;
+  }
+
+  // Carries out a planned re-selection (null: planned now, with nothing in flight). With a
+  // host step in flight on the current layout: when every rank's moves are slot for slot
+  // (always with one rank) they leave it running (SlotFix); otherwise it is waited for and
+  // its low-precision output re-packed with the host arrays.
+  void reselect(int64_t epoch, StepReport& rep, Reselection* plan) {
+    Reselection local;
+    if (plan == nullptr) {
+      local = plan_reselection(epoch);
+      plan = &local;
+    }
+    if (!plan->due) return;
+    TimeSpan span = begin_span();
+    if (plan->changed) {
+      const bool in_flight = inflight && inflight->work;
+      bool slot_for_slot = true;
+      for (size_t i = 0; i < split.size() && slot_for_slot; ++i) {
+        if (plan->fresh[i].empty()) continue;
+        std::vector<int64_t> leaving;
+        std::set_difference(split[i].sel_cpu.begin(), split[i].sel_cpu.end(), plan->fresh[i].begin(),
+                            plan->fresh[i].end(), std::back_inserter(leaving));
+        for (int r = 0; r < world; ++r)
+          if (new_part_order(split[i], r, plan->entering[i], leaving).size() !=
+              split[i].parts[static_cast<size_t>(r)].cols.size())
+            slot_for_slot = false;
+      }
+      std::vector<std::vector<int64_t>> old_cols;
+      std::vector<int64_t> old_offset;
+      if (in_flight && !slot_for_slot) {
+        wait_for(StallCause::kHostOptimizer, inflight->work);
+        for (auto& sp : split) {
+          old_cols.push_back(sp.own().cols);
+          old_offset.push_back(sp.local_offset);
+        }
+      }
+      for (size_t i = 0; i < split.size(); ++i)
+        if (!plan->fresh[i].empty()) migrate(split[i], plan->fresh[i], plan->ready[i], in_flight && slot_for_slot);
+      relayout();
+      if (in_flight && !slot_for_slot && split_dtype != at::kFloat) repack_param_out(inflight->buffer, old_cols, old_offset);
+      ++reselections;
+    }
+    steps_since_selection = 0;
+    windows_since_selection = 0;
+    epoch_at_selection = epoch;
+    rep.reselected = plan->changed;
+    end_span(span, TimeKind::kDeviceOptimizer);
+  }
+
+  // This window's host step for the columns about to enter the device, run on the device
+  // (the same AdamW formula, bit for bit; the host updater's step count and learning
+  // rate) before the window is handed over: returns their updated [3, out, n_entering]
+  // master, m, v. Reads their pre-step state and window accumulator from the host (the
+  // window's accumulate jobs must be done) and their last gradient from the device: `g`
+  // with one rank, this rank's reduce-scattered `shard` with several (whose owners
+  // compute; the result is all-reduced).
+  at::Tensor enter_window_step(SplitParam& s, const std::vector<int64_t>& entering, const std::vector<at::Tensor>& g,
+                               const at::Tensor& shard, int64_t len, int parity, const AdamWCoeffs& c) {
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+    const int64_t n_enter = static_cast<int64_t>(entering.size());
+    at::Tensor all = at::zeros({3, s.out, n_enter}, f32);
+    std::vector<int64_t> host_pos(static_cast<size_t>(s.in), -1);
+    for (size_t q = 0; q < s.own().cols.size(); ++q) host_pos[static_cast<size_t>(s.own().cols[q])] = static_cast<int64_t>(q);
+    std::vector<int64_t> epos, eslot, ecols;
+    for (size_t e = 0; e < entering.size(); ++e) {
+      if (host_pos[static_cast<size_t>(entering[e])] < 0) continue;
+      epos.push_back(host_pos[static_cast<size_t>(entering[e])]);
+      eslot.push_back(static_cast<int64_t>(e));
+      ecols.push_back(entering[e]);
+    }
+    if (!epos.empty()) {
+      const int64_t n = static_cast<int64_t>(epos.size());
+      const at::Tensor pos_cpu = index_tensor(epos, at::kCPU);
+      auto from_host = [&](const HostBuffer& b) {
+        at::Tensor t = at::empty({s.out, n}, at::kFloat);
+        device_ops::gather_columns(host_view(b, s), pos_cpu, t);
+        return t.to(device);
+      };
+      at::Tensor w = from_host(master), mm = from_host(m), vv = from_host(v);
+      at::Tensor last = partitioned() ? own_view(shard, s).index_select(1, index_tensor(epos, device))
+                                      : g[s.index].view({s.out, s.in}).index_select(1, index_tensor(ecols, device));
+      at::Tensor grad = last.to(at::kFloat);
+      if (len > 1) grad = from_host(acc[parity]).add_(grad);  // (acc + last) * (1/len), as the host kernel
+      device_ops::dense_adamw(w, grad.contiguous(), at::Tensor(), mm, vv, c, 1.0f / static_cast<float>(len));
+      const at::Tensor slot_idx = index_tensor(eslot, device);
+      all[0].index_copy_(1, slot_idx, w);
+      all[1].index_copy_(1, slot_idx, mm);
+      all[2].index_copy_(1, slot_idx, vv);
+    }
+    if (partitioned()) coll->allreduce_sum_(all, CollectiveTraffic::kParameters);
+    return all;
+  }
+
+  // Re-pack of the in-flight step's low-precision output after a re-pack of the host
+  // arrays (several ranks, uneven moves): `old_cols` / `old_offset` per matrix describe its
+  // layout before; leaving columns get their current weights.
+  void repack_param_out(int buf, const std::vector<std::vector<int64_t>>& old_cols,
+                        const std::vector<int64_t>& old_offset) {
+    at::Tensor out = pack_out;  // free here: no apply is running
+    for (size_t i = 0; i < split.size(); ++i) {
+      SplitParam& sp = split[i];
+      const int64_t n_old = static_cast<int64_t>(old_cols[i].size());
+      const at::Tensor old_view = param_out[buf].narrow(0, old_offset[i], n_old * sp.out).view({sp.out, n_old});
+      std::vector<int64_t> pos(static_cast<size_t>(sp.in), -1);
+      for (size_t q = 0; q < old_cols[i].size(); ++q) pos[static_cast<size_t>(old_cols[i][q])] = static_cast<int64_t>(q);
+      std::vector<int64_t> src, leaving;
+      for (int64_t c : sp.own().cols) {
+        if (pos[static_cast<size_t>(c)] >= 0) {
+          src.push_back(pos[static_cast<size_t>(c)]);
+        } else {
+          src.push_back(n_old + static_cast<int64_t>(leaving.size()));
+          leaving.push_back(c);
+        }
+      }
+      if (src.empty()) continue;
+      at::Tensor combined = old_view;
+      if (!leaving.empty())
+        combined = at::cat({old_view, sp.w2d.index_select(1, index_tensor(leaving, device)).to(at::kCPU)}, 1);
+      device_ops::gather_columns(combined.contiguous(), index_tensor(src, at::kCPU), own_view(out, sp));
+    }
+    param_out[buf].narrow(0, 0, own_total).copy_(out.narrow(0, 0, own_total));
   }
 
   // `step_scores`: this step's all-reduced scores of all matrices (several ranks);
@@ -1025,42 +1217,35 @@ struct ZenFlowOptimizer::Impl {
         h2d.wait();
       };
     };
-    if (opt.overlap_step) {
-      complete_inflight();  // window k-1: waits (stall host_optimizer), then H2D
-      job.before = before();
-      inflight.reset(new InFlight{host->submit(std::move(job)), parity});
-    } else {
+    ++window;
+    ++windows_since_selection;
+    window_pos = 0;
+    if (!opt.overlap_step) {
       job.before = before();
       auto work = host->submit(std::move(job));
       wait_for(StallCause::kHostOptimizer, work);
       apply_host_result(parity);
       ++windows_applied;
-    }
-    ++window;
-    ++windows_since_selection;
-    window_pos = 0;
-
-    std::vector<bool> due = reselection_due(ctx.epoch);
-    if (std::any_of(due.begin(), due.end(), [](bool b) { return b; })) {
-      // Re-selection drains the pipeline first (§4).
-      complete_inflight();
-      TimeSpan sel_span = begin_span();  // top-k and moving the columns that change owner
-      bool changed = false;
-      for (size_t i = 0; i < split.size(); ++i) {
-        if (!due[i]) continue;
-        std::vector<int64_t> fresh = top_k(split[i].score_acc, split[i].k);
-        if (fresh != split[i].sel_cpu) {
-          migrate(split[i], fresh);
-          changed = true;
-        }
+      reselect(ctx.epoch, rep, nullptr);
+    } else {
+      complete_inflight();  // window k-1: waits (stall host_optimizer), then H2D
+      // Re-selection (§4: after waiting for the in-flight host step) is decided before
+      // window k is handed over; the columns that enter the device get this window's host
+      // step on the device now, the others keep their slots, and window k runs on the host
+      // during window k+1 like any other — no pipeline drain.
+      Reselection plan = plan_reselection(ctx.epoch);
+      if (plan.changed) {
+        for (auto& w : window_accs) wait_for(StallCause::kHostOptimizer, w);
+        TimeSpan span = begin_span();
+        for (size_t i = 0; i < split.size(); ++i)
+          if (!plan.entering[i].empty())
+            plan.ready[i] = enter_window_step(split[i], plan.entering[i], g, synced.shard, len, parity,
+                                              coeffs(ctx.lr, split[i].weight_decay, host_step));
+        end_span(span, TimeKind::kDeviceOptimizer);
       }
-      relayout();
-      steps_since_selection = 0;
-      windows_since_selection = 0;
-      epoch_at_selection = ctx.epoch;
-      if (changed) ++reselections;
-      rep.reselected = changed;
-      end_span(sel_span, TimeKind::kDeviceOptimizer);
+      job.before = before();
+      inflight.reset(new InFlight{host->submit(std::move(job)), parity});
+      reselect(ctx.epoch, rep, &plan);
     }
     for (auto& s : split) s.score_acc.zero_();
     return rep;
@@ -1097,6 +1282,7 @@ std::vector<std::pair<std::string, at::Tensor>> ZenFlowOptimizer::state_dict() {
   Impl& i = *impl_;
   i.wait_accumulates();
   if (i.inflight && i.inflight->work) i.wait_for(StallCause::kCheckpoint, i.inflight->work);
+  i.apply_slot_fixes();  // the host arrays must hold the leaving columns' state
   std::vector<std::pair<std::string, at::Tensor>> out;
   const int64_t scalars[kNumScalars] = {i.t, i.skipped, i.device_step, i.host_step, i.selected ? 1 : 0,
                                         i.window, i.window_pos, i.windows_applied, i.max_staleness,
@@ -1145,6 +1331,7 @@ void ZenFlowOptimizer::load_state_shards(
   i.wait_accumulates();
   if (i.inflight && i.inflight->work) i.inflight->work->wait();
   i.inflight.reset();
+  i.slot_fixes.clear();
   i.h2d_done.wait();
   std::vector<std::map<std::string, at::Tensor>> maps;
   for (const auto& sh : shards) maps.emplace_back(sh.begin(), sh.end());

@@ -17,9 +17,13 @@
 //  - The first selection happens on the first step after warm-up, before that step's
 //    update, from that step's gradient. Later re-selections are decided at window
 //    boundaries from the window's summed column scores and take effect from the next step.
-//  - Re-selection drains the pipeline: the in-flight host step and the one just handed
-//    over are completed and applied before columns change owner (master, m, v move with
-//    the column; nothing is zeroed).
+//  - Re-selection happens at a boundary after the in-flight host step (window k-1) was
+//    waited for and applied, before window k is handed over; nothing is drained. Columns
+//    entering the device first get window k's host step (computed on the device, same
+//    formula and step count); columns leaving it take the entering ones' host slots and
+//    get their first host step at the next boundary; every other host column keeps its
+//    slot and gets window k's step one window later, as at any boundary. Master, m, v move
+//    with the column; nothing is zeroed. A re-selection costs O(changed columns).
 //  - select_interval 0 ("auto"): every 10 windows for kStep, every epoch for kEpoch.
 //  - finish() closes a still-open window with the mean of its steps so far.
 //  - Host-owned columns are stored packed row-major ([out, n_host] per matrix); every
