@@ -98,8 +98,10 @@ nlohmann::json mode_json(const RunSummary& s) {
   nlohmann::json j = summary_json(s);
   j.erase("losses");
   const double n = static_cast<double>(std::max<size_t>(1, s.step_seconds.size()));
-  j["transfer_bytes_per_step"] = {{"d2h", static_cast<double>(s.totals.transfer_bytes[0]) / n},
-                                  {"h2d", static_cast<double>(s.totals.transfer_bytes[1]) / n}};
+  // Per training step: the end-of-run flush of the last window is not a step.
+  j["transfer_bytes_per_step"] = {
+      {"d2h", static_cast<double>(s.totals.transfer_bytes[0] - s.finish_times.transfer_bytes[0]) / n},
+      {"h2d", static_cast<double>(s.totals.transfer_bytes[1] - s.finish_times.transfer_bytes[1]) / n}};
   double stall = 0;
   for (double x : s.totals.stall_seconds) stall += x;
   j["stall_fraction"] = s.totals.wall_seconds > 0 ? stall / s.totals.wall_seconds : 0;
@@ -186,7 +188,10 @@ int run_bench(const BenchArgs& a) {
     const double model_bytes = static_cast<double>(s.split_params) * (s.device == "cpu" ? 4.0 : 2.0);
     if (model_bytes > 0)
       cmp["transfer_per_step_over_model_size"][mode] =
-          (static_cast<double>(s.totals.transfer_bytes[0] + s.totals.transfer_bytes[1]) / n) / model_bytes;
+          (static_cast<double>(s.totals.transfer_bytes[0] + s.totals.transfer_bytes[1] -
+                               s.finish_times.transfer_bytes[0] - s.finish_times.transfer_bytes[1]) /
+           n) /
+          model_bytes;
     cmp["final_loss"][mode] = s.final_loss;
     if (s.val_loss >= 0) cmp["val_loss"][mode] = s.val_loss;
   }

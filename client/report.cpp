@@ -85,8 +85,9 @@ void print_summary_table(std::ostream& out, const JobSpec& spec, const RunSummar
   }
   const int64_t steps = static_cast<int64_t>(s.step_seconds.size());
   if (steps > 0) {
-    row("bytes / step d2h, h2d", std::to_string(t.transfer_bytes[0] / steps) + ", " +
-                                     std::to_string(t.transfer_bytes[1] / steps));
+    const auto& f = s.finish_times.transfer_bytes;  // the end-of-run flush is not a step
+    row("bytes / step d2h, h2d", std::to_string((t.transfer_bytes[0] - f[0]) / steps) + ", " +
+                                     std::to_string((t.transfer_bytes[1] - f[1]) / steps));
   }
   if (s.host_state_bytes > 0)
     row(s.world_size > 1 ? "host state / rank" : "host state", fmt(static_cast<double>(s.host_state_bytes) / 1048576.0, 1) + " MiB");

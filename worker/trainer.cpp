@@ -537,7 +537,7 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
     // a training step of its own).
     clock.begin_step();
     opt.finish();
-    clock.end_step();
+    sum.finish_times = clock.end_step();
     if (step > first) save(step);
   }
   sum.steps = step;
