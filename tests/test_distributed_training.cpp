@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/remove_tree.h"
+#include "tests/support/ranks.h"
 #include "tests/support/shell.h"
 #include "worker/model/safetensors.h"
 
@@ -67,6 +68,7 @@ struct Case {
 class TwoRanksEqualOneRankOfDoubleBatch : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TwoRanksEqualOneRankOfDoubleBatch, ParametersAgreeAfterTenSteps) {
+  REQUIRE_GLOO();  // ranks on the CPU talk through Gloo
   const Case c = GetParam();
   const fs::path dir = fs::temp_directory_path() / ("zenflow-dp-" + std::string(c.name) + "-" + std::to_string(::getpid()));
   zenflow::remove_tree(dir);
@@ -100,6 +102,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Kill one rank of a running `zenflow run --nproc 2`: the job fails fast, naming the rank.
 TEST(DistributedTraining, KilledRankFailsTheJobNamingIt) {
+  REQUIRE_GLOO();  // ranks on the CPU talk through Gloo
   const fs::path dir = fs::temp_directory_path() / ("zenflow-dp-kill-" + std::to_string(::getpid()));
   zenflow::remove_tree(dir);
   fs::create_directories(dir);
@@ -151,6 +154,7 @@ TEST(DistributedTraining, KilledRankFailsTheJobNamingIt) {
 // is not the 1-rank run exactly; the ranks must stay bit-identical (the run's weight
 // fingerprints agree) and the loss must track the 1-rank run within 1% at every step.
 TEST(DistributedTraining, ZenFlowWithOverlapKeepsRanksIdenticalAndTracksOneRank) {
+  REQUIRE_GLOO();  // ranks on the CPU talk through Gloo
   const fs::path dir = fs::temp_directory_path() / ("zenflow-dp-u4-" + std::to_string(::getpid()));
   zenflow::remove_tree(dir);
   fs::create_directories(dir);
@@ -186,6 +190,7 @@ TEST(DistributedTraining, ZenFlowWithOverlapKeepsRanksIdenticalAndTracksOneRank)
 // is re-sharded and training continues as the 2 ranks continue from the same checkpoint,
 // within 1% at every step (they differ only in how selection scores are reduced).
 TEST(DistributedTraining, TwoRankCheckpointResumesOnOneRank) {
+  REQUIRE_GLOO();  // ranks on the CPU talk through Gloo
   const fs::path dir = fs::temp_directory_path() / ("zenflow-dp-reshard-" + std::to_string(::getpid()));
   zenflow::remove_tree(dir);
   fs::create_directories(dir);
@@ -226,6 +231,7 @@ TEST(DistributedTraining, TwoRankCheckpointResumesOnOneRank) {
 // Resuming 2 ranks from a periodic 2-rank checkpoint (taken mid-window, a host step in
 // flight) reproduces the uninterrupted run exactly, step by step.
 TEST(DistributedTraining, SameWorldResumeIsExact) {
+  REQUIRE_GLOO();  // ranks on the CPU talk through Gloo
   const fs::path dir = fs::temp_directory_path() / ("zenflow-dp-resume-" + std::to_string(::getpid()));
   zenflow::remove_tree(dir);
   fs::create_directories(dir);
@@ -258,6 +264,7 @@ TEST(DistributedTraining, SameWorldResumeIsExact) {
 
 // Without --nproc, resources.gpus_per_worker ranks start on this machine.
 TEST(DistributedTraining, GpusPerWorkerChoosesTheRankCount) {
+  REQUIRE_GLOO();  // ranks on the CPU talk through Gloo
   const fs::path dir = fs::temp_directory_path() / ("zenflow-dp-gpw-" + std::to_string(::getpid()));
   zenflow::remove_tree(dir);
   fs::create_directories(dir);
