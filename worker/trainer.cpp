@@ -38,15 +38,20 @@ namespace {
 using engine::StallCause;
 using engine::Stopwatch;
 
-// On CUDA, the local rank's GPU (ZENFLOW_LOCAL_RANK, set by the launcher and the worker
-// agents; wrapped around the visible devices).
+// On CUDA, the local rank's GPU (ZENFLOW_LOCAL_RANK of ZENFLOW_LOCAL_WORLD_SIZE, set by the
+// launcher and the worker agents): one rank per visible GPU.
 at::Device pick_device(const std::string& wanted) {
   const bool cuda = at::hasCUDA();
   if (wanted == "cuda" && !cuda)
     throw std::invalid_argument("train.device: cuda requested but no CUDA device is available");
   if ((wanted == "cuda" || wanted == "auto") && cuda) {
     const char* local = std::getenv("ZENFLOW_LOCAL_RANK");
+    const char* local_world = std::getenv("ZENFLOW_LOCAL_WORLD_SIZE");
     const int n = std::max<int>(1, static_cast<int>(at::getNumGPUs()));
+    if (local_world && std::atoi(local_world) > n)  // NCCL cannot put two ranks on one GPU
+      throw std::invalid_argument(std::string(local_world) + " ranks on this machine but " + std::to_string(n) +
+                                  " CUDA device(s) visible: use --nproc " + std::to_string(n) +
+                                  " or train.device: cpu");
     const int index = local ? std::atoi(local) % n : 0;
     return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
   }
