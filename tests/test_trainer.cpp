@@ -70,6 +70,12 @@ TEST(Trainer, ResumeAfterInterruptGivesTheSameLossesStepByStep) {
   auto cks = list_checkpoints(spec.checkpoint.dir);
   ASSERT_EQ(cks.size(), 2u);  // step 5 (periodic) and step 7 (interrupt)
   EXPECT_EQ(cks.back().first, 7);
+  // Checkpoint time is accounted: the periodic one (step 5) in its step, the interrupt one
+  // in the end of the run; a run without checkpoints shows none.
+  const int ck = static_cast<int>(zenflow::engine::StallCause::kCheckpoint);
+  EXPECT_GT(b1.totals.stall_seconds[ck] - b1.finish_times.stall_seconds[ck], 0.0);
+  EXPECT_GT(b1.finish_times.stall_seconds[ck], 0.0);
+  EXPECT_EQ(a.totals.stall_seconds[ck], 0.0);
 
   RunSummary b2 = run_training(spec, quiet());
   EXPECT_EQ(b2.start_step, 7);

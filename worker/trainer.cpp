@@ -500,10 +500,14 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
     ctx.lr = lr;
     ctx.epoch = epoch;
     opt.step(ctx);
-    const engine::StepTimes& times = clock.end_step();
-    ++step;
     const double loss = loss_sum / static_cast<double>(spec.train.grad_accum);
     history.push_back(loss);
+    // A periodic checkpoint belongs to its step: its time is that step's `checkpoint` stall.
+    if (spec.checkpoint.every_steps > 0 && (step + 1) % spec.checkpoint.every_steps == 0 &&
+        step + 1 < spec.train.steps)
+      save(step + 1);
+    const engine::StepTimes& times = clock.end_step();
+    ++step;
     sum.losses.push_back(loss);
     sum.step_seconds.push_back(times.wall_seconds);
     tokens_window = 0.8 * tokens_window + static_cast<double>(tokens);
@@ -527,24 +531,22 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
       const double v = evaluate(*lm, val_ds, spec.train.micro_batch, spec.train.eval_batches, device);
       log("step " + std::to_string(step) + " val_loss " + std::to_string(v) + " perplexity " + std::to_string(std::exp(v)));
     }
-    if (spec.checkpoint.every_steps > 0 && step % spec.checkpoint.every_steps == 0 && step < spec.train.steps)
-      save(step);
     if (options.stop_after_steps > 0 && step - first >= options.stop_after_steps) {
       sum.interrupted = true;
       break;
     }
   }
+  // The end of the run — the last window's host step and its copy to the device, the final
+  // checkpoint — counts in the totals, not as a training step of its own.
+  clock.begin_step();
   if (sum.interrupted) {
     save(step);
     if (!sum.last_checkpoint.empty()) log("stopped at step " + std::to_string(step) + "; checkpoint " + sum.last_checkpoint);
   } else {
-    // The last window's host step and its copy to the device: counted in the totals (not
-    // a training step of its own).
-    clock.begin_step();
     opt.finish();
-    sum.finish_times = clock.end_step();
     if (step > first) save(step);
   }
+  sum.finish_times = clock.end_step();
   sum.steps = step;
   if (options.final_weights) {
     options.final_weights->clear();

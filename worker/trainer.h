@@ -66,7 +66,7 @@ struct RunSummary {
   double step_seconds_median = 0;
   double step_seconds_p90 = 0;
   engine::StepTimes totals;       // compute, device optimizer, stalls, bytes (this process)
-  engine::StepTimes finish_times; // of those, the end-of-run flush of the last window
+  engine::StepTimes finish_times; // of those, the end of the run: last window's flush, final checkpoint
   double wall_seconds = 0;
   int64_t host_state_bytes = 0;  // this rank's host optimizer state (1/W of it with W ranks)
   int64_t host_threads = 0;
