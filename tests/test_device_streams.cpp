@@ -202,6 +202,22 @@ TEST(StallClock, DeferredDurationsResolveOnceAtTheEndOfTheStep) {
   EXPECT_DOUBLE_EQ(clock.totals().compute_seconds, 2.0);
 }
 
+// On the CPU a ClockSpan adds its wall-clock time, or the seconds it is given; no clock, nothing.
+TEST(StallClock, ClockSpanOnTheCpu) {
+  StallClock clock;
+  clock.begin_step();
+  ClockSpan given(&clock, at::Device(at::kCPU));
+  given.end(TimeKind::kStall, StallCause::kAllreduce, 0.375);
+  ClockSpan timed(&clock, at::Device(at::kCPU));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  timed.end(TimeKind::kDeviceOptimizer);
+  ClockSpan(nullptr, at::Device(at::kCPU)).end(TimeKind::kCompute);
+  const StepTimes t = clock.end_step();
+  EXPECT_DOUBLE_EQ(t.stall_seconds[static_cast<int>(StallCause::kAllreduce)], 0.375);
+  EXPECT_GE(t.device_optimizer_seconds, 0.015);
+  EXPECT_EQ(t.compute_seconds, 0.0);
+}
+
 #ifndef ZENFLOW_WITH_CUDA_OPS
 TEST(DeviceStreamsWithoutCuda, CudaDeviceIsALogicError) {
   EXPECT_FALSE(DeviceStreams::cuda_available());

@@ -218,6 +218,30 @@ TEST(DistributedChild, Role) {
 
 // ---- rank info ------------------------------------------------------------------------
 
+TEST(RankInfo, LocalPlacementParsesAndValidatesEnvironment) {
+  std::map<std::string, std::string> env;
+  auto lookup = [&](const char* n) -> const char* {
+    auto it = env.find(n);
+    return it == env.end() ? nullptr : it->second.c_str();
+  };
+  zd::LocalPlacement p = zd::local_placement_from_lookup(lookup);  // unset: rank 0 of 1
+  EXPECT_EQ(p.rank, 0);
+  EXPECT_EQ(p.world_size, 1);
+  env = {{"ZENFLOW_LOCAL_RANK", "2"}, {"ZENFLOW_LOCAL_WORLD_SIZE", "4"}};
+  p = zd::local_placement_from_lookup(lookup);
+  EXPECT_EQ(p.rank, 2);
+  EXPECT_EQ(p.world_size, 4);
+  env["ZENFLOW_LOCAL_RANK"] = "4";
+  EXPECT_THROW(zd::local_placement_from_lookup(lookup), std::invalid_argument);
+  env["ZENFLOW_LOCAL_RANK"] = "x";
+  try {
+    zd::local_placement_from_lookup(lookup);
+    FAIL() << "a malformed local rank must be rejected";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("ZENFLOW_LOCAL_RANK"), std::string::npos) << e.what();
+  }
+}
+
 TEST(RankInfo, ParsesAndValidatesEnvironment) {
   std::map<std::string, std::string> env{{"ZENFLOW_RANK", "1"},
                                          {"ZENFLOW_WORLD_SIZE", "4"},

@@ -13,7 +13,6 @@
 #include <filesystem>
 #include <fstream>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <thread>
@@ -38,22 +37,18 @@ namespace {
 using engine::StallCause;
 using engine::Stopwatch;
 
-// On CUDA, the local rank's GPU (ZENFLOW_LOCAL_RANK of ZENFLOW_LOCAL_WORLD_SIZE, set by the
-// launcher and the worker agents): one rank per visible GPU.
-at::Device pick_device(const std::string& wanted) {
+// On CUDA, the local rank's GPU: one rank per visible GPU.
+at::Device pick_device(const std::string& wanted, const distributed::LocalPlacement& local) {
   const bool cuda = at::hasCUDA();
   if (wanted == "cuda" && !cuda)
     throw std::invalid_argument("train.device: cuda requested but no CUDA device is available");
   if ((wanted == "cuda" || wanted == "auto") && cuda) {
-    const char* local = std::getenv("ZENFLOW_LOCAL_RANK");
-    const char* local_world = std::getenv("ZENFLOW_LOCAL_WORLD_SIZE");
     const int n = std::max<int>(1, static_cast<int>(at::getNumGPUs()));
-    if (local_world && std::atoi(local_world) > n)  // NCCL cannot put two ranks on one GPU
-      throw std::invalid_argument(std::string(local_world) + " ranks on this machine but " + std::to_string(n) +
-                                  " CUDA device(s) visible: use --nproc " + std::to_string(n) +
+    if (local.world_size > n)  // NCCL cannot put two ranks on one GPU
+      throw std::invalid_argument(std::to_string(local.world_size) + " ranks on this machine but " +
+                                  std::to_string(n) + " CUDA device(s) visible: use --nproc " + std::to_string(n) +
                                   " or train.device: cpu");
-    const int index = local ? std::atoi(local) % n : 0;
-    return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+    return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local.rank));
   }
   return at::Device(at::kCPU);
 }
@@ -96,16 +91,13 @@ struct CorePlan {
   std::vector<int> compute;
 };
 
-// Ranks started on one machine (ZENFLOW_LOCAL_RANK of ZENFLOW_LOCAL_WORLD_SIZE) take
-// disjoint contiguous slices of its cores, so their compute and host threads never meet.
-CorePlan plan_cores(const JobSpec& spec, bool needs_host) {
+// Ranks started on one machine take disjoint contiguous slices of its cores, so their
+// compute and host threads never meet.
+CorePlan plan_cores(const JobSpec& spec, bool needs_host, const distributed::LocalPlacement& local) {
   std::vector<int> cores = engine::available_cores();
   if (cores.empty()) cores.push_back(0);
-  const char* lr = std::getenv("ZENFLOW_LOCAL_RANK");
-  const char* lw = std::getenv("ZENFLOW_LOCAL_WORLD_SIZE");
-  const int local_world = lw ? std::atoi(lw) : 1, local_rank = lr ? std::atoi(lr) : 0;
-  if (local_world > 1 && local_rank >= 0 && local_rank < local_world) {
-    const size_t n = cores.size(), w = static_cast<size_t>(local_world), r = static_cast<size_t>(local_rank);
+  if (local.world_size > 1) {
+    const size_t n = cores.size(), w = static_cast<size_t>(local.world_size), r = static_cast<size_t>(local.rank);
     if (n >= w)
       cores = std::vector<int>(cores.begin() + static_cast<long>(r * n / w), cores.begin() + static_cast<long>((r + 1) * n / w));
     else
@@ -240,7 +232,8 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
   Stopwatch wall;
   keep_freed_host_memory();
   RunSummary sum;
-  const at::Device device = pick_device(spec.train.device);
+  const distributed::LocalPlacement local = distributed::local_placement_from_env();
+  const at::Device device = pick_device(spec.train.device, local);
   const at::ScalarType dtype = pick_dtype(spec.train.dtype, device);
   sum.device = device.str();
   const bool use_autocast = device.is_cuda() && spec.train.autocast != "none";
@@ -248,7 +241,7 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
   sum.mode = spec.optimizer.mode;
 
   const bool needs_host = spec.optimizer.mode != "device";
-  CorePlan cores = plan_cores(spec, needs_host);
+  CorePlan cores = plan_cores(spec, needs_host, local);
   const int64_t compute_threads =
       spec.train.compute_threads > 0 ? spec.train.compute_threads : static_cast<int64_t>(cores.compute.size());
   pin_current_thread(cores.compute);
@@ -445,43 +438,23 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
       at::Tensor ids = batch.input_ids.to(device);
       at::Tensor targets = batch.targets.to(device);
       clock.add_stall(StallCause::kData, data_sw.seconds());
-      // Compute time: on CUDA what the compute stream spent on forward and backward (CUDA
-      // events, resolved at the step's end); on the CPU the wall clock.
-      std::shared_ptr<engine::ComputeTimer> compute_events;
-      if (device.is_cuda()) {
-        compute_events = std::make_shared<engine::ComputeTimer>(device);
-        compute_events->start();
-      }
-      Stopwatch compute_sw;
+      // Compute time: on CUDA what the compute stream spent on forward and backward.
+      engine::ClockSpan compute(&clock, device);
       at::Tensor loss;
       {
         CudaAutocast autocast(use_autocast, autocast_dtype);
         loss = model::causal_lm_loss(lm->forward(ids), targets);
       }
       (loss / static_cast<double>(spec.train.grad_accum)).backward();
-      if (compute_events) {
-        compute_events->stop();
-        clock.add_deferred(engine::TimeKind::kCompute, StallCause::kData,
-                           [compute_events] { return compute_events->seconds(); });
-      }
+      compute.end(engine::TimeKind::kCompute);
       loss_sum += loss.item<double>();
       tokens += batch.tokens;
-      if (!compute_events) clock.add_compute(compute_sw.seconds());
     }
     if (reducer) {
-      // On NCCL the wait is the compute stream's, not the host's: measure it with events.
-      std::shared_ptr<engine::ComputeTimer> events;
-      if (device.is_cuda()) {
-        events = std::make_shared<engine::ComputeTimer>(device);
-        events->start();
-      }
+      // On NCCL the wait is the compute stream's, not the host's (ClockSpan's events).
+      engine::ClockSpan wait(&clock, device);
       const distributed::ReduceReport r = reducer->finish();
-      if (events) {
-        events->stop();
-        clock.add_deferred(engine::TimeKind::kStall, StallCause::kAllreduce, [events] { return events->seconds(); });
-      } else {
-        clock.add_stall(StallCause::kAllreduce, r.wait_seconds);
-      }
+      wait.end(engine::TimeKind::kStall, StallCause::kAllreduce, r.wait_seconds);
     }
     if (comm) {
       // The reported loss and tokens are the global batch's, identical on every rank.

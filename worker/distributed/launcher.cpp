@@ -41,7 +41,7 @@ std::string describe(const RankExit& e) {
 bool is_rank_variable(const char* entry) {
   static const char* const names[] = {
       kEnvRank,    kEnvWorldSize,     kEnvMasterAddr,       kEnvMasterPort,
-      kEnvTimeout, kEnvStoreExternal, "ZENFLOW_LOCAL_RANK", "ZENFLOW_LOCAL_WORLD_SIZE"};
+      kEnvTimeout, kEnvStoreExternal, kEnvLocalRank, kEnvLocalWorldSize};
   for (const char* n : names) {
     const size_t len = std::strlen(n);
     if (std::strncmp(entry, n, len) == 0 && entry[len] == '=') return true;
@@ -171,7 +171,7 @@ LaunchResult launch_local_ranks_detailed(int nproc, const std::vector<std::strin
   base_env.push_back(std::string(kEnvWorldSize) + "=" + std::to_string(nproc));
   base_env.push_back(std::string(kEnvMasterAddr) + "=" + options.master_addr);
   base_env.push_back(std::string(kEnvMasterPort) + "=" + std::to_string(port));
-  base_env.push_back("ZENFLOW_LOCAL_WORLD_SIZE=" + std::to_string(nproc));
+  base_env.push_back(std::string(kEnvLocalWorldSize) + "=" + std::to_string(nproc));
   base_env.push_back(std::string(kEnvStoreExternal) + "=" + (options.host_store ? "1" : "0"));
   if (options.timeout.count() > 0) {
     char buf[32];
@@ -184,7 +184,7 @@ LaunchResult launch_local_ranks_detailed(int nproc, const std::vector<std::strin
   std::vector<std::vector<char*>> envps(nproc);
   for (int r = 0; r < nproc; ++r) {
     envs[r].push_back(std::string(kEnvRank) + "=" + std::to_string(r));
-    envs[r].push_back("ZENFLOW_LOCAL_RANK=" + std::to_string(r));
+    envs[r].push_back(std::string(kEnvLocalRank) + "=" + std::to_string(r));
     for (auto& s : envs[r]) envps[r].push_back(s.data());
     envps[r].push_back(nullptr);
   }

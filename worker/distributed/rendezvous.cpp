@@ -148,4 +148,20 @@ RankInfo rank_info_from_env() {
   return rank_info_from_lookup([](const char* name) { return std::getenv(name); });
 }
 
+LocalPlacement local_placement_from_env() {
+  return local_placement_from_lookup([](const char* name) { return std::getenv(name); });
+}
+
+LocalPlacement local_placement_from_lookup(const std::function<const char*(const char*)>& lookup) {
+  LocalPlacement p;
+  const char* rank = lookup(kEnvLocalRank);
+  const char* world = lookup(kEnvLocalWorldSize);
+  if (world != nullptr && *world != '\0') p.world_size = static_cast<int>(parse_integer(kEnvLocalWorldSize, world));
+  if (rank != nullptr && *rank != '\0') p.rank = static_cast<int>(parse_integer(kEnvLocalRank, rank));
+  if (p.world_size < 1 || p.rank < 0 || p.rank >= p.world_size)
+    throw std::invalid_argument(std::string(kEnvLocalRank) + "=" + std::to_string(p.rank) + " is not a rank of " +
+                                kEnvLocalWorldSize + "=" + std::to_string(p.world_size));
+  return p;
+}
+
 }  // namespace zenflow::distributed

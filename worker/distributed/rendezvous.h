@@ -38,6 +38,8 @@ inline constexpr const char* kEnvMasterPort = "ZENFLOW_MASTER_PORT";
 inline constexpr const char* kEnvTimeout = "ZENFLOW_DIST_TIMEOUT_S";
 inline constexpr const char* kEnvLocalAddr = "ZENFLOW_LOCAL_ADDR";
 inline constexpr const char* kEnvStoreExternal = "ZENFLOW_STORE_EXTERNAL";
+inline constexpr const char* kEnvLocalRank = "ZENFLOW_LOCAL_RANK";
+inline constexpr const char* kEnvLocalWorldSize = "ZENFLOW_LOCAL_WORLD_SIZE";
 inline constexpr std::chrono::milliseconds kDefaultDistTimeout{300'000};
 
 struct RankInfo {
@@ -87,5 +89,16 @@ class StoreServer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// This process's place among the ranks started on its machine (ZENFLOW_LOCAL_RANK of
+// ZENFLOW_LOCAL_WORLD_SIZE, set by the local launcher and the worker agents): it picks the
+// GPU and the slice of the machine's cores. Rank 0 of 1 when unset; std::invalid_argument
+// naming the variable when malformed.
+struct LocalPlacement {
+  int rank = 0;
+  int world_size = 1;
+};
+LocalPlacement local_placement_from_lookup(const std::function<const char*(const char*)>& lookup);
+LocalPlacement local_placement_from_env();
 
 }  // namespace zenflow::distributed

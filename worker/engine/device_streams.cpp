@@ -315,4 +315,26 @@ double ComputeTimer::seconds() {
 
 #endif  // ZENFLOW_WITH_CUDA_OPS
 
+ClockSpan::ClockSpan(StallClock* clock, at::Device device) : clock_(clock) {
+  if (clock_ != nullptr && device.is_cuda()) {
+    events_ = std::make_shared<ComputeTimer>(device);
+    events_->start();
+  }
+}
+
+void ClockSpan::end(TimeKind kind, StallCause cause, double cpu_seconds) {
+  if (clock_ == nullptr) return;
+  if (events_) {
+    events_->stop();
+    clock_->add_deferred(kind, cause, [events = events_] { return events->seconds(); });
+    return;
+  }
+  const double s = cpu_seconds >= 0 ? cpu_seconds : wall_.seconds();
+  switch (kind) {
+    case TimeKind::kCompute: clock_->add_compute(s); break;
+    case TimeKind::kDeviceOptimizer: clock_->add_device_optimizer(s); break;
+    case TimeKind::kStall: clock_->add_stall(cause, s); break;
+  }
+}
+
 }  // namespace zenflow::engine

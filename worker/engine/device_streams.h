@@ -25,6 +25,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "worker/engine/stall_clock.h"
+
 namespace zenflow::engine {
 
 struct CudaEventHandle;  // a CUDA event; defined in device_streams.cpp
@@ -132,6 +134,22 @@ class ComputeTimer {
   std::chrono::steady_clock::time_point wall_stop_;
   bool started_ = false;
   bool stopped_ = false;
+};
+
+// A region of the training step timed for a StallClock as the compute stream saw it
+// (stall_clock.h): on CUDA with ComputeTimer events, added as a deferred value that the
+// step's end resolves; on the CPU with the wall clock. A null clock makes it a no-op.
+class ClockSpan {
+ public:
+  ClockSpan(StallClock* clock, at::Device device);
+  // Ends the region; its time counts as `kind` (`cause` for stalls). On the CPU,
+  // cpu_seconds >= 0 replaces the wall-clock time (e.g. the time a wait really blocked).
+  void end(TimeKind kind, StallCause cause = StallCause::kHostOptimizer, double cpu_seconds = -1);
+
+ private:
+  StallClock* clock_;
+  std::shared_ptr<ComputeTimer> events_;  // CUDA only
+  Stopwatch wall_;
 };
 
 }  // namespace zenflow::engine

@@ -66,7 +66,7 @@ GradRef grad_ref(const at::Tensor& t, int64_t offset) {
 
 // The host-owned columns of one matrix that one rank's host updater holds.
 struct Part {
-  std::vector<int64_t> cols;  // ascending
+  std::vector<int64_t> cols;  // in storage order (slots keep their columns across re-selections)
   at::Tensor idx;             // the same, int64 on the device
   int64_t stage_offset = 0;   // into the all-rank packed staging layout (see relayout)
 };
@@ -78,7 +78,8 @@ struct SplitParam {
   int64_t out = 0, in = 0, k = 0;
   bool decay = true;
   double weight_decay = 0;
-  std::vector<int64_t> sel_cpu, unsel_cpu;  // ascending; unsel = host-owned columns (all ranks)
+  std::vector<int64_t> sel_cpu, unsel_cpu;  // sel ascending; unsel: host-owned columns of all ranks,
+                                            // rank by rank in storage order
   at::Tensor sel;                           // sel_cpu, int64 on the device
   std::vector<int64_t> range_lo, range_hi;  // per rank: the columns whose host state it owns
   std::vector<Part> parts;                  // per rank: unsel_cpu within its range
@@ -184,39 +185,15 @@ struct ZenFlowOptimizer::Impl {
     if (clock) clock->add_bytes(d, n);
   }
 
-  // Time accounting (stall_clock.h): a measured region counts as device-optimizer time or
-  // as a stall. On CUDA it is what the compute stream spent across the region, from CUDA
-  // events, resolved when the step ends: a host wait the GPU did not notice (queued work
-  // covered it) costs nothing. On the CPU, wall-clock seconds.
-  struct TimeSpan {
-    std::shared_ptr<ComputeTimer> events;  // CUDA only
-    Stopwatch wall;
-  };
-  TimeSpan begin_span() const {
-    TimeSpan span;
-    if (clock && device.is_cuda()) {
-      span.events = std::make_shared<ComputeTimer>(device);
-      span.events->start();
-    }
-    return span;
-  }
-  void end_span(TimeSpan& span, TimeKind kind, StallCause cause = StallCause::kHostOptimizer) {
-    if (!clock) return;
-    if (!span.events) {
-      const double s = span.wall.seconds();
-      if (kind == TimeKind::kStall) clock->add_stall(cause, s);
-      if (kind == TimeKind::kDeviceOptimizer) clock->add_device_optimizer(s);
-      if (kind == TimeKind::kCompute) clock->add_compute(s);
-      return;
-    }
-    span.events->stop();
-    clock->add_deferred(kind, cause, [events = span.events] { return events->seconds(); });
-  }
+  // Time accounting (ClockSpan): a measured region counts as device-optimizer time or as a
+  // stall — on CUDA what the compute stream spent across it (a host wait that queued work
+  // covered costs nothing), on the CPU wall-clock seconds.
+  ClockSpan clock_span() const { return ClockSpan(clock, device); }
   template <class Body>
   void stalled(StallCause cause, Body&& body) {
-    TimeSpan span = begin_span();
+    ClockSpan s = clock_span();
     body();
-    end_span(span, TimeKind::kStall, cause);
+    s.end(TimeKind::kStall, cause);
   }
   void wait_for(StallCause cause, const std::shared_ptr<HostWork>& work) {
     stalled(cause, [&] { work->wait(); });
@@ -440,7 +417,7 @@ struct ZenFlowOptimizer::Impl {
   // columns (sync_split_gradients). Returns the copy's handle: the host job that reads
   // `buf` waits for it.
   CopyHandle stage_gradients(const std::vector<at::Tensor>& g, const at::Tensor& shard, const at::Tensor& buf) {
-    TimeSpan span = begin_span();
+    ClockSpan span = clock_span();
     CopyHandle done;
     if (partitioned()) {
       done = streams->copy_d2h(shard, buf.narrow(0, 0, own_total));
@@ -455,7 +432,7 @@ struct ZenFlowOptimizer::Impl {
       dev_stage_busy[slot] = done;
     }
     bytes(Direction::kD2H, own_total * buf.element_size());
-    end_span(span, TimeKind::kStall, StallCause::kTransferD2H);
+    span.end(TimeKind::kStall, StallCause::kTransferD2H);
     return done;
   }
 
@@ -467,7 +444,7 @@ struct ZenFlowOptimizer::Impl {
     at::Tensor shards_sq;       // squared norm of all ranks' shards
   };
   SyncedGradients sync_split_gradients(const std::vector<at::Tensor>& g, bool want_scores) {
-    TimeSpan span = begin_span();
+    ClockSpan span = clock_span();
     SyncedGradients out;
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
     // Local scores first: the all-reduce below overwrites the selected columns.
@@ -508,7 +485,7 @@ struct ZenFlowOptimizer::Impl {
     coll->allreduce_sum_(small, CollectiveTraffic::kSelection);
     out.shards_sq = small[small.numel() - 1];
     if (want_scores) out.scores = small.narrow(0, 0, small.numel() - 1);
-    end_span(span, TimeKind::kStall, StallCause::kAllreduce);
+    span.end(TimeKind::kStall, StallCause::kAllreduce);
     return out;
   }
 
@@ -522,7 +499,7 @@ struct ZenFlowOptimizer::Impl {
       apply_partitioned(from_half ? param_out[out_buffer] : at::Tensor());
       return;
     }
-    TimeSpan span = begin_span();
+    ClockSpan span = clock_span();
     if (!device.is_cuda()) {
       for (auto& s : split) {
         if (s.n_own() == 0) continue;
@@ -544,7 +521,7 @@ struct ZenFlowOptimizer::Impl {
         device_ops::scatter_columns(s.w2d, s.own().idx, own_view(dev_h2d, s));
       }
     }
-    end_span(span, TimeKind::kStall, StallCause::kTransferH2D);
+    span.end(TimeKind::kStall, StallCause::kTransferH2D);
   }
 
   // Several ranks: this rank's updated columns (the host step's low-precision output, or
@@ -887,7 +864,7 @@ struct ZenFlowOptimizer::Impl {
       plan = &local;
     }
     if (!plan->due) return;
-    TimeSpan span = begin_span();
+    ClockSpan span = clock_span();
     if (plan->changed) {
       const bool in_flight = inflight && inflight->work;
       bool slot_for_slot = true;
@@ -920,7 +897,7 @@ struct ZenFlowOptimizer::Impl {
     windows_since_selection = 0;
     epoch_at_selection = epoch;
     rep.reselected = plan->changed;
-    end_span(span, TimeKind::kDeviceOptimizer);
+    span.end(TimeKind::kDeviceOptimizer);
   }
 
   // This window's host step for the columns about to enter the device, run on the device
@@ -1105,7 +1082,7 @@ struct ZenFlowOptimizer::Impl {
     SyncedGradients synced;
     if (dist) synced = sync_split_gradients(g, zenflow() && !in_warmup());
 
-    TimeSpan dev_span = begin_span();
+    ClockSpan dev_span = clock_span();
     // §5: global norm, non-finite check, clipping before the split.
     std::vector<at::Tensor> norms;
     norms.reserve(g.size() + 2);
@@ -1124,7 +1101,7 @@ struct ZenFlowOptimizer::Impl {
     if (!std::isfinite(norm)) {
       ++skipped;
       rep.skipped = true;
-      end_span(dev_span, TimeKind::kDeviceOptimizer);
+      dev_span.end(TimeKind::kDeviceOptimizer);
       return rep;
     }
     max_staleness = std::max(max_staleness, rep.staleness_windows);
@@ -1167,7 +1144,7 @@ struct ZenFlowOptimizer::Impl {
         off += s.in;
       }
     }
-    end_span(dev_span, TimeKind::kDeviceOptimizer);
+    dev_span.end(TimeKind::kDeviceOptimizer);
     ++t;
     if (split.empty()) return rep;
 
@@ -1236,12 +1213,12 @@ struct ZenFlowOptimizer::Impl {
       Reselection plan = plan_reselection(ctx.epoch);
       if (plan.changed) {
         for (auto& w : window_accs) wait_for(StallCause::kHostOptimizer, w);
-        TimeSpan span = begin_span();
+        ClockSpan span = clock_span();
         for (size_t i = 0; i < split.size(); ++i)
           if (!plan.entering[i].empty())
             plan.ready[i] = enter_window_step(split[i], plan.entering[i], g, synced.shard, len, parity,
                                               coeffs(ctx.lr, split[i].weight_decay, host_step));
-        end_span(span, TimeKind::kDeviceOptimizer);
+        span.end(TimeKind::kDeviceOptimizer);
       }
       job.before = before();
       inflight.reset(new InFlight{host->submit(std::move(job)), parity});
