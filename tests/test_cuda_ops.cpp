@@ -14,6 +14,7 @@
 
 #include "worker/engine/adamw_kernel.h"
 #include "worker/engine/cuda_ops.h"
+#include "worker/engine/device_ops.h"
 
 namespace zenflow::engine {
 namespace {
@@ -197,15 +198,47 @@ TEST_F(CudaOps, GatherAndScatterMoveColumnsExactly) {
                                std::to_string(cs.in) + " n=" + std::to_string(cs.n);
       const at::Tensor grad = at::randn({cs.out, cs.in}, cuda(at::kFloat)).to(t);
       at::Tensor idx = random_columns(cs.in, cs.n);
-      at::Tensor staging = at::empty({cs.n, cs.out}, cuda(t));
-      cuda_ops::gather_columns_t(grad, idx, staging);
-      EXPECT_TRUE(at::equal(staging, grad.index_select(1, idx).t())) << what;
+      at::Tensor staging = at::empty({cs.out, cs.n}, cuda(t));
+      cuda_ops::gather_columns(grad, idx, staging);
+      EXPECT_TRUE(at::equal(staging, grad.index_select(1, idx))) << what;
 
       at::Tensor weight = at::randn({cs.out, cs.in}, cuda(at::kFloat)).to(t);
-      const at::Tensor src = at::randn({cs.n, cs.out}, cuda(at::kFloat)).to(t);
+      const at::Tensor src = at::randn({cs.out, cs.n}, cuda(at::kFloat)).to(t);
       at::Tensor expected = weight.clone();
-      expected.index_copy_(1, idx, src.t());
-      cuda_ops::scatter_columns_t(weight, idx, src);
+      expected.index_copy_(1, idx, src);
+      cuda_ops::scatter_columns(weight, idx, src);
+      EXPECT_TRUE(at::equal(weight, expected)) << what;
+    }
+  }
+}
+
+// The engine's entry points (device_ops) take the kernels for contiguous tensors of one
+// dtype and ATen otherwise: both give index_select / index_copy_'s result, with the
+// ascending index runs the engine passes (the unselected columns) and a scattered list.
+TEST_F(CudaOps, DeviceOpsMoveColumnsExactlyThroughKernelsAndFallbacks) {
+  const int64_t out = 300, in = 1000;
+  const at::Tensor runs =
+      at::cat({at::arange(0, 400, cuda(at::kLong)), at::arange(450, 980, cuda(at::kLong))});
+  const at::Tensor scattered = std::get<0>(at::sort(random_columns(in, 77)));
+  for (at::ScalarType t : kWeightTypes) {
+    for (const at::Tensor& idx : {runs, scattered}) {
+      const std::string what = std::string(c10::toString(t)) + " n=" + std::to_string(idx.numel());
+      const at::Tensor grad = at::randn({out, in}, cuda(at::kFloat)).to(t);
+      at::Tensor staging = at::empty({out, idx.numel()}, cuda(t));
+      device_ops::gather_columns(grad, idx, staging);
+      EXPECT_TRUE(at::equal(staging, grad.index_select(1, idx))) << what;
+      // A strided view of a larger buffer goes through ATen.
+      at::Tensor wide = at::zeros({out, idx.numel() + 3}, cuda(t));
+      at::Tensor view = wide.narrow(1, 1, idx.numel());
+      device_ops::gather_columns(grad, idx, view);
+      EXPECT_TRUE(at::equal(view, grad.index_select(1, idx))) << what << " (strided)";
+
+      // fp32 host output into a low-precision weight: cast, then scattered.
+      at::Tensor weight = at::randn({out, in}, cuda(at::kFloat)).to(t);
+      const at::Tensor src = at::randn({out, idx.numel()}, cuda(at::kFloat));
+      at::Tensor expected = weight.clone();
+      expected.index_copy_(1, idx, src.to(t));
+      device_ops::scatter_columns(weight, idx, src);
       EXPECT_TRUE(at::equal(weight, expected)) << what;
     }
   }
@@ -245,9 +278,9 @@ TEST_F(CudaOps, BadArgumentsAreRejectedWithTheirName) {
   EXPECT_NE(message_of([&] { cuda_ops::column_scores(w32.t(), false); }).find("contiguous"),
             std::string::npos);
   at::Tensor staging = at::empty({2, 5}, cuda(at::kFloat));
-  EXPECT_NE(message_of([&] { cuda_ops::gather_columns_t(w32, sel, staging); }).find("staging"),
+  EXPECT_NE(message_of([&] { cuda_ops::gather_columns(w32, sel, staging); }).find("staging"),
             std::string::npos);
-  EXPECT_NE(message_of([&] { cuda_ops::scatter_columns_t(w32, sel.to(at::kInt), staging); }).find("idx"),
+  EXPECT_NE(message_of([&] { cuda_ops::scatter_columns(w32, sel.to(at::kInt), staging); }).find("idx"),
             std::string::npos);
 }
 
@@ -260,8 +293,8 @@ TEST(CudaOpsWithoutCuda, EveryFunctionSaysTheBuildHasNoKernels) {
   EXPECT_THROW(cuda_ops::column_scores(w, false), std::logic_error);
   EXPECT_THROW(cuda_ops::selected_adamw(w, w, idx, nullptr, w, w, c, 1.f), std::logic_error);
   EXPECT_THROW(cuda_ops::dense_adamw(w, nullptr, w, w, w, c, 1.f), std::logic_error);
-  EXPECT_THROW(cuda_ops::gather_columns_t(w, idx, w), std::logic_error);
-  EXPECT_THROW(cuda_ops::scatter_columns_t(w, idx, w), std::logic_error);
+  EXPECT_THROW(cuda_ops::gather_columns(w, idx, w), std::logic_error);
+  EXPECT_THROW(cuda_ops::scatter_columns(w, idx, w), std::logic_error);
 }
 #endif
 

@@ -195,8 +195,8 @@ TEST(CudaKernelArguments, InvalidArgumentsAreRejectedBeforeAnyLaunch) {
   EXPECT_EQ(
       selected_adamw(&dummy, &dummy, DType::kF32, &idx, nullptr, &dummy, &dummy, 1, 1, 2, c, 1.f, nullptr),
       cudaErrorInvalidValue);
-  EXPECT_EQ(gather_columns_t(&dummy, DType::kF32, -1, 1, &idx, 1, &dummy, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(scatter_columns_t(&dummy, DType::kF32, 1, 1, nullptr, 1, &dummy, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(gather_columns(&dummy, DType::kF32, -1, 1, &idx, 1, &dummy, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(scatter_columns(&dummy, DType::kF32, 1, 1, nullptr, 1, &dummy, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(column_scores(&dummy, DType::kF32, 1, 1, false, nullptr, nullptr, 0, nullptr),
             cudaErrorInvalidValue);
   // A chunked problem without its workspace.
@@ -206,7 +206,7 @@ TEST(CudaKernelArguments, InvalidArgumentsAreRejectedBeforeAnyLaunch) {
   // Empty problems enqueue nothing and succeed.
   EXPECT_EQ(dense_adamw(nullptr, nullptr, nullptr, DType::kF32, nullptr, nullptr, 0, c, 1.f, nullptr),
             cudaSuccess);
-  EXPECT_EQ(gather_columns_t(nullptr, DType::kBF16, 5, 5, nullptr, 0, nullptr, nullptr), cudaSuccess);
+  EXPECT_EQ(gather_columns(nullptr, DType::kBF16, 5, 5, nullptr, 0, nullptr, nullptr), cudaSuccess);
 }
 
 TEST(CudaKernelArguments, WorkspaceIsNeededOnlyWhenRowsAreSplit) {
@@ -355,11 +355,13 @@ TEST_F(CudaKernels, DenseAdamWEqualsHostFormulaBitForBit) {
   }
 }
 
-TEST_F(CudaKernels, GatherTransposesColumnsAndScatterPutsThemBack) {
+TEST_F(CudaKernels, GatherPacksColumnsAndScatterPutsThemBack) {
   struct Case {
     int64_t out, in, n;
   };
-  const Case cases[] = {{1, 1, 1}, {31, 45, 17}, {100, 64, 64}, {1000, 70, 3}, {65, 2000, 1500}};
+  // 70000 rows: more than one grid row per matrix row (grid-stride over rows).
+  const Case cases[] = {{1, 1, 1},     {31, 45, 17},     {100, 64, 64},
+                        {1000, 70, 3}, {65, 2000, 1500}, {70000, 8, 5}};
   for (DType t : kAllTypes) {
     for (const Case& cs : cases) {
       SCOPED_TRACE(name_of(t) + " " + std::to_string(cs.out) + "x" + std::to_string(cs.in) +
@@ -371,12 +373,12 @@ TEST_F(CudaKernels, GatherTransposesColumnsAndScatterPutsThemBack) {
       Elements staging(t, nst);
       DeviceBuffer dst(staging);
       ASSERT_CUDA_OK(
-          gather_columns_t(dg.get(), t, cs.out, cs.in, didx.as<int64_t>(), cs.n, dst.get(), stream_));
+          gather_columns(dg.get(), t, cs.out, cs.in, didx.as<int64_t>(), cs.n, dst.get(), stream_));
       ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
       dst.download(staging.data());
       for (int64_t c = 0; c < cs.n; ++c)
         for (int64_t i = 0; i < cs.out; ++i)
-          ASSERT_EQ(staging.raw(static_cast<size_t>(c * cs.out + i)),
+          ASSERT_EQ(staging.raw(static_cast<size_t>(i * cs.n + c)),
                     g.raw(static_cast<size_t>(i * cs.in + idx[static_cast<size_t>(c)])))
               << "c=" << c << " i=" << i;
 
@@ -385,13 +387,13 @@ TEST_F(CudaKernels, GatherTransposesColumnsAndScatterPutsThemBack) {
       Elements src = random_elements(t, nst);
       DeviceBuffer dw(w), dsrc(src);
       ASSERT_CUDA_OK(
-          scatter_columns_t(dw.get(), t, cs.out, cs.in, didx.as<int64_t>(), cs.n, dsrc.get(), stream_));
+          scatter_columns(dw.get(), t, cs.out, cs.in, didx.as<int64_t>(), cs.n, dsrc.get(), stream_));
       ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
       Elements want = w;
       for (int64_t c = 0; c < cs.n; ++c)
         for (int64_t i = 0; i < cs.out; ++i)
           want.set(static_cast<size_t>(i * cs.in + idx[static_cast<size_t>(c)]),
-                   src.get(static_cast<size_t>(c * cs.out + i)));
+                   src.get(static_cast<size_t>(i * cs.n + c)));
       Elements got = w;
       dw.download(got.data());
       for (size_t i = 0; i < nw; ++i) ASSERT_EQ(got.raw(i), want.raw(i)) << "weight " << i;
@@ -403,10 +405,9 @@ TEST_F(CudaKernels, OutOfRangeIndicesTouchNothing) {
   const int64_t out = 40, in = 10;
   std::vector<float> w(static_cast<size_t>(out * in), 1.f);
   std::vector<int64_t> idx = {3, -1, 10, 7};
-  std::vector<float> src(static_cast<size_t>(4 * out), 2.f);
+  std::vector<float> src(static_cast<size_t>(out * 4), 2.f);
   DeviceBuffer dw(w), didx(idx), dsrc(src);
-  ASSERT_CUDA_OK(
-      scatter_columns_t(dw.get(), DType::kF32, out, in, didx.as<int64_t>(), 4, dsrc.get(), stream_));
+  ASSERT_CUDA_OK(scatter_columns(dw.get(), DType::kF32, out, in, didx.as<int64_t>(), 4, dsrc.get(), stream_));
   ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
   std::vector<float> got(w.size());
   dw.download(got.data());
@@ -415,16 +416,16 @@ TEST_F(CudaKernels, OutOfRangeIndicesTouchNothing) {
       ASSERT_EQ(got[static_cast<size_t>(i * in + j)], (j == 3 || j == 7) ? 2.f : 1.f) << i << "," << j;
 
   // Gather writes zeros for an invalid index.
-  std::vector<float> staging(static_cast<size_t>(4 * out), 5.f);
+  std::vector<float> staging(static_cast<size_t>(out * 4), 5.f);
   DeviceBuffer dst(staging);
-  ASSERT_CUDA_OK(gather_columns_t(dw.get(), DType::kF32, out, in, didx.as<int64_t>(), 4, dst.get(), stream_));
+  ASSERT_CUDA_OK(gather_columns(dw.get(), DType::kF32, out, in, didx.as<int64_t>(), 4, dst.get(), stream_));
   ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
   dst.download(staging.data());
   for (int64_t i = 0; i < out; ++i) {
-    EXPECT_EQ(staging[static_cast<size_t>(0 * out + i)], 2.f);
-    EXPECT_EQ(staging[static_cast<size_t>(1 * out + i)], 0.f);
-    EXPECT_EQ(staging[static_cast<size_t>(2 * out + i)], 0.f);
-    EXPECT_EQ(staging[static_cast<size_t>(3 * out + i)], 2.f);
+    EXPECT_EQ(staging[static_cast<size_t>(i * 4 + 0)], 2.f);
+    EXPECT_EQ(staging[static_cast<size_t>(i * 4 + 1)], 0.f);
+    EXPECT_EQ(staging[static_cast<size_t>(i * 4 + 2)], 0.f);
+    EXPECT_EQ(staging[static_cast<size_t>(i * 4 + 3)], 2.f);
   }
 }
 

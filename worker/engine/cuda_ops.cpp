@@ -179,8 +179,8 @@ void dense_adamw(at::Tensor& param, at::Tensor* master, const at::Tensor& grad, 
         fn);
 }
 
-void gather_columns_t(const at::Tensor& grad2d, const at::Tensor& idx, at::Tensor& staging) {
-  constexpr const char* fn = "gather_columns_t";
+void gather_columns(const at::Tensor& grad2d, const at::Tensor& idx, const at::Tensor& staging) {
+  constexpr const char* fn = "gather_columns";
   if (!grad2d.defined()) fail(fn, "grad2d is undefined");
   const c10::Device device = grad2d.device();
   require_device_tensor(grad2d, device, fn, "grad2d");
@@ -190,15 +190,15 @@ void gather_columns_t(const at::Tensor& grad2d, const at::Tensor& idx, at::Tenso
   const int64_t out = grad2d.size(0), in = grad2d.size(1), n = idx.size(0);
   require_device_tensor(staging, device, fn, "staging");
   require_dtype(staging, grad2d.scalar_type(), fn, "staging");
-  require_shape(staging, {n, out}, fn, "staging");
+  require_shape(staging, {out, n}, fn, "staging");
   c10::cuda::CUDAGuard guard(device);
-  check(k::gather_columns_t(grad2d.data_ptr(), dtype, out, in, idx.data_ptr<int64_t>(), n, staging.data_ptr(),
-                            current_stream(device)),
+  check(k::gather_columns(grad2d.data_ptr(), dtype, out, in, idx.data_ptr<int64_t>(), n, staging.data_ptr(),
+                          current_stream(device)),
         fn);
 }
 
-void scatter_columns_t(at::Tensor& weight2d, const at::Tensor& idx, const at::Tensor& src) {
-  constexpr const char* fn = "scatter_columns_t";
+void scatter_columns(const at::Tensor& weight2d, const at::Tensor& idx, const at::Tensor& src) {
+  constexpr const char* fn = "scatter_columns";
   if (!weight2d.defined()) fail(fn, "weight2d is undefined");
   const c10::Device device = weight2d.device();
   require_device_tensor(weight2d, device, fn, "weight2d");
@@ -208,10 +208,10 @@ void scatter_columns_t(at::Tensor& weight2d, const at::Tensor& idx, const at::Te
   const int64_t out = weight2d.size(0), in = weight2d.size(1), n = idx.size(0);
   require_device_tensor(src, device, fn, "src");
   require_dtype(src, weight2d.scalar_type(), fn, "src");
-  require_shape(src, {n, out}, fn, "src");
+  require_shape(src, {out, n}, fn, "src");
   c10::cuda::CUDAGuard guard(device);
-  check(k::scatter_columns_t(weight2d.data_ptr(), dtype, out, in, idx.data_ptr<int64_t>(), n, src.data_ptr(),
-                             current_stream(device)),
+  check(k::scatter_columns(weight2d.data_ptr(), dtype, out, in, idx.data_ptr<int64_t>(), n, src.data_ptr(),
+                           current_stream(device)),
         fn);
 }
 
@@ -239,10 +239,12 @@ void dense_adamw(at::Tensor&, at::Tensor*, const at::Tensor&, at::Tensor&, at::T
   unavailable("dense_adamw");
 }
 
-void gather_columns_t(const at::Tensor&, const at::Tensor&, at::Tensor&) { unavailable("gather_columns_t"); }
+void gather_columns(const at::Tensor&, const at::Tensor&, const at::Tensor&) {
+  unavailable("gather_columns");
+}
 
-void scatter_columns_t(at::Tensor&, const at::Tensor&, const at::Tensor&) {
-  unavailable("scatter_columns_t");
+void scatter_columns(const at::Tensor&, const at::Tensor&, const at::Tensor&) {
+  unavailable("scatter_columns");
 }
 
 #endif  // ZENFLOW_WITH_CUDA_OPS

@@ -40,12 +40,12 @@ void selected_adamw(at::Tensor& weight2d, const at::Tensor& grad2d, const at::Te
 void dense_adamw(at::Tensor& param, at::Tensor* master, const at::Tensor& grad, at::Tensor& m, at::Tensor& v,
                  const AdamWCoeffs& c, float grad_scale);
 
-// staging[c, i] = grad2d[i, idx[c]]: staging is [n, out] in grad2d's dtype, on the device,
-// ready for one contiguous D2H copy.
-void gather_columns_t(const at::Tensor& grad2d, const at::Tensor& idx, at::Tensor& staging);
+// staging[i, c] = grad2d[i, idx[c]]: staging is [out, n] in grad2d's dtype, on the device,
+// ready for one contiguous D2H copy (device_ops::gather_columns' layout).
+void gather_columns(const at::Tensor& grad2d, const at::Tensor& idx, const at::Tensor& staging);
 
-// weight2d[i, idx[c]] = src[c, i]: src is [n, out] in weight2d's dtype, on the device;
+// weight2d[i, idx[c]] = src[i, c]: src is [out, n] in weight2d's dtype, on the device;
 // idx entries must be distinct.
-void scatter_columns_t(at::Tensor& weight2d, const at::Tensor& idx, const at::Tensor& src);
+void scatter_columns(const at::Tensor& weight2d, const at::Tensor& idx, const at::Tensor& src);
 
 }  // namespace zenflow::engine::cuda_ops

@@ -24,6 +24,15 @@ void adamw_aten(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, c
 
 bool use_cuda_kernels(const at::Tensor& t) { return t.is_cuda() && cuda_ops::available(); }
 
+// a, b and idx fit the CUDA column gather/scatter: one CUDA device, contiguous, one
+// weight dtype, int64 indices.
+bool cuda_column_path(const at::Tensor& a, const at::Tensor& b, const at::Tensor& idx) {
+  const at::ScalarType t = a.scalar_type();
+  return use_cuda_kernels(a) && b.device() == a.device() && idx.device() == a.device() && a.is_contiguous() &&
+         b.is_contiguous() && idx.is_contiguous() && b.scalar_type() == t && idx.scalar_type() == at::kLong &&
+         (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf);
+}
+
 bool is_cpu_f32_contig(const at::Tensor& t) {
   return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous();
 }
@@ -216,6 +225,10 @@ void gather_columns(const at::Tensor& grad2d, const at::Tensor& idx, const at::T
                   static_cast<uint16_t*>(staging.data_ptr()));
     return;
   }
+  if (cuda_column_path(grad2d, staging, idx)) {
+    cuda_ops::gather_columns(grad2d, idx, staging);
+    return;
+  }
   at::Tensor out = staging;
   at::index_select_out(out, grad2d, 1, idx);
 }
@@ -235,6 +248,10 @@ void scatter_columns(const at::Tensor& weight2d, const at::Tensor& idx, const at
     else
       scatter_rows(static_cast<const uint16_t*>(s.data_ptr()), rows, in, ix, n,
                    static_cast<uint16_t*>(weight2d.data_ptr()));
+    return;
+  }
+  if (cuda_column_path(weight2d, s, idx)) {
+    cuda_ops::scatter_columns(weight2d, idx, s);
     return;
   }
   weight2d.index_copy_(1, idx, s);

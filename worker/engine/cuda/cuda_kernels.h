@@ -78,16 +78,16 @@ cudaError_t dense_adamw(void* param, float* master, const void* grad, DType dtyp
 
 // ---- column transfer staging -------------------------------------------------------------
 
-// staging[c, i] = grad[i, idx[c]] for c < n, i < out: the columns idx gathered and
-// transposed into one contiguous [n, out] buffer (one D2H copy; a column is contiguous,
-// the host layout of zenflow-semantics.md §1). Same dtype in and out.
-cudaError_t gather_columns_t(const void* grad, DType dtype, int64_t out, int64_t in, const int64_t* idx,
-                             int64_t n, void* staging, cudaStream_t stream);
+// staging[i, c] = grad[i, idx[c]] for i < out, c < n: the columns idx packed into one
+// contiguous [out, n] buffer (one D2H copy), the layout of the host updater's packed
+// state (row i holds row i's columns). Same dtype in and out.
+cudaError_t gather_columns(const void* grad, DType dtype, int64_t out, int64_t in, const int64_t* idx,
+                           int64_t n, void* staging, cudaStream_t stream);
 
-// weight[i, idx[c]] = src[c, i]: the inverse of gather_columns_t, applying the host
-// updater's [n, out] output to the device weight. Indices must be distinct (a repeated
+// weight[i, idx[c]] = src[i, c]: the inverse of gather_columns, applying the host
+// updater's [out, n] output to the device weight. Indices must be distinct (a repeated
 // index makes the result unspecified among its sources).
-cudaError_t scatter_columns_t(void* weight, DType dtype, int64_t out, int64_t in, const int64_t* idx,
-                              int64_t n, const void* src, cudaStream_t stream);
+cudaError_t scatter_columns(void* weight, DType dtype, int64_t out, int64_t in, const int64_t* idx, int64_t n,
+                            const void* src, cudaStream_t stream);
 
 }  // namespace zenflow::engine::cuda_kernels

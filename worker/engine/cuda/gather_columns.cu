@@ -1,64 +1,51 @@
-// Gathers selected columns of a [out, in] matrix into a contiguous, transposed [n, out] buffer.
+// Gathers selected columns of a [out, in] matrix into a contiguous [out, n] staging buffer.
 //
-// The staging buffer that the D2H copy reads in one piece. A 32x32 tile goes through
-// shared memory so that both sides are coalesced: threads read along the gathered
-// columns of a row (contiguous where the indices are) and write along a staging row.
+// The staging buffer that the D2H copy reads in one piece, in the engine's packed layout
+// (row i of the buffer holds row i's gathered columns, as the host updater's state).
+// Threads run along the gathered columns of one row: writes are coalesced, and so are
+// reads wherever the indices are runs of consecutive columns (the unselected 90%).
 #include "worker/engine/cuda/cuda_kernels.h"
 #include "worker/engine/cuda/element_types.cuh"
 
 namespace zenflow::engine::cuda_kernels {
 namespace {
 
-constexpr int kTile = 32;
-constexpr int kRowsPerPass = 8;  // blockDim.y; each thread moves kTile / kRowsPerPass elements
-constexpr int kThreads = kTile * kRowsPerPass;
+constexpr int kThreads = 256;
+constexpr int64_t kMaxGridX = 0x7fffffff;
 constexpr int64_t kMaxGridY = 65535;
 
-// blockIdx.x: a tile of rows i; blockIdx.y (grid-stride): a tile of gathered columns c.
+// blockIdx.x (grid-stride): a run of kThreads gathered columns c; blockIdx.y (grid-stride): rows i.
 template <typename Bits>
 __global__ void __launch_bounds__(kThreads)
-    gather_columns_t_kernel(const Bits* __restrict__ grad, int64_t out, int64_t in,
-                            const int64_t* __restrict__ idx, int64_t n, Bits* __restrict__ staging) {
-  __shared__ Bits tile[kTile][kTile + 1];
-  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  for (int64_t c0 = static_cast<int64_t>(blockIdx.y) * kTile; c0 < n;
-       c0 += static_cast<int64_t>(gridDim.y) * kTile) {
-    const int64_t c = c0 + threadIdx.x;
-    const int64_t j = c < n ? idx[c] : -1;
+    gather_columns_kernel(const Bits* __restrict__ grad, int64_t out, int64_t in,
+                          const int64_t* __restrict__ idx, int64_t n, Bits* __restrict__ staging) {
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; c < n;
+       c += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t j = idx[c];
     const bool valid = j >= 0 && j < in;
-    for (int r = threadIdx.y; r < kTile; r += kRowsPerPass) {
-      const int64_t i = i0 + r;
-      tile[r][threadIdx.x] = (valid && i < out) ? grad[i * in + j] : Bits(0);
-    }
-    __syncthreads();
-    const int64_t i = i0 + threadIdx.x;
-    for (int r = threadIdx.y; r < kTile; r += kRowsPerPass) {
-      const int64_t cc = c0 + r;
-      if (cc < n && i < out) staging[cc * out + i] = tile[threadIdx.x][r];
-    }
-    __syncthreads();
+    for (int64_t i = blockIdx.y; i < out; i += gridDim.y)
+      staging[i * n + c] = valid ? grad[i * in + j] : Bits(0);
   }
 }
 
 template <typename Bits>
 cudaError_t launch(const void* grad, int64_t out, int64_t in, const int64_t* idx, int64_t n, void* staging,
                    cudaStream_t stream) {
-  const int64_t tiles_y = ceil_div(n, kTile);
-  const dim3 grid(static_cast<unsigned>(ceil_div(out, kTile)),
-                  static_cast<unsigned>(tiles_y < kMaxGridY ? tiles_y : kMaxGridY));
-  gather_columns_t_kernel<Bits><<<grid, dim3(kTile, kRowsPerPass), 0, stream>>>(
-      static_cast<const Bits*>(grad), out, in, idx, n, static_cast<Bits*>(staging));
+  const int64_t blocks_x = ceil_div(n, kThreads);
+  const dim3 grid(static_cast<unsigned>(blocks_x < kMaxGridX ? blocks_x : kMaxGridX),
+                  static_cast<unsigned>(out < kMaxGridY ? out : kMaxGridY));
+  gather_columns_kernel<Bits><<<grid, kThreads, 0, stream>>>(static_cast<const Bits*>(grad), out, in, idx, n,
+                                                             static_cast<Bits*>(staging));
   return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t gather_columns_t(const void* grad, DType dtype, int64_t out, int64_t in, const int64_t* idx,
-                             int64_t n, void* staging, cudaStream_t stream) {
+cudaError_t gather_columns(const void* grad, DType dtype, int64_t out, int64_t in, const int64_t* idx,
+                           int64_t n, void* staging, cudaStream_t stream) {
   if (out < 0 || in < 0 || n < 0) return cudaErrorInvalidValue;
   if (out == 0 || n == 0) return cudaSuccess;
   if (grad == nullptr || idx == nullptr || staging == nullptr) return cudaErrorInvalidValue;
-  if (ceil_div(out, kTile) > 0x7fffffff) return cudaErrorInvalidValue;
   switch (dtype) {
     case DType::kF32:
       return launch<uint32_t>(grad, out, in, idx, n, staging, stream);
