@@ -212,6 +212,29 @@ if ((CONFIGURED)) && [[ -x "$ZENFLOW" ]]; then
   }
   export -f bench_offload bench_host_adam
   phase bench 180 "$OUT/bench.log" bench_offload
+  # The issue's target figures, read from the bench JSON into the summary (figures, not
+  # assertions: a missed target does not fail the check).
+  "$PY" - "$OUT/bench-offload.json" <<'PYEOF' 2>&1 | tee -a "$SUMMARY"
+import json, sys
+try:
+    lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+except (OSError, ValueError) as e:
+    sys.exit(f"gpu-check: figures   none ({e})")
+runs = {d["mode"]: d for d in lines if "mode" in d}
+cmp = next((d for d in lines if d.get("comparison")), {})
+z = runs.get("zenflow", {})
+def fig(name, value, target):
+    print(f"gpu-check: figure    {name:<34} {value if value is not None else 'n/a':>10}   target {target}")
+r = lambda v: None if v is None else round(v, 4)
+fig("zenflow speed-up over offload", r(cmp.get("speedup_zenflow_over_offload")), ">= 3")
+fig("practicality (device / zenflow)", r(cmp.get("practicality_zenflow")), ">= 0.70")
+fig("zenflow stall share", r(z.get("stall_fraction")), "<= 0.10")
+fig("zenflow PCIe bytes / model size", r(cmp.get("transfer_per_step_over_model_size", {}).get("zenflow")),
+    "~ (1-r)(1+1/U)")
+for mode, d in sorted(runs.items()):
+    print(f"gpu-check: figure    {mode + ' step median / p90 (s)':<34} "
+          f"{r(d.get('step_seconds_median'))} / {r(d.get('step_seconds_p90'))}; reselections {d.get('reselections')}")
+PYEOF
   phase host-adam 60 "$OUT/bench.log" bench_host_adam
 else
   skip bench "no zenflow binary"
