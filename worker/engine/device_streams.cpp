@@ -2,6 +2,7 @@
 #include "worker/engine/device_streams.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 
 #include <stdexcept>
 #include <string>
@@ -68,8 +69,10 @@ struct CudaEventHandle {
     check_cuda(cudaEventCreateWithFlags(&event, timing ? cudaEventDefault : cudaEventDisableTiming),
                "cudaEventCreateWithFlags");
   }
-  ~CudaEventHandle() {
-    if (event != nullptr) cudaEventDestroy(event);  // pending work completes regardless
+  ~CudaEventHandle() {  // may run on a host-optimizer thread: on the event's device
+    if (event == nullptr) return;
+    c10::cuda::CUDAGuard guard(device);
+    cudaEventDestroy(event);  // pending work completes regardless
   }
   CudaEventHandle(const CudaEventHandle&) = delete;
   CudaEventHandle& operator=(const CudaEventHandle&) = delete;
@@ -95,6 +98,9 @@ struct DeviceStreams::Streams {
 double CopyHandle::wait() {
   double waited = 0;
   if (done_) {
+    // Host-optimizer threads wait too: their CUDA calls go to the event's device (a thread
+    // left on GPU 0 would open a context there on every rank).
+    c10::cuda::CUDAGuard guard(done_->device);
     const auto t0 = std::chrono::steady_clock::now();
     check_cuda(cudaEventSynchronize(done_->event), "cudaEventSynchronize");
     waited = seconds_between(t0, std::chrono::steady_clock::now());
@@ -107,6 +113,7 @@ double CopyHandle::wait() {
 
 bool CopyHandle::ready() const {
   if (!done_) return true;
+  c10::cuda::CUDAGuard guard(done_->device);
   const cudaError_t err = cudaEventQuery(done_->event);
   if (err == cudaErrorNotReady) {
     (void)cudaGetLastError();  // not an error: clear it
@@ -145,8 +152,21 @@ DeviceStreams::~DeviceStreams() = default;
 bool DeviceStreams::cuda_available() { return c10::cuda::device_count() > 0; }
 
 at::Tensor DeviceStreams::alloc_host(at::IntArrayRef sizes, at::ScalarType dtype) {
-  at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(dtype).device(at::kCPU).pinned_memory(is_cuda()));
-  host_bytes_.fetch_add(static_cast<int64_t>(t.nbytes()), std::memory_order_relaxed);
+  const at::TensorOptions options = at::TensorOptions().dtype(dtype).device(at::kCPU);
+  int64_t n = 1;
+  for (int64_t d : sizes) n *= d;
+  if (n == 0) return at::empty(sizes, options);
+  // Straight from the driver, not through LibTorch's caching host allocator, which rounds
+  // every block up to a power of two (up to 2x the memory for model-sized buffers): the
+  // bytes pinned are the bytes asked for, and are what pinned_bytes() reports.
+  const size_t nbytes = static_cast<size_t>(n) * at::elementSize(dtype);
+  void* p = nullptr;
+  {
+    c10::cuda::CUDAGuard guard(device_.index());
+    check_cuda(cudaHostAlloc(&p, nbytes, cudaHostAllocDefault), "cudaHostAlloc");
+  }
+  at::Tensor t = at::from_blob(p, sizes, [](void* q) { cudaFreeHost(q); }, options);
+  host_bytes_.fetch_add(static_cast<int64_t>(nbytes), std::memory_order_relaxed);
   return t;
 }
 

@@ -133,7 +133,11 @@ struct ZenFlowOptimizer::Impl {
   int world = 1, me = 0;
   std::vector<int64_t> shard_sizes, shard_begin;  // per rank, in the packed staging layout
   int64_t own_total = 0;                          // this rank's shard
-  at::Tensor pack_out;  // W > 1: this rank's updated columns, packed for the all-gather
+  // This rank's updated columns packed from the fp32 master (pinned, in the weights'
+  // dtype): the source of the H2D on CUDA and of the all-gather with W > 1, so no copy
+  // ever reads the master itself. Not allocated for low-precision weights on one rank,
+  // where the master is applied only after a restore (then packed into param_out[0]).
+  at::Tensor pack_out;
   at::Device device{at::kCPU};
   at::ScalarType split_dtype = at::kFloat;
 
@@ -149,7 +153,11 @@ struct ZenFlowOptimizer::Impl {
   std::unique_ptr<DeviceStreams> streams;
   at::Tensor dev_stage[2], dev_h2d;
   CopyHandle dev_stage_busy[2];
-  CopyHandle h2d_done;  // the last H2D: host buffers it reads are not rewritten before it completes
+  // The last H2D out of each host buffer a copy reads: param_out[b] and pack_out. A host
+  // buffer is not rewritten before the copy out of it completes; a host step waits only
+  // for the copy out of the param_out buffer it writes (never for the one in flight).
+  CopyHandle h2d_from_out[2];
+  CopyHandle h2d_from_pack;
   int dev_slot = 0;
   int64_t staged_total = 0;  // elements of host-owned columns (all ranks), packed
   std::shared_ptr<HostWork> ring_busy[2];
@@ -376,7 +384,8 @@ struct ZenFlowOptimizer::Impl {
           dev_stage[b] = at::empty({capacity_all}, at::TensorOptions().dtype(split_dtype).device(device));
       }
       if (device.is_cuda()) dev_h2d = at::empty({capacity}, at::TensorOptions().dtype(split_dtype).device(device));
-      if (partitioned()) pack_out = streams->alloc_host({capacity}, split_dtype);
+      if (partitioned() || (device.is_cuda() && split_dtype == at::kFloat))
+        pack_out = streams->alloc_host({capacity}, split_dtype);
       // The host owns every column until the first selection (warm-up = offload).
       for (auto& s : split) {
         s.unsel_cpu.resize(static_cast<size_t>(s.in));
@@ -496,7 +505,7 @@ struct ZenFlowOptimizer::Impl {
     const bool from_half = split_dtype != at::kFloat && out_buffer >= 0;
     bytes(Direction::kH2D, own_total * at::elementSize(split_dtype));
     if (partitioned()) {
-      apply_partitioned(from_half ? param_out[out_buffer] : at::Tensor());
+      apply_partitioned(from_half ? out_buffer : -1);
       return;
     }
     ClockSpan span = clock_span();
@@ -506,39 +515,47 @@ struct ZenFlowOptimizer::Impl {
         device_ops::scatter_columns(s.w2d, s.own().idx,
                                     from_half ? own_view(param_out[out_buffer], s) : host_view(master, s));
       }
-    } else if (from_half) {
-      h2d_done = streams->copy_h2d(param_out[out_buffer].narrow(0, 0, own_total), dev_h2d.narrow(0, 0, own_total));
-      h2d_done.make_compute_wait();
+    } else {
+      // One H2D of every host-owned column from pinned memory, then device-side scatters.
+      CopyHandle* from = nullptr;
+      const at::Tensor src = packed_result(from_half ? out_buffer : -1, &from);
+      *from = streams->copy_h2d(src, dev_h2d.narrow(0, 0, own_total));
+      from->make_compute_wait();
       for (auto& s : split)
         if (s.n_own() > 0) device_ops::scatter_columns(s.w2d, s.own().idx, own_view(dev_h2d, s));
-    } else {
-      for (auto& s : split) {
-        if (s.n_own() == 0) continue;
-        at::Tensor src = host_view(master, s);
-        if (split_dtype != at::kFloat) src = src.to(split_dtype);
-        h2d_done = streams->copy_h2d(src.reshape({-1}), dev_h2d.narrow(0, s.local_offset, s.own_elems()));
-        h2d_done.make_compute_wait();
-        device_ops::scatter_columns(s.w2d, s.own().idx, own_view(dev_h2d, s));
-      }
     }
     span.end(TimeKind::kStall, StallCause::kTransferH2D);
+  }
+
+  // The host result to copy, packed in pinned memory: param_out[out_buffer] (the host
+  // step's low-precision output), or (-1) the master, packed in the weights' dtype into
+  // pack_out (param_out[0] without one) once the previous copy out of it has completed.
+  // *from: the handle that the copy out of the returned buffer is to be kept in.
+  at::Tensor packed_result(int out_buffer, CopyHandle** from) {
+    if (out_buffer >= 0) {
+      *from = &h2d_from_out[out_buffer];
+      return param_out[out_buffer].narrow(0, 0, own_total);
+    }
+    const bool own_pack = pack_out.defined();
+    *from = own_pack ? &h2d_from_pack : &h2d_from_out[0];
+    (*from)->wait();
+    const at::Tensor buf = own_pack ? pack_out : param_out[0];
+    for (auto& s : split)
+      if (s.n_own() > 0) own_view(buf, s).copy_(host_view(master, s));
+    return buf.narrow(0, 0, own_total);
   }
 
   // Several ranks: this rank's updated columns (the host step's low-precision output, or
   // the fp32 master) go to the device and are all-gathered into every rank's weights.
   // The all-gather is stall `allreduce`, the rest `transfer_h2d`.
-  void apply_partitioned(const at::Tensor& half_out) {
+  void apply_partitioned(int out_buffer) {
     at::Tensor src;
     stalled(StallCause::kTransferH2D, [&] {
-      h2d_done.wait();  // the previous H2D has read pack_out
-      at::Tensor own = (half_out.defined() ? half_out : pack_out).narrow(0, 0, own_total);
-      if (!half_out.defined())
-        for (auto& s : split)
-          if (s.n_own() > 0) own_view(pack_out, s).copy_(host_view(master, s));
-      src = own;
+      CopyHandle* from = nullptr;
+      src = packed_result(out_buffer, &from);
       if (device.is_cuda()) {
-        h2d_done = streams->copy_h2d(own, dev_h2d.narrow(0, 0, own_total));
-        h2d_done.make_compute_wait();
+        *from = streams->copy_h2d(src, dev_h2d.narrow(0, 0, own_total));
+        from->make_compute_wait();
         src = dev_h2d.narrow(0, 0, own_total);
       }
     });
@@ -679,7 +696,6 @@ struct ZenFlowOptimizer::Impl {
   // their slots when it is done (SlotFix; requires slot-for-slot orders).
   void migrate(SplitParam& s, const std::vector<int64_t>& new_sel, const at::Tensor& enter_ready = at::Tensor(),
                bool defer_host = false) {
-    h2d_done.wait();  // an H2D may still read the master we are about to rewrite
     using device_ops::gather_columns;
     using device_ops::scatter_columns;
     if (new_sel == s.sel_cpu) return;
@@ -949,7 +965,8 @@ struct ZenFlowOptimizer::Impl {
   // layout before; leaving columns get their current weights.
   void repack_param_out(int buf, const std::vector<std::vector<int64_t>>& old_cols,
                         const std::vector<int64_t>& old_offset) {
-    at::Tensor out = pack_out;  // free here: no apply is running
+    h2d_from_pack.wait();  // pack_out is the scratch here
+    at::Tensor out = pack_out;
     for (size_t i = 0; i < split.size(); ++i) {
       SplitParam& sp = split[i];
       const int64_t n_old = static_cast<int64_t>(old_cols[i].size());
@@ -1086,13 +1103,19 @@ struct ZenFlowOptimizer::Impl {
     // §5: global norm, non-finite check, clipping before the split.
     std::vector<at::Tensor> norms;
     norms.reserve(g.size() + 2);
-    auto fp32 = [](const at::Tensor& x) { return x.scalar_type() == at::kFloat ? x : x.to(at::kFloat); };
+    // fp32 norms; on CUDA a low-precision gradient is read as it is (accumulated in fp32),
+    // without an fp32 copy of it.
+    auto norm32 = [](const at::Tensor& x) {
+      if (x.scalar_type() == at::kFloat) return x.norm();
+      if (x.is_cuda()) return at::linalg_vector_norm(x, 2, at::OptionalIntArrayRef{}, false, at::kFloat);
+      return x.to(at::kFloat).norm();
+    };
     if (!dist) {
-      for (auto& x : g) norms.push_back(fp32(x).norm());
+      for (auto& x : g) norms.push_back(norm32(x));
     } else {
       // Split parameters' local gradients are not the averaged ones: their norm is the
       // selected columns' (replicated) plus every rank's shard.
-      for (auto& d : dense) norms.push_back(fp32(g[d.index]).norm());
+      for (auto& d : dense) norms.push_back(norm32(g[d.index]));
       norms.push_back(synced.replicated_sq.sqrt());
       norms.push_back(synced.shards_sq.to(at::kFloat).sqrt());
     }
@@ -1151,7 +1174,7 @@ struct ZenFlowOptimizer::Impl {
     if (warm) {
       // Warm-up and offload mode: one synchronous host step over every host column.
       StepJob job = make_step_job(ctx.lr, ring[0], nullptr, 1.0f, 0);
-      job.before = [d2h = stage_gradients(g, synced.shard, ring[0]), h2d = h2d_done]() mutable {
+      job.before = [d2h = stage_gradients(g, synced.shard, ring[0]), h2d = h2d_from_out[0]]() mutable {
         d2h.wait();
         h2d.wait();
       };
@@ -1186,9 +1209,9 @@ struct ZenFlowOptimizer::Impl {
     StepJob job = make_step_job(ctx.lr, last_grad[parity], len > 1 ? &acc[parity] : nullptr,
                                 1.0f / static_cast<float>(len), parity);
     // Before the host step reads and writes: this window's accumulates, its last D2H and
-    // the previous H2D (which reads the master or param_out) must have completed.
+    // the H2D out of the param_out buffer it writes (two windows ago) must have completed.
     auto before = [&] {
-      return [window_accs, d2h, h2d = h2d_done]() mutable {
+      return [window_accs, d2h, h2d = h2d_from_out[parity]]() mutable {
         for (auto& w : window_accs) w->wait();
         d2h.wait();
         h2d.wait();
@@ -1205,12 +1228,14 @@ struct ZenFlowOptimizer::Impl {
       ++windows_applied;
       reselect(ctx.epoch, rep, nullptr);
     } else {
-      complete_inflight();  // window k-1: waits (stall host_optimizer), then H2D
-      // Re-selection (§4: after waiting for the in-flight host step) is decided before
-      // window k is handed over; the columns that enter the device get this window's host
+      // Re-selection (§4) is decided at the boundary from this window's scores, before
+      // window k is handed over: the columns that enter the device get this window's host
       // step on the device now, the others keep their slots, and window k runs on the host
-      // during window k+1 like any other — no pipeline drain.
+      // during window k+1 like any other — no pipeline drain. The plan reads only the
+      // scores (its device-to-host read waits for this step's device work, not for the H2D
+      // that applying window k-1 enqueues next).
       Reselection plan = plan_reselection(ctx.epoch);
+      complete_inflight();  // window k-1: waits (stall host_optimizer), then H2D
       if (plan.changed) {
         for (auto& w : window_accs) wait_for(StallCause::kHostOptimizer, w);
         ClockSpan span = clock_span();
@@ -1236,7 +1261,7 @@ struct ZenFlowOptimizer::Impl {
     if (window_pos == 0 || split.empty()) return;
     const int parity = static_cast<int>(window % 2);
     StepJob job = make_step_job(last_lr, at::Tensor(), &acc[parity], 1.0f / static_cast<float>(window_pos), parity);
-    job.before = [h2d = h2d_done]() mutable { h2d.wait(); };
+    job.before = [h2d = h2d_from_out[parity]]() mutable { h2d.wait(); };
     auto work = host->submit(std::move(job));
     wait_for(StallCause::kHostOptimizer, work);
     apply_host_result(parity);
@@ -1309,7 +1334,8 @@ void ZenFlowOptimizer::load_state_shards(
   if (i.inflight && i.inflight->work) i.inflight->work->wait();
   i.inflight.reset();
   i.slot_fixes.clear();
-  i.h2d_done.wait();
+  for (auto& h : i.h2d_from_out) h.wait();
+  i.h2d_from_pack.wait();
   std::vector<std::map<std::string, at::Tensor>> maps;
   for (const auto& sh : shards) maps.emplace_back(sh.begin(), sh.end());
   auto find = [&](size_t shard, const std::string& key) -> const at::Tensor* {
