@@ -2,6 +2,7 @@
 #include "worker/trainer.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/GradMode.h>
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
@@ -51,6 +52,14 @@ at::Device pick_device(const std::string& wanted, const distributed::LocalPlacem
     return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local.rank));
   }
   return at::Device(at::kCPU);
+}
+
+// A batch tensor on the device. To a GPU from pinned memory without blocking: the copy is
+// ordered on the compute stream, and the pinned block is not reused before it completes
+// (the caching host allocator records the copy), so the host runs ahead to the forward.
+at::Tensor to_device(const at::Tensor& t, const at::Device& device) {
+  if (!device.is_cuda()) return t.to(device);
+  return t.pin_memory().to(device, /*non_blocking=*/true);
 }
 
 at::ScalarType pick_dtype(const std::string& wanted, const at::Device& d) {
@@ -146,12 +155,20 @@ double evaluate(model::CausalLM& lm, const std::shared_ptr<model::TokenDataset>&
   return n ? sum / static_cast<double>(n) : -1;
 }
 
+// LibTorch 2.4 made the autocast state per device type (set_autocast_enabled(kCUDA, ...));
+// earlier versions have the GPU-specific functions.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define ZENFLOW_AUTOCAST_BY_DEVICE_TYPE 1
+#else
+#define ZENFLOW_AUTOCAST_BY_DEVICE_TYPE 0
+#endif
+
 // Autocast on CUDA for the forward pass and loss (backward follows the recorded casts).
 class CudaAutocast {
  public:
   CudaAutocast(bool on, at::ScalarType dtype) : on_(on) {
     if (!on_) return;
-#if TORCH_VERSION_MAJOR >= 2
+#if ZENFLOW_AUTOCAST_BY_DEVICE_TYPE
     prev_enabled_ = at::autocast::is_autocast_enabled(at::kCUDA);
     prev_dtype_ = at::autocast::get_autocast_dtype(at::kCUDA);
     at::autocast::set_autocast_dtype(at::kCUDA, dtype);
@@ -167,7 +184,7 @@ class CudaAutocast {
   ~CudaAutocast() {
     if (!on_) return;
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-#if TORCH_VERSION_MAJOR >= 2
+#if ZENFLOW_AUTOCAST_BY_DEVICE_TYPE
     at::autocast::set_autocast_enabled(at::kCUDA, prev_enabled_);
     at::autocast::set_autocast_dtype(at::kCUDA, prev_dtype_);
 #else
@@ -235,6 +252,9 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
   const distributed::LocalPlacement local = distributed::local_placement_from_env();
   const at::Device device = pick_device(spec.train.device, local);
   const at::ScalarType dtype = pick_dtype(spec.train.dtype, device);
+  // This thread's CUDA calls (streams, events, the default of new tensors) go to the
+  // rank's GPU, not to GPU 0. A no-op on the CPU.
+  const c10::DeviceGuard on_device(device);
   sum.device = device.str();
   const bool use_autocast = device.is_cuda() && spec.train.autocast != "none";
   const at::ScalarType autocast_dtype = spec.train.autocast == "float16" ? at::kHalf : at::kBFloat16;
@@ -421,7 +441,7 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
     clock.begin_step();
     const double lr = model::lr_at(sched, step);
     opt.zero_grad();
-    double loss_sum = 0;
+    at::Tensor loss_acc;  // fp64 on the device: read once per step, not per micro-batch
     int64_t epoch = 0;
     int64_t tokens = 0;
     for (int64_t micro = 0; micro < spec.train.grad_accum; ++micro) {
@@ -435,8 +455,8 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
         batch.tokens = batch.targets.ne(-100).sum().item<int64_t>();
       }
       if (reducer) reducer->set_sync(micro == spec.train.grad_accum - 1);
-      at::Tensor ids = batch.input_ids.to(device);
-      at::Tensor targets = batch.targets.to(device);
+      at::Tensor ids = to_device(batch.input_ids, device);
+      at::Tensor targets = to_device(batch.targets, device);
       clock.add_stall(StallCause::kData, data_sw.seconds());
       // Compute time: on CUDA what the compute stream spent on forward and backward.
       engine::ClockSpan compute(&clock, device);
@@ -447,7 +467,8 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
       }
       (loss / static_cast<double>(spec.train.grad_accum)).backward();
       compute.end(engine::TimeKind::kCompute);
-      loss_sum += loss.item<double>();
+      const at::Tensor l = loss.detach().to(at::kDouble);
+      loss_acc = loss_acc.defined() ? loss_acc + l : l;
       tokens += batch.tokens;
     }
     if (reducer) {
@@ -456,13 +477,14 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
       const distributed::ReduceReport r = reducer->finish();
       wait.end(engine::TimeKind::kStall, StallCause::kAllreduce, r.wait_seconds);
     }
+    double loss_sum = 0;
     if (comm) {
       // The reported loss and tokens are the global batch's, identical on every rank.
       at::Tensor l = at::empty({3}, at::kDouble);
-      l[0] = loss_sum;
       l[1] = stop && stop->load() ? 1.0 : 0.0;
       l[2] = static_cast<double>(tokens);
       l = l.to(device);
+      l[0].copy_(loss_acc);
       comm->allreduce_sum_(l);
       l = l.to(at::kCPU);
       loss_sum = l[0].item<double>() / static_cast<double>(world);
@@ -473,6 +495,7 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
     ctx.lr = lr;
     ctx.epoch = epoch;
     opt.step(ctx);
+    if (!comm) loss_sum = loss_acc.item<double>();  // the step's own reads have synchronised
     const double loss = loss_sum / static_cast<double>(spec.train.grad_accum);
     history.push_back(loss);
     // A periodic checkpoint belongs to its step: its time is that step's `checkpoint` stall.
