@@ -158,6 +158,7 @@ struct ZenFlowOptimizer::Impl {
   // for the copy out of the param_out buffer it writes (never for the one in flight).
   CopyHandle h2d_from_out[2];
   CopyHandle h2d_from_pack;
+  CopyHandle* staged_h2d = nullptr;  // an H2D of a host result into dev_h2d not yet applied
   int dev_slot = 0;
   int64_t staged_total = 0;  // elements of host-owned columns (all ranks), packed
   std::shared_ptr<HostWork> ring_busy[2];
@@ -499,13 +500,41 @@ struct ZenFlowOptimizer::Impl {
   }
 
   // --- H2D: updated host-owned columns back into the device weights ---
-  // out_buffer >= 0: the host step's low-precision output in param_out[out_buffer];
-  // otherwise (fp32 weights, or after a restore) the fp32 master.
+  // The buffer a host result is copied from: param_out[out_buffer] holds the host step's
+  // low-precision output; -1 is the fp32 master (fp32 weights, or after a restore).
+  int result_buffer(int out_buffer) const { return split_dtype != at::kFloat && out_buffer >= 0 ? out_buffer : -1; }
+
+  // CUDA: starts the H2D of a host result (result_buffer's numbering) into dev_h2d, on the
+  // copy stream; the apply that follows makes the compute stream wait for it.
+  void stage_h2d(int buffer) {
+    CopyHandle* from = nullptr;
+    const at::Tensor src = packed_result(buffer, &from);
+    *from = streams->copy_h2d(src, dev_h2d.narrow(0, 0, own_total));
+    staged_h2d = from;
+  }
+
+  // CUDA: the staged H2D (stage_h2d, now or earlier) as the compute stream's next input.
+  void wait_staged_h2d(int buffer) {
+    if (staged_h2d == nullptr) stage_h2d(buffer);
+    staged_h2d->make_compute_wait();
+    staged_h2d = nullptr;
+  }
+
+  // CUDA with a step in flight: once the host step is done, its result starts for the
+  // device at once, under the compute of the window's remaining steps; the boundary then
+  // only scatters it into the weights (still applied at the boundary, §4).
+  void prefetch_inflight() {
+    if (!device.is_cuda() || !inflight || !inflight->work || staged_h2d != nullptr || !inflight->work->done())
+      return;
+    apply_slot_fixes();
+    stage_h2d(result_buffer(inflight->buffer));
+  }
+
   void apply_host_result(int out_buffer) {
-    const bool from_half = split_dtype != at::kFloat && out_buffer >= 0;
+    const int buffer = result_buffer(out_buffer);
     bytes(Direction::kH2D, own_total * at::elementSize(split_dtype));
     if (partitioned()) {
-      apply_partitioned(from_half ? out_buffer : -1);
+      apply_partitioned(buffer);
       return;
     }
     ClockSpan span = clock_span();
@@ -513,14 +542,11 @@ struct ZenFlowOptimizer::Impl {
       for (auto& s : split) {
         if (s.n_own() == 0) continue;
         device_ops::scatter_columns(s.w2d, s.own().idx,
-                                    from_half ? own_view(param_out[out_buffer], s) : host_view(master, s));
+                                    buffer >= 0 ? own_view(param_out[buffer], s) : host_view(master, s));
       }
     } else {
       // One H2D of every host-owned column from pinned memory, then device-side scatters.
-      CopyHandle* from = nullptr;
-      const at::Tensor src = packed_result(from_half ? out_buffer : -1, &from);
-      *from = streams->copy_h2d(src, dev_h2d.narrow(0, 0, own_total));
-      from->make_compute_wait();
+      wait_staged_h2d(buffer);
       for (auto& s : split)
         if (s.n_own() > 0) device_ops::scatter_columns(s.w2d, s.own().idx, own_view(dev_h2d, s));
     }
@@ -551,12 +577,12 @@ struct ZenFlowOptimizer::Impl {
   void apply_partitioned(int out_buffer) {
     at::Tensor src;
     stalled(StallCause::kTransferH2D, [&] {
-      CopyHandle* from = nullptr;
-      src = packed_result(out_buffer, &from);
       if (device.is_cuda()) {
-        *from = streams->copy_h2d(src, dev_h2d.narrow(0, 0, own_total));
-        from->make_compute_wait();
+        wait_staged_h2d(out_buffer);
         src = dev_h2d.narrow(0, 0, own_total);
+      } else {
+        CopyHandle* from = nullptr;
+        src = packed_result(out_buffer, &from);
       }
     });
     at::Tensor all;
@@ -1079,6 +1105,12 @@ struct ZenFlowOptimizer::Impl {
 
   // --- The step ---
   StepReport step(const StepContext& ctx) {
+    StepReport rep = step_work(ctx);
+    prefetch_inflight();  // after this step's work: the copy waits for no compute still to come
+    return rep;
+  }
+
+  StepReport step_work(const StepContext& ctx) {
     StepReport rep;
     rep.staleness_windows = zenflow() && selected ? window - windows_applied : 0;
     std::vector<at::Tensor> g = grads();
@@ -1333,6 +1365,7 @@ void ZenFlowOptimizer::load_state_shards(
   i.wait_accumulates();
   if (i.inflight && i.inflight->work) i.inflight->work->wait();
   i.inflight.reset();
+  i.staged_h2d = nullptr;
   i.slot_fixes.clear();
   for (auto& h : i.h2d_from_out) h.wait();
   i.h2d_from_pack.wait();
