@@ -76,6 +76,7 @@ def main():
           f"{sys.version_info.major}.{sys.version_info.minor} unicodedata "
           f"(Unicode {unicodedata.unidata_version}); do not edit.")
     print(f"// Unicode version of these tables: {unicodedata.unidata_version}")
+    print(f'constexpr const char kTablesUnicodeVersion[] = "{unicodedata.unidata_version}";')
     emit_ranges("kLetterRanges", letters)
     emit_ranges("kNumberRanges", numbers)
     print("constexpr CombiningClassRange kCombiningClasses[] = {")

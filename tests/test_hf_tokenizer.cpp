@@ -478,10 +478,20 @@ TEST(Unicode, ClassesMatchPythonUnicodedata) {
       script,
       "import sys, unicodedata\n"
       "kind = {'L': 'L', 'N': 'N'}\n"
+      "sys.stdout.write(unicodedata.unidata_version + '\\n')\n"
       "sys.stdout.write(''.join(kind.get(unicodedata.category(chr(c))[0], '.') for c in range(0x110000)))\n");
   std::string out;
   ASSERT_EQ(run(kPython + " " + quote(script.string()), &out), 0);
+  const size_t eol = out.find('\n');
+  ASSERT_NE(eol, std::string::npos);
+  const std::string python_version = out.substr(0, eol);
+  out.erase(0, eol + 1);
   ASSERT_EQ(out.size(), 0x110000u);
+  // Another Unicode version assigns other code points (Python 3.12 has Unicode 15): the
+  // tables are checked against the database they were generated from.
+  if (python_version != zenflow::model::unicode::unicode_version())
+    GTEST_SKIP() << "this Python's unicodedata is Unicode " << python_version << ", the tables are Unicode "
+                 << zenflow::model::unicode::unicode_version() << " (Debian 12's Python 3.11 compares them)";
   size_t mismatches = 0;
   for (char32_t cp = 0; cp < 0x110000; ++cp) {
     const char want = out[cp];

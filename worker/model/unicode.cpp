@@ -165,6 +165,8 @@ void append_utf8(std::string& out, char32_t cp) {
   }
 }
 
+const char* unicode_version() { return kTablesUnicodeVersion; }
+
 bool is_letter(char32_t cp) {
   if (cp < 0x10000) return bmp_classes()[cp] & kLetterBit;
   return cp != kInvalid && in_ranges(std::begin(kLetterRanges), std::end(kLetterRanges), cp);

@@ -27,6 +27,9 @@ bool is_letter(char32_t cp);
 bool is_number(char32_t cp);
 bool is_whitespace(char32_t cp);
 
+// The Unicode version of the tables behind the functions here, e.g. "14.0.0".
+const char* unicode_version();
+
 // The three classes above as bits, in one lookup (for scanners).
 constexpr unsigned char kLetterClass = 1, kNumberClass = 2, kSpaceClass = 4;
 unsigned char classify(char32_t cp);
