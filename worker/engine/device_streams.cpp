@@ -69,10 +69,13 @@ struct CudaEventHandle {
     check_cuda(cudaEventCreateWithFlags(&event, timing ? cudaEventDefault : cudaEventDisableTiming),
                "cudaEventCreateWithFlags");
   }
-  ~CudaEventHandle() {  // may run on a host-optimizer thread: on the event's device
+  ~CudaEventHandle() {  // may run on a host-optimizer thread: on the event's device; never throws
     if (event == nullptr) return;
-    c10::cuda::CUDAGuard guard(device);
+    int prev = -1;
+    const bool other = cudaGetDevice(&prev) == cudaSuccess && prev != device;
+    if (other) cudaSetDevice(device);
     cudaEventDestroy(event);  // pending work completes regardless
+    if (other) cudaSetDevice(prev);
   }
   CudaEventHandle(const CudaEventHandle&) = delete;
   CudaEventHandle& operator=(const CudaEventHandle&) = delete;

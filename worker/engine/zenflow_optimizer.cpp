@@ -159,6 +159,7 @@ struct ZenFlowOptimizer::Impl {
   CopyHandle h2d_from_out[2];
   CopyHandle h2d_from_pack;
   CopyHandle* staged_h2d = nullptr;  // an H2D of a host result into dev_h2d not yet applied
+  int staged_buffer = 0;             // its source (result_buffer numbering)
   int dev_slot = 0;
   int64_t staged_total = 0;  // elements of host-owned columns (all ranks), packed
   std::shared_ptr<HostWork> ring_busy[2];
@@ -511,11 +512,15 @@ struct ZenFlowOptimizer::Impl {
     const at::Tensor src = packed_result(buffer, &from);
     *from = streams->copy_h2d(src, dev_h2d.narrow(0, 0, own_total));
     staged_h2d = from;
+    staged_buffer = buffer;
   }
 
   // CUDA: the staged H2D (stage_h2d, now or earlier) as the compute stream's next input.
   void wait_staged_h2d(int buffer) {
     if (staged_h2d == nullptr) stage_h2d(buffer);
+    if (staged_buffer != buffer)  // only the in-flight step's result is ever staged early
+      throw std::logic_error("engine: staged H2D of buffer " + std::to_string(staged_buffer) + ", applying " +
+                             std::to_string(buffer));
     staged_h2d->make_compute_wait();
     staged_h2d = nullptr;
   }
