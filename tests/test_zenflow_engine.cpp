@@ -507,19 +507,26 @@ INSTANTIATE_TEST_SUITE_P(WarmUp, NoColumnMoreThanOneWindowStale, ::testing::Valu
 // Non-finite gradients.
 // ---------------------------------------------------------------------------------
 
-class NonFiniteGradientSkipsStep : public ::testing::TestWithParam<float> {};
-
-TEST_P(NonFiniteGradientSkipsStep, NothingChangesAndTheRunContinuesAsIfItNeverHappened) {
-  const std::vector<at::Tensor> init = random_values(kSmallSpecs, 31);
-  Problem a = make_problem(kSmallSpecs, init), b = make_problem(kSmallSpecs, init);
+// Windows of 3 overlapped steps after one warm-up step, a quarter of the columns on the
+// device, re-selected at every boundary.
+ze::EngineOptions reselecting_windows(double grad_clip) {
   ze::EngineOptions o = zen_options();
   o.topk_ratio = 0.25;
   o.update_interval = 3;
   o.full_warm_up_rounds = 1;
   o.overlap_step = true;
-  o.grad_clip = 1.0;
+  o.grad_clip = grad_clip;
   o.select_strategy = ze::SelectStrategy::kStep;
   o.select_interval = 3;
+  return o;
+}
+
+class NonFiniteGradientSkipsStep : public ::testing::TestWithParam<float> {};
+
+TEST_P(NonFiniteGradientSkipsStep, NothingChangesAndTheRunContinuesAsIfItNeverHappened) {
+  const std::vector<at::Tensor> init = random_values(kSmallSpecs, 31);
+  Problem a = make_problem(kSmallSpecs, init), b = make_problem(kSmallSpecs, init);
+  const ze::EngineOptions o = reselecting_windows(1.0);
   ze::ZenFlowOptimizer oa(a.param_specs(), o), ob(b.param_specs(), o);
   int64_t s = 0;
   auto both = [&](int64_t n) {
@@ -759,6 +766,107 @@ TEST(ZenFlowOptimizer, ResumePointsAreWhereTheResumeTestsClaim) {
 }
 
 // ---------------------------------------------------------------------------------
+// The GPU path against the CPU path.
+// ---------------------------------------------------------------------------------
+
+// Largest difference between `got` and `want` in units of `want`'s ulp in `dtype` (fp32:
+// 2^-23, bf16: 2^-7 of the value's power of two), and the number of elements that differ.
+std::pair<double, int64_t> ulp_diff(const at::Tensor& got_t, const at::Tensor& want_t, at::ScalarType dtype) {
+  const at::Tensor got = cpu_copy(got_t), want = cpu_copy(want_t);
+  const int mantissa = dtype == at::kBFloat16 ? 7 : 23;
+  const float* a = got.data_ptr<float>();
+  const float* b = want.data_ptr<float>();
+  double worst = 0;
+  int64_t differ = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    if (a[i] == b[i]) continue;
+    ++differ;
+    const double mag = std::max(std::fabs(static_cast<double>(b[i])), 1e-30);
+    const double ulp = std::ldexp(1.0, std::ilogb(mag) - mantissa);
+    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]) / ulp);
+  }
+  return {worst, differ};
+}
+
+// The same problem trained with the engine on CUDA and on the CPU, fed the same
+// gradients: overlapped windows with a re-selection at every boundary (leaving columns
+// take their slots after the step in flight), the host result copied to the device as
+// soon as its step is done, and a third optimizer on CUDA restored mid-window with a
+// pending apply. Device and host AdamW compute the same formula bit for bit and nothing
+// else is reduced (no clipping), so the runs agree to rounding (at most 1 ulp, few
+// elements); a host result applied a step early or late, a wrong buffer or a lost
+// column moves whole columns by about lr, tens of bf16 ulps.
+TEST(ZenFlowOptimizer, CudaRunMatchesCpuRun) {
+  const at::Device dev = test_device();
+  if (!dev.is_cuda()) {
+    const char* e = std::getenv("ZENFLOW_TEST_DEVICE");
+    ASSERT_FALSE(e != nullptr && std::string(e) == "cuda") << "ZENFLOW_TEST_DEVICE=cuda, but LibTorch sees no GPU";
+    GTEST_SKIP() << "needs a GPU (ZENFLOW_TEST_DEVICE=cuda; scripts/gpu-check.sh)";
+  }
+
+  const std::vector<Spec> specs = {{"w1", {64, 96}}, {"bias", {64}}, {"w2", {40, 130}}, {"small", {3, 5}}};
+  const int64_t steps = 14, K = 5;
+  for (at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const ze::EngineOptions o = reselecting_windows(0);
+    const std::vector<at::Tensor> init = random_values(specs, 77);
+    auto make = [&](const at::Device& d, const std::vector<at::Tensor>& values) {
+      Problem p;
+      p.specs = specs;
+      for (auto& t : values) p.params.push_back(t.to(dtype).to(d).clone().requires_grad_(true));
+      return p;
+    };
+    Problem gpu = make(dev, init), cpu = make(at::Device(at::kCPU), init);
+    ze::ZenFlowOptimizer og(gpu.param_specs(), o), oc(cpu.param_specs(), o);
+    std::unique_ptr<ze::ZenFlowOptimizer> orr;
+    Problem restored;
+    int64_t reselected = 0;
+    for (int64_t s = 0; s < steps; ++s) {
+      if (s == K) {
+        restored = make(dev, gpu.snapshot());
+        orr = std::make_unique<ze::ZenFlowOptimizer>(restored.param_specs(), o);
+        orr->load_state(og.state_dict());
+      }
+      std::vector<at::Tensor> g = random_values(specs, 900 + static_cast<uint64_t>(s), 2.0);
+      ze::StepContext ctx = ctx_at(s);
+      ctx.lr *= 5;  // updates of ~0.05: far above a bf16 ulp of the weights
+      for (auto& x : g) x = x.to(dtype);  // autograd's gradients have the weights' dtype
+      gpu.set_grads(g);
+      cpu.set_grads(g);
+      const ze::StepReport rg = og.step(ctx), rc = oc.step(ctx);
+      ASSERT_EQ(rg.boundary, rc.boundary) << "step " << s;
+      ASSERT_EQ(rg.reselected, rc.reselected) << "step " << s;
+      reselected += rg.reselected ? 1 : 0;
+      if (orr) {
+        restored.set_grads(g);
+        const ze::StepReport rr = orr->step(ctx);
+        ASSERT_EQ(rr.reselected, rc.reselected) << "restored, step " << s;
+      }
+      for (size_t i = 0; i < specs.size(); ++i) {
+        for (int which = 0; which < (orr ? 2 : 1); ++which) {
+          const at::Tensor& got = which == 0 ? gpu.params[i] : restored.params[i];
+          const auto [ulps, differ] = ulp_diff(got, cpu.params[i], dtype);
+          const std::string what = std::string(which == 0 ? "" : "restored ") + specs[i].name + " at step " +
+                                   std::to_string(s);
+          ASSERT_LE(ulps, 1.0) << what;
+          ASSERT_LE(differ, got.numel() / 50) << what;
+        }
+      }
+    }
+    EXPECT_GE(reselected, 2) << "the run should re-select at several boundaries";
+    og.finish();
+    oc.finish();
+    orr->finish();
+    for (size_t i = 0; i < specs.size(); ++i) {
+      EXPECT_LE(ulp_diff(gpu.params[i], cpu.params[i], dtype).first, 1.0) << specs[i].name << " after finish";
+      EXPECT_LE(ulp_diff(restored.params[i], cpu.params[i], dtype).first, 1.0) << specs[i].name << " (restored)";
+    }
+    EXPECT_EQ(og.selected_columns("w1"), oc.selected_columns("w1"));
+    EXPECT_EQ(og.selected_columns("w2"), oc.selected_columns("w2"));
+  }
+}
+
+// ---------------------------------------------------------------------------------
 // Zen-auto.
 // ---------------------------------------------------------------------------------
 
@@ -837,6 +945,33 @@ TEST(ZenFlowOptimizer, BadOptionsAreRejected) {
   }
   EXPECT_THROW(ze::parse_optimizer_mode("zen"), std::invalid_argument);
   EXPECT_EQ(ze::parse_optimizer_mode("offload"), ze::OptimizerMode::kOffload);
+}
+
+// A gradient set by hand that does not match its parameter is a clear error naming it,
+// and the step changes nothing.
+TEST(ZenFlowOptimizer, GradientOfAnotherDtypeOrShapeIsRejectedByName) {
+  const std::vector<Spec> specs = {{"w", {4, 10}}, {"b", {4}}};
+  Problem p = make_problem(specs, random_values(specs, 3));
+  ze::ZenFlowOptimizer opt(p.param_specs(), zen_options());
+  const auto before = p.snapshot();
+  auto message_of_step = [&] {
+    try {
+      opt.step(ctx_at(0));
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  p.params[0].mutable_grad() = at::zeros({4, 10}, p.params[0].options().dtype(at::kDouble));
+  p.params[1].mutable_grad() = at::zeros_like(p.params[1]);
+  std::string error = message_of_step();
+  EXPECT_NE(error.find("gradient of w is Double"), std::string::npos) << error;
+  EXPECT_NE(error.find("the parameter Float"), std::string::npos) << error;
+  p.params[0].mutable_grad() = at::zeros({40}, p.params[0].options());
+  error = message_of_step();
+  EXPECT_NE(error.find("gradient of w is Float [40]"), std::string::npos) << error;
+  EXPECT_EQ(opt.steps(), 0);
+  for (size_t i = 0; i < specs.size(); ++i) EXPECT_TRUE(bitwise_equal(p.params[i], before[i], specs[i].name));
 }
 
 }  // namespace

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <sstream>
 #include <stdexcept>
+#include <string>
 
 #include "worker/engine/device_ops.h"
 #include "worker/engine/device_streams.h"
@@ -409,6 +411,18 @@ struct ZenFlowOptimizer::Impl {
     for (auto& ps : params) {
       at::Tensor g = ps.param.grad();
       if (!g.defined()) g = at::zeros_like(ps.param);
+      if (g.scalar_type() != ps.param.scalar_type() || g.device() != ps.param.device() ||
+          g.sizes() != ps.param.sizes() || !g.is_contiguous()) {
+        auto describe = [](const at::Tensor& t) {
+          std::ostringstream os;
+          os << c10::toString(t.scalar_type()) << " " << t.sizes() << " on " << t.device()
+             << (t.is_contiguous() ? "" : " (not contiguous)");
+          return os.str();
+        };
+        throw std::invalid_argument("engine: the gradient of " + ps.name + " is " + describe(g) +
+                                    ", the parameter " + describe(ps.param) +
+                                    ": gradients must match their parameter's dtype, shape and device");
+      }
       out.push_back(g.detach());
     }
     return out;
