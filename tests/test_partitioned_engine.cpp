@@ -15,6 +15,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "tests/support/ranks.h"
+#include "tests/support/thread_collectives.h"
 #include "worker/distributed/engine_collectives.h"
 #include "worker/engine/zenflow_optimizer.h"
 
@@ -33,6 +36,7 @@ using zenflow::engine::ParamSpec;
 using zenflow::engine::SelectStrategy;
 using zenflow::engine::ZenFlowOptimizer;
 using zenflow::test_support::run_ranks;
+using zenflow::test_support::run_thread_ranks;
 using State = std::vector<std::pair<std::string, at::Tensor>>;
 
 struct Shape {
@@ -41,20 +45,28 @@ struct Shape {
 };
 const Shape kShapes[] = {{"w1", 16, 48}, {"w2", 24, 30}, {"bias", 16, 0}, {"tiny", 8, 9}};
 
-std::vector<at::Tensor> make_params(at::ScalarType dtype = at::kFloat) {
+// The in-process tests' device: CUDA when ZENFLOW_TEST_DEVICE=cuda and LibTorch sees a
+// GPU (ranks as threads on one GPU), else the CPU. The Gloo tests stay on the CPU.
+at::Device test_device() {
+  const char* e = std::getenv("ZENFLOW_TEST_DEVICE");
+  if (e != nullptr && std::string(e) == "cuda" && at::hasCUDA()) return at::Device(at::kCUDA, 0);
+  return at::Device(at::kCPU);
+}
+
+std::vector<at::Tensor> make_params(at::ScalarType dtype = at::kFloat, at::Device device = at::kCPU) {
   std::vector<at::Tensor> ps;
   for (const Shape& s : kShapes) {
     at::Tensor t =
         s.in ? at::arange(s.out * s.in, at::kFloat).view({s.out, s.in}) : at::arange(s.out, at::kFloat);
     t = (t * 0.37).sin() * 0.5;
-    ps.push_back(t.to(dtype).contiguous().set_requires_grad(true));
+    ps.push_back(t.to(dtype).to(device).contiguous().set_requires_grad(true));
   }
   return ps;
 }
 
-std::vector<at::Tensor> clone_params(const std::vector<at::Tensor>& from) {
+std::vector<at::Tensor> clone_params(const std::vector<at::Tensor>& from, at::Device device = at::kCPU) {
   std::vector<at::Tensor> ps;
-  for (auto& p : from) ps.push_back(p.detach().clone().set_requires_grad(true));
+  for (auto& p : from) ps.push_back(p.detach().to(device).clone().set_requires_grad(true));
   return ps;
 }
 
@@ -72,7 +84,7 @@ at::Tensor grad_for(const Shape& s, int64_t step, int variant) {
 
 void set_grads(const std::vector<at::Tensor>& ps, int64_t step, int variant) {
   for (size_t k = 0; k < ps.size(); ++k)
-    ps[k].mutable_grad() = grad_for(kShapes[k], step, variant).to(ps[k].scalar_type());
+    ps[k].mutable_grad() = grad_for(kShapes[k], step, variant).to(ps[k].device(), ps[k].scalar_type());
 }
 
 std::unique_ptr<ZenFlowOptimizer> make_opt(const std::vector<at::Tensor>& ps, const EngineOptions& o,
@@ -99,7 +111,7 @@ EngineOptions base_options() {
 
 std::vector<at::Tensor> snapshot(const std::vector<at::Tensor>& ps) {
   std::vector<at::Tensor> out;
-  for (auto& p : ps) out.push_back(p.detach().clone());
+  for (auto& p : ps) out.push_back(p.detach().to(at::kCPU).clone());
   return out;
 }
 
@@ -139,8 +151,9 @@ void dp_steps(zenflow::distributed::Communicator& comm, ZenFlowOptimizer& opt,
 // One rank's trajectory: weights after every step (and after finish(), last).
 using Trajectory = std::vector<std::vector<at::Tensor>>;
 
-Trajectory run_single(const EngineOptions& o, int64_t steps, int variant, at::ScalarType dtype = at::kFloat) {
-  auto ps = make_params(dtype);
+Trajectory run_single(const EngineOptions& o, int64_t steps, int variant, at::ScalarType dtype = at::kFloat,
+                      at::Device device = at::kCPU) {
+  auto ps = make_params(dtype, device);
   auto opt = make_opt(ps, o);
   Trajectory t;
   for (int64_t s = 0; s < steps; ++s) {
@@ -153,25 +166,46 @@ Trajectory run_single(const EngineOptions& o, int64_t steps, int variant, at::Sc
   return t;
 }
 
-// `variant_of_rank(r)`: which gradient rank r sees.
+// One rank's trajectory in a group; `average` averages a gradient the engine does not split.
+Trajectory rank_trajectory(zenflow::engine::Collectives& coll, const EngineOptions& o, int64_t steps, int variant,
+                           at::ScalarType dtype, at::Device device, const std::function<void(at::Tensor&)>& average) {
+  auto ps = make_params(dtype, device);
+  auto opt = make_opt(ps, o, &coll);
+  EXPECT_EQ(opt->world_size(), coll.world_size());
+  Trajectory t;
+  for (int64_t s = 0; s < steps; ++s) {
+    set_grads(ps, s, variant);
+    for (size_t k = 0; k < ps.size(); ++k)
+      if (!opt->is_split(kShapes[k].name)) average(ps[k].mutable_grad());
+    opt->step({1e-2, 0});
+    t.push_back(snapshot(ps));
+  }
+  opt->finish();
+  t.push_back(snapshot(ps));
+  return t;
+}
+
+// Gloo ranks on the CPU; `variant_of_rank(r)`: which gradient rank r sees.
 std::vector<Trajectory> run_ranks_engine(int world, const EngineOptions& o, int64_t steps,
                                          const std::function<int(int)>& variant_of_rank,
                                          at::ScalarType dtype = at::kFloat) {
   std::vector<Trajectory> out(static_cast<size_t>(world));
   run_ranks(world, [&](zenflow::distributed::Communicator& comm) {
     zenflow::distributed::EngineCollectives coll(comm);
-    auto ps = make_params(dtype);
-    auto opt = make_opt(ps, o, &coll);
-    ASSERT_EQ(opt->world_size(), world);
-    Trajectory& t = out[static_cast<size_t>(comm.rank())];
-    for (int64_t s = 0; s < steps; ++s) {
-      set_grads(ps, s, variant_of_rank(comm.rank()));
-      average_dense_grads(comm, *opt, ps);
-      opt->step({1e-2, 0});
-      t.push_back(snapshot(ps));
-    }
-    opt->finish();
-    t.push_back(snapshot(ps));
+    out[static_cast<size_t>(comm.rank())] =
+        rank_trajectory(coll, o, steps, variant_of_rank(comm.rank()), dtype, at::kCPU,
+                        [&](at::Tensor& g) { comm.allreduce_mean_(g); });
+  });
+  return out;
+}
+
+// Ranks as threads on `device` with in-process collectives, every rank fed variant 0.
+std::vector<Trajectory> run_thread_ranks_engine(int world, const EngineOptions& o, int64_t steps,
+                                                at::ScalarType dtype, at::Device device) {
+  std::vector<Trajectory> out(static_cast<size_t>(world));
+  run_thread_ranks(world, [&](zenflow::test_support::ThreadCollectives& coll, int rank) {
+    out[static_cast<size_t>(rank)] =
+        rank_trajectory(coll, o, steps, 0, dtype, device, [&](at::Tensor& g) { coll.allreduce_mean_(g); });
   });
   return out;
 }
@@ -190,9 +224,7 @@ struct Case {
 
 class SameGradientsOnEveryRank : public ::testing::TestWithParam<Case> {};
 
-TEST_P(SameGradientsOnEveryRank, TwoRanksReproduceOneRankStepByStep) {
-  REQUIRE_GLOO();
-  const Case c = GetParam();
+EngineOptions case_options(const Case& c) {
   EngineOptions o = base_options();
   o.mode = c.mode;
   o.topk_ratio = c.r;
@@ -201,9 +233,10 @@ TEST_P(SameGradientsOnEveryRank, TwoRanksReproduceOneRankStepByStep) {
   o.select_strategy = c.strategy;
   o.select_interval = c.S;
   o.grad_clip = c.clip;
-  const int64_t steps = 14;
-  const Trajectory one = run_single(o, steps, 0, c.dtype);
-  const auto two = run_ranks_engine(2, o, steps, [](int) { return 0; }, c.dtype);
+  return o;
+}
+
+void expect_two_ranks_reproduce_one(const Trajectory& one, const std::vector<Trajectory>& two) {
   ASSERT_EQ(two[0].size(), one.size());
   ASSERT_EQ(two[1].size(), one.size());
   for (size_t s = 0; s < one.size(); ++s) {
@@ -211,6 +244,27 @@ TEST_P(SameGradientsOnEveryRank, TwoRanksReproduceOneRankStepByStep) {
     expect_close(two[0][s], one[s], 1e-6, where);
     expect_bitwise(two[0][s], two[1][s], where + " rank 1 vs rank 0");
   }
+}
+
+TEST_P(SameGradientsOnEveryRank, TwoRanksReproduceOneRankStepByStep) {
+  REQUIRE_GLOO();
+  const Case c = GetParam();
+  const EngineOptions o = case_options(c);
+  const int64_t steps = 14;
+  expect_two_ranks_reproduce_one(run_single(o, steps, 0, c.dtype),
+                                 run_ranks_engine(2, o, steps, [](int) { return 0; }, c.dtype));
+}
+
+// The same with ranks as threads on the test device (in-process collectives): on a GPU
+// host, the partitioned engine's CUDA path (reduce-scattered staging, the all-gather of
+// the host results, re-selection moves between ranks) on one GPU.
+TEST_P(SameGradientsOnEveryRank, TwoThreadRanksOnTheTestDeviceReproduceOneRank) {
+  const Case c = GetParam();
+  const EngineOptions o = case_options(c);
+  const int64_t steps = 14;
+  const at::Device device = test_device();
+  expect_two_ranks_reproduce_one(run_single(o, steps, 0, c.dtype, device),
+                                 run_thread_ranks_engine(2, o, steps, c.dtype, device));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -328,7 +382,8 @@ TEST(PartitionedEngine, EachRankHoldsItsShareOfTheHostState) {
 // Runs `first` steps on `from` ranks, re-shards the state onto `to` ranks and finishes
 // `total` steps there; every rank sees the same gradient, so the result must match one
 // uninterrupted rank.
-void reshard_case(int from, int to) {
+void reshard_case(int from, int to, bool thread_ranks) {
+  const at::Device device = thread_ranks ? test_device() : at::Device(at::kCPU);
   EngineOptions o = base_options();
   o.topk_ratio = 0.25;
   o.update_interval = 3;
@@ -336,13 +391,13 @@ void reshard_case(int from, int to) {
   o.select_strategy = SelectStrategy::kStep;
   o.select_interval = 3;
   const int64_t first = 7, total = 13;  // 7: mid-window, with a host step in flight
-  const Trajectory straight = run_single(o, total, 0);
+  const Trajectory straight = run_single(o, total, 0, at::kFloat, device);
 
   std::vector<State> shards(static_cast<size_t>(from));
   std::vector<at::Tensor> weights;
   std::mutex mu;
   auto phase1 = [&](zenflow::engine::Collectives* coll, int rank) {
-    auto ps = make_params();
+    auto ps = make_params(at::kFloat, device);
     auto opt = make_opt(ps, o, coll);
     for (int64_t s = 0; s < first; ++s) {
       set_grads(ps, s, 0);
@@ -355,6 +410,8 @@ void reshard_case(int from, int to) {
   };
   if (from == 1) {
     phase1(nullptr, 0);
+  } else if (thread_ranks) {
+    run_thread_ranks(from, [&](zenflow::test_support::ThreadCollectives& coll, int rank) { phase1(&coll, rank); });
   } else {
     run_ranks(from, [&](zenflow::distributed::Communicator& comm) {
       zenflow::distributed::EngineCollectives coll(comm);
@@ -363,7 +420,7 @@ void reshard_case(int from, int to) {
   }
   std::vector<std::vector<at::Tensor>> result(static_cast<size_t>(to));
   auto phase2 = [&](zenflow::engine::Collectives* coll, int rank) {
-    auto ps = clone_params(weights);
+    auto ps = clone_params(weights, device);
     auto opt = make_opt(ps, o, coll);
     opt->load_state_shards(shards);
     for (int64_t s = first; s < total; ++s) {
@@ -375,6 +432,8 @@ void reshard_case(int from, int to) {
   };
   if (to == 1) {
     phase2(nullptr, 0);
+  } else if (thread_ranks) {
+    run_thread_ranks(to, [&](zenflow::test_support::ThreadCollectives& coll, int rank) { phase2(&coll, rank); });
   } else {
     run_ranks(to, [&](zenflow::distributed::Communicator& comm) {
       zenflow::distributed::EngineCollectives coll(comm);
@@ -388,12 +447,18 @@ void reshard_case(int from, int to) {
 
 TEST(PartitionedEngine, StateReshardsTwoRanksToOne) {
   REQUIRE_GLOO();
-  reshard_case(2, 1);
+  reshard_case(2, 1, false);
 }
 
 TEST(PartitionedEngine, StateReshardsOneRankToTwo) {
   REQUIRE_GLOO();
-  reshard_case(1, 2);
+  reshard_case(1, 2, false);
+}
+
+// Ranks as threads on the test device (on a GPU host: restores with a pending apply on CUDA).
+TEST(PartitionedEngine, StateReshardsBetweenThreadRanksOnTheTestDevice) {
+  reshard_case(2, 1, true);
+  reshard_case(1, 2, true);
 }
 
 TEST(PartitionedEngine, MissingShardIsNamed) {

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/threads.h"
 #include "worker/distributed/communicator.h"
 #include "worker/distributed/launcher.h"
 #include "worker/distributed/rendezvous.h"
@@ -55,24 +56,12 @@ inline void run_ranks(int world, const std::function<void(distributed::Communica
     reservation = std::make_unique<distributed::PortReservation>();
     port = reservation->port();
   }
-  std::vector<std::thread> threads;
-  std::mutex mu;
-  std::vector<std::string> errors;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        distributed::RankInfo info = local_rank(r, world, port, timeout);
-        info.store_external = external;
-        distributed::Communicator comm(info, options);
-        fn(comm);
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lk(mu);
-        errors.push_back("rank " + std::to_string(r) + ": " + e.what());
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (const auto& e : errors) ADD_FAILURE() << e;
+  run_threads(world, [&](int r) {
+    distributed::RankInfo info = local_rank(r, world, port, timeout);
+    info.store_external = external;
+    distributed::Communicator comm(info, options);
+    fn(comm);
+  });
 }
 
 }  // namespace zenflow::test_support
