@@ -1,5 +1,7 @@
 // The engine with a data-parallel group (ZeRO-2 partitioned host optimizer, all-reduced
-// selection), on CPU Gloo with ranks as threads of this process.
+// selection), ranks as threads of this process: on CPU Gloo, and (the equivalence and
+// re-shard cases) with in-process collectives on the test device, so that a GPU host
+// without Gloo runs the partitioned CUDA path on one GPU.
 //
 //  * Ranks fed the same gradient must reproduce a single rank fed that gradient (the
 //    mean over ranks is then that gradient), for every mode, window length, overlap,
