@@ -677,6 +677,42 @@ TEST_P(ResumeFromStateDict, MatchesUninterruptedRun) {
     EXPECT_TRUE(close(c.params[i], final_a[i], 1e-7, kSmallSpecs[i].name + " (resumed) after finish"));
 }
 
+// A state saved with a host step in flight, resumed with overlap_step off: the pending
+// result is applied on load (the host columns move), and the run continues with no
+// stale column, as a synchronous run does.
+TEST(ZenFlowOptimizer, OverlappedStateResumedWithoutOverlapAppliesThePendingStep) {
+  ze::EngineOptions o = zen_options();
+  o.topk_ratio = 0.25;
+  o.update_interval = 3;
+  o.full_warm_up_rounds = 1;
+  o.overlap_step = true;
+  set_resume_strategy(o, false);
+  Problem a = make_problem(kSmallSpecs, random_values(kSmallSpecs, 41));
+  ze::ZenFlowOptimizer oa(a.param_specs(), o);
+  for (int64_t s = 0; s < 4; ++s) {
+    a.set_grads(random_values(kSmallSpecs, 700 + static_cast<uint64_t>(s), 2.0));
+    oa.step(ctx_at(s));
+  }
+  ASSERT_EQ(oa.windows_completed(), 1) << "window 0 handed over, its host step in flight";
+  const auto state = oa.state_dict();
+  const auto values = a.snapshot();
+
+  ze::EngineOptions sync = o;
+  sync.overlap_step = false;
+  Problem b = make_problem(kSmallSpecs, values);
+  ze::ZenFlowOptimizer ob(b.param_specs(), sync);
+  ob.load_state(state);
+  EXPECT_FALSE(bitwise_equal(b["big1"], values[0], "big1")) << "window 0's host step must be applied on load";
+  EXPECT_TRUE(bitwise_equal(b["bias"], values[1], "bias")) << "always-device parameters are untouched";
+  for (int64_t s = 4; s < 10; ++s) {
+    b.set_grads(random_values(kSmallSpecs, 700 + static_cast<uint64_t>(s), 2.0));
+    EXPECT_EQ(ob.step(ctx_at(s)).staleness_windows, 0) << "step " << s;
+  }
+  EXPECT_EQ(ob.max_staleness_windows(), oa.max_staleness_windows()) << "nothing staler than before the save";
+  ob.finish();
+  for (auto& p : b.params) EXPECT_TRUE(at::isfinite(p).all().item<bool>());
+}
+
 // K = 4: just after window 0's boundary (its host step in flight); K = 5: mid-window.
 INSTANTIATE_TEST_SUITE_P(At, ResumeFromStateDict, kResumeCases, resume_case_name);
 

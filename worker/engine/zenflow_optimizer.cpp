@@ -1494,6 +1494,10 @@ void ZenFlowOptimizer::load_state_shards(
     d.v.copy_(get(p + "v", d.v.sizes()));
     if (d.master.defined()) d.master.copy_(get(p + "master", d.master.sizes()));
   }
+  // A host step in flight when the state was saved is applied at the next boundary (§4).
+  // Resumed without overlap there is no pipeline to carry it: it is applied now, so the
+  // run continues with no stale column.
+  if (i.inflight && !i.opt.overlap_step) i.complete_inflight();
 }
 
 ZenFlowOptimizer::ZenFlowOptimizer(std::vector<ParamSpec> params, const EngineOptions& options,
