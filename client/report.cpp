@@ -89,8 +89,13 @@ void print_summary_table(std::ostream& out, const JobSpec& spec, const RunSummar
     row("bytes / step d2h, h2d", std::to_string((t.transfer_bytes[0] - f[0]) / steps) + ", " +
                                      std::to_string((t.transfer_bytes[1] - f[1]) / steps));
   }
-  if (s.host_state_bytes > 0)
-    row(s.world_size > 1 ? "host state / rank" : "host state", fmt(static_cast<double>(s.host_state_bytes) / 1048576.0, 1) + " MiB");
+  if (s.host_state_bytes > 0) {
+    auto mib = [&](int64_t b) { return fmt(static_cast<double>(b) / 1048576.0, 1) + " MiB"; };
+    const bool pinned = s.device.rfind("cuda", 0) == 0;
+    row(s.world_size > 1 ? "host state / rank" : "host state",
+        mib(s.host_state_bytes) + " (transfer buffers " + mib(s.transfer_buffer_bytes) +
+            (pinned ? ", pinned)" : ")"));
+  }
   if (s.world_size > 1 && steps > 0) {
     auto kib = [&](int64_t b) { return fmt(static_cast<double>(b) / static_cast<double>(steps) / 1024.0, 1) + " KiB"; };
     row("ranks", std::to_string(s.world_size) + (s.ranks_identical ? " (weights bit-identical)" : " (WEIGHTS DIFFER)"));
@@ -128,6 +133,8 @@ nlohmann::json summary_json(const RunSummary& s) {
   j["transfer_bytes"] = {{"d2h", s.totals.transfer_bytes[0]}, {"h2d", s.totals.transfer_bytes[1]}};
   j["wall_seconds"] = s.wall_seconds;
   j["host_state_bytes"] = s.host_state_bytes;
+  j["pinned_host_bytes"] = s.device.rfind("cuda", 0) == 0 ? s.transfer_buffer_bytes : 0;
+  j["transfer_buffer_bytes"] = s.transfer_buffer_bytes;
   j["ranks_identical"] = s.ranks_identical;
   j["comm_bytes"] = {{"gradients", s.comm_gradient_bytes},
                      {"selection", s.comm_selection_bytes},

@@ -83,6 +83,10 @@ TEST(Cli, RunJsonReportsLossesAndStalls) {
   for (const char* cause : {"host_optimizer", "transfer_d2h", "transfer_h2d", "data", "allreduce", "network", "checkpoint"})
     EXPECT_TRUE(j.at("stall_seconds").contains(cause)) << cause;
   EXPECT_GT(j.at("transfer_bytes").at("d2h").get<double>(), 0.0);
+  // Transfer buffers are part of the host state; pinned only on CUDA.
+  EXPECT_GT(j.at("transfer_buffer_bytes").get<int64_t>(), 0);
+  EXPECT_LT(j.at("transfer_buffer_bytes").get<int64_t>(), j.at("host_state_bytes").get<int64_t>());
+  EXPECT_EQ(j.at("pinned_host_bytes").get<int64_t>(), 0);  // device cpu
 }
 
 TEST(Cli, InterruptWritesACheckpointAndExits130) {

@@ -983,6 +983,24 @@ TEST(ZenFlowOptimizer, BadOptionsAreRejected) {
   EXPECT_EQ(ze::parse_optimizer_mode("offload"), ze::OptimizerMode::kOffload);
 }
 
+// Host memory by buffer for kSmallSpecs: big1 (6x8) and big2 (5x12) are split (108
+// elements); master, m, v and two accumulators are fp32; the transfer buffers (two ring
+// slots, two last-gradient buffers, and with bf16 weights two output buffers) have the
+// weights' dtype.
+TEST(ZenFlowOptimizer, HostMemoryIsCountedBufferByBuffer) {
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    std::vector<at::Tensor> init = random_values(kSmallSpecs, 5);
+    for (auto& t : init) t = t.to(dtype);
+    Problem p = make_problem(kSmallSpecs, init);
+    ze::ZenFlowOptimizer opt(p.param_specs(), zen_options());
+    const int64_t split = 6 * 8 + 5 * 12, state = 5 * split * 4;
+    const int64_t transfer = dtype == at::kFloat ? 4 * split * 4 : 6 * split * 2;
+    EXPECT_EQ(opt.split_elements(), split);
+    EXPECT_EQ(opt.pinned_host_bytes(), transfer) << c10::toString(dtype);
+    EXPECT_EQ(opt.host_state_bytes(), state + transfer) << c10::toString(dtype);
+  }
+}
+
 // A gradient set by hand that does not match its parameter is a clear error naming it,
 // and the step changes nothing.
 TEST(ZenFlowOptimizer, GradientOfAnotherDtypeOrShapeIsRejectedByName) {

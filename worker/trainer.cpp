@@ -348,6 +348,7 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
   }
   sum.split_params = opt.split_elements();
   sum.host_state_bytes = opt.host_state_bytes();
+  sum.transfer_buffer_bytes = opt.pinned_host_bytes();
 
   model::ScheduleConfig sched;
   sched.kind = spec.train.schedule;

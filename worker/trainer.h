@@ -69,6 +69,9 @@ struct RunSummary {
   engine::StepTimes finish_times; // of those, the end of the run: last window's flush, final checkpoint
   double wall_seconds = 0;
   int64_t host_state_bytes = 0;  // this rank's host optimizer state (1/W of it with W ranks)
+  // Of those, the transfer buffers (gradient staging, host output): page-locked on CUDA,
+  // registered once (zenflow_pinned_host_bytes).
+  int64_t transfer_buffer_bytes = 0;
   int64_t host_threads = 0;
   int64_t compute_threads = 0;
   int64_t reselections = 0;
