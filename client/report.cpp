@@ -8,6 +8,11 @@
 
 namespace zenflow::cli {
 
+namespace {
+// Transfer buffers are page-locked on CUDA (DeviceStreams::alloc_host), plain memory otherwise.
+bool transfers_pinned(const RunSummary& s) { return s.device.rfind("cuda", 0) == 0; }
+}  // namespace
+
 std::string format_duration(double s) {
   char buf[64];
   if (!std::isfinite(s) || s < 0) return "?";
@@ -91,7 +96,7 @@ void print_summary_table(std::ostream& out, const JobSpec& spec, const RunSummar
   }
   if (s.host_state_bytes > 0) {
     auto mib = [&](int64_t b) { return fmt(static_cast<double>(b) / 1048576.0, 1) + " MiB"; };
-    const bool pinned = s.device.rfind("cuda", 0) == 0;
+    const bool pinned = transfers_pinned(s);
     row(s.world_size > 1 ? "host state / rank" : "host state",
         mib(s.host_state_bytes) + " (transfer buffers " + mib(s.transfer_buffer_bytes) +
             (pinned ? ", pinned)" : ")"));
@@ -133,7 +138,7 @@ nlohmann::json summary_json(const RunSummary& s) {
   j["transfer_bytes"] = {{"d2h", s.totals.transfer_bytes[0]}, {"h2d", s.totals.transfer_bytes[1]}};
   j["wall_seconds"] = s.wall_seconds;
   j["host_state_bytes"] = s.host_state_bytes;
-  j["pinned_host_bytes"] = s.device.rfind("cuda", 0) == 0 ? s.transfer_buffer_bytes : 0;
+  j["pinned_host_bytes"] = transfers_pinned(s) ? s.transfer_buffer_bytes : 0;
   j["transfer_buffer_bytes"] = s.transfer_buffer_bytes;
   j["ranks_identical"] = s.ranks_identical;
   j["comm_bytes"] = {{"gradients", s.comm_gradient_bytes},

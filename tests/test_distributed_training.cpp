@@ -59,6 +59,18 @@ nlohmann::json run_json(const std::string& spec_path, int nproc, const std::stri
   return j;
 }
 
+// Expects `got` within 1% of `want` at every step (step numbers from `first_step`);
+// returns the worst relative difference.
+double expect_losses_track(const std::vector<double>& got, const std::vector<double>& want, int first_step) {
+  double worst = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    const double rel = std::abs(got[i] - want[i]) / want[i];
+    EXPECT_LE(rel, 0.01) << "step " << first_step + static_cast<int>(i);
+    worst = std::max(worst, rel);
+  }
+  return worst;
+}
+
 struct Case {
   const char* name;
   const char* mode;
@@ -171,11 +183,7 @@ TEST(DistributedTraining, ZenFlowWithOverlapKeepsRanksIdenticalAndTracksOneRank)
   const auto la = a["losses"].get<std::vector<double>>(), lb = b["losses"].get<std::vector<double>>();
   ASSERT_EQ(la.size(), 10u);
   ASSERT_EQ(lb.size(), 10u);
-  double worst = 0;
-  for (size_t i = 0; i < la.size(); ++i) {
-    EXPECT_LE(std::abs(lb[i] - la[i]) / la[i], 0.01) << "step " << i + 1;
-    worst = std::max(worst, std::abs(lb[i] - la[i]) / la[i]);
-  }
+  const double worst = expect_losses_track(lb, la, 1);
   std::printf("[figure] 2 ranks vs 1 rank, U=4 overlap: worst per-step loss difference %.3g%%\n", 100 * worst);
   // Selection scores cost a sliver of what gradients cost (here ~out/1 per matrix).
   const double sel = b["comm_bytes"]["selection"].get<double>(), grad = b["comm_bytes"]["gradients"].get<double>();
@@ -218,11 +226,7 @@ TEST(DistributedTraining, TwoRankCheckpointResumesOnOneRank) {
   const auto l1 = one["losses"].get<std::vector<double>>(), l2 = two["losses"].get<std::vector<double>>();
   ASSERT_EQ(l1.size(), 10u);
   ASSERT_EQ(l2.size(), 10u);
-  double worst = 0;
-  for (size_t i = 0; i < l1.size(); ++i) {
-    EXPECT_LE(std::abs(l1[i] - l2[i]) / l2[i], 0.01) << "step " << 11 + i;
-    worst = std::max(worst, std::abs(l1[i] - l2[i]) / l2[i]);
-  }
+  const double worst = expect_losses_track(l1, l2, 11);
   std::printf("[figure] resumed on 1 rank vs on 2 ranks from one 2-rank checkpoint: worst loss difference %.3g%%\n",
               100 * worst);
   zenflow::remove_tree(dir);

@@ -384,6 +384,21 @@ TEST(PartitionedEngine, EachRankHoldsItsShareOfTheHostState) {
 // Runs `first` steps on `from` ranks, re-shards the state onto `to` ranks and finishes
 // `total` steps there; every rank sees the same gradient, so the result must match one
 // uninterrupted rank.
+// fn(collectives, rank) on `world` ranks: one rank alone (no collectives), rank threads
+// with in-process collectives, or rank threads on Gloo.
+void run_group(int world, bool thread_ranks, const std::function<void(zenflow::engine::Collectives*, int)>& fn) {
+  if (world == 1) {
+    fn(nullptr, 0);
+  } else if (thread_ranks) {
+    run_thread_ranks(world, [&](zenflow::test_support::ThreadCollectives& coll, int rank) { fn(&coll, rank); });
+  } else {
+    run_ranks(world, [&](zenflow::distributed::Communicator& comm) {
+      zenflow::distributed::EngineCollectives coll(comm);
+      fn(&coll, comm.rank());
+    });
+  }
+}
+
 void reshard_case(int from, int to, bool thread_ranks) {
   const at::Device device = thread_ranks ? test_device() : at::Device(at::kCPU);
   EngineOptions o = base_options();
@@ -410,16 +425,7 @@ void reshard_case(int from, int to, bool thread_ranks) {
     shards[static_cast<size_t>(rank)] = st;
     if (rank == 0) weights = snapshot(ps);
   };
-  if (from == 1) {
-    phase1(nullptr, 0);
-  } else if (thread_ranks) {
-    run_thread_ranks(from, [&](zenflow::test_support::ThreadCollectives& coll, int rank) { phase1(&coll, rank); });
-  } else {
-    run_ranks(from, [&](zenflow::distributed::Communicator& comm) {
-      zenflow::distributed::EngineCollectives coll(comm);
-      phase1(&coll, comm.rank());
-    });
-  }
+  run_group(from, thread_ranks, phase1);
   std::vector<std::vector<at::Tensor>> result(static_cast<size_t>(to));
   auto phase2 = [&](zenflow::engine::Collectives* coll, int rank) {
     auto ps = clone_params(weights, device);
@@ -432,16 +438,7 @@ void reshard_case(int from, int to, bool thread_ranks) {
     opt->finish();
     result[static_cast<size_t>(rank)] = snapshot(ps);
   };
-  if (to == 1) {
-    phase2(nullptr, 0);
-  } else if (thread_ranks) {
-    run_thread_ranks(to, [&](zenflow::test_support::ThreadCollectives& coll, int rank) { phase2(&coll, rank); });
-  } else {
-    run_ranks(to, [&](zenflow::distributed::Communicator& comm) {
-      zenflow::distributed::EngineCollectives coll(comm);
-      phase2(&coll, comm.rank());
-    });
-  }
+  run_group(to, thread_ranks, phase2);
   expect_close(result[0], straight.back(), 1e-6, std::to_string(from) + " -> " + std::to_string(to));
   for (int r = 1; r < to; ++r)
     expect_bitwise(result[static_cast<size_t>(r)], result[0], "rank " + std::to_string(r));
