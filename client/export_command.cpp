@@ -52,7 +52,7 @@ const CommandRegistrar kExportCommand(30, [](CommandContext& ctx) {
   CLI::App* cmd = ctx.root->add_subcommand(
       "export", "Write the newest checkpoint of a run as a Hugging Face model directory");
   cmd->add_option("run_dir", args->run_dir,
-                  "The run's checkpoint.dir (step-NNNNNNNN directories and job.yaml)")
+                  "The run's checkpoint.dir (its step-NNNNNNNN directories)")
       ->required();
   cmd->add_option("--out", args->out, "Output directory (must not exist, or be empty)")->required();
   cmd->add_option("--dtype", args->dtype, "Weights dtype: auto (the input model's; float32 for random init)")

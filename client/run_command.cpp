@@ -9,9 +9,13 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include <c10/util/Exception.h>
+
 #include "client/commands.h"
 #include "client/report.h"
+#include "common/input_file.h"
 #include "common/job_spec.h"
+#include "worker/checkpoint.h"
 #include "worker/distributed/launcher.h"
 #include "worker/distributed/rendezvous.h"
 #include "worker/trainer.h"
@@ -20,8 +24,16 @@ namespace zenflow::cli {
 namespace {
 
 std::atomic<bool> g_stop{false};
+std::atomic<bool> g_training{false};  // setup is done: a stop now ends with a checkpoint
 
 void on_sigint(int) {
+  if (!g_training.load()) {
+    // Model construction, loading, resume: nothing is written yet that a checkpoint would
+    // keep, so leave at once (a blocking read cannot hold the process either).
+    const char msg[] = "\nzenflow: interrupted before training started; nothing was written\n";
+    (void)!::write(2, msg, sizeof(msg) - 1);
+    std::_Exit(kExitInterrupted);
+  }
   if (g_stop.exchange(true)) std::_Exit(kExitInterrupted);  // second Ctrl-C: leave now
   const char msg[] = "\nzenflow: interrupt: finishing this step and writing a checkpoint (Ctrl-C again to abort)\n";
   (void)!::write(2, msg, sizeof(msg) - 1);
@@ -31,8 +43,10 @@ struct RunArgs {
   std::string job;
   std::vector<std::string> sets;
   bool json = false;
-  bool no_resume = false;
+  bool fresh = false;
   bool quiet = false;
+  bool verbose = false;
+  std::vector<std::string> allow_spec_change;
   int nproc = 0;  // 0: resources.gpus_per_worker (at least 1)
   std::vector<std::string> argv;  // this process's argv, for the rank processes
 };
@@ -64,18 +78,46 @@ int run(const RunArgs& a) {
   std::signal(SIGTERM, on_sigint);
   ProgressPrinter progress(std::cerr, isatty(2) != 0 && !a.quiet && rank0, a.quiet || !rank0);
   RunOptions opts;
-  opts.resume = !a.no_resume;
+  opts.resume = !a.fresh;
+  for (const std::string& list : a.allow_spec_change) {
+    std::stringstream keys(list);
+    for (std::string k; std::getline(keys, k, ',');)
+      if (!k.empty()) opts.allow_spec_change.push_back(k);
+  }
+  opts.on_training_start = [] { g_training.store(true); };
   opts.on_step = [&](const StepProgress& p) { progress.step(p); };
   opts.on_log = [&](const std::string& s) { progress.log(s); };
   if (rank0) std::cerr << "zenflow: job " << spec.name << " (" << spec.optimizer.mode << " mode), " << spec.train.steps
             << " steps, checkpoints in " << spec.checkpoint.dir << "\n";
   RunSummary sum;
+  // One line per failure, naming the file or key; LibTorch's stack trace only with --verbose.
+  auto fail = [&](int code, const std::string& kind, const std::string& what) {
+    progress.finish();
+    std::cerr << "zenflow: " << kind << ": " << what << "\n";
+    return code;
+  };
   try {
     sum = run_training(spec, opts, &g_stop);
+  } catch (const SpecError& e) {
+    return fail(kExitBadInput, "invalid job spec", e.what());
+  } catch (const InputError& e) {
+    return fail(kExitBadInput, "invalid input", e.what());
   } catch (const std::invalid_argument& e) {
-    progress.finish();
-    std::cerr << "zenflow: invalid job: " << e.what() << "\n";
-    return kExitBadInput;
+    return fail(kExitBadInput, "invalid job", e.what());
+  } catch (const CheckpointDirBusy& e) {
+    return fail(kExitFailure, "error", e.what());
+  } catch (const c10::Error& e) {
+    const std::string msg = a.verbose ? e.what() : e.what_without_backtrace();
+    const std::string first = a.verbose ? msg : msg.substr(0, msg.find('\n'));
+    if (msg.find("can't allocate memory") != std::string::npos || msg.find("out of memory") != std::string::npos)
+      return fail(kExitBadInput, "out of memory",
+                  first + " (reduce train.micro_batch, train.seq_len or the model size in model.config)");
+    return fail(kExitFailure, "error", first + (a.verbose ? "" : " (--verbose shows LibTorch's trace)"));
+  } catch (const std::bad_alloc&) {
+    return fail(kExitBadInput, "out of memory",
+                "the job does not fit in this machine's memory (reduce train.micro_batch, train.seq_len or the model size)");
+  } catch (const std::exception& e) {
+    return fail(kExitFailure, "error", e.what());
   }
   progress.finish();
   if (rank0) {
@@ -91,11 +133,18 @@ CommandRegistrar reg(10, [](CommandContext& ctx) {
   cmd->add_option("job", args->job, "Job spec (YAML)")->required()->check(CLI::ExistingFile);
   cmd->add_option("--set", args->sets, "Override a spec key: --set train.steps=50 (repeatable)");
   cmd->add_flag("--json", args->json, "Print one JSON object with the results at the end (stdout)");
-  cmd->add_flag("--no-resume", args->no_resume, "Start fresh even if checkpoint.dir holds a checkpoint");
+  cmd->add_flag("--fresh,--no-resume", args->fresh,
+                "Start from step 0 even if checkpoint.dir holds checkpoints (they are moved into "
+                "checkpoint.dir/superseded-*/, never deleted); also the way past a directory whose every "
+                "checkpoint is damaged");
+  cmd->add_option("--allow-spec-change", args->allow_spec_change,
+                  "Resume although these keys changed since the checkpoint (comma-separated, e.g. "
+                  "optimizer.mode,train.seq_len)");
   cmd->add_flag("--quiet", args->quiet, "No progress lines");
+  cmd->add_flag("--verbose", args->verbose, "Show LibTorch's stack trace with an error");
   cmd->add_option("--nproc", args->nproc, "Data-parallel rank processes on this machine (Gloo on CPU, NCCL on GPU); "
                   "default: resources.gpus_per_worker")
-      ->check(CLI::Range(1, 1024));
+      ->check(CLI::Range(1, 64));
   cmd->callback([args, &ctx] {
     args->argv = ctx.argv;
     ctx.exit_code = run(*args);

@@ -132,9 +132,10 @@ TEST(DistributedTraining, KilledRankFailsTheJobNamingIt) {
           static_cast<char*>(nullptr));
     _exit(127);
   }
-  // The launcher's children are the ranks; wait (bounded) until training runs (job.yaml).
+  // The launcher's children are the ranks; wait (bounded) until rank 0 holds checkpoint.dir
+  // (its lock file exists once the ranks have met and built the model).
   std::vector<pid_t> ranks;
-  for (int i = 0; i < 600 && (ranks.size() < 2 || !fs::exists(dir / "ckpt" / "job.yaml")); ++i) {
+  for (int i = 0; i < 600 && (ranks.size() < 2 || !fs::exists(dir / "ckpt" / ".zenflow.lock")); ++i) {
     usleep(50 * 1000);
     ranks.clear();
     std::ifstream children("/proc/" + std::to_string(launcher) + "/task/" + std::to_string(launcher) + "/children");

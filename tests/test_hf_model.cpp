@@ -848,16 +848,22 @@ TEST(ModelFactory, ModelFromLoadsTheCheckpointAndRejectsConfigOverrides) {
 
 namespace {
 
-// A run directory as the trainer leaves it: checkpoints of `weights` and job.yaml.
+// A run directory as the trainer leaves it: checkpoints of `weights`, each with its run.yaml.
 void write_run(const fs::path& run_dir, const std::string& job_yaml, const Named& weights, int64_t step) {
   fs::create_directories(run_dir);
   const zenflow::JobSpec spec = zenflow::parse_job_spec(job_yaml);
-  write_text(run_dir / "job.yaml", zenflow::to_yaml(spec));
   Named earlier;
   for (const auto& [n, t] : weights) earlier.emplace_back(n, at::zeros_like(t));
-  zenflow::write_checkpoint(run_dir.string(), step - 1, earlier, {}, json::object(), 3);
-  zenflow::write_checkpoint(run_dir.string(), step, weights, {{"engine.m", at::ones({3})}}, json::object(),
-                            3);
+  zenflow::CheckpointContents first;
+  first.model = earlier;
+  first.trainer = {{"loader_epoch", 0}, {"loader_index", 0}};
+  first.run_yaml = zenflow::to_yaml(spec);
+  first.identity = zenflow::job_identity(spec, 1);
+  zenflow::write_checkpoint(run_dir.string(), step - 1, first, 3);
+  zenflow::CheckpointContents last = first;
+  last.model = weights;
+  last.engine = {{"engine.m", at::ones({3})}};
+  zenflow::write_checkpoint(run_dir.string(), step, last, 3);
 }
 
 }  // namespace
@@ -939,8 +945,22 @@ TEST(ExportRun, RandomInitRunExportsFloat32AndBadInputIsReported) {
             std::string::npos);
   fs::create_directories(dir / "empty");
   EXPECT_NE(input_error(dir / "empty", "auto").find("holds no readable checkpoint"), std::string::npos);
-  fs::remove(dir / "run" / "job.yaml");
-  EXPECT_NE(input_error(dir / "run", "auto").find("no job.yaml"), std::string::npos);
+  try {
+    zenflow::export_run((dir / "run").string(), "", "auto", nullptr);
+    ADD_FAILURE() << "an empty --out was accepted";
+  } catch (const zenflow::ExportInputError& e) {
+    EXPECT_EQ(std::string(e.what()), "--out: must not be empty");
+  }
+  // A checkpoint whose run.yaml is gone no longer verifies: export falls back to the
+  // previous one and leaves the damaged one where it is.
+  fs::remove(dir / "run" / "step-00000005" / "run.yaml");
+  std::vector<std::string> warnings;
+  const zenflow::ExportSummary prev = zenflow::export_run((dir / "run").string(), (dir / "out-prev").string(), "auto",
+                                                          [&](const std::string& w) { warnings.push_back(w); });
+  EXPECT_EQ(prev.step, 4);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("run.yaml: no such file or directory"), std::string::npos) << warnings[0];
+  EXPECT_TRUE(fs::exists(dir / "run" / "step-00000005"));
   EXPECT_NE(input_error(dir / "missing", "auto").find("not a directory"), std::string::npos);
   EXPECT_FALSE(fs::exists(dir / "never"));
 }

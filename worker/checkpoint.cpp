@@ -1,30 +1,70 @@
-// Atomic training checkpoints (see checkpoint.h).
-#include "common/remove_tree.h"
+// Atomic, checksummed training checkpoints and the checkpoint directory's lock (see checkpoint.h).
 #include "worker/checkpoint.h"
 
-#include "worker/model/safetensors.h"
-
+#include <ATen/ATen.h>
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <map>
 #include <stdexcept>
+
+#include "common/crc32c.h"
+#include "common/input_file.h"
+#include "common/job_spec.h"
+#include "common/remove_tree.h"
+#include "worker/model/safetensors.h"
 
 namespace zenflow {
 namespace fs = std::filesystem;
 
 namespace {
 
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kTrainer = "trainer.json";
+constexpr const char* kModel = "model.safetensors";
+constexpr const char* kRunYaml = "run.yaml";
+constexpr const char* kManifestFormat = "zenflow-checkpoint";
+constexpr int64_t kManifestVersion = 1;
+constexpr const char* kChecksumSuffix = ".crc32c";  // a rank's shard checksum, beside it until commit
+
+// The reason part of an InputError ("<path>: <reason>").
+std::string reason_of(const InputError& e) {
+  const std::string what = e.what();
+  return what.size() > e.path().size() + 2 ? what.substr(e.path().size() + 2) : what;
+}
+
+// A damaged checkpoint: the file and what is wrong with it.
+class Damaged : public std::runtime_error {
+ public:
+  Damaged(const fs::path& file, const std::string& reason) : std::runtime_error(file.string() + ": " + reason) {}
+};
+
 void fsync_path(const fs::path& p) {
-  const int fd = ::open(p.c_str(), O_RDONLY);
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw std::runtime_error("checkpoint: cannot open " + p.string() + " to fsync");
   const int rc = ::fsync(fd);
   ::close(fd);
   if (rc != 0) throw std::runtime_error("checkpoint: fsync failed for " + p.string());
+}
+
+void write_text_file(const fs::path& path, const std::string& text) {
+  {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) throw std::runtime_error("checkpoint: cannot write " + path.string());
+  }
+  fsync_path(path);
 }
 
 void save_tensors(const fs::path& path, const NamedTensors& named) {
@@ -34,11 +74,28 @@ void save_tensors(const fs::path& path, const NamedTensors& named) {
   model::write_safetensors(path.string(), cpu, {{"format", "pt"}, {"writer", "zenflow"}});
 }
 
-NamedTensors load_tensors(const fs::path& path) {
-  model::SafetensorsFile file(path.string());  // validates the header and the byte ranges
-  NamedTensors out;
-  for (const std::string& name : file.names()) out.emplace_back(name, file.tensor(name).clone());
-  return out;
+// Non-finite values in a floating-point tensor make the checkpoint unusable: resuming would
+// train on NaN weights or optimizer moments.
+void check_finite(const fs::path& file, const std::string& name, const at::Tensor& t) {
+  if (!at::isFloatingType(t.scalar_type()) || t.numel() == 0) return;
+  if (!at::isfinite(t).all().item<bool>()) {
+    const int64_t bad = (~at::isfinite(t)).sum().item<int64_t>();
+    throw Damaged(file, "tensor '" + name + "' holds " + std::to_string(bad) + " non-finite value(s)");
+  }
+}
+
+// Opens a safetensors file (header and byte ranges validated) and checks every tensor is finite.
+model::SafetensorsFile open_checked(const fs::path& path) {
+  try {
+    model::SafetensorsFile file(path.string());
+    for (const std::string& name : file.names())
+      if (file.info(name).dtype != at::ScalarType::Undefined) check_finite(path, name, file.tensor(name));
+    return file;
+  } catch (const Damaged&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Damaged(path, e.what());
+  }
 }
 
 std::string step_name(int64_t step) {
@@ -46,26 +103,6 @@ std::string step_name(int64_t step) {
   std::snprintf(buf, sizeof(buf), "step-%08lld", static_cast<long long>(step));
   return buf;
 }
-
-}  // namespace
-
-std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
-  std::vector<std::pair<int64_t, std::string>> out;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return out;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (!e.is_directory() || name.rfind("step-", 0) != 0 || name.find('.') != std::string::npos) continue;
-    try {
-      out.emplace_back(std::stoll(name.substr(5)), e.path().string());
-    } catch (const std::exception&) {
-    }
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-namespace {
 
 fs::path tmp_dir(const std::string& dir, int64_t step) { return fs::path(dir) / (step_name(step) + ".tmp"); }
 
@@ -76,7 +113,70 @@ std::string shard_name(int rank) {
   return buf;
 }
 
+nlohmann::json checksum_entry(const fs::path& file) {
+  const FileChecksum c = checksum_file(file.string());
+  return {{"bytes", c.bytes}, {"crc32c", crc32c_hex(c.crc32c)}};
+}
+
+// An integer field of a JSON object, >= 0.
+int64_t nonnegative_field(const nlohmann::json& j, const char* key, const fs::path& file) {
+  if (!j.contains(key)) throw Damaged(file, std::string("field '") + key + "' is missing");
+  const nlohmann::json& v = j.at(key);
+  if (!v.is_number_integer()) throw Damaged(file, std::string("field '") + key + "' is not an integer: " + v.dump());
+  const int64_t x = v.get<int64_t>();
+  if (x < 0) throw Damaged(file, std::string("field '") + key + "' is negative: " + std::to_string(x));
+  return x;
+}
+
+nlohmann::json parse_json_file(const fs::path& file, int64_t max_bytes) {
+  std::string text;
+  try {
+    text = read_regular_file(file.string(), max_bytes, "a checkpoint's " + file.filename().string());
+  } catch (const InputError& e) {
+    throw Damaged(file, reason_of(e));
+  }
+  try {
+    nlohmann::json j = nlohmann::json::parse(text);
+    if (!j.is_object()) throw Damaged(file, "not a JSON object");
+    return j;
+  } catch (const nlohmann::json::exception& e) {
+    throw Damaged(file, std::string("not valid JSON (") + e.what() + ")");
+  }
+}
+
+// The step of a directory name step-NNNNNNNN (digits only), or -1.
+int64_t step_of_name(const std::string& name) {
+  if (name.size() <= 5 || name.rfind("step-", 0) != 0) return -1;
+  int64_t v = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || v > (INT64_MAX - 9) / 10) return -1;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
+// A name beside `path` that does not exist yet: path + suffix, then path + suffix + ".2", …
+fs::path free_name(const fs::path& path, const std::string& suffix) {
+  std::error_code ec;
+  fs::path candidate = path.string() + suffix;
+  for (int n = 2; fs::exists(fs::symlink_status(candidate, ec)); ++n)
+    candidate = path.string() + suffix + "." + std::to_string(n);
+  return candidate;
+}
+
 }  // namespace
+
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const int64_t step = step_of_name(e.path().filename().string());
+    if (step >= 0 && e.is_directory(ec) && !e.is_symlink(ec)) out.emplace_back(step, e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 void begin_checkpoint(const std::string& dir, int64_t step) {
   const fs::path root(dir);
@@ -92,33 +192,50 @@ void begin_checkpoint(const std::string& dir, int64_t step) {
 void write_engine_shard(const std::string& dir, int64_t step, int rank, const NamedTensors& engine) {
   const fs::path path = tmp_dir(dir, step) / shard_name(rank);
   save_tensors(path, engine);
-  fsync_path(path);
+  // The checksum travels beside the shard to rank 0, which puts it in the manifest.
+  write_text_file(path.string() + kChecksumSuffix, checksum_entry(path).dump() + "\n");
 }
 
-std::string commit_checkpoint(const std::string& dir, int64_t step, const NamedTensors& model,
-                              const NamedTensors& engine, const nlohmann::json& trainer, int64_t keep,
-                              int world_size) {
+std::string commit_checkpoint(const std::string& dir, int64_t step, const CheckpointContents& contents,
+                              int64_t keep, int world_size) {
   const fs::path root(dir);
   const fs::path final_dir = root / step_name(step);
   const fs::path tmp = tmp_dir(dir, step);
   std::error_code ec;
-  for (int r = 1; r < world_size; ++r)
-    if (!fs::is_regular_file(tmp / shard_name(r), ec))
-      throw std::runtime_error("checkpoint: rank " + std::to_string(r) + " did not write " +
-                               (tmp / shard_name(r)).string());
-  nlohmann::json meta = trainer;
+  if (fs::exists(fs::symlink_status(final_dir, ec)))
+    throw std::runtime_error("checkpoint: " + final_dir.string() + " already exists; a checkpoint is never replaced");
+  nlohmann::json files = nlohmann::json::object();
+  for (int r = 1; r < world_size; ++r) {
+    const fs::path shard = tmp / shard_name(r);
+    const fs::path sum = shard.string() + kChecksumSuffix;
+    if (!fs::is_regular_file(shard, ec) || !fs::is_regular_file(sum, ec))
+      throw std::runtime_error("checkpoint: rank " + std::to_string(r) + " did not write " + shard.string());
+    nlohmann::json entry = nlohmann::json::parse(read_regular_file(sum.string(), kMaxConfigBytes, "a checksum"));
+    if (entry.at("bytes").get<int64_t>() != static_cast<int64_t>(fs::file_size(shard, ec)))
+      throw std::runtime_error("checkpoint: " + shard.string() + " changed size after rank " + std::to_string(r) +
+                               " wrote it");
+    files[shard_name(r)] = entry;
+    fs::remove(sum, ec);
+  }
+  nlohmann::json meta = contents.trainer;
   meta["step"] = step;
   meta["world_size"] = world_size;
-  save_tensors(tmp / "model.safetensors", model);
-  write_engine_shard(dir, step, 0, engine);
-  {
-    std::ofstream f(tmp / "trainer.json");
-    f << meta.dump(1) << "\n";
-    if (!f) throw std::runtime_error("checkpoint: cannot write " + (tmp / "trainer.json").string());
-  }
-  for (const char* name : {"model.safetensors", "trainer.json"}) fsync_path(tmp / name);
+  save_tensors(tmp / kModel, contents.model);
+  save_tensors(tmp / shard_name(0), contents.engine);
+  write_text_file(tmp / kTrainer, meta.dump(1) + "\n");
+  write_text_file(tmp / kRunYaml, contents.run_yaml);
+  for (const std::string& name : {std::string(kModel), shard_name(0), std::string(kTrainer), std::string(kRunYaml)})
+    files[name] = checksum_entry(tmp / name);
+  const std::string identity_text = contents.identity.dump();
+  nlohmann::json manifest = {{"format", kManifestFormat},
+                             {"version", kManifestVersion},
+                             {"step", step},
+                             {"world_size", world_size},
+                             {"identity", contents.identity},
+                             {"identity_crc32c", crc32c_hex(crc32c(identity_text.data(), identity_text.size()))},
+                             {"files", files}};
+  write_text_file(tmp / kManifest, manifest.dump(1) + "\n");
   fsync_path(tmp);
-  zenflow::remove_tree(final_dir, ec);
   fs::rename(tmp, final_dir, ec);
   if (ec) throw std::runtime_error("checkpoint: cannot rename " + tmp.string() + ": " + ec.message());
   fsync_path(root);
@@ -129,46 +246,275 @@ std::string commit_checkpoint(const std::string& dir, int64_t step, const NamedT
   return final_dir.string();
 }
 
-std::string write_checkpoint(const std::string& dir, int64_t step, const NamedTensors& model,
-                             const NamedTensors& engine, const nlohmann::json& trainer, int64_t keep) {
+std::string write_checkpoint(const std::string& dir, int64_t step, const CheckpointContents& contents, int64_t keep) {
   begin_checkpoint(dir, step);
-  return commit_checkpoint(dir, step, model, engine, trainer, keep, 1);
+  return commit_checkpoint(dir, step, contents, keep, 1);
 }
 
 NamedTensors load_engine_shard(const Checkpoint& c, int rank) {
   if (rank < 0 || rank >= static_cast<int>(c.engine_shards.size()))
     throw std::invalid_argument("checkpoint " + c.path + " has no engine shard of rank " + std::to_string(rank));
-  return load_tensors(c.engine_shards[static_cast<size_t>(rank)]);
+  model::SafetensorsFile file(c.engine_shards[static_cast<size_t>(rank)]);
+  NamedTensors out;
+  for (const std::string& name : file.names()) out.emplace_back(name, file.tensor(name).clone());
+  return out;
 }
 
-std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir,
-                                                 const std::function<void(const std::string&)>& warn) {
+Checkpoint load_checkpoint(const std::string& step_dir) {
+  const fs::path p(step_dir);
+  const int64_t named_step = step_of_name(p.filename().string());
+  if (named_step < 0) throw Damaged(p, "not a step-NNNNNNNN directory");
+
+  // The manifest: what must be here, how large and with which checksum.
+  const fs::path manifest_path = p / kManifest;
+  const nlohmann::json manifest = parse_json_file(manifest_path, kMaxConfigBytes);
+  if (manifest.value("format", std::string()) != kManifestFormat)
+    throw Damaged(manifest_path, std::string("field 'format' is not \"") + kManifestFormat + "\"");
+  if (!manifest.contains("version") || manifest.at("version") != kManifestVersion)
+    throw Damaged(manifest_path, "unsupported version " + manifest.value("version", nlohmann::json()).dump() +
+                                     " (this zenflow reads version " + std::to_string(kManifestVersion) + ")");
+  Checkpoint c;
+  c.path = p.string();
+  c.step = nonnegative_field(manifest, "step", manifest_path);
+  if (c.step != named_step)
+    throw Damaged(manifest_path, "records step " + std::to_string(c.step) + " but the directory is " +
+                                     p.filename().string());
+  c.world_size = nonnegative_field(manifest, "world_size", manifest_path);
+  if (c.world_size < 1 || c.world_size > 65536)
+    throw Damaged(manifest_path, "world_size " + std::to_string(c.world_size) + " is out of range");
+  if (!manifest.contains("identity") || !manifest.at("identity").is_object())
+    throw Damaged(manifest_path, "field 'identity' is missing or not an object");
+  c.identity = manifest.at("identity");
+  const std::string identity_text = c.identity.dump();
+  if (manifest.value("identity_crc32c", std::string()) != crc32c_hex(crc32c(identity_text.data(), identity_text.size())))
+    throw Damaged(manifest_path, "field 'identity' does not match its checksum 'identity_crc32c'");
+  if (!manifest.contains("files") || !manifest.at("files").is_object())
+    throw Damaged(manifest_path, "field 'files' is missing or not an object");
+  const nlohmann::json& files = manifest.at("files");
+  std::vector<std::string> required = {kModel, kTrainer, kRunYaml};
+  for (int r = 0; r < static_cast<int>(c.world_size); ++r) required.push_back(shard_name(r));
+  for (const std::string& name : required)
+    if (!files.contains(name)) throw Damaged(manifest_path, "does not list " + name);
+  for (const auto& [name, entry] : files.items()) {
+    if (name.find('/') != std::string::npos || name == "." || name == ".." || name == kManifest)
+      throw Damaged(manifest_path, "lists a file outside the checkpoint: '" + name + "'");
+    const fs::path file = p / name;
+    if (!entry.is_object() || !entry.contains("bytes") || !entry.contains("crc32c") ||
+        !entry.at("bytes").is_number_integer() || !entry.at("crc32c").is_string())
+      throw Damaged(manifest_path, "entry of " + name + " is malformed: " + entry.dump());
+    FileChecksum actual;
+    try {
+      actual = checksum_file(file.string());
+    } catch (const InputError& e) {
+      throw Damaged(file, reason_of(e));
+    }
+    const int64_t bytes = entry.at("bytes").get<int64_t>();
+    if (actual.bytes != bytes)
+      throw Damaged(file, "is " + std::to_string(actual.bytes) + " bytes, the manifest says " + std::to_string(bytes) +
+                              " (truncated or overwritten)");
+    const std::string crc = entry.at("crc32c").get<std::string>();
+    if (crc32c_hex(actual.crc32c) != crc)
+      throw Damaged(file, "checksum mismatch (CRC32C " + crc32c_hex(actual.crc32c) + ", the manifest says " + crc +
+                              "): the file's bytes changed after it was written");
+  }
+
+  // trainer.json: the loader position and history, consistent with the manifest.
+  const fs::path trainer_path = p / kTrainer;
+  c.trainer = parse_json_file(trainer_path, kMaxTrainerStateBytes);
+  if (nonnegative_field(c.trainer, "step", trainer_path) != c.step)
+    throw Damaged(trainer_path, "records step " + c.trainer.at("step").dump() + " but the manifest says " +
+                                    std::to_string(c.step));
+  if (nonnegative_field(c.trainer, "world_size", trainer_path) != c.world_size)
+    throw Damaged(trainer_path, "records world_size " + c.trainer.at("world_size").dump() +
+                                    " but the manifest says " + std::to_string(c.world_size));
+  c.loader_epoch = nonnegative_field(c.trainer, "loader_epoch", trainer_path);
+  c.loader_index = nonnegative_field(c.trainer, "loader_index", trainer_path);
+  if (c.trainer.contains("losses")) {
+    const nlohmann::json& losses = c.trainer.at("losses");
+    if (!losses.is_array()) throw Damaged(trainer_path, "field 'losses' is not a list");
+    for (const auto& v : losses) {
+      if (!v.is_number()) throw Damaged(trainer_path, "field 'losses' holds a non-number: " + v.dump());
+      c.losses.push_back(v.get<double>());
+    }
+  }
+
+  // Tensors: headers and byte ranges valid, every floating-point value finite.
+  const model::SafetensorsFile model_file = open_checked(p / kModel);
+  for (const std::string& name : model_file.names()) c.model.emplace_back(name, model_file.tensor(name).clone());
+  for (int r = 0; r < static_cast<int>(c.world_size); ++r) {
+    open_checked(p / shard_name(r));
+    c.engine_shards.push_back((p / shard_name(r)).string());
+  }
+  return c;
+}
+
+CheckpointScan scan_checkpoints(const std::string& dir, const std::function<void(const std::string&)>& warn,
+                                bool quarantine) {
+  CheckpointScan scan;
+  std::error_code ec;
+  if (fs::is_directory(dir, ec)) {
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("step-", 0) == 0 && name.find(".damaged") != std::string::npos) scan.damaged.push_back(e.path());
+    }
+  }
   auto all = list_checkpoints(dir);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     const fs::path p(it->second);
     try {
-      std::ifstream f(p / "trainer.json");
-      if (!f) throw std::runtime_error("missing trainer.json");
-      std::stringstream ss;
-      ss << f.rdbuf();
-      Checkpoint c;
-      c.path = p.string();
-      c.trainer = nlohmann::json::parse(ss.str());
-      c.step = c.trainer.at("step").get<int64_t>();
-      c.world_size = c.trainer.value("world_size", int64_t{1});
-      if (c.world_size < 1) throw std::runtime_error("world_size " + std::to_string(c.world_size));
-      c.model = load_tensors(p / "model.safetensors");
-      for (int r = 0; r < static_cast<int>(c.world_size); ++r) {
-        const fs::path shard = p / shard_name(r);
-        model::SafetensorsFile check(shard.string());  // validates the header and byte ranges
-        c.engine_shards.push_back(shard.string());
-      }
-      return c;
+      scan.checkpoint = load_checkpoint(p.string());
+      break;
     } catch (const std::exception& e) {
-      if (warn) warn("checkpoint " + p.string() + " is damaged (" + e.what() + "); trying the previous one");
+      std::string where = p.string();
+      if (quarantine) {
+        const fs::path aside = free_name(p, ".damaged");
+        fs::rename(p, aside, ec);
+        if (!ec) where = aside.string();
+      }
+      scan.damaged.push_back(where);
+      if (warn)
+        warn("warning: checkpoint " + p.string() + " is damaged (" + e.what() + ")" +
+             (where != p.string() ? "; kept as " + where : "") + "; trying the previous one");
     }
   }
-  return std::nullopt;
+  std::sort(scan.damaged.begin(), scan.damaged.end());
+  return scan;
+}
+
+std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir,
+                                                 const std::function<void(const std::string&)>& warn) {
+  return scan_checkpoints(dir, warn, /*quarantine=*/false).checkpoint;
+}
+
+std::string supersede_checkpoints(const std::string& dir) {
+  const auto all = list_checkpoints(dir);
+  if (all.empty()) return "";
+  char stamp[32];
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+  const fs::path target = free_name(fs::path(dir) / (std::string("superseded-") + stamp), "");
+  std::error_code ec;
+  fs::create_directory(target, ec);
+  if (ec) throw std::runtime_error("checkpoint: cannot create " + target.string() + ": " + ec.message());
+  for (const auto& [step, path] : all) {
+    fs::rename(path, target / fs::path(path).filename(), ec);
+    if (ec) throw std::runtime_error("checkpoint: cannot move " + path + " into " + target.string() + ": " + ec.message());
+  }
+  fsync_path(dir);
+  return target.string();
+}
+
+nlohmann::json job_identity(const JobSpec& spec, int64_t world_size) {
+  nlohmann::json config = nlohmann::json::object();
+  for (const auto& [key, value] : spec.model.config) config[key] = value;
+  const auto& z = spec.optimizer.zenflow;
+  return {
+      {"model.arch", spec.model.arch},
+      {"model.from", spec.model.from},
+      {"model.config", config},
+      {"data.train", spec.data.train},
+      {"data.val", spec.data.val},
+      {"data.format", spec.data.format},
+      {"data.tokenizer", spec.data.tokenizer},
+      {"data.val_fraction", spec.data.val_fraction},
+      {"optimizer.mode", spec.optimizer.mode},
+      {"optimizer.zenflow.topk_ratio", z.topk_ratio},
+      {"optimizer.zenflow.update_interval",
+       z.update_interval_auto ? nlohmann::json("auto") : nlohmann::json(z.update_interval)},
+      {"train.seq_len", spec.train.seq_len},
+      {"train.global_batch", spec.train.micro_batch * spec.train.grad_accum * world_size},
+  };
+}
+
+std::vector<std::string> identity_changes(const nlohmann::json& saved, const nlohmann::json& now,
+                                          const std::vector<std::string>& allowed) {
+  std::map<std::string, std::pair<nlohmann::json, nlohmann::json>> keys;
+  for (const auto& [k, v] : saved.items()) keys[k].first = v;
+  for (const auto& [k, v] : now.items()) keys[k].second = v;
+  std::vector<std::string> out;
+  for (const auto& [k, values] : keys) {
+    if (values.first == values.second) continue;
+    if (std::find(allowed.begin(), allowed.end(), k) != allowed.end()) continue;
+    auto show = [](const nlohmann::json& v) { return v.is_null() ? std::string("(none)") : v.dump(); };
+    out.push_back(k + ": " + show(values.first) + " -> " + show(values.second));
+  }
+  return out;
+}
+
+CheckpointDirLock::CheckpointDirLock(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw std::runtime_error("checkpoint.dir: cannot create " + dir + ": " + ec.message());
+  const fs::path path = fs::path(dir) / kFileName;
+  // O_NOFOLLOW: a symlink planted at the lock's name must not redirect our writes.
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd_ < 0)
+    throw std::runtime_error("checkpoint.dir: cannot create the lock file " + path.string() + ": " +
+                             std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    fd_ = -1;
+    throw std::runtime_error("checkpoint.dir: " + path.string() + " is not a regular file");
+  }
+  auto read_owner = [&] {
+    std::string text(static_cast<size_t>(std::min<off_t>(st.st_size, 4096)), '\0');
+    const ssize_t n = ::pread(fd_, text.data(), text.size(), 0);
+    text.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    return text;
+  };
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::fstat(fd_, &st);
+    std::string owner = read_owner();
+    ::close(fd_);
+    fd_ = -1;
+    if (err != EWOULDBLOCK) throw std::runtime_error("checkpoint.dir: cannot lock " + path.string() + ": " + std::strerror(err));
+    std::string who = "another process";
+    try {
+      const nlohmann::json j = nlohmann::json::parse(owner);
+      who = "zenflow pid " + std::to_string(j.at("pid").get<int64_t>()) + " on host " + j.at("host").get<std::string>() +
+            " (since " + j.at("started").get<std::string>() + ")";
+    } catch (const std::exception&) {
+    }
+    throw CheckpointDirBusy("checkpoint.dir " + dir + " is in use by " + who +
+                            "; wait for that run to end, or give this one another checkpoint.dir");
+  }
+  // Ours now. A non-empty file that is not a zenflow lock was the user's: never overwrite it.
+  const std::string previous = read_owner();
+  if (!previous.empty()) {
+    bool ours = false;
+    try {
+      ours = nlohmann::json::parse(previous).value("zenflow_lock", 0) == 1;
+    } catch (const std::exception&) {
+    }
+    if (!ours) {
+      ::close(fd_);
+      fd_ = -1;
+      throw std::runtime_error("checkpoint.dir: " + path.string() +
+                               " exists and was not written by zenflow; it is left as it is: choose another checkpoint.dir");
+    }
+  }
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  char started[32];
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  std::strftime(started, sizeof started, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  const std::string text =
+      nlohmann::json{{"zenflow_lock", 1}, {"host", host}, {"pid", static_cast<int64_t>(::getpid())}, {"started", started}}
+          .dump() +
+      "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
+    // The lock holds regardless; only the owner note is missing.
+  }
+}
+
+CheckpointDirLock::~CheckpointDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
 }
 
 }  // namespace zenflow

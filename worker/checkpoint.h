@@ -1,34 +1,73 @@
-// Training checkpoints: atomic directories step-NNNNNNNN/ under checkpoint.dir.
+// Training checkpoints: atomic, checksummed directories step-NNNNNNNN/ under checkpoint.dir.
 //
 // A checkpoint directory holds model.safetensors (the model's named tensors, Hugging Face
 // names), engine.safetensors (the ZenFlow engine state, semantics §7; with W data-parallel
-// ranks, rank 0's shard, and engine-rank-NNNNN.safetensors the shards of ranks 1..W-1)
-// and trainer.json (step, world_size, loader position, loss history, job name). It is
-// written to a temporary directory, every file fsynced, then renamed into place, so a
-// crash never leaves a half-written checkpoint under the final name; readers never see
-// partial directories.
+// ranks, rank 0's shard, and engine-rank-NNNNN.safetensors the shards of ranks 1..W-1),
+// trainer.json (step, world_size, loader position, loss history, job name), run.yaml (the
+// resolved job spec) and manifest.json, written last: the size and CRC32C of every other
+// file, the step, the number of ranks and the job's identity (the spec keys that must not
+// change across a resume, job_identity()). It is written to a temporary directory, every
+// file fsynced, then renamed into place, so a crash never leaves a half-written checkpoint
+// under the final name. A checkpoint is never replaced: committing a step that already has
+// a directory is an error.
+//
+// Loading trusts nothing: a checkpoint is usable only when its manifest parses, the
+// directory name, the manifest and trainer.json agree on the step and ranks, every file
+// has its recorded size and checksum, trainer.json's fields are in range and every
+// floating-point tensor (weights and optimizer state) is finite. Anything else makes it
+// damaged: it is skipped with a warning naming the file and the reason, renamed
+// step-NNNNNNNN.damaged (kept for inspection, never overwritten), and the previous one is
+// tried.
 //
 // Several ranks write one checkpoint together into a directory they share:
 //   every rank:    engine = optimizer.state_dict()
 //   rank 0:        begin_checkpoint(dir, step)                      then a barrier
 //   rank r > 0:    write_engine_shard(dir, step, r, engine)         then a barrier
-//   rank 0:        commit_checkpoint(dir, step, ..., world_size)    (checks every shard)
+//   rank 0:        commit_checkpoint(dir, step, contents, ...)      (checks every shard)
 // One rank: write_checkpoint() does all of it.
+//
+// While a run uses checkpoint.dir it holds CheckpointDirLock on it, so a second run on the
+// same directory fails at once naming the owner.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace zenflow {
 
+struct JobSpec;
+
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// A resume that cannot proceed without the user's say-so: every checkpoint damaged, or the
+// spec changed in a key that matters. Bad input (exit 2), not a runtime failure.
+class ResumeRefused : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// checkpoint.dir is locked by another run (its host and pid are in the message).
+class CheckpointDirBusy : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// What one commit writes besides the other ranks' engine shards.
+struct CheckpointContents {
+  NamedTensors model;
+  NamedTensors engine;       // rank 0's engine shard
+  nlohmann::json trainer = nlohmann::json::object();   // loader_epoch, loader_index, losses, job, mode
+  std::string run_yaml;      // the resolved job spec (to_yaml)
+  nlohmann::json identity = nlohmann::json::object();  // job_identity() of the run
+};
 
 struct Checkpoint {
   std::string path;  // the step directory
@@ -36,36 +75,85 @@ struct Checkpoint {
   int64_t world_size = 1;                  // ranks that wrote it
   NamedTensors model;
   std::vector<std::string> engine_shards;  // per rank that wrote it: its engine state file
-  nlohmann::json trainer;
+  nlohmann::json trainer;                  // trainer.json, validated
+  int64_t loader_epoch = 0;
+  int64_t loader_index = 0;
+  std::vector<double> losses;
+  nlohmann::json identity;                 // from the manifest
 };
 
 // Writes step directory `dir/step-<step>` atomically, then deletes the oldest complete
-// checkpoints beyond `keep`. Throws std::runtime_error naming the path on I/O failure;
-// on failure the previous checkpoints are untouched.
-std::string write_checkpoint(const std::string& dir, int64_t step, const NamedTensors& model,
-                             const NamedTensors& engine, const nlohmann::json& trainer, int64_t keep);
+// checkpoints beyond `keep`. Throws std::runtime_error naming the path on I/O failure, or
+// when `dir/step-<step>` already exists; on failure the previous checkpoints are untouched.
+std::string write_checkpoint(const std::string& dir, int64_t step, const CheckpointContents& contents, int64_t keep);
 
 // The steps of a checkpoint written by several ranks (see above). begin_checkpoint
-// (re)creates the temporary directory; commit_checkpoint writes rank 0's files, checks
-// that the shards of ranks 1..world_size-1 are there, renames and rotates.
+// (re)creates the temporary directory; write_engine_shard writes a shard and its checksum;
+// commit_checkpoint writes rank 0's files, checks that the shards of ranks
+// 1..world_size-1 are there with their checksums, writes the manifest, renames and rotates.
 void begin_checkpoint(const std::string& dir, int64_t step);
 void write_engine_shard(const std::string& dir, int64_t step, int rank, const NamedTensors& engine);
-std::string commit_checkpoint(const std::string& dir, int64_t step, const NamedTensors& model,
-                              const NamedTensors& engine, const nlohmann::json& trainer, int64_t keep,
-                              int world_size);
+std::string commit_checkpoint(const std::string& dir, int64_t step, const CheckpointContents& contents,
+                              int64_t keep, int world_size);
 
 // Reads one rank's engine state of a loaded checkpoint (rank < c.world_size).
 NamedTensors load_engine_shard(const Checkpoint& c, int rank);
 
-// Loads the newest readable checkpoint in `dir` (its model and trainer state; the engine
-// shards are validated, and read with load_engine_shard). A damaged one (missing or
-// truncated file, bad JSON) is skipped with a warning through `warn`, falling back to
-// the previous.
-// Returns nullopt when `dir` holds none.
+// Verifies one step directory as described above and loads its model and trainer state
+// (the engine shards are verified, and read with load_engine_shard). Throws
+// std::runtime_error "<file>: <reason>" when it is damaged.
+Checkpoint load_checkpoint(const std::string& step_dir);
+
+struct CheckpointScan {
+  std::optional<Checkpoint> checkpoint;  // the newest usable one
+  // Damaged checkpoints found in this scan or earlier ones (step-*.damaged*), by path.
+  std::vector<std::string> damaged;
+};
+
+// Finds and loads the newest usable checkpoint in `dir`, newest first; each damaged one is
+// reported through `warn` ("checkpoint DIR is damaged (FILE: REASON); trying the previous
+// one") and, when `quarantine`, renamed step-NNNNNNNN.damaged (a free .damaged.N name if
+// that exists). Only the run that holds the directory's lock may quarantine.
+CheckpointScan scan_checkpoints(const std::string& dir, const std::function<void(const std::string&)>& warn,
+                                bool quarantine);
+
+// scan_checkpoints without quarantine: the newest usable checkpoint, or nullopt.
 std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir,
                                                  const std::function<void(const std::string&)>& warn);
 
-// Step directories in `dir`, ascending by step (complete ones only: no .tmp suffix).
+// Step directories in `dir`, ascending by step (complete ones only: no .tmp/.damaged suffix).
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir);
+
+// Moves every step directory of `dir` into a new dir/superseded-YYYYmmdd-HHMMSS[-N]/ (a run
+// that starts fresh keeps what an earlier run wrote) and returns that directory, or "" when
+// there was nothing to move.
+std::string supersede_checkpoints(const std::string& dir);
+
+// The spec keys a resume must not change (model, data, mode, topk_ratio, update_interval,
+// seq_len, global batch = micro_batch x grad_accum x ranks), as a JSON object of
+// "key.path" -> value.
+nlohmann::json job_identity(const JobSpec& spec, int64_t world_size);
+
+// Keys whose values differ between two identities, "key: OLD -> NEW" each, in key order.
+std::vector<std::string> identity_changes(const nlohmann::json& saved, const nlohmann::json& now,
+                                          const std::vector<std::string>& allowed = {});
+
+// An exclusive advisory lock (flock) on dir/.zenflow.lock, released when the object is
+// destroyed or the process dies (even by SIGKILL: the kernel drops it). The file records
+// the owner's host, pid and start time. Construction creates `dir` if needed and throws
+// CheckpointDirBusy naming the owner when another process holds the lock, or
+// std::runtime_error when the lock file cannot be created or was not written by zenflow.
+class CheckpointDirLock {
+ public:
+  explicit CheckpointDirLock(const std::string& dir);
+  ~CheckpointDirLock();
+  CheckpointDirLock(const CheckpointDirLock&) = delete;
+  CheckpointDirLock& operator=(const CheckpointDirLock&) = delete;
+
+  static constexpr const char* kFileName = ".zenflow.lock";
+
+ private:
+  int fd_ = -1;
+};
 
 }  // namespace zenflow

@@ -1,10 +1,11 @@
-// export_run: newest checkpoint + job.yaml of a run -> Hugging Face model directory.
+// export_run: newest checkpoint (and the run.yaml in it) of a run -> Hugging Face model directory.
 #include "worker/run_export.h"
 
 #include <filesystem>
 #include <optional>
 #include <vector>
 
+#include "common/input_file.h"
 #include "common/job_spec.h"
 #include "worker/checkpoint.h"
 #include "worker/model/hf_model.h"
@@ -18,6 +19,7 @@ namespace fs = std::filesystem;
 ExportSummary export_run(const std::string& run_dir, const std::string& out_dir, const std::string& dtype,
                          const std::function<void(const std::string&)>& warn) {
   std::error_code ec;
+  if (out_dir.empty()) throw ExportInputError("--out: must not be empty");
   if (!fs::is_directory(run_dir, ec)) throw ExportInputError(run_dir + ": not a directory");
   if (fs::exists(out_dir, ec) && !(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec)))
     throw ExportInputError(
@@ -25,14 +27,13 @@ ExportSummary export_run(const std::string& run_dir, const std::string& out_dir,
   std::optional<Checkpoint> ck = load_latest_checkpoint(run_dir, warn);
   if (!ck) throw ExportInputError(run_dir + ": holds no readable checkpoint (step-NNNNNNNN directories)");
 
-  fs::path job_file = fs::path(run_dir) / "job.yaml";
-  if (!fs::exists(job_file, ec)) job_file = fs::path(ck->path) / "job.yaml";
-  if (!fs::exists(job_file, ec))
-    throw ExportInputError(run_dir +
-                           ": no job.yaml beside the checkpoints; cannot tell which model they belong to");
+  const fs::path job_file = fs::path(ck->path) / "run.yaml";
   JobSpec spec;
   try {
-    spec = load_job_spec(job_file.string());
+    // Paths in run.yaml are absolute; the data need not exist any more to export.
+    spec = parse_job_spec(read_regular_file(job_file.string(), kMaxSpecBytes, "a job spec"), {}, ck->path);
+  } catch (const InputError& e) {
+    throw ExportInputError(std::string(e.what()) + "; cannot tell which model the checkpoint belongs to");
   } catch (const SpecError& e) {
     throw ExportInputError(job_file.string() + ": " + e.what());
   }

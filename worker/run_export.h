@@ -9,7 +9,7 @@
 
 namespace zenflow {
 
-// Bad input to export_run: no run directory, no checkpoint, no or unreadable job.yaml,
+// Bad input to export_run: no run directory, no checkpoint, no or unreadable run.yaml,
 // an unknown dtype, an output directory that exists and is not empty. The CLI maps it to its bad-input exit
 // code.
 class ExportInputError : public std::runtime_error {
@@ -29,9 +29,9 @@ struct ExportSummary {
 };
 
 // Reads `run_dir` (a job's checkpoint.dir): the newest complete checkpoint
-// (load_latest_checkpoint; damaged ones are skipped with a message through `warn`) and
-// the job spec the trainer saved beside the checkpoints, run_dir/job.yaml (else the
-// checkpoint's own job.yaml). Writes `out_dir` with export_hf_model: config.json of the
+// (load_latest_checkpoint: verified against its manifest; damaged ones are skipped with a
+// message through `warn`, and left where they are) and the job spec saved in it
+// (run.yaml). Writes nothing but `out_dir`. Writes `out_dir` with export_hf_model: config.json of the
 // model (model.from's config.json, or the one generated from model.config for random
 // init), the checkpoint's weights, and the tokenizer files of data.tokenizer (when it is
 // a path) or else of model.from. dtype "auto" is the dtype model.from was stored in

@@ -11,8 +11,6 @@
 #include <sched.h>
 
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -357,18 +355,41 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
   sched.total_steps = spec.train.steps;
   sched.min_lr_ratio = spec.train.min_lr_ratio;
 
-  // Resume.
+  // Resume. Rank 0 holds checkpoint.dir's lock for the whole run (one run per directory)
+  // and is the only rank that moves damaged or superseded checkpoints aside.
+  const bool owns_dir = options.write_checkpoints && !spec.checkpoint.dir.empty() && rank == 0;
+  std::unique_ptr<CheckpointDirLock> dir_lock;
+  if (owns_dir) dir_lock = std::make_unique<CheckpointDirLock>(spec.checkpoint.dir);
+  const nlohmann::json identity = job_identity(spec, world);
   int64_t step = 0;
   std::vector<double> history;
   if (options.resume && !spec.checkpoint.dir.empty()) {
-    if (auto ck = load_latest_checkpoint(spec.checkpoint.dir, log)) {
+    CheckpointScan scan = scan_checkpoints(spec.checkpoint.dir, log, /*quarantine=*/owns_dir);
+    if (!scan.checkpoint && !scan.damaged.empty()) {
+      std::string list;
+      for (const auto& d : scan.damaged) list += "\n  " + d;
+      throw ResumeRefused("checkpoint.dir " + spec.checkpoint.dir + " holds no usable checkpoint; damaged (kept for inspection):" +
+                          list + "\nrerun with --fresh to start from step 0 anyway");
+    }
+    if (auto& ck = scan.checkpoint) {
+      const std::vector<std::string> changed = identity_changes(ck->identity, identity, options.allow_spec_change);
+      if (!changed.empty()) {
+        std::string list, keys;
+        for (const auto& c : changed) {
+          list += "\n  " + c;
+          keys += (keys.empty() ? "" : ",") + c.substr(0, c.find(':'));
+        }
+        throw ResumeRefused("checkpoint " + ck->path + " was written by a job with other settings; changed:" + list +
+                            "\nresuming would mix their states. Rerun with --allow-spec-change " + keys +
+                            " to resume anyway, --fresh to start from step 0, or give the job another checkpoint.dir");
+      }
       std::map<std::string, at::Tensor> saved(ck->model.begin(), ck->model.end());
       c10::NoGradGuard no_grad;
       for (auto& nt : lm->parameters()) {
         auto it = saved.find(nt.name);
-        if (it == saved.end()) throw std::runtime_error(ck->path + ": model tensor '" + nt.name + "' missing");
+        if (it == saved.end()) throw ResumeRefused(ck->path + ": model tensor '" + nt.name + "' missing");
         if (it->second.sizes() != nt.tensor.sizes())
-          throw std::runtime_error(ck->path + ": model tensor '" + nt.name + "' has a different shape");
+          throw ResumeRefused(ck->path + ": model tensor '" + nt.name + "' has a different shape");
         nt.tensor.detach().copy_(it->second);
       }
       if (ck->world_size == world) {
@@ -382,20 +403,25 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
             std::to_string(world));
       }
       model::LoaderPosition pos;
-      pos.epoch = ck->trainer.at("loader_epoch").get<int64_t>();
-      pos.index = ck->trainer.at("loader_index").get<int64_t>();
+      pos.epoch = ck->loader_epoch;
+      pos.index = ck->loader_index;
       loader.restore(pos);
       step = ck->step;
-      history = ck->trainer.value("losses", std::vector<double>{});
+      history = ck->losses;
       log("resumed from " + ck->path + " at step " + std::to_string(step));
     }
+  } else if (owns_dir) {
+    const std::string moved = supersede_checkpoints(spec.checkpoint.dir);
+    if (!moved.empty()) log("starting fresh: the checkpoints already in " + spec.checkpoint.dir + " were moved to " + moved);
   }
   sum.start_step = step;
   sum.tokens_per_step = spec.train.micro_batch * spec.train.grad_accum * spec.train.seq_len * world;
 
   // Every rank writes its shard of the engine state; rank 0 the rest, then commits.
+  const std::string run_yaml = to_yaml(spec);
+  int64_t last_saved = step;  // a resumed checkpoint already holds this step
   auto save = [&](int64_t at_step) {
-    if (!options.write_checkpoints || spec.checkpoint.dir.empty()) return;
+    if (!options.write_checkpoints || spec.checkpoint.dir.empty() || at_step == last_saved) return;
     Stopwatch sw;
     NamedTensors engine_state = opt.state_dict();
     if (rank == 0) begin_checkpoint(spec.checkpoint.dir, at_step);
@@ -405,32 +431,25 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
       comm->barrier();
     }
     if (rank == 0) {
-      NamedTensors model_tensors;
-      for (auto& nt : lm->parameters()) model_tensors.emplace_back(nt.name, nt.tensor.detach());
-      nlohmann::json meta;
-      meta["job"] = spec.name;
-      meta["loader_epoch"] = loader.position().epoch;
-      meta["loader_index"] = loader.position().index;
-      meta["losses"] = history;
-      meta["mode"] = spec.optimizer.mode;
-      sum.last_checkpoint = commit_checkpoint(spec.checkpoint.dir, at_step, model_tensors, engine_state, meta,
-                                              spec.checkpoint.keep, static_cast<int>(world));
+      CheckpointContents contents;
+      for (auto& nt : lm->parameters()) contents.model.emplace_back(nt.name, nt.tensor.detach());
+      contents.engine = std::move(engine_state);
+      contents.trainer["job"] = spec.name;
+      contents.trainer["loader_epoch"] = loader.position().epoch;
+      contents.trainer["loader_index"] = loader.position().index;
+      contents.trainer["losses"] = history;
+      contents.trainer["mode"] = spec.optimizer.mode;
+      contents.run_yaml = run_yaml;
+      contents.identity = identity;
+      sum.last_checkpoint = commit_checkpoint(spec.checkpoint.dir, at_step, contents, spec.checkpoint.keep,
+                                              static_cast<int>(world));
     }
+    last_saved = at_step;
     clock.add_stall(StallCause::kCheckpoint, sw.seconds());
   };
 
-  // The resolved spec beside the checkpoints: `zenflow export` and humans read it.
-  if (options.write_checkpoints && !spec.checkpoint.dir.empty() && rank == 0) {
-    std::filesystem::create_directories(spec.checkpoint.dir);
-    const std::string tmp = spec.checkpoint.dir + "/job.yaml.tmp";
-    {
-      std::ofstream f(tmp);
-      f << to_yaml(spec);
-      if (!f) throw std::runtime_error("cannot write " + tmp);
-    }
-    std::filesystem::rename(tmp, spec.checkpoint.dir + "/job.yaml");
-  }
-
+  if (options.on_training_start) options.on_training_start();
+  const int64_t skipped_before = opt.skipped_steps();
   const int64_t first = step;
   bool stop_agreed = false;  // with several ranks, all stop at the same step
   double tokens_window = 0, seconds_window = 0;
@@ -536,6 +555,11 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
   // The end of the run — the last window's host step and its copy to the device, the final
   // checkpoint — counts in the totals, not as a training step of its own.
   clock.begin_step();
+  const int64_t ran = step - first, skipped = opt.skipped_steps() - skipped_before;
+  if (ran > 0 && skipped == ran)
+    throw std::runtime_error("every one of the " + std::to_string(ran) +
+                             " steps of this run was skipped: the loss or the gradients were not finite (NaN/Inf); "
+                             "no checkpoint was written. Lower train.lr, set train.grad_clip, or check the data");
   if (sum.interrupted) {
     save(step);
     if (!sum.last_checkpoint.empty()) log("stopped at step " + std::to_string(step) + "; checkpoint " + sum.last_checkpoint);

@@ -6,6 +6,11 @@
 // will run for an assigned job. Thread safety: call from one thread; `stop` may be set
 // from any thread (e.g. a signal handler): the loop then writes a checkpoint and
 // returns with interrupted = true.
+//
+// Errors: std::invalid_argument (ResumeRefused among them) for a job that cannot run as
+// specified — bad input; CheckpointDirBusy when another run holds checkpoint.dir;
+// std::runtime_error for runtime failures, including a run in which every step was
+// skipped for non-finite values (it writes no final checkpoint).
 #pragma once
 
 #include <array>
@@ -35,7 +40,12 @@ struct StepProgress {
 };
 
 struct RunOptions {
-  bool resume = true;             // resume from checkpoint.dir when it holds one
+  // Resume from checkpoint.dir when it holds one. false: start from step 0; checkpoints an
+  // earlier run left there are moved into checkpoint.dir/superseded-*/ (never deleted).
+  bool resume = true;
+  // Keys of job_identity() (checkpoint.h) a resume may find changed; any other change in
+  // them makes the resume fail with ResumeRefused listing the changed keys.
+  std::vector<std::string> allow_spec_change;
   bool write_checkpoints = true;  // periodic + final/interrupt checkpoints
   bool evaluate = true;           // validation loss at the end (and every eval_every)
   int64_t stop_after_steps = 0;   // > 0: stop (with checkpoint) after this many steps of this process
@@ -46,6 +56,11 @@ struct RunOptions {
   std::vector<std::pair<std::string, at::Tensor>>* final_weights = nullptr;
   std::function<void(const StepProgress&)> on_step;
   std::function<void(const std::string&)> on_log;  // info/warning lines
+  // Called once, when setup (model construction, loading, resume) is done and the first
+  // step starts: from then on `stop` ends the run with a checkpoint. Before it, nothing has
+  // been written but the directory's lock and quarantine renames, so a caller may simply
+  // exit on a signal.
+  std::function<void()> on_training_start;
 };
 
 struct RunSummary {
