@@ -392,15 +392,22 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
           throw ResumeRefused(ck->path + ": model tensor '" + nt.name + "' has a different shape");
         nt.tensor.detach().copy_(it->second);
       }
-      if (ck->world_size == world) {
-        opt.load_state(load_engine_shard(*ck, static_cast<int>(rank)));
-      } else {
-        // Re-shard: this rank's columns come from whichever old ranks held them.
-        std::vector<NamedTensors> shards;
-        for (int r = 0; r < static_cast<int>(ck->world_size); ++r) shards.push_back(load_engine_shard(*ck, r));
-        opt.load_state_shards(shards);
-        log("re-sharded the optimizer state of " + std::to_string(ck->world_size) + " ranks over " +
-            std::to_string(world));
+      try {
+        if (ck->world_size == world) {
+          opt.load_state(load_engine_shard(*ck, static_cast<int>(rank)));
+        } else {
+          // Re-shard: this rank's columns come from whichever old ranks held them.
+          std::vector<NamedTensors> shards;
+          for (int r = 0; r < static_cast<int>(ck->world_size); ++r) shards.push_back(load_engine_shard(*ck, r));
+          opt.load_state_shards(shards);
+          log("re-sharded the optimizer state of " + std::to_string(ck->world_size) + " ranks over " +
+              std::to_string(world));
+        }
+      } catch (const std::exception& e) {
+        if (options.allow_spec_change.empty()) throw;
+        // The state of the old settings does not fit the new ones (another mode, ratio, …).
+        throw ResumeRefused("checkpoint " + ck->path + ": its optimizer state cannot be carried across the allowed change (" +
+                            e.what() + "); use --fresh to start from step 0 with the new settings");
       }
       model::LoaderPosition pos;
       pos.epoch = ck->loader_epoch;
@@ -424,6 +431,16 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
     if (!options.write_checkpoints || spec.checkpoint.dir.empty() || at_step == last_saved) return;
     Stopwatch sw;
     NamedTensors engine_state = opt.state_dict();
+    // A checkpoint that a resume would refuse is not written: weights or optimizer state that
+    // overflowed (lr far too high) end the run here, naming the tensor.
+    auto require_finite = [&](const std::string& what, const std::string& name, const at::Tensor& t) {
+      if (at::isFloatingType(t.scalar_type()) && t.numel() > 0 && !at::isfinite(t).all().item<bool>())
+        throw std::runtime_error("step " + std::to_string(at_step) + ": " + what + " '" + name +
+                                 "' holds non-finite values (NaN/Inf), so no checkpoint was written; the training "
+                                 "diverged: lower train.lr or set train.grad_clip");
+    };
+    for (const auto& [name, t] : engine_state) require_finite("optimizer state", name, t);
+    for (auto& nt : lm->parameters()) require_finite("weight", nt.name, nt.tensor.detach());
     if (rank == 0) begin_checkpoint(spec.checkpoint.dir, at_step);
     if (world > 1) {
       comm->barrier();
@@ -450,6 +467,7 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
 
   if (options.on_training_start) options.on_training_start();
   const int64_t skipped_before = opt.skipped_steps();
+  int64_t trailing_skipped = 0;  // steps skipped in a row at the end of the run so far
   const int64_t first = step;
   bool stop_agreed = false;  // with several ranks, all stop at the same step
   double tokens_window = 0, seconds_window = 0;
@@ -514,7 +532,7 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
     engine::StepContext ctx;
     ctx.lr = lr;
     ctx.epoch = epoch;
-    opt.step(ctx);
+    trailing_skipped = opt.step(ctx).skipped ? trailing_skipped + 1 : 0;
     if (!comm) loss_sum = loss_acc.item<double>();  // the step's own reads have synchronised
     const double loss = loss_sum / static_cast<double>(spec.train.grad_accum);
     history.push_back(loss);
@@ -555,11 +573,20 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
   // The end of the run — the last window's host step and its copy to the device, the final
   // checkpoint — counts in the totals, not as a training step of its own.
   clock.begin_step();
+  // A run that ends skipping every step has diverged (or never trained): it is a failure,
+  // and its state is not saved over the last good checkpoint's successor.
   const int64_t ran = step - first, skipped = opt.skipped_steps() - skipped_before;
   if (ran > 0 && skipped == ran)
     throw std::runtime_error("every one of the " + std::to_string(ran) +
                              " steps of this run was skipped: the loss or the gradients were not finite (NaN/Inf); "
-                             "no checkpoint was written. Lower train.lr, set train.grad_clip, or check the data");
+                             "no final checkpoint was written. Lower train.lr, set train.grad_clip, or check the data");
+  if (!sum.interrupted && trailing_skipped > 0 && !std::isfinite(history.back()))
+    throw std::runtime_error("the run diverged: its last " + std::to_string(trailing_skipped) + " step(s) were skipped (" +
+                             std::to_string(skipped) + " of " + std::to_string(ran) +
+                             " in all) because the loss or the gradients were not finite (NaN/Inf); no final "
+                             "checkpoint was written" +
+                             (last_saved > first ? " (the last one is step " + std::to_string(last_saved) + ")" : "") +
+                             ". Lower train.lr or set train.grad_clip, and resume");
   if (sum.interrupted) {
     save(step);
     if (!sum.last_checkpoint.empty()) log("stopped at step " + std::to_string(step) + "; checkpoint " + sum.last_checkpoint);
