@@ -40,21 +40,70 @@ const Tables& tables() {
 }
 
 #if defined(__x86_64__)
-__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(uint32_t crc, const unsigned char* p, size_t n) {
-  uint64_t c = ~crc;
-  while (n > 0 && (reinterpret_cast<uintptr_t>(p) & 7) != 0) {
-    c = _mm_crc32_u8(static_cast<uint32_t>(c), *p++);
-    --n;
+// The CRC32 instruction has a latency of 3 cycles and a throughput of 1 per cycle, so one
+// dependency chain runs at a third of the instruction's speed. Three lanes of kLane bytes
+// each run as independent chains; their registers are then joined by "shifting" a lane's
+// register over the kLane bytes that follow it, a linear map over GF(2) precomputed as
+// four byte tables (what processing kLane zero bytes does to each byte of the register).
+constexpr size_t kLane = 4096;
+
+struct LaneShift {
+  std::array<std::array<uint32_t, 256>, 4> t{};
+  LaneShift() {
+    const auto& tab = tables().t[0];
+    auto zeros = [&](uint32_t reg) {  // the raw register after kLane zero bytes
+      for (size_t i = 0; i < kLane; ++i) reg = (reg >> 8) ^ tab[reg & 0xFF];
+      return reg;
+    };
+    uint32_t basis[32];
+    for (int b = 0; b < 32; ++b) basis[b] = zeros(1u << b);
+    for (int k = 0; k < 4; ++k)
+      for (uint32_t v = 0; v < 256; ++v) {
+        uint32_t r = 0;
+        for (int b = 0; b < 8; ++b)
+          if (v & (1u << b)) r ^= basis[8 * k + b];
+        t[k][v] = r;
+      }
   }
-  while (n >= 8) {
+  uint32_t operator()(uint32_t reg) const {
+    return t[0][reg & 0xFF] ^ t[1][(reg >> 8) & 0xFF] ^ t[2][(reg >> 16) & 0xFF] ^ t[3][reg >> 24];
+  }
+};
+
+const LaneShift& lane_shift() {
+  static const LaneShift s;
+  return s;
+}
+
+__attribute__((target("sse4.2"))) uint64_t crc32c_sse42_run(uint64_t c, const unsigned char* p, size_t n) {
+  for (; n >= 8; p += 8, n -= 8) {
     uint64_t w;
     std::memcpy(&w, p, 8);
     c = _mm_crc32_u64(c, w);
-    p += 8;
-    n -= 8;
   }
-  while (n-- > 0) c = _mm_crc32_u8(static_cast<uint32_t>(c), *p++);
-  return ~static_cast<uint32_t>(c);
+  for (; n > 0; --n) c = _mm_crc32_u8(static_cast<uint32_t>(c), *p++);
+  return c;
+}
+
+__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(uint32_t crc, const unsigned char* p, size_t n) {
+  uint64_t c = static_cast<uint32_t>(~crc);  // the raw register
+  if (n >= 3 * kLane) {
+    const LaneShift& shift = lane_shift();
+    for (; n >= 3 * kLane; p += 3 * kLane, n -= 3 * kLane) {
+      uint64_t c0 = c, c1 = 0, c2 = 0;
+      for (size_t i = 0; i < kLane; i += 8) {
+        uint64_t w0, w1, w2;
+        std::memcpy(&w0, p + i, 8);
+        std::memcpy(&w1, p + kLane + i, 8);
+        std::memcpy(&w2, p + 2 * kLane + i, 8);
+        c0 = _mm_crc32_u64(c0, w0);
+        c1 = _mm_crc32_u64(c1, w1);
+        c2 = _mm_crc32_u64(c2, w2);
+      }
+      c = shift(shift(static_cast<uint32_t>(c0)) ^ static_cast<uint32_t>(c1)) ^ static_cast<uint32_t>(c2);
+    }
+  }
+  return ~static_cast<uint32_t>(crc32c_sse42_run(c, p, n));
 }
 #endif
 
