@@ -133,7 +133,7 @@ TEST(DistributedTraining, KilledRankFailsTheJobNamingIt) {
     _exit(127);
   }
   // The launcher's children are the ranks; wait (bounded) until rank 0 holds checkpoint.dir
-  // (its lock file exists once the ranks have met and built the model).
+  // (its lock file exists once the ranks have met).
   std::vector<pid_t> ranks;
   for (int i = 0; i < 600 && (ranks.size() < 2 || !fs::exists(dir / "ckpt" / ".zenflow.lock")); ++i) {
     usleep(50 * 1000);

@@ -280,6 +280,12 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
   const int64_t rank = comm ? comm->rank() : 0;
   sum.world_size = world;
   log_here = rank == 0;
+  // Rank 0 holds checkpoint.dir's lock for the whole run (one run per directory), taken
+  // before anything is loaded so a busy directory fails at once; it is the only rank that
+  // moves damaged or superseded checkpoints aside.
+  const bool owns_dir = options.write_checkpoints && !spec.checkpoint.dir.empty() && rank == 0;
+  std::unique_ptr<CheckpointDirLock> dir_lock;
+  if (owns_dir) dir_lock = std::make_unique<CheckpointDirLock>(spec.checkpoint.dir);
 
   // Data.
   auto tokenizer = model::load_tokenizer(spec.data.tokenizer);
@@ -355,11 +361,7 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
   sched.total_steps = spec.train.steps;
   sched.min_lr_ratio = spec.train.min_lr_ratio;
 
-  // Resume. Rank 0 holds checkpoint.dir's lock for the whole run (one run per directory)
-  // and is the only rank that moves damaged or superseded checkpoints aside.
-  const bool owns_dir = options.write_checkpoints && !spec.checkpoint.dir.empty() && rank == 0;
-  std::unique_ptr<CheckpointDirLock> dir_lock;
-  if (owns_dir) dir_lock = std::make_unique<CheckpointDirLock>(spec.checkpoint.dir);
+  // Resume.
   const nlohmann::json identity = job_identity(spec, world);
   int64_t step = 0;
   std::vector<double> history;
