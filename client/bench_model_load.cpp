@@ -126,7 +126,7 @@ int run_model_load(const ModelLoadArgs& a) {
               << "\n";
     return kExitOk;
   } catch (const std::exception& e) {
-    std::cerr << "zenflow bench model-load: " << e.what() << "\n";
+    std::cerr << "zenflow bench model-load: " << error_text(e) << "\n";
     return kExitFailure;
   }
 }

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
@@ -27,6 +28,10 @@ struct CommandRegistrar {
 
 // All registered setups, ordered by `order` (help lists verbs in this order).
 std::vector<CommandSetup> registered_commands();
+
+// An exception's message for the user: one line. LibTorch's errors (c10::Error) carry a
+// stack trace in what(); it is left out unless `verbose`.
+std::string error_text(const std::exception& e, bool verbose = false);
 
 // Exit codes shared by all verbs.
 constexpr int kExitOk = 0;

@@ -39,10 +39,10 @@ int run_export(const ExportArgs& a) {
               << "\n";
     return kExitOk;
   } catch (const ExportInputError& e) {
-    std::cerr << "zenflow export: " << e.what() << "\n";
+    std::cerr << "zenflow export: " << error_text(e) << "\n";
     return kExitBadInput;
   } catch (const std::exception& e) {
-    std::cerr << "zenflow export: failed: " << e.what() << "\n";
+    std::cerr << "zenflow export: failed: " << error_text(e) << "\n";
     return kExitFailure;
   }
 }

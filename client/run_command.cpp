@@ -107,12 +107,11 @@ int run(const RunArgs& a) {
   } catch (const CheckpointDirBusy& e) {
     return fail(kExitFailure, "error", e.what());
   } catch (const c10::Error& e) {
-    const std::string msg = a.verbose ? e.what() : e.what_without_backtrace();
-    const std::string first = a.verbose ? msg : msg.substr(0, msg.find('\n'));
+    const std::string msg = e.what_without_backtrace();
     if (msg.find("can't allocate memory") != std::string::npos || msg.find("out of memory") != std::string::npos)
       return fail(kExitBadInput, "out of memory",
-                  first + " (reduce train.micro_batch, train.seq_len or the model size in model.config)");
-    return fail(kExitFailure, "error", first + (a.verbose ? "" : " (--verbose shows LibTorch's trace)"));
+                  msg.substr(0, msg.find('\n')) + " (reduce train.micro_batch, train.seq_len or the model size in model.config)");
+    return fail(kExitFailure, "error", error_text(e, a.verbose));
   } catch (const std::bad_alloc&) {
     return fail(kExitBadInput, "out of memory",
                 "the job does not fit in this machine's memory (reduce train.micro_batch, train.seq_len or the model size)");

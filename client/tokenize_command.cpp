@@ -60,7 +60,7 @@ int run_tokenize(const TokenizeOptions& opts) {
   try {
     tokenizer = model::load_tokenizer(opts.tokenizer);
   } catch (const std::exception& e) {
-    std::cerr << "zenflow tokenize: " << e.what() << "\n";
+    std::cerr << "zenflow tokenize: " << error_text(e) << "\n";
     return kExitBadInput;
   }
   std::vector<std::string> inputs = opts.texts;
@@ -76,7 +76,7 @@ int run_tokenize(const TokenizeOptions& opts) {
     try {
       out.push_back(tokenizer->decode(parse_ids(input)));
     } catch (const std::exception& e) {  // malformed list, or an id the tokenizer lacks
-      std::cerr << "zenflow tokenize: --decode \"" << input << "\": " << e.what() << "\n";
+      std::cerr << "zenflow tokenize: --decode \"" << input << "\": " << error_text(e) << "\n";
       return kExitBadInput;
     }
   }
@@ -132,7 +132,7 @@ int run_bench_tokenizer(const BenchTokenizerOptions& opts) {
       text += ss.str();
     }
   } catch (const std::exception& e) {
-    std::cerr << "zenflow bench tokenizer: " << e.what() << "\n";
+    std::cerr << "zenflow bench tokenizer: " << error_text(e) << "\n";
     return kExitBadInput;
   }
   using clock = std::chrono::steady_clock;
