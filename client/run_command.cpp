@@ -52,6 +52,9 @@ struct RunArgs {
 };
 
 int run(const RunArgs& a) {
+  // From the start: a signal during spec parsing or setup ends the process cleanly (130).
+  std::signal(SIGINT, on_sigint);
+  std::signal(SIGTERM, on_sigint);
   JobSpec spec;
   try {
     spec = load_job_spec(a.job, a.sets);  // before any rank starts: one clear error, not N
@@ -74,8 +77,6 @@ int run(const RunArgs& a) {
     return distributed::launch_local_ranks(nproc, child);
   }
   const bool rank0 = !distributed::distributed_env_present() || distributed::rank_info_from_env().rank == 0;
-  std::signal(SIGINT, on_sigint);
-  std::signal(SIGTERM, on_sigint);
   ProgressPrinter progress(std::cerr, isatty(2) != 0 && !a.quiet && rank0, a.quiet || !rank0);
   RunOptions opts;
   opts.resume = !a.fresh;

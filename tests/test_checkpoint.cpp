@@ -296,7 +296,12 @@ TEST(Checkpoint, IdentityListsTheKeysThatChanged) {
   zenflow::JobSpec c = a;
   c.train.micro_batch = a.train.micro_batch * 2;
   EXPECT_TRUE(zenflow::identity_changes(zenflow::job_identity(a, 2), zenflow::job_identity(c, 1)).empty());
-  EXPECT_EQ(zenflow::identity_changes(zenflow::job_identity(a, 1), zenflow::job_identity(c, 1)).size(), 1u);
+  changes = zenflow::identity_changes(zenflow::job_identity(a, 1), zenflow::job_identity(c, 1));
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_EQ(changes[0], "train.global_batch (train.micro_batch x train.grad_accum x ranks): 8 -> 16");
+  // Allowing a factor of the global batch allows the global batch.
+  EXPECT_TRUE(zenflow::identity_changes(zenflow::job_identity(a, 1), zenflow::job_identity(c, 1), {"train.micro_batch"})
+                  .empty());
 }
 
 TEST(CheckpointDirLock, ASecondOwnerIsRefusedNamingTheFirst) {

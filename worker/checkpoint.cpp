@@ -454,12 +454,19 @@ std::vector<std::string> identity_changes(const nlohmann::json& saved, const nlo
   std::map<std::string, std::pair<nlohmann::json, nlohmann::json>> keys;
   for (const auto& [k, v] : saved.items()) keys[k].first = v;
   for (const auto& [k, v] : now.items()) keys[k].second = v;
+  auto is_allowed = [&](const std::string& k) {
+    if (std::find(allowed.begin(), allowed.end(), k) != allowed.end()) return true;
+    // The global batch is what users change through its factors.
+    return k == "train.global_batch" && std::any_of(allowed.begin(), allowed.end(), [](const std::string& a) {
+             return a == "train.micro_batch" || a == "train.grad_accum";
+           });
+  };
   std::vector<std::string> out;
   for (const auto& [k, values] : keys) {
-    if (values.first == values.second) continue;
-    if (std::find(allowed.begin(), allowed.end(), k) != allowed.end()) continue;
+    if (values.first == values.second || is_allowed(k)) continue;
     auto show = [](const nlohmann::json& v) { return v.is_null() ? std::string("(none)") : v.dump(); };
-    out.push_back(k + ": " + show(values.first) + " -> " + show(values.second));
+    out.push_back(k + (k == "train.global_batch" ? " (train.micro_batch x train.grad_accum x ranks)" : "") + ": " +
+                  show(values.first) + " -> " + show(values.second));
   }
   return out;
 }

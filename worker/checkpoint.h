@@ -134,7 +134,9 @@ std::string supersede_checkpoints(const std::string& dir);
 // "key.path" -> value.
 nlohmann::json job_identity(const JobSpec& spec, int64_t world_size);
 
-// Keys whose values differ between two identities, "key: OLD -> NEW" each, in key order.
+// Keys whose values differ between two identities, "key: OLD -> NEW" each, in key order,
+// leaving out the `allowed` ones (train.micro_batch or train.grad_accum allow the global
+// batch they change).
 std::vector<std::string> identity_changes(const nlohmann::json& saved, const nlohmann::json& now,
                                           const std::vector<std::string>& allowed = {});
 

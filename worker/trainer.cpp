@@ -379,7 +379,7 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
         std::string list, keys;
         for (const auto& c : changed) {
           list += "\n  " + c;
-          keys += (keys.empty() ? "" : ",") + c.substr(0, c.find(':'));
+          keys += (keys.empty() ? "" : ",") + c.substr(0, c.find_first_of(" :"));
         }
         throw ResumeRefused("checkpoint " + ck->path + " was written by a job with other settings; changed:" + list +
                             "\nresuming would mix their states. Rerun with --allow-spec-change " + keys +
@@ -540,8 +540,15 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
     history.push_back(loss);
     // A periodic checkpoint belongs to its step: its time is that step's `checkpoint` stall.
     if (spec.checkpoint.every_steps > 0 && (step + 1) % spec.checkpoint.every_steps == 0 &&
-        step + 1 < spec.train.steps)
-      save(step + 1);
+        step + 1 < spec.train.steps) {
+      // Steps that were all skipped since the last checkpoint trained nothing: a checkpoint
+      // of them would look like progress to the next resume.
+      if (trailing_skipped >= step + 1 - last_saved)
+        log("warning: not writing the checkpoint of step " + std::to_string(step + 1) + ": every step since step " +
+            std::to_string(last_saved) + " was skipped (non-finite loss or gradients)");
+      else
+        save(step + 1);
+    }
     const engine::StepTimes& times = clock.end_step();
     ++step;
     sum.losses.push_back(loss);
