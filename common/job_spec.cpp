@@ -1,18 +1,20 @@
 // Job spec parsing, --set overrides, strict validation and YAML output (DESIGN.md §6).
 #include "common/job_spec.h"
 
+#include <sys/stat.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <set>
-#include <sstream>
 #include <tuple>
+
+#include "common/input_file.h"
 
 namespace zenflow {
 namespace {
@@ -33,11 +35,18 @@ std::string format_number(double v) {
   return buf;
 }
 
+// A scalar as quoted in messages; a huge one (a 50 MB name) is shortened.
+std::string quote(const std::string& text) {
+  constexpr std::size_t kShown = 64;
+  if (text.size() <= kShown) return "'" + text + "'";
+  return "'" + text.substr(0, kShown) + "...' (" + std::to_string(text.size()) + " characters)";
+}
+
 // What the user wrote, for the "got ..." part of an error.
 std::string describe(const YAML::Node& node) {
   switch (node.Type()) {
     case YAML::NodeType::Scalar:
-      return "'" + node.Scalar() + "'";
+      return quote(node.Scalar());
     case YAML::NodeType::Sequence:
       return "a list";
     case YAML::NodeType::Map:
@@ -71,16 +80,35 @@ std::optional<double> to_double(const YAML::Node& node) {
   return v;
 }
 
-// Integers may be written as 100, +100 or 1e2; 2.5 is not an integer.
-std::optional<int64_t> to_int(const YAML::Node& node) {
-  if (!node.IsScalar()) return std::nullopt;
+// An integer as written: 100, +100 or 1e2 (2.5 is not an integer). `fits` is false for
+// an integer outside int64 (9223372036854775808, 1e30): out of every key's range.
+struct ParsedInt {
+  bool integer = false;
+  bool fits = false;
+  int64_t value = 0;
+};
+
+ParsedInt parse_int(const YAML::Node& node) {
+  ParsedInt out;
+  if (!node.IsScalar()) return out;
   std::string_view text = numeric_text(node);
   int64_t v = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (!text.empty() && ec == std::errc() && end == text.data() + text.size()) return v;
+  if (!text.empty() && end == text.data() + text.size()) {
+    if (ec == std::errc()) return {true, true, v};
+    if (ec == std::errc::result_out_of_range) return {true, false, 0};
+  }
   std::optional<double> d = to_double(node);
-  if (!d || std::trunc(*d) != *d || std::fabs(*d) >= 9.2e18) return std::nullopt;
-  return static_cast<int64_t>(*d);
+  if (!d || std::trunc(*d) != *d) return out;
+  // 2^63 is exactly representable; every double below it in magnitude converts exactly.
+  if (std::fabs(*d) >= 9223372036854775808.0) return {true, false, 0};
+  return {true, true, static_cast<int64_t>(*d)};
+}
+
+std::optional<int64_t> to_int(const YAML::Node& node) {
+  ParsedInt p = parse_int(node);
+  if (!p.integer || !p.fits) return std::nullopt;
+  return p.value;
 }
 
 bool is_auto(const YAML::Node& node) { return node.IsScalar() && node.Scalar() == "auto"; }
@@ -173,15 +201,31 @@ void check_range(const Section& s, const std::string& key, const YAML::Node& nod
   if (!range.contains(v)) s.fail(key, "must be " + range.text() + ", got " + node.Scalar());
 }
 
+// Closed integer interval, in int64 (a double loses exactness near 2^63). Every integer
+// key has one: an unbounded size is an allocation or a fork bomb waiting for a typo.
+struct IntRange {
+  int64_t lo;
+  int64_t hi;
+  bool contains(const ParsedInt& v) const { return v.fits && v.value >= lo && v.value <= hi; }
+  std::string text() const { return "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]"; }
+};
+
+constexpr int64_t kBillion = 1000000000;
+constexpr int64_t kMillion = 1000000;
+constexpr int64_t kMaxCores = 4096;  // host threads, compute threads, listed core ids
+constexpr int64_t kMaxCoreId = 65535;
+constexpr std::size_t kMaxPathBytes = 4096;  // PATH_MAX on Linux
+constexpr std::size_t kMaxNameChars = 128;
+
 int64_t int_value(const Section& s, const std::string& key, const YAML::Node& node,
-                  const Range& range) {
-  std::optional<int64_t> v = to_int(node);
-  if (!v) s.fail(key, "must be an integer, got " + describe(node));
-  check_range(s, key, node, static_cast<double>(*v), range);
-  return *v;
+                  const IntRange& range) {
+  const ParsedInt v = parse_int(node);
+  if (!v.integer) s.fail(key, "must be an integer, got " + describe(node));
+  if (!range.contains(v)) s.fail(key, "must be " + range.text() + ", got " + node.Scalar());
+  return v.value;
 }
 
-void read_int(const Section& s, const std::string& key, int64_t& out, const Range& range = {}) {
+void read_int(const Section& s, const std::string& key, int64_t& out, const IntRange& range) {
   if (const YAML::Node* node = s.find(key)) out = int_value(s, key, *node, range);
 }
 
@@ -209,10 +253,13 @@ void read_bool(const Section& s, const std::string& key, bool& out) {
 
 // `optional` strings accept a key with no value, meaning "not given".
 void read_string(const Section& s, const std::string& key, std::string& out,
-                 bool optional = false) {
+                 bool optional = false, std::size_t max_bytes = kMaxPathBytes) {
   const YAML::Node* node = s.find(key, optional);
   if (!node) return;
   if (!node->IsScalar()) s.fail(key, "must be a string, got " + describe(*node));
+  if (node->Scalar().size() > max_bytes) {
+    s.fail(key, "must be at most " + std::to_string(max_bytes) + " bytes, got " + describe(*node));
+  }
   out = node->Scalar();
 }
 
@@ -229,7 +276,7 @@ void read_choice(const Section& s, const std::string& key, std::string& out,
 
 // "auto" or an integer in `range`.
 void read_int_or_auto(const Section& s, const std::string& key, bool& is_auto_out, int64_t& out,
-                      const Range& range) {
+                      const IntRange& range) {
   const YAML::Node* node = s.find(key);
   if (!node) return;
   if (is_auto(*node)) {
@@ -237,13 +284,13 @@ void read_int_or_auto(const Section& s, const std::string& key, bool& is_auto_ou
     out = 0;
     return;
   }
-  std::optional<int64_t> v = to_int(*node);
-  if (!v || !range.contains(static_cast<double>(*v))) {
+  const ParsedInt v = parse_int(*node);
+  if (!range.contains(v)) {
     s.fail(key, "must be \"auto\" or an integer " + range.text() + ", got " +
-                    (v ? node->Scalar() : describe(*node)));
+                    (v.integer ? node->Scalar() : describe(*node)));
   }
   is_auto_out = false;
-  out = *v;
+  out = v.value;
 }
 
 // Relative paths are taken relative to the spec's directory; absolute ones stay as written.
@@ -253,10 +300,17 @@ std::string resolve_path(const std::string& base_dir, const std::string& p) {
   return (base / p).lexically_normal().string();
 }
 
-// HF config.json keys accepted under model.config; integer-valued ones are sizes >= 1.
+// HF config.json keys accepted under model.config; integer-valued ones are sizes >= 1,
+// each bounded (above the largest public models by a wide margin, and below anything that
+// overflows a tensor size: 1024 layers x 131072 hidden is already ~7e13 parameters).
 const std::vector<std::string> kIntegerModelKeys = {
     "hidden_size",       "num_hidden_layers", "num_attention_heads",    "num_key_value_heads",
     "intermediate_size", "vocab_size",        "max_position_embeddings"};
+const std::map<std::string, int64_t> kModelKeyMax = {
+    {"hidden_size", 131072},           {"num_hidden_layers", 1024},
+    {"num_attention_heads", 4096},     {"num_key_value_heads", 4096},
+    {"intermediate_size", 1048576},    {"vocab_size", 16777216},
+    {"max_position_embeddings", 4194304}};
 const std::vector<std::string> kRealModelKeys = {"rope_theta", "rms_norm_eps", "initializer_range"};
 const char* const kTieKey = "tie_word_embeddings";
 
@@ -270,6 +324,7 @@ void read_model(const YAML::Node& node, ModelSpec& m, const std::string& base_di
   read_choice(s, "arch", m.arch, {"llama", "gpt2"});
   read_string(s, "from", m.from, true);
   m.from = resolve_path(base_dir, m.from);
+  m.arch_given = s.find("arch") != nullptr || m.from.empty();
 
   std::vector<std::string> config_keys = kIntegerModelKeys;
   config_keys.insert(config_keys.end(), kRealModelKeys.begin(), kRealModelKeys.end());
@@ -280,7 +335,7 @@ void read_model(const YAML::Node& node, ModelSpec& m, const std::string& base_di
     const YAML::Node* v = c.find(key);
     if (!v) continue;
     if (is_integer_model_key(key)) {
-      m.config[key] = static_cast<double>(int_value(c, key, *v, at_least(1)));
+      m.config[key] = static_cast<double>(int_value(c, key, *v, {1, kModelKeyMax.at(key)}));
     } else if (key == kTieKey) {
       std::optional<int64_t> as_int = to_int(*v);
       if (as_int && (*as_int == 0 || *as_int == 1)) {
@@ -329,16 +384,16 @@ void read_train(const YAML::Node& node, TrainSpec& t) {
             {"steps", "micro_batch", "grad_accum", "seq_len", "lr", "schedule", "warmup_steps",
              "min_lr_ratio", "weight_decay", "grad_clip", "seed", "eval_every", "eval_batches",
              "device", "dtype", "autocast", "compute_threads"});
-  read_int(s, "steps", t.steps, at_least(1));
-  read_int(s, "micro_batch", t.micro_batch, at_least(1));
-  read_int(s, "grad_accum", t.grad_accum, at_least(1));
-  read_int(s, "seq_len", t.seq_len, at_least(2));
+  read_int(s, "steps", t.steps, {1, kBillion});
+  read_int(s, "micro_batch", t.micro_batch, {1, 65536});
+  read_int(s, "grad_accum", t.grad_accum, {1, 65536});
+  read_int(s, "seq_len", t.seq_len, {2, 1048576});
   read_number(s, "lr", t.lr, above(0));
   read_choice(s, "schedule", t.schedule, {"cosine", "linear", "constant"});
   // The default warm-up shrinks to fit a short run (--set train.steps=5 must just work);
   // a warm-up the user wrote must fit as written.
   if (!s.find("warmup_steps")) t.warmup_steps = std::min(t.warmup_steps, t.steps);
-  read_int(s, "warmup_steps", t.warmup_steps, at_least(0));
+  read_int(s, "warmup_steps", t.warmup_steps, {0, kBillion});
   if (t.warmup_steps > t.steps) {
     s.fail("warmup_steps", "must be <= train.steps (" + std::to_string(t.steps) + "), got " +
                                std::to_string(t.warmup_steps));
@@ -347,14 +402,14 @@ void read_train(const YAML::Node& node, TrainSpec& t) {
   read_number(s, "weight_decay", t.weight_decay, at_least(0));
   read_number(s, "grad_clip", t.grad_clip, at_least(0));
   int64_t seed = static_cast<int64_t>(t.seed);
-  read_int(s, "seed", seed, at_least(0));
+  read_int(s, "seed", seed, {0, std::numeric_limits<int64_t>::max()});
   t.seed = static_cast<uint64_t>(seed);
-  read_int(s, "eval_every", t.eval_every, at_least(0));
-  read_int(s, "eval_batches", t.eval_batches, at_least(1));
+  read_int(s, "eval_every", t.eval_every, {0, kBillion});
+  read_int(s, "eval_batches", t.eval_batches, {1, kMillion});
   read_choice(s, "device", t.device, {"auto", "cpu", "cuda"});
   read_choice(s, "dtype", t.dtype, {"auto", "float32", "bfloat16", "float16"});
   read_choice(s, "autocast", t.autocast, {"none", "bfloat16", "float16"});
-  read_int(s, "compute_threads", t.compute_threads, at_least(0));
+  read_int(s, "compute_threads", t.compute_threads, {0, kMaxCores});
 }
 
 void read_zenflow(const YAML::Node& node, ZenflowSpec& z) {
@@ -364,15 +419,15 @@ void read_zenflow(const YAML::Node& node, ZenflowSpec& z) {
              "auto_ratio", "max_update_interval", "min_split_numel"});
   read_number(s, "topk_ratio", z.topk_ratio, closed(0, 1));
   read_choice(s, "select_strategy", z.select_strategy, {"auto", "step", "epoch"});
-  read_int_or_auto(s, "select_interval", z.select_interval_auto, z.select_interval, at_least(1));
-  read_int_or_auto(s, "update_interval", z.update_interval_auto, z.update_interval, at_least(1));
-  read_int(s, "full_warm_up_rounds", z.full_warm_up_rounds, at_least(0));
+  read_int_or_auto(s, "select_interval", z.select_interval_auto, z.select_interval, {1, kBillion});
+  read_int_or_auto(s, "update_interval", z.update_interval_auto, z.update_interval, {1, kMillion});
+  read_int(s, "full_warm_up_rounds", z.full_warm_up_rounds, {0, kMillion});
   read_bool(s, "overlap_step", z.overlap_step);
   read_choice(s, "importance", z.importance, {"l2", "l1"});
   read_number(s, "reselect_threshold", z.reselect_threshold, Range{0, false, 1, true});
   read_number(s, "auto_ratio", z.auto_ratio, Range{0, false, 1, true});
-  read_int(s, "max_update_interval", z.max_update_interval, at_least(1));
-  read_int(s, "min_split_numel", z.min_split_numel, at_least(1));
+  read_int(s, "max_update_interval", z.max_update_interval, {1, kMillion});
+  read_int(s, "min_split_numel", z.min_split_numel, {1, int64_t{1} << 40});
   // Semantics §2: with select_strategy step, re-selection happens at window boundaries
   // only, so S must be a whole number of windows.
   if (z.select_strategy == "step" && !z.select_interval_auto && !z.update_interval_auto &&
@@ -385,7 +440,7 @@ void read_zenflow(const YAML::Node& node, ZenflowSpec& z) {
 
 void read_host(const YAML::Node& node, HostSpec& h) {
   Section s(node, "optimizer.host", {"threads", "reserved_cores", "nodes", "huge_pages"});
-  read_int_or_auto(s, "threads", h.threads_auto, h.threads, at_least(1));
+  read_int_or_auto(s, "threads", h.threads_auto, h.threads, {1, kMaxCores});
   if (const YAML::Node* cores = s.find("reserved_cores")) {
     if (is_auto(*cores)) {
       h.reserved_cores_auto = true;
@@ -395,17 +450,25 @@ void read_host(const YAML::Node& node, HostSpec& h) {
       if (!cores->IsSequence() || cores->size() == 0) {
         s.fail("reserved_cores", expected + ", got " + describe(*cores));
       }
+      if (cores->size() > static_cast<std::size_t>(kMaxCores)) {
+        s.fail("reserved_cores", "must list at most " + std::to_string(kMaxCores) +
+                                     " core ids, got " + std::to_string(cores->size()));
+      }
       std::vector<int> ids;
       std::set<int64_t> seen;
       for (std::size_t i = 0; i < cores->size(); ++i) {
         const YAML::Node item = (*cores)[i];
-        std::optional<int64_t> id = to_int(item);
+        const ParsedInt parsed = parse_int(item);
+        // Out of int64 is out of range, not "not an integer".
+        const std::optional<int64_t> id =
+            parsed.integer ? std::optional<int64_t>(parsed.fits ? parsed.value : -1) : std::nullopt;
         const std::string where = " (item " + std::to_string(i) + ")";
         if (!id) {
           s.fail("reserved_cores", "core ids must be integers, got " + describe(item) + where);
         }
-        if (*id < 0 || *id > std::numeric_limits<int>::max()) {
-          s.fail("reserved_cores", "core ids must be >= 0, got " + item.Scalar() + where);
+        if (*id < 0 || *id > kMaxCoreId) {
+          s.fail("reserved_cores", "core ids must be in [0, " + std::to_string(kMaxCoreId) +
+                                       "], got " + item.Scalar() + where);
         }
         if (!seen.insert(*id).second) {
           s.fail("reserved_cores", "core id " + std::to_string(*id) + " appears twice" + where);
@@ -416,7 +479,7 @@ void read_host(const YAML::Node& node, HostSpec& h) {
       h.reserved_cores = std::move(ids);
     }
   }
-  read_int(s, "nodes", h.nodes, at_least(0));
+  read_int(s, "nodes", h.nodes, {0, 1024});
   read_bool(s, "huge_pages", h.huge_pages);
 }
 
@@ -432,8 +495,8 @@ void read_optimizer(const YAML::Node& node, OptimizerSpec& o) {
 
 void read_resources(const YAML::Node& node, ResourcesSpec& r) {
   Section s(node, "resources", {"workers", "gpus_per_worker", "host_memory_gb", "priority"});
-  read_int(s, "workers", r.workers, at_least(1));
-  read_int(s, "gpus_per_worker", r.gpus_per_worker, at_least(0));
+  read_int(s, "workers", r.workers, {1, kMaxCores});
+  read_int(s, "gpus_per_worker", r.gpus_per_worker, {0, 64});
   if (const YAML::Node* mem = s.find("host_memory_gb")) {
     if (is_auto(*mem)) {
       r.host_memory_gb_auto = true;
@@ -446,7 +509,7 @@ void read_resources(const YAML::Node& node, ResourcesSpec& r) {
       r.host_memory_gb = *v;
     }
   }
-  read_int(s, "priority", r.priority);
+  read_int(s, "priority", r.priority, {-kMillion, kMillion});
 }
 
 void read_checkpoint(const YAML::Node& node, CheckpointSpec& c, const std::string& name,
@@ -455,13 +518,13 @@ void read_checkpoint(const YAML::Node& node, CheckpointSpec& c, const std::strin
   read_string(s, "dir", c.dir, true);
   if (c.dir.empty()) c.dir = "runs/" + name;
   c.dir = resolve_path(base_dir, c.dir);
-  read_int(s, "every_steps", c.every_steps, at_least(0));
-  read_int(s, "keep", c.keep, at_least(1));
+  read_int(s, "every_steps", c.every_steps, {0, kBillion});
+  read_int(s, "keep", c.keep, {1, kMillion});
 }
 
 void read_cost(const YAML::Node& node, CostSpec& c) {
   Section s(node, "cost", {"instance_type", "usd_per_hour"});
-  read_string(s, "instance_type", c.instance_type, true);
+  read_string(s, "instance_type", c.instance_type, true, kMaxNameChars);
   if (s.find("usd_per_hour", true)) {
     double v = 0;
     read_number(s, "usd_per_hour", v, at_least(0));
@@ -471,25 +534,70 @@ void read_cost(const YAML::Node& node, CostSpec& c) {
   }
 }
 
+// The name becomes a path component (runs/<name>): a leading letter or digit rules out
+// ".", ".." and hidden or option-like names; the length keeps paths and logs sane.
 bool valid_name(const std::string& name) {
-  if (name.empty()) return false;
-  for (char ch : name) {
-    bool ok = (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ||
-              ch == '.' || ch == '_' || ch == '-';
-    if (!ok) return false;
-  }
-  return true;
+  auto alnum = [](char ch) {
+    return (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9');
+  };
+  if (name.empty() || name.size() > kMaxNameChars || !alnum(name.front())) return false;
+  return std::all_of(name.begin(), name.end(),
+                     [&](char ch) { return alnum(ch) || ch == '.' || ch == '_' || ch == '-'; });
 }
 
-JobSpec validate(const YAML::Node& root, const std::string& base_dir) {
+const char* const kNameRule =
+    "1 to 128 characters: a letter or digit, then letters, digits, '.', '_' or '-'";
+
+// `p` absolute, symlinks of its existing part resolved, without a trailing separator.
+fs::path comparable_path(const fs::path& p) {
+  std::error_code ec;
+  fs::path abs = fs::absolute(p, ec);
+  if (ec) abs = p;
+  fs::path canon = fs::weakly_canonical(abs, ec);
+  if (ec) canon = abs;
+  canon = canon.lexically_normal();
+  if (!canon.has_filename() && canon.has_relative_path()) canon = canon.parent_path();
+  return canon;
+}
+
+// How much of the checkpoint.dir rule applies: all of it to a user's spec; a run's record
+// may name its own directory; none while telling whether a text is a record.
+enum class DirRule { kAll, kAllowSpecDir, kNone };
+
+// checkpoint.dir receives job.yaml and step-N directories, and old checkpoints are pruned
+// there: it must be a directory of its own, not one that holds the user's files.
+
+void check_checkpoint_dir(const CheckpointSpec& c, const std::string& name,
+                          const std::string& spec_dir, DirRule rule) {
+  if (rule == DirRule::kNone) return;
+  const std::string use = "; use a subdirectory such as runs/" + name;
+  const fs::path dir = comparable_path(c.dir);
+  if (dir == dir.root_path()) {
+    throw SpecError("checkpoint.dir", "must not be the root directory (" + dir.string() + ")" + use);
+  }
+  const char* home = std::getenv("HOME");
+  if (home && *home && dir == comparable_path(home)) {
+    throw SpecError("checkpoint.dir", "must not be the home directory (" + dir.string() + ")" + use);
+  }
+  if (rule == DirRule::kAll && dir == comparable_path(spec_dir.empty() ? "." : spec_dir)) {
+    throw SpecError("checkpoint.dir",
+                    "must not be the directory holding the job spec (" + dir.string() + ")" + use);
+  }
+  struct stat st;
+  if (::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+    throw SpecError("checkpoint.dir",
+                    "is " + describe_file_type(st.st_mode) + ", expected a directory: " + dir.string());
+  }
+}
+
+JobSpec validate(const YAML::Node& root, const std::string& base_dir, DirRule rule) {
   Section s(root, "",
             {"name", "model", "data", "train", "optimizer", "resources", "checkpoint", "cost"});
   JobSpec spec;
   const YAML::Node* name = s.find("name", true);
-  if (!name) s.fail("name", "required (letters, digits, '.', '_' or '-')");
+  if (!name) s.fail("name", std::string("required (") + kNameRule + ")");
   if (!name->IsScalar() || !valid_name(name->Scalar())) {
-    s.fail("name", "must be non-empty and use only letters, digits, '.', '_' or '-', got " +
-                       describe(*name));
+    s.fail("name", std::string("must be ") + kNameRule + "; got " + describe(*name));
   }
   spec.name = name->Scalar();
   read_model(s.child("model"), spec.model, base_dir);
@@ -498,6 +606,7 @@ JobSpec validate(const YAML::Node& root, const std::string& base_dir) {
   read_optimizer(s.child("optimizer"), spec.optimizer);
   read_resources(s.child("resources"), spec.resources);
   read_checkpoint(s.child("checkpoint"), spec.checkpoint, spec.name, base_dir);
+  check_checkpoint_dir(spec.checkpoint, spec.name, base_dir, rule);
   read_cost(s.child("cost"), spec.cost);
 
   // Learned position tables (gpt2) and rotary caches (llama) are sized by this.
@@ -574,7 +683,8 @@ void apply_override(YAML::Node& root, const std::string& assignment) {
 }
 
 JobSpec parse_from(const std::string& yaml_text, const std::vector<std::string>& overrides,
-                   const std::string& base_dir, const std::string& source) {
+                   const std::string& base_dir, const std::string& source,
+                   DirRule rule = DirRule::kAll) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -582,8 +692,46 @@ JobSpec parse_from(const std::string& yaml_text, const std::vector<std::string>&
     throw SpecError(source, yaml_error(e));
   }
   for (const std::string& o : overrides) apply_override(root, o);
-  return validate(root, base_dir);
+  return validate(root, base_dir, rule);
 }
+
+// The job.yaml the trainer writes into checkpoint.dir is exactly to_yaml of its spec; a
+// spec someone wrote by hand never is (to_yaml spells out every field). Parsed against
+// "." so that paths come back as written (relative ones stay relative).
+bool is_zenflow_record(const std::string& text, const std::string& source) {
+  try {
+    return to_yaml(parse_from(text, {}, ".", source, DirRule::kNone)) == text;
+  } catch (const SpecError&) {
+    return false;
+  }
+}
+
+// `path` (a file or directory the spec names) must exist and be of a kind `accept`s; the
+// error names `key` and the absolute path.
+void check_input_path(const std::string& key, const std::string& path, const char* expected,
+                      bool (*accept)(unsigned mode)) {
+  std::error_code ec;
+  fs::path abs = fs::absolute(path, ec);
+  const std::string shown = ec ? path : abs.lexically_normal().string();
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    // require_regular_file words errno the same way for every input file.
+    try {
+      require_regular_file(path);
+    } catch (const InputError& e) {
+      const std::string what = e.what();
+      throw SpecError(key, what.substr(e.path().size() + 2) + ": " + shown);
+    }
+    throw SpecError(key, "cannot stat: " + shown);
+  }
+  if (!accept(st.st_mode)) {
+    throw SpecError(key, "is " + describe_file_type(st.st_mode) + ", expected " + expected + ": " + shown);
+  }
+}
+
+bool regular_or_directory(unsigned mode) { return S_ISREG(mode) || S_ISDIR(mode); }
+bool regular(unsigned mode) { return S_ISREG(mode); }
+bool directory(unsigned mode) { return S_ISDIR(mode); }
 
 }  // namespace
 
@@ -593,15 +741,43 @@ JobSpec parse_job_spec(const std::string& yaml_text, const std::vector<std::stri
 }
 
 JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in || fs::is_directory(path)) throw SpecError(path, "cannot read file");
-  std::stringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw SpecError(path, "cannot read file");
+  std::string text;
+  try {
+    text = read_regular_file(path, kMaxSpecBytes, "a job spec");
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    throw SpecError(path, what.substr(e.path().size() + 2));
+  }
   std::error_code ec;
   fs::path dir = fs::absolute(fs::path(path), ec).parent_path();
   if (ec) dir = fs::path(path).parent_path();
-  return parse_from(text.str(), overrides, dir.string(), path);
+  // A run's record describes that run (zenflow export reads it): it lives in its own
+  // checkpoint.dir, and its inputs may since have been moved away.
+  const bool record = is_zenflow_record(text, path);
+  JobSpec spec =
+      parse_from(text, overrides, dir.string(), path, record ? DirRule::kAllowSpecDir : DirRule::kAll);
+  if (!record) check_spec_paths(spec);
+  return spec;
+}
+
+void check_spec_paths(const JobSpec& spec) {
+  const DataSpec& d = spec.data;
+  check_input_path("data.train", d.train, "a regular file or a directory", regular_or_directory);
+  if (!d.val.empty()) {
+    check_input_path("data.val", d.val, "a regular file or a directory", regular_or_directory);
+  }
+  if (d.tokenizer != "byte") {
+    check_input_path("data.tokenizer", d.tokenizer, "a regular file or a directory",
+                     regular_or_directory);
+    // A directory stands for the tokenizer.json inside it (load_hf_tokenizer).
+    if (fs::is_directory(d.tokenizer)) {
+      check_input_path("data.tokenizer", (fs::path(d.tokenizer) / "tokenizer.json").string(),
+                       "a regular file", regular);
+    }
+  }
+  if (!spec.model.from.empty()) {
+    check_input_path("model.from", spec.model.from, "a directory", directory);
+  }
 }
 
 std::string to_yaml(const JobSpec& spec) {
@@ -624,7 +800,7 @@ std::string to_yaml(const JobSpec& spec) {
   str("name", spec.name);
 
   begin("model");
-  str("arch", spec.model.arch);
+  if (spec.model.arch_given) str("arch", spec.model.arch);
   str("from", spec.model.from);
   begin("config");
   for (const auto& [key, value] : spec.model.config) {
@@ -729,7 +905,8 @@ std::string to_yaml(const JobSpec& spec) {
 }
 
 bool operator==(const ModelSpec& a, const ModelSpec& b) {
-  return std::tie(a.arch, a.from, a.config) == std::tie(b.arch, b.from, b.config);
+  return std::tie(a.arch, a.arch_given, a.from, a.config) ==
+         std::tie(b.arch, b.arch_given, b.from, b.config);
 }
 bool operator==(const DataSpec& a, const DataSpec& b) {
   return std::tie(a.train, a.val, a.format, a.tokenizer, a.val_fraction) ==

@@ -8,11 +8,26 @@
 // accept "auto" use the *_auto flags below. A key written with no value (`val:`) counts as
 // omitted for the optional strings (model.from, data.val, checkpoint.dir,
 // cost.instance_type, cost.usd_per_hour) and whole sections; for any other key it is an
-// error. Integers may be written 100 or 1e2, never 2.5; numbers must be finite.
+// error. Integers may be written 100 or 1e2, never 2.5; numbers must be finite. Every
+// integer has an upper bound that fits its type and is generous for real jobs (so a typo
+// like num_hidden_layers: 1e9 is a spec error, not an allocation the kernel kills): the
+// message is "must be in [lo, hi], got X". With these bounds micro_batch * grad_accum *
+// seq_len <= 2^52 fits int64 (times up to 2^11 ranks).
+//
+// name: 1 to 128 characters, a letter or digit, then letters, digits, '.', '_', '-' (so
+// never "." or ".."; it names the default checkpoint directory runs/<name>). Paths are at
+// most 4096 bytes as written, cost.instance_type at most 128 characters.
 //
 // After parsing, every path (model.from, data.train, data.val, data.tokenizer unless
 // "byte", checkpoint.dir) is resolved against the spec's directory, and checkpoint.dir is
-// never empty. Thread-safety: all functions are pure and may be called concurrently.
+// never empty. checkpoint.dir may not be "/", $HOME, the spec's directory (base_dir) or an
+// existing non-directory (compared after std::filesystem::weakly_canonical): zenflow
+// writes job.yaml and step-N directories there and prunes old ones.
+//
+// parse_job_spec does not check that the input paths exist (tests use made-up ones); it
+// reads the file system only for the checkpoint.dir rule. check_spec_paths does the
+// existence checks; load_job_spec calls it.
+// Thread-safety: all functions may be called concurrently.
 #pragma once
 
 #include <cstdint>
@@ -36,11 +51,17 @@ class SpecError : public std::runtime_error {
 
 struct ModelSpec {
   std::string arch = "llama";  // llama | gpt2
-  std::string from;            // directory with config.json + safetensors; empty = random init
+  // Whether `arch` decides the model: true when the spec wrote model.arch, and always when
+  // `from` is empty. With `from` set and arch_given, the directory's architecture must be
+  // `arch` (make_model_from_spec checks); without arch_given config.json decides. Code that
+  // fills in `from` itself sets arch_given = false unless it means `arch` to be checked.
+  bool arch_given = true;
+  std::string from;  // directory with config.json + safetensors; empty = random init
   // Size overrides / random-init config (keys of a HF config.json: hidden_size,
   // num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size,
   // vocab_size, max_position_embeddings, rope_theta, rms_norm_eps, tie_word_embeddings,
-  // initializer_range). Only keys the user wrote are present. Sizes are integers >= 1;
+  // initializer_range). Only keys the user wrote are present. Sizes are integers >= 1 with
+// upper bounds (hidden_size <= 131072, num_hidden_layers <= 1024, ...: job_spec.cpp);
   // rope_theta, rms_norm_eps, initializer_range are > 0; tie_word_embeddings is 0 or 1.
   // When both are given, hidden_size % num_attention_heads == 0 and
   // num_attention_heads % num_key_value_heads == 0, and train.seq_len <=
@@ -152,15 +173,33 @@ struct JobSpec {
 JobSpec parse_job_spec(const std::string& yaml_text, const std::vector<std::string>& overrides = {},
                        const std::string& base_dir = ".");
 
-// Reads and parses the file at `path`; relative paths in it resolve against the file's
-// directory (made absolute). A missing or unreadable file throws
-// SpecError(path, "cannot read file"); YAML syntax errors name `path` instead of "<yaml>".
+// Reads the file at `path` with read_regular_file (a FIFO, a device, a directory or a file
+// over kMaxSpecBytes is refused at once, never read or waited on) and parses it; relative
+// paths in it resolve against the file's directory (made absolute), and check_spec_paths
+// runs on the result. Every problem throws SpecError: the file's own (InputError) as
+// SpecError(path, reason), e.g. "/x/job.yaml: is a FIFO, expected a regular file"; YAML
+// syntax errors name `path` instead of "<yaml>". Exception: the job.yaml zenflow itself
+// writes into checkpoint.dir (the file's text is exactly to_yaml of the spec it holds) is
+// the run's record, read by `zenflow export`: it may name its own directory as
+// checkpoint.dir, and check_spec_paths is skipped (the run's data may be gone).
 JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& overrides = {});
 
+// Checks that the input paths of `spec` exist and have the right kind, so a typo is a spec
+// error naming the key rather than a runtime error after start-up:
+//   data.train, data.val (when given)  a regular file or a directory;
+//   data.tokenizer (unless "byte")     a regular file, or a directory with tokenizer.json;
+//   model.from (when given)            a directory.
+// Throws SpecError(key, reason + ": " + absolute path), e.g.
+//   "data.train: no such file or directory: /jobs/data/train.txt",
+//   "data.tokenizer: is a FIFO, expected a regular file: /jobs/tok".
+// Reads only metadata (stat); never opens a file.
+void check_spec_paths(const JobSpec& spec);
+
 // The spec as block YAML with every field written out (auto values as "auto", an unset
-// cost.usd_per_hour as null, numbers in their shortest exact form), for job records and
-// logs. parse_job_spec(to_yaml(s)) == s for any spec parse_job_spec returned (paths that
-// are still relative, from a relative base_dir, need base_dir "." the second time).
+// cost.usd_per_hour as null, numbers in their shortest exact form; model.arch only when
+// arch_given), for job records and logs. parse_job_spec(to_yaml(s)) == s for any spec
+// parse_job_spec returned (paths that are still relative, from a relative base_dir, need
+// base_dir "." the second time).
 std::string to_yaml(const JobSpec& spec);
 
 // Field-by-field equality (exact for doubles).

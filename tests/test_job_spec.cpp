@@ -1,10 +1,17 @@
 // Job spec tests: DESIGN.md §6 parsing, defaults, rejection with key paths, --set, paths, to_yaml.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/remove_tree.h"
@@ -167,7 +174,7 @@ TEST(JobSpec, RejectsTopkRatioOutOfRangeWithTheDesignMessage) {
 
 TEST(JobSpec, RejectsNegativeSteps) {
   expect_error(std::string(kMinimalSpec) + "train: {steps: -5}\n", "train.steps",
-               "must be >= 1, got -5");
+               "must be in [1, 1000000000], got -5");
 }
 
 TEST(JobSpec, RejectsNonNumericSteps) {
@@ -211,7 +218,7 @@ TEST(JobSpec, RejectsSelectIntervalNotAMultipleOfUpdateInterval) {
 
 TEST(JobSpec, RejectsBadReservedCores) {
   expect_error(std::string(kMinimalSpec) + "optimizer: {host: {reserved_cores: [0, -1]}}\n",
-               "optimizer.host.reserved_cores", "core ids must be >= 0, got -1");
+               "optimizer.host.reserved_cores", "core ids must be in [0, 65535], got -1 (item 1)");
   expect_error(std::string(kMinimalSpec) + "optimizer: {host: {reserved_cores: [2, 3, 2]}}\n",
                "optimizer.host.reserved_cores", "core id 2 appears twice");
   expect_error(std::string(kMinimalSpec) + "optimizer: {host: {reserved_cores: 3}}\n",
@@ -235,8 +242,8 @@ TEST(JobSpec, RejectsMissingTrainData) {
 }
 
 TEST(JobSpec, RejectsMissingOrMalformedName) {
-  expect_error("data: {train: x}\n", "name", "required");
-  expect_error("name: ''\ndata: {train: x}\n", "name", "must be non-empty");
+  expect_error("data: {train: x}\n", "name", "required (1 to 128 characters");
+  expect_error("name: ''\ndata: {train: x}\n", "name", "must be 1 to 128 characters");
   expect_error("name: my job\ndata: {train: x}\n", "name", "got 'my job'");
 }
 
@@ -253,7 +260,7 @@ TEST(JobSpec, RejectsOtherOutOfRangeAndMistypedValues) {
                {"train.steps=5", "train.warmup_steps=8"});
   expect_error(m + "train: {lr: 0}\n", "train.lr", "must be > 0, got 0");
   expect_error(m + "train: {lr: .nan}\n", "train.lr", "must be a finite number");
-  expect_error(m + "train: {seq_len: 1}\n", "train.seq_len", "must be >= 2, got 1");
+  expect_error(m + "train: {seq_len: 1}\n", "train.seq_len", "must be in [2, 1048576], got 1");
   expect_error(m + "train: {steps: }\n", "train.steps", "has no value");
   expect_error(m + "train: {device: tpu}\n", "train.device", "must be one of auto, cpu, cuda");
   expect_error("name: m\ndata: {train: x, val_fraction: 0.6}\n", "data.val_fraction",
@@ -272,16 +279,16 @@ TEST(JobSpec, RejectsOtherOutOfRangeAndMistypedValues) {
   expect_error(m + "optimizer: {zenflow: {overlap_step: yes}}\n", "optimizer.zenflow.overlap_step",
                "must be true or false, got 'yes'");
   expect_error(m + "optimizer: {zenflow: {update_interval: 0}}\n",
-               "optimizer.zenflow.update_interval", "must be \"auto\" or an integer >= 1");
+               "optimizer.zenflow.update_interval", "must be \"auto\" or an integer in [1, 1000000], got 0");
   expect_error(m + "optimizer: {zenflow: {reselect_threshold: 0}}\n",
                "optimizer.zenflow.reselect_threshold", "must be in (0, 1], got 0");
   expect_error(m + "optimizer: {host: {threads: 0}}\n", "optimizer.host.threads",
-               "must be \"auto\" or an integer >= 1, got 0");
+               "must be \"auto\" or an integer in [1, 4096], got 0");
   expect_error(m + "optimizer: {eps: 0}\n", "optimizer.eps", "must be > 0");
-  expect_error(m + "resources: {workers: 0}\n", "resources.workers", "must be >= 1");
+  expect_error(m + "resources: {workers: 0}\n", "resources.workers", "must be in [1, 4096], got 0");
   expect_error(m + "resources: {host_memory_gb: -2}\n", "resources.host_memory_gb",
                "must be > 0, got -2");
-  expect_error(m + "checkpoint: {keep: 0}\n", "checkpoint.keep", "must be >= 1");
+  expect_error(m + "checkpoint: {keep: 0}\n", "checkpoint.keep", "must be in [1, 1000000], got 0");
   expect_error(m + "cost: {usd_per_hour: -1}\n", "cost.usd_per_hour", "must be >= 0");
   expect_error(m + "train: {steps: 5}\ntrain: {steps: 6}\n", "train", "more than once");
 }
@@ -362,6 +369,7 @@ TEST(JobSpec, LoadResolvesAgainstTheFilesDirectoryAndNamesTheFileInErrors) {
   fs::create_directories(dir);
   const fs::path good = dir / "job.yaml";
   std::ofstream(good) << kMinimalSpec;
+  std::ofstream(dir / "corpus.txt") << "hello\n";
   JobSpec s = load_job_spec(good.string(), {"train.steps=7"});
   EXPECT_EQ(s.data.train, (dir / "corpus.txt").string());
   EXPECT_EQ(s.checkpoint.dir, (dir / "runs" / "m").string());
@@ -384,7 +392,7 @@ TEST(JobSpec, LoadResolvesAgainstTheFilesDirectoryAndNamesTheFileInErrors) {
     ADD_FAILURE() << "accepted a missing file";
   } catch (const SpecError& e) {
     EXPECT_EQ(e.path(), missing);
-    EXPECT_STREQ(e.what(), (missing + ": cannot read file").c_str());
+    EXPECT_STREQ(e.what(), (missing + ": no such file or directory").c_str());
   }
   zenflow::remove_tree(dir);
 }
@@ -431,6 +439,380 @@ cost: {instance_type: "yes", usd_per_hour: 32.77}
   JobSpec d = c;
   d.optimizer.zenflow.min_split_numel += 1;
   EXPECT_NE(d, c);
+}
+
+// ---- Hostile input: bounds, names, checkpoint.dir, spec files, input paths, arch ----
+
+namespace fs = std::filesystem;
+
+// A fresh scratch directory, removed at the end of the test.
+struct ScratchDir {
+  fs::path path;
+  explicit ScratchDir(const std::string& tag)
+      : path(fs::temp_directory_path() / ("zenflow_job_spec_" + tag + "_" + std::to_string(::getpid()))) {
+    zenflow::remove_tree(path);
+    fs::create_directories(path);
+  }
+  ~ScratchDir() { zenflow::remove_tree(path); }
+};
+
+// The message of the SpecError parse_job_spec(kMinimalSpec, {override}) throws, or "".
+std::string set_error(const std::string& assignment, const std::string& base = "/base") {
+  try {
+    parse_job_spec(kMinimalSpec, {assignment}, base);
+  } catch (const SpecError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(JobSpecBounds, EveryIntegerAcceptsItsBoundAndRejectsOneMore) {
+  struct Bound {
+    const char* key;
+    const char* lo;
+    const char* hi;
+    const char* above;  // hi + 1
+  };
+  const Bound bounds[] = {
+      {"train.steps", "1", "1000000000", "1000000001"},
+      {"train.micro_batch", "1", "65536", "65537"},
+      {"train.grad_accum", "1", "65536", "65537"},
+      {"train.seq_len", "2", "1048576", "1048577"},
+      {"train.eval_every", "0", "1000000000", "1000000001"},
+      {"train.eval_batches", "1", "1000000", "1000001"},
+      {"train.compute_threads", "0", "4096", "4097"},
+      {"train.seed", "0", "9223372036854775807", "9223372036854775808"},
+      {"model.config.hidden_size", "1", "131072", "131073"},
+      {"model.config.num_hidden_layers", "1", "1024", "1025"},
+      {"model.config.num_attention_heads", "1", "4096", "4097"},
+      {"model.config.num_key_value_heads", "1", "4096", "4097"},
+      {"model.config.intermediate_size", "1", "1048576", "1048577"},
+      {"model.config.vocab_size", "1", "16777216", "16777217"},
+      {"model.config.max_position_embeddings", "1", "4194304", "4194305"},
+      {"optimizer.zenflow.full_warm_up_rounds", "0", "1000000", "1000001"},
+      {"optimizer.zenflow.max_update_interval", "1", "1000000", "1000001"},
+      {"optimizer.zenflow.min_split_numel", "1", "1099511627776", "1099511627777"},
+      {"optimizer.host.nodes", "0", "1024", "1025"},
+      {"resources.workers", "1", "4096", "4097"},
+      {"resources.gpus_per_worker", "0", "64", "65"},
+      {"resources.priority", "-1000000", "1000000", "1000001"},
+      {"checkpoint.every_steps", "0", "1000000000", "1000000001"},
+      {"checkpoint.keep", "1", "1000000", "1000001"},
+  };
+  for (const Bound& b : bounds) {
+    const std::string key = b.key;
+    EXPECT_EQ(set_error(key + "=" + b.hi), "") << key;
+    // (max_position_embeddings 1 is below the default seq_len: train.seq_len says so.)
+    if (key != "model.config.max_position_embeddings") {
+      EXPECT_EQ(set_error(key + "=" + b.lo), "") << key;
+    }
+    EXPECT_EQ(set_error(key + "=" + b.above),
+              key + ": must be in [" + b.lo + ", " + b.hi + "], got " + b.above);
+  }
+  EXPECT_EQ(set_error("resources.priority=-1000001"),
+            "resources.priority: must be in [-1000000, 1000000], got -1000001");
+  // The hostile review's values, in the notation it used.
+  EXPECT_EQ(set_error("model.config.num_hidden_layers=1e9"),
+            "model.config.num_hidden_layers: must be in [1, 1024], got 1e9");
+  EXPECT_EQ(set_error("model.config.hidden_size=2e9"),
+            "model.config.hidden_size: must be in [1, 131072], got 2e9");
+  EXPECT_EQ(set_error("train.grad_accum=1e12"), "train.grad_accum: must be in [1, 65536], got 1e12");
+  EXPECT_EQ(set_error("resources.gpus_per_worker=4294967298"),
+            "resources.gpus_per_worker: must be in [0, 64], got 4294967298");
+  // Beyond int64 is out of range, not "not an integer".
+  EXPECT_EQ(set_error("train.steps=1e30"), "train.steps: must be in [1, 1000000000], got 1e30");
+  EXPECT_EQ(set_error("train.steps=2.5"), "train.steps: must be an integer, got '2.5'");
+  // warmup_steps may reach steps at the largest steps.
+  EXPECT_EQ(parse_job_spec(kMinimalSpec, {"train.steps=1e9", "train.warmup_steps=1e9"}).train.warmup_steps,
+            1000000000);
+}
+
+TEST(JobSpecBounds, AutoIntegersCoreIdsAndListLengthsAreBounded) {
+  EXPECT_EQ(set_error("optimizer.zenflow.select_interval=1000000000"), "");
+  EXPECT_EQ(set_error("optimizer.zenflow.select_interval=1000000001"),
+            "optimizer.zenflow.select_interval: must be \"auto\" or an integer in [1, 1000000000], "
+            "got 1000000001");
+  EXPECT_EQ(set_error("optimizer.zenflow.update_interval=1000000"), "");
+  EXPECT_EQ(set_error("optimizer.zenflow.update_interval=1000001"),
+            "optimizer.zenflow.update_interval: must be \"auto\" or an integer in [1, 1000000], got "
+            "1000001");
+  EXPECT_EQ(set_error("optimizer.host.threads=4096"), "");
+  EXPECT_EQ(set_error("optimizer.host.threads=4097"),
+            "optimizer.host.threads: must be \"auto\" or an integer in [1, 4096], got 4097");
+  EXPECT_EQ(set_error("optimizer.host.threads=1e30"),
+            "optimizer.host.threads: must be \"auto\" or an integer in [1, 4096], got 1e30");
+
+  EXPECT_EQ(set_error("optimizer.host.reserved_cores=[65535]"), "");
+  EXPECT_EQ(set_error("optimizer.host.reserved_cores=[3, 65536]"),
+            "optimizer.host.reserved_cores: core ids must be in [0, 65535], got 65536 (item 1)");
+  EXPECT_EQ(set_error("optimizer.host.reserved_cores=[99999999999999999999]"),
+            "optimizer.host.reserved_cores: core ids must be in [0, 65535], got "
+            "99999999999999999999 (item 0)");
+  auto id_list = [](int n) {
+    std::string list = "[";
+    for (int i = 0; i < n; ++i) list += (i ? "," : "") + std::to_string(i);
+    return list + "]";
+  };
+  EXPECT_EQ(set_error("optimizer.host.reserved_cores=" + id_list(4096)), "");
+  EXPECT_EQ(set_error("optimizer.host.reserved_cores=" + id_list(4097)),
+            "optimizer.host.reserved_cores: must list at most 4096 core ids, got 4097");
+}
+
+TEST(JobSpecBounds, PathsAndInstanceTypeAreBoundedAndLongValuesAreShortenedInMessages) {
+  const std::string path4096 = "/" + std::string(4095, 'p');
+  EXPECT_EQ(set_error("data.train=" + path4096), "");
+  const std::string path4097 = path4096 + "p";
+  EXPECT_EQ(set_error("data.train=" + path4097), "data.train: must be at most 4096 bytes, got '/" +
+                                                     std::string(63, 'p') + "...' (4097 characters)");
+  for (const char* key : {"data.val", "data.tokenizer", "model.from", "checkpoint.dir"}) {
+    EXPECT_EQ(set_error(std::string(key) + "=" + path4097)
+                  .rfind(std::string(key) + ": must be at most 4096 bytes", 0),
+              0u)
+        << key;
+  }
+  EXPECT_EQ(set_error("cost.instance_type=" + std::string(128, 'i')), "");
+  EXPECT_EQ(set_error("cost.instance_type=" + std::string(129, 'i')),
+            "cost.instance_type: must be at most 128 bytes, got '" + std::string(64, 'i') +
+                "...' (129 characters)");
+}
+
+TEST(JobSpecName, MustBeASafeIdentifier) {
+  const std::string rule =
+      "must be 1 to 128 characters: a letter or digit, then letters, digits, '.', '_' or '-'; got ";
+  for (const char* bad : {".", "..", "/x", "a/b", "-x", ".x", "_x", "x y", "x\\\\y"}) {
+    expect_error("name: \"" + std::string(bad) + "\"\ndata: {train: x}\n", "name", rule);
+  }
+  SpecError dots = expect_rejected("name: ..\ndata: {train: x}\n");
+  EXPECT_STREQ(dots.what(), ("name: " + rule + "'..'").c_str());
+  const std::string n128 = "a" + std::string(127, 'b');
+  EXPECT_EQ(parse_job_spec("name: " + n128 + "\ndata: {train: x}\n", {}, "/base").name, n128);
+  expect_error("name: " + n128 + "c\ndata: {train: x}\n", "name", rule);
+  for (const char* good : {"1a", "A.b_c-d", "x..y", "0"}) {
+    EXPECT_EQ(parse_job_spec("name: " + std::string(good) + "\ndata: {train: x}\n", {}, "/base").name, good);
+  }
+  // A huge name is refused with a short message.
+  const std::string huge(200000, 'n');
+  SpecError e = expect_rejected("name: " + huge + "\ndata: {train: x}\n");
+  EXPECT_LT(std::string(e.what()).size(), 300u);
+  EXPECT_NE(std::string(e.what()).find("(200000 characters)"), std::string::npos) << e.what();
+}
+
+TEST(JobSpecCheckpointDir, RefusesRootHomeTheSpecsDirectoryAndNonDirectories) {
+  ScratchDir scratch("ckdir");
+  const fs::path base = scratch.path / "jobs";
+  const fs::path home = scratch.path / "home";
+  fs::create_directories(base);
+  fs::create_directories(home);
+  const char* old_home = std::getenv("HOME");
+  const std::string saved_home = old_home ? old_home : "";
+  ::setenv("HOME", home.c_str(), 1);
+  auto error = [&](const std::string& dir) {
+    try {
+      parse_job_spec(std::string(kMinimalSpec) + "checkpoint: {dir: \"" + dir + "\"}\n", {}, base.string());
+    } catch (const SpecError& e) {
+      EXPECT_EQ(e.path(), "checkpoint.dir") << e.what();
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string use = "; use a subdirectory such as runs/m";
+  EXPECT_EQ(error("/"), "checkpoint.dir: must not be the root directory (/)" + use);
+  EXPECT_EQ(error("/.."), "checkpoint.dir: must not be the root directory (/)" + use);
+  EXPECT_EQ(error(home.string()),
+            "checkpoint.dir: must not be the home directory (" + home.string() + ")" + use);
+  EXPECT_EQ(error(home.string() + "/"),
+            "checkpoint.dir: must not be the home directory (" + home.string() + ")" + use);
+  EXPECT_EQ(error("../home"), "checkpoint.dir: must not be the home directory (" + home.string() + ")" + use);
+  const std::string own =
+      "checkpoint.dir: must not be the directory holding the job spec (" + base.string() + ")" + use;
+  EXPECT_EQ(error("."), own);
+  EXPECT_EQ(error("./"), own);
+  EXPECT_EQ(error("sub/.."), own);
+  EXPECT_EQ(error(base.string()), own);
+  // Through a symbolic link too (weakly_canonical).
+  fs::create_directory_symlink(base, scratch.path / "link");
+  EXPECT_EQ(error((scratch.path / "link").string()), own);
+  // An existing file, a FIFO.
+  std::ofstream(base / "notes.txt") << "mine\n";
+  EXPECT_EQ(error("notes.txt"),
+            "checkpoint.dir: is a regular file, expected a directory: " + (base / "notes.txt").string());
+  ASSERT_EQ(::mkfifo((base / "pipe").c_str(), 0600), 0);
+  EXPECT_EQ(error("pipe"), "checkpoint.dir: is a FIFO, expected a directory: " + (base / "pipe").string());
+  // Subdirectories, existing or not, are fine; so is the parent's other child.
+  EXPECT_EQ(error("runs/m"), "");
+  fs::create_directories(base / "out");
+  EXPECT_EQ(error("out"), "");
+  EXPECT_EQ(error(home.string() + "/runs"), "");
+  // The default (runs/<name>) is never refused.
+  EXPECT_EQ(parse_job_spec(kMinimalSpec, {}, base.string()).checkpoint.dir, (base / "runs" / "m").string());
+  // Through load_job_spec: the spec's directory is the file's.
+  std::ofstream(base / "corpus.txt") << "text\n";
+  std::ofstream(base / "job.yaml") << kMinimalSpec << "checkpoint: {dir: .}\n";
+  try {
+    load_job_spec((base / "job.yaml").string());
+    ADD_FAILURE() << "checkpoint.dir: . beside the spec was accepted";
+  } catch (const SpecError& e) {
+    EXPECT_EQ(std::string(e.what()), own);
+  }
+  if (old_home) {
+    ::setenv("HOME", saved_home.c_str(), 1);
+  } else {
+    ::unsetenv("HOME");
+  }
+}
+
+// Runs `f` on its own thread and waits at most `seconds`: a regression that blocks (a FIFO
+// opened for reading) fails the test instead of hanging it. The thread is detached; a
+// blocked one dies with the process.
+std::string within(double seconds, std::function<std::string()> f) {
+  auto result = std::make_shared<std::promise<std::string>>();
+  std::future<std::string> done = result->get_future();
+  std::thread([result, f = std::move(f)] { result->set_value(f()); }).detach();
+  if (done.wait_for(std::chrono::duration<double>(seconds)) != std::future_status::ready) {
+    return "<timed out>";
+  }
+  return done.get();
+}
+
+// load_job_spec(path)'s SpecError as "[key path] message" ("" when accepted).
+std::string load_error(const std::string& path) {
+  try {
+    load_job_spec(path);
+  } catch (const SpecError& e) {
+    return "[" + e.path() + "] " + e.what();
+  }
+  return "";
+}
+
+TEST(JobSpecFile, FifoDeviceDirectoryAndOversizedSpecsAreRefusedAtOnce) {
+  ScratchDir scratch("files");
+  const std::string fifo = (scratch.path / "job.fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(within(10, [=] { return load_error(fifo); }),
+            "[" + fifo + "] " + fifo + ": is a FIFO, expected a regular file");
+  EXPECT_EQ(within(10, [=] { return load_error("/dev/zero"); }),
+            "[/dev/zero] /dev/zero: is a character device, expected a regular file");
+  const std::string dir = scratch.path.string();
+  EXPECT_EQ(within(10, [=] { return load_error(dir); }),
+            "[" + dir + "] " + dir + ": is a directory, expected a regular file");
+
+  std::ofstream(scratch.path / "corpus.txt") << "text\n";
+  // Exactly 1 MiB is accepted; one byte more is refused before parsing.
+  std::string text = kMinimalSpec;
+  text += "#" + std::string((1 << 20) - text.size() - 2, 'x') + "\n";
+  ASSERT_EQ(text.size(), 1u << 20);
+  const std::string at_limit = (scratch.path / "big.yaml").string();
+  std::ofstream(at_limit) << text;
+  EXPECT_EQ(within(30, [=] { return load_error(at_limit); }), "");
+  const std::string over = (scratch.path / "bigger.yaml").string();
+  std::ofstream(over) << text << "\n";
+  EXPECT_EQ(within(10, [=] { return load_error(over); }),
+            "[" + over + "] " + over + ": is 1.0 MiB, larger than the 1 MiB limit for a job spec");
+}
+
+TEST(JobSpecPaths, CheckSpecPathsNamesTheKeyAndTheAbsolutePath) {
+  ScratchDir scratch("paths");
+  const fs::path d = scratch.path;
+  std::ofstream(d / "corpus.txt") << "text\n";
+  fs::create_directories(d / "corpus_dir");
+  fs::create_directories(d / "model");
+  fs::create_directories(d / "tok_dir");
+  std::ofstream(d / "tok.json") << "{}";
+  ASSERT_EQ(::mkfifo((d / "fifo").c_str(), 0600), 0);
+  auto error = [&](const std::string& extra) {
+    const JobSpec spec = parse_job_spec("name: m\n" + extra, {}, d.string());
+    try {
+      check_spec_paths(spec);
+    } catch (const SpecError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string abs = d.string() + "/";
+  EXPECT_EQ(error("data: {train: corpus.txt}\n"), "");
+  EXPECT_EQ(error("data: {train: corpus_dir, val: corpus.txt, tokenizer: tok.json}\nmodel: {from: model}\n"),
+            "");
+  EXPECT_EQ(error("data: {train: missing.txt}\n"),
+            "data.train: no such file or directory: " + abs + "missing.txt");
+  EXPECT_EQ(error("data: {train: fifo}\n"),
+            "data.train: is a FIFO, expected a regular file or a directory: " + abs + "fifo");
+  EXPECT_EQ(error("data: {train: corpus.txt, val: /dev/null}\n"),
+            "data.val: is a character device, expected a regular file or a directory: /dev/null");
+  EXPECT_EQ(error("data: {train: corpus.txt, val: nope}\n"),
+            "data.val: no such file or directory: " + abs + "nope");
+  EXPECT_EQ(error("data: {train: corpus.txt, tokenizer: fifo}\n"),
+            "data.tokenizer: is a FIFO, expected a regular file or a directory: " + abs + "fifo");
+  EXPECT_EQ(error("data: {train: corpus.txt, tokenizer: tok_dir}\n"),
+            "data.tokenizer: no such file or directory: " + abs + "tok_dir/tokenizer.json");
+  EXPECT_EQ(error("data: {train: corpus.txt, tokenizer: nope.json}\n"),
+            "data.tokenizer: no such file or directory: " + abs + "nope.json");
+  EXPECT_EQ(error("data: {train: corpus.txt}\nmodel: {from: corpus.txt}\n"),
+            "model.from: is a regular file, expected a directory: " + abs + "corpus.txt");
+  EXPECT_EQ(error("data: {train: corpus.txt}\nmodel: {from: gone}\n"),
+            "model.from: no such file or directory: " + abs + "gone");
+  EXPECT_EQ(error("data: {train: corpus.txt/x}\n"),
+            "data.train: a component of the path is not a directory: " + abs + "corpus.txt/x");
+
+  // load_job_spec runs the same checks: a spec error (exit 2), not a runtime error later.
+  std::ofstream(d / "job.yaml") << "name: m\ndata: {train: missing.txt}\n";
+  try {
+    load_job_spec((d / "job.yaml").string());
+    ADD_FAILURE() << "a missing data.train was accepted";
+  } catch (const SpecError& e) {
+    EXPECT_EQ(e.path(), "data.train");
+    EXPECT_EQ(std::string(e.what()), "data.train: no such file or directory: " + abs + "missing.txt");
+  }
+}
+
+TEST(JobSpecFile, TheRunRecordInItsOwnCheckpointDirLoads) {
+  // The trainer writes to_yaml(spec) to checkpoint.dir/job.yaml; export reads it back,
+  // possibly after the data is gone.
+  ScratchDir scratch("record");
+  const fs::path run = scratch.path / "runs" / "m";
+  fs::create_directories(run);
+  JobSpec spec = parse_job_spec(std::string(kMinimalSpec) + "checkpoint: {dir: \"" + run.string() + "\"}\n",
+                                {}, scratch.path.string());
+  const std::string record = to_yaml(spec);
+  std::ofstream(run / "job.yaml") << record;
+  EXPECT_EQ(load_job_spec((run / "job.yaml").string()), spec);
+  // A record written from a relative base keeps relative paths; its data may be gone.
+  const fs::path other = scratch.path / "other";
+  fs::create_directories(other);
+  const std::string relative = to_yaml(parse_job_spec(kMinimalSpec, {}, "."));
+  std::ofstream(other / "job.yaml") << relative;
+  EXPECT_EQ(load_job_spec((other / "job.yaml").string()).data.train, (other / "corpus.txt").string());
+  std::ofstream(other / "job.yaml") << kMinimalSpec;  // a user's spec: corpus.txt must exist
+  EXPECT_EQ(load_error((other / "job.yaml").string()),
+            "[data.train] data.train: no such file or directory: " + (other / "corpus.txt").string());
+  // The same text edited by hand is a user's spec again: its directory is refused.
+  std::ofstream(run / "job.yaml") << record << "# edited\n";
+  EXPECT_EQ(load_error((run / "job.yaml").string()),
+            "[checkpoint.dir] checkpoint.dir: must not be the directory holding the job spec (" +
+                run.string() + "); use a subdirectory such as runs/m");
+}
+
+TEST(JobSpecArch, ArchGivenRecordsWhetherArchDecidesAndRoundTrips) {
+  JobSpec from_only = parse_job_spec("name: m\nmodel: {from: /models/x}\ndata: {train: t}\n", {}, "/base");
+  EXPECT_FALSE(from_only.model.arch_given);
+  JobSpec from_and_arch =
+      parse_job_spec("name: m\nmodel: {arch: gpt2, from: /models/x}\ndata: {train: t}\n", {}, "/base");
+  EXPECT_TRUE(from_and_arch.model.arch_given);
+  EXPECT_EQ(from_and_arch.model.arch, "gpt2");
+  JobSpec random_init = parse_job_spec(kMinimalSpec, {}, "/base");
+  EXPECT_TRUE(random_init.model.arch_given);  // without from, arch always decides
+  EXPECT_EQ(random_init.model, ModelSpec{});
+
+  const std::string t1 = to_yaml(from_only);
+  EXPECT_EQ(t1.find("arch:"), std::string::npos) << t1;
+  EXPECT_EQ(parse_job_spec(t1, {}, "/elsewhere"), from_only) << t1;
+  const std::string t2 = to_yaml(from_and_arch);
+  EXPECT_NE(t2.find("arch: gpt2"), std::string::npos) << t2;
+  EXPECT_EQ(parse_job_spec(t2, {}, "/elsewhere"), from_and_arch) << t2;
+  EXPECT_NE(to_yaml(random_init).find("arch: llama"), std::string::npos);
+
+  JobSpec other = from_only;
+  other.model.arch_given = true;
+  EXPECT_NE(other, from_only);
 }
 
 }  // namespace

@@ -97,6 +97,15 @@ void check_from(const ModelSpec& spec) {
                                 "/config.json decides the model's shape)");
 }
 
+// model.arch written next to model.from must agree with the directory (a silently
+// ignored arch would train something other than what the spec says).
+void check_arch(const ModelSpec& spec, const model::LoadedModel& info) {
+  if (spec.arch_given && spec.arch != info.arch)
+    throw std::invalid_argument("model.arch: '" + spec.arch + "' contradicts model.from (" + spec.from +
+                                "/config.json is a " + info.model_type +
+                                " model); remove model.arch or change it");
+}
+
 void check_vocab(const model::LoadedModel& info, int64_t model_vocab, int64_t tokenizer_vocab) {
   if (model_vocab < tokenizer_vocab)
     throw std::invalid_argument("model.from: " + info.source_dir + " has vocab_size " +
@@ -115,6 +124,7 @@ model::LoadedModel describe_model_from_spec(const ModelSpec& spec, int64_t token
   if (!spec.from.empty()) {
     check_from(spec);
     model::LoadedModel info = model::describe_hf_model(spec.from);
+    check_arch(spec, info);
     check_vocab(info, config_vocab(info), tokenizer_vocab);
     return info;
   }
@@ -139,6 +149,7 @@ std::unique_ptr<model::CausalLM> make_model_from_spec(const ModelSpec& spec, int
   model::LoadedModel described;
   if (!spec.from.empty()) {
     check_from(spec);
+    if (spec.arch_given) check_arch(spec, model::describe_hf_model(spec.from));  // before any weight is read
     model::HfLoadOptions options;
     options.device = device;
     options.dtype = dtype;

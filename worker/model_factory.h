@@ -18,9 +18,12 @@
 namespace zenflow {
 
 // model.from set: loads that Hugging Face directory (load_hf_model) onto `device` in
-// `dtype` (Undefined: the checkpoint's dtype); model.arch is then ignored (config.json
-// decides) and model.config must be empty. The model's vocab_size must be >=
-// `tokenizer_vocab`.
+// `dtype` (Undefined: the checkpoint's dtype); config.json decides the architecture, and
+// model.config must be empty. When the spec wrote model.arch (arch_given) it must match
+// the directory's (mistral and qwen2 count as llama), else std::invalid_argument
+// "model.arch: 'gpt2' contradicts model.from (DIR/config.json is a llama model); remove
+// model.arch or change it", thrown before any weight is read. The model's vocab_size must
+// be >= `tokenizer_vocab`.
 // Otherwise random init from `seed` (on the CPU in fp32, then moved to device/dtype when
 // given) of model.arch with model.config's keys:
 //   llama: the HF LlamaConfig keys of ModelSpec (hidden_size, ..., tie_word_embeddings);
@@ -39,7 +42,8 @@ std::unique_ptr<model::CausalLM> make_model_from_spec(const ModelSpec& spec, int
                                                       at::ScalarType dtype = at::ScalarType::Undefined);
 
 // What make_model_from_spec would build (LoadedModel without the model), without
-// loading or allocating any weight; used by export.
+// loading or allocating any weight (the same spec checks and errors); used by export and
+// by the memory preflight (worker/preflight.h).
 model::LoadedModel describe_model_from_spec(const ModelSpec& spec, int64_t tokenizer_vocab);
 
 // The datasets of data.format:

@@ -1,0 +1,328 @@
+// Preflight tests: exact parameter counts, the engine's host memory, refusal of oversized jobs, warnings,
+// dtype errors, model.arch vs model.from.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/input_file.h"
+#include "common/job_spec.h"
+#include "common/remove_tree.h"
+#include "worker/engine/zenflow_optimizer.h"
+#include "worker/model/hf_model.h"
+#include "worker/model_factory.h"
+#include "worker/preflight.h"
+
+namespace zenflow {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+JobSpec job(const std::string& model_yaml, const std::vector<std::string>& sets = {}) {
+  return parse_job_spec("name: t\ndata: {train: corpus.txt}\nmodel: " + model_yaml + "\n", sets, "/base");
+}
+
+MemoryEstimate estimate(const JobSpec& spec, int64_t world = 1, bool cuda = false, int dtype_bytes = 4) {
+  return estimate_job_memory(spec, describe_model_from_spec(spec.model, 256), world, cuda, dtype_bytes);
+}
+
+int64_t built_parameters(const JobSpec& spec) {
+  int64_t n = 0;
+  for (const auto& p : make_model_from_spec(spec.model, 256, 1, nullptr)->parameters()) n += p.tensor.numel();
+  return n;
+}
+
+// The message of the std::invalid_argument `f` throws, or "".
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Preflight, ParameterCountEqualsTheBuiltModelExactly) {
+  const char* models[] = {
+      "{arch: llama, config: {hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 4}}",
+      "{arch: llama, config: {hidden_size: 32, num_hidden_layers: 3, num_attention_heads: 4, "
+      "num_key_value_heads: 2, intermediate_size: 40, tie_word_embeddings: true}}",
+      "{arch: llama, config: {hidden_size: 48, num_hidden_layers: 1, num_attention_heads: 2, vocab_size: "
+      "300}}",
+      "{arch: gpt2, config: {hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 4, "
+      "max_position_embeddings: 128}}",
+      "{arch: gpt2, config: {hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 4, "
+      "max_position_embeddings: 128, intermediate_size: 50, tie_word_embeddings: false}}",
+  };
+  for (const char* m : models) {
+    const JobSpec spec = job(m);
+    const MemoryEstimate e = estimate(spec);
+    EXPECT_EQ(e.parameters, built_parameters(spec)) << m;
+    EXPECT_EQ(e.weight_bytes, e.parameters * 4) << m;
+    EXPECT_EQ(e.gradient_bytes, e.parameters * 4) << m;
+    EXPECT_EQ(estimate(spec, 1, false, 2).weight_bytes, e.parameters * 2) << m;
+  }
+}
+
+// The engine's own count of the host buffers it allocated, for the same job.
+int64_t engine_host_bytes(const JobSpec& spec) {
+  auto lm = make_model_from_spec(spec.model, 256, 1, nullptr);
+  std::vector<engine::ParamSpec> params;
+  for (auto& nt : lm->parameters()) {
+    engine::ParamSpec p;
+    p.name = nt.name;
+    p.param = nt.tensor;
+    params.push_back(p);
+  }
+  engine::EngineOptions o;
+  o.mode = engine::parse_optimizer_mode(spec.optimizer.mode);
+  o.topk_ratio = spec.optimizer.zenflow.topk_ratio;
+  o.min_split_numel = spec.optimizer.zenflow.min_split_numel;
+  o.huge_pages = false;
+  engine::ZenFlowOptimizer opt(params, o);
+  return opt.host_state_bytes();
+}
+
+TEST(Preflight, HostOptimizerBytesMatchTheEngineAndOrderTheModes) {
+  const std::string model =
+      "{arch: llama, config: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4}}";
+  const JobSpec zen = job(model);
+  const JobSpec off = job(model, {"optimizer.mode=offload"});
+  const JobSpec dev = job(model, {"optimizer.mode=device"});
+  const MemoryEstimate z = estimate(zen), o = estimate(off), d = estimate(dev);
+  EXPECT_EQ(z.host_optimizer_bytes, engine_host_bytes(zen));
+  EXPECT_EQ(o.host_optimizer_bytes, engine_host_bytes(off));
+  EXPECT_EQ(d.host_optimizer_bytes, 0);
+  EXPECT_GT(o.host_optimizer_bytes, z.host_optimizer_bytes);  // offload also hosts norms
+  EXPECT_GT(z.host_optimizer_bytes, d.host_optimizer_bytes);
+  // Device mode keeps fp32 m and v of every parameter on the device; + a master copy in 16-bit.
+  EXPECT_EQ(d.device_optimizer_bytes, d.parameters * 8);
+  EXPECT_EQ(estimate(dev, 1, false, 2).device_optimizer_bytes, d.parameters * 12);
+  EXPECT_LT(z.device_optimizer_bytes, d.device_optimizer_bytes);
+  // On the CPU everything is host memory.
+  EXPECT_EQ(z.total_host_bytes, z.host_optimizer_bytes + z.total_device_bytes);
+  EXPECT_EQ(z.total_device_bytes,
+            z.weight_bytes + z.gradient_bytes + z.device_optimizer_bytes + z.activation_bytes);
+
+  // Two ranks: each holds half of the host state (master, m, v, accumulators, rings: 36
+  // bytes per fp32 element) plus a packing buffer (4) that one rank does not need.
+  const MemoryEstimate o2 = estimate(off, 2);
+  const int64_t split = o.host_optimizer_bytes / 36;
+  EXPECT_EQ(o.host_optimizer_bytes, split * 36);
+  EXPECT_EQ(o2.host_optimizer_bytes, (split + 1) / 2 * 40);
+  EXPECT_LT(o2.host_optimizer_bytes, o.host_optimizer_bytes * 6 / 10);
+}
+
+TEST(Preflight, OversizedModelIsRefusedNamingTheKeyTheEstimateAndTheLimit) {
+  // Within the spec's bounds, but ~7e13 parameters.
+  const JobSpec huge =
+      job("{arch: llama, config: {hidden_size: 131072, num_hidden_layers: 1024, num_attention_heads: 1024}}");
+  const MemoryEstimate e = estimate(huge);
+  const int64_t H = 131072, I = 344, V = 256;
+  EXPECT_EQ(e.parameters, 1024 * (4 * H * H + 3 * I * H + 2 * H) + 2 * V * H + H);
+  EXPECT_EQ(e.model_key, "model.config.num_hidden_layers");
+  EXPECT_EQ(e.dominant_key, "model.config.num_hidden_layers");
+  const std::string msg = error_of([&] { check_job_fits(huge, e, 16 * kGiB, 0); });
+  EXPECT_EQ(msg.rfind("model.config.num_hidden_layers: the job needs an estimated " +
+                          format_bytes(e.total_host_bytes) + " of host memory (parameters 7.1e13: weights " +
+                          format_bytes(e.weight_bytes) + ", gradients " + format_bytes(e.gradient_bytes) +
+                          ", optimizer state ",
+                      0),
+            0u)
+      << msg;
+  EXPECT_NE(msg.find("), more than the 16 GiB available"), std::string::npos) << msg;
+
+  // hidden_size drives a wide, shallow model.
+  const JobSpec wide =
+      job("{arch: llama, config: {hidden_size: 131072, num_hidden_layers: 2, num_attention_heads: 4}}");
+  EXPECT_EQ(estimate(wide).dominant_key, "model.config.hidden_size");
+  EXPECT_EQ(error_of([&] {
+              check_job_fits(wide, estimate(wide), 16 * kGiB, 0);
+            }).rfind("model.config.hidden_size: the job needs an estimated ", 0),
+            0u);
+  // The batch drives activations of a tiny model; the sequence length the attention matrix.
+  const JobSpec batch =
+      job("{arch: gpt2, config: {hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 4}}",
+          {"train.micro_batch=65536", "train.seq_len=64"});
+  EXPECT_EQ(estimate(batch).dominant_key, "train.micro_batch");
+  EXPECT_EQ(error_of([&] {
+              check_job_fits(batch, estimate(batch), 16 * kGiB, 0);
+            }).rfind("train.micro_batch: the job needs an estimated ", 0),
+            0u);
+  const JobSpec longseq =
+      job("{arch: llama, config: {hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 4, "
+          "max_position_embeddings: 1048576}}",
+          {"train.micro_batch=1", "train.seq_len=1048576"});
+  EXPECT_EQ(estimate(longseq).activation_key, "train.seq_len");
+  // Nothing overflows at every bound at once: the sums saturate.
+  const JobSpec all =
+      job("{arch: llama, config: {hidden_size: 131072, num_hidden_layers: 1024, num_attention_heads: 4096, "
+          "intermediate_size: 1048576, vocab_size: 16777216, max_position_embeddings: 1048576}}",
+          {"train.micro_batch=65536", "train.seq_len=1048576"});
+  const MemoryEstimate a = estimate(all);
+  EXPECT_GT(a.parameters, 0);
+  EXPECT_EQ(a.activation_bytes, std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(a.total_host_bytes, std::numeric_limits<int64_t>::max());
+  EXPECT_NE(error_of([&] { check_job_fits(all, a, 16 * kGiB, 0); }), "");
+}
+
+TEST(Preflight, TinyJobFitsAndAvailableMemoryIsReadFromTheSystem) {
+  const JobSpec tiny =
+      job("{arch: llama, config: {hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 4}}");
+  const int64_t avail = available_host_memory_bytes();
+  EXPECT_GT(avail, 0);
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t total_kb = 0;
+  while (meminfo >> key && key != "MemTotal:") {
+  }
+  meminfo >> total_kb;
+  EXPECT_LE(avail, total_kb * 1024);
+  EXPECT_EQ(error_of([&] { check_job_fits(tiny, estimate(tiny), avail, 0); }), "");
+  EXPECT_EQ(error_of([&] { check_job_fits(tiny, estimate(tiny), 0, 0); }), "");  // unknown: not checked
+  // The limit is compared with the total, to the byte.
+  const MemoryEstimate e = estimate(tiny);
+  EXPECT_EQ(error_of([&] { check_job_fits(tiny, e, e.total_host_bytes, 0); }), "");
+  EXPECT_NE(error_of([&] { check_job_fits(tiny, e, e.total_host_bytes - 1, 0); }), "");
+}
+
+TEST(Preflight, OnCudaHostAndDeviceAreCheckedSeparately) {
+  const JobSpec spec =
+      job("{arch: llama, config: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4}}");
+  const MemoryEstimate cpu = estimate(spec, 1, false, 2);
+  const MemoryEstimate gpu = estimate(spec, 1, true, 2);
+  EXPECT_TRUE(gpu.device_is_cuda);
+  EXPECT_EQ(gpu.init_host_bytes, gpu.parameters * 4);  // the fp32 random init on the host
+  EXPECT_EQ(gpu.total_host_bytes, std::max(gpu.host_optimizer_bytes, gpu.init_host_bytes));
+  EXPECT_GT(gpu.total_device_bytes, cpu.total_device_bytes);  // device staging of split gradients
+  EXPECT_EQ(error_of([&] { check_job_fits(spec, gpu, gpu.total_host_bytes, gpu.total_device_bytes); }), "");
+  // A tiny model's device memory is mostly activations.
+  EXPECT_EQ(gpu.dominant_key, gpu.activation_key);
+  const std::string msg = error_of([&] { check_job_fits(spec, gpu, 64 * kGiB, 1024); });
+  EXPECT_EQ(msg.rfind(gpu.dominant_key + ": the job needs an estimated " +
+                          format_bytes(gpu.total_device_bytes) + " of device memory (parameters ",
+                      0),
+            0u)
+      << msg;
+  EXPECT_NE(msg.find("more than the 1 KiB available"), std::string::npos) << msg;
+  const std::string host_msg = error_of([&] { check_job_fits(spec, gpu, 1024, 0); });
+  EXPECT_NE(host_msg.find("of host memory (parameters "), std::string::npos) << host_msg;
+}
+
+TEST(Preflight, WarningsNameTheKeyAndWhatReallyHappens) {
+  const JobSpec quiet = job("{arch: llama}");
+  EXPECT_EQ(preflight_warnings(quiet, false, 2), std::vector<std::string>{});
+  EXPECT_EQ(preflight_warnings(job("{arch: llama}", {"optimizer.host.threads=1"}), false, 2),
+            std::vector<std::string>{});
+
+  const JobSpec noisy = job(
+      "{arch: llama}", {"optimizer.host.threads=64", "optimizer.host.nodes=2", "train.compute_threads=8",
+                        "train.autocast=bfloat16", "cost.instance_type=p4d.24xlarge", "cost.usd_per_hour=32",
+                        "resources.workers=3", "resources.host_memory_gb=48", "resources.priority=5"});
+  const std::vector<std::string> expected = {
+      "optimizer.host.threads: 64 requested but this process has 2 cores; using 1 and leaving the rest for "
+      "compute",
+      "optimizer.host.nodes: 2 requested but remote optimizer nodes are not implemented; the host optimizer "
+      "runs in this process",
+      "train.compute_threads: 8 requested but this process has 2 cores; the threads will share them",
+      "train.autocast: bfloat16 is ignored on the CPU (autocast is CUDA-only); the CPU computes in the "
+      "weights' dtype (float32)",
+      "cost.instance_type: 'p4d.24xlarge' is not priced: there is no pricing catalog yet, so the job's cost "
+      "is "
+      "not computed",
+      "cost.usd_per_hour: recorded but not used: zenflow does not compute job costs yet",
+      "resources.workers: 3 requested but there is no scheduler yet; zenflow run starts the ranks of one "
+      "worker (resources.gpus_per_worker, or --nproc)",
+      "resources.host_memory_gb: not enforced: there is no scheduler yet; the memory check uses the memory "
+      "this machine has available",
+      "resources.priority: ignored: there is no scheduler yet",
+  };
+  EXPECT_EQ(preflight_warnings(noisy, false, 2), expected);
+  // On CUDA autocast takes effect.
+  const auto on_cuda = preflight_warnings(noisy, true, 2);
+  EXPECT_EQ(on_cuda.size(), expected.size() - 1);
+  // One core: the host optimizer shares it.
+  EXPECT_EQ(
+      preflight_warnings(job("{arch: llama}", {"optimizer.host.threads=4"}), false, 1),
+      std::vector<std::string>{
+          "optimizer.host.threads: 4 requested but this process has 1 core; using 1, shared with compute"});
+  // Settings with no effect in their context.
+  EXPECT_EQ(preflight_warnings(job("{arch: llama}", {"optimizer.mode=device", "optimizer.host.threads=2",
+                                                     "optimizer.host.reserved_cores=[0]"}),
+                               false, 8),
+            (std::vector<std::string>{
+                "optimizer.host.threads: ignored: optimizer.mode device has no host optimizer",
+                "optimizer.host.reserved_cores: ignored: optimizer.mode device has no host optimizer"}));
+  EXPECT_EQ(
+      preflight_warnings(
+          job("{arch: llama}", {"optimizer.host.threads=2", "optimizer.host.reserved_cores=[0]"}), false, 8),
+      std::vector<std::string>{"optimizer.host.threads: ignored: optimizer.host.reserved_cores gives the "
+                               "host optimizer 1 core(s)"});
+}
+
+TEST(Preflight, Float16OnTheCpuIsAnErrorNamingTrainDtype) {
+  // LibTorch 1.13's CPU kernels have no fp16 matmul, softmax or norms (probed, not assumed).
+  const std::string msg =
+      error_of([&] { preflight_errors(job("{arch: llama}", {"train.dtype=float16"}), false); });
+  EXPECT_EQ(msg.rfind("train.dtype: float16 cannot train on the CPU with this LibTorch (", 0), 0u) << msg;
+  EXPECT_NE(msg.find("'Half'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("; use float32 or auto on the CPU, or a GPU"), std::string::npos) << msg;
+  EXPECT_EQ(error_of([&] { preflight_errors(job("{arch: llama}", {"train.dtype=bfloat16"}), false); }), "");
+  {
+    const c10::NoGradGuard no_grad;  // the probe turns autograd on for itself
+    EXPECT_EQ(error_of([&] { preflight_errors(job("{arch: llama}", {"train.dtype=bfloat16"}), false); }), "");
+  }
+  EXPECT_EQ(error_of([&] { preflight_errors(job("{arch: llama}", {"train.dtype=float32"}), false); }), "");
+  EXPECT_EQ(error_of([&] { preflight_errors(job("{arch: llama}", {"train.dtype=float16"}), true); }), "");
+}
+
+TEST(Preflight, ModelArchContradictingModelFromIsAnErrorAndTheDirectoryIsEstimated) {
+  const fs::path dir = fs::temp_directory_path() / ("zenflow_preflight_" + std::to_string(::getpid()));
+  remove_tree(dir);
+  fs::create_directories(dir);
+  const JobSpec random =
+      job("{arch: gpt2, config: {hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 4}}");
+  model::LoadedModel info;
+  auto lm = make_model_from_spec(random.model, 256, 1, &info);
+  const std::string model_dir = (dir / "gpt2").string();
+  model::export_hf_model(*lm, info.config, model_dir, at::kFloat, "");
+
+  ModelSpec m;
+  m.from = model_dir;
+  m.arch = "llama";
+  m.arch_given = true;
+  const std::string expected = "model.arch: 'llama' contradicts model.from (" + model_dir +
+                               "/config.json is a gpt2 model); remove model.arch or change it";
+  EXPECT_EQ(error_of([&] { describe_model_from_spec(m, 256); }), expected);
+  EXPECT_EQ(error_of([&] { make_model_from_spec(m, 256, 1, nullptr); }), expected);
+  m.arch = "gpt2";
+  EXPECT_EQ(error_of([&] { describe_model_from_spec(m, 256); }), "");
+  m.arch = "llama";
+  m.arch_given = false;  // config.json decides
+  EXPECT_EQ(error_of([&] { make_model_from_spec(m, 256, 1, nullptr); }), "");
+
+  // The estimate of a model directory: the same count, and model.from is the key to change.
+  // (A tiny batch, so that the weights, not the activations, dominate.)
+  JobSpec from_dir = parse_job_spec(
+      "name: t\ndata: {train: c}\nmodel: {from: " + model_dir + "}\ntrain: {micro_batch: 1, seq_len: 2}\n",
+      {}, "/base");
+  EXPECT_FALSE(from_dir.model.arch_given);
+  const MemoryEstimate e = estimate(from_dir);
+  EXPECT_EQ(e.parameters, built_parameters(random));
+  EXPECT_EQ(e.model_key, "model.from");
+  EXPECT_EQ(error_of([&] { check_job_fits(from_dir, e, 1024, 0); }).rfind("model.from: the job needs", 0),
+            0u);
+  remove_tree(dir);
+}
+
+}  // namespace
+}  // namespace zenflow
