@@ -560,16 +560,11 @@ fs::path comparable_path(const fs::path& p) {
   return canon;
 }
 
-// How much of the checkpoint.dir rule applies: all of it to a user's spec; a run's record
-// may name its own directory; none while telling whether a text is a record.
-enum class DirRule { kAll, kAllowSpecDir, kNone };
-
-// checkpoint.dir receives job.yaml and step-N directories, and old checkpoints are pruned
+// checkpoint.dir receives step-N directories and its lock, and old checkpoints are pruned
 // there: it must be a directory of its own, not one that holds the user's files.
 
 void check_checkpoint_dir(const CheckpointSpec& c, const std::string& name,
-                          const std::string& spec_dir, DirRule rule) {
-  if (rule == DirRule::kNone) return;
+                          const std::string& spec_dir) {
   const std::string use = "; use a subdirectory such as runs/" + name;
   const fs::path dir = comparable_path(c.dir);
   if (dir == dir.root_path()) {
@@ -579,7 +574,7 @@ void check_checkpoint_dir(const CheckpointSpec& c, const std::string& name,
   if (home && *home && dir == comparable_path(home)) {
     throw SpecError("checkpoint.dir", "must not be the home directory (" + dir.string() + ")" + use);
   }
-  if (rule == DirRule::kAll && dir == comparable_path(spec_dir.empty() ? "." : spec_dir)) {
+  if (dir == comparable_path(spec_dir.empty() ? "." : spec_dir)) {
     throw SpecError("checkpoint.dir",
                     "must not be the directory holding the job spec (" + dir.string() + ")" + use);
   }
@@ -590,7 +585,7 @@ void check_checkpoint_dir(const CheckpointSpec& c, const std::string& name,
   }
 }
 
-JobSpec validate(const YAML::Node& root, const std::string& base_dir, DirRule rule) {
+JobSpec validate(const YAML::Node& root, const std::string& base_dir) {
   Section s(root, "",
             {"name", "model", "data", "train", "optimizer", "resources", "checkpoint", "cost"});
   JobSpec spec;
@@ -606,7 +601,7 @@ JobSpec validate(const YAML::Node& root, const std::string& base_dir, DirRule ru
   read_optimizer(s.child("optimizer"), spec.optimizer);
   read_resources(s.child("resources"), spec.resources);
   read_checkpoint(s.child("checkpoint"), spec.checkpoint, spec.name, base_dir);
-  check_checkpoint_dir(spec.checkpoint, spec.name, base_dir, rule);
+  check_checkpoint_dir(spec.checkpoint, spec.name, base_dir);
   read_cost(s.child("cost"), spec.cost);
 
   // Learned position tables (gpt2) and rotary caches (llama) are sized by this.
@@ -683,8 +678,7 @@ void apply_override(YAML::Node& root, const std::string& assignment) {
 }
 
 JobSpec parse_from(const std::string& yaml_text, const std::vector<std::string>& overrides,
-                   const std::string& base_dir, const std::string& source,
-                   DirRule rule = DirRule::kAll) {
+                   const std::string& base_dir, const std::string& source) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -692,18 +686,7 @@ JobSpec parse_from(const std::string& yaml_text, const std::vector<std::string>&
     throw SpecError(source, yaml_error(e));
   }
   for (const std::string& o : overrides) apply_override(root, o);
-  return validate(root, base_dir, rule);
-}
-
-// The job.yaml the trainer writes into checkpoint.dir is exactly to_yaml of its spec; a
-// spec someone wrote by hand never is (to_yaml spells out every field). Parsed against
-// "." so that paths come back as written (relative ones stay relative).
-bool is_zenflow_record(const std::string& text, const std::string& source) {
-  try {
-    return to_yaml(parse_from(text, {}, ".", source, DirRule::kNone)) == text;
-  } catch (const SpecError&) {
-    return false;
-  }
+  return validate(root, base_dir);
 }
 
 // `path` (a file or directory the spec names) must exist and be of a kind `accept`s; the
@@ -751,12 +734,8 @@ JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& o
   std::error_code ec;
   fs::path dir = fs::absolute(fs::path(path), ec).parent_path();
   if (ec) dir = fs::path(path).parent_path();
-  // A run's record describes that run (zenflow export reads it): it lives in its own
-  // checkpoint.dir, and its inputs may since have been moved away.
-  const bool record = is_zenflow_record(text, path);
-  JobSpec spec =
-      parse_from(text, overrides, dir.string(), path, record ? DirRule::kAllowSpecDir : DirRule::kAll);
-  if (!record) check_spec_paths(spec);
+  JobSpec spec = parse_from(text, overrides, dir.string(), path);
+  check_spec_paths(spec);
   return spec;
 }
 

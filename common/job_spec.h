@@ -22,7 +22,7 @@
 // "byte", checkpoint.dir) is resolved against the spec's directory, and checkpoint.dir is
 // never empty. checkpoint.dir may not be "/", $HOME, the spec's directory (base_dir) or an
 // existing non-directory (compared after std::filesystem::weakly_canonical): zenflow
-// writes job.yaml and step-N directories there and prunes old ones.
+// writes step-N directories and its lock there and prunes old ones.
 //
 // parse_job_spec does not check that the input paths exist (tests use made-up ones); it
 // reads the file system only for the checkpoint.dir rule. check_spec_paths does the
@@ -178,10 +178,8 @@ JobSpec parse_job_spec(const std::string& yaml_text, const std::vector<std::stri
 // paths in it resolve against the file's directory (made absolute), and check_spec_paths
 // runs on the result. Every problem throws SpecError: the file's own (InputError) as
 // SpecError(path, reason), e.g. "/x/job.yaml: is a FIFO, expected a regular file"; YAML
-// syntax errors name `path` instead of "<yaml>". Exception: the job.yaml zenflow itself
-// writes into checkpoint.dir (the file's text is exactly to_yaml of the spec it holds) is
-// the run's record, read by `zenflow export`: it may name its own directory as
-// checkpoint.dir, and check_spec_paths is skipped (the run's data may be gone).
+// syntax errors name `path` instead of "<yaml>". (A checkpoint's run.yaml, whose inputs
+// may be gone, is read with parse_job_spec instead: see worker/run_export.)
 JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& overrides = {});
 
 // Checks that the input paths of `spec` exist and have the right kind, so a typo is a spec
