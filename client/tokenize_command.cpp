@@ -4,18 +4,17 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
-#include <fstream>
 #include <iostream>
 #include <iterator>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "client/commands.h"
+#include "common/input_file.h"
 #include "worker/model/tokenizer.h"
 
 namespace zenflow::cli {
@@ -124,13 +123,7 @@ int run_bench_tokenizer(const BenchTokenizerOptions& opts) {
     tokenizer = model::load_tokenizer(opts.tokenizer);
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::cerr << "zenflow bench tokenizer: loaded " << opts.tokenizer << " in " << load_s << " s\n";
-    for (const std::string& f : opts.files) {
-      std::ifstream in(f, std::ios::binary);
-      if (!in) throw std::runtime_error(f + ": cannot open");
-      std::ostringstream ss;
-      ss << in.rdbuf();
-      text += ss.str();
-    }
+    for (const std::string& f : opts.files) text += read_regular_file(f, -1, "a text file");
   } catch (const std::exception& e) {
     std::cerr << "zenflow bench tokenizer: " << error_text(e) << "\n";
     return kExitBadInput;

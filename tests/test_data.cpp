@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/remove_tree.h"
+#include "tests/support/bounded_call.h"
 #include "worker/model/dataset.h"
 #include "worker/model/tokenizer.h"
 
@@ -162,6 +163,49 @@ TEST(TextDataset, BlocksMatchTheRawBytesOfSortedConcatenatedFiles) {
   EXPECT_EQ(single->size(), (30 - 1) / 4);
   single->fill(1, in, tg, 0);
   EXPECT_EQ(in[0][0].item<int64_t>(), 'f');  // "The first": byte 4
+}
+
+// A FIFO or a device as the data file is refused at once naming it (a FIFO used to block
+// forever); in a data directory only regular files count: FIFOs, subdirectories and
+// dangling links are skipped without being opened. Each call is bounded.
+TEST(TextDataset, FifoOrDeviceIsRefusedAndOnlyRegularFilesOfADirectoryAreRead) {
+  using zenflow::test_support::call_within;
+  TempDir dir;
+  const fs::path fifo = dir.path() / "train.txt";
+  ASSERT_EQ(zenflow::test_support::make_fifo(fifo), "");
+  for (const std::string& path : {fifo.string(), std::string("/dev/zero")}) {
+    const auto o = call_within([path] {
+      zm::ByteTokenizer tok;
+      zm::make_text_dataset(path, tok, 4);
+    });
+    ASSERT_TRUE(o.returned) << o.message;
+    EXPECT_TRUE(o.input_error) << o.message;
+    EXPECT_EQ(o.message, path + ": is " + (path == fifo.string() ? "a FIFO" : "a character device") +
+                             ", expected a regular file");
+  }
+
+  const fs::path data = dir.path() / "data";
+  fs::create_directories(data / "sub");
+  dir.write("data/a.txt", "aaaa");
+  dir.write("data/sub/x.txt", "never read");
+  dir.write("outside.txt", "cccc");
+  ASSERT_EQ(zenflow::test_support::make_fifo(data / "b.txt"), "");
+  fs::create_symlink(dir.path() / "outside.txt", data / "c.txt");
+  fs::create_symlink(dir.path() / "gone.txt", data / "d.txt");
+  const auto o = call_within([p = data.string()] {
+    zm::ByteTokenizer tok;
+    auto ds = zm::make_text_dataset(p, tok, 8);
+    // "aaaa\ncccc": 9 tokens, one block of 8 + 1.
+    if (ds->size() != 1) throw std::runtime_error("size " + std::to_string(ds->size()));
+    at::Tensor in = at::zeros({1, 8}, at::kLong), tg = at::zeros({1, 8}, at::kLong);
+    ds->fill(0, in, tg, 0);
+    std::string text;
+    for (int64_t t = 0; t < 8; ++t) text.push_back(static_cast<char>(in[0][t].item<int64_t>()));
+    text.push_back(static_cast<char>(tg[0][7].item<int64_t>()));
+    if (text != "aaaa\ncccc") throw std::runtime_error("text '" + text + "'");
+  });
+  ASSERT_TRUE(o.returned) << o.message;
+  EXPECT_FALSE(o.threw) << o.message;
 }
 
 TEST(TextDataset, MissingAndShortInputsNameThePath) {

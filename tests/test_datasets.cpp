@@ -14,6 +14,7 @@
 
 #include "common/job_spec.h"
 #include "common/remove_tree.h"
+#include "tests/support/bounded_call.h"
 #include "worker/model/causal_lm.h"
 #include "worker/model/dataset.h"
 #include "worker/model/tokenizer.h"
@@ -189,6 +190,61 @@ TEST(JsonlDataset, BadLinesAreErrorsNamingFileAndLine) {
   EXPECT_NE(e.find("no JSON lines"), std::string::npos) << e;
   e = error_for("{\"text\": \"ab\"}\n");
   EXPECT_NE(e.find("2 tokens, need at least 3"), std::string::npos) << e;
+}
+
+TEST(JsonlDataset, LastLineWithoutNewlineAndCrlfLinesAreRead) {
+  const fs::path dir = scratch_dir("line_ends");
+  write_text(dir / "d.jsonl", "{\"text\": \"ab\"}\r\n{\"text\": \"cd\"}");
+  const zm::ByteTokenizer tok;
+  auto ds = zm::make_jsonl_dataset((dir / "d.jsonl").string(), tok, 4);
+  ASSERT_EQ(ds->size(), 1);  // "ab\ncd": 5 tokens
+  const Example e = example(*ds, 0);
+  EXPECT_EQ(e.input, (std::vector<int64_t>{'a', 'b', '\n', 'c'}));
+  EXPECT_EQ(e.target, (std::vector<int64_t>{'b', '\n', 'c', 'd'}));
+}
+
+// A FIFO as the data file is refused at once naming it (a FIFO token file used to block
+// its open forever); in a data directory a FIFO is skipped, never opened. Bounded calls.
+TEST(DatasetFiles, FifoIsRefusedAsAFileAndSkippedInADirectory) {
+  using zenflow::test_support::call_within;
+  using zenflow::test_support::make_fifo;
+  const fs::path dir = scratch_dir("fifo");
+  ASSERT_EQ(make_fifo(dir / "train.jsonl"), "");
+  ASSERT_EQ(make_fifo(dir / "train.u16"), "");
+  const std::string jsonl = (dir / "train.jsonl").string(), tokens = (dir / "train.u16").string();
+  const auto refused = [](const std::string& path, const std::function<void()>& fn) {
+    const auto o = call_within(fn);
+    ASSERT_TRUE(o.returned) << o.message;
+    EXPECT_TRUE(o.input_error) << o.message;
+    EXPECT_EQ(o.message, path + ": is a FIFO, expected a regular file");
+  };
+  refused(jsonl, [jsonl] {
+    const zm::ByteTokenizer tok;
+    zm::make_jsonl_dataset(jsonl, tok, 2);
+  });
+  refused(tokens, [tokens] { zm::make_token_file_dataset(tokens, 2, 256); });
+
+  fs::create_directories(dir / "jsonl_dir");
+  write_text(dir / "jsonl_dir" / "a.jsonl", "{\"text\": \"abcdef\"}\n");
+  ASSERT_EQ(make_fifo(dir / "jsonl_dir" / "b.jsonl"), "");
+  fs::create_directories(dir / "tokens_dir");
+  write_ids(dir / "tokens_dir" / "a.u16", std::vector<uint16_t>{1, 2, 3, 4, 5});
+  ASSERT_EQ(make_fifo(dir / "tokens_dir" / "b.u16"), "");
+  const auto o = call_within([jd = (dir / "jsonl_dir").string(), td = (dir / "tokens_dir").string()] {
+    const zm::ByteTokenizer tok;
+    if (zm::make_jsonl_dataset(jd, tok, 2)->size() != 2) throw std::runtime_error("jsonl size");
+    if (zm::make_token_file_dataset(td, 2, 256)->size() != 2) throw std::runtime_error("tokens size");
+  });
+  ASSERT_TRUE(o.returned) << o.message;
+  EXPECT_FALSE(o.threw) << o.message;
+
+  // A directory holding only a FIFO has no files.
+  fs::create_directories(dir / "only_fifo");
+  ASSERT_EQ(make_fifo(dir / "only_fifo" / "x.u16"), "");
+  const std::string only = (dir / "only_fifo").string();
+  const auto none = call_within([only] { zm::make_token_file_dataset(only, 2, 256); });
+  ASSERT_TRUE(none.returned) << none.message;
+  EXPECT_NE(none.message.find("directory has no files"), std::string::npos) << none.message;
 }
 
 TEST(TokenFileDataset, Uint16AndUint32FilesPackAcrossFileBoundaries) {

@@ -11,6 +11,7 @@
 // dies with it (PR_SET_PDEATHSIG). Ports are found at run time; every wait is bounded.
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -28,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -37,6 +39,7 @@
 
 #include "worker/distributed/communicator.h"
 #include "worker/distributed/grad_reducer.h"
+#include "tests/support/bounded_call.h"
 #include "tests/support/ranks.h"
 #include "worker/distributed/launcher.h"
 #include "worker/distributed/rendezvous.h"
@@ -829,6 +832,60 @@ TEST(DistributedFailure, SilentStoreEndpointIsBounded) {
   const double took = seconds_since(t0);
   EXPECT_GT(took, 3.5);  // rendezvous 1 s + timeout 1 s + 2 s
   EXPECT_LT(took, 6.0);
+}
+
+// A master address that does not resolve fails at once naming ZENFLOW_MASTER_ADDR and
+// the host, on the connecting ranks and on the rank hosting the store alike (c10d's
+// store client retried the lookup for the whole 300 s timeout). Each attempt is bounded
+// by a future, so a regression fails here instead of waiting out the timeout.
+TEST(DistributedFailure, UnresolvableMasterAddrFailsAtOnceNamingTheHost) {
+  using zenflow::test_support::call_within;
+  const std::string host = "no-such-host.invalid";  // RFC 6761: never resolves
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int probe = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (probe == 0) ::freeaddrinfo(res);
+  ASSERT_NE(probe, 0) << host << " resolves here";
+  // Without a reachable DNS server the lookup fails temporarily (EAI_AGAIN) rather than
+  // saying the name does not exist: then the check retries until the timeout, so keep it short.
+  const bool temporary = probe == EAI_AGAIN;
+  const auto timeout = temporary ? std::chrono::milliseconds(2000) : zd::kDefaultDistTimeout;
+  std::cout << "getaddrinfo(" << host << "): " << gai_strerror(probe) << "\n";
+
+  for (int rank : {1, 0}) {
+    zd::RankInfo info;
+    info.rank = rank;
+    info.world_size = 2;
+    info.master_addr = host;
+    info.master_port = 29500;
+    info.timeout = timeout;
+    const auto o = call_within([info] { zd::Communicator comm(info); }, 60s);
+    ASSERT_TRUE(o.returned) << "rank " << rank << ": " << o.message;
+    ASSERT_TRUE(o.threw) << "rank " << rank << ": rendezvous with an unresolvable host succeeded";
+    std::cout << "rank " << rank << " failed after " << o.seconds << " s: " << o.message << "\n";
+    EXPECT_NE(o.message.find("ZENFLOW_MASTER_ADDR='" + host + "'"), std::string::npos) << o.message;
+    EXPECT_NE(o.message.find(temporary ? "looking up the rendezvous host failed"
+                                       : "the rendezvous host cannot be resolved"),
+              std::string::npos)
+        << o.message;
+  }
+  const auto server = call_within([host, timeout] { zd::StoreServer s(host, 0, timeout); }, 60s);
+  ASSERT_TRUE(server.returned) << server.message;
+  EXPECT_NE(server.message.find("ZENFLOW_MASTER_ADDR='" + host + "'"), std::string::npos) << server.message;
+
+  if (!temporary) {
+    try {
+      zd::resolve_master_addr(host, zd::kDefaultDistTimeout);
+      ADD_FAILURE() << host << " was resolved";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()), "ZENFLOW_MASTER_ADDR='" + host +
+                                           "': the rendezvous host cannot be resolved (" + gai_strerror(probe) +
+                                           "); set it to rank 0's host name or IP address");
+    }
+  }
+  EXPECT_NO_THROW(zd::resolve_master_addr("127.0.0.1", 1s));
+  EXPECT_NO_THROW(zd::resolve_master_addr("localhost", 1s));
 }
 
 // ---- the launcher ---------------------------------------------------------------------

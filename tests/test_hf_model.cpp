@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/bounded_call.h"
 #include "tests/support/shell.h"
 #include "common/job_spec.h"
 #include "common/remove_tree.h"
@@ -682,7 +683,64 @@ TEST(HfModel, MalformedDirectoriesGiveErrorsNamingTheProblem) {
   EXPECT_NE(e.find("no model.safetensors or model.safetensors.index.json"), std::string::npos) << e;
 
   e = load_error(root / "does_not_exist");
-  EXPECT_NE(e.find("config.json: cannot open"), std::string::npos) << e;
+  EXPECT_EQ(e, (root / "does_not_exist" / "config.json").string() + ": no such file or directory (is '" +
+                   (root / "does_not_exist").string() + "' a model directory?)");
+}
+
+// A FIFO or a directory as config.json or model.safetensors, and a config.json over its
+// limit: refused at once naming the file (a FIFO used to block forever, a directory gave
+// "basic_filebuf::underflow"); each call is bounded so a regression fails, not hangs.
+TEST(HfModel, HostileFilesInAModelDirectoryAreRefusedPromptly) {
+  using zenflow::test_support::call_within;
+  using zenflow::test_support::make_fifo;
+  const fs::path root = scratch_dir("hostile");
+  const json config = llama_gqa_config();
+  const Named w = random_weights(config, 17);
+  const auto expect_refused = [](const fs::path& dir, const fs::path& named, const std::string& problem) {
+    for (bool load : {false, true}) {
+      const auto o = call_within([dir = dir.string(), load] {
+        if (load) {
+          zm::load_hf_model(dir);
+        } else {
+          zm::describe_hf_model(dir);
+        }
+      });
+      ASSERT_TRUE(o.returned) << o.message;
+      EXPECT_TRUE(o.input_error) << o.message;
+      EXPECT_EQ(o.message, named.string() + ": " + problem);
+    }
+  };
+
+  const fs::path fifo_config = write_model_dir(root / "fifo_config", config, w);
+  fs::remove(fifo_config / "config.json");
+  ASSERT_EQ(make_fifo(fifo_config / "config.json"), "");
+  expect_refused(fifo_config, fifo_config / "config.json", "is a FIFO, expected a regular file");
+
+  const fs::path dir_config = write_model_dir(root / "dir_config", config, w);
+  fs::remove(dir_config / "config.json");
+  fs::create_directory(dir_config / "config.json");
+  expect_refused(dir_config, dir_config / "config.json", "is a directory, expected a regular file");
+
+  const fs::path big_config = write_model_dir(root / "big_config", config, w);
+  fs::resize_file(big_config / "config.json", zenflow::kMaxConfigBytes * 2);  // sparse tail
+  expect_refused(big_config, big_config / "config.json",
+                 "is 8 MiB, larger than the 4 MiB limit for a config.json");
+
+  const fs::path fifo_weights = write_model_dir(root / "fifo_weights", config, w);
+  fs::remove(fifo_weights / "model.safetensors");
+  ASSERT_EQ(make_fifo(fifo_weights / "model.safetensors"), "");
+  expect_refused(fifo_weights, fifo_weights / "model.safetensors", "is a FIFO, expected a regular file");
+
+  // A sharded checkpoint whose index reaches outside the directory.
+  const fs::path sharded = write_model_dir(root / "escaping_index", config, w, at::kFloat, 2);
+  json index = json::parse(read_text(sharded / "model.safetensors.index.json"));
+  const std::string first = index["weight_map"].begin().key();
+  index["weight_map"][first] = "../outside.safetensors";
+  write_text(sharded / "model.safetensors.index.json", index.dump());
+  const std::string e = load_error(sharded);
+  EXPECT_EQ(e, (sharded / "model.safetensors.index.json").string() + ": weight_map[\"" + first +
+                   "\"] = \"../outside.safetensors\" has a '..' component; a shard must be a file inside the "
+                   "model directory");
 }
 
 TEST(HfModel, ExportAfterTrainingReloadsToIdenticalLogitsAndCopiesTokenizerFiles) {

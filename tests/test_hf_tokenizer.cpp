@@ -6,12 +6,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "tests/support/bounded_call.h"
 #include "tests/support/shell.h"
 #include "worker/model/hf_tokenizer.h"
 #include "worker/model/tokenizer.h"
@@ -517,7 +519,7 @@ TEST(HfTokenizer, MalformedFilesGiveClearErrors) {
     EXPECT_NE(error.find(path), std::string::npos) << error;
     EXPECT_NE(error.find(problem), std::string::npos) << "want \"" << problem << "\" in: " << error;
   };
-  expect_error((scratch_dir() / "does-not-exist.json").string(), "cannot open");
+  expect_error((scratch_dir() / "does-not-exist.json").string(), "no such file or directory");
 
   const fs::path bad_json = scratch_dir() / "bad-json" / "tokenizer.json";
   fs::create_directories(bad_json.parent_path());
@@ -579,6 +581,75 @@ TEST(Gpt2Tokenizer, MalformedOriginalFilesGiveClearErrors) {
   }
 }
 
+// Files that would block or never end (FIFOs, /dev/zero), directories and oversized files
+// are refused at once with an InputError naming the path; each call is bounded so that a
+// regression fails the test instead of hanging it.
+TEST(HfTokenizer, HostileFilesAreRefusedPromptlyNamingThePath) {
+  using zenflow::test_support::call_within;
+  const fs::path dir = scratch_dir() / "hostile";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto expect_refused = [](const std::string& path, const std::string& problem,
+                                 const std::function<void()>& load) {
+    const auto o = call_within(load);
+    ASSERT_TRUE(o.returned) << path << ": " << o.message;
+    EXPECT_TRUE(o.input_error) << o.message;
+    EXPECT_EQ(o.message, path + ": " + problem);
+  };
+  const auto load = [](std::string path) { return [path] { load_hf_tokenizer(path); }; };
+
+  // A FIFO named directly, and a FIFO as the tokenizer.json of a directory.
+  const fs::path fifo = dir / "fifo.json";
+  ASSERT_EQ(zenflow::test_support::make_fifo(fifo), "");
+  expect_refused(fifo.string(), "is a FIFO, expected a regular file", load(fifo.string()));
+  fs::create_directories(dir / "fifo-dir");
+  ASSERT_EQ(zenflow::test_support::make_fifo(dir / "fifo-dir" / "tokenizer.json"), "");
+  expect_refused((dir / "fifo-dir" / "tokenizer.json").string(), "is a FIFO, expected a regular file",
+                 load((dir / "fifo-dir").string()));
+
+  // /dev/zero would grow a buffer without limit.
+  expect_refused("/dev/zero", "is a character device, expected a regular file", load("/dev/zero"));
+
+  // A directory where tokenizer.json should be (was basic_filebuf::underflow, no path).
+  fs::create_directories(dir / "dir-dir" / "tokenizer.json");
+  expect_refused((dir / "dir-dir" / "tokenizer.json").string(), "is a directory, expected a regular file",
+                 load((dir / "dir-dir").string()));
+
+  // Over the 64 MiB limit: a sparse file, refused from its size before any read.
+  const fs::path huge = dir / "huge" / "tokenizer.json";
+  fs::create_directories(huge.parent_path());
+  write_text(huge, "");
+  fs::resize_file(huge, zenflow::kMaxTokenizerBytes + 1);
+  const auto o = call_within(load(huge.string()));
+  ASSERT_TRUE(o.returned) << o.message;
+  EXPECT_TRUE(o.input_error) << o.message;
+  EXPECT_EQ(o.message.rfind(huge.string() + ": is ", 0), 0u) << o.message;
+  EXPECT_NE(o.message.find("larger than the 64 MiB limit for a tokenizer file"), std::string::npos) << o.message;
+
+  // tokenizer_config.json beside a good tokenizer.json: a FIFO, and one over its 4 MiB limit.
+  const std::string good = save(tiny_tokenizer(kGpt2PreTokenizer), "hostile-config");
+  const fs::path config = fs::path(good).parent_path() / "tokenizer_config.json";
+  ASSERT_EQ(zenflow::test_support::make_fifo(config), "");
+  expect_refused(config.string(), "is a FIFO, expected a regular file", load(good));
+  fs::remove(config);
+  write_text(config, "");
+  fs::resize_file(config, 5 << 20);
+  expect_refused(config.string(), "is 5 MiB, larger than the 4 MiB limit for a tokenizer_config.json",
+                 load(good));
+  fs::remove(config);
+
+  // GPT-2's original files: a FIFO as vocab.bpe, a directory as encoder.json.
+  write_text(dir / "encoder.json", R"({"a": 0, "b": 1})");
+  ASSERT_EQ(zenflow::test_support::make_fifo(dir / "vocab.bpe"), "");
+  const std::string encoder = (dir / "encoder.json").string(), vocab = (dir / "vocab.bpe").string();
+  expect_refused(vocab, "is a FIFO, expected a regular file",
+                 [=] { load_gpt2_tokenizer_files(encoder, vocab); });
+  fs::create_directories(dir / "encoder-dir.json");
+  const std::string encoder_dir = (dir / "encoder-dir.json").string();
+  expect_refused(encoder_dir, "is a directory, expected a regular file",
+                 [=] { load_gpt2_tokenizer_files(encoder_dir, vocab); });
+}
+
 // ---------------------------------------------------------------------------------
 // The CLI verb.
 
@@ -614,4 +685,23 @@ TEST(TokenizeCommand, PrintsIdsAndDecodes) {
             2)
       << out;
   EXPECT_NE(out.find("/nonexistent/tokenizer.json"), std::string::npos) << out;
+
+  // A FIFO as the tokenizer, or as a text file to bench on: exit 2 naming it, never a hang
+  // (`timeout` turns a hang into exit 124).
+  const fs::path fifo = scratch_dir() / "cli-fifo";
+  fs::remove(fifo);
+  ASSERT_EQ(zenflow::test_support::make_fifo(fifo), "");
+  EXPECT_EQ(run("timeout 60 " + quote(zenflow.string()) + " tokenize --tokenizer " + quote(fifo.string()) +
+                    " hi 2>&1",
+                &out),
+            2)
+      << out;
+  EXPECT_NE(out.find(fifo.string() + ": is a FIFO, expected a regular file"), std::string::npos) << out;
+  EXPECT_EQ(run("timeout 60 " + quote(zenflow.string()) + " bench tokenizer --tokenizer byte " +
+                    quote(fifo.string()) + " 2>&1",
+                &out),
+            2)
+      << out;
+  EXPECT_NE(out.find(fifo.string() + ": is a FIFO, expected a regular file"), std::string::npos) << out;
+  fs::remove(fifo);
 }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/bounded_call.h"
 #include "tests/support/shell.h"
 #include "common/remove_tree.h"
 #include "worker/model/safetensors.h"
@@ -254,7 +255,7 @@ TEST(Safetensors, CorruptFilesGiveClearErrors) {
       raw_file(dir / "bad-metadata.safetensors",
                R"({"__metadata__":{"n":1},"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})", data16),
       "__metadata__[\"n\"] is not a string");
-  expect_error(dir / "missing.safetensors", "cannot open");
+  expect_error(dir / "missing.safetensors", "no such file or directory");
 
   // A good file cut anywhere is an error, never a crash or a partial read.
   const fs::path good = dir / "good.safetensors";
@@ -387,4 +388,84 @@ TEST(SafetensorsIndex, MissingShardOrTensorGivesClearErrors) {
               std::string::npos)
         << e.what();
   }
+}
+
+// A FIFO or a directory where a weights file or an index should be: refused at once
+// naming it (a FIFO used to block the open forever); each call is bounded.
+TEST(SafetensorsIndex, FifoOrDirectoryAsAWeightsFileIsRefusedPromptly) {
+  using zenflow::test_support::call_within;
+  using zenflow::test_support::make_fifo;
+  const auto expect_refused = [](const fs::path& named, const std::string& open, const std::string& problem) {
+    const auto o = call_within([open] { SafetensorsIndex i(open); });
+    ASSERT_TRUE(o.returned) << o.message;
+    EXPECT_TRUE(o.input_error) << o.message;
+    EXPECT_EQ(o.message, named.string() + ": " + problem);
+  };
+  const fs::path dir = scratch_dir("fifo-weights");
+  ASSERT_EQ(make_fifo(dir / "model.safetensors"), "");
+  expect_refused(dir / "model.safetensors", dir.string(), "is a FIFO, expected a regular file");
+  expect_refused(dir / "model.safetensors", (dir / "model.safetensors").string(),
+                 "is a FIFO, expected a regular file");
+  const auto o = call_within([p = (dir / "model.safetensors").string()] { SafetensorsFile f(p); });
+  ASSERT_TRUE(o.returned) << o.message;
+  EXPECT_EQ(o.message, (dir / "model.safetensors").string() + ": is a FIFO, expected a regular file");
+
+  const fs::path index_dir = scratch_dir("fifo-index");
+  ASSERT_EQ(make_fifo(index_dir / "model.safetensors.index.json"), "");
+  expect_refused(index_dir / "model.safetensors.index.json", index_dir.string(),
+                 "is a FIFO, expected a regular file");
+
+  // A shard that is a FIFO, named by a good index.
+  const fs::path shard_dir = scratch_dir("fifo-shard");
+  ASSERT_EQ(make_fifo(shard_dir / "model-00001-of-00001.safetensors"), "");
+  write_bytes(shard_dir / "model.safetensors.index.json",
+              json({{"weight_map", {{"a", "model-00001-of-00001.safetensors"}}}}).dump());
+  expect_refused(shard_dir / "model-00001-of-00001.safetensors", shard_dir.string(),
+                 "is a FIFO, expected a regular file");
+
+  const fs::path dir_dir = scratch_dir("dir-weights");
+  fs::create_directories(dir_dir / "model.safetensors");
+  expect_refused(dir_dir / "model.safetensors", dir_dir.string(), "is a directory, expected a regular file");
+}
+
+// Every file an index names must stay inside its directory: a weight_map entry naming
+// ../outside.safetensors or /etc/passwd is refused naming the index and the entry, before
+// that file is opened.
+TEST(SafetensorsIndex, ShardNamesThatLeaveTheDirectoryAreRefused) {
+  const fs::path root = scratch_dir("escape");
+  const fs::path dir = root / "model";
+  fs::create_directories(dir / "sub");
+  // Real safetensors files at the escaping paths, so that only the name check can stop them.
+  write_safetensors((root / "outside.safetensors").string(), {{"a", at::ones({2})}});
+  write_safetensors((dir / "inside.safetensors").string(), {{"a", at::ones({2})}});
+  const fs::path index = dir / "model.safetensors.index.json";
+  const auto index_error = [&](const std::string& shard) {
+    write_bytes(index, json({{"weight_map", {{"a", shard}}}}).dump());
+    try {
+      SafetensorsIndex i(dir.string());
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  const std::pair<std::string, std::string> bad[] = {
+      {"../outside.safetensors", "has a '..' component"},
+      {"sub/../../outside.safetensors", "has a '..' component"},
+      {"/etc/passwd", "is an absolute path"},
+      {(root / "outside.safetensors").string(), "is an absolute path"},
+      {"", "is empty"},
+  };
+  for (const auto& [shard, why] : bad) {
+    const std::string error = index_error(shard);
+    EXPECT_EQ(error, index.string() + ": weight_map[\"a\"] = " + json(shard).dump() + " " + why +
+                         "; a shard must be a file inside the model directory");
+  }
+  // Names that stay inside are fine, through a subdirectory or a symlink (the Hugging Face
+  // cache links every file of a snapshot to a blob outside it).
+  EXPECT_EQ(index_error("inside.safetensors"), "(no error)");
+  EXPECT_EQ(index_error("./inside.safetensors"), "(no error)");
+  fs::copy_file(dir / "inside.safetensors", dir / "sub" / "nested.safetensors");
+  EXPECT_EQ(index_error("sub/nested.safetensors"), "(no error)");
+  fs::create_symlink(root / "outside.safetensors", dir / "linked.safetensors");
+  EXPECT_EQ(index_error("linked.safetensors"), "(no error)");
 }

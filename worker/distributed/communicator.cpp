@@ -455,6 +455,7 @@ void rendezvous(Setup& su) {
   so.waitWorkers = false;  // our own join protocol below names the missing ranks
   const std::chrono::milliseconds rdzv_timeout = su.opts.rendezvous_timeout;
   so.timeout = rdzv_timeout;
+  resolve_master_addr(info.master_addr, rdzv_timeout);
   try {
     su.store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, so);
   } catch (const std::exception& e) {

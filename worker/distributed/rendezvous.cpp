@@ -1,11 +1,17 @@
+// Rank identity from the environment, the rendezvous host check, and the external store.
 #include "worker/distributed/rendezvous.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 namespace zenflow::distributed {
@@ -119,6 +125,38 @@ RankInfo rank_info_from_lookup(const std::function<const char*(const char*)>& lo
   return info;
 }
 
+void resolve_master_addr(const std::string& host, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto pause = std::chrono::milliseconds(100);
+  for (;;) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+    if (rc == 0) {
+      ::freeaddrinfo(res);
+      return;
+    }
+    const std::string what = std::string(kEnvMasterAddr) + "='" + host + "'";
+    bool no_such_name = rc == EAI_NONAME || rc == EAI_FAIL;
+#ifdef EAI_NODATA
+    no_such_name = no_such_name || rc == EAI_NODATA;
+#endif
+    if (no_such_name) {
+      throw std::invalid_argument(what + ": the rendezvous host cannot be resolved (" + gai_strerror(rc) +
+                                  "); set it to rank 0's host name or IP address");
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (rc != EAI_AGAIN || now >= deadline) {
+      throw std::runtime_error(what + ": looking up the rendezvous host failed" +
+                               (rc == EAI_AGAIN ? " until the timeout" : "") + ": " + gai_strerror(rc));
+    }
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, deadline - now));
+    pause = std::min(pause * 2, std::chrono::milliseconds(2000));
+  }
+}
+
 struct StoreServer::Impl {
   c10::intrusive_ptr<c10d::TCPStore> store;
 };
@@ -126,6 +164,8 @@ struct StoreServer::Impl {
 StoreServer::StoreServer(const std::string& host, int port, std::chrono::milliseconds timeout)
     : impl_(std::make_unique<Impl>()) {
   if (port < 0 || port > 65535) throw std::invalid_argument("StoreServer: port must be in 0..65535");
+  // The store's own client connects to `host`, retrying a failed lookup until the timeout.
+  resolve_master_addr(host, timeout);
   c10d::TCPStoreOptions so;
   so.port = static_cast<std::uint16_t>(port);
   so.isServer = true;

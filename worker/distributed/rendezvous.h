@@ -70,11 +70,21 @@ RankInfo rank_info_from_lookup(const std::function<const char*(const char*)>& lo
 // `what` when the text is not a positive finite number.
 std::chrono::milliseconds parse_timeout_seconds(const std::string& text, const std::string& what);
 
+// Resolves the rendezvous host `host` (ZENFLOW_MASTER_ADDR) before any store connection:
+// c10d's TCPStore client retries a failed name lookup until its timeout, so a mistyped
+// host would otherwise cost the whole timeout (300 s by default) and end in a message
+// that does not say the name is wrong. A name that does not exist (EAI_NONAME, EAI_FAIL,
+// EAI_NODATA) throws std::invalid_argument at once, naming ZENFLOW_MASTER_ADDR and the
+// host; a temporary failure (EAI_AGAIN) is retried until `timeout`, then throws
+// std::runtime_error naming them; any other lookup error throws std::runtime_error at once.
+void resolve_master_addr(const std::string& host, std::chrono::milliseconds timeout);
+
 // A rendezvous store hosted outside the ranks: a c10d::TCPStore server that lives as
 // long as this object. The local launcher runs one (bound before any rank starts, so the
 // port cannot be taken in between, and alive when rank 0 dies, so that the survivors'
 // heartbeats name it); ranks then get ZENFLOW_STORE_EXTERNAL=1. Port 0 picks a free
-// port (port() tells which). Throws std::runtime_error when the port cannot be bound.
+// port (port() tells which). Throws std::runtime_error when the port cannot be bound,
+// and resolve_master_addr's errors for a host that cannot be resolved.
 // Thread safety: construct and destroy on one thread; port() from any.
 class StoreServer {
  public:

@@ -7,7 +7,6 @@
 #include <deque>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -16,19 +15,15 @@
 #include <thread>
 #include <utility>
 
+#include "common/input_file.h"
+#include "worker/model/data_files.h"
+
 namespace zenflow::model {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string read_file(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw std::runtime_error("text dataset: cannot open '" + file.string() + "'");
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  if (in.bad()) throw std::runtime_error("text dataset: error reading '" + file.string() + "'");
-  return buf.str();
-}
+std::string read_file(const fs::path& file) { return read_regular_file(file.string(), -1, "a text file"); }
 
 // A file's text, or a directory's regular files sorted by name and joined by '\n'.
 std::string read_text(const std::string& path) {
@@ -36,14 +31,9 @@ std::string read_text(const std::string& path) {
   const fs::file_status status = fs::status(path, ec);
   if (ec || !fs::exists(status))
     throw std::runtime_error("text dataset: path '" + path + "' does not exist");
-  if (fs::is_regular_file(status)) return read_file(path);
-  if (!fs::is_directory(status))
-    throw std::runtime_error("text dataset: '" + path + "' is neither a file nor a directory");
-  std::vector<fs::path> files;
-  for (const auto& entry : fs::directory_iterator(path))
-    if (entry.is_regular_file()) files.push_back(entry.path());
-  std::sort(files.begin(), files.end(),
-            [](const fs::path& a, const fs::path& b) { return a.filename() < b.filename(); });
+  // Anything but a directory is read as a file: a FIFO or a device is refused by path.
+  if (!fs::is_directory(status)) return read_file(path);
+  const std::vector<fs::path> files = data_directory_files(path);
   std::string text;
   for (size_t i = 0; i < files.size(); ++i) {
     if (i > 0) text.push_back('\n');

@@ -18,6 +18,7 @@
 #include <string>
 #include <utility>
 
+#include "common/input_file.h"
 #include "common/remove_tree.h"
 #include "worker/model/safetensors.h"
 
@@ -208,12 +209,19 @@ std::unique_ptr<CausalLM> make_architecture(const json& config, const at::Tensor
 
 json read_config(const fs::path& dir) {
   const fs::path path = dir / "config.json";
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw std::runtime_error(path.string() + ": cannot open (is '" + dir.string() + "' a model directory?)");
+  std::string text;
+  try {
+    text = read_regular_file(path.string(), kMaxConfigBytes, "a config.json");
+  } catch (const InputError&) {
+    std::error_code ec;
+    // A missing config.json most often means the path is not a model directory at all.
+    if (!fs::exists(fs::symlink_status(path, ec)))
+      throw InputError(path.string(), "no such file or directory (is '" + dir.string() + "' a model directory?)");
+    throw;
+  }
   json c;
   try {
-    c = json::parse(in);
+    c = json::parse(text);
   } catch (const json::parse_error& e) {
     throw std::runtime_error(path.string() + ": not valid JSON: " + e.what());
   }

@@ -4,11 +4,9 @@
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <queue>
@@ -19,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/input_file.h"
 #include "worker/model/unicode.h"
 
 namespace zenflow::model {
@@ -568,17 +567,8 @@ std::string ByteLevelBpeTokenizer::decode(const std::vector<int32_t>& ids) const
 // ---------------------------------------------------------------------------------
 // Readers.
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(path + ": cannot open: " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw std::runtime_error(path + ": read failed");
-  return ss.str();
-}
-
-json read_json(const std::string& path) {
-  const std::string text = read_file(path);
+json read_json(const std::string& path, int64_t max_bytes, const std::string& what) {
+  const std::string text = read_regular_file(path, max_bytes, what);
   try {
     return json::parse(text);
   } catch (const json::parse_error& e) {
@@ -742,7 +732,7 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path) {
   std::string file = path;
   std::error_code ec;
   if (fs::is_directory(path, ec)) file = (fs::path(path) / "tokenizer.json").string();
-  const json j = read_json(file);
+  const json j = read_json(file, kMaxTokenizerBytes, "a tokenizer file");
   TokenizerSpec spec;
   try {
     if (!j.is_object()) throw std::invalid_argument("the top level must be an object");
@@ -767,7 +757,7 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path) {
 
   const fs::path config = fs::path(file).parent_path() / "tokenizer_config.json";
   if (fs::exists(config, ec)) {
-    const json c = read_json(config.string());
+    const json c = read_json(config.string(), kMaxConfigBytes, "a tokenizer_config.json");
     if (c.is_object() && c.contains("eos_token")) {
       spec.eos_token = token_name(c["eos_token"]);
       spec.eos_source = config.string();
@@ -783,14 +773,14 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path) {
 std::unique_ptr<Tokenizer> load_gpt2_tokenizer_files(const std::string& encoder_json,
                                                      const std::string& vocab_bpe) {
   TokenizerSpec spec;
-  const json encoder = read_json(encoder_json);
+  const json encoder = read_json(encoder_json, kMaxTokenizerBytes, "a tokenizer file");
   if (!encoder.is_object()) throw std::runtime_error(encoder_json + ": must be an object of token → id");
   for (const auto& [token, id] : encoder.items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (int64_t{1} << 31))
       throw std::runtime_error(encoder_json + ": " + json(token).dump() + " must map to an id in [0, 2^31)");
     spec.vocab.emplace_back(token, id.get<int64_t>());
   }
-  std::istringstream lines(read_file(vocab_bpe));
+  std::istringstream lines(read_regular_file(vocab_bpe, kMaxTokenizerBytes, "a tokenizer file"));
   std::string line;
   for (std::size_t number = 1; std::getline(lines, line); ++number) {
     if (!line.empty() && line.back() == '\r') line.pop_back();

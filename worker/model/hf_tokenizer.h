@@ -9,7 +9,9 @@ namespace zenflow::model {
 
 // Loads a Hugging Face tokenizer.json (byte-level BPE); `path` is the file or the
 // directory holding it. Throws std::runtime_error naming the path and the problem
-// when the file is missing, is not valid JSON, or uses something not supported.
+// when the file is missing, is not valid JSON, or uses something not supported;
+// InputError (common/input_file.h) when a file is not a regular file or is larger than
+// kMaxTokenizerBytes (tokenizer_config.json: kMaxConfigBytes).
 //
 // Supported: model.type "BPE" (vocab; merges as "a b" strings or [a, b] pairs;
 // unk_token; ignore_merges), added_tokens (matched in the raw text, leftmost-longest,

@@ -1,13 +1,20 @@
 // JSON Lines datasets ({"text"} packed, {"prompt","completion"} masked) and packed token streams.
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/input_file.h"
+#include "worker/model/data_files.h"
 #include "worker/model/dataset.h"
 
 namespace zenflow::model {
@@ -80,17 +87,50 @@ std::vector<fs::path> input_files(const std::string& path) {
   const fs::file_status status = fs::status(path, ec);
   if (ec || !fs::exists(status))
     throw std::runtime_error("jsonl dataset: path '" + path + "' does not exist");
-  if (fs::is_regular_file(status)) return {fs::path(path)};
-  if (!fs::is_directory(status))
-    throw std::runtime_error("jsonl dataset: '" + path + "' is neither a file nor a directory");
-  std::vector<fs::path> files;
-  for (const auto& entry : fs::directory_iterator(path))
-    if (entry.is_regular_file()) files.push_back(entry.path());
-  std::sort(files.begin(), files.end(),
-            [](const fs::path& a, const fs::path& b) { return a.filename() < b.filename(); });
+  // Anything but a directory is read as a file: a FIFO or a device is refused by path.
+  if (!fs::is_directory(status)) return {fs::path(path)};
+  std::vector<fs::path> files = data_directory_files(path);
   if (files.empty()) throw std::runtime_error("jsonl dataset: directory '" + path + "' has no files");
   return files;
 }
+
+// One file's lines, read as they are consumed: a jsonl file may be as large as the disk.
+class LineReader {
+ public:
+  explicit LineReader(const std::string& path) : path_(path) {
+    const int fd = open_regular_file(path, -1, "a data file");
+    file_ = ::fdopen(fd, "rb");
+    if (!file_) {
+      const int err = errno;
+      ::close(fd);
+      throw InputError(path, std::string("cannot read: ") + std::strerror(err));
+    }
+  }
+  ~LineReader() {
+    std::free(buf_);
+    std::fclose(file_);
+  }
+  LineReader(const LineReader&) = delete;
+  LineReader& operator=(const LineReader&) = delete;
+
+  // The next line without its '\n'; false at the end of the file.
+  bool next(std::string& line) {
+    const ssize_t n = ::getline(&buf_, &cap_, file_);
+    if (n < 0) {
+      if (std::ferror(file_)) throw InputError(path_, std::string("read failed: ") + std::strerror(errno));
+      return false;
+    }
+    line.assign(buf_, static_cast<size_t>(n));
+    if (!line.empty() && line.back() == '\n') line.pop_back();
+    return true;
+  }
+
+ private:
+  std::string path_;
+  FILE* file_ = nullptr;
+  char* buf_ = nullptr;
+  size_t cap_ = 0;
+};
 
 enum class Kind { kUnknown, kText, kPromptCompletion };
 
@@ -128,10 +168,9 @@ std::shared_ptr<TokenDataset> make_jsonl_dataset(const std::string& path, const 
   std::vector<std::pair<int64_t, int64_t>> spans;  // kPromptCompletion
   int64_t dropped = 0;
   for (const fs::path& file : input_files(path)) {
-    std::ifstream in(file, std::ios::binary);
-    if (!in) throw std::runtime_error("jsonl dataset: cannot open '" + file.string() + "'");
+    LineReader in(file.string());
     std::string line;
-    for (int64_t number = 1; std::getline(in, line); ++number) {
+    for (int64_t number = 1; in.next(line); ++number) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       const std::string where = file.string() + ":" + std::to_string(number);
       json obj;

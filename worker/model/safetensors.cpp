@@ -10,12 +10,13 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <stdexcept>
+
+#include "common/input_file.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian");
 
@@ -72,6 +73,19 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 
 std::string errno_text() { return std::strerror(errno); }
 
+// Why the shard name `name` from an index would leave the index's directory, or "" when
+// it stays inside. Lexical on purpose: the Hugging Face cache links a snapshot's files to
+// blobs elsewhere, so a symlink inside the directory is a file of the model.
+std::string escapes_directory(const std::string& name) {
+  if (name.empty()) return "is empty";
+  if (name.find('\0') != std::string::npos) return "contains a NUL byte";
+  const fs::path p(name);
+  if (p.is_absolute() || p.has_root_path()) return "is an absolute path";
+  for (const fs::path& part : p)
+    if (part == "..") return "has a '..' component";
+  return "";
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------
@@ -86,17 +100,12 @@ struct SafetensorsFile::Mapping {
 };
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, "cannot open: " + errno_text());
+  const int fd = open_regular_file(path);  // no size limit: weights are mapped, not read
   struct stat st {};
   if (fstat(fd, &st) != 0) {
     const std::string err = errno_text();
     ::close(fd);
     fail(path, "cannot stat: " + err);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(path, "not a regular file");
   }
   const auto file_size = static_cast<std::size_t>(st.st_size);
   if (file_size < 8) {
@@ -277,11 +286,10 @@ SafetensorsIndex::SafetensorsIndex(const std::string& path) {
   }
 
   path_ = index_path.string();
-  std::ifstream in(path_, std::ios::binary);
-  if (!in) fail(path_, "cannot open: " + errno_text());
+  const std::string text = read_regular_file(path_, kMaxIndexBytes, "a safetensors index");
   json index;
   try {
-    index = json::parse(in);
+    index = json::parse(text);
   } catch (const json::parse_error& e) {
     fail(path_, std::string("not valid JSON: ") + e.what());
   }
@@ -293,6 +301,9 @@ SafetensorsIndex::SafetensorsIndex(const std::string& path) {
     const std::string shard = it.value().get<std::string>();
     auto found = shard_number.find(shard);
     if (found == shard_number.end()) {
+      if (const std::string why = escapes_directory(shard); !why.empty())
+        throw InputError(path_, "weight_map[\"" + it.key() + "\"] = " + json(shard).dump() + " " + why +
+                                    "; a shard must be a file inside the model directory");
       const std::string shard_path = (index_path.parent_path() / shard).string();
       if (!fs::exists(shard_path, ec))
         fail(path_, "shard '" + shard + "' (holding tensor '" + it.key() + "') is missing: " + shard_path);

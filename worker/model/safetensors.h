@@ -79,7 +79,9 @@ class SafetensorsFile {
 // A model directory's weights: DIR/model.safetensors, or else the shards listed in
 // DIR/model.safetensors.index.json ({"weight_map": {tensor: shard file}}). `path` may
 // also name a .safetensors file or an index .json directly. Every shard is opened and
-// validated up front, and every tensor in the weight map must exist in its shard.
+// validated up front, and every tensor in the weight map must exist in its shard. A
+// shard name must stay inside the index's directory (no absolute path, no '..'), and
+// every file must be a regular file (common/input_file.h: a FIFO is refused, not opened).
 // Throws std::runtime_error naming the file (and the shard or tensor) on any problem.
 // Thread-safe, like SafetensorsFile.
 class SafetensorsIndex {

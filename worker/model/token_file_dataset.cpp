@@ -1,5 +1,4 @@
 // Pre-tokenized binary token files (.u16 / .u32), memory-mapped and packed like text.
-#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/input_file.h"
+#include "worker/model/data_files.h"
 #include "worker/model/dataset.h"
 
 namespace zenflow::model {
@@ -37,8 +38,7 @@ int element_size(const fs::path& file) {
 class TokenFile {
  public:
   TokenFile(const fs::path& path, int elem) : path_(path.string()), elem_(elem) {
-    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw std::runtime_error("token file '" + path_ + "': cannot open: " + std::strerror(errno));
+    const int fd = open_regular_file(path_, -1, "a token file");  // no size limit: mapped, not read
     struct stat st {};
     if (fstat(fd, &st) != 0) {
       const std::string err = std::strerror(errno);
@@ -153,13 +153,10 @@ std::shared_ptr<TokenDataset> make_token_file_dataset(const std::string& path, i
   if (ec || !fs::exists(status)) throw std::runtime_error(what + ": path does not exist");
   std::vector<fs::path> paths;
   if (fs::is_directory(status)) {
-    for (const auto& entry : fs::directory_iterator(path))
-      if (entry.is_regular_file()) paths.push_back(entry.path());
-    std::sort(paths.begin(), paths.end(),
-              [](const fs::path& a, const fs::path& b) { return a.filename() < b.filename(); });
+    paths = data_directory_files(path);
     if (paths.empty()) throw std::runtime_error(what + ": directory has no files");
   } else {
-    paths.push_back(path);
+    paths.push_back(path);  // a FIFO or a device is refused by TokenFile, never opened
   }
   std::vector<std::unique_ptr<TokenFile>> files;
   for (const fs::path& p : paths) {
