@@ -12,6 +12,7 @@ packages=(
   libyaml-cpp-dev libyaml-cpp0.7  # job spec parsing (zenflow_common); .so loaded at run time
   nlohmann-json3-dev              # header-only JSON
   libcli11-dev                    # header-only CLI parsing (zenflow CLI)
+  libcivetweb-dev libcivetweb1    # /metrics HTTP server (zenflow_metrics); .so loaded at run time
   libgtest-dev libgmock-dev       # tests (static libraries + CMake config)
 )
 
