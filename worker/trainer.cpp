@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>
@@ -22,6 +23,7 @@
 #include "worker/distributed/grad_reducer.h"
 #include "worker/distributed/rendezvous.h"
 #include "worker/model_factory.h"
+#include "worker/preflight.h"
 #include "worker/engine/device_streams.h"
 #include "worker/engine/host_thread_pool.h"
 #include "worker/engine/zenflow_optimizer.h"
@@ -199,6 +201,22 @@ class CudaAutocast {
   at::ScalarType prev_dtype_ = at::kBFloat16;
 };
 
+// Reading what the spec names: a file that cannot be used (truncated safetensors, a
+// config.json that is not JSON, an empty data directory) is bad input naming the key,
+// exit 2, not a runtime failure. Out-of-memory and LibTorch errors pass through.
+template <typename F>
+auto reading(const std::string& key, F&& read) -> decltype(read()) {
+  try {
+    return read();
+  } catch (const std::invalid_argument&) {
+    throw;  // already names its key
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::runtime_error& e) {
+    throw std::invalid_argument(key + ": " + e.what());
+  }
+}
+
 // 64-bit FNV-1a over the parameters' bytes, 8 bytes at a time (tail bytewise).
 int64_t weights_fingerprint(const std::vector<model::NamedTensor>& params) {
   uint64_t h = 1469598103934665603ull;
@@ -288,15 +306,37 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
   if (owns_dir) dir_lock = std::make_unique<CheckpointDirLock>(spec.checkpoint.dir);
 
   // Data.
-  auto tokenizer = model::load_tokenizer(spec.data.tokenizer);
+  auto tokenizer = reading("data.tokenizer", [&] { return model::load_tokenizer(spec.data.tokenizer); });
+  const std::string model_key = spec.model.from.empty() ? "model.config" : "model.from";
+
+  // Preflight, before anything large is allocated: settings that cannot work are errors,
+  // settings that cannot take effect are warnings, and a job whose estimated memory does
+  // not fit this machine (shared by the ranks on it) is refused naming the key to change.
+  preflight_errors(spec, device.is_cuda());
+  {
+    std::vector<int> mine = cores.compute;
+    for (int c : cores.host)
+      if (std::find(mine.begin(), mine.end(), c) == mine.end()) mine.push_back(c);
+    for (const std::string& w : preflight_warnings(spec, device.is_cuda(), static_cast<int64_t>(mine.size())))
+      log("warning: " + w);
+    const model::LoadedModel described =
+        reading(model_key, [&] { return describe_model_from_spec(spec.model, tokenizer->vocab_size()); });
+    const MemoryEstimate need = estimate_job_memory(spec, described,
+                                                    world, device.is_cuda(), static_cast<int>(c10::elementSize(dtype)));
+    const int64_t host = available_host_memory_bytes();
+    // The device's free memory is not known to this build (CPU LibTorch): 0 = not checked.
+    check_job_fits(spec, need, host > 0 ? host / std::max<int64_t>(1, local.world_size) : 0, 0);
+  }
 
   // Model: a Hugging Face directory (model.from) or a random init from model.config.
   model::LoadedModel info;
   // Weights go straight to the device (a memory-mapped checkpoint is never held in
   // host RAM on a GPU host), unless initial weights replace them first.
-  auto lm = options.initial_weights.empty()
-                ? make_model_from_spec(spec.model, tokenizer->vocab_size(), spec.train.seed, &info, device, dtype)
-                : make_model_from_spec(spec.model, tokenizer->vocab_size(), spec.train.seed, &info);
+  auto lm = reading(model_key, [&] {
+    return options.initial_weights.empty()
+               ? make_model_from_spec(spec.model, tokenizer->vocab_size(), spec.train.seed, &info, device, dtype)
+               : make_model_from_spec(spec.model, tokenizer->vocab_size(), spec.train.seed, &info);
+  });
   if (!options.initial_weights.empty()) {
     std::map<std::string, at::Tensor> init(options.initial_weights.begin(), options.initial_weights.end());
     c10::NoGradGuard no_grad;
@@ -311,7 +351,9 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
   lm->train(true);
 
   std::shared_ptr<model::TokenDataset> train_ds, val_ds;
-  std::tie(train_ds, val_ds) = make_dataset_from_spec(spec.data, *tokenizer, spec.train.seq_len, lm->vocab_size());
+  std::tie(train_ds, val_ds) = reading(spec.data.val.empty() ? "data.train" : "data.train/data.val", [&] {
+    return make_dataset_from_spec(spec.data, *tokenizer, spec.train.seq_len, lm->vocab_size());
+  });
   if (train_ds->size() < spec.train.micro_batch)
     throw std::invalid_argument("train.micro_batch: " + std::to_string(spec.train.micro_batch) +
                                 " exceeds the " + std::to_string(train_ds->size()) + " training examples of " +
