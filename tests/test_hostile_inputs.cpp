@@ -17,7 +17,6 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
-#include <grp.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -199,7 +198,6 @@ struct Invocation {
   std::vector<std::pair<std::string, std::string>> env;
   fs::path cwd;
   fs::path out, err;
-  bool as_nobody = false;  // drop root (for cases that name system directories)
   uint64_t data_limit = 2ull << 30;  // RLIMIT_DATA: a runaway reader must not take the machine
 };
 
@@ -235,7 +233,6 @@ Child spawn(const Invocation& inv) {
   for (auto& s : env_s) envp.push_back(s.data());
   envp.push_back(nullptr);
   const std::string out = inv.out.string(), err = inv.err.string(), cwd = inv.cwd.string();
-  const bool nobody = inv.as_nobody;
   const uint64_t data_limit = inv.data_limit;
 
   Child c;
@@ -256,9 +253,6 @@ Child spawn(const Invocation& inv) {
     struct rlimit lim;
     lim.rlim_cur = lim.rlim_max = data_limit;
     ::setrlimit(RLIMIT_DATA, &lim);
-    if (nobody) {
-      if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(124);
-    }
     ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }
@@ -466,7 +460,6 @@ struct Ctx {
   fs::path spec;      // spec_dir/job.yaml
   fs::path run;       // the run's checkpoint.dir: the one place allowed to change
   std::vector<std::pair<std::string, std::string>> env;
-  bool as_nobody = false;
   std::vector<std::string> extra_args;  // appended by setup
   std::vector<std::string> expect;      // more substrings, computed by setup
 };
@@ -596,7 +589,6 @@ void run_cases(const std::string& family, const std::vector<Case>& cases, int jo
     for (const auto& a : p.ctx.extra_args) p.inv.args.push_back(a);
     p.inv.env = p.ctx.env;
     p.inv.cwd = p.ctx.root / "cwd";
-    p.inv.as_nobody = p.ctx.as_nobody;
     p.inv.out = suite_root() / "logs" / (family + "." + k.name + ".out");
     p.inv.err = suite_root() / "logs" / (family + "." + k.name + ".err");
     p.tree = snapshot_tree(p.ctx.root, p.ctx.run);
@@ -905,11 +897,18 @@ std::vector<Case> user_files_spec_cases() {
          y.set("checkpoint.dir", "/");
          write_spec(c, y);
          c.run = c.root / "nothing-may-change";
-         c.as_nobody = true;  // a build that accepts "/" must not litter the real root
        },
        {"run", "{spec}", "--quiet"},
        {2},
-       {"zenflow: invalid job spec: checkpoint.dir: "}},
+       {"zenflow: invalid job spec: checkpoint.dir: "},
+       // The run is refused before anything is written: "/" got no lock and no checkpoint.
+       // (Runs as the test's own user: dropping to nobody cannot reach a binary inside a
+       // private 0700 directory, such as a CI clone's.)
+       [](const Ctx&, const Proc&) {
+         EXPECT_FALSE(fs::exists("/.zenflow.lock"));
+         for (const auto& e : fs::directory_iterator("/"))
+           EXPECT_NE(e.path().filename().string().rfind("step-", 0), 0u) << e.path();
+       }},
       {"ckpt_dir_is_home",
        [](Ctx& c) {
          fs::create_directories(c.root / "home");
