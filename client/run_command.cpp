@@ -11,6 +11,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <memory>
+
 #include "client/commands.h"
 #include "client/report.h"
 #include "common/input_file.h"
@@ -19,6 +21,12 @@
 #include "worker/distributed/launcher.h"
 #include "worker/distributed/rendezvous.h"
 #include "worker/trainer.h"
+#if ZENFLOW_HAVE_METRICS
+#include "common/metrics/http_server.h"
+#include "common/metrics/registry.h"
+#include "common/version.h"
+#include "worker/run_metrics.h"
+#endif
 
 namespace zenflow::cli {
 namespace {
@@ -48,6 +56,8 @@ struct RunArgs {
   bool verbose = false;
   std::vector<std::string> allow_spec_change;
   int nproc = 0;  // 0: resources.gpus_per_worker (at least 1)
+  int metrics_port = 0;  // 0: no /metrics
+  std::string metrics_host = "127.0.0.1";
   std::vector<std::string> argv;  // this process's argv, for the rank processes
 };
 
@@ -90,6 +100,37 @@ int run(const RunArgs& a) {
   opts.on_log = [&](const std::string& s) { progress.log(s); };
   if (rank0) std::cerr << "zenflow: job " << spec.name << " (" << spec.optimizer.mode << " mode), " << spec.train.steps
             << " steps, checkpoints in " << spec.checkpoint.dir << "\n";
+  // /metrics and /healthz while it trains. With several ranks only rank 0 serves (its own
+  // rank's series): the others would collide on the port.
+#if ZENFLOW_HAVE_METRICS
+  metrics::MetricsRegistry registry;
+  std::unique_ptr<RunMetrics> run_metrics;
+  std::unique_ptr<metrics::MetricsServer> metrics_server;
+  if (a.metrics_port > 0 && rank0) {
+    try {
+      metrics::register_build_info(registry, kVersion);
+      run_metrics = std::make_unique<RunMetrics>(registry, spec.name);
+      metrics_server = std::make_unique<metrics::MetricsServer>(registry, a.metrics_host, a.metrics_port);
+    } catch (const std::invalid_argument& e) {
+      std::cerr << "zenflow: invalid --metrics-host/--metrics-port: " << e.what() << "\n";
+      return kExitBadInput;
+    } catch (const std::exception& e) {
+      std::cerr << "zenflow: error: " << e.what() << "\n";
+      return kExitFailure;
+    }
+    opts.observer = run_metrics.get();
+    std::cerr << "zenflow: metrics on http://" << metrics_server->host() << ":" << metrics_server->port()
+              << "/metrics\n";
+    if (distributed::distributed_env_present() && distributed::rank_info_from_env().world_size > 1)
+      std::cerr << "zenflow: warning: --metrics-port exports rank 0's metrics only; the other ranks' are not "
+                   "exported yet\n";
+  }
+#else
+  if (a.metrics_port > 0) {
+    std::cerr << "zenflow: --metrics-port: this build has no metrics server (civetweb was not found)\n";
+    return kExitBadInput;
+  }
+#endif
   RunSummary sum;
   // One line per failure, naming the file or key; LibTorch's stack trace only with --verbose.
   auto fail = [&](int code, const std::string& kind, const std::string& what) {
@@ -145,6 +186,12 @@ CommandRegistrar reg(10, [](CommandContext& ctx) {
   cmd->add_option("--nproc", args->nproc, "Data-parallel rank processes on this machine (Gloo on CPU, NCCL on GPU); "
                   "default: resources.gpus_per_worker")
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--metrics-port", args->metrics_port,
+                  "Serve Prometheus /metrics and /healthz on this port while training (0: off; with --nproc, "
+                  "rank 0's metrics only)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--metrics-host", args->metrics_host,
+                  "Address the metrics port listens on (default 127.0.0.1; 0.0.0.0 for every interface)");
   cmd->callback([args, &ctx] {
     args->argv = ctx.argv;
     ctx.exit_code = run(*args);

@@ -476,6 +476,7 @@ TEST_P(NoColumnMoreThanOneWindowStale, WithOverlapAndZeroWithout) {
       const int64_t expected = overlap && s >= W + U ? 1 : 0;
       EXPECT_EQ(rep.staleness_windows, expected) << "step " << s;
       EXPECT_LE(rep.staleness_windows, 1) << "step " << s;
+      EXPECT_EQ(rep.staleness_steps, expected * U) << "step " << s;  // the in-flight window's U steps
       EXPECT_EQ(rep.boundary, s >= W && (s - W + 1) % U == 0) << "step " << s;
       if (s == W) {
         const Cols sel = opt.selected_columns("big1");
@@ -998,6 +999,11 @@ TEST(ZenFlowOptimizer, HostMemoryIsCountedBufferByBuffer) {
     EXPECT_EQ(opt.split_elements(), split);
     EXPECT_EQ(opt.pinned_host_bytes(), transfer) << c10::toString(dtype);
     EXPECT_EQ(opt.host_state_bytes(), state + transfer) << c10::toString(dtype);
+    const ze::HostMemoryBytes by_kind = opt.host_memory_bytes();
+    EXPECT_EQ(by_kind.master, split * 4);
+    EXPECT_EQ(by_kind.moments, 2 * split * 4);
+    EXPECT_EQ(by_kind.accumulators, 2 * split * 4);
+    EXPECT_EQ(by_kind.transfer_buffers, transfer) << c10::toString(dtype);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <torch/version.h>
 #include <malloc.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -510,6 +511,22 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
   };
 
   if (options.on_training_start) options.on_training_start();
+  if (options.observer) {
+    RunFacts facts;
+    facts.rank = rank;
+    facts.world_size = world;
+    facts.start_step = step;
+    facts.total_steps = spec.train.steps;
+    const engine::HostMemoryBytes mem = opt.host_memory_bytes();
+    facts.host_master_bytes = mem.master;
+    facts.host_moments_bytes = mem.moments;
+    facts.host_accumulator_bytes = mem.accumulators;
+    // Transfer buffers are page-locked on CUDA only (the rule of the run summary's pinned_host_bytes).
+    (device.is_cuda() ? facts.pinned_host_bytes : facts.host_staging_bytes) = mem.transfer_buffers;
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    facts.host_total_memory_bytes = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+    options.observer->on_start(facts);
+  }
   const int64_t skipped_before = opt.skipped_steps();
   int64_t trailing_skipped = 0;  // steps skipped in a row at the end of the run so far
   const int64_t first = step;
@@ -560,6 +577,7 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
       wait.end(engine::TimeKind::kStall, StallCause::kAllreduce, r.wait_seconds);
     }
     double loss_sum = 0;
+    const int64_t local_tokens = tokens;  // this rank's; `tokens` becomes the global batch's
     if (comm) {
       // The reported loss and tokens are the global batch's, identical on every rank.
       at::Tensor l = at::empty({3}, at::kDouble);
@@ -576,7 +594,8 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
     engine::StepContext ctx;
     ctx.lr = lr;
     ctx.epoch = epoch;
-    trailing_skipped = opt.step(ctx).skipped ? trailing_skipped + 1 : 0;
+    const engine::StepReport report = opt.step(ctx);
+    trailing_skipped = report.skipped ? trailing_skipped + 1 : 0;
     if (!comm) loss_sum = loss_acc.item<double>();  // the step's own reads have synchronised
     const double loss = loss_sum / static_cast<double>(spec.train.grad_accum);
     history.push_back(loss);
@@ -597,6 +616,18 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
     sum.step_seconds.push_back(times.wall_seconds);
     tokens_window = 0.8 * tokens_window + static_cast<double>(tokens);
     seconds_window = 0.8 * seconds_window + times.wall_seconds;
+    if (options.observer) {
+      TrainingStep t;
+      t.step = step;
+      t.times = times;
+      t.tokens = local_tokens;
+      t.loss = loss;
+      t.lr = lr;
+      t.skipped = report.skipped;
+      t.staleness_steps = report.staleness_steps;
+      t.selected_ratio = opt.selected_ratio();
+      options.observer->on_step(t);
+    }
 
     if (options.on_step && rank == 0) {
       StepProgress p;
@@ -647,6 +678,13 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
   }
   sum.finish_times = clock.end_step();
   sum.steps = step;
+  if (options.observer) {
+    TrainingEnd end;
+    end.steps = step;
+    end.interrupted = sum.interrupted;
+    end.finish = sum.finish_times;
+    options.observer->on_finish(end);
+  }
   if (options.final_weights) {
     options.final_weights->clear();
     for (auto& nt : lm->parameters())

@@ -25,6 +25,7 @@
 
 #include "common/job_spec.h"
 #include "worker/engine/stall_clock.h"
+#include "worker/training_observer.h"
 
 namespace zenflow {
 
@@ -61,6 +62,9 @@ struct RunOptions {
   // been written but the directory's lock and quarantine renames, so a caller may simply
   // exit on a signal.
   std::function<void()> on_training_start;
+  // When set (not owned; must outlive the call), told of the start, every step and the end
+  // of training, on every rank (training_observer.h); e.g. RunMetrics for /metrics.
+  TrainingObserver* observer = nullptr;
 };
 
 struct RunSummary {

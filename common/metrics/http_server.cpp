@@ -3,11 +3,15 @@
 
 #include <arpa/inet.h>
 #include <civetweb.h>
+#include <dlfcn.h>
+#include <link.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -16,6 +20,42 @@
 #include <utility>
 
 #include "common/metrics/exposition.h"
+
+// civetweb's threads in a LibTorch process. glibc carves a process's static TLS out of each
+// thread's stack size (glibc bug 11787), and Debian's civetweb asks for 100 KiB stacks
+// (built with USE_STACK_SIZE=102400, no run-time option). LibTorch + glog + OpenBLAS bring
+// about 100 KiB of static TLS, so pthread_create fails with EINVAL and mg_start2 reports
+// "Cannot create threads". This definition interposes libc's for the whole process (the
+// executable's symbol wins) and, for calls from libcivetweb only, adds the static TLS on top
+// of the request, leaving civetweb the stack it asked for; every other caller is untouched.
+namespace {
+size_t static_tls_bytes() {
+  size_t total = 0;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+          if (ph.p_type == PT_TLS) *static_cast<size_t*>(data) += ph.p_memsz + ph.p_align;
+        }
+        return 0;
+      },
+      &total);
+  return total;
+}
+}  // namespace
+
+extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t stacksize) noexcept {
+  using SetStackSize = int (*)(pthread_attr_t*, size_t);
+  static const SetStackSize libc_set = reinterpret_cast<SetStackSize>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
+  if (libc_set == nullptr) return ENOSYS;
+  Dl_info caller;
+  if (dladdr(__builtin_return_address(0), &caller) != 0 && caller.dli_fname != nullptr &&
+      std::strstr(caller.dli_fname, "libcivetweb") != nullptr) {
+    static const size_t tls = static_tls_bytes();
+    stacksize += tls;
+  }
+  return libc_set(attr, stacksize);
+}
 
 namespace zenflow::metrics {
 namespace {

@@ -177,6 +177,9 @@ struct ZenFlowOptimizer::Impl {
   int64_t window = 0;       // windows completed since warm-up
   int64_t window_pos = 0;   // steps accumulated in the open window
   int64_t windows_applied = 0;
+  // Steps of the last closed window: StepReport::staleness_steps. Not persisted; a resume
+  // knows it only with a fixed update_interval.
+  int64_t last_window_steps = 0;
   int64_t max_staleness = 0;
   int64_t steps_since_selection = 0;
   int64_t windows_since_selection = 0;
@@ -1132,6 +1135,7 @@ struct ZenFlowOptimizer::Impl {
   StepReport step_work(const StepContext& ctx) {
     StepReport rep;
     rep.staleness_windows = zenflow() && selected ? window - windows_applied : 0;
+    rep.staleness_steps = rep.staleness_windows * last_window_steps;
     std::vector<at::Tensor> g = grads();
     const bool dist = partitioned() && !split.empty();
     // Several ranks: the first selection comes before the gradients are exchanged, so
@@ -1255,6 +1259,7 @@ struct ZenFlowOptimizer::Impl {
     rep.boundary = true;
     CopyHandle d2h = stage_gradients(g, synced.shard, last_grad[parity]);
     const int64_t len = window_pos;
+    last_window_steps = len;
     std::vector<std::shared_ptr<HostWork>> window_accs = std::move(pending_accumulates);
     pending_accumulates.clear();
     StepJob job = make_step_job(ctx.lr, last_grad[parity], len > 1 ? &acc[parity] : nullptr,
@@ -1417,6 +1422,7 @@ void ZenFlowOptimizer::load_state_shards(
   i.window = a[5];
   i.window_pos = a[6];
   i.windows_applied = a[7];
+  i.last_window_steps = i.opt.update_interval > 0 ? i.opt.update_interval : 0;
   i.max_staleness = a[8];
   i.steps_since_selection = a[9];
   i.windows_since_selection = a[10];
@@ -1571,13 +1577,21 @@ double ZenFlowOptimizer::selected_ratio() const {
 }
 
 int64_t ZenFlowOptimizer::host_state_bytes() const {
+  const HostMemoryBytes b = host_memory_bytes();
+  return b.master + b.moments + b.accumulators + b.transfer_buffers;
+}
+
+HostMemoryBytes ZenFlowOptimizer::host_memory_bytes() const {
   const Impl& i = *impl_;
-  int64_t b = 5 * i.capacity * 4;
+  HostMemoryBytes b;
+  b.master = i.capacity * 4;            // master
+  b.moments = 2 * i.capacity * 4;       // m, v
+  b.accumulators = 2 * i.capacity * 4;  // acc[0], acc[1]
   for (int k = 0; k < 2; ++k) {
-    if (i.ring[k].defined()) b += i.ring[k].nbytes() + i.last_grad[k].nbytes();
-    if (i.param_out[k].defined()) b += i.param_out[k].nbytes();
+    if (i.ring[k].defined()) b.transfer_buffers += i.ring[k].nbytes() + i.last_grad[k].nbytes();
+    if (i.param_out[k].defined()) b.transfer_buffers += i.param_out[k].nbytes();
   }
-  if (i.pack_out.defined()) b += i.pack_out.nbytes();
+  if (i.pack_out.defined()) b.transfer_buffers += i.pack_out.nbytes();
   return b;
 }
 

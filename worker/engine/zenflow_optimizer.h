@@ -120,6 +120,17 @@ struct StepReport {
   bool boundary = false;        // this step closed a window
   bool reselected = false;      // the selection changed after this step
   int64_t staleness_windows = 0;  // windows of host updates missing from the weights this step's gradient was computed with
+  // The same in steps: the steps of the window(s) whose host step the weights miss (with
+  // update_interval auto, 0 after a resume until the first boundary: their length is unknown).
+  int64_t staleness_steps = 0;
+};
+
+// host_state_bytes() by what the bytes hold (zenflow_host_memory_bytes{kind}).
+struct HostMemoryBytes {
+  int64_t master = 0;            // fp32 master weights of this rank's host columns
+  int64_t moments = 0;           // AdamW m and v of them
+  int64_t accumulators = 0;      // the two window gradient accumulators
+  int64_t transfer_buffers = 0;  // gradient staging, host output: pinned_host_bytes() on CUDA
 };
 
 class ZenFlowOptimizer {
@@ -166,6 +177,7 @@ class ZenFlowOptimizer {
   double selected_ratio() const;    // selected elements / split elements
   int64_t host_state_bytes() const; // host master + m + v + accumulators + staging
   int64_t pinned_host_bytes() const; // page-locked staging (CUDA; plain memory on CPU)
+  HostMemoryBytes host_memory_bytes() const;  // host_state_bytes() by kind; they sum to it
   int64_t split_elements() const;
   int64_t reselections() const;
   int world_size() const;           // data-parallel ranks the host state is partitioned over

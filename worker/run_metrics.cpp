@@ -1,0 +1,106 @@
+// The worker metrics of one rank (see run_metrics.h).
+#include "worker/run_metrics.h"
+
+#include <utility>
+
+namespace zenflow {
+
+RunMetrics::RunMetrics(metrics::MetricsRegistry& registry, std::string job_id)
+    : registry_(registry), job_id_(std::move(job_id)) {}
+
+const std::vector<double>& RunMetrics::step_duration_buckets() {
+  // 1 ms .. 100 s, about three buckets per decade (factor 10^(1/3) ~ 2.154).
+  static const std::vector<double> buckets = {0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2,
+                                              0.5,   1,     2,     5,    10,   20,   50,  100};
+  return buckets;
+}
+
+void RunMetrics::on_start(const RunFacts& facts) {
+  using metrics::MetricsRegistry;
+  MetricsRegistry& r = registry_;
+  const std::vector<std::string> labels = {"job_id", "rank"};
+  const std::vector<std::string> mine = {job_id_, std::to_string(facts.rank)};
+  auto with = [&](const std::string& extra) {
+    std::vector<std::string> v = mine;
+    v.push_back(extra);
+    return v;
+  };
+  std::vector<std::string> labels_cause = labels, labels_direction = labels, labels_kind = labels;
+  labels_cause.push_back("cause");
+  labels_direction.push_back("direction");
+  labels_kind.push_back("kind");
+
+  steps_ =
+      &r.counter("zenflow_steps_total", "Training steps done (skipped ones included)", labels).with(mine);
+  tokens_ = &r.counter("zenflow_tokens_total", "Tokens trained on by this rank", labels).with(mine);
+  step_duration_ = &r.histogram("zenflow_step_duration_seconds", "Wall time of a training step", labels,
+                                step_duration_buckets())
+                        .with(mine);
+  compute_ = &r.counter("zenflow_compute_seconds_total", "Forward and backward time", labels).with(mine);
+  auto& stall = r.counter("zenflow_stall_seconds_total", "Time the device waited, by cause", labels_cause);
+  for (int c = 0; c < engine::kNumStallCauses; ++c)
+    stall_[static_cast<size_t>(c)] =
+        &stall.with(with(engine::stall_cause_name(static_cast<engine::StallCause>(c))));
+  exposed_stall_ratio_ =
+      &r.gauge("zenflow_exposed_stall_ratio", "Stall time over wall time of the last step", labels)
+           .with(mine);
+  device_optimizer_ = &r.counter("zenflow_device_optimizer_seconds_total",
+                                 "Device optimizer time: device AdamW, selection, clipping", labels)
+                           .with(mine);
+  auto& bytes =
+      r.counter("zenflow_transfer_bytes_total", "Bytes copied between device and host", labels_direction);
+  transfer_bytes_[static_cast<size_t>(engine::Direction::kD2H)] = &bytes.with(with("d2h"));
+  transfer_bytes_[static_cast<size_t>(engine::Direction::kH2D)] = &bytes.with(with("h2d"));
+  staleness_ = &r.gauge("zenflow_staleness_steps",
+                        "Steps of host updates missing from the weights of the last step's gradient", labels)
+                    .with(mine);
+  selected_ratio_ =
+      &r.gauge("zenflow_selected_ratio", "Selected (device-updated) share of the split parameters", labels)
+           .with(mine);
+  loss_ = &r.gauge("zenflow_loss", "Training loss of the last step", labels).with(mine);
+  skipped_ =
+      &r.counter("zenflow_skipped_steps_total", "Steps skipped for non-finite loss or gradients", labels)
+           .with(mine);
+  r.gauge("zenflow_pinned_host_bytes", "Page-locked host memory of the transfer buffers", labels)
+      .with(mine)
+      .set(static_cast<double>(facts.pinned_host_bytes));
+  auto& memory =
+      r.gauge("zenflow_host_memory_bytes",
+              "Host memory of the optimizer state by kind; host_total is the machine's RAM", labels_kind);
+  memory.with(with("master")).set(static_cast<double>(facts.host_master_bytes));
+  memory.with(with("moments")).set(static_cast<double>(facts.host_moments_bytes));
+  memory.with(with("accumulators")).set(static_cast<double>(facts.host_accumulator_bytes));
+  memory.with(with("pinned")).set(static_cast<double>(facts.pinned_host_bytes));
+  memory.with(with("staging")).set(static_cast<double>(facts.host_staging_bytes));
+  if (facts.host_total_memory_bytes > 0)
+    memory.with(with("host_total")).set(static_cast<double>(facts.host_total_memory_bytes));
+  started_ = true;
+}
+
+void RunMetrics::add_times(const engine::StepTimes& times) noexcept {
+  compute_->inc(times.compute_seconds);
+  device_optimizer_->inc(times.device_optimizer_seconds);
+  for (size_t c = 0; c < stall_.size(); ++c) stall_[c]->inc(times.stall_seconds[c]);
+  for (size_t d = 0; d < transfer_bytes_.size(); ++d)
+    transfer_bytes_[d]->inc(static_cast<double>(times.transfer_bytes[d]));
+}
+
+void RunMetrics::on_step(const TrainingStep& step) noexcept {
+  if (!started_) return;
+  steps_->inc();
+  tokens_->inc(static_cast<double>(step.tokens));
+  step_duration_->observe(step.times.wall_seconds);
+  add_times(step.times);
+  exposed_stall_ratio_->set(step.times.wall_seconds > 0 ? step.times.stall_total() / step.times.wall_seconds
+                                                        : 0);
+  staleness_->set(static_cast<double>(step.staleness_steps));
+  selected_ratio_->set(step.selected_ratio);
+  loss_->set(step.loss);
+  if (step.skipped) skipped_->inc();
+}
+
+void RunMetrics::on_finish(const TrainingEnd& end) {
+  if (started_) add_times(end.finish);
+}
+
+}  // namespace zenflow

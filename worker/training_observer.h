@@ -1,0 +1,61 @@
+// What the training loop reports, once per step, to whoever watches a run (metrics, ...).
+//
+// run_training() calls a TrainingObserver from one place: on_start() once, when setup is
+// done and the first step begins; on_step() after every step of this process; on_finish()
+// once, when the loop has ended and the last window and final checkpoint are done (not
+// when run_training throws). All three run on the training thread, one at a time.
+// on_step() is on the hot path: an implementation must not block, lock or allocate there.
+// Light on purpose (no LibTorch): metrics code includes it.
+#pragma once
+
+#include <cstdint>
+
+#include "worker/engine/stall_clock.h"
+
+namespace zenflow {
+
+// What a run is, known when training starts. Bytes are this rank's.
+struct RunFacts {
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  int64_t start_step = 0;   // resumed from (0 = fresh)
+  int64_t total_steps = 0;  // train.steps
+  // Host optimizer state by kind (they sum to RunSummary::host_state_bytes).
+  int64_t host_master_bytes = 0;
+  int64_t host_moments_bytes = 0;
+  int64_t host_accumulator_bytes = 0;
+  int64_t pinned_host_bytes = 0;        // transfer buffers, page-locked (CUDA)
+  int64_t host_staging_bytes = 0;       // transfer buffers in plain memory (CPU device)
+  int64_t host_total_memory_bytes = 0;  // the machine's RAM (0 = unknown)
+};
+
+// One step of this process, as it ended.
+struct TrainingStep {
+  int64_t step = 0;         // 1-based steps done
+  engine::StepTimes times;  // this step's wall, compute, device optimizer, stalls, bytes
+  int64_t tokens = 0;       // this rank's tokens (the ranks' sum is the global batch's)
+  double loss = 0;          // the global batch's mean loss (the same on every rank)
+  double lr = 0;
+  bool skipped = false;         // non-finite loss or gradients: nothing was updated
+  int64_t staleness_steps = 0;  // steps of host updates the weights missed (engine StepReport)
+  double selected_ratio = 0;    // selected elements / split elements after the step
+};
+
+// How the loop ended.
+struct TrainingEnd {
+  int64_t steps = 0;  // last step reached
+  bool interrupted = false;
+  engine::StepTimes finish;  // the end of the run: last window's flush, final checkpoint
+};
+
+class TrainingObserver {
+ public:
+  virtual ~TrainingObserver() = default;
+  // May allocate and throw (setup); a throw ends run_training with it.
+  virtual void on_start(const RunFacts& facts) = 0;
+  // Hot path: no lock, no allocation, no throw.
+  virtual void on_step(const TrainingStep& step) noexcept = 0;
+  virtual void on_finish(const TrainingEnd& end) = 0;
+};
+
+}  // namespace zenflow
