@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 
 #include "client/commands.h"
+#include "common/version.h"
 
 namespace zenflow::cli {
 
@@ -44,6 +45,7 @@ std::vector<CommandSetup> registered_commands() {
 int main(int argc, char** argv) {
   using namespace zenflow::cli;
   CLI::App app{"zenflow: stall-free offloaded fine-tuning (ZenFlow)"};
+  app.set_version_flag("--version", std::string("zenflow ") + zenflow::kVersion);
   app.require_subcommand(1);
   CommandContext ctx;
   ctx.root = &app;

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <string>
 
 namespace fs = std::filesystem;
@@ -63,6 +64,12 @@ TEST(Cli, BadSpecExitsTwoNamingTheKeyPath) {
   r = run("run " + ok + " --set optimizer.zenflow.topk_ratio=1.5");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("optimizer.zenflow.topk_ratio: must be in [0, 1], got 1.5"), std::string::npos) << r.out;
+}
+
+TEST(Cli, VersionPrintsTheProjectVersion) {
+  Result r = run("--version");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(std::regex_match(r.out, std::regex("zenflow [0-9]+\\.[0-9]+\\.[0-9]+\n"))) << r.out;
 }
 
 TEST(Cli, RunJsonReportsLossesAndStalls) {
