@@ -1,0 +1,368 @@
+// A real Prometheus scraping a real `zenflow run`, loaded with deploy/prometheus's rules: series, recording
+// rules and alerts evaluate.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "tests/support/shell.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const char* kJobId = "prom-live";
+
+// A port no one listens on now: bound to 0 by the kernel, then closed.
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return -1;
+  socklen_t len = sizeof addr;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// GET path from 127.0.0.1:port over a raw socket: {status, body}; status 0 when nothing answers.
+// HTTP/1.0, so Prometheus (Go) answers without chunked encoding and closes the connection.
+std::pair<int, std::string> http_get(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return {0, ""};
+  timeval timeout{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    return {0, ""};
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  if (send(fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) {
+    close(fd);
+    return {0, ""};
+  }
+  std::string raw;
+  char buf[16384];
+  for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;) raw.append(buf, static_cast<size_t>(n));
+  close(fd);
+  const size_t end = raw.find("\r\n\r\n");
+  if (raw.size() < 12 || end == std::string::npos) return {0, ""};
+  return {std::atoi(raw.substr(9, 3).c_str()), raw.substr(end + 4)};
+}
+
+std::string url_encode(const std::string& s) {
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
+// A child process stopped by pid when it goes out of scope (bounded waits, then SIGKILL).
+class Child {
+ public:
+  // Runs argv[0] (a path, or a name looked up in PATH) with stdout and stderr into `log`.
+  Child(const std::vector<std::string>& argv, const std::string& log) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      if (!freopen(log.c_str(), "w", stderr) || !freopen(log.c_str(), "a", stdout)) _exit(126);
+      std::vector<char*> args;
+      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execvp(args[0], args.data());
+      _exit(127);
+    }
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  ~Child() { stop(SIGTERM, 20); }
+
+  pid_t pid() const { return pid_; }
+  bool running() {
+    if (pid_ <= 0) return false;
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      pid_ = -1;
+      return false;
+    }
+    return true;
+  }
+  // Sends `sig`, waits up to `seconds` for the exit, then SIGKILLs. Returns the exit code
+  // (128 + signal when killed by one), or -1 when it had to be killed.
+  int stop(int sig, double seconds) {
+    if (!running()) return code_;
+    kill(pid_, sig);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (!running()) return code_;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+    code_ = -1;
+    return code_;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int code_ = -1;
+};
+
+// Polls `done` every 250 ms until it holds or `seconds` pass; returns whether it held.
+bool wait_for(double seconds, const std::function<bool()>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+  return done();
+}
+
+fs::path prometheus_dir() { return fs::path(ZENFLOW_SOURCE_DIR) / "deploy" / "prometheus"; }
+
+std::vector<fs::path> rule_files() {
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(prometheus_dir() / "rules"))
+    if (e.path().extension() == ".yml") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// The project's prometheus.yml made to scrape one `zenflow run` every second: intervals 1 s,
+// rule files by absolute path, and only the zenflow-run job, its settings kept, its targets
+// replaced by 127.0.0.1:port.
+std::string test_config(int zenflow_port) {
+  YAML::Node config = YAML::LoadFile((prometheus_dir() / "prometheus.yml").string());
+  config["global"]["scrape_interval"] = "1s";
+  config["global"]["evaluation_interval"] = "1s";
+  config["global"]["scrape_timeout"] = "1s";
+  YAML::Node rules(YAML::NodeType::Sequence);
+  for (const auto& f : rule_files()) rules.push_back(f.string());
+  config["rule_files"] = rules;
+  YAML::Node jobs(YAML::NodeType::Sequence);
+  for (const auto& job : config["scrape_configs"]) {
+    if (job["job_name"].as<std::string>() != "zenflow-run") continue;
+    YAML::Node j = YAML::Clone(job);
+    j.remove("file_sd_configs");
+    YAML::Node target;
+    target["targets"].push_back("127.0.0.1:" + std::to_string(zenflow_port));
+    j["static_configs"].push_back(target);
+    jobs.push_back(j);
+  }
+  config["scrape_configs"] = jobs;
+  YAML::Emitter out;
+  out << config;
+  return out.c_str();
+}
+
+class PrometheusLive : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (zenflow::test_support::run("command -v prometheus >/dev/null 2>&1") != 0)
+      GTEST_SKIP() << "prometheus not installed (bash scripts/install-deps.sh --test-tools)";
+    dir_ = fs::temp_directory_path() / ("zenflow-promlive-" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    if (!dir_.empty()) fs::remove_all(dir_, ec);
+  }
+
+  // The result of an instant query: {"status", "data"/"error"...} as Prometheus sent it.
+  json query(const std::string& promql) {
+    auto [status, body] = http_get(prom_port_, "/api/v1/query?query=" + url_encode(promql));
+    if (status == 0) return json{{"status", "no answer"}};
+    json j = json::parse(body, nullptr, false);
+    return j.is_discarded() ? json{{"status", "unparsable"}, {"body", body}} : j;
+  }
+  // The series an instant query returns (empty on error).
+  json series(const std::string& promql) {
+    json j = query(promql);
+    if (j.value("status", "") != "success") return json::array();
+    return j["data"]["result"];
+  }
+
+  fs::path dir_;
+  int prom_port_ = 0;
+};
+
+// Every §7 worker series `zenflow run --metrics-port` serves (worker/run_metrics.cpp).
+const std::vector<std::string> kRunSeries = {
+    "zenflow_steps_total",
+    "zenflow_tokens_total",
+    "zenflow_step_duration_seconds_bucket",
+    "zenflow_step_duration_seconds_sum",
+    "zenflow_step_duration_seconds_count",
+    "zenflow_compute_seconds_total",
+    "zenflow_stall_seconds_total",
+    "zenflow_exposed_stall_ratio",
+    "zenflow_device_optimizer_seconds_total",
+    "zenflow_transfer_bytes_total",
+    "zenflow_staleness_steps",
+    "zenflow_selected_ratio",
+    "zenflow_loss",
+    "zenflow_skipped_steps_total",
+    "zenflow_pinned_host_bytes",
+    "zenflow_host_memory_bytes",
+};
+
+TEST_F(PrometheusLive, ScrapesARunAndEveryRuleAndAlertEvaluates) {
+  const int zport = free_port();
+  prom_port_ = free_port();
+  ASSERT_GT(zport, 0);
+  ASSERT_GT(prom_port_, 0);
+  ASSERT_NE(zport, prom_port_);
+
+  // A tiny run that trains until it is interrupted.
+  const fs::path spec = dir_ / "run.yaml";
+  zenflow::test_support::write_file(
+      spec,
+      std::string("name: ") + kJobId +
+          "\n"
+          "model: {arch: llama, config: {hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 4,\n"
+          "        intermediate_size: 64, max_position_embeddings: 32}}\n"
+          "data: {train: /usr/share/common-licenses, tokenizer: byte}\n"
+          "train: {steps: 100000, micro_batch: 2, seq_len: 16, lr: 1.0e-3, warmup_steps: 1, device: cpu}\n"
+          "optimizer: {mode: zenflow, zenflow: {update_interval: 2, full_warm_up_rounds: 0, "
+          "min_split_numel: 512}}\n"
+          "checkpoint: {every_steps: 0}\n");
+  const std::string zlog = (dir_ / "zenflow.log").string();
+  Child run({std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow", "run", spec.string(), "--quiet", "--fresh",
+             "--metrics-port", std::to_string(zport)},
+            zlog);
+  ASSERT_GT(run.pid(), 0);
+
+  const fs::path config = dir_ / "prometheus.yml";
+  zenflow::test_support::write_file(config, test_config(zport));
+  const std::string plog = (dir_ / "prometheus.log").string();
+  Child prom(
+      {"prometheus", "--config.file=" + config.string(), "--storage.tsdb.path=" + (dir_ / "tsdb").string(),
+       "--web.listen-address=127.0.0.1:" + std::to_string(prom_port_), "--log.level=warn"},
+      plog);
+  ASSERT_GT(prom.pid(), 0);
+
+  ASSERT_TRUE(wait_for(30, [&] { return http_get(prom_port_, "/-/ready").first == 200; }))
+      << "prometheus not ready in 30 s\n"
+      << zenflow::test_support::read_file(plog);
+  // The target is up and the run has trained a few steps since the first scrape (rates need
+  // two samples).
+  const std::string up = "up{job=\"zenflow-run\"} == 1";
+  const std::string grown = "increase(zenflow_steps_total{job_id=\"" + std::string(kJobId) + "\"}[1m]) > 0";
+  ASSERT_TRUE(wait_for(60, [&] { return !series(up).empty() && !series(grown).empty(); }))
+      << "no scraped progress in 60 s\n"
+      << query("up").dump() << "\nzenflow:\n"
+      << zenflow::test_support::read_file(zlog) << "\nprometheus:\n"
+      << zenflow::test_support::read_file(plog);
+  ASSERT_TRUE(run.running()) << zenflow::test_support::read_file(zlog);
+
+  // Every series the run exports arrived, each with job_id and rank.
+  for (const auto& name : kRunSeries) {
+    const json s = series(name + "{job=\"zenflow-run\"}");
+    EXPECT_FALSE(s.empty()) << name;
+    for (const auto& one : s) {
+      EXPECT_EQ(one["metric"].value("job_id", ""), kJobId) << one.dump();
+      EXPECT_EQ(one["metric"].value("rank", ""), "0") << one.dump();
+      EXPECT_FALSE(one["metric"].contains("exported_job")) << one.dump();
+    }
+  }
+  auto label_values = [&](const std::string& name, const std::string& label) {
+    std::set<std::string> v;
+    for (const auto& one : series(name)) v.insert(one["metric"].value(label, ""));
+    return v;
+  };
+  EXPECT_EQ(label_values("zenflow_stall_seconds_total", "cause"),
+            (std::set<std::string>{"host_optimizer", "transfer_d2h", "transfer_h2d", "network", "allreduce",
+                                   "data", "checkpoint"}));
+  EXPECT_EQ(label_values("zenflow_transfer_bytes_total", "direction"), (std::set<std::string>{"d2h", "h2d"}));
+  EXPECT_EQ(label_values("zenflow_host_memory_bytes", "kind"),
+            (std::set<std::string>{"master", "moments", "accumulators", "pinned", "staging", "host_total"}));
+  EXPECT_FALSE(series("zenflow_build_info{job=\"zenflow-run\"}").empty());
+
+  // Every recording rule's expression returns a series, and Prometheus itself records it.
+  // Every alert's expression evaluates without error (it need not return anything).
+  int records = 0, alerts = 0;
+  for (const auto& file : rule_files()) {
+    const YAML::Node doc = YAML::LoadFile(file.string());
+    for (const auto& group : doc["groups"])
+      for (const auto& rule : group["rules"]) {
+        const std::string expr = rule["expr"].as<std::string>();
+        if (rule["record"]) {
+          ++records;
+          const std::string name = rule["record"].as<std::string>();
+          EXPECT_TRUE(wait_for(15, [&] { return !series(expr).empty(); }))
+              << name << ": its expression returns nothing\n"
+              << expr << "\n"
+              << query(expr).dump();
+          EXPECT_TRUE(wait_for(15, [&] { return !series(name).empty(); })) << name << " is not recorded";
+        } else {
+          ++alerts;
+          const json j = query(expr);
+          EXPECT_EQ(j.value("status", ""), "success") << rule["alert"].as<std::string>() << ": " << j.dump();
+        }
+      }
+  }
+  EXPECT_GE(records, 6);
+  EXPECT_GE(alerts, 3);
+
+  // Prometheus's own view: every rule loaded and evaluated at least once, none in error.
+  json groups;
+  ASSERT_TRUE(wait_for(15, [&] {
+    auto [status, body] = http_get(prom_port_, "/api/v1/rules");
+    if (status != 200) return false;
+    groups = json::parse(body, nullptr, false)["data"]["groups"];
+    for (const auto& g : groups)
+      for (const auto& r : g["rules"])
+        if (r.value("health", "") != "ok") return false;
+    return true;
+  })) << groups.dump(1);
+  size_t loaded = 0;
+  for (const auto& g : groups) loaded += g["rules"].size();
+  EXPECT_EQ(loaded, static_cast<size_t>(records + alerts));
+
+  // The run is healthy: no alert fires or is pending for it this early.
+  EXPECT_TRUE(
+      series("ALERTS{job_id=\"" + std::string(kJobId) + "\",alertname!=\"ZenflowExposedStallHigh\"}").empty())
+      << query("ALERTS").dump();
+
+  EXPECT_EQ(run.stop(SIGINT, 30), 130) << zenflow::test_support::read_file(zlog);
+  EXPECT_EQ(prom.stop(SIGTERM, 20), 0) << zenflow::test_support::read_file(plog);
+}
+
+}  // namespace
