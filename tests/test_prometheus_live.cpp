@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "tests/support/http_client.h"
 #include "tests/support/shell.h"
 
 namespace fs = std::filesystem;
@@ -34,48 +35,8 @@ namespace {
 
 const char* kJobId = "prom-live";
 
-// A port no one listens on now: bound to 0 by the kernel, then closed.
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return -1;
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
-// GET path from 127.0.0.1:port over a raw socket: {status, body}; status 0 when nothing answers.
-// HTTP/1.0, so Prometheus (Go) answers without chunked encoding and closes the connection.
-std::pair<int, std::string> http_get(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return {0, ""};
-  timeval timeout{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    close(fd);
-    return {0, ""};
-  }
-  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  if (send(fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) {
-    close(fd);
-    return {0, ""};
-  }
-  std::string raw;
-  char buf[16384];
-  for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;) raw.append(buf, static_cast<size_t>(n));
-  close(fd);
-  const size_t end = raw.find("\r\n\r\n");
-  if (raw.size() < 12 || end == std::string::npos) return {0, ""};
-  return {std::atoi(raw.substr(9, 3).c_str()), raw.substr(end + 4)};
-}
+using zenflow::test_support::free_port;
+using zenflow::test_support::http_get;
 
 std::string url_encode(const std::string& s) {
   static const char* hex = "0123456789ABCDEF";
