@@ -1,5 +1,5 @@
 // A real Prometheus scraping a real `zenflow run`, loaded with deploy/prometheus's rules: series, recording
-// rules and alerts evaluate.
+// rules, alerts and every deploy/grafana dashboard query evaluate.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -152,6 +152,214 @@ std::string test_config(int zenflow_port) {
   return out.c_str();
 }
 
+fs::path dashboards_dir() { return fs::path(ZENFLOW_SOURCE_DIR) / "deploy" / "grafana" / "dashboards"; }
+
+std::vector<fs::path> dashboard_files() {
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dashboards_dir()))
+    if (e.path().extension() == ".json") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// Every panel of a dashboard, those nested in (collapsed) rows included.
+void collect_panels(const json& panels, std::vector<json>& out) {
+  if (!panels.is_array()) return;
+  for (const auto& p : panels) {
+    out.push_back(p);
+    if (p.contains("panels")) collect_panels(p["panels"], out);
+  }
+}
+
+// The template variables of a dashboard, by name.
+std::map<std::string, json> dashboard_variables(const json& d) {
+  std::map<std::string, json> vars;
+  if (d.contains("templating") && d["templating"].contains("list"))
+    for (const auto& v : d["templating"]["list"]) vars[v.value("name", "")] = v;
+  return vars;
+}
+
+// The query of a query variable, whether Grafana stored it as a string or as {"query": ...}.
+std::string variable_query(const json& v) {
+  if (!v.contains("query")) return "";
+  const json& q = v["query"];
+  if (q.is_string()) return q.get<std::string>();
+  if (q.is_object()) return q.value("query", "");
+  return "";
+}
+
+// Grafana's built-in interval and range variables as the test's instant queries use them.
+const std::map<std::string, std::string> kBuiltins = {
+    {"__rate_interval", "1m"}, {"__interval", "5s"}, {"__interval_ms", "5000"},
+    {"__range", "5m"},         {"__range_s", "300"}, {"__range_ms", "300000"},
+};
+
+// `expr` with $name, ${name} and ${name:format} replaced from `values`; the names it could not
+// replace go to `unknown`.
+std::string substitute(const std::string& expr, const std::map<std::string, std::string>& values,
+                       std::vector<std::string>& unknown) {
+  std::string out;
+  for (size_t i = 0; i < expr.size();) {
+    if (expr[i] != '$') {
+      out += expr[i++];
+      continue;
+    }
+    std::string name;
+    size_t end = i + 1;
+    if (end < expr.size() && expr[end] == '{') {
+      const size_t close = expr.find('}', end);
+      if (close == std::string::npos) {
+        unknown.push_back(expr.substr(i));
+        out += expr.substr(i);
+        break;
+      }
+      name = expr.substr(end + 1, close - end - 1);
+      name = name.substr(0, name.find(':'));
+      end = close + 1;
+    } else {
+      while (end < expr.size() && (std::isalnum(static_cast<unsigned char>(expr[end])) || expr[end] == '_'))
+        name += expr[end++];
+    }
+    const auto it = values.find(name);
+    if (name.empty() || it == values.end()) {
+      unknown.push_back("$" + (name.empty() ? expr.substr(i + 1, 1) : name));
+      out += expr.substr(i, end - i);
+    } else {
+      out += it->second;
+    }
+    i = end > i + 1 ? end : i + 1;
+  }
+  return out;
+}
+
+// One panel query of a dashboard, its variables substituted.
+struct PanelQuery {
+  std::string where;  // file / panel title / refId
+  std::string expr;   // substituted
+  bool dcgm = false;  // a dcgm-exporter series: it may match nothing here
+};
+
+// What the test substitutes for a dashboard variable: the test run's job id, every rank, every
+// GPU. Variables not listed here are unknown and fail the test.
+std::map<std::string, std::string> substitution_values(const char* job_id) {
+  std::map<std::string, std::string> v = kBuiltins;
+  v["job_id"] = job_id;
+  v["rank"] = ".*";
+  v["hostname"] = ".*";
+  v["gpu"] = ".*";
+  v["DS_PROMETHEUS"] = "prometheus";
+  return v;
+}
+
+// Every target expression of every dashboard, substituted (failures for unknown variables).
+std::vector<PanelQuery> dashboard_queries(const char* job_id) {
+  std::vector<PanelQuery> queries;
+  const auto values = substitution_values(job_id);
+  for (const auto& file : dashboard_files()) {
+    const json d = json::parse(zenflow::test_support::read_file(file), nullptr, false);
+    if (d.is_discarded()) continue;  // the static test reports it
+    std::vector<json> panels;
+    collect_panels(d.value("panels", json::array()), panels);
+    for (const auto& p : panels)
+      for (const auto& t : p.value("targets", json::array())) {
+        PanelQuery q;
+        q.where = file.filename().string() + " / " + p.value("title", "?") + " / " + t.value("refId", "?");
+        std::vector<std::string> unknown;
+        const std::string raw = t.value("expr", "");
+        q.expr = substitute(raw, values, unknown);
+        q.dcgm = raw.find("DCGM_") != std::string::npos;
+        for (const auto& u : unknown) ADD_FAILURE() << q.where << ": unknown variable " << u << " in " << raw;
+        if (unknown.empty()) queries.push_back(q);
+      }
+  }
+  return queries;
+}
+
+// The dashboards as files: valid JSON, stable unique uids and titles, the datasource variable,
+// job_id and rank on every zenflow dashboard, unique panel ids, a datasource, an expression and
+// a unit on every query panel, and only known variables in the queries.
+TEST(Dashboards, EveryDashboardIsWellFormed) {
+  const auto files = dashboard_files();
+  std::set<std::string> names;
+  for (const auto& f : files) names.insert(f.filename().string());
+  for (const char* want : {"zenflow-job-overview.json", "zenflow-where-the-time-goes.json",
+                           "zenflow-offload.json", "zenflow-gpu-health.json"})
+    EXPECT_TRUE(names.count(want)) << want << " missing from " << dashboards_dir();
+
+  std::set<std::string> uids, titles;
+  for (const auto& file : files) {
+    SCOPED_TRACE(file.filename().string());
+    const json d = json::parse(zenflow::test_support::read_file(file), nullptr, false);
+    ASSERT_FALSE(d.is_discarded()) << "not valid JSON";
+    ASSERT_TRUE(d.is_object());
+    const std::string uid = d.value("uid", ""), title = d.value("title", "");
+    EXPECT_FALSE(uid.empty());
+    EXPECT_LE(uid.size(), 40u) << "Grafana uids are at most 40 characters";
+    EXPECT_EQ(uid, file.stem().string()) << "the uid is the file's name, stable across imports";
+    EXPECT_TRUE(uids.insert(uid).second) << "duplicate uid " << uid;
+    EXPECT_FALSE(title.empty());
+    EXPECT_TRUE(titles.insert(title).second) << "duplicate title " << title;
+    const int schema = d.value("schemaVersion", 0);
+    EXPECT_GE(schema, 36);
+    EXPECT_LE(schema, 41);
+
+    const auto vars = dashboard_variables(d);
+    ASSERT_TRUE(vars.count("DS_PROMETHEUS")) << "no datasource variable";
+    EXPECT_EQ(vars.at("DS_PROMETHEUS").value("type", ""), "datasource");
+    EXPECT_EQ(vars.at("DS_PROMETHEUS").value("query", ""), "prometheus");
+
+    std::vector<json> panels;
+    collect_panels(d.value("panels", json::array()), panels);
+    bool zenflow_series = false;
+    std::set<int> ids;
+    int queries = 0;
+    for (const auto& p : panels) {
+      const std::string ptitle = p.value("title", "");
+      SCOPED_TRACE(ptitle);
+      ASSERT_TRUE(p.contains("id") && p["id"].is_number_integer()) << p.dump();
+      EXPECT_TRUE(ids.insert(p["id"].get<int>()).second) << "duplicate panel id " << p["id"];
+      EXPECT_TRUE(p.contains("gridPos"));
+      EXPECT_FALSE(ptitle.empty());
+      if (p.value("type", "") == "row") continue;
+      const json targets = p.value("targets", json::array());
+      EXPECT_FALSE(targets.empty()) << "a panel without queries";
+      const std::string unit = p.value("/fieldConfig/defaults/unit"_json_pointer, std::string());
+      EXPECT_FALSE(unit.empty()) << "no unit";
+      for (const auto& t : targets) {
+        ++queries;
+        EXPECT_EQ(t.value("/datasource/uid"_json_pointer, std::string()), "${DS_PROMETHEUS}") << t.dump();
+        EXPECT_EQ(t.value("/datasource/type"_json_pointer, std::string()), "prometheus") << t.dump();
+        const std::string expr = t.value("expr", "");
+        EXPECT_FALSE(expr.empty()) << t.dump();
+        EXPECT_FALSE(t.value("refId", "").empty()) << t.dump();
+        if (expr.find("zenflow_") != std::string::npos) zenflow_series = true;
+        // Every variable is the dashboard's own or one of Grafana's built-ins.
+        std::map<std::string, std::string> known = kBuiltins;
+        for (const auto& [name, v] : vars) known[name] = "x";
+        std::vector<std::string> unknown;
+        substitute(expr, known, unknown);
+        EXPECT_TRUE(unknown.empty()) << expr;
+      }
+    }
+    EXPECT_GT(queries, 0);
+
+    if (zenflow_series) {
+      ASSERT_TRUE(vars.count("job_id")) << "no job_id variable";
+      ASSERT_TRUE(vars.count("rank")) << "no rank variable";
+      EXPECT_EQ(variable_query(vars.at("job_id")), "label_values(zenflow_steps_total, job_id)");
+      EXPECT_EQ(variable_query(vars.at("rank")),
+                "label_values(zenflow_steps_total{job_id=~\"$job_id\"}, rank)");
+    }
+    for (const auto& [name, v] : vars) {
+      if (v.value("type", "") != "query") continue;
+      EXPECT_TRUE(v.value("multi", false)) << name;
+      EXPECT_TRUE(v.value("includeAll", false)) << name;
+      EXPECT_EQ(v.value("/datasource/uid"_json_pointer, std::string()), "${DS_PROMETHEUS}") << name;
+      EXPECT_EQ(variable_query(v).rfind("label_values(", 0), 0u) << name;
+    }
+  }
+}
+
 class PrometheusLive : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -169,6 +377,20 @@ class PrometheusLive : public ::testing::Test {
   // The result of an instant query: {"status", "data"/"error"...} as Prometheus sent it.
   json query(const std::string& promql) {
     auto [status, body] = http_get(prom_port_, "/api/v1/query?query=" + url_encode(promql));
+    if (status == 0) return json{{"status", "no answer"}};
+    json j = json::parse(body, nullptr, false);
+    return j.is_discarded() ? json{{"status", "unparsable"}, {"body", body}} : j;
+  }
+  // The result of a range query over the last `seconds`, one point every `step` seconds, as a
+  // Grafana time series panel asks for it.
+  json query_range(const std::string& promql, int seconds, int step) {
+    const auto now =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
+    auto [status, body] =
+        http_get(prom_port_, "/api/v1/query_range?query=" + url_encode(promql) +
+                                 "&start=" + std::to_string(now - seconds) + "&end=" + std::to_string(now) +
+                                 "&step=" + std::to_string(step));
     if (status == 0) return json{{"status", "no answer"}};
     json j = json::parse(body, nullptr, false);
     return j.is_discarded() ? json{{"status", "unparsable"}, {"body", body}} : j;
@@ -316,6 +538,60 @@ TEST_F(PrometheusLive, ScrapesARunAndEveryRuleAndAlertEvaluates) {
   size_t loaded = 0;
   for (const auto& g : groups) loaded += g["rules"].size();
   EXPECT_EQ(loaded, static_cast<size_t>(records + alerts));
+
+  // Every dashboard variable's label_values() query finds the run's job_id and rank; every
+  // zenflow panel query returns a series (a dashboard whose query matches nothing is a failing
+  // test); dcgm-exporter queries, with no GPU here, evaluate without error.
+  const auto values = substitution_values(kJobId);
+  for (const auto& file : dashboard_files()) {
+    const json d = json::parse(zenflow::test_support::read_file(file), nullptr, false);
+    if (d.is_discarded()) continue;
+    for (const auto& [name, v] : dashboard_variables(d)) {
+      if (v.value("type", "") != "query") continue;
+      const std::string q = variable_query(v);
+      // label_values(selector, label)
+      const size_t open = q.find('('), comma = q.rfind(','), close = q.rfind(')');
+      ASSERT_TRUE(open != std::string::npos && comma != std::string::npos && close != std::string::npos &&
+                  open < comma && comma < close)
+          << file << ": " << q;
+      std::vector<std::string> unknown;
+      const std::string selector = substitute(q.substr(open + 1, comma - open - 1), values, unknown);
+      std::string label = q.substr(comma + 1, close - comma - 1);
+      label.erase(0, label.find_first_not_of(' '));
+      EXPECT_TRUE(unknown.empty()) << file << ": " << q;
+      const json j = query(selector);
+      EXPECT_EQ(j.value("status", ""), "success") << file << " $" << name << ": " << j.dump();
+      if (selector.find("DCGM_") != std::string::npos) continue;
+      std::set<std::string> found;
+      for (const auto& one : series(selector)) found.insert(one["metric"].value(label, ""));
+      const std::string want = name == "job_id" ? kJobId : name == "rank" ? "0" : "";
+      EXPECT_TRUE(found.count(want)) << file << " $" << name << " (" << q << ") lacks " << want;
+    }
+  }
+  int dashboard_queries_run = 0;
+  for (const auto& q : dashboard_queries(kJobId)) {
+    ++dashboard_queries_run;
+    if (q.dcgm) {
+      const json j = query(q.expr);
+      EXPECT_EQ(j.value("status", ""), "success") << q.where << "\n" << q.expr << "\n" << j.dump();
+    } else {
+      EXPECT_TRUE(wait_for(15, [&] { return !series(q.expr).empty(); })) << q.where << ": matches nothing\n"
+                                                                         << q.expr << "\n"
+                                                                         << query(q.expr).dump();
+      // The same as a panel's range query: series with points.
+      json r;
+      EXPECT_TRUE(wait_for(15,
+                           [&] {
+                             r = query_range(q.expr, 30, 5);
+                             return r.value("status", "") == "success" && r["data"]["result"].is_array() &&
+                                    !r["data"]["result"].empty();
+                           }))
+          << q.where << ": its range query returns nothing\n"
+          << q.expr << "\n"
+          << r.dump();
+    }
+  }
+  EXPECT_GE(dashboard_queries_run, 20);
 
   // The run is healthy: no alert fires or is pending for it this early.
   EXPECT_TRUE(
