@@ -1,6 +1,7 @@
 // Progress line, summary table and JSON of a training run.
 #include "client/report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iomanip>
@@ -12,6 +13,25 @@ namespace {
 // Transfer buffers are page-locked on CUDA (DeviceStreams::alloc_host), plain memory otherwise.
 bool transfers_pinned(const RunSummary& s) { return s.device.rfind("cuda", 0) == 0; }
 }  // namespace
+
+std::optional<RunCost> run_cost(const ResolvedPrice& price, const RunSummary& s) {
+  if (!price.priced) return std::nullopt;
+  RunCost c;
+  c.instance = price.instance;
+  c.source = price.source;
+  c.date = price.date;
+  c.verified = price.verified;
+  const int64_t gpus_used = s.device.rfind("cuda", 0) == 0 ? s.world_size : 0;
+  c.instance_usd_per_hour = price.usd_per_hour;
+  c.gpu_share = instance_share(gpus_used, price.gpus_of_instance);
+  c.usd_per_hour = price.usd_per_hour * c.gpu_share;
+  c.cost_usd = usd_for(s.wall_seconds, price.usd_per_hour, gpus_used, price.gpus_of_instance);
+  c.tokens = s.tokens_per_step * std::max<int64_t>(0, s.steps - s.start_step);
+  c.usd_per_1m_tokens = usd_per_million_tokens(c.cost_usd, c.tokens);
+  c.stall_seconds = std::max(0.0, s.totals.stall_total());
+  c.usd_lost_to_stalls = usd_lost_to_stalls(c.stall_seconds, price.usd_per_hour, gpus_used, price.gpus_of_instance);
+  return c;
+}
 
 std::string format_duration(double s) {
   char buf[64];
@@ -57,7 +77,8 @@ void ProgressPrinter::finish() {
   line_open_ = false;
 }
 
-void print_summary_table(std::ostream& out, const JobSpec& spec, const RunSummary& s) {
+void print_summary_table(std::ostream& out, const JobSpec& spec, const RunSummary& s,
+                         const std::optional<RunCost>& cost) {
   const auto& t = s.totals;
   auto row = [&](const std::string& k, const std::string& v) {
     out << "  " << std::left << std::setw(26) << k << v << "\n";
@@ -109,9 +130,20 @@ void print_summary_table(std::ostream& out, const JobSpec& spec, const RunSummar
   }
   row("host threads / compute", std::to_string(s.host_threads) + " / " + std::to_string(s.compute_threads));
   if (!s.last_checkpoint.empty()) row("checkpoint", s.last_checkpoint);
+  if (cost) {
+    const RunCost& c = *cost;
+    const bool catalog = c.source != "cost.usd_per_hour";
+    row("cost", "$" + fmt(c.cost_usd, 6) + " at $" + fmt(c.usd_per_hour, 4) + "/h" +
+                    (catalog ? " (" + fmt(c.gpu_share, 4) + " of " + c.instance + " at $" +
+                                   fmt(c.instance_usd_per_hour, 4) + "/h)"
+                             : " (cost.usd_per_hour)"));
+    if (catalog) row("  price from", c.source + ", " + c.date + (c.verified ? "" : " (unverified)"));
+    row("  per 1M tokens", c.usd_per_1m_tokens ? "$" + fmt(*c.usd_per_1m_tokens, 6) : "-");
+    row("  lost to stalls", "$" + fmt(c.usd_lost_to_stalls, 6) + " (" + fmt(c.stall_seconds, 2) + " s exposed)");
+  }
 }
 
-nlohmann::json summary_json(const RunSummary& s) {
+nlohmann::json summary_json(const RunSummary& s, const std::optional<RunCost>& cost) {
   nlohmann::json j;
   j["mode"] = s.mode;
   j["device"] = s.device;
@@ -149,6 +181,21 @@ nlohmann::json summary_json(const RunSummary& s) {
   j["reselections"] = s.reselections;
   j["max_staleness_windows"] = s.max_staleness_windows;
   if (!s.last_checkpoint.empty()) j["checkpoint"] = s.last_checkpoint;
+  const nlohmann::json null(nullptr);
+  j["cost_usd"] = cost ? nlohmann::json(cost->cost_usd) : null;
+  j["usd_per_hour"] = cost ? nlohmann::json(cost->usd_per_hour) : null;
+  j["usd_per_1m_tokens"] = cost && cost->usd_per_1m_tokens ? nlohmann::json(*cost->usd_per_1m_tokens) : null;
+  j["usd_lost_to_stalls"] = cost ? nlohmann::json(cost->usd_lost_to_stalls) : null;
+  if (cost) {
+    j["pricing"] = {{"instance", cost->instance.empty() ? null : nlohmann::json(cost->instance)},
+                    {"source", cost->source},
+                    {"date", cost->date.empty() ? null : nlohmann::json(cost->date)},
+                    {"verified", cost->verified},
+                    {"instance_usd_per_hour", cost->instance_usd_per_hour},
+                    {"gpu_share", cost->gpu_share}};
+  } else {
+    j["pricing"] = null;
+  }
   return j;
 }
 

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -17,6 +18,7 @@
 #include "client/report.h"
 #include "common/input_file.h"
 #include "common/job_spec.h"
+#include "common/pricing.h"
 #include "worker/checkpoint.h"
 #include "worker/distributed/launcher.h"
 #include "worker/distributed/rendezvous.h"
@@ -58,8 +60,31 @@ struct RunArgs {
   int nproc = 0;  // 0: resources.gpus_per_worker (at least 1)
   int metrics_port = 0;  // 0: no /metrics
   std::string metrics_host = "127.0.0.1";
+  std::vector<std::string> pricing;  // override catalogs, merged by name over the shipped one
   std::vector<std::string> argv;  // this process's argv, for the rank processes
 };
+
+// The shipped catalog: deploy/pricing.yaml of the source tree this binary was built from.
+std::string shipped_pricing_path() { return std::string(ZENFLOW_SOURCE_DIR) + "/deploy/pricing.yaml"; }
+
+// The job's price: cost.usd_per_hour, else cost.instance_type in the shipped catalog with
+// the --pricing files merged over it. The catalogs are read only when an instance is to be
+// looked up or --pricing is given (then a bad file is an error, PricingError).
+ResolvedPrice resolve_job_price(const JobSpec& spec, const std::vector<std::string>& overrides,
+                                std::vector<std::string>* warnings) {
+  const bool lookup = !spec.cost.usd_per_hour && !spec.cost.instance_type.empty();
+  if (!lookup && overrides.empty()) return resolve_price(spec.cost, nullptr, warnings);
+  PricingCatalog catalog;
+  const std::string shipped = shipped_pricing_path();
+  std::error_code ec;
+  if (std::filesystem::exists(shipped, ec)) {
+    catalog = PricingCatalog::load(shipped);
+  } else if (lookup) {
+    warnings->push_back("pricing catalog " + shipped + " not found; only --pricing files are used");
+  }
+  for (const std::string& f : overrides) catalog.merge(PricingCatalog::load(f));
+  return resolve_price(spec.cost, &catalog, warnings);
+}
 
 int run(const RunArgs& a) {
   // From the start: a signal during spec parsing or setup ends the process cleanly (130).
@@ -87,6 +112,18 @@ int run(const RunArgs& a) {
     return distributed::launch_local_ranks(nproc, child);
   }
   const bool rank0 = !distributed::distributed_env_present() || distributed::rank_info_from_env().rank == 0;
+  ResolvedPrice price;
+  {
+    std::vector<std::string> warnings;
+    try {
+      price = resolve_job_price(spec, a.pricing, &warnings);
+    } catch (const PricingError& e) {
+      if (rank0) std::cerr << "zenflow: invalid pricing catalog: " << e.what() << "\n";
+      return kExitBadInput;
+    }
+    if (rank0)
+      for (const std::string& w : warnings) std::cerr << "zenflow: warning: " << w << "\n";
+  }
   ProgressPrinter progress(std::cerr, isatty(2) != 0 && !a.quiet && rank0, a.quiet || !rank0);
   RunOptions opts;
   opts.resume = !a.fresh;
@@ -110,6 +147,7 @@ int run(const RunArgs& a) {
     try {
       metrics::register_build_info(registry, kVersion);
       run_metrics = std::make_unique<RunMetrics>(registry, spec.name);
+      if (price.priced) run_metrics->set_price(price.usd_per_hour, price.gpus_of_instance);
       metrics_server = std::make_unique<metrics::MetricsServer>(registry, a.metrics_host, a.metrics_port);
     } catch (const std::invalid_argument& e) {
       std::cerr << "zenflow: invalid --metrics-host/--metrics-port: " << e.what() << "\n";
@@ -162,8 +200,9 @@ int run(const RunArgs& a) {
   }
   progress.finish();
   if (rank0) {
-    print_summary_table(a.json ? std::cerr : std::cout, spec, sum);
-    if (a.json) std::cout << summary_json(sum).dump() << std::endl;
+    const std::optional<RunCost> cost = run_cost(price, sum);
+    print_summary_table(a.json ? std::cerr : std::cout, spec, sum, cost);
+    if (a.json) std::cout << summary_json(sum, cost).dump() << std::endl;
   }
   return sum.interrupted ? kExitInterrupted : kExitOk;
 }
@@ -181,6 +220,10 @@ CommandRegistrar reg(10, [](CommandContext& ctx) {
   cmd->add_option("--allow-spec-change", args->allow_spec_change,
                   "Resume although these keys changed since the checkpoint (comma-separated, e.g. "
                   "optimizer.mode,train.seq_len)");
+  cmd->add_option("--pricing", args->pricing,
+                  "Pricing catalog merged by instance name over the shipped deploy/pricing.yaml (its rows "
+                  "replace or add; repeatable); cost.instance_type is looked up there")
+      ->check(CLI::ExistingFile);
   cmd->add_flag("--quiet", args->quiet, "No progress lines");
   cmd->add_flag("--verbose", args->verbose, "Show LibTorch's stack trace with an error");
   cmd->add_option("--nproc", args->nproc, "Data-parallel rank processes on this machine (Gloo on CPU, NCCL on GPU); "

@@ -236,10 +236,6 @@ TEST(Preflight, WarningsNameTheKeyAndWhatReallyHappens) {
       "train.compute_threads: 8 requested but this process has 2 cores; the threads will share them",
       "train.autocast: bfloat16 is ignored on the CPU (autocast is CUDA-only); the CPU computes in the "
       "weights' dtype (float32)",
-      "cost.instance_type: 'p4d.24xlarge' is not priced: there is no pricing catalog yet, so the job's cost "
-      "is "
-      "not computed",
-      "cost.usd_per_hour: recorded but not used: zenflow does not compute job costs yet",
       "resources.workers: 3 requested but there is no scheduler yet; zenflow run starts the ranks of one "
       "worker (resources.gpus_per_worker, or --nproc)",
       "resources.host_memory_gb: not enforced: there is no scheduler yet; the memory check uses the memory "

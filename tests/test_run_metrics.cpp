@@ -162,6 +162,33 @@ TEST(RunMetrics, OnStepNeitherAllocatesNorLocksAfterStart) {
   EXPECT_TRUE(has_line(metrics::render_text(registry), "zenflow_steps_total{job_id=\"j\",rank=\"0\"} 1000"));
 }
 
+TEST(RunMetrics, CostCounterIsTheJobsShareOfThePriceTimesStepWallTime) {
+  // $3600/h = $1/s. Steps of 0.5, 1 and 1.5 s wall, the end 0.25 s.
+  TrainingEnd end;
+  end.finish.wall_seconds = 0.25;
+  auto cost_text = [&](bool priced, bool cuda, int64_t world, int64_t rank) {
+    metrics::MetricsRegistry registry;
+    RunMetrics m(registry, "j");
+    if (priced) m.set_price(3600, 8);
+    RunFacts f = synthetic_facts();
+    f.device_is_cuda = cuda;
+    f.world_size = world;
+    f.rank = rank;
+    m.on_start(f);
+    for (int i = 0; i < 3; ++i) m.on_step(synthetic_step(i));
+    m.on_finish(end);
+    return metrics::render_text(registry);
+  };
+  const std::string l = "zenflow_cost_usd_total{job_id=\"j\",rank=\"0\"} ";
+  EXPECT_TRUE(has_line(cost_text(true, false, 1, 0), l + "3.25")) << cost_text(true, false, 1, 0);  // CPU: whole
+  EXPECT_TRUE(has_line(cost_text(true, true, 2, 0), l + "0.8125")) << cost_text(true, true, 2, 0);  // 2 of 8
+  EXPECT_EQ(cost_text(false, true, 2, 0).find("zenflow_cost_usd_total"), std::string::npos);  // not priced
+  EXPECT_EQ(cost_text(true, true, 2, 1).find("zenflow_cost_usd_total"), std::string::npos);   // rank 0 only
+  metrics::MetricsRegistry registry;
+  RunMetrics m(registry, "j");
+  EXPECT_THROW(m.set_price(-1, 8), std::invalid_argument);
+}
+
 TEST(RunMetrics, SecondRankOnOneRegistryGetsItsOwnSeries) {
   metrics::MetricsRegistry registry;
   RunMetrics r0(registry, "j"), r1(registry, "j");

@@ -413,13 +413,8 @@ std::vector<std::string> preflight_warnings(const JobSpec& spec, bool device_is_
                   " is ignored on the CPU (autocast is CUDA-only); " +
                   "the CPU computes in the weights' dtype (" + dtype + ")");
   }
-  if (!spec.cost.instance_type.empty()) {
-    out.push_back("cost.instance_type: '" + spec.cost.instance_type +
-                  "' is not priced: there is no pricing catalog yet, so the job's cost is not computed");
-  }
-  if (spec.cost.usd_per_hour) {
-    out.push_back("cost.usd_per_hour: recorded but not used: zenflow does not compute job costs yet");
-  }
+  // cost.*: priced by the CLI (zenflow run resolves cost.instance_type in the pricing
+  // catalog, common/pricing.h, and warns there when it is not in it), not here.
   const ResourcesSpec& r = spec.resources;
   if (r.workers > 1) {
     out.push_back("resources.workers: " + std::to_string(r.workers) +

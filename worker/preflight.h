@@ -91,7 +91,8 @@ int64_t available_host_memory_bytes();
 //   optimizer.host.nodes     remote optimizer nodes are not implemented;
 //   train.compute_threads    more threads than cores (they share them);
 //   train.autocast           ignored on the CPU;
-//   cost.instance_type, cost.usd_per_hour  recorded only: no pricing catalog, no cost computed;
+//   (cost.* is not checked here: `zenflow run` prices it and warns about an instance_type
+//   that is not in the pricing catalog, common/pricing.h resolve_price);
 //   resources.workers, resources.host_memory_gb, resources.priority  no scheduler uses them.
 // available_cores: the cores this process may use (engine::available_cores().size(); with
 // several ranks on a host, the rank's share as plan_cores computes it).

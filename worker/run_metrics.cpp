@@ -1,7 +1,11 @@
 // The worker metrics of one rank (see run_metrics.h).
 #include "worker/run_metrics.h"
 
+#include <cmath>
+#include <stdexcept>
 #include <utility>
+
+#include "common/pricing.h"
 
 namespace zenflow {
 
@@ -74,7 +78,21 @@ void RunMetrics::on_start(const RunFacts& facts) {
   memory.with(with("staging")).set(static_cast<double>(facts.host_staging_bytes));
   if (facts.host_total_memory_bytes > 0)
     memory.with(with("host_total")).set(static_cast<double>(facts.host_total_memory_bytes));
+  if (usd_per_hour_ >= 0 && facts.rank == 0) {
+    usd_per_second_ =
+        usd_per_hour_ * instance_share(facts.device_is_cuda ? facts.world_size : 0, gpus_of_instance_) / 3600.0;
+    cost_ = &r.counter("zenflow_cost_usd_total",
+                       "The job's cost so far (its share of the instance's price, times step wall time)", labels)
+                 .with(mine);
+  }
   started_ = true;
+}
+
+void RunMetrics::set_price(double usd_per_hour, int64_t gpus_of_instance) {
+  if (!(usd_per_hour >= 0) || !std::isfinite(usd_per_hour) || gpus_of_instance < 0)
+    throw std::invalid_argument("RunMetrics::set_price: the price and GPU count must be >= 0");
+  usd_per_hour_ = usd_per_hour;
+  gpus_of_instance_ = gpus_of_instance;
 }
 
 void RunMetrics::add_times(const engine::StepTimes& times) noexcept {
@@ -90,6 +108,7 @@ void RunMetrics::on_step(const TrainingStep& step) noexcept {
   steps_->inc();
   tokens_->inc(static_cast<double>(step.tokens));
   step_duration_->observe(step.times.wall_seconds);
+  if (cost_) cost_->inc(usd_per_second_ * step.times.wall_seconds);
   add_times(step.times);
   exposed_stall_ratio_->set(step.times.wall_seconds > 0 ? step.times.stall_total() / step.times.wall_seconds
                                                         : 0);
@@ -100,7 +119,9 @@ void RunMetrics::on_step(const TrainingStep& step) noexcept {
 }
 
 void RunMetrics::on_finish(const TrainingEnd& end) {
-  if (started_) add_times(end.finish);
+  if (!started_) return;
+  add_times(end.finish);
+  if (cost_) cost_->inc(usd_per_second_ * end.finish.wall_seconds);
 }
 
 }  // namespace zenflow

@@ -12,7 +12,11 @@
 // zenflow_device_optimizer_seconds_total, zenflow_transfer_bytes_total{direction=d2h|h2d},
 // zenflow_staleness_steps, zenflow_selected_ratio, zenflow_loss, zenflow_skipped_steps_total,
 // zenflow_pinned_host_bytes, zenflow_host_memory_bytes{kind=master|moments|accumulators|
-// pinned|staging|host_total}. The time and bytes of the run's end (TrainingEnd::finish) are
+// pinned|staging|host_total}; with set_price(), zenflow_cost_usd_total on rank 0 only: the
+// whole job's cost so far (common/pricing.h: the price × the job's share of the instance,
+// gpus = world_size on CUDA, the whole instance on the CPU), metered by the wall time of
+// the steps and of the run's end: setup before the first step is not in it (the run
+// summary's cost_usd, from RunSummary::wall_seconds, is). The time and bytes of the run's end (TrainingEnd::finish) are
 // added to the counters by on_finish(), so they match the run summary's totals.
 //
 // Thread safety: the observer methods are called by the training thread; the registry may
@@ -40,6 +44,9 @@ class RunMetrics final : public TrainingObserver {
   // facts.rank; sets the memory gauges. Throws std::invalid_argument (registry.h) if a
   // family is already registered differently.
   void on_start(const RunFacts& facts) override;
+  // Before on_start: the instance's price and GPU count (0: usd_per_hour is the job's own
+  // rate, charged in full). Without it zenflow_cost_usd_total is not exported.
+  void set_price(double usd_per_hour, int64_t gpus_of_instance);
   void on_step(const TrainingStep& step) noexcept override;
   void on_finish(const TrainingEnd& end) override;
 
@@ -64,6 +71,10 @@ class RunMetrics final : public TrainingObserver {
   metrics::Gauge* selected_ratio_ = nullptr;
   metrics::Gauge* loss_ = nullptr;
   metrics::Counter* skipped_ = nullptr;
+  double usd_per_hour_ = -1;  // < 0: not priced
+  int64_t gpus_of_instance_ = 0;
+  double usd_per_second_ = 0;  // the job's rate, set by on_start
+  metrics::Counter* cost_ = nullptr;  // rank 0 only
 };
 
 }  // namespace zenflow

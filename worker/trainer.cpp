@@ -515,6 +515,7 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
     RunFacts facts;
     facts.rank = rank;
     facts.world_size = world;
+    facts.device_is_cuda = device.is_cuda();
     facts.start_step = step;
     facts.total_steps = spec.train.steps;
     const engine::HostMemoryBytes mem = opt.host_memory_bytes();

@@ -18,6 +18,7 @@ namespace zenflow {
 struct RunFacts {
   int64_t rank = 0;
   int64_t world_size = 1;
+  bool device_is_cuda = false;  // the ranks use a GPU each (the cost share, common/pricing.h)
   int64_t start_step = 0;   // resumed from (0 = fresh)
   int64_t total_steps = 0;  // train.steps
   // Host optimizer state by kind (they sum to RunSummary::host_state_bytes).
