@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "common/remove_tree.h"
+#include "tests/support/tiny_job.h"
 #include "worker/checkpoint.h"
 #include "worker/model/safetensors.h"
 #include <nlohmann/json.hpp>
@@ -43,19 +44,12 @@ std::string write_file(const std::string& name, const std::string& text) {
   return (p / name).string();
 }
 
-const char* kValid = R"(name: cli-test
-model: {arch: llama, config: {hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 4,
-        intermediate_size: 64, max_position_embeddings: 32}}
-data: {train: /usr/share/common-licenses, tokenizer: byte}
-train: {steps: 3, micro_batch: 2, seq_len: 16, lr: 1.0e-3, warmup_steps: 1, device: cpu}
-optimizer: {mode: zenflow, zenflow: {update_interval: 2, full_warm_up_rounds: 0, min_split_numel: 512}}
-checkpoint: {every_steps: 0}
-)";
+const std::string kValid = zenflow::test_support::tiny_job_spec("cli-test");
 
 }  // namespace
 
 TEST(Cli, BadSpecExitsTwoNamingTheKeyPath) {
-  const std::string spec = write_file("bad.yaml", std::string(kValid) + "bogus: 1\n");
+  const std::string spec = write_file("bad.yaml", kValid + "bogus: 1\n");
   Result r = run("run " + spec);
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("bogus: unknown key"), std::string::npos) << r.out;

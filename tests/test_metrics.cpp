@@ -22,35 +22,14 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/allocation_counter.h"
 #include "common/metrics/exposition.h"
 #include "common/metrics/http_server.h"
 #include "common/metrics/registry.h"
 #include "common/version.h"
 
-// Every allocation in this binary goes through here, so a test can assert that a stretch
-// of code allocates nothing.
-namespace {
-std::atomic<bool> g_count_allocations{false};
-std::atomic<long> g_allocations{0};
-}  // namespace
-
-// GCC 12 pairs the inlined new/delete of the standard containers with these definitions and
-// reports malloc/free as mismatched (a false positive: both sides are replaced here).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-void* operator new(std::size_t size) {
-  if (g_count_allocations.load(std::memory_order_relaxed))
-    g_allocations.fetch_add(1, std::memory_order_relaxed);
-  void* p = std::malloc(size == 0 ? 1 : size);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-void* operator new[](std::size_t size) { return operator new(size); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-#pragma GCC diagnostic pop
+using zenflow::test_support::g_allocations;
+using zenflow::test_support::g_count_allocations;
 
 namespace zenflow::metrics {
 namespace {

@@ -1,5 +1,6 @@
 // The pricing catalog (deploy/pricing.yaml, common/pricing.h), the cost arithmetic, and
 // the cost that `zenflow run` reports.
+#include "tests/support/tiny_job.h"
 #include "common/pricing.h"
 
 #include <gtest/gtest.h>
@@ -205,14 +206,7 @@ TEST(Pricing, ResolvePriceSpecRateFirstThenCatalogElseWarning) {
 // ---- zenflow run ----
 namespace {
 
-const char* kTiny = R"(name: pricing-test
-model: {arch: llama, config: {hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 4,
-        intermediate_size: 64, max_position_embeddings: 32}}
-data: {train: /usr/share/common-licenses, tokenizer: byte}
-train: {steps: 3, micro_batch: 2, seq_len: 16, lr: 1.0e-3, warmup_steps: 1, device: cpu}
-optimizer: {mode: zenflow, zenflow: {update_interval: 2, full_warm_up_rounds: 0, min_split_numel: 512}}
-checkpoint: {every_steps: 0}
-)";
+const std::string kTiny = zenflow::test_support::tiny_job_spec("pricing-test");
 
 struct Output {
   int code;

@@ -27,6 +27,7 @@
 
 #include "tests/support/http_client.h"
 #include "tests/support/shell.h"
+#include "tests/support/tiny_job.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -437,15 +438,7 @@ TEST_F(PrometheusLive, ScrapesARunAndEveryRuleAndAlertEvaluates) {
   const fs::path spec = dir_ / "run.yaml";
   zenflow::test_support::write_file(
       spec,
-      std::string("name: ") + kJobId +
-          "\n"
-          "model: {arch: llama, config: {hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 4,\n"
-          "        intermediate_size: 64, max_position_embeddings: 32}}\n"
-          "data: {train: /usr/share/common-licenses, tokenizer: byte}\n"
-          "train: {steps: 100000, micro_batch: 2, seq_len: 16, lr: 1.0e-3, warmup_steps: 1, device: cpu}\n"
-          "optimizer: {mode: zenflow, zenflow: {update_interval: 2, full_warm_up_rounds: 0, "
-          "min_split_numel: 512}}\n"
-          "checkpoint: {every_steps: 0}\n");
+      zenflow::test_support::tiny_job_spec(kJobId, 100000));
   const std::string zlog = (dir_ / "zenflow.log").string();
   Child run({std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow", "run", spec.string(), "--quiet", "--fresh",
              "--metrics-port", std::to_string(zport)},

@@ -84,7 +84,10 @@ int64_t count_all_ones_exponent(const void* data, int64_t n, Word mask) {
   return bad;
 }
 
+}  // namespace
+
 int64_t count_non_finite(const at::Tensor& t) {
+  if (!at::isFloatingType(t.scalar_type()) || t.numel() == 0) return 0;
   if (t.device().is_cpu() && t.is_contiguous()) {
     switch (t.scalar_type()) {
       case at::kFloat: return count_all_ones_exponent<uint32_t>(t.data_ptr(), t.numel(), 0x7F800000u);
@@ -97,10 +100,11 @@ int64_t count_non_finite(const at::Tensor& t) {
   return (~at::isfinite(t)).sum().item<int64_t>();
 }
 
+namespace {
+
 // Non-finite values in a floating-point tensor make the checkpoint unusable: resuming would
 // train on NaN weights or optimizer moments.
 void check_finite(const fs::path& file, const std::string& name, const at::Tensor& t) {
-  if (!at::isFloatingType(t.scalar_type()) || t.numel() == 0) return;
   if (const int64_t bad = count_non_finite(t))
     throw Damaged(file, "tensor '" + name + "' holds " + std::to_string(bad) + " non-finite value(s)");
 }

@@ -96,6 +96,11 @@ void write_engine_shard(const std::string& dir, int64_t step, int rank, const Na
 std::string commit_checkpoint(const std::string& dir, int64_t step, const CheckpointContents& contents,
                               int64_t keep, int world_size);
 
+// Elements of `t` that are NaN or Inf (0 for non-floating types). CPU contiguous tensors are
+// scanned over their raw exponent bits at memory speed, without a temporary tensor. What a
+// checkpoint may not hold: commit callers check with it, load_checkpoint refuses them.
+int64_t count_non_finite(const at::Tensor& t);
+
 // Reads one rank's engine state of a loaded checkpoint (rank < c.world_size).
 NamedTensors load_engine_shard(const Checkpoint& c, int rank);
 

@@ -479,7 +479,7 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
     // A checkpoint that a resume would refuse is not written: weights or optimizer state that
     // overflowed (lr far too high) end the run here, naming the tensor.
     auto require_finite = [&](const std::string& what, const std::string& name, const at::Tensor& t) {
-      if (at::isFloatingType(t.scalar_type()) && t.numel() > 0 && !at::isfinite(t).all().item<bool>())
+      if (count_non_finite(t) > 0)
         throw std::runtime_error("step " + std::to_string(at_step) + ": " + what + " '" + name +
                                  "' holds non-finite values (NaN/Inf), so no checkpoint was written; the training "
                                  "diverged: lower train.lr or set train.grad_clip");
