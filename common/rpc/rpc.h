@@ -1,0 +1,50 @@
+// gRPC plumbing every zenflow process shares: server and channel credentials (TLS when a
+// certificate is given), bearer metadata on calls, the role check on the server side, and
+// the limits on messages and metadata.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "common/rpc/auth.h"
+
+namespace zenflow::rpc {
+
+// Limits on every server and channel: a job spec is at most 1 MiB (kMaxSpecBytes), a log
+// chunk at most 64 KiB; 4 MiB leaves room for a page of job statuses.
+inline constexpr int kMaxMessageBytes = 4 << 20;
+inline constexpr int kMaxMetadataBytes = 16 << 10;
+inline constexpr size_t kMaxLogChunkBytes = 64 << 10;
+
+// TLS from PEM files when cert_file is non-empty (key_file then required), else plaintext.
+// Throws std::invalid_argument naming the file that cannot be read.
+std::shared_ptr<grpc::ServerCredentials> server_credentials(const std::string& cert_file, const std::string& key_file);
+
+// Applies the message/metadata limits and keepalive settings to a server.
+void configure_server(grpc::ServerBuilder& builder);
+
+struct ChannelOptions {
+  std::string ca_file;         // TLS: trust this CA (PEM); empty = plaintext
+  std::string tls_server_name; // override the name checked in the server's certificate
+  bool keepalive = false;      // workers: 20 s keepalive pings on idle connections
+};
+// Throws std::invalid_argument naming an unreadable CA file.
+std::shared_ptr<grpc::Channel> make_channel(const std::string& target, const ChannelOptions& options = {});
+
+// Sets the deadline and the bearer token (omitted when empty) on a client call.
+void prepare_call(grpc::ClientContext& ctx, const std::string& token, std::chrono::milliseconds deadline);
+
+// The server side: OK when the call's token grants `needed` (kAdmin also grants kWorker),
+// UNAUTHENTICATED without a valid token, PERMISSION_DENIED for a worker token on an admin RPC.
+grpc::Status check_role(const grpc::ServerContext& ctx, const TokenAuthority& auth, Role needed);
+
+// Reads a PEM file for TLS (at most 1 MiB). Throws std::invalid_argument naming it.
+std::string read_pem_file(const std::string& path, const std::string& what);
+
+// "UNAVAILABLE: connection refused" style one-liner for a failed call.
+std::string describe(const grpc::Status& s);
+
+}  // namespace zenflow::rpc
