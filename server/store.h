@@ -1,0 +1,122 @@
+// The coordinator's durable state: jobs, workers and job logs.
+//
+// Only what must survive a coordinator crash is written: a job's record on every state
+// transition (and its progress now and then), a worker's registration, and log bytes.
+// Leases and heartbeats never touch the store (they live in the coordinator's memory).
+// Every change of one transition is one StoreBatch, committed in one transaction: a job
+// is never half-written, and a batch either happens completely or not at all.
+//
+// Store is an interface so that another database can be added later; SqliteStore is the
+// one there is. Thread safety: a Store is used by one thread at a time (the coordinator
+// serializes calls); implementations need not lock.
+// Errors: StoreError (a std::runtime_error) for I/O failures, a corrupt or newer-schema
+// database, or a violated constraint (e.g. a second job with the same request_id).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace zenflow::server {
+
+class StoreError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A job as `zenflow status` shows it after a restart. States are the proto enum names
+// (QUEUED, STARTING, RUNNING, PREEMPTED, SUCCEEDED, FAILED, CANCELLED).
+struct JobRecord {
+  std::string id;          // unique, e.g. "j-000042"
+  std::string request_id;  // the client's idempotency key; "" = none (unique when set)
+  std::string name;
+  std::string spec_yaml;   // the validated, resolved spec (to_yaml)
+  std::string state = "QUEUED";
+  int64_t priority = 0;
+  int64_t submit_seq = 0;  // increasing at submit; FIFO within a priority
+  int64_t submit_time_ms = 0;
+  int64_t start_time_ms = 0;  // current or last attempt
+  int64_t end_time_ms = 0;
+  int64_t attempt = 0;        // attempts started (the current one's number)
+  int64_t restarts = 0;
+  int64_t preemptions = 0;
+  std::vector<std::string> placement;  // worker names of the current or last attempt
+  int64_t master_port = 0;             // rendezvous port of the current attempt
+  int64_t step = 0;
+  int64_t total_steps = 0;
+  int64_t resumed_from_step = 0;
+  double last_loss = 0;
+  double cost_usd = 0;
+  std::string last_error;
+  std::string stop_reason;  // non-empty while a cancel or preemption is asked of the attempt
+  int64_t exit_code = -1;   // of the last ended attempt
+  int64_t revision = 0;     // increases with every change
+  bool operator==(const JobRecord& o) const;
+};
+
+struct WorkerRecord {
+  std::string name;  // unique
+  std::string role = "TRAINER";
+  std::string resources;  // serialized zenflow.v1.WorkerResources
+  std::string address;
+  std::vector<int64_t> rendezvous_ports;
+  int64_t incarnation = 0;  // increases with every registration (unique across workers)
+  int64_t registered_ms = 0;
+  std::string state = "READY";  // READY | LOST | DRAINING
+  bool operator==(const WorkerRecord& o) const;
+};
+
+// Bytes of one attempt's output, appended to the job's log. attempt_offset is the byte
+// offset of data within that attempt's output (uploads resume from it after a restart).
+struct LogAppend {
+  std::string job_id;
+  int64_t attempt = 0;
+  int64_t attempt_offset = 0;
+  std::string data;
+};
+
+struct StoreBatch {
+  std::vector<JobRecord> jobs;        // inserted or replaced by id
+  std::vector<WorkerRecord> workers;  // inserted or replaced by name
+  std::vector<LogAppend> logs;        // appended in order
+  bool empty() const { return jobs.empty() && workers.empty() && logs.empty(); }
+};
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  // One transaction; durable when it returns (see SqliteStore for what that means).
+  virtual void commit(const StoreBatch& batch) = 0;
+  virtual std::vector<JobRecord> load_jobs() = 0;        // by submit_seq
+  virtual std::vector<WorkerRecord> load_workers() = 0;  // by name
+  // The job's log from byte `offset`, at most max_bytes ("" past the end).
+  virtual std::string read_log(const std::string& job_id, int64_t offset, int64_t max_bytes) = 0;
+  virtual int64_t log_size(const std::string& job_id) = 0;
+  // Bytes held per (job id, attempt): where each attempt's upload resumes.
+  virtual std::map<std::pair<std::string, int64_t>, int64_t> attempt_log_sizes() = 0;
+  virtual int schema_version() = 0;
+};
+
+struct SqliteOptions {
+  // FULL: the WAL is synced at every commit, so a commit that returned survives power loss
+  // and an OS crash. NORMAL (false) survives only a process crash (SQLite's own words: it
+  // "does lose durability"). A kill -9 test cannot tell the two apart; FULL is the default
+  // and what the coordinator promises.
+  bool synchronous_full = true;
+};
+
+// Opens (creating when absent) a SQLite database in WAL mode and migrates it to the
+// current schema (versioned migrations, each in its own transaction, recorded in
+// PRAGMA user_version). A database written by a newer zenflow (higher version) is refused
+// with StoreError naming both versions. The file is locked against a second coordinator
+// (StoreError "database ... is in use by another coordinator").
+std::unique_ptr<Store> open_sqlite_store(const std::string& path, const SqliteOptions& options = {});
+
+// The schema version this build writes.
+int sqlite_schema_version();
+
+}  // namespace zenflow::server
