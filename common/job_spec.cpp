@@ -494,7 +494,7 @@ void read_optimizer(const YAML::Node& node, OptimizerSpec& o) {
 }
 
 void read_resources(const YAML::Node& node, ResourcesSpec& r) {
-  Section s(node, "resources", {"workers", "gpus_per_worker", "host_memory_gb", "priority"});
+  Section s(node, "resources", {"workers", "gpus_per_worker", "host_memory_gb", "priority", "max_restarts"});
   read_int(s, "workers", r.workers, {1, kMaxCores});
   read_int(s, "gpus_per_worker", r.gpus_per_worker, {0, 64});
   if (const YAML::Node* mem = s.find("host_memory_gb")) {
@@ -510,6 +510,7 @@ void read_resources(const YAML::Node& node, ResourcesSpec& r) {
     }
   }
   read_int(s, "priority", r.priority, {-kMillion, kMillion});
+  read_int(s, "max_restarts", r.max_restarts, {0, 1000});
 }
 
 void read_checkpoint(const YAML::Node& node, CheckpointSpec& c, const std::string& name,
@@ -861,6 +862,7 @@ std::string to_yaml(const JobSpec& spec) {
   integer("gpus_per_worker", r.gpus_per_worker);
   str("host_memory_gb", r.host_memory_gb_auto ? "auto" : format_number(r.host_memory_gb));
   integer("priority", r.priority);
+  integer("max_restarts", r.max_restarts);
   out << YAML::EndMap;
 
   begin("checkpoint");
@@ -919,9 +921,9 @@ bool operator==(const OptimizerSpec& a, const OptimizerSpec& b) {
          std::tie(b.mode, b.beta1, b.beta2, b.eps, b.zenflow, b.host);
 }
 bool operator==(const ResourcesSpec& a, const ResourcesSpec& b) {
-  return std::tie(a.workers, a.gpus_per_worker, a.host_memory_gb_auto, a.host_memory_gb,
-                  a.priority) == std::tie(b.workers, b.gpus_per_worker, b.host_memory_gb_auto,
-                                          b.host_memory_gb, b.priority);
+  return std::tie(a.workers, a.gpus_per_worker, a.host_memory_gb_auto, a.host_memory_gb, a.priority,
+                  a.max_restarts) == std::tie(b.workers, b.gpus_per_worker, b.host_memory_gb_auto,
+                                              b.host_memory_gb, b.priority, b.max_restarts);
 }
 bool operator==(const CheckpointSpec& a, const CheckpointSpec& b) {
   return std::tie(a.dir, a.every_steps, a.keep) == std::tie(b.dir, b.every_steps, b.keep);

@@ -139,6 +139,9 @@ struct ResourcesSpec {
   bool host_memory_gb_auto = true;
   double host_memory_gb = 0;
   int64_t priority = 0;
+  // Restarts after a lost worker or a crashed rank before the job is FAILED (0 = never
+  // restart). Preemption is not a failure and does not count.
+  int64_t max_restarts = 3;
 };
 
 struct CheckpointSpec {

@@ -46,6 +46,7 @@ struct JobRecord {
   int64_t preemptions = 0;
   std::vector<std::string> placement;  // worker names of the current or last attempt
   int64_t master_port = 0;             // rendezvous port of the current attempt
+  int64_t host_memory_bytes_per_worker = 0;  // the placement demand computed at submit
   int64_t step = 0;
   int64_t total_steps = 0;
   int64_t resumed_from_step = 0;

@@ -31,6 +31,8 @@
 #include <utility>
 #include <vector>
 
+#include "worker/distributed/ports.h"
+
 namespace zenflow::distributed {
 
 struct LaunchOptions {
@@ -69,28 +71,5 @@ LaunchResult launch_local_ranks_detailed(int nproc, const std::vector<std::strin
 // Same; returns the exit code (0 on success) after logging result.message.
 int launch_local_ranks(int nproc, const std::vector<std::string>& argv_of_child,
                        const LaunchOptions& options = {});
-
-// A TCP port that was free on `host` a moment ago (bind to port 0, read it, close): another
-// process may take it before it is used; PortReservation closes that window.
-// Throws std::runtime_error when no socket can be bound.
-int find_free_port(const std::string& host = "127.0.0.1");
-
-// Holds a free TCP port: a socket bound to it with SO_REUSEADDR and not listening, so
-// that the kernel gives the port to no other bind(0) or outgoing connection while a
-// listener that also sets SO_REUSEADDR (c10d's TCPStore server does) can still bind it.
-// Throws std::runtime_error when no socket can be bound. Not thread-safe.
-class PortReservation {
- public:
-  explicit PortReservation(const std::string& host = "127.0.0.1");
-  ~PortReservation();
-  PortReservation(const PortReservation&) = delete;
-  PortReservation& operator=(const PortReservation&) = delete;
-  int port() const { return port_; }
-  void release();  // closes the socket (also done by the destructor)
-
- private:
-  int fd_ = -1;
-  int port_ = 0;
-};
 
 }  // namespace zenflow::distributed

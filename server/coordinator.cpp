@@ -1,0 +1,1014 @@
+#include "server/coordinator.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+namespace zenflow::server {
+namespace {
+
+using grpc::Status;
+using grpc::StatusCode;
+
+constexpr const char* kQueued = "QUEUED";
+constexpr const char* kStarting = "STARTING";
+constexpr const char* kRunning = "RUNNING";
+constexpr const char* kPreempted = "PREEMPTED";
+constexpr const char* kSucceeded = "SUCCEEDED";
+constexpr const char* kFailed = "FAILED";
+constexpr const char* kCancelled = "CANCELLED";
+
+// Progress reports change a job's revision in memory at once (watchers see every step) but
+// reach the store at most every kProgressPersistMs; after a restart revisions continue
+// kRestartRevisionGap above what was stored, so none a watcher saw is ever repeated.
+constexpr int64_t kProgressPersistMs = 2000;
+constexpr int64_t kRestartRevisionGap = 1 << 20;
+constexpr const char* kStopCancel = "cancelled";
+constexpr const char* kStopPreempt = "preempted";
+constexpr int kExitBadInput = 2;
+constexpr int kExitInterrupted = 130;
+
+bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+
+v1::JobState state_enum(const std::string& s) {
+  v1::JobState e = v1::JOB_STATE_UNSPECIFIED;
+  v1::JobState_Parse(s, &e);
+  return e;
+}
+
+bool active(const std::string& state) { return state == kStarting || state == kRunning; }
+bool queued(const std::string& state) { return state == kQueued || state == kPreempted; }
+
+std::string join(const std::vector<std::string>& v, const char* sep = ", ") {
+  std::string out;
+  for (const std::string& s : v) out += (out.empty() ? "" : sep) + s;
+  return out;
+}
+
+std::string exit_text(int code) {
+  if (code > 128 && code < 128 + 65) return "killed by signal " + std::to_string(code - 128);
+  return "exited with status " + std::to_string(code);
+}
+
+Status bad(const std::string& what) { return {StatusCode::INVALID_ARGUMENT, what}; }
+
+// Paths of a submitted spec must be absolute: the coordinator and the workers do not share
+// the submitter's working directory (zenflow submit resolves them before sending).
+Status check_absolute(const JobSpec& spec) {
+  auto check = [](const char* key, const std::string& p) -> Status {
+    if (!p.empty() && !std::filesystem::path(p).is_absolute())
+      return bad(std::string(key) + ": must be an absolute path in a submitted spec (zenflow submit resolves "
+                 "relative paths against its working directory), got \"" + p + "\"");
+    return Status::OK;
+  };
+  for (auto [key, p] : {std::pair<const char*, const std::string*>{"model.from", &spec.model.from},
+                        {"data.train", &spec.data.train},
+                        {"data.val", &spec.data.val},
+                        {"checkpoint.dir", &spec.checkpoint.dir}}) {
+    if (Status s = check(key, *p); !s.ok()) return s;
+  }
+  if (spec.data.tokenizer != "byte") return check("data.tokenizer", spec.data.tokenizer);
+  return Status::OK;
+}
+
+}  // namespace
+
+Coordinator::Coordinator(std::unique_ptr<Store> store, CoordinatorOptions options)
+    : store_(std::move(store)), options_(std::move(options)) {
+  load();
+  ticker_ = std::thread([this] { ticker(); });
+}
+
+Coordinator::~Coordinator() {
+  shutdown();
+  if (ticker_.joinable()) ticker_.join();
+}
+
+void Coordinator::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+}
+
+int64_t Coordinator::now_ms() const {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void Coordinator::log(const std::string& line) const {
+  if (options_.log) {
+    options_.log(line);
+  } else {
+    std::fprintf(stderr, "zenflow-coordinator: %s\n", line.c_str());
+  }
+}
+
+bool Coordinator::terminal(const std::string& state) const {
+  return state == kSucceeded || state == kFailed || state == kCancelled;
+}
+
+void Coordinator::load() {
+  const int64_t now = now_ms();
+  for (JobRecord& rec : store_->load_jobs()) {
+    Job j;
+    try {
+      j.spec = parse_job_spec(rec.spec_yaml);
+    } catch (const std::exception& e) {
+      // A record this build cannot read any more: keep it visible, never run it.
+      if (!terminal(rec.state)) {
+        rec.state = kFailed;
+        rec.last_error = std::string("stored spec no longer valid: ") + e.what();
+        rec.end_time_ms = now;
+      }
+    }
+    j.rec = std::move(rec);
+    j.rec.revision += kRestartRevisionGap;
+    const JobSpec& s = j.spec;
+    j.demand.slots = std::max<int64_t>(1, s.resources.gpus_per_worker);
+    j.demand.cores = j.demand.slots;
+    j.demand.host_memory_bytes = j.rec.host_memory_bytes_per_worker;
+    j.slot_kind = s.train.device == "cuda" ? scheduler::SlotKind::kGpu
+                  : s.train.device == "cpu" ? scheduler::SlotKind::kCpu
+                                            : scheduler::SlotKind::kAny;
+    next_seq_ = std::max(next_seq_, j.rec.submit_seq + 1);
+    if (active(j.rec.state)) {
+      // The attempt goes on: its workers re-attach and report. Members count as started
+      // (a RUNNING job's ranks were), STARTING ones as not yet.
+      for (const std::string& w : j.rec.placement) {
+        Member m;
+        m.worker = w;
+        m.started = j.rec.state == kRunning;
+        j.members.push_back(std::move(m));
+      }
+    }
+    if (!j.rec.request_id.empty()) by_request_[j.rec.request_id] = j.rec.id;
+    jobs_.emplace(j.rec.id, std::move(j));
+  }
+  for (WorkerRecord& rec : store_->load_workers()) {
+    Worker w;
+    w.resources.ParseFromString(rec.resources);
+    next_incarnation_ = std::max(next_incarnation_, rec.incarnation + 1);
+    // Every known worker gets a fresh lease: it may be training right now and will
+    // re-attach with the incarnation it has.
+    w.lease_deadline_ms = now + options_.restart_grace.count();
+    w.rec = std::move(rec);
+    workers_.emplace(w.rec.name, std::move(w));
+  }
+  for (const auto& [key, bytes] : store_->attempt_log_sizes()) {
+    stream_bytes_[key] = bytes;
+  }
+  for (auto& [id, j] : jobs_) log_bytes_[id] = store_->log_size(id);
+  // Demands need the submitted model facts, which live in the spec and the record.
+  log("recovered " + std::to_string(jobs_.size()) + " jobs and " + std::to_string(workers_.size()) +
+      " workers from the store");
+}
+
+// --- helpers ---
+
+void Coordinator::commit(StoreBatch& batch) {
+  if (batch.empty()) return;
+  store_->commit(batch);
+  batch = StoreBatch{};
+}
+
+void Coordinator::touch(Job& j, StoreBatch& batch) {
+  ++j.rec.revision;
+  persist(j, batch);
+}
+
+void Coordinator::persist(Job& j, StoreBatch& batch) {
+  j.last_persist_ms = now_ms();
+  j.progress_dirty = false;
+  batch.jobs.push_back(j.rec);
+  changed_.notify_all();
+}
+
+void Coordinator::bump_workers_of(const Job& j) {
+  for (const Member& m : j.members) {
+    auto it = workers_.find(m.worker);
+    if (it != workers_.end()) ++it->second.assignment_revision;
+  }
+  for (const std::string& name : j.rec.placement) {
+    auto it = workers_.find(name);
+    if (it != workers_.end()) ++it->second.assignment_revision;
+  }
+  changed_.notify_all();
+}
+
+void Coordinator::append_coordinator_log(Job& j, const std::string& line, StoreBatch& batch) {
+  const std::pair<std::string, int64_t> key{j.rec.id, j.rec.attempt * kStreamsPerAttempt};
+  LogAppend a{j.rec.id, key.second, stream_bytes_[key], "zenflow-coordinator: " + line + "\n"};
+  stream_bytes_[key] += static_cast<int64_t>(a.data.size());
+  log_bytes_[j.rec.id] += static_cast<int64_t>(a.data.size());
+  batch.logs.push_back(std::move(a));
+}
+
+void Coordinator::fill_status(const Job& j, v1::JobStatus* out) const {
+  const JobRecord& r = j.rec;
+  out->set_id(r.id);
+  out->set_name(r.name);
+  out->set_state(state_enum(r.state));
+  out->set_priority(r.priority);
+  out->set_step(r.step);
+  out->set_total_steps(r.total_steps);
+  out->set_progress_percent(r.total_steps > 0 ? 100.0 * double(r.step) / double(r.total_steps) : 0);
+  out->set_eta_seconds(active(r.state) ? j.eta_seconds : (r.state == kSucceeded ? 0 : -1));
+  out->set_tokens_per_second(active(r.state) ? j.tokens_per_second : 0);
+  out->set_last_loss(r.last_loss);
+  out->set_stall_share(j.stall_share);
+  out->set_restarts(r.restarts);
+  out->set_attempt(r.attempt);
+  out->set_last_error(r.last_error);
+  for (const std::string& w : r.placement) out->add_placement(w);
+  out->set_cost_usd(r.cost_usd);
+  out->set_submit_time_ms(r.submit_time_ms);
+  out->set_start_time_ms(r.start_time_ms);
+  out->set_end_time_ms(r.end_time_ms);
+  out->set_waiting_reason(queued(r.state) ? j.waiting_reason : (r.stop_reason.empty() ? "" : r.stop_reason));
+  out->set_revision(r.revision);
+  out->set_resumed_from_step(r.resumed_from_step);
+  out->set_checkpoint_dir(j.spec.checkpoint.dir);
+  out->set_workers(j.spec.resources.workers);
+  out->set_gpus_per_worker(j.spec.resources.gpus_per_worker);
+  out->set_request_id(r.request_id);
+  out->set_exit_code(r.exit_code);
+  out->set_preemptions(r.preemptions);
+}
+
+// --- JobService ---
+
+Status Coordinator::parse_submitted(const v1::SubmitJobRequest& req, JobSpec* spec, std::string* yaml) const {
+  if (req.spec_yaml().empty()) return bad("spec_yaml: empty");
+  if (req.spec_yaml().size() > (1u << 20)) return bad("spec_yaml: larger than 1 MiB");
+  if (req.request_id().size() > 256) return bad("request_id: longer than 256 characters");
+  try {
+    *spec = parse_job_spec(req.spec_yaml(), {req.set().begin(), req.set().end()});
+  } catch (const SpecError& e) {
+    return bad(e.what());
+  } catch (const std::exception& e) {
+    return bad(e.what());
+  }
+  if (Status s = check_absolute(*spec); !s.ok()) return s;
+  *yaml = to_yaml(*spec);
+  return Status::OK;
+}
+
+Status Coordinator::submit(const v1::SubmitJobRequest& req, v1::SubmitJobResponse* resp) {
+  JobSpec spec;
+  std::string yaml;
+  if (Status s = parse_submitted(req, &spec, &yaml); !s.ok()) return s;
+  scheduler::Resources demand;
+  demand.slots = std::max<int64_t>(1, spec.resources.gpus_per_worker);
+  demand.cores = demand.slots;
+  if (!spec.resources.host_memory_gb_auto) {
+    demand.host_memory_bytes = static_cast<int64_t>(spec.resources.host_memory_gb * double(1LL << 30));
+  } else if (req.total_params() > 0) {
+    scheduler::HostMemoryInputs in;
+    in.total_params = req.total_params();
+    in.split_params = std::min(req.split_params(), req.total_params());
+    in.mode = spec.optimizer.mode == "device"    ? scheduler::OffloadMode::kDevice
+              : spec.optimizer.mode == "offload" ? scheduler::OffloadMode::kOffload
+                                                 : scheduler::OffloadMode::kZenFlow;
+    in.weight_bytes = req.weight_bytes() == 2 ? 2 : 4;
+    in.ranks = spec.resources.workers * demand.slots;
+    try {
+      demand.host_memory_bytes = scheduler::host_memory_bytes_per_rank(in) * demand.slots;
+    } catch (const std::invalid_argument& e) {
+      return bad(std::string("model size: ") + e.what());
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return {StatusCode::UNAVAILABLE, "coordinator is shutting down"};
+  if (!req.request_id().empty()) {
+    auto it = by_request_.find(req.request_id());
+    if (it != by_request_.end()) {
+      Job& old = jobs_.at(it->second);
+      if (old.rec.spec_yaml != yaml)
+        return {StatusCode::ALREADY_EXISTS, "request_id " + req.request_id() + " was used for job " + old.rec.id +
+                                                " with a different spec"};
+      fill_status(old, resp->mutable_job());
+      resp->set_created(false);
+      return Status::OK;
+    }
+  }
+  for (const auto& [id, other] : jobs_) {
+    if (!terminal(other.rec.state) && other.spec.checkpoint.dir == spec.checkpoint.dir)
+      return {StatusCode::FAILED_PRECONDITION, "checkpoint.dir " + spec.checkpoint.dir + " belongs to job " + id +
+                                                   " (" + other.rec.state +
+                                                   "); two live jobs cannot share a checkpoint directory"};
+  }
+  Job j;
+  j.spec = std::move(spec);
+  j.demand = demand;
+  j.slot_kind = j.spec.train.device == "cuda" ? scheduler::SlotKind::kGpu
+                : j.spec.train.device == "cpu" ? scheduler::SlotKind::kCpu
+                                               : scheduler::SlotKind::kAny;
+  JobRecord& r = j.rec;
+  const int64_t seq = next_seq_;
+  char id[32];
+  std::snprintf(id, sizeof(id), "j-%06lld", static_cast<long long>(seq));
+  r.id = id;
+  r.request_id = req.request_id();
+  r.name = j.spec.name;
+  r.spec_yaml = yaml;
+  r.priority = j.spec.resources.priority;
+  r.submit_seq = seq;
+  r.submit_time_ms = now_ms();
+  r.total_steps = j.spec.train.steps;
+  r.host_memory_bytes_per_worker = demand.host_memory_bytes;
+  r.revision = 1;
+  StoreBatch batch;
+  batch.jobs.push_back(r);
+  try {
+    store_->commit(batch);  // durable before the client hears OK
+  } catch (const StoreError& e) {
+    return {StatusCode::UNAVAILABLE, std::string("job store write failed: ") + e.what()};
+  }
+  ++next_seq_;
+  if (!r.request_id.empty()) by_request_[r.request_id] = r.id;
+  log_bytes_[r.id] = 0;
+  j.waiting_reason = "waiting for the next scheduling pass";
+  fill_status(j, resp->mutable_job());
+  resp->set_created(true);
+  log("job " + r.id + " (" + r.name + ") submitted");
+  jobs_.emplace(r.id, std::move(j));
+  schedule_dirty_ = true;
+  changed_.notify_all();
+  return Status::OK;
+}
+
+Status Coordinator::get(const std::string& id, v1::JobStatus* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return {StatusCode::NOT_FOUND, "no job " + id};
+  fill_status(it->second, out);
+  return Status::OK;
+}
+
+Status Coordinator::list(const v1::ListJobsRequest& req, v1::ListJobsResponse* resp) {
+  int page = req.page_size() <= 0 ? 100 : req.page_size();
+  if (page > 1000) return bad("page_size: at most 1000, got " + std::to_string(req.page_size()));
+  int64_t before = INT64_MAX;  // page_token: the submit_seq the next page starts below
+  if (!req.page_token().empty()) {
+    try {
+      size_t used = 0;
+      before = std::stoll(req.page_token(), &used);
+      if (used != req.page_token().size()) throw std::invalid_argument("");
+    } catch (const std::exception&) {
+      return bad("page_token: not a token this coordinator gave out");
+    }
+  }
+  std::set<std::string> states;
+  for (int s : req.states()) states.insert(v1::JobState_Name(static_cast<v1::JobState>(s)));
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<const Job*> order;
+  order.reserve(jobs_.size());
+  for (const auto& [id, j] : jobs_)
+    if (j.rec.submit_seq < before && (states.empty() || states.count(j.rec.state))) order.push_back(&j);
+  std::sort(order.begin(), order.end(),
+            [](const Job* a, const Job* b) { return a->rec.submit_seq > b->rec.submit_seq; });
+  for (size_t i = 0; i < order.size() && i < static_cast<size_t>(page); ++i)
+    fill_status(*order[i], resp->add_jobs());
+  if (order.size() > static_cast<size_t>(page))
+    resp->set_next_page_token(std::to_string(order[static_cast<size_t>(page) - 1]->rec.submit_seq));
+  return Status::OK;
+}
+
+Status Coordinator::cancel(const std::string& id, v1::JobStatus* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return {StatusCode::NOT_FOUND, "no job " + id};
+  Job& j = it->second;
+  if (terminal(j.rec.state))
+    return {StatusCode::FAILED_PRECONDITION, "job " + id + " already ended (" + j.rec.state + ")"};
+  StoreBatch batch;
+  if (queued(j.rec.state)) {
+    j.rec.state = kCancelled;
+    j.rec.end_time_ms = now_ms();
+    j.rec.last_error.clear();
+    append_coordinator_log(j, "cancelled before it started", batch);
+    touch(j, batch);
+  } else if (!starts_with(j.rec.stop_reason, kStopCancel)) {
+    // The Ctrl-C path: the ranks finish their step, checkpoint and exit; the job is
+    // CANCELLED when they have.
+    j.rec.stop_reason = std::string(kStopCancel) + " by the user: checkpointing and stopping";
+    append_coordinator_log(j, "cancel requested: asking the ranks to checkpoint and stop", batch);
+    touch(j, batch);
+    bump_workers_of(j);
+  }
+  try {
+    commit(batch);
+  } catch (const StoreError& e) {
+    log(std::string("store write failed: ") + e.what() + "; exiting so a restart reloads a consistent state");
+    std::_Exit(1);
+  }
+  schedule_dirty_ = true;
+  fill_status(j, out);
+  return Status::OK;
+}
+
+Status Coordinator::wait_job(const std::string& id, int64_t after_revision, std::chrono::milliseconds wait,
+                             v1::JobStatus* out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return {StatusCode::NOT_FOUND, "no job " + id};
+  const Job& j = it->second;  // jobs are never erased: the reference stays valid
+  changed_.wait_for(lock, wait, [&] { return stopping_ || j.rec.revision > after_revision; });
+  fill_status(j, out);
+  return Status::OK;
+}
+
+Status Coordinator::read_log(const std::string& id, int64_t offset, int64_t max, std::chrono::milliseconds wait,
+                             std::string* data, bool* finished) {
+  if (offset < 0) return bad("offset: must be >= 0");
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return {StatusCode::NOT_FOUND, "no job " + id};
+  const Job& j = it->second;
+  auto size = [&] { return log_bytes_[id]; };
+  auto done = [&] { return terminal(j.rec.state) && j.members.empty(); };
+  if (offset >= size() && !done() && wait.count() > 0)
+    changed_.wait_for(lock, wait, [&] { return stopping_ || offset < size() || done(); });
+  try {
+    *data = store_->read_log(id, offset, max);
+  } catch (const StoreError& e) {
+    return {StatusCode::UNAVAILABLE, std::string("log read failed: ") + e.what()};
+  }
+  *finished = done() && offset + static_cast<int64_t>(data->size()) >= size();
+  return Status::OK;
+}
+
+void Coordinator::list_workers(v1::ListWorkersResponse* resp) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [name, w] : workers_) {
+    v1::WorkerStatus* s = resp->add_workers();
+    s->set_name(name);
+    v1::WorkerRole role = v1::TRAINER;
+    v1::WorkerRole_Parse(w.rec.role, &role);
+    s->set_role(role);
+    v1::WorkerState st = v1::READY;
+    v1::WorkerState_Parse(w.rec.state, &st);
+    s->set_state(st);
+    *s->mutable_resources() = w.resources;
+    s->set_address(w.rec.address);
+    s->set_registered_ms(w.rec.registered_ms);
+    s->set_last_heartbeat_ms(w.last_heartbeat_ms);
+    s->set_incarnation(w.rec.incarnation);
+    for (const auto& [id, j] : jobs_)
+      if (active(j.rec.state))
+        for (const Member& m : j.members)
+          if (m.worker == name && !m.exited) s->add_jobs(id);
+  }
+}
+
+// --- WorkerService ---
+
+Coordinator::Worker* Coordinator::live_worker(const std::string& name, int64_t incarnation, Status* status) {
+  auto it = workers_.find(name);
+  if (it == workers_.end()) {
+    *status = {StatusCode::FAILED_PRECONDITION, "worker " + name + " is not registered; register again"};
+    return nullptr;
+  }
+  Worker& w = it->second;
+  if (w.rec.incarnation != incarnation || w.rec.state == "LOST") {
+    *status = {StatusCode::FAILED_PRECONDITION,
+               "worker " + name + " incarnation " + std::to_string(incarnation) + " is no longer leased (" +
+                   (w.rec.state == "LOST" ? "declared LOST" : "re-registered as " + std::to_string(w.rec.incarnation)) +
+                   "); kill its training processes and register again"};
+    return nullptr;
+  }
+  return &w;
+}
+
+Status Coordinator::register_worker(const v1::RegisterWorkerRequest& req, v1::RegisterWorkerResponse* resp) {
+  const std::string& name = req.name();
+  if (name.empty() || name.size() > 128) return bad("name: 1 to 128 characters");
+  for (char c : name)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
+      return bad("name: only letters, digits, '-', '_' and '.', got \"" + name + "\"");
+  const v1::WorkerResources& res = req.resources();
+  if (res.host_memory_bytes() < 0 || res.physical_cores() < 0 || res.cpu_slots() < 0)
+    return bad("resources: negative amounts");
+  if (req.role() != v1::OPTIMIZER && res.gpus_size() == 0 && res.cpu_slots() == 0)
+    return bad("resources: a trainer offers GPUs or CPU slots (--cpu-slots)");
+  if (req.role() != v1::OPTIMIZER &&
+      req.rendezvous_ports_size() < std::max<int>(res.gpus_size(), static_cast<int>(res.cpu_slots())))
+    return bad("rendezvous_ports: one per slot needed");
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t now = now_ms();
+  StoreBatch batch;
+  auto it = workers_.find(name);
+  if (it != workers_.end()) {
+    Worker& old = it->second;
+    if (old.rec.state != "LOST" && old.lease_deadline_ms > now && old.last_heartbeat_ms > 0)
+      return {StatusCode::ALREADY_EXISTS,
+              "worker " + name + " is registered and its lease runs " + std::to_string(old.lease_deadline_ms - now) +
+                  " ms more; another agent with this name? (retry after the lease)"};
+    // A new incarnation: the old one's training processes died with its agent.
+    if (old.rec.state != "LOST") lose_worker(old, "re-registered (the agent restarted)", batch);
+  }
+  Worker& w = workers_[name];
+  w.rec.name = name;
+  w.rec.role = req.role() == v1::OPTIMIZER ? "OPTIMIZER" : "TRAINER";
+  w.resources = res;
+  w.resources.SerializeToString(&w.rec.resources);
+  w.rec.address = req.address().empty() ? "127.0.0.1" : req.address();
+  w.rec.rendezvous_ports.assign(req.rendezvous_ports().begin(), req.rendezvous_ports().end());
+  w.rec.incarnation = next_incarnation_++;
+  w.rec.registered_ms = now;
+  w.rec.state = "READY";
+  w.lease_deadline_ms = now + options_.lease.count();
+  w.last_heartbeat_ms = now;
+  ++w.assignment_revision;
+  batch.workers.push_back(w.rec);
+  try {
+    commit(batch);
+  } catch (const StoreError& e) {
+    log(std::string("store write failed: ") + e.what() + "; exiting so a restart reloads a consistent state");
+    std::_Exit(1);
+  }
+  resp->set_incarnation(w.rec.incarnation);
+  resp->set_heartbeat_interval_ms(options_.heartbeat_interval.count());
+  resp->set_lease_ms(options_.lease.count());
+  log("worker " + name + " registered (incarnation " + std::to_string(w.rec.incarnation) + ", " +
+      (res.gpus_size() ? std::to_string(res.gpus_size()) + " GPUs" : std::to_string(res.cpu_slots()) + " CPU slots") +
+      ")");
+  schedule_dirty_ = true;
+  changed_.notify_all();
+  return Status::OK;
+}
+
+Coordinator::Job* Coordinator::current_attempt(const std::string& job_id, int64_t attempt, const std::string& worker,
+                                               int* member, Status* status) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    *status = {StatusCode::FAILED_PRECONDITION, "no job " + job_id};
+    return nullptr;
+  }
+  Job& j = it->second;
+  for (size_t m = 0; m < j.members.size(); ++m) {
+    if (j.members[m].worker == worker && j.rec.attempt == attempt && active(j.rec.state)) {
+      *member = static_cast<int>(m);
+      return &j;
+    }
+  }
+  *status = {StatusCode::FAILED_PRECONDITION, "attempt " + std::to_string(attempt) + " of job " + job_id + " on " +
+                                                  worker + " is not current (the job is " + j.rec.state +
+                                                  ", attempt " + std::to_string(j.rec.attempt) + ")"};
+  return nullptr;
+}
+
+Status Coordinator::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status st;
+  Worker* w = live_worker(req.name(), req.incarnation(), &st);
+  if (!w) return st;
+  const int64_t now = now_ms();
+  w->lease_deadline_ms = now + options_.lease.count();
+  w->last_heartbeat_ms = now;
+  StoreBatch batch;
+  for (const v1::AttemptReport& r : req.attempts()) {
+    int m = -1;
+    Status ignored;
+    Job* j = current_attempt(r.job_id(), r.attempt(), req.name(), &m, &ignored);
+    if (j) apply_attempt_report(*j, m, r, batch);
+    // Ended attempts are acknowledged once recorded, or when they are stale (nothing to record).
+    if (r.exited()) {
+      v1::AttemptRef* a = resp->add_acknowledged();
+      a->set_job_id(r.job_id());
+      a->set_attempt(r.attempt());
+    }
+  }
+  try {
+    commit(batch);
+  } catch (const StoreError& e) {
+    log(std::string("store write failed: ") + e.what() + "; exiting so a restart reloads a consistent state");
+    std::_Exit(1);
+  }
+  resp->set_heartbeat_interval_ms(options_.heartbeat_interval.count());
+  resp->set_lease_ms(options_.lease.count());
+  resp->set_assignment_revision(w->assignment_revision);
+  return Status::OK;
+}
+
+Status Coordinator::fetch_assignments(const v1::FetchAssignmentsRequest& req, v1::FetchAssignmentsResponse* resp) {
+  const auto wait = std::chrono::milliseconds(std::clamp<int64_t>(req.wait_ms(), 0, 30'000));
+  std::unique_lock<std::mutex> lock(mu_);
+  Status st;
+  Worker* w = live_worker(req.name(), req.incarnation(), &st);
+  if (!w) return st;
+  const std::string name = req.name();
+  const int64_t incarnation = req.incarnation();
+  changed_.wait_for(lock, wait, [&] {
+    auto it = workers_.find(name);
+    return stopping_ || it == workers_.end() || it->second.rec.incarnation != incarnation ||
+           it->second.rec.state == "LOST" || it->second.assignment_revision > req.after_revision();
+  });
+  w = live_worker(name, incarnation, &st);
+  if (!w) return st;
+  resp->set_revision(w->assignment_revision);
+  for (const auto& [id, j] : jobs_) {
+    if (!active(j.rec.state)) continue;
+    for (size_t m = 0; m < j.members.size(); ++m) {
+      if (j.members[m].worker != name || j.members[m].exited) continue;
+      v1::Assignment* a = resp->add_assignments();
+      const int ranks = static_cast<int>(j.demand.slots);
+      a->set_job_id(id);
+      a->set_attempt(j.rec.attempt);
+      a->set_spec_yaml(j.rec.spec_yaml);
+      a->set_first_rank(static_cast<int>(m) * ranks);
+      a->set_local_ranks(ranks);
+      a->set_world_size(static_cast<int>(j.members.size()) * ranks);
+      auto host = workers_.find(j.members[0].worker);
+      a->set_master_addr(host == workers_.end() ? "127.0.0.1" : host->second.rec.address);
+      a->set_master_port(static_cast<int>(j.rec.master_port));
+      a->set_hosts_rendezvous(m == 0);
+      a->set_action(j.rec.stop_reason.empty() ? v1::Assignment::RUN : v1::Assignment::STOP);
+      a->set_stop_reason(j.rec.stop_reason);
+    }
+  }
+  return Status::OK;
+}
+
+Status Coordinator::report_progress(const v1::ReportProgressRequest& req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status st;
+  if (!live_worker(req.name(), req.incarnation(), &st)) return st;
+  int m = -1;
+  Job* j = current_attempt(req.attempt().job_id(), req.attempt().attempt(), req.name(), &m, &st);
+  if (!j) return st;
+  if (m != 0) return Status::OK;  // rank 0's worker speaks for the job
+  if (req.step() < 0 || req.step() > j->rec.total_steps) return bad("step: out of range");
+  StoreBatch batch;
+  if (!j->members[0].started) {
+    v1::AttemptReport started;
+    started.set_job_id(j->rec.id);
+    started.set_attempt(j->rec.attempt);
+    apply_attempt_report(*j, 0, started, batch);
+  }
+  j->rec.step = req.step();
+  j->rec.resumed_from_step = req.start_step();
+  j->rec.last_loss = req.loss();
+  j->tokens_per_second = req.tokens_per_second();
+  j->stall_share = req.stall_share();
+  j->eta_seconds = req.eta_seconds();
+  ++j->rec.revision;
+  j->progress_dirty = true;
+  changed_.notify_all();
+  try {
+    commit(batch);
+  } catch (const StoreError& e) {
+    log(std::string("store write failed: ") + e.what() + "; exiting so a restart reloads a consistent state");
+    std::_Exit(1);
+  }
+  return Status::OK;
+}
+
+Status Coordinator::report_event(const v1::ReportEventRequest& req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status st;
+  if (!live_worker(req.name(), req.incarnation(), &st)) return st;
+  int m = -1;
+  Job* j = current_attempt(req.attempt().job_id(), req.attempt().attempt(), req.name(), &m, &st);
+  if (!j) return st;
+  StoreBatch batch;
+  apply_attempt_report(*j, m, req.attempt(), batch);
+  try {
+    commit(batch);
+  } catch (const StoreError& e) {
+    log(std::string("store write failed: ") + e.what() + "; exiting so a restart reloads a consistent state");
+    std::_Exit(1);
+  }
+  return Status::OK;
+}
+
+Status Coordinator::upload_logs(const v1::UploadLogsRequest& req, v1::UploadLogsResponse* resp) {
+  if (req.data().size() > (64u << 10)) return bad("data: at most 64 KiB per upload");
+  if (req.offset() < 0) return bad("offset: must be >= 0");
+  std::lock_guard<std::mutex> lock(mu_);
+  Status st;
+  if (!live_worker(req.name(), req.incarnation(), &st)) return st;
+  auto it = jobs_.find(req.attempt().job_id());
+  if (it == jobs_.end()) return {StatusCode::FAILED_PRECONDITION, "no job " + req.attempt().job_id()};
+  Job& j = it->second;
+  // The current attempt, or the last one (an agent uploads the tail of an attempt's output
+  // before it reports the exit, but a retry may arrive after).
+  int member = -1;
+  if (req.attempt().attempt() == j.rec.attempt)
+    for (size_t m = 0; m < j.rec.placement.size(); ++m)
+      if (j.rec.placement[m] == req.name()) member = static_cast<int>(m);
+  if (member < 0)
+    return {StatusCode::FAILED_PRECONDITION, "attempt " + std::to_string(req.attempt().attempt()) + " of job " +
+                                                 j.rec.id + " on " + req.name() + " is not current"};
+  const std::pair<std::string, int64_t> key{j.rec.id, j.rec.attempt * kStreamsPerAttempt + member + 1};
+  int64_t& held = stream_bytes_[key];
+  const int64_t end = req.offset() + static_cast<int64_t>(req.data().size());
+  if (req.offset() <= held && end > held) {
+    StoreBatch batch;
+    batch.logs.push_back(LogAppend{j.rec.id, key.second, held, req.data().substr(static_cast<size_t>(held - req.offset()))});
+    try {
+      store_->commit(batch);
+    } catch (const StoreError& e) {
+      return {StatusCode::UNAVAILABLE, std::string("log write failed: ") + e.what()};
+    }
+    log_bytes_[j.rec.id] += end - held;
+    held = end;
+    changed_.notify_all();
+  }
+  resp->set_next_offset(held);  // a gap (offset > held) makes the agent resend from here
+  return Status::OK;
+}
+
+// --- transitions ---
+
+void Coordinator::apply_attempt_report(Job& j, int member, const v1::AttemptReport& r, StoreBatch& batch) {
+  Member& mem = j.members[static_cast<size_t>(member)];
+  if (!r.exited()) {
+    if (mem.started) return;
+    mem.started = true;
+    if (j.rec.state == kStarting &&
+        std::all_of(j.members.begin(), j.members.end(), [](const Member& x) { return x.started; })) {
+      j.rec.state = kRunning;
+      append_coordinator_log(j, "attempt " + std::to_string(j.rec.attempt) + " running", batch);
+      touch(j, batch);
+    }
+    return;
+  }
+  if (mem.exited) return;
+  mem.started = true;
+  mem.exited = true;
+  mem.exit_code = r.exit_code();
+  mem.stopped_by_agent = r.stopped_by_agent();
+  mem.message = r.message();
+  append_coordinator_log(j, "ranks on " + mem.worker + " " + exit_text(r.exit_code()) +
+                                (r.message().empty() ? "" : ": " + r.message()), batch);
+  if (std::all_of(j.members.begin(), j.members.end(), [](const Member& x) { return x.exited; })) {
+    end_attempt(j, batch);
+    return;
+  }
+  if (r.exit_code() != 0 && j.rec.stop_reason.empty()) {
+    // One member failed: the others cannot go on (their collectives would hang until
+    // their timeout). Ask them to stop now.
+    j.rec.stop_reason = "stopping: the ranks on " + mem.worker + " " + exit_text(r.exit_code());
+    bump_workers_of(j);
+  }
+  touch(j, batch);
+}
+
+void Coordinator::end_attempt(Job& j, StoreBatch& batch) {
+  const Member* failed = nullptr;
+  for (const Member& m : j.members)
+    if (m.exit_code != 0 && (!failed || (failed->stopped_by_agent && !m.stopped_by_agent))) failed = &m;
+  const int64_t now = now_ms();
+  const std::string stop = j.rec.stop_reason;
+  bump_workers_of(j);
+  j.members.clear();
+  j.rec.stop_reason.clear();
+  j.rec.exit_code = failed ? failed->exit_code : 0;
+  j.tokens_per_second = 0;
+  j.eta_seconds = -1;
+  schedule_dirty_ = true;
+  if (!failed) {
+    j.rec.state = kSucceeded;
+    j.rec.step = j.rec.total_steps;
+    j.rec.end_time_ms = now;
+    j.rec.last_error.clear();
+    append_coordinator_log(j, "job succeeded", batch);
+  } else if (starts_with(stop, kStopCancel)) {
+    j.rec.state = kCancelled;
+    j.rec.end_time_ms = now;
+    append_coordinator_log(j, "job cancelled", batch);
+  } else if (starts_with(stop, kStopPreempt)) {
+    j.rec.state = kPreempted;
+    ++j.rec.preemptions;
+    j.rec.last_error = stop;
+    append_coordinator_log(j, stop + "; queued to resume from its checkpoint", batch);
+  } else {
+    const std::string what = "ranks on " + failed->worker + " " + exit_text(failed->exit_code) +
+                             (failed->message.empty() ? "" : ": " + failed->message);
+    if (failed->exit_code == kExitBadInput || failed->exit_code == 1 || failed->exit_code == kExitInterrupted) {
+      // Bad input (2) or a training error (1: divergence, a busy checkpoint directory…)
+      // would fail the same way again; so would an attempt interrupted on its own.
+      j.rec.state = kFailed;
+      j.rec.end_time_ms = now;
+      j.rec.last_error = what;
+      append_coordinator_log(j, "job failed: " + what, batch);
+    } else {
+      requeue_or_fail(j, what, batch);
+      return;
+    }
+  }
+  touch(j, batch);
+}
+
+void Coordinator::requeue_or_fail(Job& j, const std::string& reason, StoreBatch& batch) {
+  bump_workers_of(j);
+  j.members.clear();
+  j.rec.stop_reason.clear();
+  j.tokens_per_second = 0;
+  j.eta_seconds = -1;
+  schedule_dirty_ = true;
+  const int64_t max = j.spec.resources.max_restarts;
+  if (j.rec.restarts < max) {
+    ++j.rec.restarts;
+    j.rec.state = kQueued;
+    j.rec.last_error = reason + "; requeued (restart " + std::to_string(j.rec.restarts) + " of " +
+                       std::to_string(max) + ")";
+    append_coordinator_log(j, j.rec.last_error, batch);
+  } else {
+    j.rec.state = kFailed;
+    j.rec.end_time_ms = now_ms();
+    j.rec.last_error = reason + "; restarts " + std::to_string(j.rec.restarts) + " of " + std::to_string(max) + " used";
+    append_coordinator_log(j, "job failed: " + j.rec.last_error, batch);
+  }
+  touch(j, batch);
+}
+
+void Coordinator::lose_worker(Worker& w, const std::string& why, StoreBatch& batch) {
+  w.rec.state = "LOST";
+  ++w.assignment_revision;
+  batch.workers.push_back(w.rec);
+  log("worker " + w.rec.name + " LOST: " + why);
+  for (auto& [id, j] : jobs_) {
+    if (!active(j.rec.state)) continue;
+    bool on_it = false;
+    for (const Member& m : j.members) on_it |= m.worker == w.rec.name && !m.exited;
+    if (!on_it) continue;
+    const std::string reason = "worker " + w.rec.name + " lost (" + why + ")";
+    if (starts_with(j.rec.stop_reason, kStopCancel)) {
+      bump_workers_of(j);
+      j.members.clear();
+      j.rec.stop_reason.clear();
+      j.rec.state = kCancelled;
+      j.rec.end_time_ms = now_ms();
+      append_coordinator_log(j, reason + " while cancelling; job cancelled", batch);
+      touch(j, batch);
+    } else if (starts_with(j.rec.stop_reason, kStopPreempt)) {
+      bump_workers_of(j);
+      j.members.clear();
+      j.rec.state = kPreempted;
+      ++j.rec.preemptions;
+      j.rec.stop_reason.clear();
+      append_coordinator_log(j, reason + " while preempting; queued to resume from its last checkpoint", batch);
+      touch(j, batch);
+      schedule_dirty_ = true;
+    } else {
+      requeue_or_fail(j, reason, batch);
+    }
+  }
+  schedule_dirty_ = true;
+  changed_.notify_all();
+}
+
+void Coordinator::check_leases(StoreBatch& batch) {
+  const int64_t now = now_ms();
+  for (auto& [name, w] : workers_) {
+    if (w.rec.state == "LOST" || w.lease_deadline_ms > now) continue;
+    lose_worker(w, "no heartbeat for " + std::to_string(now - w.last_heartbeat_ms) + " ms (lease " +
+                       std::to_string(options_.lease.count()) + " ms)",
+                batch);
+  }
+}
+
+void Coordinator::run_schedule(StoreBatch& batch) {
+  std::vector<scheduler::WorkerView> views;
+  for (const auto& [name, w] : workers_) {
+    if (w.rec.role != "TRAINER") continue;
+    scheduler::WorkerView v;
+    v.id = name;
+    v.schedulable = w.rec.state == "READY";
+    v.gpus = w.resources.gpus_size();
+    if (v.gpus > 0) {
+      v.gpu_model = w.resources.gpus(0).model();
+      v.gpu_memory_bytes = w.resources.gpus(0).memory_bytes();
+      for (const v1::GpuInfo& g : w.resources.gpus())
+        v.gpu_memory_bytes = std::min<int64_t>(v.gpu_memory_bytes, g.memory_bytes());
+    }
+    v.cpu_slots = w.resources.cpu_slots();
+    v.host_memory_bytes = w.resources.host_memory_bytes();
+    v.physical_cores = w.resources.physical_cores();
+    v.labels.insert(w.resources.labels().begin(), w.resources.labels().end());
+    views.push_back(std::move(v));
+  }
+  std::vector<scheduler::JobView> jobs;
+  for (const auto& [id, j] : jobs_) {
+    if (!queued(j.rec.state) && !active(j.rec.state)) continue;
+    scheduler::JobView v;
+    v.id = id;
+    v.priority = j.rec.priority;
+    v.submit_seq = j.rec.submit_seq;
+    v.workers = j.spec.resources.workers;
+    v.per_worker = j.demand;
+    v.slot_kind = j.slot_kind;
+    if (queued(j.rec.state)) {
+      v.state = scheduler::JobState::kQueued;
+      v.reserved_workers = j.reserved_workers;
+    } else {
+      v.state = j.rec.stop_reason.empty() ? scheduler::JobState::kRunning : scheduler::JobState::kPreempting;
+      for (const Member& m : j.members) v.placement.push_back(m.worker);
+      v.start_time_ms = j.rec.start_time_ms;
+    }
+    jobs.push_back(std::move(v));
+  }
+  scheduler::ScheduleOptions so;
+  so.now_ms = now_ms();
+  so.preemption_min_runtime_ms = options_.preemption_min_runtime.count();
+  so.backfill = options_.backfill;
+  so.preemption = options_.preemption;
+  const scheduler::ScheduleDecision d = scheduler::schedule(views, jobs, so);
+  for (auto& [id, j] : jobs_) j.reserved_workers.clear();
+  for (const scheduler::Reservation& r : d.reservations) jobs_.at(r.job_id).reserved_workers = r.worker_ids;
+  for (const scheduler::WaitingJob& w : d.waiting) jobs_.at(w.job_id).waiting_reason = w.reason;
+  for (const scheduler::Preemption& p : d.preemptions) {
+    Job& victim = jobs_.at(p.victim_job_id);
+    victim.rec.stop_reason = std::string(kStopPreempt) + " for job " + p.preemptor_job_id + " (priority " +
+                             std::to_string(jobs_.at(p.preemptor_job_id).rec.priority) + ")";
+    append_coordinator_log(victim, victim.rec.stop_reason + ": asking the ranks to checkpoint and stop", batch);
+    touch(victim, batch);
+    bump_workers_of(victim);
+  }
+  for (const scheduler::Assignment& a : d.assignments) {
+    Job& j = jobs_.at(a.job_id);
+    // Rank 0's worker holds one rendezvous port per slot; take one no other live job uses.
+    const Worker& host = workers_.at(a.worker_ids[0]);
+    std::set<int64_t> used;
+    for (const auto& [id, other] : jobs_)
+      if (active(other.rec.state) && !other.members.empty() && other.members[0].worker == host.rec.name)
+        used.insert(other.rec.master_port);
+    int64_t port = 0;
+    for (int64_t p : host.rec.rendezvous_ports)
+      if (!used.count(p)) {
+        port = p;
+        break;
+      }
+    if (port == 0) {
+      j.waiting_reason = "waiting: worker " + host.rec.name + " has no free rendezvous port";
+      continue;
+    }
+    j.rec.master_port = port;
+    ++j.rec.attempt;
+    j.rec.state = kStarting;
+    j.rec.placement = a.worker_ids;
+    j.rec.start_time_ms = now_ms();
+    j.rec.stop_reason.clear();
+    j.members.clear();
+    for (const std::string& w : a.worker_ids) {
+      Member m;
+      m.worker = w;
+      j.members.push_back(std::move(m));
+    }
+    j.waiting_reason.clear();
+    j.reserved_workers.clear();
+    append_coordinator_log(j, "attempt " + std::to_string(j.rec.attempt) + " on " + join(a.worker_ids) +
+                                  (j.rec.attempt > 1 ? " (resumes from the newest checkpoint)" : ""),
+                           batch);
+    touch(j, batch);
+    bump_workers_of(j);
+    log("job " + j.rec.id + " attempt " + std::to_string(j.rec.attempt) + " placed on " + join(a.worker_ids));
+  }
+}
+
+void Coordinator::persist_progress(StoreBatch& batch) {
+  const int64_t now = now_ms();
+  for (auto& [id, j] : jobs_) {
+    if (!j.progress_dirty || now - j.last_persist_ms < kProgressPersistMs) continue;
+    persist(j, batch);
+  }
+}
+
+void Coordinator::tick_locked() {
+  StoreBatch batch;
+  check_leases(batch);
+  if (schedule_dirty_) {
+    schedule_dirty_ = false;
+    run_schedule(batch);
+  }
+  persist_progress(batch);
+  try {
+    commit(batch);
+  } catch (const StoreError& e) {
+    log(std::string("store write failed: ") + e.what() + "; exiting so a restart reloads a consistent state");
+    std::_Exit(1);
+  }
+}
+
+void Coordinator::tick_now() {
+  std::lock_guard<std::mutex> lock(mu_);
+  schedule_dirty_ = true;
+  tick_locked();
+}
+
+void Coordinator::ticker() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    changed_.wait_for(lock, options_.tick, [&] { return stopping_ || schedule_dirty_; });
+    if (stopping_) break;
+    tick_locked();
+  }
+}
+
+}  // namespace zenflow::server

@@ -1,0 +1,172 @@
+// zenflow-coordinator's state machine: jobs, workers, leases, attempts, scheduling.
+//
+// The gRPC service classes (service.h) are thin: they authenticate, rate-limit and call
+// one method here. Everything a transition changes is committed to the Store in one
+// StoreBatch before the caller is answered, so an acknowledged submit, a recorded exit or
+// a requeue survives a coordinator SIGKILL. Leases and heartbeats live in memory only.
+//
+// Jobs: QUEUED → STARTING → RUNNING → SUCCEEDED | FAILED | CANCELLED; RUNNING → (asked to
+// checkpoint) → PREEMPTED, which queues like QUEUED and resumes from the checkpoint; a lost
+// worker or a crashed rank sends the job back to QUEUED (attempt + 1) while
+// resources.max_restarts allows, else FAILED. An attempt is (job id, attempt number): a
+// report from any other attempt is refused (FAILED_PRECONDITION), so a stale worker back
+// from a pause can never move a job.
+//
+// Workers are named; each registration gets a new incarnation. A worker whose lease runs
+// out is LOST: its attempts are over (the agent's training processes fence themselves, see
+// worker/agent), and calls from that incarnation are refused until it registers again.
+// After a restart every known worker gets a fresh lease of `restart_grace`, and running
+// jobs keep running: the agents re-attach with the same incarnation.
+//
+// Thread safety: every public method may be called from any thread (one mutex).
+#pragma once
+
+#include <grpcpp/support/status.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/job_spec.h"
+#include "server/scheduler.h"
+#include "server/store.h"
+#include "zenflow/v1/jobs.pb.h"
+#include "zenflow/v1/workers.pb.h"
+
+namespace zenflow::server {
+
+struct CoordinatorOptions {
+  std::chrono::milliseconds heartbeat_interval{1000};
+  std::chrono::milliseconds lease{4000};
+  std::chrono::milliseconds restart_grace{8000};  // fresh lease for known workers after a restart
+  std::chrono::milliseconds preemption_min_runtime{60'000};
+  std::chrono::milliseconds tick{100};  // lease checks and scheduling passes
+  bool backfill = true;
+  bool preemption = true;
+  std::function<void(const std::string&)> log;  // one line each; default: stderr
+};
+
+// Log streams of an attempt: the coordinator's own lines are stream 0 of the attempt, the
+// output of gang member m (0-based) is stream m + 1 (LogAppend::attempt holds
+// attempt * kStreamsPerAttempt + stream).
+inline constexpr int64_t kStreamsPerAttempt = 1024;
+
+class Coordinator {
+ public:
+  // Loads every job and worker from `store` (which it owns) and starts the ticker.
+  Coordinator(std::unique_ptr<Store> store, CoordinatorOptions options);
+  ~Coordinator();  // stops the ticker; wakes every waiting stream
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // --- JobService ---
+  grpc::Status submit(const v1::SubmitJobRequest& req, v1::SubmitJobResponse* resp);
+  grpc::Status get(const std::string& id, v1::JobStatus* out);
+  grpc::Status list(const v1::ListJobsRequest& req, v1::ListJobsResponse* resp);
+  grpc::Status cancel(const std::string& id, v1::JobStatus* out);
+  // Blocks up to `wait` for the job's revision to pass after_revision; *out is its status
+  // then (also when it timed out). NOT_FOUND for an unknown id.
+  grpc::Status wait_job(const std::string& id, int64_t after_revision, std::chrono::milliseconds wait,
+                        v1::JobStatus* out);
+  // Log bytes from offset (at most max); *finished: the job is terminal and every stream
+  // has ended, so no byte will follow. Blocks up to `wait` when there is nothing yet.
+  grpc::Status read_log(const std::string& id, int64_t offset, int64_t max, std::chrono::milliseconds wait,
+                        std::string* data, bool* finished);
+  void list_workers(v1::ListWorkersResponse* resp);
+
+  // --- WorkerService ---
+  grpc::Status register_worker(const v1::RegisterWorkerRequest& req, v1::RegisterWorkerResponse* resp);
+  grpc::Status heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp);
+  grpc::Status fetch_assignments(const v1::FetchAssignmentsRequest& req, v1::FetchAssignmentsResponse* resp);
+  grpc::Status report_progress(const v1::ReportProgressRequest& req);
+  grpc::Status report_event(const v1::ReportEventRequest& req);
+  grpc::Status upload_logs(const v1::UploadLogsRequest& req, v1::UploadLogsResponse* resp);
+
+  // Wakes every blocked wait (shutdown).
+  void shutdown();
+
+  // For tests and the benchmark: one lease check and scheduling pass now.
+  void tick_now();
+
+ private:
+  struct Member {
+    std::string worker;
+    bool started = false;
+    bool exited = false;
+    int exit_code = 0;
+    bool stopped_by_agent = false;
+    std::string message;
+  };
+  struct Job {
+    JobRecord rec;
+    JobSpec spec;
+    scheduler::Resources demand;  // per gang member
+    scheduler::SlotKind slot_kind = scheduler::SlotKind::kAny;
+    std::vector<Member> members;  // current attempt (empty when not placed)
+    std::vector<std::string> reserved_workers;
+    std::string waiting_reason;
+    double tokens_per_second = 0;
+    double stall_share = 0;
+    double eta_seconds = -1;
+    int64_t last_persist_ms = 0;
+    bool progress_dirty = false;
+  };
+  struct Worker {
+    WorkerRecord rec;
+    v1::WorkerResources resources;
+    int64_t lease_deadline_ms = 0;
+    int64_t last_heartbeat_ms = 0;
+    int64_t assignment_revision = 1;
+  };
+
+  int64_t now_ms() const;
+  void log(const std::string& line) const;
+  bool terminal(const std::string& state) const;
+  void fill_status(const Job& j, v1::JobStatus* out) const;
+  void commit(StoreBatch& batch);  // throws StoreError
+  void touch(Job& j, StoreBatch& batch);    // revision + 1, then persist
+  void persist(Job& j, StoreBatch& batch);  // add the record to the batch, wake watchers
+  void bump_workers_of(const Job& j);
+  void append_coordinator_log(Job& j, const std::string& line, StoreBatch& batch);
+  Worker* live_worker(const std::string& name, int64_t incarnation, grpc::Status* status);
+  Job* current_attempt(const std::string& job_id, int64_t attempt, const std::string& worker, int* member,
+                       grpc::Status* status);
+  void apply_attempt_report(Job& j, int member, const v1::AttemptReport& r, StoreBatch& batch);
+  void end_attempt(Job& j, StoreBatch& batch);
+  void requeue_or_fail(Job& j, const std::string& reason, StoreBatch& batch);
+  void lose_worker(Worker& w, const std::string& why, StoreBatch& batch);
+  void check_leases(StoreBatch& batch);
+  void run_schedule(StoreBatch& batch);
+  void persist_progress(StoreBatch& batch);
+  void tick_locked();
+  void ticker();
+  void load();
+  grpc::Status parse_submitted(const v1::SubmitJobRequest& req, JobSpec* spec, std::string* yaml) const;
+
+  std::unique_ptr<Store> store_;
+  CoordinatorOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
+  std::map<std::string, Job> jobs_;          // by id
+  std::map<std::string, std::string> by_request_;  // request_id -> job id
+  std::map<std::string, Worker> workers_;    // by name
+  std::map<std::pair<std::string, int64_t>, int64_t> stream_bytes_;  // (job, stream) -> bytes held
+  std::map<std::string, int64_t> log_bytes_;  // job -> log size
+  int64_t next_seq_ = 1;
+  int64_t next_incarnation_ = 1;
+  bool schedule_dirty_ = true;
+  bool stopping_ = false;
+  std::thread ticker_;
+};
+
+}  // namespace zenflow::server

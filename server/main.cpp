@@ -1,0 +1,207 @@
+// zenflow-coordinator: the control plane (DESIGN.md §2, §9).
+//
+//   zenflow-coordinator --listen HOST:PORT --db PATH --admin-token-file F --worker-token-file F
+//                       [--tls-cert F --tls-key F] [--health-port P]
+//
+// Port 0 picks a free port; the first line on stderr is "listening on HOST:PORT". The
+// health service (grpc.health.v1, no token) reports NOT_SERVING while the store is loaded
+// and while draining after SIGTERM/SIGINT; --health-port adds a plaintext port that serves
+// only health (Kubernetes gRPC probes send neither TLS nor tokens).
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+#include <thread>
+
+#include "common/rpc/auth.h"
+#include "common/rpc/rpc.h"
+#include "common/version.h"
+#include "server/coordinator.h"
+#include "server/service.h"
+#include "server/store.h"
+
+namespace {
+
+std::atomic<int> g_signal{0};
+void on_signal(int sig) { g_signal.store(sig); }
+
+struct Flags {
+  std::string listen = "127.0.0.1:7070";
+  std::string db = "zenflow-coordinator.db";
+  std::string admin_token_file;
+  std::string worker_token_file;
+  std::string tls_cert;
+  std::string tls_key;
+  int health_port = -1;
+  int64_t heartbeat_interval_ms = 1000;
+  int64_t lease_ms = 4000;
+  int64_t restart_grace_ms = 0;  // 0: 2 leases
+  double preemption_min_runtime_s = 60;
+  bool no_backfill = false;
+  bool no_preemption = false;
+  double admin_rate = 200;
+  double admin_burst = 400;
+  bool synchronous_normal = false;
+};
+
+int run(const Flags& f) {
+  using namespace zenflow;
+  // "listening on HOST:PORT" is the first line (tests and scripts read the port from it):
+  // what is said before the port is bound waits here.
+  std::vector<std::string> early_log;
+  std::mutex early_mu;
+  bool listening = false;
+  rpc::HostPort listen;
+  rpc::TokenAuthority auth;
+  try {
+    listen = rpc::parse_host_port(f.listen, "--listen");
+    if (f.admin_token_file.empty() != f.worker_token_file.empty())
+      throw std::invalid_argument("--admin-token-file and --worker-token-file go together");
+    if (f.admin_token_file.empty()) {
+      if (!rpc::is_loopback_host(listen.host))
+        throw std::invalid_argument("--listen " + f.listen +
+                                    " is not a loopback address: refusing to serve without --admin-token-file and "
+                                    "--worker-token-file (job submission runs code on the workers)");
+      early_log.push_back("warning: no token files; every RPC is allowed (loopback only)");
+    } else {
+      auth = rpc::TokenAuthority(rpc::read_token_file(f.admin_token_file), rpc::read_token_file(f.worker_token_file));
+    }
+    if (f.heartbeat_interval_ms <= 0 || f.lease_ms <= f.heartbeat_interval_ms)
+      throw std::invalid_argument("--lease-ms must be greater than --heartbeat-interval-ms (> 0)");
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "zenflow-coordinator: %s\n", e.what());
+    return 2;
+  }
+  std::shared_ptr<grpc::ServerCredentials> creds;
+  try {
+    creds = rpc::server_credentials(f.tls_cert, f.tls_key);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "zenflow-coordinator: %s\n", e.what());
+    return 2;
+  }
+
+  // Serve health (NOT_SERVING) before the store is loaded, so probes see "recovering".
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  std::unique_ptr<grpc::Server> health_server;
+  int health_port = 0;
+  if (f.health_port >= 0) {
+    grpc::ServerBuilder hb;
+    hb.AddListeningPort(listen.host + ":" + std::to_string(f.health_port), grpc::InsecureServerCredentials(),
+                        &health_port);
+    health_server = hb.BuildAndStart();
+    if (!health_server) {
+      std::fprintf(stderr, "zenflow-coordinator: cannot listen on health port %d\n", f.health_port);
+      return 1;
+    }
+    health_server->GetHealthCheckService()->SetServingStatus(false);
+  }
+
+  std::unique_ptr<server::Coordinator> coordinator;
+  try {
+    server::SqliteOptions so;
+    so.synchronous_full = !f.synchronous_normal;
+    server::CoordinatorOptions co;
+    co.heartbeat_interval = std::chrono::milliseconds(f.heartbeat_interval_ms);
+    co.lease = std::chrono::milliseconds(f.lease_ms);
+    co.restart_grace = std::chrono::milliseconds(f.restart_grace_ms > 0 ? f.restart_grace_ms : 2 * f.lease_ms);
+    co.preemption_min_runtime = std::chrono::milliseconds(static_cast<int64_t>(f.preemption_min_runtime_s * 1000));
+    co.backfill = !f.no_backfill;
+    co.preemption = !f.no_preemption;
+    co.log = [&](const std::string& line) {
+      std::lock_guard<std::mutex> lock(early_mu);
+      if (!listening) {
+        early_log.push_back(line);
+      } else {
+        std::fprintf(stderr, "zenflow-coordinator: %s\n", line.c_str());
+      }
+    };
+    coordinator = std::make_unique<server::Coordinator>(server::open_sqlite_store(f.db, so), co);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zenflow-coordinator: %s\n", e.what());
+    return 1;
+  }
+
+  server::RateLimiter limiter(f.admin_rate, f.admin_burst);
+  server::JobServiceImpl jobs(*coordinator, auth, limiter);
+  server::WorkerServiceImpl workers(*coordinator, auth);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen.str(), creds, &port);
+  rpc::configure_server(builder);
+  builder.RegisterService(&jobs);
+  builder.RegisterService(&workers);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    std::fprintf(stderr, "zenflow-coordinator: cannot listen on %s\n", listen.str().c_str());
+    return 1;
+  }
+  listen.port = port;
+  {
+    std::lock_guard<std::mutex> lock(early_mu);
+    std::fprintf(stderr, "listening on %s\n", listen.str().c_str());
+    for (const std::string& line : early_log) std::fprintf(stderr, "zenflow-coordinator: %s\n", line.c_str());
+    listening = true;
+  }
+  if (health_server) std::fprintf(stderr, "zenflow-coordinator: health on %s:%d (plaintext)\n", listen.host.c_str(), health_port);
+  std::fprintf(stderr, "zenflow-coordinator: %s, store %s (WAL, synchronous=%s)%s\n", kVersion, f.db.c_str(),
+               f.synchronous_normal ? "NORMAL" : "FULL", f.tls_cert.empty() ? "" : ", TLS");
+  server->GetHealthCheckService()->SetServingStatus(true);
+  if (health_server) health_server->GetHealthCheckService()->SetServingStatus(true);
+
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGINT, on_signal);
+  while (g_signal.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::fprintf(stderr, "zenflow-coordinator: signal %d: draining\n", g_signal.load());
+  server->GetHealthCheckService()->SetServingStatus(false);
+  if (health_server) health_server->GetHealthCheckService()->SetServingStatus(false);
+  coordinator->shutdown();  // streams and long polls return within a slice
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  if (health_server) health_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  coordinator.reset();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  CLI::App app("zenflow-coordinator: schedules fine-tuning jobs on zenflow workers");
+  app.set_version_flag("--version", std::string("zenflow-coordinator ") + zenflow::kVersion);
+  app.add_option("--listen", f.listen, "HOST:PORT to serve gRPC on (port 0: a free one)");
+  app.add_option("--db", f.db, "SQLite database (created when absent)");
+  app.add_option("--admin-token-file", f.admin_token_file, "File holding the admin token (JobService)");
+  app.add_option("--worker-token-file", f.worker_token_file, "File holding the worker join token (WorkerService)");
+  app.add_option("--tls-cert", f.tls_cert, "PEM certificate: serve TLS");
+  app.add_option("--tls-key", f.tls_key, "PEM private key of --tls-cert");
+  app.add_option("--health-port", f.health_port, "Also serve grpc.health.v1 alone, plaintext, on this port (0: free)")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--heartbeat-interval-ms", f.heartbeat_interval_ms, "Worker heartbeat interval");
+  app.add_option("--lease-ms", f.lease_ms, "A worker without a heartbeat for this long is LOST");
+  app.add_option("--restart-grace-ms", f.restart_grace_ms, "Fresh lease for known workers after a restart (0: 2 leases)");
+  app.add_option("--preemption-min-runtime", f.preemption_min_runtime_s,
+                 "Seconds a job runs before it may be preempted (preemption.min_runtime)");
+  app.add_flag("--no-backfill", f.no_backfill, "Start nothing behind a waiting head job");
+  app.add_flag("--no-preemption", f.no_preemption, "Never preempt lower-priority jobs");
+  app.add_option("--admin-rate-limit", f.admin_rate, "Admin requests per second per client address (0: unlimited)");
+  app.add_option("--admin-burst", f.admin_burst, "Admin request burst per client address");
+  app.add_flag("--synchronous-normal", f.synchronous_normal,
+               "SQLite synchronous=NORMAL: survives a coordinator crash, not power loss (benchmarks only)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  return run(f);
+}

@@ -1,0 +1,250 @@
+// A coordinator and worker agents as real processes on 127.0.0.1, for the multi-process
+// service tests: free ports (port 0, read back from "listening on HOST:PORT"), a temporary
+// directory, token files, and every process stopped by PID when the cluster goes away.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/support/shell.h"
+
+namespace zenflow::test_support {
+
+namespace fs = std::filesystem;
+
+// Polls `done` every 50 ms until it returns true or `timeout` passes.
+inline bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return done();
+}
+
+// One child process, output to a file, in its own process group; killed (SIGKILL to the
+// group) and reaped when destroyed.
+class Process {
+ public:
+  Process(const std::vector<std::string>& argv, const fs::path& log) : log_(log) {
+    std::vector<std::string> args = argv;
+    std::vector<char*> cargv;
+    for (std::string& a : args) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::setpgid(0, 0);
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::execv(cargv[0], cargv.data());
+      ::_exit(127);
+    }
+    if (pid_ < 0) throw std::runtime_error("fork failed");
+    ::setpgid(pid_, pid_);
+  }
+  ~Process() { kill(SIGKILL); }
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
+  pid_t pid() const { return pid_; }
+  std::string output() const { return read_file(log_); }
+  // Signals the process only (not its group: a worker's ranks have groups of their own).
+  void signal(int sig) const {
+    if (pid_ > 0 && !reaped_) ::kill(pid_, sig);
+  }
+  void kill(int sig) {
+    if (pid_ <= 0 || reaped_) return;
+    ::kill(-pid_, sig);
+    ::kill(pid_, sig);
+    if (sig == SIGKILL) wait_exit(std::chrono::seconds(10));
+  }
+  // Waits for the exit; returns the status (128 + signal), or -1 on timeout.
+  int wait_exit(std::chrono::milliseconds timeout) {
+    if (reaped_) return status_;
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        reaped_ = true;
+        status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        return status_;
+      }
+      if (std::chrono::steady_clock::now() > end) return -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  bool running() {
+    if (reaped_) return false;
+    int st = 0;
+    if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+      reaped_ = true;
+      status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+    return !reaped_;
+  }
+
+ private:
+  fs::path log_;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  int status_ = -1;
+};
+
+// PIDs of processes whose command line contains `needle` (e.g. an attempt's directory).
+inline std::vector<pid_t> pids_with_cmdline(const std::string& needle) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmd = read_file(e.path() / "cmdline");
+    for (char& c : cmd)
+      if (c == '\0') c = ' ';
+    // A zombie has an empty cmdline; count only live processes.
+    if (cmd.find(needle) != std::string::npos) out.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  return out;
+}
+
+struct ClusterOptions {
+  bool tokens = true;
+  std::vector<std::string> coordinator_flags;  // extra
+  std::string tls_cert, tls_key, tls_ca;       // TLS when set
+};
+
+class Cluster {
+ public:
+  explicit Cluster(const std::string& name, ClusterOptions options = {}) : options_(std::move(options)) {
+    std::random_device rd;
+    dir_ = fs::temp_directory_path() / ("zenflow-" + name + "-" + std::to_string(::getpid()) + "-" + std::to_string(rd()));
+    fs::create_directories(dir_);
+    admin_token_ = dir_ / "admin.token";
+    worker_token_ = dir_ / "worker.token";
+    write_file(admin_token_, "admin-" + random_hex() + "\n");
+    write_file(worker_token_, "worker-" + random_hex() + "\n");
+    ::chmod(admin_token_.c_str(), 0600);
+    ::chmod(worker_token_.c_str(), 0600);
+  }
+  ~Cluster() {
+    workers_.clear();
+    coordinator_.reset();
+    std::error_code ec;
+    if (std::getenv("ZENFLOW_KEEP_TEST_DIRS") == nullptr) fs::remove_all(dir_, ec);
+  }
+
+  static std::string bin(const std::string& name) { return std::string(ZENFLOW_BINARY_DIR) + "/bin/" + name; }
+  const fs::path& dir() const { return dir_; }
+  const std::string& address() const { return address_; }
+  std::string admin_token() const { return trim(read_file(admin_token_)); }
+  std::string worker_token() const { return trim(read_file(worker_token_)); }
+  fs::path admin_token_file() const { return admin_token_; }
+  Process& coordinator() { return *coordinator_; }
+  Process& worker(const std::string& name) { return *workers_.at(name); }
+
+  // Starts (or restarts, on the same database) the coordinator; returns once it printed
+  // its address.
+  void start_coordinator() {
+    std::vector<std::string> argv = {bin("zenflow-coordinator"), "--listen", "127.0.0.1:0", "--db",
+                                     (dir_ / "coordinator.db").string(), "--heartbeat-interval-ms", "500",
+                                     "--lease-ms", "2500", "--preemption-min-runtime", "0"};
+    if (options_.tokens) {
+      argv.insert(argv.end(), {"--admin-token-file", admin_token_.string(), "--worker-token-file", worker_token_.string()});
+    }
+    if (!options_.tls_cert.empty()) argv.insert(argv.end(), {"--tls-cert", options_.tls_cert, "--tls-key", options_.tls_key});
+    argv.insert(argv.end(), options_.coordinator_flags.begin(), options_.coordinator_flags.end());
+    coordinator_.reset();
+    const fs::path log = dir_ / ("coordinator-" + std::to_string(++coordinator_starts_) + ".log");
+    coordinator_ = std::make_unique<Process>(argv, log);
+    std::smatch m;
+    const std::regex re("listening on 127\\.0\\.0\\.1:([0-9]+)");
+    std::string out;
+    if (!wait_until([&] { out = read_file(log); return std::regex_search(out, m, re) || !coordinator_->running(); },
+                    std::chrono::seconds(20)) || !std::regex_search(out, m, re))
+      throw std::runtime_error("coordinator did not start:\n" + out);
+    address_ = "127.0.0.1:" + m[1].str();
+  }
+
+  // A worker agent with `slots` CPU slots and 8 GiB of host RAM on offer.
+  Process& start_worker(const std::string& name, int slots = 1, std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv = {bin("zenflow-worker"), "--coordinator", address_, "--work-dir",
+                                     (dir_ / ("work-" + name)).string(), "--name", name, "--cpu-slots",
+                                     std::to_string(slots), "--host-memory-gb", "8", "--physical-cores", "2",
+                                     "--trainer", bin("zenflow"), "--stop-grace", "20"};
+    if (options_.tokens) argv.insert(argv.end(), {"--token-file", worker_token_.string()});
+    if (!options_.tls_ca.empty()) argv.insert(argv.end(), {"--tls-ca", options_.tls_ca});
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    workers_.erase(name);
+    auto p = std::make_unique<Process>(argv, dir_ / ("worker-" + name + ".log"));
+    return *workers_.emplace(name, std::move(p)).first->second;
+  }
+  void drop_worker(const std::string& name) { workers_.erase(name); }
+
+  // `zenflow VERB ARGS --coordinator A --token-file F`, stdout into *out; the exit status.
+  int cli(const std::string& args, std::string* out = nullptr, const std::string& token_file = "") const {
+    std::string cmd = bin("zenflow") + " " + args + " --coordinator " + address_;
+    const std::string tf = token_file.empty() ? (options_.tokens ? admin_token_.string() : "") : token_file;
+    if (!tf.empty()) cmd += " --token-file " + tf;
+    if (!options_.tls_ca.empty()) cmd += " --tls-ca " + options_.tls_ca;
+    cmd += " 2>>" + (dir_ / "cli.log").string();
+    return run(cmd, out);
+  }
+  nlohmann::json status(const std::string& id) const {
+    std::string out;
+    if (cli("status " + id + " --json", &out) != 0) return nlohmann::json::object();
+    return nlohmann::json::parse(out, nullptr, false);
+  }
+  std::string state(const std::string& id) const {
+    const nlohmann::json j = status(id);
+    return j.is_object() ? j.value("state", "") : "";
+  }
+  // Submits a spec file; returns the job id ("" on failure).
+  std::string submit(const fs::path& spec, const std::string& extra = "") const {
+    std::string out;
+    if (cli("submit " + spec.string() + " --json " + extra, &out) != 0) return "";
+    const nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+    return j.is_object() && j.contains("job") ? j["job"].value("id", "") : "";
+  }
+  bool wait_state(const std::string& id, const std::string& want, std::chrono::milliseconds timeout) const {
+    return wait_until([&] { return state(id) == want; }, timeout);
+  }
+
+ private:
+  static std::string random_hex() {
+    std::random_device rd;
+    std::ostringstream s;
+    for (int i = 0; i < 4; ++i) s << std::hex << rd();
+    return s.str();
+  }
+  static std::string trim(std::string s) {
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+    return s;
+  }
+
+  ClusterOptions options_;
+  fs::path dir_;
+  fs::path admin_token_, worker_token_;
+  std::string address_;
+  int coordinator_starts_ = 0;
+  std::unique_ptr<Process> coordinator_;
+  std::map<std::string, std::unique_ptr<Process>> workers_;
+};
+
+}  // namespace zenflow::test_support

@@ -1,0 +1,448 @@
+// The service end to end: zenflow-coordinator, zenflow-worker agents and the zenflow CLI
+// as real processes on 127.0.0.1 (tests/support/service_cluster.h), training tiny jobs on
+// the CPU. Each test bounds every wait and stops every process it started.
+#include <gtest/gtest.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "common/rpc/rpc.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "tests/support/service_cluster.h"
+#include "tests/support/tiny_job.h"
+#include "zenflow/v1/jobs.grpc.pb.h"
+#include "zenflow/v1/workers.grpc.pb.h"
+
+namespace zenflow {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using test_support::Cluster;
+using test_support::pids_with_cmdline;
+using test_support::read_file;
+using test_support::wait_until;
+using test_support::write_file;
+
+// A tiny job with its checkpoints in the cluster's directory.
+fs::path write_job(const Cluster& c, const std::string& name, int64_t steps, int64_t every, int workers = 1,
+                   int priority = 0) {
+  std::string spec = test_support::tiny_job_spec(name, steps);
+  const std::string ckpt = "checkpoint: {every_steps: 0}\n";
+  spec.replace(spec.find(ckpt), ckpt.size(),
+               "checkpoint: {dir: " + (c.dir() / ("ckpt-" + name)).string() + ", every_steps: " +
+                   std::to_string(every) + ", keep: 2}\n");
+  spec += "resources: {workers: " + std::to_string(workers) + ", gpus_per_worker: 1, priority: " +
+          std::to_string(priority) + ", max_restarts: 2}\n";
+  const fs::path p = c.dir() / (name + ".yaml");
+  write_file(p, spec);
+  return p;
+}
+
+std::string logs_of(const Cluster& c, const std::string& id) {
+  std::string out;
+  c.cli("logs " + id, &out);
+  return out;
+}
+
+std::string worker_state(const Cluster& c, const std::string& name) {
+  std::string out;
+  if (c.cli("workers --json", &out) != 0) return "";
+  const nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  if (!j.is_object() || !j.contains("workers")) return "";
+  for (const auto& w : j["workers"])
+    if (w.value("name", "") == name) return w.value("state", "");
+  return "";
+}
+
+int64_t step_of(const Cluster& c, const std::string& id) { return c.status(id).value("step", int64_t{0}); }
+
+std::string placement0(const nlohmann::json& st) {
+  return st.contains("placement") && !st["placement"].empty() ? st["placement"][0].get<std::string>() : "";
+}
+
+// Final train loss of an uninterrupted local run of the same spec (checkpoints elsewhere).
+double reference_loss(const Cluster& c, const fs::path& spec) {
+  std::string out;
+  const std::string cmd = Cluster::bin("zenflow") + " run " + spec.string() + " --quiet --json --set checkpoint.dir=" +
+                          (c.dir() / ("ref-" + spec.stem().string())).string() + " 2>/dev/null";
+  EXPECT_EQ(test_support::run(cmd, &out), 0);
+  const nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  return j.is_object() ? j.value("final_loss", -1.0) : -1.0;
+}
+
+TEST(Service, ThreeJobsOnTwoWorkersAndADataParallelGang) {
+  Cluster c("three-jobs");
+  c.start_coordinator();
+  c.start_worker("w1");
+  // The 2-worker job first, with one worker: it must wait (never a partial start).
+  const std::string gang = c.submit(write_job(c, "gang", 6, 3, /*workers=*/2));
+  ASSERT_FALSE(gang.empty()) << read_file(c.dir() / "cli.log");
+  std::this_thread::sleep_for(2s);
+  nlohmann::json st = c.status(gang);
+  EXPECT_EQ(st.value("state", ""), "QUEUED");
+  EXPECT_NE(st.value("waiting_reason", "").find("2 workers"), std::string::npos) << st.dump();
+  c.start_worker("w2");
+  ASSERT_TRUE(c.wait_state(gang, "SUCCEEDED", 120s)) << c.status(gang).dump() << logs_of(c, gang);
+  st = c.status(gang);
+  ASSERT_EQ(st["placement"].size(), 2u);
+  EXPECT_NE(st["placement"][0], st["placement"][1]);
+  const std::string log = logs_of(c, gang);
+  EXPECT_NE(log.find("weights bit-identical"), std::string::npos) << log;  // rank 0's summary
+  EXPECT_NE(log.find("[rank 1]"), std::string::npos) << log;               // the other member's output
+
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(c.submit(write_job(c, "tiny" + std::to_string(i), 4, 2)));
+  for (const std::string& id : ids) {
+    ASSERT_FALSE(id.empty());
+    EXPECT_TRUE(c.wait_state(id, "SUCCEEDED", 120s)) << c.status(id).dump() << logs_of(c, id);
+    const nlohmann::json s = c.status(id);
+    EXPECT_EQ(s.value("step", int64_t{0}), 4);
+    EXPECT_EQ(s.value("attempt", int64_t{0}), 1);
+    EXPECT_EQ(s.value("restarts", int64_t{-1}), 0);
+  }
+  std::string table;
+  EXPECT_EQ(c.cli("jobs", &table), 0);
+  EXPECT_NE(table.find("SUCCEEDED"), std::string::npos);
+  EXPECT_EQ(c.cli("status j-999999"), 3);  // not found
+}
+
+TEST(Service, KilledWorkerAgentJobResumesFromItsCheckpointElsewhere) {
+  Cluster c("kill-worker");
+  c.start_coordinator();
+  c.start_worker("w1");
+  c.start_worker("w2");
+  const fs::path spec = write_job(c, "resume", 400, 20);
+  const std::string id = c.submit(spec);
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(wait_until([&] { return step_of(c, id) >= 45; }, 120s)) << c.status(id).dump();
+  const std::string victim = placement0(c.status(id));
+  const std::string other = victim == "w1" ? "w2" : "w1";
+  const std::string victim_dir = (c.dir() / ("work-" + victim)).string();
+  ASSERT_FALSE(pids_with_cmdline(victim_dir).empty());
+  c.worker(victim).signal(SIGKILL);
+  // Its ranks die with it (PDEATHSIG / the lease pipe), within seconds.
+  EXPECT_TRUE(wait_until([&] { return pids_with_cmdline(victim_dir).empty(); }, 5s));
+  // LOST within the lease (2.5 s) plus a tick and the CLI's own start.
+  EXPECT_TRUE(wait_until([&] { return worker_state(c, victim) == "LOST"; }, 6s));
+  ASSERT_TRUE(c.wait_state(id, "SUCCEEDED", 180s)) << c.status(id).dump() << logs_of(c, id);
+  const nlohmann::json st = c.status(id);
+  EXPECT_EQ(st.value("restarts", int64_t{0}), 1);
+  EXPECT_EQ(st.value("attempt", int64_t{0}), 2);
+  EXPECT_EQ(placement0(st), other);
+  EXPECT_GE(st.value("resumed_from_step", int64_t{0}), 40);  // not from 0
+  EXPECT_DOUBLE_EQ(st.value("last_loss", 0.0), reference_loss(c, spec));
+}
+
+TEST(Service, PausedWorkerIsFencedAndItsStaleAttemptEnds) {
+  Cluster c("sigstop");
+  c.start_coordinator();
+  c.start_worker("w1");
+  const fs::path spec = write_job(c, "fence", 400, 20);
+  const std::string id = c.submit(spec);
+  ASSERT_TRUE(wait_until([&] { return step_of(c, id) >= 25; }, 120s)) << c.status(id).dump();
+  c.start_worker("w2");
+  ASSERT_TRUE(wait_until([&] { return worker_state(c, "w2") == "READY"; }, 20s));
+  const std::string w1_dir = (c.dir() / "work-w1").string();
+  c.worker("w1").signal(SIGSTOP);
+  // The paused agent renews nothing: its rank ends itself without a checkpoint...
+  EXPECT_TRUE(wait_until([&] { return pids_with_cmdline(w1_dir).empty(); }, 8s));
+  // ...and the coordinator declares w1 LOST and resumes the job on w2.
+  EXPECT_TRUE(wait_until([&] { return worker_state(c, "w1") == "LOST"; }, 8s));
+  ASSERT_TRUE(wait_until([&] { return placement0(c.status(id)) == "w2"; }, 20s)) << c.status(id).dump();
+  c.worker("w1").signal(SIGCONT);
+  // Back from the pause: refused (stale incarnation), it registers again as a new one.
+  EXPECT_TRUE(wait_until([&] { return worker_state(c, "w1") == "READY"; }, 20s));
+  ASSERT_TRUE(c.wait_state(id, "SUCCEEDED", 180s)) << c.status(id).dump();
+  const std::string w1_log = c.worker("w1").output();
+  EXPECT_NE(w1_log.find("no longer leases"), std::string::npos) << w1_log;
+  const std::string attempt1 = read_file(fs::path(w1_dir) / "jobs" / id / "attempt-1" / "output.log");
+  EXPECT_NE(attempt1.find("lease expired"), std::string::npos) << attempt1;
+  EXPECT_EQ(c.status(id).value("attempt", int64_t{0}), 2);
+  EXPECT_DOUBLE_EQ(c.status(id).value("last_loss", 0.0), reference_loss(c, spec));
+}
+
+TEST(Service, CoordinatorSigkillDoesNotRestartRunningJobs) {
+  Cluster c("restart");
+  c.start_coordinator();
+  c.start_worker("w1");
+  const fs::path spec = write_job(c, "survive", 400, 50);
+  const std::string id = c.submit(spec, "--request-id req-survive-1");
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(wait_until([&] { return step_of(c, id) >= 20; }, 120s)) << c.status(id).dump();
+  c.coordinator().kill(SIGKILL);
+  std::this_thread::sleep_for(1500ms);  // the worker keeps training meanwhile
+  c.start_coordinator();
+  // Serving at once, same job, same attempt: not restarted.
+  nlohmann::json st = c.status(id);
+  EXPECT_EQ(st.value("state", ""), "RUNNING") << st.dump();
+  EXPECT_EQ(st.value("attempt", int64_t{0}), 1);
+  // The submit retried with the same request_id is the original job.
+  std::string out;
+  ASSERT_EQ(c.cli("submit " + spec.string() + " --json --request-id req-survive-1", &out), 0);
+  const nlohmann::json again = nlohmann::json::parse(out, nullptr, false);
+  EXPECT_EQ(again["job"].value("id", ""), id);
+  EXPECT_FALSE(again.value("created", true));
+  EXPECT_TRUE(wait_until([&] { return worker_state(c, "w1") == "READY"; }, 5s));
+  ASSERT_TRUE(c.wait_state(id, "SUCCEEDED", 180s)) << c.status(id).dump();
+  st = c.status(id);
+  EXPECT_EQ(st.value("attempt", int64_t{0}), 1);
+  EXPECT_EQ(st.value("restarts", int64_t{-1}), 0);
+  const std::string log = logs_of(c, id);
+  EXPECT_NE(log.find("[rank 0]"), std::string::npos);
+  EXPECT_NE(log.find("job succeeded"), std::string::npos) << log;
+  std::string jobs;
+  ASSERT_EQ(c.cli("jobs --json", &jobs), 0);
+  EXPECT_EQ(nlohmann::json::parse(jobs)["jobs"].size(), 1u);  // no duplicate
+  EXPECT_DOUBLE_EQ(st.value("last_loss", 0.0), reference_loss(c, spec));
+}
+
+TEST(Service, CancelCheckpointsAndFreesTheWorker) {
+  Cluster c("cancel");
+  c.start_coordinator();
+  c.start_worker("w1");
+  const std::string id = c.submit(write_job(c, "long", 100000, 0));
+  ASSERT_TRUE(wait_until([&] { return step_of(c, id) >= 5; }, 120s)) << c.status(id).dump();
+  ASSERT_EQ(c.cli("cancel " + id), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(c.wait_state(id, "CANCELLED", 10s)) << c.status(id).dump();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  bool checkpointed = false;
+  for (const auto& e : fs::directory_iterator(c.dir() / "ckpt-long"))
+    checkpointed |= e.path().filename().string().rfind("step-", 0) == 0;
+  EXPECT_TRUE(checkpointed);  // the Ctrl-C path wrote one
+  EXPECT_TRUE(wait_until([&] { return pids_with_cmdline((c.dir() / "work-w1").string()).empty(); }, 10s));
+  EXPECT_EQ(c.cli("cancel " + id), 2);  // already ended: FAILED_PRECONDITION
+}
+
+TEST(Service, HigherPriorityJobPreemptsAndTheVictimResumes) {
+  Cluster c("preempt");
+  c.start_coordinator();
+  c.start_worker("w1");
+  const std::string low = c.submit(write_job(c, "low", 300, 1000, 1, /*priority=*/0));
+  ASSERT_TRUE(wait_until([&] { return step_of(c, low) >= 10; }, 120s)) << c.status(low).dump();
+  const std::string high = c.submit(write_job(c, "high", 4, 0, 1, /*priority=*/10));
+  ASSERT_TRUE(c.wait_state(low, "PREEMPTED", 15s)) << c.status(low).dump();
+  ASSERT_TRUE(c.wait_state(high, "SUCCEEDED", 60s)) << c.status(high).dump();
+  ASSERT_TRUE(c.wait_state(low, "SUCCEEDED", 180s)) << c.status(low).dump();
+  const nlohmann::json st = c.status(low);
+  EXPECT_EQ(st.value("preemptions", int64_t{0}), 1);
+  EXPECT_EQ(st.value("restarts", int64_t{-1}), 0);  // preemption is not a failure
+  EXPECT_GE(st.value("resumed_from_step", int64_t{0}), 10);
+}
+
+// --- security ---
+
+enum class Who { kNone, kWrong, kWorker, kAdmin };
+
+std::string token_for(const Cluster& c, Who who) {
+  switch (who) {
+    case Who::kNone: return "";
+    case Who::kWrong: return "definitely-not-the-token-0000";
+    case Who::kWorker: return c.worker_token();
+    case Who::kAdmin: return c.admin_token();
+  }
+  return "";
+}
+
+// Calls every RPC of both services with `who`'s token; returns method -> status code.
+std::map<std::string, grpc::StatusCode> call_everything(const Cluster& c, Who who, const rpc::ChannelOptions& co = {}) {
+  auto channel = rpc::make_channel(c.address(), co);
+  auto jobs = v1::JobService::NewStub(channel);
+  auto workers = v1::WorkerService::NewStub(channel);
+  const std::string token = token_for(c, who);
+  std::map<std::string, grpc::StatusCode> out;
+  auto unary = [&](const std::string& name, auto stub, auto method, auto req, auto resp) {
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, token, 5s);
+    out[name] = ((*stub).*method)(&ctx, req, &resp).error_code();
+  };
+  v1::SubmitJobRequest submit;
+  submit.set_spec_yaml("name: x\n");  // invalid: an authorized caller gets INVALID_ARGUMENT
+  unary("SubmitJob", jobs.get(), &v1::JobService::Stub::SubmitJob, submit, v1::SubmitJobResponse{});
+  v1::GetJobRequest get;
+  get.set_id("j-nope");
+  unary("GetJob", jobs.get(), &v1::JobService::Stub::GetJob, get, v1::JobStatus{});
+  unary("ListJobs", jobs.get(), &v1::JobService::Stub::ListJobs, v1::ListJobsRequest{}, v1::ListJobsResponse{});
+  v1::CancelJobRequest cancel;
+  cancel.set_id("j-nope");
+  unary("CancelJob", jobs.get(), &v1::JobService::Stub::CancelJob, cancel, v1::CancelJobResponse{});
+  unary("ListWorkers", jobs.get(), &v1::JobService::Stub::ListWorkers, v1::ListWorkersRequest{},
+        v1::ListWorkersResponse{});
+  {
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, token, 5s);
+    v1::WatchJobRequest req;
+    req.set_id("j-nope");
+    auto reader = jobs->WatchJob(&ctx, req);
+    v1::JobEvent ev;
+    while (reader->Read(&ev)) {
+    }
+    out["WatchJob"] = reader->Finish().error_code();
+  }
+  {
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, token, 5s);
+    v1::StreamLogsRequest req;
+    req.set_id("j-nope");
+    auto reader = jobs->StreamLogs(&ctx, req);
+    v1::LogChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    out["StreamLogs"] = reader->Finish().error_code();
+  }
+  v1::RegisterWorkerRequest reg;  // invalid (no name): INVALID_ARGUMENT when authorized
+  unary("RegisterWorker", workers.get(), &v1::WorkerService::Stub::RegisterWorker, reg, v1::RegisterWorkerResponse{});
+  v1::HeartbeatRequest hb;
+  hb.set_name("ghost");
+  unary("Heartbeat", workers.get(), &v1::WorkerService::Stub::Heartbeat, hb, v1::HeartbeatResponse{});
+  v1::FetchAssignmentsRequest fetch;
+  fetch.set_name("ghost");
+  unary("FetchAssignments", workers.get(), &v1::WorkerService::Stub::FetchAssignments, fetch,
+        v1::FetchAssignmentsResponse{});
+  v1::ReportProgressRequest progress;
+  progress.set_name("ghost");
+  unary("ReportProgress", workers.get(), &v1::WorkerService::Stub::ReportProgress, progress,
+        v1::ReportProgressResponse{});
+  v1::ReportEventRequest event;
+  event.set_name("ghost");
+  unary("ReportEvent", workers.get(), &v1::WorkerService::Stub::ReportEvent, event, v1::ReportEventResponse{});
+  v1::UploadLogsRequest upload;
+  upload.set_name("ghost");
+  unary("UploadLogs", workers.get(), &v1::WorkerService::Stub::UploadLogs, upload, v1::UploadLogsResponse{});
+  return out;
+}
+
+bool is_job_rpc(const std::string& m) {
+  return m == "SubmitJob" || m == "GetJob" || m == "ListJobs" || m == "CancelJob" || m == "ListWorkers" ||
+         m == "WatchJob" || m == "StreamLogs";
+}
+
+grpc::StatusCode health(const Cluster& c, const rpc::ChannelOptions& co = {}) {
+  auto stub = grpc::health::v1::Health::NewStub(rpc::make_channel(c.address(), co));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+  grpc::health::v1::HealthCheckResponse resp;
+  const grpc::Status s = stub->Check(&ctx, grpc::health::v1::HealthCheckRequest{}, &resp);
+  if (s.ok() && resp.status() != grpc::health::v1::HealthCheckResponse::SERVING) return grpc::StatusCode::UNAVAILABLE;
+  return s.error_code();
+}
+
+void expect_auth_matrix(const Cluster& c, const rpc::ChannelOptions& co = {}) {
+  for (Who who : {Who::kNone, Who::kWrong, Who::kWorker, Who::kAdmin}) {
+    for (const auto& [method, code] : call_everything(c, who, co)) {
+      SCOPED_TRACE(method + " as " + std::to_string(static_cast<int>(who)));
+      const bool job = is_job_rpc(method);
+      if (who == Who::kNone || who == Who::kWrong) {
+        EXPECT_EQ(code, grpc::StatusCode::UNAUTHENTICATED);
+      } else if (who == Who::kWorker && job) {
+        EXPECT_EQ(code, grpc::StatusCode::PERMISSION_DENIED);
+      } else {
+        // Authorized: the application's own answer to a bad or unknown request.
+        EXPECT_NE(code, grpc::StatusCode::UNAUTHENTICATED);
+        EXPECT_NE(code, grpc::StatusCode::PERMISSION_DENIED);
+        EXPECT_NE(code, grpc::StatusCode::UNAVAILABLE);
+        EXPECT_NE(code, grpc::StatusCode::UNIMPLEMENTED);
+      }
+    }
+  }
+  EXPECT_EQ(health(c, co), grpc::StatusCode::OK);  // exempt: no token
+}
+
+TEST(ServiceSecurity, EveryRpcNeedsTheRightToken) {
+  Cluster c("auth");
+  c.start_coordinator();
+  expect_auth_matrix(c);
+  // The CLI maps them to exit codes.
+  EXPECT_EQ(c.cli("jobs", nullptr, c.dir() / "worker.token"), 4);
+  write_file(c.dir() / "wrong.token", "wrong-token-0123456789abcdef\n");
+  EXPECT_EQ(c.cli("jobs", nullptr, c.dir() / "wrong.token"), 4);
+  EXPECT_EQ(c.cli("jobs"), 0);
+  // The token is in no log.
+  EXPECT_EQ(c.coordinator().output().find(c.admin_token()), std::string::npos);
+}
+
+TEST(ServiceSecurity, RefusesToServeOffLoopbackWithoutTokens) {
+  Cluster c("no-tokens");
+  test_support::Process p({Cluster::bin("zenflow-coordinator"), "--listen", "0.0.0.0:0", "--db",
+                           (c.dir() / "x.db").string()},
+                          c.dir() / "refuse.log");
+  EXPECT_EQ(p.wait_exit(20s), 2);
+  EXPECT_NE(p.output().find("refusing to serve without"), std::string::npos) << p.output();
+}
+
+TEST(ServiceSecurity, SpecErrorsNameTheKeyServerSide) {
+  Cluster c("bad-spec");
+  c.start_coordinator();
+  auto stub = v1::JobService::NewStub(rpc::make_channel(c.address()));
+  grpc::ClientContext ctx;
+  rpc::prepare_call(ctx, c.admin_token(), 5s);
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(read_file(write_job(c, "bad", 4, 0)) + "optimizer: {zenflow: {topk_ratio: 1.5}}\n");
+  v1::SubmitJobResponse resp;
+  const grpc::Status s = stub->SubmitJob(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("optimizer"), std::string::npos) << s.error_message();
+  // Locally the CLI refuses a missing data path before sending (exit 2, naming the key).
+  const fs::path missing = c.dir() / "missing.yaml";
+  std::string spec = read_file(write_job(c, "missing", 4, 0));
+  spec.replace(spec.find("/usr/share/common-licenses"), 26, "/nonexistent/data");
+  write_file(missing, spec);
+  EXPECT_EQ(c.cli("submit " + missing.string()), 2);
+  EXPECT_NE(read_file(c.dir() / "cli.log").find("data.train"), std::string::npos);
+}
+
+TEST(ServiceSecurity, RateLimitAnswersResourceExhausted) {
+  Cluster c("rate", {true, {"--admin-rate-limit", "2", "--admin-burst", "5"}});
+  c.start_coordinator();
+  auto stub = v1::JobService::NewStub(rpc::make_channel(c.address()));
+  int exhausted = 0, ok = 0;
+  for (int i = 0; i < 30; ++i) {
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, c.admin_token(), 5s);
+    v1::ListJobsResponse resp;
+    const grpc::Status s = stub->ListJobs(&ctx, v1::ListJobsRequest{}, &resp);
+    (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ? exhausted : ok) += 1;
+  }
+  EXPECT_GE(ok, 5);
+  EXPECT_LE(ok, 8);  // the burst plus what refills during the loop
+  EXPECT_GE(exhausted, 22);
+}
+
+TEST(ServiceSecurity, TlsEndToEndWithATestCa) {
+  Cluster probe("tls-ca");
+  const fs::path d = probe.dir();
+  const std::string sh =
+      "cd " + d.string() +
+      " && openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=zenflow-test-ca -keyout ca.key -out ca.pem "
+      ">/dev/null 2>&1"
+      " && openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout server.key -out server.csr >/dev/null 2>&1"
+      " && printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n' > ext.cnf"
+      " && openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile ext.cnf "
+      "-out server.pem >/dev/null 2>&1";
+  ASSERT_EQ(test_support::run(sh), 0) << "openssl failed";
+  test_support::ClusterOptions o;
+  o.tls_cert = (d / "server.pem").string();
+  o.tls_key = (d / "server.key").string();
+  o.tls_ca = (d / "ca.pem").string();
+  Cluster c("tls", o);
+  c.start_coordinator();
+  rpc::ChannelOptions co;
+  co.ca_file = o.tls_ca;
+  expect_auth_matrix(c, co);
+  // Plaintext to a TLS port does not get through.
+  EXPECT_EQ(health(c), grpc::StatusCode::UNAVAILABLE);
+  // A worker over TLS registers and runs a job submitted over TLS.
+  c.start_worker("w1");
+  const std::string id = c.submit(write_job(c, "tls-job", 3, 0));
+  ASSERT_FALSE(id.empty()) << read_file(c.dir() / "cli.log");
+  EXPECT_TRUE(c.wait_state(id, "SUCCEEDED", 120s)) << c.status(id).dump();
+}
+
+}  // namespace
+}  // namespace zenflow

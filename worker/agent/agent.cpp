@@ -1,0 +1,827 @@
+#include "worker/agent/agent.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "common/version.h"
+#include "worker/distributed/ports.h"
+#include "zenflow/v1/workers.grpc.pb.h"
+
+namespace zenflow::agent {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr milliseconds kRpcDeadline{2000};
+constexpr milliseconds kLeaseRenewEvery{500};
+constexpr milliseconds kUploadEvery{200};
+constexpr milliseconds kProgressEvery{500};
+constexpr size_t kMaxPendingLogBytes = 64u << 20;  // per attempt, while the coordinator is away
+constexpr int kExitLeaseLost = 75;
+
+void log_line(const std::string& s) { std::fprintf(stderr, "zenflow-worker: %s\n", s.c_str()); }
+
+std::string exit_text(int code) {
+  if (code > 128 && code < 128 + 65) return "killed by signal " + std::to_string(code - 128);
+  return "exited with status " + std::to_string(code);
+}
+
+void set_nonblocking_cloexec(int fd) {
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+}
+
+}  // namespace
+
+int64_t detect_physical_cores() {
+  std::ifstream in("/proc/cpuinfo");
+  std::set<std::pair<std::string, std::string>> cores;
+  std::string line, phys = "0";
+  while (std::getline(in, line)) {
+    auto value = [&] { return line.substr(line.find(':') + 1); };
+    if (line.rfind("physical id", 0) == 0) phys = value();
+    if (line.rfind("core id", 0) == 0) cores.insert({phys, value()});
+  }
+  if (!cores.empty()) return static_cast<int64_t>(cores.size());
+  const long n = ::sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? n : 1;
+}
+
+int64_t detect_host_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemTotal:") return kb * 1024;
+  return 0;
+}
+
+struct Rank {
+  int rank = 0;
+  pid_t pid = -1;
+  int out_fd = -1;   // stdout + stderr
+  std::string partial;  // output after the last newline
+  std::string last_line;
+  bool exited = false;
+  int status = 0;  // exit status, or 128 + signal
+};
+
+struct Attempt {
+  v1::Assignment a;
+  std::string dir;
+  std::vector<Rank> ranks;
+  std::vector<int> slots;  // local slots (GPU indices or CPU slot numbers) it uses
+  int report_fd = -1;       // rank 0's progress (global rank 0 only)
+  std::string report_partial;
+  std::vector<int> lease_fds;  // write ends, one per rank
+  Clock::time_point term_sent{};
+  Clock::time_point kill_at{};
+  bool term = false;
+  bool killed = false;
+  bool stopped_by_agent = false;
+  bool exited = false;  // every rank
+  int exit_code = 0;
+  std::string message;
+  bool exit_reported = false;  // the coordinator acknowledged it
+  bool started_reported = false;
+  Clock::time_point first_failure{};
+  // Output: every byte goes to output.log; pending holds what the coordinator lacks.
+  std::ofstream log_file;
+  int64_t uploaded = 0;  // attempt-relative offset the coordinator holds
+  std::string pending;   // bytes from `uploaded`
+  int64_t dropped = 0;
+  // Progress of rank 0 (latest step line).
+  nlohmann::json progress;
+  bool progress_dirty = false;
+  int64_t start_step = 0;
+  Clock::time_point progress_sent{};
+};
+
+struct Agent::Impl {
+  AgentOptions o;
+  std::atomic<bool>* stopping = nullptr;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::WorkerService::Stub> stub;
+  std::vector<std::unique_ptr<distributed::PortReservation>> ports;
+  v1::WorkerResources resources;
+  int64_t slots = 0;
+
+  // Registration, shared with the fetch thread.
+  std::mutex mu;
+  std::condition_variable cv;
+  int64_t incarnation = 0;  // 0: not registered
+  bool fenced = false;      // the coordinator refused this incarnation
+  int64_t assignments_revision = 0;
+  std::vector<v1::Assignment> desired;
+  bool desired_valid = false;
+
+  std::map<std::pair<std::string, int64_t>, Attempt> attempts;
+  milliseconds heartbeat_interval{1000};
+  milliseconds lease{4000};
+  Clock::time_point last_heartbeat_ok = Clock::now();
+  Clock::time_point next_heartbeat{};
+  Clock::time_point next_renew{};
+  Clock::time_point next_upload{};
+  bool disconnected_stop = false;
+
+  template <class Req, class Resp, class Fn>
+  grpc::Status call(Fn fn, const Req& req, Resp* resp, milliseconds deadline = kRpcDeadline) {
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, o.token, deadline);
+    return (stub.get()->*fn)(&ctx, req, resp);
+  }
+
+  bool register_worker();
+  void fetch_loop();
+  void heartbeat();
+  void reconcile();
+  void start_attempt(const v1::Assignment& a);
+  void signal_attempt(Attempt& at, int sig);
+  void kill_all(const std::string& why);
+  void pump_io(milliseconds timeout);
+  void append_output(Attempt& at, Rank& r, const char* data, size_t n);
+  void on_report_line(Attempt& at, const std::string& line);
+  void reap();
+  void upload_logs(Attempt& at);
+  void report_exit(Attempt& at);
+  void report_progress(Attempt& at);
+  void renew_leases();
+  void fill_report(const Attempt& at, v1::AttemptReport* r) const;
+  void forget_finished();
+};
+
+Agent::Agent(AgentOptions options) : impl_(std::make_unique<Impl>()) {
+  impl_->o = std::move(options);
+  impl_->stopping = &stopping_;
+}
+
+Agent::~Agent() = default;
+
+bool Agent::Impl::register_worker() {
+  v1::RegisterWorkerRequest req;
+  req.set_name(o.name);
+  req.set_role(v1::TRAINER);
+  *req.mutable_resources() = resources;
+  req.set_address(o.address);
+  for (const auto& p : ports) req.add_rendezvous_ports(p->port());
+  req.set_version(kVersion);
+  v1::RegisterWorkerResponse resp;
+  const grpc::Status s = call(&v1::WorkerService::Stub::RegisterWorker, req, &resp);
+  if (!s.ok()) {
+    static std::string last;
+    const std::string msg = "register with " + o.coordinator + ": " + rpc::describe(s);
+    if (msg != last) log_line(msg + " (retrying)");
+    last = msg;
+    return false;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    incarnation = resp.incarnation();
+    fenced = false;
+    assignments_revision = 0;
+    desired.clear();
+    desired_valid = false;
+  }
+  cv.notify_all();
+  heartbeat_interval = milliseconds(std::max<int64_t>(50, resp.heartbeat_interval_ms()));
+  lease = milliseconds(std::max<int64_t>(resp.lease_ms(), 2 * heartbeat_interval.count()));
+  last_heartbeat_ok = Clock::now();
+  log_line("registered as " + o.name + " (incarnation " + std::to_string(resp.incarnation()) + ", heartbeat " +
+           std::to_string(heartbeat_interval.count()) + " ms, lease " + std::to_string(lease.count()) + " ms)");
+  return true;
+}
+
+// Long-polls the coordinator for the set of attempts it wants here; the supervisor thread
+// reconciles against the latest set.
+void Agent::Impl::fetch_loop() {
+  while (!stopping->load()) {
+    int64_t inc = 0, after = 0;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait_for(lock, milliseconds(200), [&] { return stopping->load() || (incarnation != 0 && !fenced); });
+      if (incarnation == 0 || fenced) continue;
+      inc = incarnation;
+      after = assignments_revision;
+    }
+    v1::FetchAssignmentsRequest req;
+    req.set_name(o.name);
+    req.set_incarnation(inc);
+    req.set_after_revision(after);
+    req.set_wait_ms(5000);
+    v1::FetchAssignmentsResponse resp;
+    const grpc::Status s = call(&v1::WorkerService::Stub::FetchAssignments, req, &resp, milliseconds(8000));
+    std::lock_guard<std::mutex> lock(mu);
+    if (inc != incarnation) continue;
+    if (s.ok()) {
+      assignments_revision = resp.revision();
+      desired.assign(resp.assignments().begin(), resp.assignments().end());
+      desired_valid = true;
+    } else if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      fenced = true;
+    } else {
+      mu.unlock();
+      std::this_thread::sleep_for(milliseconds(200));  // unreachable: retry soon
+      mu.lock();
+    }
+  }
+}
+
+void Agent::Impl::fill_report(const Attempt& at, v1::AttemptReport* r) const {
+  r->set_job_id(at.a.job_id());
+  r->set_attempt(at.a.attempt());
+  r->set_exited(at.exited);
+  r->set_exit_code(at.exit_code);
+  r->set_message(at.message);
+  r->set_stopped_by_agent(at.stopped_by_agent);
+}
+
+void Agent::Impl::heartbeat() {
+  int64_t inc;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    inc = incarnation;
+  }
+  v1::HeartbeatRequest req;
+  req.set_name(o.name);
+  req.set_incarnation(inc);
+  for (const auto& [key, at] : attempts)
+    if (!at.exit_reported && (!at.exited || at.pending.empty())) fill_report(at, req.add_attempts());
+  v1::HeartbeatResponse resp;
+  const grpc::Status s = call(&v1::WorkerService::Stub::Heartbeat, req, &resp, std::min(heartbeat_interval, kRpcDeadline));
+  if (s.ok()) {
+    last_heartbeat_ok = Clock::now();
+    disconnected_stop = false;
+    heartbeat_interval = milliseconds(std::max<int64_t>(50, resp.heartbeat_interval_ms()));
+    for (const v1::AttemptRef& ack : resp.acknowledged()) {
+      auto it = attempts.find({ack.job_id(), ack.attempt()});
+      if (it != attempts.end() && it->second.exited) it->second.exit_reported = true;
+    }
+    return;
+  }
+  if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+    std::lock_guard<std::mutex> lock(mu);
+    fenced = true;
+    log_line("coordinator refused heartbeat: " + s.error_message());
+    return;
+  }
+  const auto away = Clock::now() - last_heartbeat_ok;
+  if (away > o.disconnected_grace && !disconnected_stop) {
+    disconnected_stop = true;
+    log_line("coordinator unreachable for " +
+             std::to_string(std::chrono::duration_cast<milliseconds>(away).count()) +
+             " ms: asking every job's ranks to checkpoint and stop");
+    for (auto& [key, at] : attempts)
+      if (!at.exited && !at.term) {
+        at.stopped_by_agent = true;
+        signal_attempt(at, SIGTERM);
+      }
+  }
+}
+
+void Agent::Impl::signal_attempt(Attempt& at, int sig) {
+  for (Rank& r : at.ranks)
+    if (!r.exited && r.pid > 0) ::kill(-r.pid, sig);  // its process group
+  if (sig == SIGTERM && !at.term) {
+    at.term = true;
+    at.term_sent = Clock::now();
+    at.kill_at = at.term_sent + o.stop_grace;
+  }
+  if (sig == SIGKILL) at.killed = true;
+}
+
+void Agent::Impl::kill_all(const std::string& why) {
+  bool any = false;
+  for (auto& [key, at] : attempts) {
+    if (at.exited) continue;
+    any = true;
+    at.stopped_by_agent = true;
+    signal_attempt(at, SIGKILL);
+  }
+  if (any) log_line("killing every rank: " + why);
+}
+
+void Agent::Impl::start_attempt(const v1::Assignment& a) {
+  Attempt at;
+  at.a = a;
+  at.dir = o.work_dir + "/jobs/" + a.job_id() + "/attempt-" + std::to_string(a.attempt());
+  std::error_code ec;
+  fs::create_directories(at.dir, ec);
+  const std::string spec = at.dir + "/job.yaml";
+  {
+    std::ofstream f(spec, std::ios::binary | std::ios::trunc);
+    f << a.spec_yaml();
+  }
+  at.log_file.open(at.dir + "/output.log", std::ios::binary | std::ios::app);
+  // Local slots: the lowest ones no live attempt holds.
+  std::set<int> used;
+  for (const auto& [key, other] : attempts)
+    if (!other.exited) used.insert(other.slots.begin(), other.slots.end());
+  for (int s = 0; s < slots && static_cast<int>(at.slots.size()) < a.local_ranks(); ++s)
+    if (!used.count(s)) at.slots.push_back(s);
+  for (int s = 0; static_cast<int>(at.slots.size()) < a.local_ranks(); ++s) at.slots.push_back(s % std::max<int64_t>(1, slots));
+
+  const milliseconds child_lease = std::max(milliseconds(1000), lease - 2 * heartbeat_interval);
+  const std::string lease_timeout = std::to_string(double(child_lease.count()) / 1000.0);
+  std::string failure;
+  for (int i = 0; i < a.local_ranks(); ++i) {
+    const int rank = a.first_rank() + i;
+    int out[2], lease_pipe[2], report[2] = {-1, -1};
+    if (::pipe(out) != 0 || ::pipe(lease_pipe) != 0 || (rank == 0 && ::pipe(report) != 0)) {
+      failure = std::string("pipe: ") + std::strerror(errno);
+      break;
+    }
+    // Everything the child needs, built before fork (only async-signal-safe calls after).
+    std::vector<std::string> args = {o.trainer, "run", spec, "--quiet", "--lock-wait", "60",
+                                     "--lease-fd", "4", "--lease-timeout", lease_timeout};
+    if (rank == 0) {
+      args.push_back("--report-fd");
+      args.push_back("3");
+    }
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e)
+      if (std::strncmp(*e, "ZENFLOW_", 8) != 0) env.emplace_back(*e);
+    const bool gpus = resources.gpus_size() > 0;
+    env.push_back("ZENFLOW_RANK=" + std::to_string(rank));
+    env.push_back("ZENFLOW_WORLD_SIZE=" + std::to_string(a.world_size()));
+    env.push_back("ZENFLOW_MASTER_ADDR=" + a.master_addr());
+    env.push_back("ZENFLOW_MASTER_PORT=" + std::to_string(a.master_port()));
+    env.push_back("ZENFLOW_LOCAL_ADDR=" + o.address);
+    // The slot picks the GPU and this rank's slice of the host's cores.
+    env.push_back("ZENFLOW_LOCAL_RANK=" + std::to_string(at.slots[static_cast<size_t>(i)]));
+    env.push_back("ZENFLOW_LOCAL_WORLD_SIZE=" + std::to_string(std::max<int64_t>(1, slots)));
+    (void)gpus;
+    std::vector<char*> argv, envp;
+    for (std::string& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    for (std::string& s : env) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);  // the agent died before prctl
+      const int devnull = ::open("/dev/null", O_RDONLY);
+      ::dup2(devnull, 0);
+      ::dup2(out[1], 1);
+      ::dup2(out[1], 2);
+      if (report[1] >= 0) ::dup2(report[1], 3);
+      ::dup2(lease_pipe[0], 4);
+      ::syscall(SYS_close_range, 5u, ~0u, 0u);
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      ::signal(SIGPIPE, SIG_DFL);
+      ::execve(argv[0], argv.data(), envp.data());
+      const char msg[] = "zenflow-worker: cannot exec the trainer\n";
+      (void)!::write(2, msg, sizeof(msg) - 1);
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    ::close(lease_pipe[0]);
+    if (report[1] >= 0) ::close(report[1]);
+    if (pid < 0) {
+      failure = std::string("fork: ") + std::strerror(errno);
+      ::close(out[0]);
+      ::close(lease_pipe[1]);
+      if (report[0] >= 0) ::close(report[0]);
+      break;
+    }
+    ::setpgid(pid, pid);  // also from here: no window in which a group signal misses it
+    set_nonblocking_cloexec(out[0]);
+    set_nonblocking_cloexec(lease_pipe[1]);
+    if (report[0] >= 0) {
+      set_nonblocking_cloexec(report[0]);
+      at.report_fd = report[0];
+    }
+    Rank r;
+    r.rank = rank;
+    r.pid = pid;
+    r.out_fd = out[0];
+    at.ranks.push_back(std::move(r));
+    at.lease_fds.push_back(lease_pipe[1]);
+  }
+  const auto key = std::make_pair(a.job_id(), a.attempt());
+  log_line("job " + a.job_id() + " attempt " + std::to_string(a.attempt()) + ": started ranks " +
+           std::to_string(a.first_rank()) + ".." + std::to_string(a.first_rank() + a.local_ranks() - 1) + " of " +
+           std::to_string(a.world_size()) + (failure.empty() ? "" : " (failed: " + failure + ")"));
+  auto [it, fresh] = attempts.emplace(key, std::move(at));
+  Attempt& placed = it->second;
+  if (!failure.empty()) {
+    placed.message = "the agent could not start the ranks: " + failure;
+    placed.exit_code = 1;
+    signal_attempt(placed, SIGKILL);
+    for (Rank& r : placed.ranks) r.status = 128 + SIGKILL;
+  }
+  // Tell the coordinator the ranks are up (best effort; the heartbeat repeats it).
+  v1::ReportEventRequest ev;
+  ev.set_name(o.name);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ev.set_incarnation(incarnation);
+  }
+  fill_report(placed, ev.mutable_attempt());
+  v1::ReportEventResponse ignored;
+  placed.started_reported = call(&v1::WorkerService::Stub::ReportEvent, ev, &ignored).ok();
+}
+
+void Agent::Impl::reconcile() {
+  std::vector<v1::Assignment> want;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!desired_valid) return;
+    want = desired;
+  }
+  std::set<std::pair<std::string, int64_t>> wanted;
+  for (const v1::Assignment& a : want) {
+    const auto key = std::make_pair(a.job_id(), a.attempt());
+    wanted.insert(key);
+    auto it = attempts.find(key);
+    if (it == attempts.end()) {
+      if (a.action() == v1::Assignment::STOP) {
+        // Asked to stop before it started here: nothing to checkpoint.
+        Attempt at;
+        at.a = a;
+        at.exited = true;
+        at.exit_code = 130;
+        at.stopped_by_agent = true;
+        at.message = "stopped before it started";
+        auto [placed, fresh] = attempts.emplace(key, std::move(at));
+        report_exit(placed->second);
+      } else if (!stopping->load()) {
+        start_attempt(a);
+      }
+      continue;
+    }
+    Attempt& at = it->second;
+    if (a.action() == v1::Assignment::STOP && !at.exited && !at.term) {
+      log_line("job " + a.job_id() + ": " + a.stop_reason());
+      at.stopped_by_agent = true;
+      signal_attempt(at, SIGTERM);
+    }
+  }
+  // Anything running that the coordinator no longer wants is stale: kill it now.
+  for (auto& [key, at] : attempts) {
+    if (at.exited || wanted.count(key) || at.killed) continue;
+    log_line("job " + key.first + " attempt " + std::to_string(key.second) +
+             " is no longer assigned here: killing its ranks");
+    at.stopped_by_agent = true;
+    signal_attempt(at, SIGKILL);
+  }
+}
+
+void Agent::Impl::append_output(Attempt& at, Rank& r, const char* data, size_t n) {
+  // Whole lines, each prefixed with the rank, so the members' output interleaves readably.
+  r.partial.append(data, n);
+  size_t start = 0;
+  for (size_t nl; (nl = r.partial.find('\n', start)) != std::string::npos; start = nl + 1) {
+    const std::string line = r.partial.substr(start, nl - start);
+    if (!line.empty()) r.last_line = line;
+    const std::string out = "[rank " + std::to_string(r.rank) + "] " + line + "\n";
+    if (at.log_file) at.log_file << out;
+    if (at.pending.size() + out.size() > kMaxPendingLogBytes) {
+      at.dropped += static_cast<int64_t>(out.size());
+      continue;
+    }
+    at.pending += out;
+  }
+  r.partial.erase(0, start);
+}
+
+void Agent::Impl::on_report_line(Attempt& at, const std::string& line) {
+  nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return;
+  const std::string ev = j.value("event", "");
+  if (ev == "start") {
+    at.start_step = j.value("start_step", int64_t{0});
+  } else if (ev == "step") {
+    at.progress = std::move(j);
+    at.progress_dirty = true;
+  }
+}
+
+void Agent::Impl::pump_io(milliseconds timeout) {
+  std::vector<pollfd> fds;
+  std::vector<std::pair<Attempt*, int>> owners;  // rank index, -1 = report fd
+  for (auto& [key, at] : attempts) {
+    for (size_t i = 0; i < at.ranks.size(); ++i)
+      if (at.ranks[i].out_fd >= 0) {
+        fds.push_back({at.ranks[i].out_fd, POLLIN, 0});
+        owners.emplace_back(&at, static_cast<int>(i));
+      }
+    if (at.report_fd >= 0) {
+      fds.push_back({at.report_fd, POLLIN, 0});
+      owners.emplace_back(&at, -1);
+    }
+  }
+  if (fds.empty()) {
+    std::this_thread::sleep_for(timeout);
+    return;
+  }
+  if (::poll(fds.data(), fds.size(), static_cast<int>(timeout.count())) <= 0) return;
+  char buf[65536];
+  for (size_t k = 0; k < fds.size(); ++k) {
+    if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    auto [at, idx] = owners[k];
+    for (;;) {
+      const ssize_t n = ::read(fds[k].fd, buf, sizeof(buf));
+      if (n > 0) {
+        if (idx >= 0) {
+          append_output(*at, at->ranks[static_cast<size_t>(idx)], buf, static_cast<size_t>(n));
+        } else {
+          at->report_partial.append(buf, static_cast<size_t>(n));
+          size_t start = 0;
+          for (size_t nl; (nl = at->report_partial.find('\n', start)) != std::string::npos; start = nl + 1)
+            on_report_line(*at, at->report_partial.substr(start, nl - start));
+          at->report_partial.erase(0, start);
+        }
+        continue;
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
+      // EOF: the process closed it (exited).
+      ::close(fds[k].fd);
+      if (idx >= 0) {
+        Rank& r = at->ranks[static_cast<size_t>(idx)];
+        if (!r.partial.empty()) append_output(*at, r, "\n", 1);
+        r.out_fd = -1;
+      } else {
+        at->report_fd = -1;
+      }
+      break;
+    }
+  }
+}
+
+void Agent::Impl::reap() {
+  for (auto& [key, at] : attempts) {
+    if (at.exited) continue;
+    bool all = true;
+    const Rank* first_failed = nullptr;
+    for (Rank& r : at.ranks) {
+      if (!r.exited) {
+        int st = 0;
+        const pid_t p = ::waitpid(r.pid, &st, WNOHANG);
+        if (p == r.pid) {
+          r.exited = true;
+          r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+          // The rest of its process group (anything it started) goes with it.
+          ::kill(-r.pid, SIGKILL);
+          if (r.status != 0 && at.first_failure == Clock::time_point{}) at.first_failure = Clock::now();
+        }
+      }
+      all &= r.exited && r.out_fd < 0;
+      if (r.exited && r.status != 0 && !first_failed) first_failed = &r;
+    }
+    const auto now = Clock::now();
+    // One rank failed: give the others rank_failure_grace to notice, then stop them.
+    if (first_failed && !all && !at.term && now - at.first_failure > o.rank_failure_grace) signal_attempt(at, SIGTERM);
+    if (at.term && !at.killed && now > at.kill_at) signal_attempt(at, SIGKILL);
+    if (!all || at.ranks.empty()) continue;
+    for (int fd : at.lease_fds) ::close(fd);
+    at.lease_fds.clear();
+    if (at.report_fd >= 0) {
+      ::close(at.report_fd);
+      at.report_fd = -1;
+    }
+    at.exited = true;
+    at.exit_code = 0;
+    for (const Rank& r : at.ranks)
+      if (r.status != 0) {
+        at.exit_code = r.status;
+        at.message = "rank " + std::to_string(r.rank) + " " + exit_text(r.status) +
+                     (r.last_line.empty() ? "" : ": " + r.last_line);
+        break;
+      }
+    if (at.exit_code == kExitLeaseLost) at.message += " (its lease from the agent ran out)";
+    if (at.dropped > 0) at.pending += "[zenflow-worker] " + std::to_string(at.dropped) + " bytes of output were "
+                                      "dropped while the coordinator was unreachable; see " + at.dir + "/output.log\n";
+    at.log_file.close();
+    log_line("job " + key.first + " attempt " + std::to_string(key.second) + ": " +
+             (at.exit_code == 0 ? "ranks exited 0" : at.message));
+    if (at.progress_dirty) report_progress(at);
+    upload_logs(at);
+    report_exit(at);
+  }
+}
+
+void Agent::Impl::upload_logs(Attempt& at) {
+  int64_t inc;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    inc = incarnation;
+  }
+  while (!at.pending.empty()) {
+    v1::UploadLogsRequest req;
+    req.set_name(o.name);
+    req.set_incarnation(inc);
+    req.mutable_attempt()->set_job_id(at.a.job_id());
+    req.mutable_attempt()->set_attempt(at.a.attempt());
+    req.set_offset(at.uploaded);
+    // A chunk ends at a line boundary when it can.
+    size_t n = std::min(at.pending.size(), rpc::kMaxLogChunkBytes);
+    if (n < at.pending.size()) {
+      const size_t nl = at.pending.rfind('\n', n - 1);
+      if (nl != std::string::npos) n = nl + 1;
+    }
+    req.set_data(at.pending.substr(0, n));
+    v1::UploadLogsResponse resp;
+    const grpc::Status s = call(&v1::WorkerService::Stub::UploadLogs, req, &resp);
+    if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      at.pending.clear();  // stale: the coordinator will never take these bytes
+      return;
+    }
+    if (!s.ok()) return;  // retried at the next upload tick
+    const int64_t held = resp.next_offset();
+    const int64_t end = at.uploaded + static_cast<int64_t>(at.pending.size());
+    if (held <= at.uploaded || held > end) {
+      // The coordinator holds less than we sent before (it lost nothing acknowledged, so
+      // this is a restart with the same bytes): resend from what it has if we still can.
+      if (held < at.uploaded) return;
+      at.pending.clear();
+      at.uploaded = held;
+      return;
+    }
+    at.pending.erase(0, static_cast<size_t>(held - at.uploaded));
+    at.uploaded = held;
+  }
+}
+
+void Agent::Impl::report_exit(Attempt& at) {
+  v1::ReportEventRequest ev;
+  ev.set_name(o.name);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ev.set_incarnation(incarnation);
+  }
+  fill_report(at, ev.mutable_attempt());
+  v1::ReportEventResponse ignored;
+  const grpc::Status s = call(&v1::WorkerService::Stub::ReportEvent, ev, &ignored);
+  // FAILED_PRECONDITION: the attempt is no longer current; nothing to record.
+  if (s.ok() || s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) at.exit_reported = true;
+}
+
+void Agent::Impl::report_progress(Attempt& at) {
+  const nlohmann::json& p = at.progress;
+  v1::ReportProgressRequest req;
+  req.set_name(o.name);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    req.set_incarnation(incarnation);
+  }
+  req.mutable_attempt()->set_job_id(at.a.job_id());
+  req.mutable_attempt()->set_attempt(at.a.attempt());
+  req.set_step(p.value("step", int64_t{0}));
+  req.set_total_steps(p.value("total_steps", int64_t{0}));
+  req.set_loss(p.value("loss", 0.0));
+  req.set_tokens_per_second(p.value("tokens_per_second", 0.0));
+  req.set_stall_share(p.value("stall_share", 0.0));
+  req.set_eta_seconds(p.value("eta_seconds", -1.0));
+  req.set_step_seconds(p.value("step_seconds", 0.0));
+  req.set_start_step(at.start_step);
+  v1::ReportProgressResponse ignored;
+  at.progress_sent = Clock::now();
+  if (call(&v1::WorkerService::Stub::ReportProgress, req, &ignored).ok()) at.progress_dirty = false;
+}
+
+void Agent::Impl::renew_leases() {
+  for (auto& [key, at] : attempts) {
+    if (at.exited) continue;
+    for (int fd : at.lease_fds) (void)!::write(fd, "r", 1);  // nonblocking; a full pipe is still a live lease
+  }
+}
+
+void Agent::Impl::forget_finished() {
+  for (auto it = attempts.begin(); it != attempts.end();) {
+    const Attempt& at = it->second;
+    if (at.exited && at.exit_reported && at.pending.empty()) {
+      it = attempts.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+int Agent::run() {
+  Impl& m = *impl_;
+  AgentOptions& o = m.o;
+  try {
+    if (o.name.empty()) {
+      char host[256] = {};
+      ::gethostname(host, sizeof(host) - 1);
+      o.name = host;
+    }
+    if (o.trainer.empty()) o.trainer = (fs::read_symlink("/proc/self/exe").parent_path() / "zenflow").string();
+    if (::access(o.trainer.c_str(), X_OK) != 0)
+      throw std::invalid_argument("trainer " + o.trainer + " is not an executable (--trainer)");
+    if (o.work_dir.empty()) throw std::invalid_argument("--work-dir is required");
+    fs::create_directories(o.work_dir);
+    o.work_dir = fs::canonical(o.work_dir).string();
+    m.resources.set_hostname(o.name);
+    m.resources.set_host_memory_bytes(o.host_memory_bytes > 0 ? o.host_memory_bytes : detect_host_memory_bytes());
+    m.resources.set_physical_cores(o.physical_cores > 0 ? o.physical_cores : detect_physical_cores());
+    m.resources.set_cpu_slots(o.cpu_slots);
+    for (const auto& [k, v] : o.labels) (*m.resources.mutable_labels())[k] = v;
+    m.slots = m.resources.gpus_size() > 0 ? m.resources.gpus_size() : o.cpu_slots;
+    for (int64_t i = 0; i < m.slots; ++i) m.ports.push_back(std::make_unique<distributed::PortReservation>(o.address));
+    m.channel = rpc::make_channel(o.coordinator, o.channel);
+    m.stub = v1::WorkerService::NewStub(m.channel);
+  } catch (const std::exception& e) {
+    log_line(e.what());
+    return 1;
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  log_line("worker " + o.name + ": " + std::to_string(m.slots) + " slot(s), " +
+           std::to_string(m.resources.host_memory_bytes() >> 20) + " MiB host RAM, " +
+           std::to_string(m.resources.physical_cores()) + " physical cores; coordinator " + o.coordinator);
+  std::thread fetcher([&] { m.fetch_loop(); });
+  Clock::time_point next_register{};
+  bool drained = false;
+  while (true) {
+    const auto now = Clock::now();
+    bool fenced, registered;
+    {
+      std::lock_guard<std::mutex> lock(m.mu);
+      fenced = m.fenced;
+      registered = m.incarnation != 0;
+    }
+    if (fenced) {
+      m.kill_all("the coordinator no longer leases this incarnation (it was declared LOST)");
+      for (auto& [key, at] : m.attempts) at.exit_reported = true;  // stale: nothing to report
+      std::lock_guard<std::mutex> lock(m.mu);
+      m.incarnation = 0;
+      m.fenced = false;
+      registered = false;
+    }
+    if (stopping_.load() && !drained) {
+      drained = true;
+      for (auto& [key, at] : m.attempts)
+        if (!at.exited) {
+          at.stopped_by_agent = true;
+          at.message = "the agent is shutting down";
+          m.signal_attempt(at, SIGTERM);
+        }
+    }
+    if (!registered && !stopping_.load() && now >= next_register) {
+      // Attempts of the previous incarnation died with it (or were killed above).
+      if (std::any_of(m.attempts.begin(), m.attempts.end(), [](const auto& kv) { return !kv.second.exited; })) {
+        m.kill_all("registering again");
+      } else if (!m.register_worker()) {
+        next_register = now + milliseconds(500);
+      }
+    }
+    m.pump_io(milliseconds(50));
+    m.reap();
+    if (registered) {
+      if (now >= m.next_heartbeat) {
+        m.next_heartbeat = now + m.heartbeat_interval;
+        m.heartbeat();
+      }
+      m.reconcile();
+      if (now >= m.next_upload) {
+        m.next_upload = now + kUploadEvery;
+        for (auto& [key, at] : m.attempts) {
+          m.upload_logs(at);
+          if (at.progress_dirty && now - at.progress_sent > kProgressEvery) m.report_progress(at);
+          if (at.exited && !at.exit_reported && at.pending.empty()) m.report_exit(at);
+        }
+      }
+    }
+    if (now >= m.next_renew) {
+      m.next_renew = now + kLeaseRenewEvery;
+      m.renew_leases();
+    }
+    m.forget_finished();
+    if (stopping_.load() && std::all_of(m.attempts.begin(), m.attempts.end(),
+                                        [](const auto& kv) { return kv.second.exited; })) {
+      break;
+    }
+  }
+  m.cv.notify_all();
+  fetcher.join();
+  log_line("stopped");
+  return 0;
+}
+
+}  // namespace zenflow::agent

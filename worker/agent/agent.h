@@ -1,0 +1,83 @@
+// zenflow-worker: the agent on a GPU (or CPU) host. It registers its resources with the
+// coordinator, heartbeats, runs each assigned job's ranks as child processes and reports
+// their progress, output and exit.
+//
+// The ranks are `zenflow run SPEC --quiet --report-fd 3 --lease-fd 4` processes with the
+// rendezvous variables (worker/distributed/rendezvous.h): the same training loop as a
+// local run. Each child
+//   - runs in its own process group (a crash in training cannot take the agent down, and
+//     the agent signals a job's ranks as one group);
+//   - dies with the agent (PR_SET_PDEATHSIG SIGKILL, set from the agent's supervisor
+//     thread, which lives as long as the agent), so a lost worker never keeps writing a
+//     job's checkpoints while the job resumes elsewhere;
+//   - holds a lease from the agent (fd 4; the agent writes a byte every 500 ms). A paused
+//     agent (SIGSTOP) stops renewing it, and the child exits without committing a
+//     checkpoint before the coordinator's lease on the worker runs out (--lease-timeout is
+//     lease - 2 heartbeat intervals), so a stale attempt never commits;
+//   - reports progress as JSON lines on fd 3 (rank 0 only) and its output on stdout/stderr,
+//     which the agent keeps in work-dir/jobs/JOB/attempt-N/output.log and uploads.
+//
+// Assignments are level-triggered: the agent long-polls the full set the coordinator wants
+// running on it and reconciles (start what is new, SIGTERM what is to STOP — the Ctrl-C
+// path: checkpoint and exit — and SIGKILL what is no longer wanted). Exits are reported
+// at once and repeated in every heartbeat until acknowledged, so a result reached while
+// the coordinator is away is recorded when it returns. While the coordinator is
+// unreachable the ranks keep training (up to --disconnected-grace, then they are asked
+// to checkpoint and stop). A heartbeat refused with FAILED_PRECONDITION (the coordinator
+// declared this incarnation LOST) kills every rank at once and registers again.
+//
+// Thread safety: run() once, from the thread that constructed the Agent; stop() from any
+// thread or a signal handler (it only sets a flag).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "common/rpc/rpc.h"
+
+namespace zenflow::agent {
+
+struct AgentOptions {
+  std::string coordinator;  // HOST:PORT
+  rpc::ChannelOptions channel;
+  std::string token;        // worker join token ("" with a tokenless loopback coordinator)
+  std::string name;         // unique per worker; default: the hostname
+  std::string work_dir;     // attempts' specs and output logs
+  std::string address = "127.0.0.1";  // where other workers reach this one's rendezvous ports
+  int64_t cpu_slots = 1;              // slots offered when there is no GPU
+  int64_t host_memory_bytes = 0;      // 0: MemTotal of /proc/meminfo
+  int64_t physical_cores = 0;         // 0: counted from /proc/cpuinfo
+  std::map<std::string, std::string> labels;
+  std::string trainer;                // the zenflow binary; default: beside this executable
+  std::chrono::milliseconds stop_grace{60'000};          // STOP: SIGTERM, then SIGKILL after this
+  std::chrono::milliseconds disconnected_grace{120'000};  // coordinator unreachable: keep training this long
+  std::chrono::milliseconds rank_failure_grace{10'000};   // one rank failed: the others get this long
+};
+
+class Agent {
+ public:
+  explicit Agent(AgentOptions options);
+  ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  // Serves until stop(); then asks the ranks to checkpoint and stop, reports their exits
+  // (best effort) and returns 0. Returns 1 for a fatal setup error (logged).
+  int run();
+  void stop() { stopping_.store(true); }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::atomic<bool> stopping_{false};
+};
+
+// What the agent offers, as detected on this host (overridable through AgentOptions).
+int64_t detect_physical_cores();
+int64_t detect_host_memory_bytes();
+
+}  // namespace zenflow::agent
