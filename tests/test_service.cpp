@@ -398,7 +398,9 @@ TEST(ServiceSecurity, SpecErrorsNameTheKeyServerSide) {
 }
 
 TEST(ServiceSecurity, RateLimitAnswersResourceExhausted) {
-  Cluster c("rate", {true, {"--admin-rate-limit", "2", "--admin-burst", "5"}});
+  test_support::ClusterOptions o;
+  o.coordinator_flags = {"--admin-rate-limit", "2", "--admin-burst", "5"};
+  Cluster c("rate", o);
   c.start_coordinator();
   auto stub = v1::JobService::NewStub(rpc::make_channel(c.address()));
   int exhausted = 0, ok = 0;
