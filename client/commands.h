@@ -38,5 +38,8 @@ constexpr int kExitOk = 0;
 constexpr int kExitFailure = 1;
 constexpr int kExitBadInput = 2;    // bad job spec, bad flags
 constexpr int kExitInterrupted = 130;
+// The worker agent's lease ended (`zenflow run --lease-fd`): nothing more was committed;
+// EX_TEMPFAIL, the job may run again elsewhere.
+constexpr int kExitLeaseLost = 75;
 
 }  // namespace zenflow::cli

@@ -46,7 +46,7 @@ std::string format_duration(double s) {
   return buf;
 }
 
-void ProgressPrinter::step(const StepProgress& p) {
+void ProgressPrinter::on_step(const StepProgress& p) noexcept {
   if (quiet_) return;
   char buf[256];
   std::snprintf(buf, sizeof(buf), "step %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  stall %.1f%%  ETA %s",
@@ -66,7 +66,7 @@ void ProgressPrinter::step(const StepProgress& p) {
   }
 }
 
-void ProgressPrinter::log(const std::string& line) {
+void ProgressPrinter::on_log(const std::string& line) noexcept {
   if (line_open_) out_ << "\r\033[K";
   out_ << "zenflow: " << line << "\n";
   line_open_ = false;

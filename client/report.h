@@ -9,17 +9,22 @@
 
 #include "common/job_spec.h"
 #include "common/pricing.h"
+#include "worker/run_reporter.h"
 #include "worker/trainer.h"
 
 namespace zenflow::cli {
 
-// A live progress line on a TTY (rewritten in place), plain periodic lines otherwise.
-class ProgressPrinter {
+// A live progress line on a TTY (rewritten in place), plain periodic lines otherwise; the
+// run's messages as "zenflow: LINE" (also when quiet, which silences the steps only).
+class ProgressPrinter : public RunReporter {
  public:
   ProgressPrinter(std::ostream& out, bool tty, bool quiet) : out_(out), tty_(tty), quiet_(quiet) {}
-  void step(const StepProgress& p);
-  void log(const std::string& line);  // a message line that does not garble the progress line
-  void finish();                      // ends the progress line
+  void on_start(int64_t, int64_t) noexcept override {}
+  void on_step(const StepProgress& p) noexcept override;
+  void on_log(const std::string& line) noexcept override;  // does not garble the progress line
+  void on_checkpoint(int64_t, const std::string&) noexcept override {}
+  void on_finish(int64_t, bool) noexcept override { finish(); }
+  void finish();  // ends the progress line (also where a run failed)
 
  private:
   std::ostream& out_;

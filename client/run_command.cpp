@@ -1,5 +1,7 @@
-// `zenflow run JOB.yaml`: trains a job in this process (the embedded default).
+// `zenflow run JOB.yaml`: trains a job in this process (the embedded default), or one rank
+// of it for the worker agent (--report-fd, --lease-fd, --lock-wait).
 #include <algorithm>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -9,6 +11,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include <c10/util/Exception.h>
 
@@ -22,6 +25,8 @@
 #include "worker/checkpoint.h"
 #include "worker/distributed/launcher.h"
 #include "worker/distributed/rendezvous.h"
+#include "worker/lease.h"
+#include "worker/run_reporter.h"
 #include "worker/trainer.h"
 #if ZENFLOW_HAVE_METRICS
 #include "common/metrics/http_server.h"
@@ -61,7 +66,46 @@ struct RunArgs {
   int metrics_port = 0;  // 0: no /metrics
   std::string metrics_host = "127.0.0.1";
   std::vector<std::string> pricing;  // override catalogs, merged by name over the shipped one
+  int report_fd = -1;                // JSON lines of the run (run_reporter.h); -1: none
+  int lease_fd = -1;                 // the agent's lease (lease.h); -1: none
+  double lease_timeout = 3;          // seconds without a byte on lease_fd before the lease expires
+  double lock_wait = 0;              // seconds to wait for checkpoint.dir's lock
   std::vector<std::string> argv;  // this process's argv, for the rank processes
+};
+
+// "" when `fd` is open for reading (`read`) or writing, else what is wrong, naming the flag.
+std::string check_fd(const char* flag, int fd, bool read) {
+  const int fl = ::fcntl(fd, F_GETFL);
+  const std::string name = std::string(flag) + " " + std::to_string(fd);
+  if (fl < 0)
+    return name + ": not an open file descriptor (the process that starts zenflow must pass it open)";
+  const int mode = fl & O_ACCMODE;
+  if (read && mode == O_WRONLY) return name + ": open for writing only; the lease is read from it";
+  if (!read && mode == O_RDONLY) return name + ": open for reading only; the report is written to it";
+  // Nothing this process starts later may hold the agent's pipes open.
+  ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC);
+  return "";
+}
+
+// The lease's end: one line, then out at once (no destructor, no checkpoint, no summary).
+// Built before the lease starts, so the end writes and exits without allocating.
+class LeaseExit {
+ public:
+  explicit LeaseExit(double timeout_s) {
+    char s[32];
+    std::snprintf(s, sizeof s, "%g", timeout_s);
+    expired_ = std::string("zenflow: lease expired (no renewal for ") + s +
+               " s); another attempt may own this job; exiting without a checkpoint\n";
+  }
+  [[noreturn]] void operator()(LeaseEnd why) const {
+    const std::string& line = why == LeaseEnd::kLost ? lost_ : expired_;
+    (void)!::write(2, line.data(), line.size());
+    ::_exit(kExitLeaseLost);
+  }
+
+ private:
+  std::string lost_ = "zenflow: lease lost (agent gone); exiting without a checkpoint\n";
+  std::string expired_;
 };
 
 // The shipped catalog: deploy/pricing.yaml of the source tree this binary was built from.
@@ -90,6 +134,23 @@ int run(const RunArgs& a) {
   // From the start: a signal during spec parsing or setup ends the process cleanly (130).
   std::signal(SIGINT, on_sigint);
   std::signal(SIGTERM, on_sigint);
+  for (const auto& [flag, fd, read] : {std::make_tuple("--report-fd", a.report_fd, false),
+                                       std::make_tuple("--lease-fd", a.lease_fd, true)}) {
+    if (fd < 0) continue;
+    if (const std::string bad = check_fd(flag, fd, read); !bad.empty()) {
+      std::cerr << "zenflow: " << bad << "\n";
+      return kExitBadInput;
+    }
+  }
+  // Run by an agent: when it is gone, a write to its pipes must fail (EPIPE), not kill this
+  // process before the lease has said why.
+  if (a.report_fd >= 0 || a.lease_fd >= 0) std::signal(SIGPIPE, SIG_IGN);
+  // The lease is held from the start: an agent gone during setup ends the process too.
+  std::unique_ptr<Lease> lease;
+  if (a.lease_fd >= 0)
+    lease = std::make_unique<Lease>(a.lease_fd,
+                                    std::chrono::milliseconds(static_cast<int64_t>(a.lease_timeout * 1000)),
+                                    LeaseExit(a.lease_timeout));
   JobSpec spec;
   try {
     spec = load_job_spec(a.job, a.sets);  // before any rank starts: one clear error, not N
@@ -98,6 +159,12 @@ int run(const RunArgs& a) {
     return kExitBadInput;
   }
   const int nproc = a.nproc > 0 ? a.nproc : static_cast<int>(std::max<int64_t>(1, spec.resources.gpus_per_worker));
+  if (nproc > 1 && !distributed::distributed_env_present() && (a.report_fd >= 0 || a.lease_fd >= 0)) {
+    std::cerr << "zenflow: --report-fd and --lease-fd belong to one rank process: with " << nproc
+              << " ranks the local launcher would hand every rank the same fd; start each rank with the "
+                 "rendezvous variables (ZENFLOW_RANK, ...) and its own fds instead\n";
+    return kExitBadInput;
+  }
   if (nproc > 1 && !distributed::distributed_env_present()) {
     // The local launcher: N copies of this command, each one rank, minus --nproc.
     std::vector<std::string> child;
@@ -125,7 +192,18 @@ int run(const RunArgs& a) {
       for (const std::string& w : warnings) std::cerr << "zenflow: warning: " << w << "\n";
   }
   ProgressPrinter progress(std::cerr, isatty(2) != 0 && !a.quiet && rank0, a.quiet || !rank0);
+  FanoutReporter reporters;
+  reporters.add(&progress);
+  std::unique_ptr<JsonLinesReporter> json_lines;
+  if (a.report_fd >= 0) {
+    json_lines = std::make_unique<JsonLinesReporter>(a.report_fd);
+    reporters.add(json_lines.get());
+  }
   RunOptions opts;
+  opts.reporter = &reporters;
+  if (lease)
+    opts.commit_fence = [&](const std::function<void()>& publish) { return lease->publish_if_held(publish); };
+  opts.lock_wait = std::chrono::milliseconds(static_cast<int64_t>(a.lock_wait * 1000));
   opts.resume = !a.fresh;
   for (const std::string& list : a.allow_spec_change) {
     std::stringstream keys(list);
@@ -133,8 +211,6 @@ int run(const RunArgs& a) {
       if (!k.empty()) opts.allow_spec_change.push_back(k);
   }
   opts.on_training_start = [] { g_training.store(true); };
-  opts.on_step = [&](const StepProgress& p) { progress.step(p); };
-  opts.on_log = [&](const std::string& s) { progress.log(s); };
   if (rank0) std::cerr << "zenflow: job " << spec.name << " (" << spec.optimizer.mode << " mode), " << spec.train.steps
             << " steps, checkpoints in " << spec.checkpoint.dir << "\n";
   // /metrics and /healthz while it trains. With several ranks only rank 0 serves (its own
@@ -178,6 +254,9 @@ int run(const RunArgs& a) {
   };
   try {
     sum = run_training(spec, opts, &g_stop);
+  } catch (const CommitFenced& e) {
+    if (lease) lease->expire();  // the commit saw it first: the lease's line, then out
+    return fail(kExitLeaseLost, "error", e.what());
   } catch (const SpecError& e) {
     return fail(kExitBadInput, "invalid job spec", e.what());
   } catch (const InputError& e) {
@@ -198,6 +277,7 @@ int run(const RunArgs& a) {
   } catch (const std::exception& e) {
     return fail(kExitFailure, "error", e.what());
   }
+  lease.reset();  // nothing more is written to checkpoint.dir: an agent gone now changes nothing
   progress.finish();
   if (rank0) {
     const std::optional<RunCost> cost = run_cost(price, sum);
@@ -235,6 +315,25 @@ CommandRegistrar reg(10, [](CommandContext& ctx) {
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--metrics-host", args->metrics_host,
                   "Address the metrics port listens on (default 127.0.0.1; 0.0.0.0 for every interface)");
+  cmd->add_option("--report-fd", args->report_fd,
+                  "Write the run's events to this open file descriptor, one JSON object per line (start, "
+                  "step at most 4 a second and the last one, checkpoint, log, finish); for the worker agent")
+      ->check(CLI::NonNegativeNumber);
+  CLI::Option* lease_fd =
+      cmd->add_option(
+             "--lease-fd", args->lease_fd,
+             "Run under the worker agent's lease: every byte read from this open file descriptor renews "
+             "it; at EOF, or after --lease-timeout without a byte, exit 75 at once without writing a "
+             "checkpoint")
+          ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--lease-timeout", args->lease_timeout,
+                  "Seconds without a byte on --lease-fd before the lease expires (default 3)")
+      ->needs(lease_fd)
+      ->check(CLI::Range(0.01, 3600.0));
+  cmd->add_option("--lock-wait", args->lock_wait,
+                  "Seconds to wait for another process to release checkpoint.dir's lock before failing "
+                  "(default 0: fail at once)")
+      ->check(CLI::Range(0.0, 86400.0));
   cmd->callback([args, &ctx] {
     args->argv = ctx.argv;
     ctx.exit_code = run(*args);

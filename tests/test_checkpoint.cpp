@@ -1,19 +1,25 @@
-// Checkpoint integrity: manifests, verification of every file, quarantine, supersede, identity, the directory lock.
+// Checkpoint integrity: manifests, verification of every file, quarantine, supersede, identity, the commit
+// fence, the directory lock.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/crc32c.h"
 #include "common/job_spec.h"
 #include "common/remove_tree.h"
+#include "tests/support/dir_lock_holder.h"
 #include "tests/support/shell.h"
 #include "worker/checkpoint.h"
 
@@ -265,6 +271,37 @@ TEST(Checkpoint, MultiRankCommitNeedsEveryShardWithItsChecksum) {
   EXPECT_TRUE(contains(o.warnings[0], "engine-rank-00001.safetensors: checksum mismatch")) << o.warnings[0];
 }
 
+// A fence that refuses leaves the directory as it was: no new step, no temporary
+// directory; one that allows sees the rename and rotation happen inside its call.
+TEST(Checkpoint, ARefusingFenceCommitsNothing) {
+  const fs::path d = three_checkpoints("fence");
+  zenflow::begin_checkpoint(d.string(), 8);
+  int refused_calls = 0;
+  EXPECT_THROW(zenflow::commit_checkpoint(d.string(), 8, contents(8), 2, 1,
+                                          [&](const std::function<void()>&) {
+                                            ++refused_calls;
+                                            return false;
+                                          }),
+               zenflow::CommitFenced);
+  EXPECT_EQ(refused_calls, 1);
+  std::vector<int64_t> steps;
+  for (const auto& [step, path] : zenflow::list_checkpoints(d.string())) steps.push_back(step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{2, 4, 6}));  // keep 2 did not rotate either
+  EXPECT_FALSE(fs::exists(d / "step-00000008.tmp"));
+
+  zenflow::begin_checkpoint(d.string(), 8);
+  std::vector<int64_t> inside;  // what the directory held when the fence's call returned
+  const std::string path =
+      zenflow::commit_checkpoint(d.string(), 8, contents(8), 2, 1, [&](const std::function<void()>& publish) {
+        publish();
+        for (const auto& c : zenflow::list_checkpoints(d.string())) inside.push_back(c.first);
+        return true;
+      });
+  EXPECT_EQ(path, (d / "step-00000008").string());
+  EXPECT_EQ(inside, (std::vector<int64_t>{6, 8}));
+  EXPECT_NO_THROW(zenflow::load_checkpoint(path));
+}
+
 TEST(Checkpoint, SupersedeMovesAnEarlierRunAsideWithoutDeleting) {
   const fs::path d = three_checkpoints("supersede");
   const std::string moved = zenflow::supersede_checkpoints(d.string());
@@ -307,34 +344,50 @@ TEST(Checkpoint, IdentityListsTheKeysThatChanged) {
 TEST(CheckpointDirLock, ASecondOwnerIsRefusedNamingTheFirst) {
   const fs::path d = scratch("lock");
   // The first owner is another process, so the message names its pid.
-  int ready[2];
-  ASSERT_EQ(pipe(ready), 0);
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    try {
-      zenflow::CheckpointDirLock lock(d.string());
-      (void)!::write(ready[1], "1", 1);
-      pause();
-    } catch (...) {
-      _exit(3);
-    }
-    _exit(0);
-  }
-  char c;
-  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  zenflow::test_support::DirLockHolder first(d.string());
+  ASSERT_GT(first.pid(), 0);
   try {
     zenflow::CheckpointDirLock second(d.string());
     ADD_FAILURE() << "two owners of one checkpoint.dir";
   } catch (const zenflow::CheckpointDirBusy& e) {
-    EXPECT_TRUE(contains(e.what(), "is in use by zenflow pid " + std::to_string(child) + " on host ")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "is in use by zenflow pid " + std::to_string(first.pid()) + " on host "))
+        << e.what();
   }
-  kill(child, SIGKILL);  // the kernel drops a killed owner's lock
-  int status;
-  waitpid(child, &status, 0);
+  first.release();  // the kernel drops a killed owner's lock
   EXPECT_NO_THROW(zenflow::CheckpointDirLock again(d.string()));
-  close(ready[0]);
-  close(ready[1]);
+}
+
+// lock_checkpoint_dir waits for an owner to let go (here: killed), and gives up after its wait.
+TEST(CheckpointDirLock, AWaitOutlastsAnOwnerThatLetsGoAndFailsAfterIt) {
+  const fs::path d = scratch("lock-wait");
+  zenflow::test_support::DirLockHolder first(d.string());
+  ASSERT_GT(first.pid(), 0);
+  const pid_t first_pid = first.pid();
+  std::vector<std::string> waited;
+  std::thread release([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    first.release();
+  });
+  std::unique_ptr<zenflow::CheckpointDirLock> lock;
+  EXPECT_NO_THROW(lock =
+                      zenflow::lock_checkpoint_dir(d.string(), std::chrono::seconds(60),
+                                                   [&](const std::string& busy) { waited.push_back(busy); }));
+  release.join();
+  EXPECT_NE(lock, nullptr);
+  ASSERT_EQ(waited.size(), 1u);  // told once, naming the owner
+  EXPECT_TRUE(contains(waited[0], "is in use by zenflow pid " + std::to_string(first_pid))) << waited[0];
+  lock.reset();
+
+  zenflow::test_support::DirLockHolder second(d.string());
+  ASSERT_GT(second.pid(), 0);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    zenflow::lock_checkpoint_dir(d.string(), std::chrono::milliseconds(500));
+    ADD_FAILURE() << "two owners of one checkpoint.dir";
+  } catch (const zenflow::CheckpointDirBusy& e) {
+    EXPECT_TRUE(contains(e.what(), "is in use by zenflow pid " + std::to_string(second.pid()))) << e.what();
+  }
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500));  // it did wait
 }
 
 TEST(CheckpointDirLock, AUsersFileOfThatNameIsLeftAlone) {

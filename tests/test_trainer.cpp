@@ -1,13 +1,17 @@
-// Training loop: checkpoint/resume exactness, damaged-checkpoint fallback, byte accounting.
+// Training loop: checkpoint/resume exactness, damaged-checkpoint fallback, byte accounting,
+// what the reporter hears and the commit fence.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "common/remove_tree.h"
 #include "common/job_spec.h"
 #include "worker/checkpoint.h"
+#include "worker/run_reporter.h"
 #include "worker/trainer.h"
 
 namespace fs = std::filesystem;
@@ -48,6 +52,45 @@ JobSpec tiny_spec(const std::string& dir, const std::string& extra_mode_yaml) {
 RunOptions quiet() {
   RunOptions o;
   o.evaluate = false;
+  return o;
+}
+
+// Every event a run reports, in order.
+struct RecordingReporter : RunReporter {
+  struct Event {
+    std::string kind;  // start, step, log, checkpoint, finish
+    int64_t step = 0;  // start: start_step; finish: steps
+    int64_t total = 0;
+    double loss = 0;
+    std::string text;  // log: the line; checkpoint: the dir
+    bool interrupted = false;
+  };
+  std::vector<Event> events;
+
+  void on_start(int64_t start_step, int64_t total_steps) noexcept override {
+    events.push_back({"start", start_step, total_steps, 0, "", false});
+  }
+  void on_step(const StepProgress& p) noexcept override {
+    events.push_back({"step", p.step, p.total, p.loss, "", false});
+  }
+  void on_log(const std::string& line) noexcept override { events.push_back({"log", 0, 0, 0, line, false}); }
+  void on_checkpoint(int64_t step, const std::string& dir) noexcept override {
+    events.push_back({"checkpoint", step, 0, 0, dir, false});
+  }
+  void on_finish(int64_t steps, bool interrupted) noexcept override {
+    events.push_back({"finish", steps, 0, 0, "", interrupted});
+  }
+  std::vector<Event> of(const std::string& kind) const {
+    std::vector<Event> out;
+    for (const Event& e : events)
+      if (e.kind == kind) out.push_back(e);
+    return out;
+  }
+};
+
+RunOptions reported_to(RecordingReporter* reporter) {
+  RunOptions o = quiet();
+  o.reporter = reporter;
   return o;
 }
 
@@ -101,13 +144,14 @@ TEST(Trainer, DamagedNewestCheckpointFallsBackToThePreviousOne) {
   const std::string newest = list_checkpoints(spec.checkpoint.dir).back().second;
   fs::resize_file(newest + "/engine.safetensors", fs::file_size(newest + "/engine.safetensors") / 2);
 
-  std::vector<std::string> warnings;
-  RunOptions resume = quiet();
-  resume.on_log = [&](const std::string& s) { warnings.push_back(s); };
+  RecordingReporter reporter;
+  RunOptions resume = reported_to(&reporter);
   RunSummary b = run_training(spec, resume);
   EXPECT_EQ(b.start_step, 5);
   bool warned = false;
-  for (auto& w : warnings) warned |= w.find("damaged") != std::string::npos && w.find("step-00000007") != std::string::npos;
+  for (auto& w : reporter.of("log"))
+    warned |=
+        w.text.find("damaged") != std::string::npos && w.text.find("step-00000007") != std::string::npos;
   EXPECT_TRUE(warned);
   ASSERT_EQ(b.losses.size(), 7u);
   for (size_t i = 0; i < 7; ++i) EXPECT_DOUBLE_EQ(b.losses[i], a.losses[5 + i]) << "step " << i + 6;
@@ -161,5 +205,67 @@ TEST(Trainer, AutocastIsIgnoredOnTheCpu) {
   ASSERT_EQ(plain.losses.size(), cast.losses.size());
   for (size_t i = 0; i < plain.losses.size(); ++i) EXPECT_DOUBLE_EQ(plain.losses[i], cast.losses[i]);
   EXPECT_THROW(parse_job_spec("name: x\ndata: {train: /tmp}\ntrain: {autocast: fp8}\n"), SpecError);
+  zenflow::remove_tree(dir);
+}
+
+// The reporter hears the run as it happened: start, every step with the summary's losses,
+// each committed checkpoint, the finish last.
+TEST(Trainer, TheReporterIsToldEveryStepAndCheckpoint) {
+  const std::string dir = temp_dir("reporter");
+  JobSpec spec = tiny_spec(dir, "");
+  RecordingReporter reporter;
+  RunOptions o = reported_to(&reporter);
+  int fence_calls = 0;
+  o.commit_fence = [&](const std::function<void()>& publish) {
+    ++fence_calls;
+    publish();
+    return true;
+  };
+  RunSummary s = run_training(spec, o);
+  ASSERT_FALSE(reporter.events.empty());
+  EXPECT_EQ(reporter.events.front().kind, "start");
+  EXPECT_EQ(reporter.events.front().step, 0);
+  EXPECT_EQ(reporter.events.front().total, 12);
+  const auto steps = reporter.of("step");
+  ASSERT_EQ(steps.size(), 12u);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i].step, static_cast<int64_t>(i) + 1);
+    EXPECT_EQ(steps[i].total, 12);
+    EXPECT_DOUBLE_EQ(steps[i].loss, s.losses[i]) << "step " << i + 1;
+  }
+  // every_steps 5: steps 5 and 10, and the final one, each through the fence.
+  const auto cks = reporter.of("checkpoint");
+  const auto on_disk = list_checkpoints(spec.checkpoint.dir);
+  ASSERT_EQ(cks.size(), 3u);
+  ASSERT_EQ(on_disk.size(), 3u);
+  for (size_t i = 0; i < cks.size(); ++i) {
+    EXPECT_EQ(cks[i].step, on_disk[i].first);
+    EXPECT_EQ(cks[i].text, on_disk[i].second);
+  }
+  EXPECT_EQ(cks.back().step, 12);
+  EXPECT_EQ(fence_calls, 3);
+  EXPECT_EQ(reporter.events.back().kind, "finish");
+  EXPECT_EQ(reporter.events.back().step, 12);
+  EXPECT_FALSE(reporter.events.back().interrupted);
+  zenflow::remove_tree(dir);
+}
+
+// A fence that refuses (a lease gone) ends the run at its first checkpoint, with nothing
+// committed and no temporary directory left behind.
+TEST(Trainer, ARefusingCommitFenceEndsTheRunWithNothingCommitted) {
+  const std::string dir = temp_dir("fenced");
+  JobSpec spec = tiny_spec(dir, "");
+  RecordingReporter reporter;
+  RunOptions o = reported_to(&reporter);
+  o.commit_fence = [](const std::function<void()>&) { return false; };
+  EXPECT_THROW(run_training(spec, o), CommitFenced);
+  EXPECT_TRUE(list_checkpoints(spec.checkpoint.dir).empty());
+  for (const auto& e : fs::directory_iterator(spec.checkpoint.dir))
+    EXPECT_EQ(e.path().filename().string().rfind("step-", 0), std::string::npos) << e.path();
+  // It stopped at the first checkpoint (step 5), reporting steps up to 4 and no checkpoint.
+  EXPECT_TRUE(reporter.of("checkpoint").empty());
+  EXPECT_TRUE(reporter.of("finish").empty());
+  ASSERT_FALSE(reporter.of("step").empty());
+  EXPECT_EQ(reporter.of("step").back().step, 4);
   zenflow::remove_tree(dir);
 }

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <map>
 #include <stdexcept>
+#include <thread>
 
 #include "common/crc32c.h"
 #include "common/input_file.h"
@@ -222,7 +223,7 @@ void write_engine_shard(const std::string& dir, int64_t step, int rank, const Na
 }
 
 std::string commit_checkpoint(const std::string& dir, int64_t step, const CheckpointContents& contents,
-                              int64_t keep, int world_size) {
+                              int64_t keep, int world_size, const CommitFence& fence) {
   const fs::path root(dir);
   const fs::path final_dir = root / step_name(step);
   const fs::path tmp = tmp_dir(dir, step);
@@ -261,13 +262,22 @@ std::string commit_checkpoint(const std::string& dir, int64_t step, const Checkp
                              {"files", files}};
   write_text_file(tmp / kManifest, manifest.dump(1) + "\n");
   fsync_path(tmp);
-  fs::rename(tmp, final_dir, ec);
-  if (ec) throw std::runtime_error("checkpoint: cannot rename " + tmp.string() + ": " + ec.message());
-  fsync_path(root);
-
-  auto all = list_checkpoints(dir);
-  for (size_t i = 0; keep > 0 && all.size() - i > static_cast<size_t>(keep); ++i)
-    zenflow::remove_tree(all[i].second, ec);
+  // Everything that changes what checkpoint.dir shows happens inside the fence.
+  const auto publish = [&] {
+    fs::rename(tmp, final_dir, ec);
+    if (ec) throw std::runtime_error("checkpoint: cannot rename " + tmp.string() + ": " + ec.message());
+    fsync_path(root);
+    auto all = list_checkpoints(dir);
+    for (size_t i = 0; keep > 0 && all.size() - i > static_cast<size_t>(keep); ++i)
+      zenflow::remove_tree(all[i].second, ec);
+  };
+  if (!fence) {
+    publish();
+  } else if (!fence(publish)) {
+    zenflow::remove_tree(tmp, ec);
+    throw CommitFenced("checkpoint: step " + std::to_string(step) + " was not committed in " + dir +
+                       ": this process may no longer commit checkpoints of the job (its lease ended)");
+  }
   return final_dir.string();
 }
 
@@ -547,6 +557,23 @@ CheckpointDirLock::CheckpointDirLock(const std::string& dir) {
 
 CheckpointDirLock::~CheckpointDirLock() {
   if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
+std::unique_ptr<CheckpointDirLock> lock_checkpoint_dir(
+    const std::string& dir, std::chrono::milliseconds wait,
+    const std::function<void(const std::string&)>& on_wait) {
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  for (bool first = true;; first = false) {
+    try {
+      return std::make_unique<CheckpointDirLock>(dir);
+    } catch (const CheckpointDirBusy& e) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) throw;
+      if (first && on_wait) on_wait(e.what());
+      std::this_thread::sleep_for(
+          std::min<std::chrono::steady_clock::duration>(deadline - now, std::chrono::milliseconds(100)));
+    }
+  }
 }
 
 }  // namespace zenflow

@@ -27,13 +27,21 @@
 // One rank: write_checkpoint() does all of it.
 //
 // While a run uses checkpoint.dir it holds CheckpointDirLock on it, so a second run on the
-// same directory fails at once naming the owner.
+// same directory fails naming the owner (at once, or after waiting for it: lock_checkpoint_dir).
+//
+// Fencing: a process that may lose its right to write the job (`zenflow run --lease-fd`: the
+// worker agent's lease can expire, and another attempt of the job then owns it) passes a
+// CommitFence to commit_checkpoint. The fence decides at the last moment, and holds its
+// decision while the checkpoint becomes visible, so no checkpoint appears after the right
+// was lost, however the loss races the save.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
@@ -59,6 +67,20 @@ class CheckpointDirBusy : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// commit_checkpoint was refused by its CommitFence: nothing was committed (the temporary
+// directory was removed). The process no longer owns the job; it must end without writing.
+class CommitFenced : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Runs `publish` (the rename that makes a checkpoint visible, and the rotation of old ones)
+// if and only if this process may still commit, and returns whether it ran. While it runs,
+// the fence's owner must not revoke the right (a lease holds off its expiry until it
+// returns), so "may commit" and "committed" are one decision. An empty fence always allows.
+// `publish` may throw; the fence passes the exception on.
+using CommitFence = std::function<bool(const std::function<void()>& publish)>;
 
 // What one commit writes besides the other ranks' engine shards.
 struct CheckpointContents {
@@ -90,11 +112,13 @@ std::string write_checkpoint(const std::string& dir, int64_t step, const Checkpo
 // The steps of a checkpoint written by several ranks (see above). begin_checkpoint
 // (re)creates the temporary directory; write_engine_shard writes a shard and its checksum;
 // commit_checkpoint writes rank 0's files, checks that the shards of ranks
-// 1..world_size-1 are there with their checksums, writes the manifest, renames and rotates.
+// 1..world_size-1 are there with their checksums, writes the manifest, then, through
+// `fence`, renames and rotates. When the fence refuses, it removes the temporary directory
+// and throws CommitFenced; the previous checkpoints are untouched.
 void begin_checkpoint(const std::string& dir, int64_t step);
 void write_engine_shard(const std::string& dir, int64_t step, int rank, const NamedTensors& engine);
 std::string commit_checkpoint(const std::string& dir, int64_t step, const CheckpointContents& contents,
-                              int64_t keep, int world_size);
+                              int64_t keep, int world_size, const CommitFence& fence = {});
 
 // Elements of `t` that are NaN or Inf (0 for non-floating types). CPU contiguous tensors are
 // scanned over their raw exponent bits at memory speed, without a temporary tensor. What a
@@ -162,5 +186,14 @@ class CheckpointDirLock {
  private:
   int fd_ = -1;
 };
+
+// CheckpointDirLock on `dir`, waiting up to `wait` for another process to let go of it
+// (polling every 100 ms; the lock file is reopened each time). `on_wait` is called once,
+// with the CheckpointDirBusy message, when the first try finds the directory busy and
+// `wait` > 0. Throws the last CheckpointDirBusy when the directory is still busy after
+// `wait` (at once with `wait` 0), and whatever CheckpointDirLock throws otherwise.
+std::unique_ptr<CheckpointDirLock> lock_checkpoint_dir(
+    const std::string& dir, std::chrono::milliseconds wait,
+    const std::function<void(const std::string&)>& on_wait = {});
 
 }  // namespace zenflow

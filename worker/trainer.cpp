@@ -13,8 +13,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -258,224 +261,283 @@ double percentile(std::vector<double> values, double q) {
   return values[lo] + (values[hi] - values[lo]) * (pos - static_cast<double>(lo));
 }
 
-RunSummary run_training(const JobSpec& spec, const RunOptions& options, const std::atomic<bool>* stop) {
-  bool log_here = true;  // rank 0 speaks for the job
-  auto log = [&](const std::string& s) {
-    if (options.on_log && log_here) options.on_log(s);
-  };
-  Stopwatch wall;
-  keep_freed_host_memory();
-  RunSummary sum;
-  const distributed::LocalPlacement local = distributed::local_placement_from_env();
-  const at::Device device = pick_device(spec.train.device, local);
-  const at::ScalarType dtype = pick_dtype(spec.train.dtype, device);
-  // This thread's CUDA calls (streams, events, the default of new tensors) go to the
-  // rank's GPU, not to GPU 0. A no-op on the CPU.
-  const c10::DeviceGuard on_device(device);
-  sum.device = device.str();
-  const bool use_autocast = device.is_cuda() && spec.train.autocast != "none";
-  const at::ScalarType autocast_dtype = spec.train.autocast == "float16" ? at::kHalf : at::kBFloat16;
-  sum.mode = spec.optimizer.mode;
+namespace {
 
-  const bool needs_host = spec.optimizer.mode != "device";
-  CorePlan cores = plan_cores(spec, needs_host, local);
-  const int64_t compute_threads =
-      spec.train.compute_threads > 0 ? spec.train.compute_threads : static_cast<int64_t>(cores.compute.size());
-  pin_current_thread(cores.compute);
-  at::set_num_threads(static_cast<int>(compute_threads));
-  sum.compute_threads = compute_threads;
-  sum.host_threads = needs_host ? static_cast<int64_t>(cores.host.size()) : 0;
+// One call of run_training: the phases of a run, in the order run() calls them, over the
+// state they share. Members are declared in the order they come to life, so they are
+// destroyed in reverse (the reducer and the engine before the communicator they use, the
+// checkpoint directory's lock after everything that writes there).
+class TrainingRun {
+ public:
+  TrainingRun(const JobSpec& spec, const RunOptions& options, const std::atomic<bool>* stop)
+      : spec_(spec), options_(options), stop_(stop) {}
+
+  RunSummary run() {
+    keep_freed_host_memory();
+    setup_devices();
+    join_ranks();
+    preflight();
+    build_model();
+    build_data();
+    build_optimizer();
+    resume();
+    begin_training();
+    train_steps();
+    finish();
+    summarize();
+    if (options_.reporter) options_.reporter->on_finish(sum_.steps, sum_.interrupted);
+    return std::move(sum_);
+  }
+
+ private:
+  // What one training step produced (train_step).
+  struct StepOutcome {
+    double loss = 0;           // the global batch's mean loss
+    int64_t tokens = 0;        // the global batch's
+    int64_t local_tokens = 0;  // this rank's
+    engine::StepReport report;
+    int64_t epoch = 0;
+  };
+
+  // Rank 0 speaks for the job.
+  void log(const std::string& s) {
+    if (options_.reporter && log_here_) options_.reporter->on_log(s);
+  }
+
+  // Device, dtypes, and this process's cores: compute threads pinned, the rest for the host
+  // optimizer.
+  void setup_devices() {
+    local_ = distributed::local_placement_from_env();
+    device_ = pick_device(spec_.train.device, local_);
+    dtype_ = pick_dtype(spec_.train.dtype, device_);
+    // This thread's CUDA calls (streams, events, the default of new tensors) go to the
+    // rank's GPU, not to GPU 0. A no-op on the CPU.
+    on_device_.emplace(device_);
+    sum_.device = device_.str();
+    use_autocast_ = device_.is_cuda() && spec_.train.autocast != "none";
+    autocast_dtype_ = spec_.train.autocast == "float16" ? at::kHalf : at::kBFloat16;
+    sum_.mode = spec_.optimizer.mode;
+
+    const bool needs_host = spec_.optimizer.mode != "device";
+    cores_ = plan_cores(spec_, needs_host, local_);
+    const int64_t compute_threads = spec_.train.compute_threads > 0
+                                        ? spec_.train.compute_threads
+                                        : static_cast<int64_t>(cores_.compute.size());
+    pin_current_thread(cores_.compute);
+    at::set_num_threads(static_cast<int>(compute_threads));
+    sum_.compute_threads = compute_threads;
+    sum_.host_threads = needs_host ? static_cast<int64_t>(cores_.host.size()) : 0;
+  }
 
   // Data parallelism: ranks started with ZENFLOW_RANK/WORLD_SIZE/MASTER_* train one model
   // together: always-device gradients averaged by the GradReducer, split matrices
   // exchanged by the engine (partitioned host optimizer, zenflow_optimizer.h).
-  std::unique_ptr<distributed::Communicator> comm;
-  if (distributed::distributed_env_present()) {
-    distributed::CommunicatorOptions co;
-    co.device_type = device.type();  // Gloo on CPU, NCCL on CUDA
-    comm = std::make_unique<distributed::Communicator>(distributed::rank_info_from_env(), co);
+  void join_ranks() {
+    if (distributed::distributed_env_present()) {
+      distributed::CommunicatorOptions co;
+      co.device_type = device_.type();  // Gloo on CPU, NCCL on CUDA
+      comm_ = std::make_unique<distributed::Communicator>(distributed::rank_info_from_env(), co);
+    }
+    world_ = comm_ ? comm_->world_size() : 1;
+    rank_ = comm_ ? comm_->rank() : 0;
+    sum_.world_size = world_;
+    log_here_ = rank_ == 0;
+    // Rank 0 holds checkpoint.dir's lock for the whole run (one run per directory), taken
+    // before anything is loaded so a busy directory fails at once (or after lock_wait); it is
+    // the only rank that moves damaged or superseded checkpoints aside.
+    owns_dir_ = options_.write_checkpoints && !spec_.checkpoint.dir.empty() && rank_ == 0;
+    if (owns_dir_) {
+      const double wait_s = std::chrono::duration<double>(options_.lock_wait).count();
+      dir_lock_ = lock_checkpoint_dir(spec_.checkpoint.dir, options_.lock_wait, [&](const std::string& busy) {
+        char waiting[64];
+        std::snprintf(waiting, sizeof waiting, "%g", wait_s);
+        log(busy.substr(0, busy.rfind("; ")) + "; waiting up to " + waiting + " s for it to be released");
+      });
+    }
   }
-  const int64_t world = comm ? comm->world_size() : 1;
-  const int64_t rank = comm ? comm->rank() : 0;
-  sum.world_size = world;
-  log_here = rank == 0;
-  // Rank 0 holds checkpoint.dir's lock for the whole run (one run per directory), taken
-  // before anything is loaded so a busy directory fails at once; it is the only rank that
-  // moves damaged or superseded checkpoints aside.
-  const bool owns_dir = options.write_checkpoints && !spec.checkpoint.dir.empty() && rank == 0;
-  std::unique_ptr<CheckpointDirLock> dir_lock;
-  if (owns_dir) dir_lock = std::make_unique<CheckpointDirLock>(spec.checkpoint.dir);
-
-  // Data.
-  auto tokenizer = reading("data.tokenizer", [&] { return model::load_tokenizer(spec.data.tokenizer); });
-  const std::string model_key = spec.model.from.empty() ? "model.config" : "model.from";
 
   // Preflight, before anything large is allocated: settings that cannot work are errors,
   // settings that cannot take effect are warnings, and a job whose estimated memory does
   // not fit this machine (shared by the ranks on it) is refused naming the key to change.
-  preflight_errors(spec, device.is_cuda());
-  {
-    std::vector<int> mine = cores.compute;
-    for (int c : cores.host)
+  void preflight() {
+    tokenizer_ = reading("data.tokenizer", [&] { return model::load_tokenizer(spec_.data.tokenizer); });
+    model_key_ = spec_.model.from.empty() ? "model.config" : "model.from";
+    preflight_errors(spec_, device_.is_cuda());
+    std::vector<int> mine = cores_.compute;
+    for (int c : cores_.host)
       if (std::find(mine.begin(), mine.end(), c) == mine.end()) mine.push_back(c);
-    for (const std::string& w : preflight_warnings(spec, device.is_cuda(), static_cast<int64_t>(mine.size())))
+    for (const std::string& w :
+         preflight_warnings(spec_, device_.is_cuda(), static_cast<int64_t>(mine.size())))
       log("warning: " + w);
     const model::LoadedModel described =
-        reading(model_key, [&] { return describe_model_from_spec(spec.model, tokenizer->vocab_size()); });
-    const MemoryEstimate need = estimate_job_memory(spec, described,
-                                                    world, device.is_cuda(), static_cast<int>(c10::elementSize(dtype)));
+        reading(model_key_, [&] { return describe_model_from_spec(spec_.model, tokenizer_->vocab_size()); });
+    const MemoryEstimate need = estimate_job_memory(spec_, described, world_, device_.is_cuda(),
+                                                    static_cast<int>(c10::elementSize(dtype_)));
     const int64_t host = available_host_memory_bytes();
     // The device's free memory is not known to this build (CPU LibTorch): 0 = not checked.
-    check_job_fits(spec, need, host > 0 ? host / std::max<int64_t>(1, local.world_size) : 0, 0);
+    check_job_fits(spec_, need, host > 0 ? host / std::max<int64_t>(1, local_.world_size) : 0, 0);
   }
 
   // Model: a Hugging Face directory (model.from) or a random init from model.config.
-  model::LoadedModel info;
-  // Weights go straight to the device (a memory-mapped checkpoint is never held in
-  // host RAM on a GPU host), unless initial weights replace them first.
-  auto lm = reading(model_key, [&] {
-    return options.initial_weights.empty()
-               ? make_model_from_spec(spec.model, tokenizer->vocab_size(), spec.train.seed, &info, device, dtype)
-               : make_model_from_spec(spec.model, tokenizer->vocab_size(), spec.train.seed, &info);
-  });
-  if (!options.initial_weights.empty()) {
-    std::map<std::string, at::Tensor> init(options.initial_weights.begin(), options.initial_weights.end());
-    c10::NoGradGuard no_grad;
-    for (auto& nt : lm->parameters()) {
-      auto it = init.find(nt.name);
-      if (it == init.end() || it->second.sizes() != nt.tensor.sizes())
-        throw std::invalid_argument("initial weights: '" + nt.name + "' missing or of another shape");
-      nt.tensor.detach().copy_(it->second);
-    }
-  }
-  lm->to(device, dtype);
-  lm->train(true);
-
-  std::shared_ptr<model::TokenDataset> train_ds, val_ds;
-  std::tie(train_ds, val_ds) = reading(spec.data.val.empty() ? "data.train" : "data.train/data.val", [&] {
-    return make_dataset_from_spec(spec.data, *tokenizer, spec.train.seq_len, lm->vocab_size());
-  });
-  if (train_ds->size() < spec.train.micro_batch)
-    throw std::invalid_argument("train.micro_batch: " + std::to_string(spec.train.micro_batch) +
-                                " exceeds the " + std::to_string(train_ds->size()) + " training examples of " +
-                                spec.data.train);
-  if (train_ds->size() < spec.train.micro_batch * world)
-    throw std::invalid_argument("train.micro_batch: " + std::to_string(spec.train.micro_batch) + " x " +
-                                std::to_string(world) + " ranks exceeds the " + std::to_string(train_ds->size()) +
-                                " training examples");
-  // Every rank draws the same global batch of micro_batch x world examples and keeps its rows,
-  // so W ranks x micro-batch b see exactly what 1 rank x micro-batch W*b sees.
-  model::DataLoader loader(train_ds, spec.train.micro_batch * world, spec.train.seed, 2, true);
-
-  std::vector<engine::ParamSpec> params;
-  for (auto& nt : lm->parameters()) {
-    engine::ParamSpec p;
-    p.name = nt.name;
-    p.param = nt.tensor;
-    // No decay on norms and biases (1-D parameters).
-    p.weight_decay = nt.tensor.dim() >= 2;
-    p.weight_decay_value = spec.train.weight_decay;
-    params.push_back(p);
-    sum.params += nt.tensor.numel();
-  }
-  engine::EngineOptions eo = engine_options(spec);
-  eo.host_threads = static_cast<int>(std::max<size_t>(1, cores.host.size()));
-  eo.host_cores = cores.host;
-  engine::StallClock clock;
-  std::unique_ptr<distributed::EngineCollectives> collectives;
-  if (comm) collectives = std::make_unique<distributed::EngineCollectives>(*comm);
-  engine::ZenFlowOptimizer opt(params, eo, &clock, collectives.get());
-  // The reducer averages the parameters the engine does not exchange itself.
-  std::unique_ptr<distributed::GradReducer> reducer;
-  if (comm) {
-    std::vector<at::Tensor> ps;
-    for (auto& p : params)
-      if (!opt.is_split(p.name)) ps.push_back(p.param);
-    if (!ps.empty()) reducer = std::make_unique<distributed::GradReducer>(*comm, ps);
-  }
-  sum.split_params = opt.split_elements();
-  sum.host_state_bytes = opt.host_state_bytes();
-  sum.transfer_buffer_bytes = opt.pinned_host_bytes();
-
-  model::ScheduleConfig sched;
-  sched.kind = spec.train.schedule;
-  sched.lr = spec.train.lr;
-  sched.warmup_steps = spec.train.warmup_steps;
-  sched.total_steps = spec.train.steps;
-  sched.min_lr_ratio = spec.train.min_lr_ratio;
-
-  // Resume.
-  const nlohmann::json identity = job_identity(spec, world);
-  int64_t step = 0;
-  std::vector<double> history;
-  if (options.resume && !spec.checkpoint.dir.empty()) {
-    CheckpointScan scan = scan_checkpoints(spec.checkpoint.dir, log, /*quarantine=*/owns_dir);
-    if (!scan.checkpoint && !scan.damaged.empty()) {
-      std::string list;
-      for (const auto& d : scan.damaged) list += "\n  " + d;
-      throw ResumeRefused("checkpoint.dir " + spec.checkpoint.dir + " holds no usable checkpoint; damaged (kept for inspection):" +
-                          list + "\nrerun with --fresh to start from step 0 anyway");
-    }
-    if (auto& ck = scan.checkpoint) {
-      const std::vector<std::string> changed = identity_changes(ck->identity, identity, options.allow_spec_change);
-      if (!changed.empty()) {
-        std::string list, keys;
-        for (const auto& c : changed) {
-          list += "\n  " + c;
-          keys += (keys.empty() ? "" : ",") + c.substr(0, c.find_first_of(" :"));
-        }
-        throw ResumeRefused("checkpoint " + ck->path + " was written by a job with other settings; changed:" + list +
-                            "\nresuming would mix their states. Rerun with --allow-spec-change " + keys +
-                            " to resume anyway, --fresh to start from step 0, or give the job another checkpoint.dir");
-      }
-      std::map<std::string, at::Tensor> saved(ck->model.begin(), ck->model.end());
+  void build_model() {
+    // Weights go straight to the device (a memory-mapped checkpoint is never held in
+    // host RAM on a GPU host), unless initial weights replace them first.
+    lm_ = reading(model_key_, [&] {
+      return options_.initial_weights.empty()
+                 ? make_model_from_spec(spec_.model, tokenizer_->vocab_size(), spec_.train.seed, &info_,
+                                        device_, dtype_)
+                 : make_model_from_spec(spec_.model, tokenizer_->vocab_size(), spec_.train.seed, &info_);
+    });
+    if (!options_.initial_weights.empty()) {
+      std::map<std::string, at::Tensor> init(options_.initial_weights.begin(),
+                                             options_.initial_weights.end());
       c10::NoGradGuard no_grad;
-      for (auto& nt : lm->parameters()) {
-        auto it = saved.find(nt.name);
-        if (it == saved.end()) throw ResumeRefused(ck->path + ": model tensor '" + nt.name + "' missing");
-        if (it->second.sizes() != nt.tensor.sizes())
-          throw ResumeRefused(ck->path + ": model tensor '" + nt.name + "' has a different shape");
+      for (auto& nt : lm_->parameters()) {
+        auto it = init.find(nt.name);
+        if (it == init.end() || it->second.sizes() != nt.tensor.sizes())
+          throw std::invalid_argument("initial weights: '" + nt.name + "' missing or of another shape");
         nt.tensor.detach().copy_(it->second);
       }
-      try {
-        if (ck->world_size == world) {
-          opt.load_state(load_engine_shard(*ck, static_cast<int>(rank)));
-        } else {
-          // Re-shard: this rank's columns come from whichever old ranks held them.
-          std::vector<NamedTensors> shards;
-          for (int r = 0; r < static_cast<int>(ck->world_size); ++r) shards.push_back(load_engine_shard(*ck, r));
-          opt.load_state_shards(shards);
-          log("re-sharded the optimizer state of " + std::to_string(ck->world_size) + " ranks over " +
-              std::to_string(world));
-        }
-      } catch (const std::exception& e) {
-        if (options.allow_spec_change.empty()) throw;
-        // The state of the old settings does not fit the new ones (another mode, ratio, …).
-        throw ResumeRefused("checkpoint " + ck->path + ": its optimizer state cannot be carried across the allowed change (" +
-                            e.what() + "); use --fresh to start from step 0 with the new settings");
-      }
-      model::LoaderPosition pos;
-      pos.epoch = ck->loader_epoch;
-      pos.index = ck->loader_index;
-      loader.restore(pos);
-      step = ck->step;
-      history = ck->losses;
-      log("resumed from " + ck->path + " at step " + std::to_string(step));
     }
-  } else if (owns_dir) {
-    const std::string moved = supersede_checkpoints(spec.checkpoint.dir);
-    if (!moved.empty()) log("starting fresh: the checkpoints already in " + spec.checkpoint.dir + " were moved to " + moved);
+    lm_->to(device_, dtype_);
+    lm_->train(true);
   }
-  sum.start_step = step;
-  sum.tokens_per_step = spec.train.micro_batch * spec.train.grad_accum * spec.train.seq_len * world;
 
-  // Every rank writes its shard of the engine state; rank 0 the rest, then commits.
-  const std::string run_yaml = to_yaml(spec);
-  int64_t last_saved = step;  // a resumed checkpoint already holds this step
-  auto save = [&](int64_t at_step) {
-    if (!options.write_checkpoints || spec.checkpoint.dir.empty() || at_step == last_saved) return;
+  void build_data() {
+    std::tie(train_ds_, val_ds_) =
+        reading(spec_.data.val.empty() ? "data.train" : "data.train/data.val", [&] {
+          return make_dataset_from_spec(spec_.data, *tokenizer_, spec_.train.seq_len, lm_->vocab_size());
+        });
+    if (train_ds_->size() < spec_.train.micro_batch)
+      throw std::invalid_argument("train.micro_batch: " + std::to_string(spec_.train.micro_batch) +
+                                  " exceeds the " + std::to_string(train_ds_->size()) +
+                                  " training examples of " + spec_.data.train);
+    if (train_ds_->size() < spec_.train.micro_batch * world_)
+      throw std::invalid_argument("train.micro_batch: " + std::to_string(spec_.train.micro_batch) + " x " +
+                                  std::to_string(world_) + " ranks exceeds the " +
+                                  std::to_string(train_ds_->size()) + " training examples");
+    // Every rank draws the same global batch of micro_batch x world examples and keeps its rows,
+    // so W ranks x micro-batch b see exactly what 1 rank x micro-batch W*b sees.
+    loader_.emplace(train_ds_, spec_.train.micro_batch * world_, spec_.train.seed, 2, true);
+  }
+
+  // The engine over the model's parameters, the reducer for the rest, the schedule.
+  void build_optimizer() {
+    for (auto& nt : lm_->parameters()) {
+      engine::ParamSpec p;
+      p.name = nt.name;
+      p.param = nt.tensor;
+      // No decay on norms and biases (1-D parameters).
+      p.weight_decay = nt.tensor.dim() >= 2;
+      p.weight_decay_value = spec_.train.weight_decay;
+      params_.push_back(p);
+      sum_.params += nt.tensor.numel();
+    }
+    engine::EngineOptions eo = engine_options(spec_);
+    eo.host_threads = static_cast<int>(std::max<size_t>(1, cores_.host.size()));
+    eo.host_cores = cores_.host;
+    if (comm_) collectives_ = std::make_unique<distributed::EngineCollectives>(*comm_);
+    opt_.emplace(params_, eo, &clock_, collectives_.get());
+    // The reducer averages the parameters the engine does not exchange itself.
+    if (comm_) {
+      std::vector<at::Tensor> ps;
+      for (auto& p : params_)
+        if (!opt_->is_split(p.name)) ps.push_back(p.param);
+      if (!ps.empty()) reducer_ = std::make_unique<distributed::GradReducer>(*comm_, ps);
+    }
+    sum_.split_params = opt_->split_elements();
+    sum_.host_state_bytes = opt_->host_state_bytes();
+    sum_.transfer_buffer_bytes = opt_->pinned_host_bytes();
+
+    sched_.kind = spec_.train.schedule;
+    sched_.lr = spec_.train.lr;
+    sched_.warmup_steps = spec_.train.warmup_steps;
+    sched_.total_steps = spec_.train.steps;
+    sched_.min_lr_ratio = spec_.train.min_lr_ratio;
+  }
+
+  // From the newest usable checkpoint in checkpoint.dir (weights, engine state re-sharded
+  // when the ranks changed, loader position, loss history), or fresh: the earlier run's
+  // checkpoints moved aside.
+  void resume() {
+    identity_ = job_identity(spec_, world_);
+    if (options_.resume && !spec_.checkpoint.dir.empty()) {
+      CheckpointScan scan = scan_checkpoints(
+          spec_.checkpoint.dir, [&](const std::string& s) { log(s); }, /*quarantine=*/owns_dir_);
+      if (!scan.checkpoint && !scan.damaged.empty()) {
+        std::string list;
+        for (const auto& d : scan.damaged) list += "\n  " + d;
+        throw ResumeRefused("checkpoint.dir " + spec_.checkpoint.dir +
+                            " holds no usable checkpoint; damaged (kept for inspection):" + list +
+                            "\nrerun with --fresh to start from step 0 anyway");
+      }
+      if (auto& ck = scan.checkpoint) load_checkpoint_state(*ck);
+    } else if (owns_dir_) {
+      const std::string moved = supersede_checkpoints(spec_.checkpoint.dir);
+      if (!moved.empty())
+        log("starting fresh: the checkpoints already in " + spec_.checkpoint.dir + " were moved to " + moved);
+    }
+    sum_.start_step = step_;
+    sum_.tokens_per_step = spec_.train.micro_batch * spec_.train.grad_accum * spec_.train.seq_len * world_;
+    last_saved_ = step_;  // a resumed checkpoint already holds this step
+  }
+
+  void load_checkpoint_state(const Checkpoint& ck) {
+    const std::vector<std::string> changed =
+        identity_changes(ck.identity, identity_, options_.allow_spec_change);
+    if (!changed.empty()) {
+      std::string list, keys;
+      for (const auto& c : changed) {
+        list += "\n  " + c;
+        keys += (keys.empty() ? "" : ",") + c.substr(0, c.find_first_of(" :"));
+      }
+      throw ResumeRefused(
+          "checkpoint " + ck.path + " was written by a job with other settings; changed:" + list +
+          "\nresuming would mix their states. Rerun with --allow-spec-change " + keys +
+          " to resume anyway, --fresh to start from step 0, or give the job another checkpoint.dir");
+    }
+    std::map<std::string, at::Tensor> saved(ck.model.begin(), ck.model.end());
+    c10::NoGradGuard no_grad;
+    for (auto& nt : lm_->parameters()) {
+      auto it = saved.find(nt.name);
+      if (it == saved.end()) throw ResumeRefused(ck.path + ": model tensor '" + nt.name + "' missing");
+      if (it->second.sizes() != nt.tensor.sizes())
+        throw ResumeRefused(ck.path + ": model tensor '" + nt.name + "' has a different shape");
+      nt.tensor.detach().copy_(it->second);
+    }
+    try {
+      if (ck.world_size == world_) {
+        opt_->load_state(load_engine_shard(ck, static_cast<int>(rank_)));
+      } else {
+        // Re-shard: this rank's columns come from whichever old ranks held them.
+        std::vector<NamedTensors> shards;
+        for (int r = 0; r < static_cast<int>(ck.world_size); ++r) shards.push_back(load_engine_shard(ck, r));
+        opt_->load_state_shards(shards);
+        log("re-sharded the optimizer state of " + std::to_string(ck.world_size) + " ranks over " +
+            std::to_string(world_));
+      }
+    } catch (const std::exception& e) {
+      if (options_.allow_spec_change.empty()) throw;
+      // The state of the old settings does not fit the new ones (another mode, ratio, …).
+      throw ResumeRefused("checkpoint " + ck.path +
+                          ": its optimizer state cannot be carried across the allowed change (" + e.what() +
+                          "); use --fresh to start from step 0 with the new settings");
+    }
+    model::LoaderPosition pos;
+    pos.epoch = ck.loader_epoch;
+    pos.index = ck.loader_index;
+    loader_->restore(pos);
+    step_ = ck.step;
+    history_ = ck.losses;
+    log("resumed from " + ck.path + " at step " + std::to_string(step_));
+  }
+
+  // Every rank writes its shard of the engine state; rank 0 the rest, then commits through
+  // the run's fence.
+  void save(int64_t at_step) {
+    if (!options_.write_checkpoints || spec_.checkpoint.dir.empty() || at_step == last_saved_) return;
     Stopwatch sw;
-    NamedTensors engine_state = opt.state_dict();
+    NamedTensors engine_state = opt_->state_dict();
     // A checkpoint that a resume would refuse is not written: weights or optimizer state that
     // overflowed (lr far too high) end the run here, naming the tensor.
     auto require_finite = [&](const std::string& what, const std::string& name, const at::Tensor& t) {
@@ -485,238 +547,327 @@ RunSummary run_training(const JobSpec& spec, const RunOptions& options, const st
                                  "diverged: lower train.lr or set train.grad_clip");
     };
     for (const auto& [name, t] : engine_state) require_finite("optimizer state", name, t);
-    for (auto& nt : lm->parameters()) require_finite("weight", nt.name, nt.tensor.detach());
-    if (rank == 0) begin_checkpoint(spec.checkpoint.dir, at_step);
-    if (world > 1) {
-      comm->barrier();
-      if (rank != 0) write_engine_shard(spec.checkpoint.dir, at_step, static_cast<int>(rank), engine_state);
-      comm->barrier();
+    for (auto& nt : lm_->parameters()) require_finite("weight", nt.name, nt.tensor.detach());
+    if (rank_ == 0) begin_checkpoint(spec_.checkpoint.dir, at_step);
+    if (world_ > 1) {
+      comm_->barrier();
+      if (rank_ != 0)
+        write_engine_shard(spec_.checkpoint.dir, at_step, static_cast<int>(rank_), engine_state);
+      comm_->barrier();
     }
-    if (rank == 0) {
+    if (rank_ == 0) {
       CheckpointContents contents;
-      for (auto& nt : lm->parameters()) contents.model.emplace_back(nt.name, nt.tensor.detach());
+      for (auto& nt : lm_->parameters()) contents.model.emplace_back(nt.name, nt.tensor.detach());
       contents.engine = std::move(engine_state);
-      contents.trainer["job"] = spec.name;
-      contents.trainer["loader_epoch"] = loader.position().epoch;
-      contents.trainer["loader_index"] = loader.position().index;
-      contents.trainer["losses"] = history;
-      contents.trainer["mode"] = spec.optimizer.mode;
-      contents.run_yaml = run_yaml;
-      contents.identity = identity;
-      sum.last_checkpoint = commit_checkpoint(spec.checkpoint.dir, at_step, contents, spec.checkpoint.keep,
-                                              static_cast<int>(world));
+      contents.trainer["job"] = spec_.name;
+      contents.trainer["loader_epoch"] = loader_->position().epoch;
+      contents.trainer["loader_index"] = loader_->position().index;
+      contents.trainer["losses"] = history_;
+      contents.trainer["mode"] = spec_.optimizer.mode;
+      contents.run_yaml = run_yaml_;
+      contents.identity = identity_;
+      sum_.last_checkpoint = commit_checkpoint(spec_.checkpoint.dir, at_step, contents, spec_.checkpoint.keep,
+                                               static_cast<int>(world_), options_.commit_fence);
+      if (options_.reporter) options_.reporter->on_checkpoint(at_step, sum_.last_checkpoint);
     }
-    last_saved = at_step;
-    clock.add_stall(StallCause::kCheckpoint, sw.seconds());
-  };
-
-  if (options.on_training_start) options.on_training_start();
-  if (options.observer) {
-    RunFacts facts;
-    facts.rank = rank;
-    facts.world_size = world;
-    facts.device_is_cuda = device.is_cuda();
-    facts.start_step = step;
-    facts.total_steps = spec.train.steps;
-    const engine::HostMemoryBytes mem = opt.host_memory_bytes();
-    facts.host_master_bytes = mem.master;
-    facts.host_moments_bytes = mem.moments;
-    facts.host_accumulator_bytes = mem.accumulators;
-    // Transfer buffers are page-locked on CUDA only (the rule of the run summary's pinned_host_bytes).
-    (device.is_cuda() ? facts.pinned_host_bytes : facts.host_staging_bytes) = mem.transfer_buffers;
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    facts.host_total_memory_bytes = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
-    options.observer->on_start(facts);
+    last_saved_ = at_step;
+    clock_.add_stall(StallCause::kCheckpoint, sw.seconds());
   }
-  const int64_t skipped_before = opt.skipped_steps();
-  int64_t trailing_skipped = 0;  // steps skipped in a row at the end of the run so far
-  const int64_t first = step;
-  bool stop_agreed = false;  // with several ranks, all stop at the same step
-  double tokens_window = 0, seconds_window = 0;
-  while (step < spec.train.steps) {
-    if ((comm && stop_agreed) || (!comm && stop && stop->load())) {
-      sum.interrupted = true;
-      break;
+
+  // Setup is done: from here `stop` ends the run with a checkpoint. Tells the caller, the
+  // observer and the reporter.
+  void begin_training() {
+    run_yaml_ = to_yaml(spec_);
+    if (options_.on_training_start) options_.on_training_start();
+    if (options_.observer) {
+      RunFacts facts;
+      facts.rank = rank_;
+      facts.world_size = world_;
+      facts.device_is_cuda = device_.is_cuda();
+      facts.start_step = step_;
+      facts.total_steps = spec_.train.steps;
+      const engine::HostMemoryBytes mem = opt_->host_memory_bytes();
+      facts.host_master_bytes = mem.master;
+      facts.host_moments_bytes = mem.moments;
+      facts.host_accumulator_bytes = mem.accumulators;
+      // Transfer buffers are page-locked on CUDA only (the rule of the run summary's pinned_host_bytes).
+      (device_.is_cuda() ? facts.pinned_host_bytes : facts.host_staging_bytes) = mem.transfer_buffers;
+      const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+      facts.host_total_memory_bytes = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+      options_.observer->on_start(facts);
     }
-    clock.begin_step();
-    const double lr = model::lr_at(sched, step);
-    opt.zero_grad();
+    if (options_.reporter) options_.reporter->on_start(step_, spec_.train.steps);
+    skipped_before_ = opt_->skipped_steps();
+    first_ = step_;
+  }
+
+  // Until train.steps, a stop (agreed by every rank) or stop_after_steps.
+  void train_steps() {
+    while (step_ < spec_.train.steps) {
+      if ((comm_ && stop_agreed_) || (!comm_ && stop_ && stop_->load())) {
+        sum_.interrupted = true;
+        break;
+      }
+      clock_.begin_step();
+      const double lr = model::lr_at(sched_, step_);
+      const StepOutcome out = train_step(lr);
+      trailing_skipped_ = out.report.skipped ? trailing_skipped_ + 1 : 0;
+      history_.push_back(out.loss);
+      // A periodic checkpoint belongs to its step: its time is that step's `checkpoint` stall.
+      if (spec_.checkpoint.every_steps > 0 && (step_ + 1) % spec_.checkpoint.every_steps == 0 &&
+          step_ + 1 < spec_.train.steps) {
+        // Steps that were all skipped since the last checkpoint trained nothing: a checkpoint
+        // of them would look like progress to the next resume.
+        if (trailing_skipped_ >= step_ + 1 - last_saved_)
+          log("warning: not writing the checkpoint of step " + std::to_string(step_ + 1) +
+              ": every step since step " + std::to_string(last_saved_) +
+              " was skipped (non-finite loss or gradients)");
+        else
+          save(step_ + 1);
+      }
+      const engine::StepTimes& times = clock_.end_step();
+      ++step_;
+      sum_.losses.push_back(out.loss);
+      sum_.step_seconds.push_back(times.wall_seconds);
+      report_step(out, lr, times);
+      if (spec_.train.eval_every > 0 && step_ % spec_.train.eval_every == 0 && step_ < spec_.train.steps &&
+          options_.evaluate) {
+        const double v = evaluate(*lm_, val_ds_, spec_.train.micro_batch, spec_.train.eval_batches, device_);
+        log("step " + std::to_string(step_) + " val_loss " + std::to_string(v) + " perplexity " +
+            std::to_string(std::exp(v)));
+      }
+      if (options_.stop_after_steps > 0 && step_ - first_ >= options_.stop_after_steps) {
+        sum_.interrupted = true;
+        break;
+      }
+    }
+  }
+
+  // Forward and backward over the micro-batches, the gradients' reduction, the step's loss
+  // (and the stop flag) agreed between the ranks, the optimizer step.
+  StepOutcome train_step(double lr) {
+    StepOutcome out;
+    opt_->zero_grad();
     at::Tensor loss_acc;  // fp64 on the device: read once per step, not per micro-batch
-    int64_t epoch = 0;
     int64_t tokens = 0;
-    for (int64_t micro = 0; micro < spec.train.grad_accum; ++micro) {
+    for (int64_t micro = 0; micro < spec_.train.grad_accum; ++micro) {
       Stopwatch data_sw;
-      model::Batch batch = loader.next();
-      epoch = loader.epoch();
-      if (world > 1) {
-        const int64_t b = spec.train.micro_batch;
-        batch.input_ids = batch.input_ids.narrow(0, rank * b, b);
-        batch.targets = batch.targets.narrow(0, rank * b, b);
+      model::Batch batch = loader_->next();
+      out.epoch = loader_->epoch();
+      if (world_ > 1) {
+        const int64_t b = spec_.train.micro_batch;
+        batch.input_ids = batch.input_ids.narrow(0, rank_ * b, b);
+        batch.targets = batch.targets.narrow(0, rank_ * b, b);
         batch.tokens = batch.targets.ne(-100).sum().item<int64_t>();
       }
-      if (reducer) reducer->set_sync(micro == spec.train.grad_accum - 1);
-      at::Tensor ids = to_device(batch.input_ids, device);
-      at::Tensor targets = to_device(batch.targets, device);
-      clock.add_stall(StallCause::kData, data_sw.seconds());
+      if (reducer_) reducer_->set_sync(micro == spec_.train.grad_accum - 1);
+      at::Tensor ids = to_device(batch.input_ids, device_);
+      at::Tensor targets = to_device(batch.targets, device_);
+      clock_.add_stall(StallCause::kData, data_sw.seconds());
       // Compute time: on CUDA what the compute stream spent on forward and backward.
-      engine::ClockSpan compute(&clock, device);
+      engine::ClockSpan compute(&clock_, device_);
       at::Tensor loss;
       {
-        CudaAutocast autocast(use_autocast, autocast_dtype);
-        loss = model::causal_lm_loss(lm->forward(ids), targets);
+        CudaAutocast autocast(use_autocast_, autocast_dtype_);
+        loss = model::causal_lm_loss(lm_->forward(ids), targets);
       }
-      (loss / static_cast<double>(spec.train.grad_accum)).backward();
+      (loss / static_cast<double>(spec_.train.grad_accum)).backward();
       compute.end(engine::TimeKind::kCompute);
       const at::Tensor l = loss.detach().to(at::kDouble);
       loss_acc = loss_acc.defined() ? loss_acc + l : l;
       tokens += batch.tokens;
     }
-    if (reducer) {
+    if (reducer_) {
       // On NCCL the wait is the compute stream's, not the host's (ClockSpan's events).
-      engine::ClockSpan wait(&clock, device);
-      const distributed::ReduceReport r = reducer->finish();
+      engine::ClockSpan wait(&clock_, device_);
+      const distributed::ReduceReport r = reducer_->finish();
       wait.end(engine::TimeKind::kStall, StallCause::kAllreduce, r.wait_seconds);
     }
     double loss_sum = 0;
-    const int64_t local_tokens = tokens;  // this rank's; `tokens` becomes the global batch's
-    if (comm) {
+    out.local_tokens = tokens;  // this rank's; `tokens` becomes the global batch's
+    if (comm_) {
       // The reported loss and tokens are the global batch's, identical on every rank.
       at::Tensor l = at::empty({3}, at::kDouble);
-      l[1] = stop && stop->load() ? 1.0 : 0.0;
+      l[1] = stop_ && stop_->load() ? 1.0 : 0.0;
       l[2] = static_cast<double>(tokens);
-      l = l.to(device);
+      l = l.to(device_);
       l[0].copy_(loss_acc);
-      comm->allreduce_sum_(l);
+      comm_->allreduce_sum_(l);
       l = l.to(at::kCPU);
-      loss_sum = l[0].item<double>() / static_cast<double>(world);
-      stop_agreed = l[1].item<double>() > 0;
+      loss_sum = l[0].item<double>() / static_cast<double>(world_);
+      stop_agreed_ = l[1].item<double>() > 0;
       tokens = static_cast<int64_t>(l[2].item<double>());
     }
+    out.tokens = tokens;
     engine::StepContext ctx;
     ctx.lr = lr;
-    ctx.epoch = epoch;
-    const engine::StepReport report = opt.step(ctx);
-    trailing_skipped = report.skipped ? trailing_skipped + 1 : 0;
-    if (!comm) loss_sum = loss_acc.item<double>();  // the step's own reads have synchronised
-    const double loss = loss_sum / static_cast<double>(spec.train.grad_accum);
-    history.push_back(loss);
-    // A periodic checkpoint belongs to its step: its time is that step's `checkpoint` stall.
-    if (spec.checkpoint.every_steps > 0 && (step + 1) % spec.checkpoint.every_steps == 0 &&
-        step + 1 < spec.train.steps) {
-      // Steps that were all skipped since the last checkpoint trained nothing: a checkpoint
-      // of them would look like progress to the next resume.
-      if (trailing_skipped >= step + 1 - last_saved)
-        log("warning: not writing the checkpoint of step " + std::to_string(step + 1) + ": every step since step " +
-            std::to_string(last_saved) + " was skipped (non-finite loss or gradients)");
-      else
-        save(step + 1);
-    }
-    const engine::StepTimes& times = clock.end_step();
-    ++step;
-    sum.losses.push_back(loss);
-    sum.step_seconds.push_back(times.wall_seconds);
-    tokens_window = 0.8 * tokens_window + static_cast<double>(tokens);
-    seconds_window = 0.8 * seconds_window + times.wall_seconds;
-    if (options.observer) {
-      TrainingStep t;
-      t.step = step;
-      t.times = times;
-      t.tokens = local_tokens;
-      t.loss = loss;
-      t.lr = lr;
-      t.skipped = report.skipped;
-      t.staleness_steps = report.staleness_steps;
-      t.selected_ratio = opt.selected_ratio();
-      options.observer->on_step(t);
-    }
+    ctx.epoch = out.epoch;
+    out.report = opt_->step(ctx);
+    if (!comm_) loss_sum = loss_acc.item<double>();  // the step's own reads have synchronised
+    out.loss = loss_sum / static_cast<double>(spec_.train.grad_accum);
+    return out;
+  }
 
-    if (options.on_step && rank == 0) {
+  // The step just done, to the observer and the reporter.
+  void report_step(const StepOutcome& out, double lr, const engine::StepTimes& times) {
+    tokens_window_ = 0.8 * tokens_window_ + static_cast<double>(out.tokens);
+    seconds_window_ = 0.8 * seconds_window_ + times.wall_seconds;
+    if (options_.observer) {
+      TrainingStep t;
+      t.step = step_;
+      t.times = times;
+      t.tokens = out.local_tokens;
+      t.loss = out.loss;
+      t.lr = lr;
+      t.skipped = out.report.skipped;
+      t.staleness_steps = out.report.staleness_steps;
+      t.selected_ratio = opt_->selected_ratio();
+      options_.observer->on_step(t);
+    }
+    if (options_.reporter) {
       StepProgress p;
-      p.step = step;
-      p.total = spec.train.steps;
-      p.loss = loss;
+      p.step = step_;
+      p.total = spec_.train.steps;
+      p.loss = out.loss;
       p.lr = lr;
       p.step_seconds = times.wall_seconds;
-      p.tokens_per_second = seconds_window > 0 ? tokens_window / seconds_window : 0;
-      const auto tot = clock.totals();
+      p.tokens_per_second = seconds_window_ > 0 ? tokens_window_ / seconds_window_ : 0;
+      const auto tot = clock_.totals();
       p.stall_fraction = tot.wall_seconds > 0 ? tot.stall_total() / tot.wall_seconds : 0;
-      p.eta_seconds = tot.wall_seconds / static_cast<double>(step - first) * static_cast<double>(spec.train.steps - step);
-      options.on_step(p);
-    }
-    if (spec.train.eval_every > 0 && step % spec.train.eval_every == 0 && step < spec.train.steps && options.evaluate)
-    {
-      const double v = evaluate(*lm, val_ds, spec.train.micro_batch, spec.train.eval_batches, device);
-      log("step " + std::to_string(step) + " val_loss " + std::to_string(v) + " perplexity " + std::to_string(std::exp(v)));
-    }
-    if (options.stop_after_steps > 0 && step - first >= options.stop_after_steps) {
-      sum.interrupted = true;
-      break;
+      p.eta_seconds = tot.wall_seconds / static_cast<double>(step_ - first_) *
+                      static_cast<double>(spec_.train.steps - step_);
+      options_.reporter->on_step(p);
     }
   }
+
   // The end of the run — the last window's host step and its copy to the device, the final
   // checkpoint — counts in the totals, not as a training step of its own.
-  clock.begin_step();
-  // A run that ends skipping every step has diverged (or never trained): it is a failure,
-  // and its state is not saved over the last good checkpoint's successor.
-  const int64_t ran = step - first, skipped = opt.skipped_steps() - skipped_before;
-  if (ran > 0 && skipped == ran)
-    throw std::runtime_error("every one of the " + std::to_string(ran) +
-                             " steps of this run was skipped: the loss or the gradients were not finite (NaN/Inf); "
-                             "no final checkpoint was written. Lower train.lr, set train.grad_clip, or check the data");
-  if (!sum.interrupted && trailing_skipped > 0 && !std::isfinite(history.back()))
-    throw std::runtime_error("the run diverged: its last " + std::to_string(trailing_skipped) + " step(s) were skipped (" +
-                             std::to_string(skipped) + " of " + std::to_string(ran) +
-                             " in all) because the loss or the gradients were not finite (NaN/Inf); no final "
-                             "checkpoint was written" +
-                             (last_saved > first ? " (the last one is step " + std::to_string(last_saved) + ")" : "") +
-                             ". Lower train.lr or set train.grad_clip, and resume");
-  if (sum.interrupted) {
-    save(step);
-    if (!sum.last_checkpoint.empty()) log("stopped at step " + std::to_string(step) + "; checkpoint " + sum.last_checkpoint);
-  } else {
-    opt.finish();
-    if (step > first) save(step);
+  void finish() {
+    clock_.begin_step();
+    // A run that ends skipping every step has diverged (or never trained): it is a failure,
+    // and its state is not saved over the last good checkpoint's successor.
+    const int64_t ran = step_ - first_, skipped = opt_->skipped_steps() - skipped_before_;
+    if (ran > 0 && skipped == ran)
+      throw std::runtime_error(
+          "every one of the " + std::to_string(ran) +
+          " steps of this run was skipped: the loss or the gradients were not finite (NaN/Inf); "
+          "no final checkpoint was written. Lower train.lr, set train.grad_clip, or check the data");
+    if (!sum_.interrupted && trailing_skipped_ > 0 && !std::isfinite(history_.back()))
+      throw std::runtime_error(
+          "the run diverged: its last " + std::to_string(trailing_skipped_) + " step(s) were skipped (" +
+          std::to_string(skipped) + " of " + std::to_string(ran) +
+          " in all) because the loss or the gradients were not finite (NaN/Inf); no final "
+          "checkpoint was written" +
+          (last_saved_ > first_ ? " (the last one is step " + std::to_string(last_saved_) + ")" : "") +
+          ". Lower train.lr or set train.grad_clip, and resume");
+    if (sum_.interrupted) {
+      save(step_);
+      if (!sum_.last_checkpoint.empty())
+        log("stopped at step " + std::to_string(step_) + "; checkpoint " + sum_.last_checkpoint);
+    } else {
+      opt_->finish();
+      if (step_ > first_) save(step_);
+    }
+    sum_.finish_times = clock_.end_step();
+    sum_.steps = step_;
+    if (options_.observer) {
+      TrainingEnd end;
+      end.steps = step_;
+      end.interrupted = sum_.interrupted;
+      end.finish = sum_.finish_times;
+      options_.observer->on_finish(end);
+    }
+    if (options_.final_weights) {
+      options_.final_weights->clear();
+      for (auto& nt : lm_->parameters())
+        options_.final_weights->emplace_back(nt.name, nt.tensor.detach().to(at::kCPU).to(at::kFloat).clone());
+    }
   }
-  sum.finish_times = clock.end_step();
-  sum.steps = step;
-  if (options.observer) {
-    TrainingEnd end;
-    end.steps = step;
-    end.interrupted = sum.interrupted;
-    end.finish = sum.finish_times;
-    options.observer->on_finish(end);
+
+  // Validation loss, step-time quantiles, engine figures; with several ranks, that their
+  // weights agree and what their collectives moved.
+  void summarize() {
+    sum_.skipped_steps = opt_->skipped_steps();
+    sum_.final_loss = history_.empty() ? 0 : history_.back();
+    if (options_.evaluate && !sum_.interrupted)
+      sum_.val_loss = evaluate(*lm_, val_ds_, spec_.train.micro_batch, spec_.train.eval_batches, device_);
+    sum_.step_seconds_median = percentile(sum_.step_seconds, 0.5);
+    sum_.step_seconds_p90 = percentile(sum_.step_seconds, 0.9);
+    sum_.totals = clock_.totals();
+    sum_.reselections = opt_->reselections();
+    sum_.max_staleness_windows = opt_->max_staleness_windows();
+    if (comm_) {
+      // Every update is replicated or all-gathered, so the ranks' weights must be equal
+      // bit for bit; a difference is a bug worth shouting about.
+      at::Tensor mine = at::full({1}, weights_fingerprint(lm_->parameters()), at::kLong).to(device_);
+      const at::Tensor all =
+          comm_->all_gather(mine, std::vector<int64_t>(static_cast<size_t>(world_), 1)).to(at::kCPU);
+      std::string differ;
+      for (int64_t r = 1; r < world_; ++r)
+        if (all[r].item<int64_t>() != all[0].item<int64_t>())
+          differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+      sum_.ranks_identical = differ.empty();
+      if (!differ.empty()) log("warning: the weights of rank(s) " + differ + " differ from rank 0's");
+      const distributed::CommStats cs = comm_->stats();
+      sum_.comm_gradient_bytes = cs.traffic_bytes(distributed::Traffic::kGradients);
+      sum_.comm_selection_bytes = cs.traffic_bytes(distributed::Traffic::kSelection);
+      sum_.comm_parameter_bytes = cs.traffic_bytes(distributed::Traffic::kParameters);
+    }
+    sum_.wall_seconds = wall_.seconds();
   }
-  if (options.final_weights) {
-    options.final_weights->clear();
-    for (auto& nt : lm->parameters())
-      options.final_weights->emplace_back(nt.name, nt.tensor.detach().to(at::kCPU).to(at::kFloat).clone());
-  }
-  sum.skipped_steps = opt.skipped_steps();
-  sum.final_loss = history.empty() ? 0 : history.back();
-  if (options.evaluate && !sum.interrupted)
-    sum.val_loss = evaluate(*lm, val_ds, spec.train.micro_batch, spec.train.eval_batches, device);
-  sum.step_seconds_median = percentile(sum.step_seconds, 0.5);
-  sum.step_seconds_p90 = percentile(sum.step_seconds, 0.9);
-  sum.totals = clock.totals();
-  sum.reselections = opt.reselections();
-  sum.max_staleness_windows = opt.max_staleness_windows();
-  if (comm) {
-    // Every update is replicated or all-gathered, so the ranks' weights must be equal
-    // bit for bit; a difference is a bug worth shouting about.
-    at::Tensor mine = at::full({1}, weights_fingerprint(lm->parameters()), at::kLong).to(device);
-    const at::Tensor all = comm->all_gather(mine, std::vector<int64_t>(static_cast<size_t>(world), 1)).to(at::kCPU);
-    std::string differ;
-    for (int64_t r = 1; r < world; ++r)
-      if (all[r].item<int64_t>() != all[0].item<int64_t>()) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
-    sum.ranks_identical = differ.empty();
-    if (!differ.empty()) log("warning: the weights of rank(s) " + differ + " differ from rank 0's");
-    const distributed::CommStats cs = comm->stats();
-    sum.comm_gradient_bytes = cs.traffic_bytes(distributed::Traffic::kGradients);
-    sum.comm_selection_bytes = cs.traffic_bytes(distributed::Traffic::kSelection);
-    sum.comm_parameter_bytes = cs.traffic_bytes(distributed::Traffic::kParameters);
-  }
-  sum.wall_seconds = wall.seconds();
-  return sum;
+
+  const JobSpec& spec_;
+  const RunOptions& options_;
+  const std::atomic<bool>* stop_;
+  bool log_here_ = true;
+  Stopwatch wall_;
+  RunSummary sum_;
+  // setup_devices
+  distributed::LocalPlacement local_;
+  at::Device device_{at::kCPU};
+  at::ScalarType dtype_ = at::kFloat;
+  std::optional<c10::DeviceGuard> on_device_;
+  bool use_autocast_ = false;
+  at::ScalarType autocast_dtype_ = at::kBFloat16;
+  CorePlan cores_;
+  // join_ranks
+  std::unique_ptr<distributed::Communicator> comm_;
+  int64_t world_ = 1;
+  int64_t rank_ = 0;
+  bool owns_dir_ = false;
+  std::unique_ptr<CheckpointDirLock> dir_lock_;
+  // preflight, build_model, build_data
+  std::unique_ptr<model::Tokenizer> tokenizer_;
+  std::string model_key_;
+  model::LoadedModel info_;
+  std::unique_ptr<model::CausalLM> lm_;
+  std::shared_ptr<model::TokenDataset> train_ds_, val_ds_;
+  std::optional<model::DataLoader> loader_;
+  // build_optimizer
+  std::vector<engine::ParamSpec> params_;
+  engine::StallClock clock_;
+  std::unique_ptr<distributed::EngineCollectives> collectives_;
+  std::optional<engine::ZenFlowOptimizer> opt_;
+  std::unique_ptr<distributed::GradReducer> reducer_;
+  model::ScheduleConfig sched_;
+  // resume, save
+  nlohmann::json identity_;
+  int64_t step_ = 0;
+  std::vector<double> history_;
+  std::string run_yaml_;
+  int64_t last_saved_ = 0;
+  // the step loop
+  int64_t skipped_before_ = 0;
+  int64_t trailing_skipped_ = 0;  // steps skipped in a row at the end of the run so far
+  int64_t first_ = 0;
+  bool stop_agreed_ = false;  // with several ranks, all stop at the same step
+  double tokens_window_ = 0, seconds_window_ = 0;
+};
+
+}  // namespace
+
+RunSummary run_training(const JobSpec& spec, const RunOptions& options, const std::atomic<bool>* stop) {
+  return TrainingRun(spec, options, stop).run();
 }
 
 }  // namespace zenflow

@@ -3,18 +3,21 @@
 // run_training() builds everything from a validated JobSpec, resumes from the newest
 // checkpoint in checkpoint.dir (unless told not to), trains, evaluates and returns a
 // RunSummary. It is what `zenflow run` executes in-process and what the worker agent
-// will run for an assigned job. Thread safety: call from one thread; `stop` may be set
-// from any thread (e.g. a signal handler): the loop then writes a checkpoint and
-// returns with interrupted = true.
+// runs, one rank per child process, for an assigned job. Thread safety: call from one
+// thread; `stop` may be set from any thread (e.g. a signal handler): the loop then writes
+// a checkpoint and returns with interrupted = true.
 //
 // Errors: std::invalid_argument (ResumeRefused among them) for a job that cannot run as
-// specified — bad input; CheckpointDirBusy when another run holds checkpoint.dir;
-// std::runtime_error for runtime failures, including a run in which every step was
-// skipped for non-finite values (it writes no final checkpoint).
+// specified — bad input; CheckpointDirBusy when another run holds checkpoint.dir (past
+// RunOptions::lock_wait); CommitFenced when RunOptions::commit_fence refused a checkpoint
+// (nothing was committed; the process no longer owns the job); std::runtime_error for
+// runtime failures, including a run in which every step was skipped for non-finite values
+// (it writes no final checkpoint).
 #pragma once
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -24,21 +27,12 @@
 #include <ATen/core/Tensor.h>
 
 #include "common/job_spec.h"
+#include "worker/checkpoint.h"
 #include "worker/engine/stall_clock.h"
+#include "worker/run_reporter.h"
 #include "worker/training_observer.h"
 
 namespace zenflow {
-
-struct StepProgress {
-  int64_t step = 0;  // 1-based steps done
-  int64_t total = 0;
-  double loss = 0;
-  double lr = 0;
-  double step_seconds = 0;
-  double tokens_per_second = 0;  // over the last steps
-  double stall_fraction = 0;     // stall share of wall time so far
-  double eta_seconds = 0;
-};
 
 struct RunOptions {
   // Resume from checkpoint.dir when it holds one. false: start from step 0; checkpoints an
@@ -55,8 +49,17 @@ struct RunOptions {
   std::vector<std::pair<std::string, at::Tensor>> initial_weights;
   // When set, receives the final weights (CPU copies) after training.
   std::vector<std::pair<std::string, at::Tensor>>* final_weights = nullptr;
-  std::function<void(const StepProgress&)> on_step;
-  std::function<void(const std::string&)> on_log;  // info/warning lines
+  // When set (not owned; must outlive the call), told of the start, the steps, the
+  // checkpoints, the info/warning lines and the end of the run (run_reporter.h).
+  RunReporter* reporter = nullptr;
+  // Consulted by rank 0 as each checkpoint is committed, at the rename that makes it
+  // visible (checkpoint.h): when it refuses, nothing is committed and run_training throws
+  // CommitFenced. Empty: every commit is allowed. `zenflow run --lease-fd` passes its Lease.
+  CommitFence commit_fence;
+  // How long rank 0 waits for another process to release checkpoint.dir's lock before it
+  // fails with CheckpointDirBusy (0: fail at once). A requeued attempt waits for the
+  // previous attempt's processes to let go.
+  std::chrono::milliseconds lock_wait{0};
   // Called once, when setup (model construction, loading, resume) is done and the first
   // step starts: from then on `stop` ends the run with a checkpoint. Before it, nothing has
   // been written but the directory's lock and quarantine renames, so a caller may simply
