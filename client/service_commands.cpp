@@ -306,11 +306,19 @@ int follow_logs(Remote& r, const std::string& id, bool follow, bool quiet_json) 
   }
 }
 
+// Reads and cancel are safe to repeat: a call that meets a connection the coordinator
+// dropped (a restart: UNAVAILABLE at once) is retried, waiting for the server to be back.
 template <class Req, class Resp, class Fn>
 grpc::Status unary(Remote& r, Fn fn, const Req& req, Resp* resp) {
-  grpc::ClientContext ctx;
-  rpc::prepare_call(ctx, r.token, kCallDeadline);
-  return (r.stub.get()->*fn)(&ctx, req, resp);
+  grpc::Status s;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, r.token, kCallDeadline);
+    if (attempt > 0) ctx.set_wait_for_ready(true);
+    s = (r.stub.get()->*fn)(&ctx, req, resp);
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+  }
+  return s;
 }
 
 int jobs_verb(Remote& r, const std::vector<std::string>& states, int limit) {

@@ -155,6 +155,7 @@ void Coordinator::load() {
     // Every known worker gets a fresh lease: it may be training right now and will
     // re-attach with the incarnation it has.
     w.lease_deadline_ms = now + options_.restart_grace.count();
+    w.last_heartbeat_ms = now;  // unknown before the restart; counted from now
     w.rec = std::move(rec);
     workers_.emplace(w.rec.name, std::move(w));
   }

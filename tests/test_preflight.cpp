@@ -236,13 +236,17 @@ TEST(Preflight, WarningsNameTheKeyAndWhatReallyHappens) {
       "train.compute_threads: 8 requested but this process has 2 cores; the threads will share them",
       "train.autocast: bfloat16 is ignored on the CPU (autocast is CUDA-only); the CPU computes in the "
       "weights' dtype (float32)",
-      "resources.workers: 3 requested but there is no scheduler yet; zenflow run starts the ranks of one "
-      "worker (resources.gpus_per_worker, or --nproc)",
-      "resources.host_memory_gb: not enforced: there is no scheduler yet; the memory check uses the memory "
-      "this machine has available",
-      "resources.priority: ignored: there is no scheduler yet",
+      "resources.workers: 3 requested, but zenflow run starts the ranks of one machine "
+      "(resources.gpus_per_worker, or --nproc); zenflow submit places it on that many workers",
+      "resources.host_memory_gb: not enforced by zenflow run (a coordinator places by it); the memory "
+      "check uses the memory this machine has available",
+      "resources.priority: ignored by zenflow run (a coordinator queues by it)",
   };
   EXPECT_EQ(preflight_warnings(noisy, false, 2), expected);
+  // A rank the worker agent started was placed by a coordinator: no resources.* warnings.
+  ::setenv("ZENFLOW_SCHEDULED", "1", 1);
+  EXPECT_EQ(preflight_warnings(noisy, false, 2).size(), expected.size() - 3);
+  ::unsetenv("ZENFLOW_SCHEDULED");
   // On CUDA autocast takes effect.
   const auto on_cuda = preflight_warnings(noisy, true, 2);
   EXPECT_EQ(on_cuda.size(), expected.size() - 1);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <limits>
@@ -415,18 +416,22 @@ std::vector<std::string> preflight_warnings(const JobSpec& spec, bool device_is_
   }
   // cost.*: priced by the CLI (zenflow run resolves cost.instance_type in the pricing
   // catalog, common/pricing.h, and warns there when it is not in it), not here.
+  // resources.*: a coordinator places the job by them; a local zenflow run cannot. A rank
+  // the worker agent started (ZENFLOW_SCHEDULED=1) was placed, so nothing to say.
   const ResourcesSpec& r = spec.resources;
+  const char* scheduled = std::getenv("ZENFLOW_SCHEDULED");
+  if (scheduled && std::string(scheduled) == "1") return out;
   if (r.workers > 1) {
     out.push_back("resources.workers: " + std::to_string(r.workers) +
-                  " requested but there is no scheduler yet; zenflow run starts the ranks of one worker "
-                  "(resources.gpus_per_worker, or --nproc)");
+                  " requested, but zenflow run starts the ranks of one machine "
+                  "(resources.gpus_per_worker, or --nproc); zenflow submit places it on that many workers");
   }
   if (!r.host_memory_gb_auto) {
     out.push_back(
-        "resources.host_memory_gb: not enforced: there is no scheduler yet; the memory check uses the "
-        "memory this machine has available");
+        "resources.host_memory_gb: not enforced by zenflow run (a coordinator places by it); the memory "
+        "check uses the memory this machine has available");
   }
-  if (r.priority != 0) out.push_back("resources.priority: ignored: there is no scheduler yet");
+  if (r.priority != 0) out.push_back("resources.priority: ignored by zenflow run (a coordinator queues by it)");
   return out;
 }
 

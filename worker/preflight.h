@@ -93,7 +93,8 @@ int64_t available_host_memory_bytes();
 //   train.autocast           ignored on the CPU;
 //   (cost.* is not checked here: `zenflow run` prices it and warns about an instance_type
 //   that is not in the pricing catalog, common/pricing.h resolve_price);
-//   resources.workers, resources.host_memory_gb, resources.priority  no scheduler uses them.
+//   resources.workers, resources.host_memory_gb, resources.priority  zenflow run does not use
+//                            them (a coordinator does; none are given with ZENFLOW_SCHEDULED=1).
 // available_cores: the cores this process may use (engine::available_cores().size(); with
 // several ranks on a host, the rank's share as plan_cores computes it).
 std::vector<std::string> preflight_warnings(const JobSpec& spec, bool device_is_cuda,

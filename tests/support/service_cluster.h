@@ -24,7 +24,11 @@
 #include <thread>
 #include <vector>
 
+#include <google/protobuf/util/json_util.h>
+
+#include "common/rpc/rpc.h"
 #include "tests/support/shell.h"
+#include "zenflow/v1/jobs.grpc.pb.h"
 
 namespace zenflow::test_support {
 
@@ -159,10 +163,11 @@ class Cluster {
   Process& coordinator() { return *coordinator_; }
   Process& worker(const std::string& name) { return *workers_.at(name); }
 
-  // Starts (or restarts, on the same database) the coordinator; returns once it printed
-  // its address.
+  // Starts the coordinator on a free port, or restarts it on the same database and port
+  // (the workers know only that address); returns once it printed its address.
   void start_coordinator() {
-    std::vector<std::string> argv = {bin("zenflow-coordinator"), "--listen", "127.0.0.1:0", "--db",
+    const std::string listen = address_.empty() ? "127.0.0.1:0" : address_;
+    std::vector<std::string> argv = {bin("zenflow-coordinator"), "--listen", listen, "--db",
                                      (dir_ / "coordinator.db").string(), "--heartbeat-interval-ms", "500",
                                      "--lease-ms", "2500", "--preemption-min-runtime", "0"};
     if (options_.tokens) {
@@ -206,10 +211,33 @@ class Cluster {
     cmd += " 2>>" + (dir_ / "cli.log").string();
     return run(cmd, out);
   }
+  // The job's status as the CLI's --json prints it (the proto's JSON mapping: int64 fields
+  // are strings), fetched over gRPC directly: polling through the CLI would cost a process
+  // start per poll. An empty object when the call fails.
   nlohmann::json status(const std::string& id) const {
-    std::string out;
-    if (cli("status " + id + " --json", &out) != 0) return nlohmann::json::object();
-    return nlohmann::json::parse(out, nullptr, false);
+    v1::GetJobRequest req;
+    req.set_id(id);
+    v1::JobStatus st;
+    grpc::Status s;
+    // A call on a connection the killed coordinator left fails once (UNAVAILABLE, broken
+    // pipe); the retry reconnects, waiting for the new one (wait_for_ready).
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      grpc::ClientContext ctx;
+      rpc::prepare_call(ctx, options_.tokens ? admin_token() : "", std::chrono::seconds(5));
+      ctx.set_wait_for_ready(true);
+      s = stub()->GetJob(&ctx, req, &st);
+      if (s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    }
+    if (!s.ok()) return {{"error", rpc::describe(s)}};
+    return to_json(st);
+  }
+  nlohmann::json workers() const {
+    v1::ListWorkersResponse resp;
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, options_.tokens ? admin_token() : "", std::chrono::seconds(5));
+    ctx.set_wait_for_ready(true);
+    if (!stub()->ListWorkers(&ctx, v1::ListWorkersRequest{}, &resp).ok()) return nlohmann::json::object();
+    return to_json(resp);
   }
   std::string state(const std::string& id) const {
     const nlohmann::json j = status(id);
@@ -227,6 +255,23 @@ class Cluster {
   }
 
  private:
+  static nlohmann::json to_json(const google::protobuf::Message& m) {
+    std::string out;
+    google::protobuf::util::JsonPrintOptions o;
+    o.always_print_primitive_fields = true;
+    o.preserve_proto_field_names = true;
+    (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+    return nlohmann::json::parse(out, nullptr, false);
+  }
+  v1::JobService::Stub* stub() const {
+    if (!stub_ || stub_address_ != address_) {
+      rpc::ChannelOptions co;
+      co.ca_file = options_.tls_ca;
+      stub_ = v1::JobService::NewStub(rpc::make_channel(address_, co));
+      stub_address_ = address_;
+    }
+    return stub_.get();
+  }
   static std::string random_hex() {
     std::random_device rd;
     std::ostringstream s;
@@ -245,6 +290,8 @@ class Cluster {
   int coordinator_starts_ = 0;
   std::unique_ptr<Process> coordinator_;
   std::map<std::string, std::unique_ptr<Process>> workers_;
+  mutable std::unique_ptr<v1::JobService::Stub> stub_;
+  mutable std::string stub_address_;
 };
 
 }  // namespace zenflow::test_support

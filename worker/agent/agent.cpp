@@ -287,7 +287,8 @@ void Agent::Impl::heartbeat() {
     return;
   }
   const auto away = Clock::now() - last_heartbeat_ok;
-  if (away > o.disconnected_grace && !disconnected_stop) {
+  const bool running = std::any_of(attempts.begin(), attempts.end(), [](const auto& kv) { return !kv.second.exited; });
+  if (away > o.disconnected_grace && !disconnected_stop && running) {
     disconnected_stop = true;
     log_line("coordinator unreachable for " +
              std::to_string(std::chrono::duration_cast<milliseconds>(away).count()) +
@@ -363,6 +364,7 @@ void Agent::Impl::start_attempt(const v1::Assignment& a) {
     for (char** e = environ; *e; ++e)
       if (std::strncmp(*e, "ZENFLOW_", 8) != 0) env.emplace_back(*e);
     const bool gpus = resources.gpus_size() > 0;
+    env.push_back("ZENFLOW_SCHEDULED=1");  // placed by a coordinator (preflight warnings)
     env.push_back("ZENFLOW_RANK=" + std::to_string(rank));
     env.push_back("ZENFLOW_WORLD_SIZE=" + std::to_string(a.world_size()));
     env.push_back("ZENFLOW_MASTER_ADDR=" + a.master_addr());
@@ -598,7 +600,8 @@ void Agent::Impl::reap() {
     // One rank failed: give the others rank_failure_grace to notice, then stop them.
     if (first_failed && !all && !at.term && now - at.first_failure > o.rank_failure_grace) signal_attempt(at, SIGTERM);
     if (at.term && !at.killed && now > at.kill_at) signal_attempt(at, SIGKILL);
-    if (!all || at.ranks.empty()) continue;
+    // Rank 0's last report lines (the final step) are read before the exit is reported.
+    if (!all || at.ranks.empty() || at.report_fd >= 0) continue;
     for (int fd : at.lease_fds) ::close(fd);
     at.lease_fds.clear();
     if (at.report_fd >= 0) {
@@ -761,12 +764,16 @@ int Agent::run() {
   while (true) {
     const auto now = Clock::now();
     bool fenced, registered;
+    int64_t incarnation;
     {
       std::lock_guard<std::mutex> lock(m.mu);
       fenced = m.fenced;
-      registered = m.incarnation != 0;
+      incarnation = m.incarnation;
+      registered = incarnation != 0;
     }
     if (fenced) {
+      log_line("the coordinator refused incarnation " + std::to_string(incarnation) +
+               " (declared LOST or replaced); registering again");
       m.kill_all("the coordinator no longer leases this incarnation (it was declared LOST)");
       for (auto& [key, at] : m.attempts) at.exit_reported = true;  // stale: nothing to report
       std::lock_guard<std::mutex> lock(m.mu);
