@@ -43,6 +43,7 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& target, const Cha
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  if (options.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   if (options.keepalive) {
     args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20'000);
     args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10'000);

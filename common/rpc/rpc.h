@@ -30,6 +30,7 @@ struct ChannelOptions {
   std::string ca_file;         // TLS: trust this CA (PEM); empty = plaintext
   std::string tls_server_name; // override the name checked in the server's certificate
   bool keepalive = false;      // workers: 20 s keepalive pings on idle connections
+  bool own_connection = false; // a connection of its own, not shared with other channels to the target
 };
 // Throws std::invalid_argument naming an unreadable CA file.
 std::shared_ptr<grpc::Channel> make_channel(const std::string& target, const ChannelOptions& options = {});

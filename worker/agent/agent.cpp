@@ -142,7 +142,11 @@ struct Agent::Impl {
   milliseconds lease{4000};
   Clock::time_point last_heartbeat_ok = Clock::now();
   Clock::time_point next_heartbeat{};
-  Clock::time_point next_renew{};
+  // The ranks' leases are renewed by a thread of their own, so that RPCs to a coordinator
+  // that is away (each up to its deadline) never hold them up: the leases fence a paused
+  // agent, not a slow network. The fds are added and removed under lease_mu.
+  std::mutex lease_mu;
+  std::set<int> lease_fds;
   Clock::time_point next_upload{};
   bool disconnected_stop = false;
 
@@ -424,6 +428,10 @@ void Agent::Impl::start_attempt(const v1::Assignment& a) {
     r.out_fd = out[0];
     at.ranks.push_back(std::move(r));
     at.lease_fds.push_back(lease_pipe[1]);
+    {
+      std::lock_guard<std::mutex> lock(lease_mu);
+      lease_fds.insert(lease_pipe[1]);
+    }
   }
   const auto key = std::make_pair(a.job_id(), a.attempt());
   log_line("job " + a.job_id() + " attempt " + std::to_string(a.attempt()) + ": started ranks " +
@@ -602,7 +610,13 @@ void Agent::Impl::reap() {
     if (at.term && !at.killed && now > at.kill_at) signal_attempt(at, SIGKILL);
     // Rank 0's last report lines (the final step) are read before the exit is reported.
     if (!all || at.ranks.empty() || at.report_fd >= 0) continue;
-    for (int fd : at.lease_fds) ::close(fd);
+    {
+      std::lock_guard<std::mutex> lock(lease_mu);
+      for (int fd : at.lease_fds) {
+        lease_fds.erase(fd);
+        ::close(fd);
+      }
+    }
     at.lease_fds.clear();
     if (at.report_fd >= 0) {
       ::close(at.report_fd);
@@ -709,10 +723,8 @@ void Agent::Impl::report_progress(Attempt& at) {
 }
 
 void Agent::Impl::renew_leases() {
-  for (auto& [key, at] : attempts) {
-    if (at.exited) continue;
-    for (int fd : at.lease_fds) (void)!::write(fd, "r", 1);  // nonblocking; a full pipe is still a live lease
-  }
+  std::lock_guard<std::mutex> lock(lease_mu);
+  for (int fd : lease_fds) (void)!::write(fd, "r", 1);  // nonblocking; a full pipe is still a live lease
 }
 
 void Agent::Impl::forget_finished() {
@@ -759,6 +771,13 @@ int Agent::run() {
            std::to_string(m.resources.host_memory_bytes() >> 20) + " MiB host RAM, " +
            std::to_string(m.resources.physical_cores()) + " physical cores; coordinator " + o.coordinator);
   std::thread fetcher([&] { m.fetch_loop(); });
+  std::atomic<bool> renewing{true};
+  std::thread renewer([&] {
+    while (renewing.load()) {
+      m.renew_leases();
+      std::this_thread::sleep_for(kLeaseRenewEvery);
+    }
+  });
   Clock::time_point next_register{};
   bool drained = false;
   while (true) {
@@ -815,10 +834,6 @@ int Agent::run() {
         }
       }
     }
-    if (now >= m.next_renew) {
-      m.next_renew = now + kLeaseRenewEvery;
-      m.renew_leases();
-    }
     m.forget_finished();
     if (stopping_.load() && std::all_of(m.attempts.begin(), m.attempts.end(),
                                         [](const auto& kv) { return kv.second.exited; })) {
@@ -826,6 +841,8 @@ int Agent::run() {
     }
   }
   m.cv.notify_all();
+  renewing.store(false);
+  renewer.join();
   fetcher.join();
   log_line("stopped");
   return 0;

@@ -10,7 +10,8 @@
 //   - dies with the agent (PR_SET_PDEATHSIG SIGKILL, set from the agent's supervisor
 //     thread, which lives as long as the agent), so a lost worker never keeps writing a
 //     job's checkpoints while the job resumes elsewhere;
-//   - holds a lease from the agent (fd 4; the agent writes a byte every 500 ms). A paused
+//   - holds a lease from the agent (fd 4; a thread of the agent writes a byte every 500 ms,
+//     whatever its RPCs are doing, so a coordinator that is away never lets it lapse). A paused
 //     agent (SIGSTOP) stops renewing it, and the child exits without committing a
 //     checkpoint before the coordinator's lease on the worker runs out (--lease-timeout is
 //     lease - 2 heartbeat intervals), so a stale attempt never commits;

@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "zenflow-worker: %s\n", e.what());
     return 2;
   }
+  o.channel.keepalive = true;  // idle long polls: keep the connection known alive
   o.host_memory_bytes = static_cast<int64_t>(host_memory_gb * double(1LL << 30));
   o.stop_grace = std::chrono::milliseconds(static_cast<int64_t>(stop_grace_s * 1000));
   o.disconnected_grace = std::chrono::milliseconds(static_cast<int64_t>(disconnected_grace_s * 1000));

@@ -1,0 +1,733 @@
+// `zenflow bench control-plane`: what the coordinator sustains on this machine, next to
+// the baselines measured in the same run (control-plane-notes.md §5, "how to measure
+// honestly").
+//
+// One run: the coordinator is a separate process pinned to core 0 (taskset), with TLS,
+// tokens and synchronous=FULL; this process is the load generator, pinned to the last
+// core. Load is open loop: every request has a scheduled send time and its latency is
+// measured from that time, so a stalled server cannot hide its queue. Rows:
+//   baselines     fdatasync of a 4 KiB write on the database's filesystem, a one-job
+//                 SQLite FULL commit (the store), a null RPC (GetJob of an unknown id:
+//                 TLS, token check, one lock) at one in flight
+//   heartbeats    N simulated workers (role OPTIMIZER: leased like trainers, never placed)
+//                 at 2 Hz each over 64 channels, for --seconds; false LOST counted at the end
+//   submit / get  100 submits/s and 1,000 gets/s during the heartbeat load
+//   schedule      one scheduling pass over 1,000 queued jobs x 500 workers (the pure
+//                 function, in this process, one thread)
+//   detection     20 simulated workers stop heartbeating at random moments: time from their
+//                 last acknowledged heartbeat to LOST in ListWorkers (lease 4 s)
+//   restart       20 trials of SIGKILL + restart on the same database: exec to SERVING, and
+//                 to every simulated worker's heartbeat accepted again; invariants after each
+//                 (every acknowledged submit present, a retried request_id returns the same job,
+//                 no worker declared LOST because of the coordinator's downtime)
+// Prints one JSON object (stdout) and a table (stderr). Figures, never assertions.
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "client/commands.h"
+#include "common/remove_tree.h"
+#include "common/rpc/rpc.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "server/scheduler.h"
+#include "server/store.h"
+#include "zenflow/v1/jobs.grpc.pb.h"
+#include "zenflow/v1/workers.grpc.pb.h"
+
+namespace zenflow::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+struct Args {
+  std::string dir;  // default: a directory under the current one (a real disk, not tmpfs)
+  int workers = 5000;
+  double seconds = 20;
+  int channels = 64;
+  int trials = 20;
+  bool tls = true;
+};
+
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+struct Quantiles {
+  double p50 = 0, p99 = 0, max = 0;
+  size_t n = 0;
+};
+Quantiles quantiles(std::vector<double> v) {
+  Quantiles q;
+  q.n = v.size();
+  if (v.empty()) return q;
+  std::sort(v.begin(), v.end());
+  q.p50 = v[v.size() / 2];
+  q.p99 = v[std::min(v.size() - 1, static_cast<size_t>(0.99 * double(v.size())))];
+  q.max = v.back();
+  return q;
+}
+json to_json(const Quantiles& q) { return {{"p50_ms", q.p50}, {"p99_ms", q.p99}, {"max_ms", q.max}, {"n", q.n}}; }
+
+void pin_to(int core) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(core, &set);
+  ::sched_setaffinity(0, sizeof(set), &set);
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
+std::string filesystem_of(const fs::path& p) {
+  // The longest mount point that prefixes the path.
+  std::ifstream in("/proc/mounts");
+  const std::string path = fs::weakly_canonical(p).string();
+  std::string best, type = "unknown";
+  for (std::string dev, mnt, t, rest; in >> dev >> mnt >> t && std::getline(in, rest);)
+    if (path.rfind(mnt, 0) == 0 && mnt.size() >= best.size()) best = mnt, type = t;
+  return type + " (" + best + ")";
+}
+
+// --- baselines ---
+
+Quantiles fdatasync_latency(const fs::path& dir) {
+  const fs::path f = dir / "fsync.probe";
+  const int fd = ::open(f.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  std::vector<double> v;
+  char block[4096] = {};
+  for (int i = 0; i < 300 && fd >= 0; ++i) {
+    block[0] = static_cast<char>(i);
+    const auto t0 = Clock::now();
+    (void)!::pwrite(fd, block, sizeof(block), 0);
+    ::fdatasync(fd);
+    v.push_back(ms_between(t0, Clock::now()));
+  }
+  if (fd >= 0) ::close(fd);
+  fs::remove(f);
+  return quantiles(v);
+}
+
+Quantiles store_commit_latency(const fs::path& dir) {
+  const fs::path db = dir / "commit-probe.db";
+  std::vector<double> v;
+  {
+    auto store = server::open_sqlite_store(db.string());
+    for (int i = 0; i < 300; ++i) {
+      server::StoreBatch b;
+      server::JobRecord r;
+      r.id = "probe-" + std::to_string(i);
+      r.spec_yaml = "name: probe\n";
+      b.jobs.push_back(r);
+      const auto t0 = Clock::now();
+      store->commit(b);
+      v.push_back(ms_between(t0, Clock::now()));
+    }
+  }
+  for (const char* suffix : {"", "-wal", "-shm", ".lock"}) fs::remove(db.string() + suffix);
+  return quantiles(v);
+}
+
+// --- the coordinator process ---
+
+struct Coordinator {
+  pid_t pid = -1;
+  std::string address;
+  ~Coordinator() { kill(); }
+  void kill() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+    pid = -1;
+  }
+};
+
+// Starts it (taskset -c 0) and returns once it printed its address; Clock time of exec in *exec_at.
+void start_coordinator(Coordinator& c, const fs::path& dir, const std::string& listen, bool tls, int log_index,
+                       Clock::time_point* exec_at) {
+  const std::string bin = (fs::read_symlink("/proc/self/exe").parent_path() / "zenflow-coordinator").string();
+  std::vector<std::string> args = {"taskset", "-c", "0", bin, "--listen", listen, "--db", (dir / "coordinator.db").string(),
+                                   "--admin-token-file", (dir / "admin.token").string(), "--worker-token-file",
+                                   (dir / "worker.token").string(), "--admin-rate-limit", "0",
+                                   "--heartbeat-interval-ms", "500", "--lease-ms", "4000", "--restart-grace-ms", "8000"};
+  if (tls) args.insert(args.end(), {"--tls-cert", (dir / "server.pem").string(), "--tls-key", (dir / "server.key").string()});
+  const fs::path log = dir / ("coordinator-" + std::to_string(log_index) + ".log");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  *exec_at = Clock::now();
+  c.pid = ::fork();
+  if (c.pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execvp(argv[0], argv.data());
+    ::_exit(127);
+  }
+  const std::regex re("listening on ([0-9.]+:[0-9]+)");
+  for (int i = 0; i < 2000; ++i) {
+    std::smatch m;
+    const std::string out = slurp(log);
+    if (std::regex_search(out, m, re)) {
+      c.address = m[1].str();
+      return;
+    }
+    if (::waitpid(c.pid, nullptr, WNOHANG) == c.pid) throw std::runtime_error("coordinator exited:\n" + out);
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  throw std::runtime_error("coordinator did not print its address");
+}
+
+struct Clients {
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  std::string admin, worker;
+  rpc::ChannelOptions co;
+  std::shared_ptr<grpc::Channel> channel(size_t i) const { return channels[i % channels.size()]; }
+};
+
+Clients connect_clients(const std::string& address, const fs::path& dir, int n, bool tls) {
+  Clients c;
+  if (tls) {
+    c.co.ca_file = (dir / "ca.pem").string();
+    c.co.tls_server_name = "localhost";
+  }
+  c.co.own_connection = true;  // one TCP connection per channel, as separate workers have
+  for (int i = 0; i < n; ++i) c.channels.push_back(rpc::make_channel(address, c.co));
+  c.admin = rpc::read_token_file((dir / "admin.token").string());
+  c.worker = rpc::read_token_file((dir / "worker.token").string());
+  return c;
+}
+
+grpc::Status call_get(const Clients& c, size_t i, const std::string& id) {
+  auto stub = v1::JobService::NewStub(c.channel(i));
+  grpc::ClientContext ctx;
+  rpc::prepare_call(ctx, c.admin, milliseconds(5000));
+  v1::GetJobRequest req;
+  req.set_id(id);
+  v1::JobStatus st;
+  return stub->GetJob(&ctx, req, &st);
+}
+
+// --- simulated workers ---
+
+struct SimWorker {
+  std::string name;
+  int64_t incarnation = 0;
+  std::atomic<bool> stopped{false};
+  std::atomic<int64_t> last_ok_ns{0};
+};
+
+bool register_sim(const Clients& c, size_t channel, SimWorker& w) {
+  auto stub = v1::WorkerService::NewStub(c.channel(channel));
+  v1::RegisterWorkerRequest req;
+  req.set_name(w.name);
+  req.set_role(v1::OPTIMIZER);
+  req.mutable_resources()->set_host_memory_bytes(int64_t{64} << 30);
+  req.mutable_resources()->set_physical_cores(16);
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, c.worker, milliseconds(5000));
+    v1::RegisterWorkerResponse resp;
+    const grpc::Status s = stub->RegisterWorker(&ctx, req, &resp);
+    if (s.ok()) {
+      w.incarnation = resp.incarnation();
+      return true;
+    }
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  return false;
+}
+
+// Open-loop heartbeats: thread t owns workers t, t+T, ...; each worker beats every
+// `period`, at a fixed phase; latency from the scheduled time.
+struct HeartbeatLoad {
+  std::vector<double> latencies_ms;  // measured window only
+  int64_t sent = 0, failed = 0;
+};
+
+HeartbeatLoad run_heartbeats(const Clients& c, std::vector<std::unique_ptr<SimWorker>>& workers, milliseconds period,
+                             Clock::time_point start, Clock::time_point measure_from, Clock::time_point end,
+                             int threads) {
+  std::vector<HeartbeatLoad> per(static_cast<size_t>(threads));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      auto stub = v1::WorkerService::NewStub(c.channel(static_cast<size_t>(t)));
+      HeartbeatLoad& me = per[static_cast<size_t>(t)];
+      std::vector<SimWorker*> mine;
+      for (size_t i = static_cast<size_t>(t); i < workers.size(); i += static_cast<size_t>(threads))
+        mine.push_back(workers[i].get());
+      if (mine.empty()) return;
+      const auto slot = period / static_cast<int64_t>(mine.size());
+      for (int64_t round = 0;; ++round) {
+        for (size_t k = 0; k < mine.size(); ++k) {
+          const auto due = start + period * round + slot * static_cast<int64_t>(k) +
+                           milliseconds(t * period.count() / threads / std::max<size_t>(1, mine.size()));
+          if (due >= end) return;
+          std::this_thread::sleep_until(due);
+          SimWorker& w = *mine[k];
+          if (w.stopped.load()) continue;
+          grpc::ClientContext ctx;
+          rpc::prepare_call(ctx, c.worker, milliseconds(2000));
+          v1::HeartbeatRequest req;
+          req.set_name(w.name);
+          req.set_incarnation(w.incarnation);
+          v1::HeartbeatResponse resp;
+          const grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
+          const auto done = Clock::now();
+          if (s.ok()) w.last_ok_ns.store(done.time_since_epoch().count());
+          if (due >= measure_from) {
+            ++me.sent;
+            if (!s.ok()) ++me.failed;
+            me.latencies_ms.push_back(ms_between(due, done));
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  HeartbeatLoad all;
+  for (HeartbeatLoad& p : per) {
+    all.sent += p.sent;
+    all.failed += p.failed;
+    all.latencies_ms.insert(all.latencies_ms.end(), p.latencies_ms.begin(), p.latencies_ms.end());
+  }
+  return all;
+}
+
+std::map<std::string, std::string> worker_states(const Clients& c) {
+  auto stub = v1::JobService::NewStub(c.channel(0));
+  grpc::ClientContext ctx;
+  rpc::prepare_call(ctx, c.admin, milliseconds(10000));
+  v1::ListWorkersResponse resp;
+  std::map<std::string, std::string> out;
+  if (stub->ListWorkers(&ctx, v1::ListWorkersRequest{}, &resp).ok())
+    for (const v1::WorkerStatus& w : resp.workers()) out[w.name()] = v1::WorkerState_Name(w.state());
+  return out;
+}
+
+std::string tiny_spec(int i, const fs::path& dir) {
+  return "name: bench-" + std::to_string(i) +
+         "\nmodel: {arch: llama, config: {hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 4, "
+         "intermediate_size: 64, max_position_embeddings: 32}}\n"
+         "data: {train: /usr/share/common-licenses, tokenizer: byte}\n"
+         "train: {steps: 3, micro_batch: 2, seq_len: 16, device: cpu}\n"
+         "checkpoint: {dir: " + (dir / ("ckpt-" + std::to_string(i))).string() + "}\n";
+}
+
+// --- the scheduling pass ---
+
+Quantiles schedule_pass(int jobs, int workers, int reps) {
+  std::mt19937_64 rng(7);
+  std::vector<scheduler::WorkerView> ws;
+  for (int i = 0; i < workers; ++i) {
+    scheduler::WorkerView w;
+    w.id = "w" + std::to_string(i);
+    w.gpus = 1 + static_cast<int64_t>(rng() % 8);
+    w.gpu_model = rng() % 2 ? "H100-80GB" : "A100-80GB";
+    w.gpu_memory_bytes = int64_t{80} << 30;
+    w.host_memory_bytes = (int64_t{256} << 30) * (1 + static_cast<int64_t>(rng() % 4));
+    w.physical_cores = 32 * (1 + static_cast<int64_t>(rng() % 4));
+    ws.push_back(std::move(w));
+  }
+  std::vector<scheduler::JobView> js;
+  for (int i = 0; i < jobs; ++i) {
+    scheduler::JobView j;
+    j.id = "j" + std::to_string(i);
+    j.priority = static_cast<int64_t>(rng() % 4);
+    j.submit_seq = i;
+    j.workers = 1 + static_cast<int64_t>(rng() % 4);
+    j.per_worker.slots = 1 + static_cast<int64_t>(rng() % 8);
+    j.per_worker.host_memory_bytes = (int64_t{16} << 30) * (1 + static_cast<int64_t>(rng() % 16));
+    j.per_worker.cores = 4 * (1 + static_cast<int64_t>(rng() % 8));
+    js.push_back(std::move(j));
+  }
+  std::vector<double> v;
+  scheduler::ScheduleOptions o;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    const scheduler::ScheduleDecision d = scheduler::schedule(ws, js, o);
+    v.push_back(ms_between(t0, Clock::now()));
+    if (d.waiting.size() + d.assignments.size() != js.size()) throw std::logic_error("schedule lost a job");
+  }
+  return quantiles(v);
+}
+
+double cpu_seconds_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = s.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(s.substr(close + 2));
+  std::string f;
+  double utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> f; ++i) {
+    if (i == 14) utime = std::stod(f);
+    if (i == 15) stime = std::stod(f);
+  }
+  return (utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+int run_bench(const Args& a) {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const fs::path dir = a.dir.empty() ? fs::current_path() / ("zenflow-bench-control-plane-" + std::to_string(::getpid()))
+                                     : fs::path(a.dir);
+  fs::create_directories(dir);
+  auto say = [](const std::string& s) { std::cerr << "bench control-plane: " << s << std::endl; };
+  json out;
+  out["machine"] = {{"nproc", cores}, {"cpu", cpu_model()}, {"filesystem", filesystem_of(dir)}};
+  out["pinning"] = {{"coordinator", "core 0 (taskset -c 0)"}, {"load generator", "core " + std::to_string(cores - 1)}};
+  pin_to(cores - 1);
+  std::ofstream(dir / "admin.token") << "admin-bench-token-0123456789abcdef\n";
+  std::ofstream(dir / "worker.token") << "worker-bench-token-0123456789abcdef\n";
+  bool tls = a.tls;
+  if (tls) {
+    const std::string sh =
+        "cd '" + dir.string() +
+        "' && openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=bench-ca -keyout ca.key -out ca.pem"
+        " && openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout server.key -out server.csr"
+        " && printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n' > ext.cnf"
+        " && openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile ext.cnf"
+        " -out server.pem";
+    if (std::system((sh + " >/dev/null 2>&1").c_str()) != 0) {
+      say("openssl failed: running without TLS (rows labelled tls=false)");
+      tls = false;
+    }
+  }
+  out["tls"] = tls;
+  out["synchronous"] = "FULL";
+
+  say("baselines: fdatasync, SQLite FULL commit");
+  const Quantiles fsync = fdatasync_latency(dir);
+  const Quantiles commit = store_commit_latency(dir);
+  out["baselines"] = {{"fdatasync_4k", to_json(fsync)}, {"sqlite_full_commit", to_json(commit)}};
+
+  Coordinator coord;
+  Clock::time_point exec_at;
+  start_coordinator(coord, dir, "127.0.0.1:0", tls, 0, &exec_at);
+  Clients c = connect_clients(coord.address, dir, a.channels, tls);
+  Quantiles null_rpc;
+  {
+    std::vector<double> v;
+    for (int i = 0; i < 2000; ++i) {
+      const auto t0 = Clock::now();
+      (void)call_get(c, 0, "j-none");
+      if (i >= 200) v.push_back(ms_between(t0, Clock::now()));
+    }
+    null_rpc = quantiles(v);
+    out["baselines"]["null_rpc"] = to_json(null_rpc);
+    out["baselines"]["null_rpc"]["what"] = "GetJob of an unknown id: TLS + token check + one lock, 1 in flight";
+  }
+
+  say("registering " + std::to_string(a.workers) + " simulated workers");
+  std::vector<std::unique_ptr<SimWorker>> sims;
+  for (int i = 0; i < a.workers; ++i) {
+    sims.push_back(std::make_unique<SimWorker>());
+    sims.back()->name = "sim-" + std::to_string(i);
+  }
+  {
+    std::vector<std::thread> pool;
+    std::atomic<int> failed{0};
+    for (int t = 0; t < 16; ++t)
+      pool.emplace_back([&, t] {
+        for (size_t i = static_cast<size_t>(t); i < sims.size(); i += 16)
+          if (!register_sim(c, i, *sims[i])) failed.fetch_add(1);
+      });
+    for (auto& th : pool) th.join();
+    if (failed.load()) say(std::to_string(failed.load()) + " simulated workers could not register");
+  }
+
+  // Heartbeats with submits and gets on top.
+  const milliseconds period(500);
+  const auto start = Clock::now() + milliseconds(200);
+  const auto measure_from = start + milliseconds(3000);
+  const auto end = measure_from + milliseconds(static_cast<int64_t>(a.seconds * 1000));
+  std::vector<double> submit_ms, get_ms;
+  std::set<std::string> acked;
+  std::mutex acked_mu;
+  std::atomic<int> submit_fail{0};
+  const double cpu0 = cpu_seconds_of(coord.pid);
+  say("open-loop load: " + std::to_string(a.workers) + " workers x 2 Hz heartbeats, 100 submits/s, 1,000 gets/s, " +
+      std::to_string(static_cast<int>(a.seconds)) + " s measured");
+  std::thread submitter([&] {
+    auto stub = v1::JobService::NewStub(c.channel(1));
+    for (int i = 0;; ++i) {
+      const auto due = measure_from + milliseconds(10) * i;
+      if (due >= end) return;
+      std::this_thread::sleep_until(due);
+      grpc::ClientContext ctx;
+      rpc::prepare_call(ctx, c.admin, milliseconds(5000));
+      v1::SubmitJobRequest req;
+      req.set_spec_yaml(tiny_spec(i, dir));
+      req.set_request_id("bench-" + std::to_string(i));
+      v1::SubmitJobResponse resp;
+      const grpc::Status s = stub->SubmitJob(&ctx, req, &resp);
+      submit_ms.push_back(ms_between(due, Clock::now()));
+      if (s.ok()) {
+        std::lock_guard<std::mutex> lock(acked_mu);
+        acked.insert(resp.job().id());
+      } else {
+        submit_fail.fetch_add(1);
+      }
+    }
+  });
+  // 1,000 gets/s from 8 threads at 125/s each, so one slow call delays only its thread.
+  std::vector<std::vector<double>> get_parts(8);
+  std::vector<std::thread> getters;
+  for (int g = 0; g < 8; ++g)
+    getters.emplace_back([&, g] {
+      for (int i = 0;; ++i) {
+        const auto due = measure_from + std::chrono::microseconds(8000) * i + std::chrono::microseconds(1000) * g;
+        if (due >= end) return;
+        std::this_thread::sleep_until(due);
+        (void)call_get(c, 2 + static_cast<size_t>(g), "j-000001");
+        get_parts[static_cast<size_t>(g)].push_back(ms_between(due, Clock::now()));
+      }
+    });
+  const HeartbeatLoad hb = run_heartbeats(c, sims, period, start, measure_from, end, a.channels);
+  submitter.join();
+  for (std::thread& t : getters) t.join();
+  for (const auto& part : get_parts) get_ms.insert(get_ms.end(), part.begin(), part.end());
+  const double cpu1 = cpu_seconds_of(coord.pid);
+  int false_lost = 0;
+  for (const auto& [name, state] : worker_states(c)) false_lost += state == "LOST";
+  const Quantiles hbq = quantiles(hb.latencies_ms);
+  const double hb_rate = double(hb.sent) / a.seconds;
+  out["heartbeats"] = to_json(hbq);
+  out["heartbeats"]["per_second"] = hb_rate;
+  out["heartbeats"]["failed"] = hb.failed;
+  out["heartbeats"]["false_lost"] = false_lost;
+  // CPU over the whole load (warm-up included) per request of every kind sent in it.
+  const double load_seconds = std::chrono::duration<double>(end - start).count();
+  out["heartbeats"]["coordinator_cores_used"] = (cpu1 - cpu0) / load_seconds;
+  out["heartbeats"]["p50_over_null_rpc"] = hbq.p50 / std::max(1e-9, out["baselines"]["null_rpc"]["p50_ms"].get<double>());
+  const Quantiles sq = quantiles(submit_ms), gq = quantiles(get_ms);
+  out["submit"] = to_json(sq);
+  out["submit"]["failed"] = submit_fail.load();
+  out["submit"]["p50_over_sqlite_commit"] = sq.p50 / std::max(1e-9, commit.p50);
+  out["get"] = to_json(gq);
+  out["get"]["p50_over_null_rpc"] = gq.p50 / std::max(1e-9, out["baselines"]["null_rpc"]["p50_ms"].get<double>());
+
+  say("scheduling pass: 1,000 queued jobs x 500 workers");
+  const Quantiles sched = schedule_pass(1000, 500, 50);
+  out["schedule_1000x500"] = to_json(sched);
+  out["schedule_1000x500"]["what"] = "the decision only (pure function, one thread), not binding or start";
+
+  // Detection: `trials` workers stop at random moments while the others keep beating.
+  say("failure detection: " + std::to_string(a.trials) + " workers stop heartbeating");
+  std::vector<double> detect_ms;
+  {
+    std::mt19937_64 rng(11);
+    const auto t_start = Clock::now() + milliseconds(100);
+    const auto t_end = t_start + milliseconds(12000);
+    std::vector<size_t> victims;
+    for (int i = 0; i < a.trials; ++i) victims.push_back(static_cast<size_t>(i) * (sims.size() / a.trials));
+    std::thread beats([&] { run_heartbeats(c, sims, period, t_start, t_end, t_end, a.channels); });
+    std::thread stopper([&] {
+      for (size_t v : victims) {
+        std::this_thread::sleep_until(t_start + milliseconds(500 + static_cast<int64_t>(rng() % 2000)));
+        sims[v]->stopped.store(true);
+      }
+    });
+    std::map<size_t, double> seen;
+    while (Clock::now() < t_end && seen.size() < victims.size()) {
+      const auto states = worker_states(c);
+      const auto now = Clock::now();
+      for (size_t v : victims) {
+        if (seen.count(v) || !sims[v]->stopped.load()) continue;
+        auto it = states.find(sims[v]->name);
+        if (it != states.end() && it->second == "LOST") {
+          const Clock::time_point last(Clock::duration(sims[v]->last_ok_ns.load()));
+          seen[v] = ms_between(last, now);
+        }
+      }
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    stopper.join();
+    beats.join();
+    for (const auto& [v, ms] : seen) detect_ms.push_back(ms);
+    out["detection"] = to_json(quantiles(detect_ms));
+    out["detection"]["trials"] = a.trials;
+    out["detection"]["detected"] = seen.size();
+    out["detection"]["lease_ms"] = 4000;
+  }
+
+  // Restarts: SIGKILL, restart on the same DB and port, SERVING and re-attach times.
+  say("coordinator SIGKILL + restart: " + std::to_string(a.trials) + " trials");
+  std::vector<double> serving_ms, reattach_ms;
+  int missing = 0, duplicates = 0, lost_after_restart = 0;
+  std::vector<SimWorker*> live;
+  for (auto& s : sims)
+    if (!s->stopped.load()) live.push_back(s.get());
+  live.resize(std::min<size_t>(live.size(), 500));  // 500 live workers re-attaching
+  for (int trial = 0; trial < a.trials; ++trial) {
+    coord.kill();
+    Clock::time_point exec;
+    start_coordinator(coord, dir, coord.address, tls, trial + 1, &exec);  // same port: the workers know only it
+    // SERVING: poll health every 2 ms from exec.
+    auto health = grpc::health::v1::Health::NewStub(rpc::make_channel(coord.address, c.co));
+    for (int i = 0; i < 5000; ++i) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + milliseconds(200));
+      grpc::health::v1::HealthCheckResponse r;
+      if (health->Check(&ctx, {}, &r).ok() && r.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
+        serving_ms.push_back(ms_between(exec, Clock::now()));
+        break;
+      }
+      std::this_thread::sleep_for(milliseconds(2));
+    }
+    // Re-attach: every live worker's next heartbeat accepted (parallel over the channels).
+    std::atomic<size_t> attached{0};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < 16; ++t)
+      pool.emplace_back([&, t] {
+        auto stub = v1::WorkerService::NewStub(c.channel(static_cast<size_t>(t)));
+        for (size_t i = static_cast<size_t>(t); i < live.size(); i += 16) {
+          for (int attempt = 0; attempt < 100; ++attempt) {
+            grpc::ClientContext ctx;
+            rpc::prepare_call(ctx, c.worker, milliseconds(1000));
+            ctx.set_wait_for_ready(true);
+            v1::HeartbeatRequest req;
+            req.set_name(live[i]->name);
+            req.set_incarnation(live[i]->incarnation);
+            v1::HeartbeatResponse resp;
+            if (stub->Heartbeat(&ctx, req, &resp).ok()) {
+              attached.fetch_add(1);
+              break;
+            }
+          }
+        }
+      });
+    for (auto& th : pool) th.join();
+    reattach_ms.push_back(ms_between(exec, Clock::now()));
+    // Invariants: acknowledged submits present, a retried request_id is the same job.
+    auto stub = v1::JobService::NewStub(c.channel(0));
+    {
+      v1::ListJobsRequest req;
+      req.set_page_size(1000);
+      std::set<std::string> present;
+      for (std::string token;;) {
+        grpc::ClientContext page_ctx;
+        rpc::prepare_call(page_ctx, c.admin, milliseconds(10000));
+        req.set_page_token(token);
+        v1::ListJobsResponse resp;
+        if (!stub->ListJobs(&page_ctx, req, &resp).ok()) break;
+        for (const v1::JobStatus& j : resp.jobs())
+          if (!present.insert(j.id()).second) ++duplicates;
+        token = resp.next_page_token();
+        if (token.empty()) break;
+      }
+      for (const std::string& id : acked) missing += present.count(id) == 0;
+    }
+    {
+      grpc::ClientContext ctx;
+      rpc::prepare_call(ctx, c.admin, milliseconds(10000));
+      v1::SubmitJobRequest req;
+      req.set_spec_yaml(tiny_spec(0, dir));
+      req.set_request_id("bench-0");
+      v1::SubmitJobResponse resp;
+      if (stub->SubmitJob(&ctx, req, &resp).ok() && resp.created()) ++duplicates;
+    }
+    const auto states = worker_states(c);
+    for (SimWorker* w : live) {
+      auto it = states.find(w->name);
+      lost_after_restart += it != states.end() && it->second == "LOST";
+    }
+    if (attached.load() != live.size()) say("trial " + std::to_string(trial) + ": only " +
+                                            std::to_string(attached.load()) + " workers re-attached");
+  }
+  out["restart"] = {{"serving", to_json(quantiles(serving_ms))},
+                    {"all_workers_reattached", to_json(quantiles(reattach_ms))},
+                    {"workers", live.size()},
+                    {"trials", a.trials},
+                    {"acked_submits_missing", missing},
+                    {"duplicates", duplicates},
+                    {"workers_lost_by_restart", lost_after_restart},
+                    {"acked_submits", acked.size()}};
+  coord.kill();
+
+  std::fprintf(stderr, "\n%-44s %10s %10s %10s  %s\n", "row (TLS + tokens + synchronous=FULL)", "p50 ms", "p99 ms",
+               "max ms", "note");
+  auto row = [](const std::string& name, const Quantiles& q, const std::string& note) {
+    std::fprintf(stderr, "%-44s %10.3f %10.3f %10.3f  %s\n", name.c_str(), q.p50, q.p99, q.max, note.c_str());
+  };
+  char note[160];
+  row("baseline fdatasync 4 KiB", fsync, filesystem_of(dir));
+  row("baseline SQLite FULL commit (one job)", commit, "");
+  row("baseline null RPC (1 in flight)", null_rpc, "GetJob of an unknown id");
+  std::snprintf(note, sizeof(note), "%.0f/s scheduled, %d false LOST, coordinator %.2f core", hb_rate, false_lost,
+                out["heartbeats"]["coordinator_cores_used"].get<double>());
+  row("heartbeats (" + std::to_string(a.workers) + " workers, 2 Hz)", hbq, note);
+  std::snprintf(note, sizeof(note), "p50 = %.1fx the commit", sq.p50 / std::max(1e-9, commit.p50));
+  row("SubmitJob at 100/s under heartbeat load", sq, note);
+  row("GetJob at 1,000/s under heartbeat load", gq, "");
+  row("scheduling pass 1,000 jobs x 500 workers", sched, "decision only");
+  row("worker stops -> LOST (lease 4 s)", quantiles(detect_ms), std::to_string(detect_ms.size()) + " of " + std::to_string(a.trials));
+  row("coordinator SIGKILL -> SERVING", quantiles(serving_ms), "from exec");
+  std::snprintf(note, sizeof(note), "%zu workers; missing %d, duplicates %d, lost %d", live.size(), missing, duplicates,
+                lost_after_restart);
+  row("coordinator SIGKILL -> all re-attached", quantiles(reattach_ms), note);
+  std::cout << out.dump(2) << std::endl;
+  std::error_code ec;
+  remove_tree(dir, ec);
+  return kExitOk;
+}
+
+CommandRegistrar reg(120, [](CommandContext& ctx) {
+  auto a = std::make_shared<Args>();
+  CLI::App* cmd = ctx.bench->add_subcommand("control-plane", "Coordinator heartbeats, submits, scheduling, detection and restart");
+  cmd->add_option("--dir", a->dir, "Working directory (a real disk; default: under the current directory)");
+  cmd->add_option("--workers", a->workers, "Simulated workers")->check(CLI::Range(1, 100000));
+  cmd->add_option("--seconds", a->seconds, "Measured seconds of the open-loop load")->check(CLI::Range(1.0, 600.0));
+  cmd->add_option("--trials", a->trials, "Detection and restart trials")->check(CLI::Range(1, 1000));
+  cmd->add_option("--channels", a->channels, "Client channels (and sender threads)")->check(CLI::Range(1, 1024));
+  cmd->add_flag("!--no-tls", a->tls, "Plaintext (rows are labelled tls=false)");
+  cmd->callback([a, &ctx] {
+    try {
+      ctx.exit_code = run_bench(*a);
+    } catch (const std::exception& e) {
+      std::cerr << "zenflow: bench control-plane: " << e.what() << "\n";
+      ctx.exit_code = kExitFailure;
+    }
+  });
+});
+
+}  // namespace
+}  // namespace zenflow::cli
