@@ -169,7 +169,7 @@ class Cluster {
     const std::string listen = address_.empty() ? "127.0.0.1:0" : address_;
     std::vector<std::string> argv = {bin("zenflow-coordinator"), "--listen", listen, "--db",
                                      (dir_ / "coordinator.db").string(), "--heartbeat-interval-ms", "500",
-                                     "--lease-ms", "2500", "--preemption-min-runtime", "0"};
+                                     "--lease-ms", "4000", "--preemption-min-runtime", "0"};
     if (options_.tokens) {
       argv.insert(argv.end(), {"--admin-token-file", admin_token_.string(), "--worker-token-file", worker_token_.string()});
     }
@@ -190,7 +190,7 @@ class Cluster {
   // A worker agent with `slots` CPU slots and 8 GiB of host RAM on offer.
   Process& start_worker(const std::string& name, int slots = 1, std::vector<std::string> extra = {}) {
     std::vector<std::string> argv = {bin("zenflow-worker"), "--coordinator", address_, "--work-dir",
-                                     (dir_ / ("work-" + name)).string(), "--name", name, "--cpu-slots",
+                                     (dir_ / ("work-" + name)).string(), "--name", name, "--cpu-only", "--cpu-slots",
                                      std::to_string(slots), "--host-memory-gb", "8", "--physical-cores", "2",
                                      "--trainer", bin("zenflow"), "--stop-grace", "20"};
     if (options_.tokens) argv.insert(argv.end(), {"--token-file", worker_token_.string()});

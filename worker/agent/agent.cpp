@@ -78,6 +78,28 @@ int64_t detect_host_memory_bytes() {
   return 0;
 }
 
+std::vector<std::pair<std::string, int64_t>> detect_gpus() {
+  std::vector<std::pair<std::string, int64_t>> out;
+  FILE* p = ::popen("nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits 2>/dev/null", "r");
+  if (!p) return out;
+  char line[512];
+  while (std::fgets(line, sizeof(line), p)) {
+    std::string s(line);
+    const size_t comma = s.rfind(',');
+    if (comma == std::string::npos) continue;
+    std::string name = s.substr(0, comma);
+    while (!name.empty() && name.back() == ' ') name.pop_back();
+    for (char& c : name)
+      if (c == ' ') c = '-';  // "NVIDIA H200" -> "NVIDIA-H200", as node labels spell it
+    try {
+      out.emplace_back(name, std::stoll(s.substr(comma + 1)) << 20);  // MiB
+    } catch (const std::exception&) {
+    }
+  }
+  if (::pclose(p) != 0) out.clear();
+  return out;
+}
+
 struct Rank {
   int rank = 0;
   pid_t pid = -1;
@@ -138,9 +160,11 @@ struct Agent::Impl {
   bool desired_valid = false;
 
   std::map<std::pair<std::string, int64_t>, Attempt> attempts;
-  milliseconds heartbeat_interval{1000};
-  milliseconds lease{4000};
-  Clock::time_point last_heartbeat_ok = Clock::now();
+  // Set at registration (main thread), read by the pulse thread too.
+  std::atomic<int64_t> interval_ms{1000};
+  std::atomic<int64_t> lease_ms{4000};
+  std::atomic<int64_t> last_ok_ns{Clock::now().time_since_epoch().count()};  // last accepted heartbeat
+  milliseconds heartbeat_interval() const { return milliseconds(interval_ms.load()); }
   Clock::time_point next_heartbeat{};
   // The ranks' leases are renewed by a thread of their own, so that RPCs to a coordinator
   // that is away (each up to its deadline) never hold them up: the leases fence a paused
@@ -160,6 +184,7 @@ struct Agent::Impl {
   bool register_worker();
   void fetch_loop();
   void heartbeat();
+  void pulse_loop();
   void reconcile();
   void start_attempt(const v1::Assignment& a);
   void signal_attempt(Attempt& at, int sig);
@@ -209,11 +234,11 @@ bool Agent::Impl::register_worker() {
     desired_valid = false;
   }
   cv.notify_all();
-  heartbeat_interval = milliseconds(std::max<int64_t>(50, resp.heartbeat_interval_ms()));
-  lease = milliseconds(std::max<int64_t>(resp.lease_ms(), 2 * heartbeat_interval.count()));
-  last_heartbeat_ok = Clock::now();
+  interval_ms.store(std::max<int64_t>(50, resp.heartbeat_interval_ms()));
+  lease_ms.store(std::max<int64_t>(resp.lease_ms(), 2 * interval_ms.load()));
+  last_ok_ns.store(Clock::now().time_since_epoch().count());
   log_line("registered as " + o.name + " (incarnation " + std::to_string(resp.incarnation()) + ", heartbeat " +
-           std::to_string(heartbeat_interval.count()) + " ms, lease " + std::to_string(lease.count()) + " ms)");
+           std::to_string(interval_ms.load()) + " ms, lease " + std::to_string(lease_ms.load()) + " ms)");
   return true;
 }
 
@@ -261,6 +286,43 @@ void Agent::Impl::fill_report(const Attempt& at, v1::AttemptReport* r) const {
   r->set_stopped_by_agent(at.stopped_by_agent);
 }
 
+// Liveness: an empty heartbeat every interval from a thread of its own, so that the lease
+// never waits behind the supervisor's other RPCs (log uploads, reports, each up to its
+// deadline when the coordinator is slow or away).
+void Agent::Impl::pulse_loop() {
+  auto next = Clock::now();
+  while (!stopping->load()) {
+    next += heartbeat_interval();
+    int64_t inc;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      inc = fenced ? 0 : incarnation;
+    }
+    if (inc != 0) {
+      v1::HeartbeatRequest req;
+      req.set_name(o.name);
+      req.set_incarnation(inc);
+      v1::HeartbeatResponse resp;
+      const grpc::Status s = call(&v1::WorkerService::Stub::Heartbeat, req, &resp, std::min(heartbeat_interval(), kRpcDeadline));
+      if (s.ok()) {
+        last_ok_ns.store(Clock::now().time_since_epoch().count());
+        interval_ms.store(std::max<int64_t>(50, resp.heartbeat_interval_ms()));
+      } else if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (incarnation == inc && !fenced) {
+          fenced = true;
+          log_line("coordinator refused heartbeat: " + s.error_message());
+        }
+      }
+    }
+    const auto now = Clock::now();
+    if (next < now) next = now;  // late (a slow call): no burst to catch up
+    std::this_thread::sleep_until(next);
+  }
+}
+
+// The attempts' states (started, exited with a code), repeated until acknowledged; only
+// when there is something to report (the pulse keeps the lease).
 void Agent::Impl::heartbeat() {
   int64_t inc;
   {
@@ -272,12 +334,13 @@ void Agent::Impl::heartbeat() {
   req.set_incarnation(inc);
   for (const auto& [key, at] : attempts)
     if (!at.exit_reported && (!at.exited || at.pending.empty())) fill_report(at, req.add_attempts());
+  grpc::Status s;
   v1::HeartbeatResponse resp;
-  const grpc::Status s = call(&v1::WorkerService::Stub::Heartbeat, req, &resp, std::min(heartbeat_interval, kRpcDeadline));
+  if (req.attempts_size() > 0) s = call(&v1::WorkerService::Stub::Heartbeat, req, &resp, std::min(heartbeat_interval(), kRpcDeadline));
   if (s.ok()) {
-    last_heartbeat_ok = Clock::now();
-    disconnected_stop = false;
-    heartbeat_interval = milliseconds(std::max<int64_t>(50, resp.heartbeat_interval_ms()));
+    if (req.attempts_size() > 0) last_ok_ns.store(Clock::now().time_since_epoch().count());
+    if (Clock::now() - Clock::time_point(Clock::duration(last_ok_ns.load())) < milliseconds(lease_ms.load()))
+      disconnected_stop = false;
     for (const v1::AttemptRef& ack : resp.acknowledged()) {
       auto it = attempts.find({ack.job_id(), ack.attempt()});
       if (it != attempts.end() && it->second.exited) it->second.exit_reported = true;
@@ -290,7 +353,7 @@ void Agent::Impl::heartbeat() {
     log_line("coordinator refused heartbeat: " + s.error_message());
     return;
   }
-  const auto away = Clock::now() - last_heartbeat_ok;
+  const auto away = Clock::now() - Clock::time_point(Clock::duration(last_ok_ns.load()));
   const bool running = std::any_of(attempts.begin(), attempts.end(), [](const auto& kv) { return !kv.second.exited; });
   if (away > o.disconnected_grace && !disconnected_stop && running) {
     disconnected_stop = true;
@@ -347,7 +410,8 @@ void Agent::Impl::start_attempt(const v1::Assignment& a) {
     if (!used.count(s)) at.slots.push_back(s);
   for (int s = 0; static_cast<int>(at.slots.size()) < a.local_ranks(); ++s) at.slots.push_back(s % std::max<int64_t>(1, slots));
 
-  const milliseconds child_lease = std::max(milliseconds(1000), lease - 2 * heartbeat_interval);
+  const milliseconds child_lease =
+      std::max(milliseconds(1000), milliseconds(lease_ms.load()) - 2 * heartbeat_interval());
   const std::string lease_timeout = std::to_string(double(child_lease.count()) / 1000.0);
   std::string failure;
   for (int i = 0; i < a.local_ranks(); ++i) {
@@ -757,6 +821,12 @@ int Agent::run() {
     m.resources.set_host_memory_bytes(o.host_memory_bytes > 0 ? o.host_memory_bytes : detect_host_memory_bytes());
     m.resources.set_physical_cores(o.physical_cores > 0 ? o.physical_cores : detect_physical_cores());
     m.resources.set_cpu_slots(o.cpu_slots);
+    if (!o.cpu_only)
+      for (const auto& [model, bytes] : detect_gpus()) {
+        v1::GpuInfo* g = m.resources.add_gpus();
+        g->set_model(model);
+        g->set_memory_bytes(bytes);
+      }
     for (const auto& [k, v] : o.labels) (*m.resources.mutable_labels())[k] = v;
     m.slots = m.resources.gpus_size() > 0 ? m.resources.gpus_size() : o.cpu_slots;
     for (int64_t i = 0; i < m.slots; ++i) m.ports.push_back(std::make_unique<distributed::PortReservation>(o.address));
@@ -771,6 +841,7 @@ int Agent::run() {
            std::to_string(m.resources.host_memory_bytes() >> 20) + " MiB host RAM, " +
            std::to_string(m.resources.physical_cores()) + " physical cores; coordinator " + o.coordinator);
   std::thread fetcher([&] { m.fetch_loop(); });
+  std::thread pulse([&] { m.pulse_loop(); });
   std::atomic<bool> renewing{true};
   std::thread renewer([&] {
     while (renewing.load()) {
@@ -821,7 +892,7 @@ int Agent::run() {
     m.reap();
     if (registered) {
       if (now >= m.next_heartbeat) {
-        m.next_heartbeat = now + m.heartbeat_interval;
+        m.next_heartbeat = now + m.heartbeat_interval();
         m.heartbeat();
       }
       m.reconcile();
@@ -843,6 +914,7 @@ int Agent::run() {
   m.cv.notify_all();
   renewing.store(false);
   renewer.join();
+  pulse.join();
   fetcher.join();
   log_line("stopped");
   return 0;

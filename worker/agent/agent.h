@@ -37,6 +37,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/rpc/rpc.h"
 
@@ -50,6 +52,7 @@ struct AgentOptions {
   std::string work_dir;     // attempts' specs and output logs
   std::string address = "127.0.0.1";  // where other workers reach this one's rendezvous ports
   int64_t cpu_slots = 1;              // slots offered when there is no GPU
+  bool cpu_only = false;              // offer CPU slots even where nvidia-smi lists GPUs
   int64_t host_memory_bytes = 0;      // 0: MemTotal of /proc/meminfo
   int64_t physical_cores = 0;         // 0: counted from /proc/cpuinfo
   std::map<std::string, std::string> labels;
@@ -80,5 +83,8 @@ class Agent {
 // What the agent offers, as detected on this host (overridable through AgentOptions).
 int64_t detect_physical_cores();
 int64_t detect_host_memory_bytes();
+// The GPUs `nvidia-smi --query-gpu=name,memory.total` lists (model, bytes), in index order;
+// none when nvidia-smi is absent or fails (then the worker offers CPU slots).
+std::vector<std::pair<std::string, int64_t>> detect_gpus();
 
 }  // namespace zenflow::agent
