@@ -170,9 +170,16 @@ void Coordinator::load() {
 
 // --- helpers ---
 
+// A transition is applied in memory before it is written; if the write fails the two would
+// disagree, so the coordinator stops (fail-stop) and a restart reloads the store's state.
 void Coordinator::commit(StoreBatch& batch) {
   if (batch.empty()) return;
-  store_->commit(batch);
+  try {
+    store_->commit(batch);
+  } catch (const StoreError& e) {
+    log(std::string("store write failed: ") + e.what() + "; exiting so a restart reloads a consistent state");
+    std::_Exit(1);
+  }
   batch = StoreBatch{};
 }
 
@@ -401,12 +408,7 @@ Status Coordinator::cancel(const std::string& id, v1::JobStatus* out) {
     touch(j, batch);
     bump_workers_of(j);
   }
-  try {
-    commit(batch);
-  } catch (const StoreError& e) {
-    log(std::string("store write failed: ") + e.what() + "; exiting so a restart reloads a consistent state");
-    std::_Exit(1);
-  }
+  commit(batch);
   schedule_dirty_ = true;
   fill_status(j, out);
   return Status::OK;
@@ -526,12 +528,7 @@ Status Coordinator::register_worker(const v1::RegisterWorkerRequest& req, v1::Re
   w.last_heartbeat_ms = now;
   ++w.assignment_revision;
   batch.workers.push_back(w.rec);
-  try {
-    commit(batch);
-  } catch (const StoreError& e) {
-    log(std::string("store write failed: ") + e.what() + "; exiting so a restart reloads a consistent state");
-    std::_Exit(1);
-  }
+  commit(batch);
   resp->set_incarnation(w.rec.incarnation);
   resp->set_heartbeat_interval_ms(options_.heartbeat_interval.count());
   resp->set_lease_ms(options_.lease.count());
@@ -584,12 +581,7 @@ Status Coordinator::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResp
       a->set_attempt(r.attempt());
     }
   }
-  try {
-    commit(batch);
-  } catch (const StoreError& e) {
-    log(std::string("store write failed: ") + e.what() + "; exiting so a restart reloads a consistent state");
-    std::_Exit(1);
-  }
+  commit(batch);
   resp->set_heartbeat_interval_ms(options_.heartbeat_interval.count());
   resp->set_lease_ms(options_.lease.count());
   resp->set_assignment_revision(w->assignment_revision);
@@ -660,12 +652,7 @@ Status Coordinator::report_progress(const v1::ReportProgressRequest& req) {
   ++j->rec.revision;
   j->progress_dirty = true;
   changed_.notify_all();
-  try {
-    commit(batch);
-  } catch (const StoreError& e) {
-    log(std::string("store write failed: ") + e.what() + "; exiting so a restart reloads a consistent state");
-    std::_Exit(1);
-  }
+  commit(batch);
   return Status::OK;
 }
 
@@ -678,12 +665,7 @@ Status Coordinator::report_event(const v1::ReportEventRequest& req) {
   if (!j) return st;
   StoreBatch batch;
   apply_attempt_report(*j, m, req.attempt(), batch);
-  try {
-    commit(batch);
-  } catch (const StoreError& e) {
-    log(std::string("store write failed: ") + e.what() + "; exiting so a restart reloads a consistent state");
-    std::_Exit(1);
-  }
+  commit(batch);
   return Status::OK;
 }
 
@@ -989,12 +971,7 @@ void Coordinator::tick_locked() {
     run_schedule(batch);
   }
   persist_progress(batch);
-  try {
-    commit(batch);
-  } catch (const StoreError& e) {
-    log(std::string("store write failed: ") + e.what() + "; exiting so a restart reloads a consistent state");
-    std::_Exit(1);
-  }
+  commit(batch);
 }
 
 void Coordinator::tick_now() {

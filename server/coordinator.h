@@ -133,7 +133,7 @@ class Coordinator {
   void log(const std::string& line) const;
   bool terminal(const std::string& state) const;
   void fill_status(const Job& j, v1::JobStatus* out) const;
-  void commit(StoreBatch& batch);  // throws StoreError
+  void commit(StoreBatch& batch);  // fail-stop: exits the process when the store write fails
   void touch(Job& j, StoreBatch& batch);    // revision + 1, then persist
   void persist(Job& j, StoreBatch& batch);  // add the record to the batch, wake watchers
   void bump_workers_of(const Job& j);

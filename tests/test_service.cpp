@@ -284,28 +284,21 @@ std::map<std::string, grpc::StatusCode> call_everything(const Cluster& c, Who wh
   unary("CancelJob", jobs.get(), &v1::JobService::Stub::CancelJob, cancel, v1::CancelJobResponse{});
   unary("ListWorkers", jobs.get(), &v1::JobService::Stub::ListWorkers, v1::ListWorkersRequest{},
         v1::ListWorkersResponse{});
-  {
+  // A server stream: read it to the end, keep the final status.
+  auto stream = [&](const std::string& name, auto method, auto req, auto message) {
     grpc::ClientContext ctx;
     rpc::prepare_call(ctx, token, 5s);
-    v1::WatchJobRequest req;
-    req.set_id("j-nope");
-    auto reader = jobs->WatchJob(&ctx, req);
-    v1::JobEvent ev;
-    while (reader->Read(&ev)) {
+    auto reader = ((*jobs).*method)(&ctx, req);
+    while (reader->Read(&message)) {
     }
-    out["WatchJob"] = reader->Finish().error_code();
-  }
-  {
-    grpc::ClientContext ctx;
-    rpc::prepare_call(ctx, token, 5s);
-    v1::StreamLogsRequest req;
-    req.set_id("j-nope");
-    auto reader = jobs->StreamLogs(&ctx, req);
-    v1::LogChunk chunk;
-    while (reader->Read(&chunk)) {
-    }
-    out["StreamLogs"] = reader->Finish().error_code();
-  }
+    out[name] = reader->Finish().error_code();
+  };
+  v1::WatchJobRequest watch;
+  watch.set_id("j-nope");
+  stream("WatchJob", &v1::JobService::Stub::WatchJob, watch, v1::JobEvent{});
+  v1::StreamLogsRequest logs;
+  logs.set_id("j-nope");
+  stream("StreamLogs", &v1::JobService::Stub::StreamLogs, logs, v1::LogChunk{});
   v1::RegisterWorkerRequest reg;  // invalid (no name): INVALID_ARGUMENT when authorized
   unary("RegisterWorker", workers.get(), &v1::WorkerService::Stub::RegisterWorker, reg, v1::RegisterWorkerResponse{});
   v1::HeartbeatRequest hb;
