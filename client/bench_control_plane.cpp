@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -49,6 +50,7 @@
 #include <vector>
 
 #include "client/commands.h"
+#include "common/job_spec.h"
 #include "common/remove_tree.h"
 #include "common/rpc/rpc.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -71,6 +73,8 @@ struct Args {
   double seconds = 20;
   int channels = 64;
   int trials = 20;
+  int stored_jobs = 10000;  // the database the coordinator starts on (T5)
+  int stored_queued = 1000;
   bool tls = true;
 };
 
@@ -275,59 +279,95 @@ bool register_sim(const Clients& c, size_t channel, SimWorker& w) {
   return false;
 }
 
-// Open-loop heartbeats: thread t owns workers t, t+T, ...; each worker beats every
-// `period`, at a fixed phase; latency from the scheduled time.
+// Open-loop heartbeats: sender thread t owns workers t, t+T, ...; each worker beats every
+// `period` at a fixed phase, on channel (worker index % channels). Calls are asynchronous
+// (the callback API): a sender only waits for the next due time, so a slow answer delays
+// nothing else and the generator's own threads never queue behind the server. Latency is
+// from the scheduled time to the callback.
 struct HeartbeatLoad {
   std::vector<double> latencies_ms;  // measured window only
   int64_t sent = 0, failed = 0;
+  std::string first_error;  // of the failed ones
 };
 
 HeartbeatLoad run_heartbeats(const Clients& c, std::vector<std::unique_ptr<SimWorker>>& workers, milliseconds period,
-                             Clock::time_point start, Clock::time_point measure_from, Clock::time_point end,
-                             int threads) {
-  std::vector<HeartbeatLoad> per(static_cast<size_t>(threads));
+                             Clock::time_point start, Clock::time_point measure_from, Clock::time_point end) {
+  constexpr int kSenders = 4;
+  struct Part {
+    std::mutex mu;
+    HeartbeatLoad load;
+    std::condition_variable done_cv;
+    int64_t in_flight = 0;
+  };
+  std::vector<Part> parts(kSenders);
+  std::vector<std::unique_ptr<v1::WorkerService::Stub>> stubs;
+  for (const auto& ch : c.channels) stubs.push_back(v1::WorkerService::NewStub(ch));
+  struct Call {
+    grpc::ClientContext ctx;
+    v1::HeartbeatRequest req;
+    v1::HeartbeatResponse resp;
+    Clock::time_point due;
+    SimWorker* worker = nullptr;
+    bool measured = false;
+  };
   std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
+  for (int t = 0; t < kSenders; ++t) {
     pool.emplace_back([&, t] {
-      auto stub = v1::WorkerService::NewStub(c.channel(static_cast<size_t>(t)));
-      HeartbeatLoad& me = per[static_cast<size_t>(t)];
-      std::vector<SimWorker*> mine;
-      for (size_t i = static_cast<size_t>(t); i < workers.size(); i += static_cast<size_t>(threads))
-        mine.push_back(workers[i].get());
+      Part& me = parts[static_cast<size_t>(t)];
+      std::vector<size_t> mine;
+      for (size_t i = static_cast<size_t>(t); i < workers.size(); i += kSenders) mine.push_back(i);
       if (mine.empty()) return;
-      const auto slot = period / static_cast<int64_t>(mine.size());
+      const auto slot = std::chrono::duration_cast<std::chrono::nanoseconds>(period) / static_cast<int64_t>(mine.size());
+      const auto phase = std::chrono::duration_cast<std::chrono::nanoseconds>(period) * t / kSenders /
+                         static_cast<int64_t>(mine.size());
       for (int64_t round = 0;; ++round) {
         for (size_t k = 0; k < mine.size(); ++k) {
-          const auto due = start + period * round + slot * static_cast<int64_t>(k) +
-                           milliseconds(t * period.count() / threads / std::max<size_t>(1, mine.size()));
-          if (due >= end) return;
-          std::this_thread::sleep_until(due);
-          SimWorker& w = *mine[k];
-          if (w.stopped.load()) continue;
-          grpc::ClientContext ctx;
-          rpc::prepare_call(ctx, c.worker, milliseconds(2000));
-          v1::HeartbeatRequest req;
-          req.set_name(w.name);
-          req.set_incarnation(w.incarnation);
-          v1::HeartbeatResponse resp;
-          const grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
-          const auto done = Clock::now();
-          if (s.ok()) w.last_ok_ns.store(done.time_since_epoch().count());
-          if (due >= measure_from) {
-            ++me.sent;
-            if (!s.ok()) ++me.failed;
-            me.latencies_ms.push_back(ms_between(due, done));
+          const auto due = start + period * round + slot * static_cast<int64_t>(k) + phase;
+          if (due >= end) {
+            std::unique_lock<std::mutex> lock(me.mu);  // every callback has run before `parts` goes
+            me.done_cv.wait(lock, [&] { return me.in_flight == 0; });
+            return;
           }
+          std::this_thread::sleep_until(due);
+          SimWorker& w = *workers[mine[k]];
+          if (w.stopped.load()) continue;
+          auto* call = new Call;
+          rpc::prepare_call(call->ctx, c.worker, milliseconds(2000));
+          call->req.set_name(w.name);
+          call->req.set_incarnation(w.incarnation);
+          call->due = due;
+          call->worker = &w;
+          call->measured = due >= measure_from;
+          {
+            std::lock_guard<std::mutex> lock(me.mu);
+            ++me.in_flight;
+          }
+          stubs[mine[k] % stubs.size()]->async()->Heartbeat(
+              &call->ctx, &call->req, &call->resp, [call, &me](grpc::Status s) {
+                const auto done = Clock::now();
+                if (s.ok()) call->worker->last_ok_ns.store(done.time_since_epoch().count());
+                {
+                  std::lock_guard<std::mutex> lock(me.mu);
+                  if (call->measured) {
+                    ++me.load.sent;
+                    if (!s.ok() && me.load.failed++ == 0) me.load.first_error = rpc::describe(s);
+                    me.load.latencies_ms.push_back(ms_between(call->due, done));
+                  }
+                  if (--me.in_flight == 0) me.done_cv.notify_all();
+                }
+                delete call;
+              });
         }
       }
     });
   }
   for (std::thread& th : pool) th.join();
   HeartbeatLoad all;
-  for (HeartbeatLoad& p : per) {
-    all.sent += p.sent;
-    all.failed += p.failed;
-    all.latencies_ms.insert(all.latencies_ms.end(), p.latencies_ms.begin(), p.latencies_ms.end());
+  for (Part& p : parts) {
+    all.sent += p.load.sent;
+    all.failed += p.load.failed;
+    if (all.first_error.empty()) all.first_error = p.load.first_error;
+    all.latencies_ms.insert(all.latencies_ms.end(), p.load.latencies_ms.begin(), p.load.latencies_ms.end());
   }
   return all;
 }
@@ -350,6 +390,49 @@ std::string tiny_spec(int i, const fs::path& dir) {
          "data: {train: /usr/share/common-licenses, tokenizer: byte}\n"
          "train: {steps: 3, micro_batch: 2, seq_len: 16, device: cpu}\n"
          "checkpoint: {dir: " + (dir / ("ckpt-" + std::to_string(i))).string() + "}\n";
+}
+
+// The database of T5, written before the coordinator first starts: `jobs` jobs, the first
+// `queued` of them QUEUED (they need trainer slots, which no simulated worker offers, so
+// they stay queued and every scheduling pass considers them), the rest SUCCEEDED. Restarts
+// then read a store of that size, and submits check against that many jobs.
+void prefill_store(const fs::path& dir, int jobs, int queued) {
+  auto store = server::open_sqlite_store((dir / "coordinator.db").string());
+  const auto now_ms = std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch());
+  server::StoreBatch b;
+  for (int i = 0; i < jobs; ++i) {
+    server::JobRecord r;
+    char id[32];
+    std::snprintf(id, sizeof(id), "j-%06d", i + 1);
+    r.id = id;
+    r.name = "stored-" + std::to_string(i);
+    // Each its own checkpoint directory, as the coordinator requires of live jobs.
+    const JobSpec js = parse_job_spec(tiny_spec(1000000 + i, dir));
+    r.spec_yaml = to_yaml(js);
+    r.checkpoint_dir = js.checkpoint.dir;  // the spec facts, as the coordinator records them
+    r.device = js.train.device;
+    r.workers = js.resources.workers;
+    r.gpus_per_worker = js.resources.gpus_per_worker;
+    r.max_restarts = js.resources.max_restarts;
+    r.submit_seq = i + 1;
+    r.submit_time_ms = now_ms.count() - (jobs - i) * 1000;
+    r.total_steps = 3;
+    r.revision = 1;
+    if (i >= queued) {
+      r.state = "SUCCEEDED";
+      r.attempt = 1;
+      r.step = 3;
+      r.start_time_ms = r.submit_time_ms + 10;
+      r.end_time_ms = r.submit_time_ms + 500;
+      r.exit_code = 0;
+      r.placement = {"stored-worker"};
+    }
+    b.jobs.push_back(std::move(r));
+    if (b.jobs.size() == 1000 || i + 1 == jobs) {
+      store->commit(b);
+      b = server::StoreBatch{};
+    }
+  }
 }
 
 // --- the scheduling pass ---
@@ -439,6 +522,11 @@ int run_bench(const Args& a) {
   const Quantiles commit = store_commit_latency(dir);
   out["baselines"] = {{"fdatasync_4k", to_json(fsync)}, {"sqlite_full_commit", to_json(commit)}};
 
+  if (a.stored_queued > a.stored_jobs) throw std::invalid_argument("--stored-queued exceeds --stored-jobs");
+  say("store: " + std::to_string(a.stored_jobs) + " jobs, " + std::to_string(a.stored_queued) + " of them queued");
+  prefill_store(dir, a.stored_jobs, a.stored_queued);
+  out["store"] = {{"jobs", a.stored_jobs}, {"queued", a.stored_queued}};
+
   Coordinator coord;
   Clock::time_point exec_at;
   start_coordinator(coord, dir, "127.0.0.1:0", tls, 0, &exec_at);
@@ -521,7 +609,7 @@ int run_bench(const Args& a) {
         get_parts[static_cast<size_t>(g)].push_back(ms_between(due, Clock::now()));
       }
     });
-  const HeartbeatLoad hb = run_heartbeats(c, sims, period, start, measure_from, end, a.channels);
+  const HeartbeatLoad hb = run_heartbeats(c, sims, period, start, measure_from, end);
   submitter.join();
   for (std::thread& t : getters) t.join();
   for (const auto& part : get_parts) get_ms.insert(get_ms.end(), part.begin(), part.end());
@@ -533,6 +621,10 @@ int run_bench(const Args& a) {
   out["heartbeats"] = to_json(hbq);
   out["heartbeats"]["per_second"] = hb_rate;
   out["heartbeats"]["failed"] = hb.failed;
+  if (hb.failed) {
+    out["heartbeats"]["first_error"] = hb.first_error;
+    say("heartbeats: " + std::to_string(hb.failed) + " failed; the first: " + hb.first_error);
+  }
   out["heartbeats"]["false_lost"] = false_lost;
   // CPU over the whole load (warm-up included) per request of every kind sent in it.
   const double load_seconds = std::chrono::duration<double>(end - start).count();
@@ -559,7 +651,7 @@ int run_bench(const Args& a) {
     const auto t_end = t_start + milliseconds(12000);
     std::vector<size_t> victims;
     for (int i = 0; i < a.trials; ++i) victims.push_back(static_cast<size_t>(i) * (sims.size() / a.trials));
-    std::thread beats([&] { run_heartbeats(c, sims, period, t_start, t_end, t_end, a.channels); });
+    std::thread beats([&] { run_heartbeats(c, sims, period, t_start, t_end, t_end); });
     std::thread stopper([&] {
       for (size_t v : victims) {
         std::this_thread::sleep_until(t_start + milliseconds(500 + static_cast<int64_t>(rng() % 2000)));
@@ -717,7 +809,10 @@ CommandRegistrar reg(120, [](CommandContext& ctx) {
   cmd->add_option("--workers", a->workers, "Simulated workers")->check(CLI::Range(1, 100000));
   cmd->add_option("--seconds", a->seconds, "Measured seconds of the open-loop load")->check(CLI::Range(1.0, 600.0));
   cmd->add_option("--trials", a->trials, "Detection and restart trials")->check(CLI::Range(1, 1000));
-  cmd->add_option("--channels", a->channels, "Client channels (and sender threads)")->check(CLI::Range(1, 1024));
+  cmd->add_option("--channels", a->channels, "Client channels (TCP connections)")->check(CLI::Range(1, 1024));
+  cmd->add_option("--stored-jobs", a->stored_jobs, "Jobs in the database before the coordinator starts")
+      ->check(CLI::Range(0, 1000000));
+  cmd->add_option("--stored-queued", a->stored_queued, "How many of them are queued")->check(CLI::Range(0, 1000000));
   cmd->add_flag("!--no-tls", a->tls, "Plaintext (rows are labelled tls=false)");
   cmd->callback([a, &ctx] {
     try {

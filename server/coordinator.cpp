@@ -113,27 +113,31 @@ bool Coordinator::terminal(const std::string& state) const {
 
 void Coordinator::load() {
   const int64_t now = now_ms();
-  for (JobRecord& rec : store_->load_jobs()) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<JobRecord> records = store_->load_jobs();
+  const auto t1 = std::chrono::steady_clock::now();
+  StoreBatch upgraded;  // schema-1 rows, once: their spec facts derived from the spec
+  for (JobRecord& rec : records) {
     Job j;
-    try {
-      j.spec = parse_job_spec(rec.spec_yaml);
-    } catch (const std::exception& e) {
-      // A record this build cannot read any more: keep it visible, never run it.
-      if (!terminal(rec.state)) {
-        rec.state = kFailed;
-        rec.last_error = std::string("stored spec no longer valid: ") + e.what();
-        rec.end_time_ms = now;
+    if (rec.workers < 0) {
+      try {
+        record_spec_facts(parse_job_spec(rec.spec_yaml), &rec);
+      } catch (const std::exception& e) {
+        // A record this build cannot read any more: keep it visible, never run it.
+        rec.checkpoint_dir.clear();
+        rec.workers = rec.gpus_per_worker = 1;
+        rec.max_restarts = 0;
+        if (!terminal(rec.state)) {
+          rec.state = kFailed;
+          rec.last_error = std::string("stored spec no longer valid: ") + e.what();
+          rec.end_time_ms = now;
+        }
       }
+      upgraded.jobs.push_back(rec);
     }
     j.rec = std::move(rec);
     j.rec.revision += kRestartRevisionGap;
-    const JobSpec& s = j.spec;
-    j.demand.slots = std::max<int64_t>(1, s.resources.gpus_per_worker);
-    j.demand.cores = j.demand.slots;
-    j.demand.host_memory_bytes = j.rec.host_memory_bytes_per_worker;
-    j.slot_kind = s.train.device == "cuda" ? scheduler::SlotKind::kGpu
-                  : s.train.device == "cpu" ? scheduler::SlotKind::kCpu
-                                            : scheduler::SlotKind::kAny;
+    set_demand(j);
     next_seq_ = std::max(next_seq_, j.rec.submit_seq + 1);
     if (active(j.rec.state)) {
       // The attempt goes on: its workers re-attach and report. Members count as started
@@ -146,8 +150,10 @@ void Coordinator::load() {
       }
     }
     if (!j.rec.request_id.empty()) by_request_[j.rec.request_id] = j.rec.id;
+    if (!terminal(j.rec.state)) checkpoint_owner_[j.rec.checkpoint_dir] = j.rec.id;
     jobs_.emplace(j.rec.id, std::move(j));
   }
+  commit(upgraded);
   for (WorkerRecord& rec : store_->load_workers()) {
     Worker w;
     w.resources.ParseFromString(rec.resources);
@@ -164,11 +170,31 @@ void Coordinator::load() {
   }
   for (auto& [id, j] : jobs_) log_bytes_[id] = store_->log_size(id);
   // Demands need the submitted model facts, which live in the spec and the record.
+  const auto ms = [](auto a, auto b) { return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(b - a).count()); };
   log("recovered " + std::to_string(jobs_.size()) + " jobs and " + std::to_string(workers_.size()) +
-      " workers from the store");
+      " workers from the store in " + ms(t0, std::chrono::steady_clock::now()) + " ms (" + ms(t0, t1) + " ms reading jobs)");
 }
 
 // --- helpers ---
+
+void Coordinator::record_spec_facts(const JobSpec& spec, JobRecord* r) {
+  r->checkpoint_dir = spec.checkpoint.dir;
+  r->device = spec.train.device;
+  r->workers = spec.resources.workers;
+  r->gpus_per_worker = spec.resources.gpus_per_worker;
+  r->max_restarts = spec.resources.max_restarts;
+}
+
+// Per gang member: a slot (and a physical core) per rank, and the host memory computed at
+// submit (JobRecord::host_memory_bytes_per_worker).
+void Coordinator::set_demand(Job& j) {
+  j.demand.slots = std::max<int64_t>(1, j.rec.gpus_per_worker);
+  j.demand.cores = j.demand.slots;
+  j.demand.host_memory_bytes = j.rec.host_memory_bytes_per_worker;
+  j.slot_kind = j.rec.device == "cuda"  ? scheduler::SlotKind::kGpu
+                : j.rec.device == "cpu" ? scheduler::SlotKind::kCpu
+                                        : scheduler::SlotKind::kAny;
+}
 
 // A transition is applied in memory before it is written; if the write fails the two would
 // disagree, so the coordinator stops (fail-stop) and a restart reloads the store's state.
@@ -239,9 +265,9 @@ void Coordinator::fill_status(const Job& j, v1::JobStatus* out) const {
   out->set_waiting_reason(queued(r.state) ? j.waiting_reason : (r.stop_reason.empty() ? "" : r.stop_reason));
   out->set_revision(r.revision);
   out->set_resumed_from_step(r.resumed_from_step);
-  out->set_checkpoint_dir(j.spec.checkpoint.dir);
-  out->set_workers(j.spec.resources.workers);
-  out->set_gpus_per_worker(j.spec.resources.gpus_per_worker);
+  out->set_checkpoint_dir(r.checkpoint_dir);
+  out->set_workers(r.workers);
+  out->set_gpus_per_worker(r.gpus_per_worker);
   out->set_request_id(r.request_id);
   out->set_exit_code(r.exit_code);
   out->set_preemptions(r.preemptions);
@@ -303,32 +329,30 @@ Status Coordinator::submit(const v1::SubmitJobRequest& req, v1::SubmitJobRespons
       return Status::OK;
     }
   }
-  for (const auto& [id, other] : jobs_) {
-    if (!terminal(other.rec.state) && other.spec.checkpoint.dir == spec.checkpoint.dir)
-      return {StatusCode::FAILED_PRECONDITION, "checkpoint.dir " + spec.checkpoint.dir + " belongs to job " + id +
-                                                   " (" + other.rec.state +
+  if (auto owner = checkpoint_owner_.find(spec.checkpoint.dir); owner != checkpoint_owner_.end()) {
+    const Job& other = jobs_.at(owner->second);
+    if (!terminal(other.rec.state))
+      return {StatusCode::FAILED_PRECONDITION, "checkpoint.dir " + spec.checkpoint.dir + " belongs to job " +
+                                                   other.rec.id + " (" + other.rec.state +
                                                    "); two live jobs cannot share a checkpoint directory"};
   }
   Job j;
-  j.spec = std::move(spec);
-  j.demand = demand;
-  j.slot_kind = j.spec.train.device == "cuda" ? scheduler::SlotKind::kGpu
-                : j.spec.train.device == "cpu" ? scheduler::SlotKind::kCpu
-                                               : scheduler::SlotKind::kAny;
   JobRecord& r = j.rec;
+  record_spec_facts(spec, &r);
   const int64_t seq = next_seq_;
   char id[32];
   std::snprintf(id, sizeof(id), "j-%06lld", static_cast<long long>(seq));
   r.id = id;
   r.request_id = req.request_id();
-  r.name = j.spec.name;
+  r.name = spec.name;
   r.spec_yaml = yaml;
-  r.priority = j.spec.resources.priority;
+  r.priority = spec.resources.priority;
   r.submit_seq = seq;
   r.submit_time_ms = now_ms();
-  r.total_steps = j.spec.train.steps;
+  r.total_steps = spec.train.steps;
   r.host_memory_bytes_per_worker = demand.host_memory_bytes;
   r.revision = 1;
+  set_demand(j);
   StoreBatch batch;
   batch.jobs.push_back(r);
   try {
@@ -338,6 +362,7 @@ Status Coordinator::submit(const v1::SubmitJobRequest& req, v1::SubmitJobRespons
   }
   ++next_seq_;
   if (!r.request_id.empty()) by_request_[r.request_id] = r.id;
+  checkpoint_owner_[r.checkpoint_dir] = r.id;
   log_bytes_[r.id] = 0;
   j.waiting_reason = "waiting for the next scheduling pass";
   fill_status(j, resp->mutable_job());
@@ -795,7 +820,7 @@ void Coordinator::requeue_or_fail(Job& j, const std::string& reason, StoreBatch&
   j.tokens_per_second = 0;
   j.eta_seconds = -1;
   schedule_dirty_ = true;
-  const int64_t max = j.spec.resources.max_restarts;
+  const int64_t max = j.rec.max_restarts;
   if (j.rec.restarts < max) {
     ++j.rec.restarts;
     j.rec.state = kQueued;
@@ -884,7 +909,7 @@ void Coordinator::run_schedule(StoreBatch& batch) {
     v.id = id;
     v.priority = j.rec.priority;
     v.submit_seq = j.rec.submit_seq;
-    v.workers = j.spec.resources.workers;
+    v.workers = j.rec.workers;
     v.per_worker = j.demand;
     v.slot_kind = j.slot_kind;
     if (queued(j.rec.state)) {

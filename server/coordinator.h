@@ -35,6 +35,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "common/job_spec.h"
@@ -108,8 +109,7 @@ class Coordinator {
     std::string message;
   };
   struct Job {
-    JobRecord rec;
-    JobSpec spec;
+    JobRecord rec;                // with the spec facts the coordinator uses (no JobSpec kept)
     scheduler::Resources demand;  // per gang member
     scheduler::SlotKind slot_kind = scheduler::SlotKind::kAny;
     std::vector<Member> members;  // current attempt (empty when not placed)
@@ -133,6 +133,8 @@ class Coordinator {
   void log(const std::string& line) const;
   bool terminal(const std::string& state) const;
   void fill_status(const Job& j, v1::JobStatus* out) const;
+  static void record_spec_facts(const JobSpec& spec, JobRecord* r);
+  static void set_demand(Job& j);
   void commit(StoreBatch& batch);  // fail-stop: exits the process when the store write fails
   void touch(Job& j, StoreBatch& batch);    // revision + 1, then persist
   void persist(Job& j, StoreBatch& batch);  // add the record to the batch, wake watchers
@@ -159,6 +161,8 @@ class Coordinator {
   std::condition_variable changed_;
   std::map<std::string, Job> jobs_;          // by id
   std::map<std::string, std::string> by_request_;  // request_id -> job id
+  // checkpoint.dir -> the last job that used it; a live owner refuses a second live job.
+  std::unordered_map<std::string, std::string> checkpoint_owner_;
   std::map<std::string, Worker> workers_;    // by name
   std::map<std::pair<std::string, int64_t>, int64_t> stream_bytes_;  // (job, stream) -> bytes held
   std::map<std::string, int64_t> log_bytes_;  // job -> log size

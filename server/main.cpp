@@ -3,11 +3,18 @@
 //   zenflow-coordinator --listen HOST:PORT --db PATH --admin-token-file F --worker-token-file F
 //                       [--tls-cert F --tls-key F] [--health-port P]
 //
+// Every call but grpc.health.v1 is authenticated before it reaches a handler (reflection
+// included): on TLS, and in plaintext on a loopback address, through gRPC's auth hook
+// (rpc::server_security). Plaintext on any other address would send the tokens in the
+// clear: it needs --insecure-plaintext (behind a mesh that encrypts), and serves no
+// reflection then, since nothing but the handlers would check its calls.
+//
 // Port 0 picks a free port; the first line on stderr is "listening on HOST:PORT". The
 // health service (grpc.health.v1, no token) reports NOT_SERVING while the store is loaded
 // and while draining after SIGTERM/SIGINT; --health-port adds a plaintext port that serves
 // only health (Kubernetes gRPC probes send neither TLS nor tokens).
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <unistd.h>
@@ -53,10 +60,12 @@ struct Flags {
   double admin_rate = 200;
   double admin_burst = 400;
   bool synchronous_normal = false;
+  bool insecure_plaintext = false;
 };
 
 int run(const Flags& f) {
   using namespace zenflow;
+  const auto started = std::chrono::steady_clock::now();
   // "listening on HOST:PORT" is the first line (tests and scripts read the port from it):
   // what is said before the port is bound waits here.
   std::vector<std::string> early_log;
@@ -77,15 +86,20 @@ int run(const Flags& f) {
     } else {
       auth = rpc::TokenAuthority(rpc::read_token_file(f.admin_token_file), rpc::read_token_file(f.worker_token_file));
     }
+    if (f.tls_cert.empty() && !rpc::is_loopback_host(listen.host) && !f.insecure_plaintext)
+      throw std::invalid_argument("--listen " + f.listen +
+                                  " is not a loopback address: refusing to send bearer tokens in plaintext; give "
+                                  "--tls-cert and --tls-key (README: TLS), or --insecure-plaintext behind a network "
+                                  "that encrypts");
     if (f.heartbeat_interval_ms <= 0 || f.lease_ms <= f.heartbeat_interval_ms)
       throw std::invalid_argument("--lease-ms must be greater than --heartbeat-interval-ms (> 0)");
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "zenflow-coordinator: %s\n", e.what());
     return 2;
   }
-  std::shared_ptr<grpc::ServerCredentials> creds;
+  rpc::ServerSecurity security;
   try {
-    creds = rpc::server_credentials(f.tls_cert, f.tls_key);
+    security = rpc::server_security(f.tls_cert, f.tls_key, listen.host, auth);
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "zenflow-coordinator: %s\n", e.what());
     return 2;
@@ -93,11 +107,15 @@ int run(const Flags& f) {
 
   // Serve health (NOT_SERVING) before the store is loaded, so probes see "recovering".
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();  // keeps the library linked
   std::unique_ptr<grpc::Server> health_server;
+  grpc::CallbackGenericService unimplemented;
   int health_port = 0;
   if (f.health_port >= 0) {
     grpc::ServerBuilder hb;
+    rpc::without_reflection(hb);  // this port checks no tokens
+    // Every other method: UNIMPLEMENTED (a server needs one service beside health to start).
+    hb.RegisterCallbackGenericService(&unimplemented);
     hb.AddListeningPort(listen.host + ":" + std::to_string(f.health_port), grpc::InsecureServerCredentials(),
                         &health_port);
     health_server = hb.BuildAndStart();
@@ -107,6 +125,7 @@ int run(const Flags& f) {
     }
     health_server->GetHealthCheckService()->SetServingStatus(false);
   }
+  const bool reflection = security.transport != rpc::Transport::kPlaintext || !auth.has_tokens();
 
   std::unique_ptr<server::Coordinator> coordinator;
   try {
@@ -138,8 +157,9 @@ int run(const Flags& f) {
   server::WorkerServiceImpl workers(*coordinator, auth);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen.str(), creds, &port);
+  builder.AddListeningPort(listen.str(), security.credentials, &port);
   rpc::configure_server(builder);
+  if (!reflection) rpc::without_reflection(builder);
   builder.RegisterService(&jobs);
   builder.RegisterService(&workers);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -155,10 +175,16 @@ int run(const Flags& f) {
     listening = true;
   }
   if (health_server) std::fprintf(stderr, "zenflow-coordinator: health on %s:%d (plaintext)\n", listen.host.c_str(), health_port);
-  std::fprintf(stderr, "zenflow-coordinator: %s, store %s (WAL, synchronous=%s)%s\n", kVersion, f.db.c_str(),
-               f.synchronous_normal ? "NORMAL" : "FULL", f.tls_cert.empty() ? "" : ", TLS");
+  std::fprintf(stderr, "zenflow-coordinator: %s, store %s (WAL, synchronous=%s), %s%s%s\n", kVersion, f.db.c_str(),
+               f.synchronous_normal ? "NORMAL" : "FULL", rpc::transport_name(security.transport),
+               security.every_call_checked ? ", every call authenticated" : "",
+               reflection ? ", reflection" : ", no reflection (plaintext: only the handlers check tokens)");
   server->GetHealthCheckService()->SetServingStatus(true);
   if (health_server) health_server->GetHealthCheckService()->SetServingStatus(true);
+  std::fprintf(stderr, "zenflow-coordinator: SERVING %lld ms after start\n",
+               static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          std::chrono::steady_clock::now() - started)
+                                          .count()));
 
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
@@ -198,6 +224,8 @@ int main(int argc, char** argv) {
   app.add_option("--admin-burst", f.admin_burst, "Admin request burst per client address");
   app.add_flag("--synchronous-normal", f.synchronous_normal,
                "SQLite synchronous=NORMAL: survives a coordinator crash, not power loss (benchmarks only)");
+  app.add_flag("--insecure-plaintext", f.insecure_plaintext,
+               "Serve plaintext on a non-loopback address (tokens in the clear: only behind a network that encrypts)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

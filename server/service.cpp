@@ -15,6 +15,16 @@ std::string peer_address(const std::string& peer) {
   return colon == std::string::npos || colon < 5 ? peer : peer.substr(0, colon);
 }
 
+// Runs `work` when the call was admitted, and finishes the call (on its default reactor)
+// with the admission's or the work's status.
+template <typename Work>
+grpc::ServerUnaryReactor* serve(grpc::CallbackServerContext* ctx, Status admitted, Work&& work) {
+  if (admitted.ok()) admitted = work();
+  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  r->Finish(admitted);
+  return r;
+}
+
 }  // namespace
 
 bool RateLimiter::allow(const std::string& peer) {
@@ -35,40 +45,37 @@ bool RateLimiter::allow(const std::string& peer) {
   return true;
 }
 
-Status JobServiceImpl::admit(grpc::ServerContext* ctx) {
+Status JobServiceImpl::admit(const grpc::ServerContextBase& ctx) {
   if (auth_.has_tokens())
-    if (Status s = rpc::check_role(*ctx, auth_, rpc::Role::kAdmin); !s.ok()) return s;
-  if (!limiter_.allow(peer_address(ctx->peer())))
-    return {StatusCode::RESOURCE_EXHAUSTED, "rate limit: too many requests from this client; retry in a second"};
+    if (Status s = rpc::check_role(ctx, auth_, rpc::Role::kAdmin); !s.ok()) return s;
+  if (!limiter_.allow(peer_address(ctx.peer())))
+    return {StatusCode::RESOURCE_EXHAUSTED,
+            "rate limit: too many requests from this client; retry in a second"};
   return Status::OK;
 }
 
-Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
+Unary* JobServiceImpl::SubmitJob(CallbackContext* ctx, const v1::SubmitJobRequest* req,
                                  v1::SubmitJobResponse* resp) {
-  if (Status s = admit(ctx); !s.ok()) return s;
-  return c_.submit(*req, resp);
+  return serve(ctx, admit(*ctx), [&] { return c_.submit(*req, resp); });
 }
 
-Status JobServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req, v1::JobStatus* resp) {
-  if (Status s = admit(ctx); !s.ok()) return s;
-  return c_.get(req->id(), resp);
+Unary* JobServiceImpl::GetJob(CallbackContext* ctx, const v1::GetJobRequest* req, v1::JobStatus* resp) {
+  return serve(ctx, admit(*ctx), [&] { return c_.get(req->id(), resp); });
 }
 
-Status JobServiceImpl::ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
+Unary* JobServiceImpl::ListJobs(CallbackContext* ctx, const v1::ListJobsRequest* req,
                                 v1::ListJobsResponse* resp) {
-  if (Status s = admit(ctx); !s.ok()) return s;
-  return c_.list(*req, resp);
+  return serve(ctx, admit(*ctx), [&] { return c_.list(*req, resp); });
 }
 
-Status JobServiceImpl::CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req,
+Unary* JobServiceImpl::CancelJob(CallbackContext* ctx, const v1::CancelJobRequest* req,
                                  v1::CancelJobResponse* resp) {
-  if (Status s = admit(ctx); !s.ok()) return s;
-  return c_.cancel(req->id(), resp->mutable_job());
+  return serve(ctx, admit(*ctx), [&] { return c_.cancel(req->id(), resp->mutable_job()); });
 }
 
 Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
                                 grpc::ServerWriter<v1::JobEvent>* writer) {
-  if (Status s = admit(ctx); !s.ok()) return s;
+  if (Status s = admit(*ctx); !s.ok()) return s;
   int64_t after = req->after_revision();
   std::string last_state;
   for (;;) {
@@ -80,8 +87,9 @@ Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequ
       v1::JobEvent ev;
       ev.set_revision(st.revision());
       const std::string state = v1::JobState_Name(st.state());
-      ev.set_message(state != last_state ? state : "step " + std::to_string(st.step()) + "/" +
-                                                       std::to_string(st.total_steps()));
+      ev.set_message(state != last_state
+                         ? state
+                         : "step " + std::to_string(st.step()) + "/" + std::to_string(st.total_steps()));
       last_state = state;
       *ev.mutable_job() = std::move(st);
       if (!writer->Write(ev)) return {StatusCode::CANCELLED, "client went away"};
@@ -93,13 +101,14 @@ Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequ
 
 Status JobServiceImpl::StreamLogs(grpc::ServerContext* ctx, const v1::StreamLogsRequest* req,
                                   grpc::ServerWriter<v1::LogChunk>* writer) {
-  if (Status s = admit(ctx); !s.ok()) return s;
+  if (Status s = admit(*ctx); !s.ok()) return s;
   int64_t offset = req->offset();
   for (;;) {
     std::string data;
     bool finished = false;
     const auto wait = req->follow() ? kStreamSlice : std::chrono::milliseconds(0);
-    if (Status s = c_.read_log(req->id(), offset, rpc::kMaxLogChunkBytes, wait, &data, &finished); !s.ok()) return s;
+    if (Status s = c_.read_log(req->id(), offset, rpc::kMaxLogChunkBytes, wait, &data, &finished); !s.ok())
+      return s;
     if (ctx->IsCancelled()) return {StatusCode::CANCELLED, "log stream cancelled"};
     if (!data.empty()) {
       v1::LogChunk chunk;
@@ -113,52 +122,48 @@ Status JobServiceImpl::StreamLogs(grpc::ServerContext* ctx, const v1::StreamLogs
   }
 }
 
-Status JobServiceImpl::ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest*,
+Unary* JobServiceImpl::ListWorkers(CallbackContext* ctx, const v1::ListWorkersRequest*,
                                    v1::ListWorkersResponse* resp) {
-  if (Status s = admit(ctx); !s.ok()) return s;
-  c_.list_workers(resp);
-  return Status::OK;
+  return serve(ctx, admit(*ctx), [&] {
+    c_.list_workers(resp);
+    return Status::OK;
+  });
 }
 
-Status WorkerServiceImpl::admit(grpc::ServerContext* ctx) const {
+Status WorkerServiceImpl::admit(const grpc::ServerContextBase& ctx) const {
   if (!auth_.has_tokens()) return Status::OK;
-  return rpc::check_role(*ctx, auth_, rpc::Role::kWorker);
+  return rpc::check_role(ctx, auth_, rpc::Role::kWorker);
 }
 
-Status WorkerServiceImpl::RegisterWorker(grpc::ServerContext* ctx, const v1::RegisterWorkerRequest* req,
+Unary* WorkerServiceImpl::RegisterWorker(CallbackContext* ctx, const v1::RegisterWorkerRequest* req,
                                          v1::RegisterWorkerResponse* resp) {
-  if (Status s = admit(ctx); !s.ok()) return s;
-  return c_.register_worker(*req, resp);
+  return serve(ctx, admit(*ctx), [&] { return c_.register_worker(*req, resp); });
 }
 
-Status WorkerServiceImpl::Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
+Unary* WorkerServiceImpl::Heartbeat(CallbackContext* ctx, const v1::HeartbeatRequest* req,
                                     v1::HeartbeatResponse* resp) {
-  if (Status s = admit(ctx); !s.ok()) return s;
-  return c_.heartbeat(*req, resp);
+  return serve(ctx, admit(*ctx), [&] { return c_.heartbeat(*req, resp); });
 }
 
 Status WorkerServiceImpl::FetchAssignments(grpc::ServerContext* ctx, const v1::FetchAssignmentsRequest* req,
                                            v1::FetchAssignmentsResponse* resp) {
-  if (Status s = admit(ctx); !s.ok()) return s;
+  if (Status s = admit(*ctx); !s.ok()) return s;
   return c_.fetch_assignments(*req, resp);
 }
 
-Status WorkerServiceImpl::ReportProgress(grpc::ServerContext* ctx, const v1::ReportProgressRequest* req,
+Unary* WorkerServiceImpl::ReportProgress(CallbackContext* ctx, const v1::ReportProgressRequest* req,
                                          v1::ReportProgressResponse*) {
-  if (Status s = admit(ctx); !s.ok()) return s;
-  return c_.report_progress(*req);
+  return serve(ctx, admit(*ctx), [&] { return c_.report_progress(*req); });
 }
 
-Status WorkerServiceImpl::ReportEvent(grpc::ServerContext* ctx, const v1::ReportEventRequest* req,
+Unary* WorkerServiceImpl::ReportEvent(CallbackContext* ctx, const v1::ReportEventRequest* req,
                                       v1::ReportEventResponse*) {
-  if (Status s = admit(ctx); !s.ok()) return s;
-  return c_.report_event(*req);
+  return serve(ctx, admit(*ctx), [&] { return c_.report_event(*req); });
 }
 
-Status WorkerServiceImpl::UploadLogs(grpc::ServerContext* ctx, const v1::UploadLogsRequest* req,
+Unary* WorkerServiceImpl::UploadLogs(CallbackContext* ctx, const v1::UploadLogsRequest* req,
                                      v1::UploadLogsResponse* resp) {
-  if (Status s = admit(ctx); !s.ok()) return s;
-  return c_.upload_logs(*req, resp);
+  return serve(ctx, admit(*ctx), [&] { return c_.upload_logs(*req, resp); });
 }
 
 }  // namespace zenflow::server

@@ -105,6 +105,19 @@ CREATE TABLE logs (
   PRIMARY KEY (job_id, job_offset)
 ) STRICT;
 )sql"},
+    {2, R"sql(
+-- A job's spec facts (JobRecord): a restart reads these instead of parsing every spec.
+-- Rows from version 1 get the "not recorded" defaults; the coordinator fills them in.
+ALTER TABLE jobs ADD COLUMN checkpoint_dir TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN device TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN workers INTEGER NOT NULL DEFAULT -1;
+ALTER TABLE jobs ADD COLUMN gpus_per_worker INTEGER NOT NULL DEFAULT -1;
+ALTER TABLE jobs ADD COLUMN max_restarts INTEGER NOT NULL DEFAULT -1;
+-- Cost across attempts (doubles as bits; 0 is the bits of 0.0).
+ALTER TABLE jobs ADD COLUMN usd_per_hour_bits INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN price_source TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN usd_lost_to_restarts_bits INTEGER NOT NULL DEFAULT 0;
+)sql"},
 };
 
 constexpr int kBusyTimeoutMs = 5000;  // only a reader such as the sqlite3 shell can hold a lock
@@ -115,7 +128,8 @@ constexpr const char* kJobColumns[] = {
     "id", "request_id", "name", "spec_yaml", "state", "priority", "submit_seq", "submit_time_ms",
     "start_time_ms", "end_time_ms", "attempt", "restarts", "preemptions", "placement", "master_port",
     "host_memory_bytes_per_worker", "step", "total_steps", "resumed_from_step", "last_loss_bits",
-    "cost_usd_bits", "last_error", "stop_reason", "exit_code", "revision"};
+    "cost_usd_bits", "last_error", "stop_reason", "exit_code", "revision", "checkpoint_dir", "device", "workers",
+    "gpus_per_worker", "max_restarts", "usd_per_hour_bits", "price_source", "usd_lost_to_restarts_bits"};
 constexpr const char* kWorkerColumns[] = {
     "name", "role", "resources", "address", "rendezvous_ports", "incarnation", "registered_ms", "state"};
 // clang-format on
@@ -540,7 +554,15 @@ void SqliteStore::write_job(const JobRecord& j) {
                     b.text(j.last_error),
                     b.text(j.stop_reason),
                     b.integer(j.exit_code),
-                    b.integer(j.revision)};
+                    b.integer(j.revision),
+                    b.text(j.checkpoint_dir),
+                    b.text(j.device),
+                    b.integer(j.workers),
+                    b.integer(j.gpus_per_worker),
+                    b.integer(j.max_restarts),
+                    b.integer(double_bits(j.usd_per_hour)),
+                    b.text(j.price_source),
+                    b.integer(double_bits(j.usd_lost_to_restarts))};
   static_assert(std::size(rc) == std::size(kJobColumns), "write_job binds every jobs column");
   const std::string doing = "writing job " + quoted(j.id) +
                             (j.request_id.empty() ? "" : " (request_id " + quoted(j.request_id) + ")");
@@ -606,6 +628,14 @@ JobRecord SqliteStore::read_job(sqlite3_stmt* s) const {
   j.stop_reason = r.text();
   j.exit_code = r.integer();
   j.revision = r.integer();
+  j.checkpoint_dir = r.text();
+  j.device = r.text();
+  j.workers = r.integer();
+  j.gpus_per_worker = r.integer();
+  j.max_restarts = r.integer();
+  j.usd_per_hour = bits_double(r.integer());
+  j.price_source = r.text();
+  j.usd_lost_to_restarts = bits_double(r.integer());
   return j;
 }
 
@@ -705,7 +735,8 @@ auto fields(const JobRecord& j) {
   return std::tie(j.id, j.request_id, j.name, j.spec_yaml, j.state, j.priority, j.submit_seq,
                   j.submit_time_ms, j.start_time_ms, j.end_time_ms, j.attempt, j.restarts, j.preemptions,
                   j.placement, j.master_port, j.host_memory_bytes_per_worker, j.step, j.total_steps,
-                  j.resumed_from_step, j.last_error, j.stop_reason, j.exit_code, j.revision);
+                  j.resumed_from_step, j.last_error, j.stop_reason, j.exit_code, j.revision, j.checkpoint_dir,
+                  j.device, j.workers, j.gpus_per_worker, j.max_restarts, j.price_source);
 }
 auto fields(const WorkerRecord& w) {
   return std::tie(w.name, w.role, w.resources, w.address, w.rendezvous_ports, w.incarnation, w.registered_ms,
@@ -718,7 +749,8 @@ auto fields(const WorkerRecord& w) {
 // a NaN loss included (NaN != NaN as a double).
 bool JobRecord::operator==(const JobRecord& o) const {
   return fields(*this) == fields(o) && double_bits(last_loss) == double_bits(o.last_loss) &&
-         double_bits(cost_usd) == double_bits(o.cost_usd);
+         double_bits(cost_usd) == double_bits(o.cost_usd) && double_bits(usd_per_hour) == double_bits(o.usd_per_hour) &&
+         double_bits(usd_lost_to_restarts) == double_bits(o.usd_lost_to_restarts);
 }
 
 bool WorkerRecord::operator==(const WorkerRecord& o) const { return fields(*this) == fields(o); }

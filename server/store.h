@@ -56,6 +56,21 @@ struct JobRecord {
   std::string stop_reason;  // non-empty while a cancel or preemption is asked of the attempt
   int64_t exit_code = -1;   // of the last ended attempt
   int64_t revision = 0;     // increases with every change
+  // What the coordinator needs of the spec to schedule and show the job, so that a restart
+  // parses no YAML (10,000 specs took 4 s). workers < 0: not recorded (a schema-1 row); the
+  // coordinator derives them from spec_yaml once.
+  std::string checkpoint_dir;
+  std::string device;  // train.device: cuda, cpu or auto
+  int64_t workers = -1;
+  int64_t gpus_per_worker = -1;
+  int64_t max_restarts = -1;
+  // Cost (common/pricing.h): the job's rate while it holds workers (0: not priced), where
+  // it comes from, and what restarts and preemptions cost (the repeated steps since the
+  // last checkpoint, and the restarted attempt's start-up). cost_usd is the ended
+  // attempts' sum; the running attempt adds (now - start_time_ms) at the rate.
+  double usd_per_hour = 0;
+  std::string price_source;
+  double usd_lost_to_restarts = 0;
   bool operator==(const JobRecord& o) const;
 };
 

@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -13,6 +14,7 @@
 
 #include "common/rpc/rpc.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "tests/support/service_cluster.h"
 #include "tests/support/tiny_job.h"
 #include "zenflow/v1/jobs.grpc.pb.h"
@@ -326,6 +328,26 @@ bool is_job_rpc(const std::string& m) {
          m == "WatchJob" || m == "StreamLogs";
 }
 
+// Asks server reflection (v1alpha, the one libgrpc++ 1.51 serves) at `address` for its
+// services; returns the status, and the names when `services` is given.
+grpc::StatusCode reflect(const std::string& address, const std::string& token, const rpc::ChannelOptions& co,
+                         std::vector<std::string>* services = nullptr) {
+  namespace r = grpc::reflection::v1alpha;
+  auto stub = r::ServerReflection::NewStub(rpc::make_channel(address, co));
+  grpc::ClientContext ctx;
+  rpc::prepare_call(ctx, token, 5s);
+  auto stream = stub->ServerReflectionInfo(&ctx);
+  r::ServerReflectionRequest req;
+  req.set_list_services("*");
+  stream->Write(req);
+  stream->WritesDone();
+  r::ServerReflectionResponse resp;
+  while (stream->Read(&resp))
+    if (services)
+      for (const r::ServiceResponse& sr : resp.list_services_response().service()) services->push_back(sr.name());
+  return stream->Finish().error_code();
+}
+
 grpc::StatusCode health(const Cluster& c, const rpc::ChannelOptions& co = {}) {
   auto stub = grpc::health::v1::Health::NewStub(rpc::make_channel(c.address(), co));
   grpc::ClientContext ctx;
@@ -353,14 +375,45 @@ void expect_auth_matrix(const Cluster& c, const rpc::ChannelOptions& co = {}) {
         EXPECT_NE(code, grpc::StatusCode::UNIMPLEMENTED);
       }
     }
+    // Reflection, too, needs a token (either role); it lists the zenflow services.
+    SCOPED_TRACE("reflection as " + std::to_string(static_cast<int>(who)));
+    std::vector<std::string> services;
+    const grpc::StatusCode code = reflect(c.address(), token_for(c, who), co, &services);
+    if (who == Who::kNone || who == Who::kWrong) {
+      EXPECT_EQ(code, grpc::StatusCode::UNAUTHENTICATED);
+      EXPECT_TRUE(services.empty());
+    } else {
+      EXPECT_EQ(code, grpc::StatusCode::OK);
+      EXPECT_NE(std::find(services.begin(), services.end(), "zenflow.v1.JobService"), services.end());
+      EXPECT_NE(std::find(services.begin(), services.end(), "zenflow.v1.WorkerService"), services.end());
+    }
   }
   EXPECT_EQ(health(c, co), grpc::StatusCode::OK);  // exempt: no token
 }
 
 TEST(ServiceSecurity, EveryRpcNeedsTheRightToken) {
-  Cluster c("auth");
+  test_support::ClusterOptions o;
+  o.coordinator_flags = {"--health-port", "0"};
+  Cluster c("auth", o);
   c.start_coordinator();
   expect_auth_matrix(c);
+  // The plaintext health-only port (for Kubernetes probes) serves health and nothing else.
+  const std::string out = c.coordinator().output();
+  const std::smatch m = [&] {
+    std::smatch mm;
+    std::regex_search(out, mm, std::regex("health on ([0-9.]+:[0-9]+) \\(plaintext\\)"));
+    return mm;
+  }();
+  ASSERT_EQ(m.size(), 2u) << out;
+  const std::string health_address = m[1].str();
+  EXPECT_EQ(reflect(health_address, c.admin_token(), {}), grpc::StatusCode::UNIMPLEMENTED);
+  {
+    auto stub = v1::JobService::NewStub(rpc::make_channel(health_address));
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, c.admin_token(), 5s);
+    v1::ListJobsResponse resp;
+    EXPECT_EQ(stub->ListJobs(&ctx, v1::ListJobsRequest{}, &resp).error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  }
   // The CLI maps them to exit codes.
   EXPECT_EQ(c.cli("jobs", nullptr, c.dir() / "worker.token"), 4);
   write_file(c.dir() / "wrong.token", "wrong-token-0123456789abcdef\n");
@@ -377,6 +430,15 @@ TEST(ServiceSecurity, RefusesToServeOffLoopbackWithoutTokens) {
                           c.dir() / "refuse.log");
   EXPECT_EQ(p.wait_exit(20s), 2);
   EXPECT_NE(p.output().find("refusing to serve without"), std::string::npos) << p.output();
+  // With tokens, still no plaintext off loopback unless asked: the tokens would travel in the clear.
+  write_file(c.dir() / "a.token", "admin-token-0123456789abcdef\n");
+  write_file(c.dir() / "w.token", "worker-token-0123456789abcdef\n");
+  test_support::Process q({Cluster::bin("zenflow-coordinator"), "--listen", "0.0.0.0:0", "--db",
+                           (c.dir() / "y.db").string(), "--admin-token-file", (c.dir() / "a.token").string(),
+                           "--worker-token-file", (c.dir() / "w.token").string()},
+                          c.dir() / "refuse-plaintext.log");
+  EXPECT_EQ(q.wait_exit(20s), 2);
+  EXPECT_NE(q.output().find("refusing to send bearer tokens in plaintext"), std::string::npos) << q.output();
 }
 
 TEST(ServiceSecurity, SpecErrorsNameTheKeyServerSide) {

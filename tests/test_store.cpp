@@ -109,6 +109,14 @@ JobRecord full_job(const std::string& id) {
   j.stop_reason = "preempted by j-000001";
   j.exit_code = 137;
   j.revision = 9;
+  j.checkpoint_dir = "/ckpt/" + odd_bytes();
+  j.device = "cuda";
+  j.workers = 3;
+  j.gpus_per_worker = 8;
+  j.max_restarts = 5;
+  j.usd_per_hour = 98.32 / 8 * 2;
+  j.price_source = "aws.amazon.com/ec2/pricing " + odd_bytes();
+  j.usd_lost_to_restarts = -0.0;  // bits kept
   return j;
 }
 
@@ -191,8 +199,16 @@ TEST(Store, RecordEqualityLooksAtEveryField) {
       [](JobRecord& r) { r.last_error += "x"; },
       [](JobRecord& r) { r.stop_reason += "x"; },
       [](JobRecord& r) { ++r.exit_code; },
-      [](JobRecord& r) { ++r.revision; }};
-  EXPECT_EQ(job_changes.size(), 25u);  // one per JobRecord field
+      [](JobRecord& r) { ++r.revision; },
+      [](JobRecord& r) { r.checkpoint_dir += "x"; },
+      [](JobRecord& r) { r.device += "x"; },
+      [](JobRecord& r) { ++r.workers; },
+      [](JobRecord& r) { ++r.gpus_per_worker; },
+      [](JobRecord& r) { ++r.max_restarts; },
+      [](JobRecord& r) { r.usd_per_hour = 1; },
+      [](JobRecord& r) { r.price_source += "x"; },
+      [](JobRecord& r) { r.usd_lost_to_restarts = 0.0; }};  // -0.0 -> 0.0: other bits
+  EXPECT_EQ(job_changes.size(), 33u);  // one per JobRecord field
   EXPECT_TRUE(j == full_job("j-1"));
   for (size_t i = 0; i < job_changes.size(); ++i) {
     JobRecord changed = j;
@@ -583,6 +599,36 @@ TEST(Store, FreshDatabaseIsAtTheCurrentSchemaVersion) {
   auto store = open_sqlite_store(dir.db());
   EXPECT_EQ(store->schema_version(), sqlite_schema_version());
   EXPECT_EQ(store->load_jobs().size(), 1u);
+}
+
+// A database written by schema 1 (no spec-fact columns) opens at the current version, its
+// jobs intact and their facts "not recorded" (workers = -1) for the coordinator to fill in.
+TEST(Store, SchemaOneDatabaseMigratesKeepingItsJobs) {
+  StoreDir dir;
+  open_sqlite_store(dir.db())->commit({{full_job("j-1")}, {}, {}});
+  {
+    sqlite3* raw = nullptr;
+    ASSERT_EQ(sqlite3_open_v2(dir.db().c_str(), &raw, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
+    for (const char* column : {"checkpoint_dir", "device", "workers", "gpus_per_worker", "max_restarts",
+                               "usd_per_hour_bits", "price_source", "usd_lost_to_restarts_bits"}) {
+      const std::string sql = std::string("ALTER TABLE jobs DROP COLUMN ") + column;
+      ASSERT_EQ(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
+    }
+    sqlite3_close(raw);
+  }
+  ASSERT_EQ(raw_user_version(dir.db(), 1), 1);
+  auto store = open_sqlite_store(dir.db());
+  EXPECT_EQ(store->schema_version(), sqlite_schema_version());
+  const std::vector<JobRecord> jobs = store->load_jobs();
+  ASSERT_EQ(jobs.size(), 1u);
+  JobRecord want = full_job("j-1");
+  want.checkpoint_dir = "";
+  want.device = "";
+  want.workers = want.gpus_per_worker = want.max_restarts = -1;
+  want.usd_per_hour = 0;
+  want.price_source = "";
+  want.usd_lost_to_restarts = 0;
+  EXPECT_TRUE(jobs[0] == want);
 }
 
 TEST(Store, NewerSchemaIsRefusedNamingBothVersions) {
