@@ -14,6 +14,10 @@ namespace {
 bool transfers_pinned(const RunSummary& s) { return s.device.rfind("cuda", 0) == 0; }
 }  // namespace
 
+int64_t tokens_trained(const RunSummary& s) {
+  return s.tokens_per_step * std::max<int64_t>(0, s.steps - s.start_step);
+}
+
 std::optional<RunCost> run_cost(const ResolvedPrice& price, const RunSummary& s) {
   if (!price.priced) return std::nullopt;
   RunCost c;
@@ -26,7 +30,7 @@ std::optional<RunCost> run_cost(const ResolvedPrice& price, const RunSummary& s)
   c.gpu_share = instance_share(gpus_used, price.gpus_of_instance);
   c.usd_per_hour = price.usd_per_hour * c.gpu_share;
   c.cost_usd = usd_for(s.wall_seconds, price.usd_per_hour, gpus_used, price.gpus_of_instance);
-  c.tokens = s.tokens_per_step * std::max<int64_t>(0, s.steps - s.start_step);
+  c.tokens = tokens_trained(s);
   c.usd_per_1m_tokens = usd_per_million_tokens(c.cost_usd, c.tokens);
   c.stall_seconds = std::max(0.0, s.totals.stall_total());
   c.usd_lost_to_stalls = usd_lost_to_stalls(c.stall_seconds, price.usd_per_hour, gpus_used, price.gpus_of_instance);
@@ -155,6 +159,7 @@ nlohmann::json summary_json(const RunSummary& s, const std::optional<RunCost>& c
   j["skipped_steps"] = s.skipped_steps;
   j["interrupted"] = s.interrupted;
   j["tokens_per_step"] = s.tokens_per_step;
+  j["tokens"] = tokens_trained(s);
   j["final_loss"] = s.final_loss;
   j["val_loss"] = s.val_loss >= 0 ? nlohmann::json(s.val_loss) : nlohmann::json(nullptr);
   j["val_perplexity"] = s.val_loss >= 0 ? nlohmann::json(std::exp(s.val_loss)) : nlohmann::json(nullptr);

@@ -51,14 +51,16 @@ struct RunCost {
   double stall_seconds = 0;  // exposed, this process
   double usd_lost_to_stalls = 0;
 };
+// Token positions this process's run trained (all ranks): tokens_per_step × its steps.
+int64_t tokens_trained(const RunSummary& sum);
 // nullopt when the price is not resolved (no cost section, or an unknown instance).
 std::optional<RunCost> run_cost(const ResolvedPrice& price, const RunSummary& sum);
 
 std::string format_duration(double seconds);  // "1m05s", "3.2s"
 void print_summary_table(std::ostream& out, const JobSpec& spec, const RunSummary& sum,
                          const std::optional<RunCost>& cost = std::nullopt);
-// With `cost`: cost_usd, usd_per_hour, usd_per_1m_tokens, usd_lost_to_stalls and pricing
-// {instance, source, date, verified, instance_usd_per_hour, gpu_share}; null without.
+// "tokens" is tokens_trained(). With `cost`: cost_usd, usd_per_hour, usd_per_1m_tokens, usd_lost_to_stalls
+// and pricing {instance, source, date, verified, instance_usd_per_hour, gpu_share}; null without.
 nlohmann::json summary_json(const RunSummary& sum, const std::optional<RunCost>& cost = std::nullopt);
 
 }  // namespace zenflow::cli

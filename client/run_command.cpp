@@ -27,6 +27,7 @@
 #include "worker/distributed/rendezvous.h"
 #include "worker/lease.h"
 #include "worker/run_reporter.h"
+#include "worker/step_log.h"
 #include "worker/trainer.h"
 #if ZENFLOW_HAVE_METRICS
 #include "common/metrics/http_server.h"
@@ -211,6 +212,19 @@ int run(const RunArgs& a) {
       if (!k.empty()) opts.allow_spec_change.push_back(k);
   }
   opts.on_training_start = [] { g_training.store(true); };
+  // Rank 0 records the run in its directory (checkpoint.dir/steps.jsonl) for `zenflow report`.
+  FanoutObserver observers;
+  opts.observer = &observers;
+  std::unique_ptr<StepLog> step_log;
+  if (rank0) {
+    std::optional<StepLogPrice> log_price;
+    if (price.priced)
+      log_price = StepLogPrice{price.usd_per_hour, price.gpus_of_instance, price.instance, price.source};
+    step_log =
+        std::make_unique<StepLog>((std::filesystem::path(spec.checkpoint.dir) / StepLog::kFileName).string(),
+                                  spec.name, a.fresh, log_price);
+    observers.add(step_log.get());
+  }
   if (rank0) std::cerr << "zenflow: job " << spec.name << " (" << spec.optimizer.mode << " mode), " << spec.train.steps
             << " steps, checkpoints in " << spec.checkpoint.dir << "\n";
   // /metrics and /healthz while it trains. With several ranks only rank 0 serves (its own
@@ -232,7 +246,7 @@ int run(const RunArgs& a) {
       std::cerr << "zenflow: error: " << e.what() << "\n";
       return kExitFailure;
     }
-    opts.observer = run_metrics.get();
+    observers.add(run_metrics.get());
     std::cerr << "zenflow: metrics on http://" << metrics_server->host() << ":" << metrics_server->port()
               << "/metrics\n";
     if (distributed::distributed_env_present() && distributed::rank_info_from_env().world_size > 1)
@@ -282,7 +296,9 @@ int run(const RunArgs& a) {
   if (rank0) {
     const std::optional<RunCost> cost = run_cost(price, sum);
     print_summary_table(a.json ? std::cerr : std::cout, spec, sum, cost);
-    if (a.json) std::cout << summary_json(sum, cost).dump() << std::endl;
+    const nlohmann::json summary = summary_json(sum, cost);
+    if (step_log) step_log->write_summary(summary);
+    if (a.json) std::cout << summary.dump() << std::endl;
   }
   return sum.interrupted ? kExitInterrupted : kExitOk;
 }

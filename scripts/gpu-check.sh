@@ -6,7 +6,8 @@
 # an overall budget of ZENFLOW_GPU_CHECK_BUDGET seconds (default 470, under 8 minutes):
 #   env        environment facts (GPU, cores, torch, nvcc, cmake)
 #   deps       extracts .debs/*.deb (yaml-cpp, nlohmann-json, CLI11, GoogleTest) into a prefix
-#   configure  cmake: ZENFLOW_SERVICES=OFF, ZENFLOW_CUDA=ON, LibTorch from the PyTorch wheel
+#   configure  cmake: ZENFLOW_SERVICES=OFF, ZENFLOW_CUDA=ON, ZENFLOW_REPORT=OFF (no uPlot
+#              there), LibTorch from the PyTorch wheel
 #   build      ninja with every core
 #   ctest      the engine's test suite with ZENFLOW_TEST_DEVICE=cuda
 #   kernels    the CUDA kernel tests (raw kernels and their tensor wrappers)
@@ -146,7 +147,7 @@ configure() {
   log=$(mktemp)
   cmake -G Ninja -S "$ROOT" -B "$BUILD" \
     -DCMAKE_BUILD_TYPE=Release \
-    -DZENFLOW_SERVICES=OFF -DZENFLOW_CUDA=ON -DZENFLOW_BENCH=OFF -DZENFLOW_TESTS=ON \
+    -DZENFLOW_SERVICES=OFF -DZENFLOW_CUDA=ON -DZENFLOW_BENCH=OFF -DZENFLOW_TESTS=ON -DZENFLOW_REPORT=OFF \
     -DCUDAToolkit_ROOT="$cuda_root" "${nvtx[@]}" \
     -DCMAKE_PREFIX_PATH="$torch_prefix;$PREFIX/usr;$cuda_root" 2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]}

@@ -19,11 +19,15 @@ packages=(
   libucx-dev ucx-utils
   libcivetweb-dev libsqlite3-dev
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
-  googletest libgtest-dev libgmock-dev libbenchmark-dev
+  googletest libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
   python3 python3-torch
 )
-# Test tools: real servers the tests start on free ports (prometheus, promtool).
-test_packages=(prometheus)
+# npm fetches the one registry asset zenflow embeds (uPlot, below). Where a Node.js
+# distribution already provides npm, Debian's npm package would conflict with it.
+command -v npm >/dev/null 2>&1 || packages+=(npm)
+# Test tools: real servers the tests start on free ports (prometheus, promtool), and the
+# browser that renders `zenflow report` pages headless (tests/test_report.cpp).
+test_packages=(prometheus chromium)
 ((test_tools)) && packages+=("${test_packages[@]}")
 
 missing=()
@@ -57,4 +61,33 @@ done
 # Under systemd, make sure the packaged Prometheus service neither runs nor starts at boot.
 if ((test_tools)) && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
   systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+fi
+
+# uPlot, the charting library `zenflow report` inlines into its page (the page works
+# offline). CMake embeds the two files below into the binary and refuses to configure
+# without them. Pinned by version and by the registry's sha512 integrity of the tarball;
+# skipped when this version is already unpacked.
+uplot_version=1.6.32
+uplot_integrity=sha512-KIMVnG68zvu5XXUbC4LQEPnhwOxBuLyW1AHtpm6IKTXImkbLgkMy+jabjLgSLMasNuGGzQm/ep3tOkyTxpiQIw==
+uplot_dir=/usr/local/share/zenflow/npm/uplot
+if [ "$(cat "$uplot_dir/.zenflow-integrity" 2>/dev/null)" != "$uplot_integrity" ] ||
+   [ ! -f "$uplot_dir/dist/uPlot.iife.min.js" ] || [ ! -f "$uplot_dir/dist/uPlot.min.css" ]; then
+  echo "install-deps: fetching uplot@$uplot_version from the npm registry"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent "uplot@$uplot_version" >/dev/null) ||
+    { echo "install-deps: npm pack uplot@$uplot_version failed" >&2; rm -rf "$tmp"; exit 1; }
+  tarball="$tmp/uplot-$uplot_version.tgz"
+  got=$(python3 -c 'import base64, hashlib, sys
+print("sha512-" + base64.b64encode(hashlib.sha512(open(sys.argv[1], "rb").read()).digest()).decode())' "$tarball")
+  if [ "$got" != "$uplot_integrity" ]; then
+    echo "install-deps: uplot-$uplot_version.tgz has integrity $got, expected $uplot_integrity" >&2
+    rm -rf "$tmp"
+    exit 1
+  fi
+  mkdir -p "$tmp/unpacked" "$(dirname "$uplot_dir")"
+  tar -xzf "$tarball" -C "$tmp/unpacked" --strip-components=1 \
+    package/dist/uPlot.iife.min.js package/dist/uPlot.min.css package/LICENSE package/package.json
+  echo "$uplot_integrity" > "$tmp/unpacked/.zenflow-integrity"
+  rm -rf "$uplot_dir" && mv "$tmp/unpacked" "$uplot_dir"
+  rm -rf "$tmp"
 fi

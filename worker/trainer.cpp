@@ -586,6 +586,7 @@ class TrainingRun {
       facts.device_is_cuda = device_.is_cuda();
       facts.start_step = step_;
       facts.total_steps = spec_.train.steps;
+      facts.tokens_per_step = sum_.tokens_per_step;
       const engine::HostMemoryBytes mem = opt_->host_memory_bytes();
       facts.host_master_bytes = mem.master;
       facts.host_moments_bytes = mem.moments;
@@ -633,6 +634,7 @@ class TrainingRun {
       if (spec_.train.eval_every > 0 && step_ % spec_.train.eval_every == 0 && step_ < spec_.train.steps &&
           options_.evaluate) {
         const double v = evaluate(*lm_, val_ds_, spec_.train.micro_batch, spec_.train.eval_batches, device_);
+        if (options_.observer) options_.observer->on_eval(step_, v);
         log("step " + std::to_string(step_) + " val_loss " + std::to_string(v) + " perplexity " +
             std::to_string(std::exp(v)));
       }

@@ -1,14 +1,17 @@
 // What the training loop reports, once per step, to whoever watches a run (metrics, ...).
 //
 // run_training() calls a TrainingObserver from one place: on_start() once, when setup is
-// done and the first step begins; on_step() after every step of this process; on_finish()
-// once, when the loop has ended and the last window and final checkpoint are done (not
-// when run_training throws). All three run on the training thread, one at a time.
-// on_step() is on the hot path: an implementation must not block, lock or allocate there.
+// done and the first step begins; on_step() after every step of this process; on_eval()
+// after each periodic evaluation (train.eval_every; the final validation loss is the
+// RunSummary's, computed after on_finish); on_finish() once, when the loop has ended and
+// the last window and final checkpoint are done (not when run_training throws). All of
+// them run on the training thread, one at a time. on_step() is on the hot path: an
+// implementation must not block, lock or allocate there.
 // Light on purpose (no LibTorch): metrics code includes it.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "worker/engine/stall_clock.h"
 
@@ -21,6 +24,7 @@ struct RunFacts {
   bool device_is_cuda = false;  // the ranks use a GPU each (the cost share, common/pricing.h)
   int64_t start_step = 0;   // resumed from (0 = fresh)
   int64_t total_steps = 0;  // train.steps
+  int64_t tokens_per_step = 0;  // the global batch's token positions (RunSummary::tokens_per_step)
   // Host optimizer state by kind (they sum to RunSummary::host_state_bytes).
   int64_t host_master_bytes = 0;
   int64_t host_moments_bytes = 0;
@@ -56,7 +60,32 @@ class TrainingObserver {
   virtual void on_start(const RunFacts& facts) = 0;
   // Hot path: no lock, no allocation, no throw.
   virtual void on_step(const TrainingStep& step) noexcept = 0;
+  // `step`: the steps done when the validation loss was measured. Default: nothing.
+  virtual void on_eval(int64_t step, double val_loss) noexcept {}
   virtual void on_finish(const TrainingEnd& end) = 0;
+};
+
+// Passes every call to each of its observers, in the order they were added (not owned;
+// they must outlive it). Adds nothing to the hot path but the loop over them.
+class FanoutObserver : public TrainingObserver {
+ public:
+  void add(TrainingObserver* observer) { observers_.push_back(observer); }
+
+  void on_start(const RunFacts& facts) override {
+    for (TrainingObserver* o : observers_) o->on_start(facts);
+  }
+  void on_step(const TrainingStep& step) noexcept override {
+    for (TrainingObserver* o : observers_) o->on_step(step);
+  }
+  void on_eval(int64_t step, double val_loss) noexcept override {
+    for (TrainingObserver* o : observers_) o->on_eval(step, val_loss);
+  }
+  void on_finish(const TrainingEnd& end) override {
+    for (TrainingObserver* o : observers_) o->on_finish(end);
+  }
+
+ private:
+  std::vector<TrainingObserver*> observers_;
 };
 
 }  // namespace zenflow

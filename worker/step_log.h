@@ -1,0 +1,85 @@
+// The run's own record in its directory: checkpoint.dir/steps.jsonl, appended by rank 0 as
+// it trains, read by `zenflow report` (common/report/run_record.h).
+//
+// One JSON object per line, keys in this order; each process that runs the job appends
+// its lines (a resumed run continues the file):
+//   {"event":"start","job":J,"start_step":S,"total_steps":T,"fresh":B,"world_size":W,
+//    "device_is_cuda":B,"tokens_per_step":N,"time":UNIX_SECONDS,
+//    "host_memory":{"master":..,"moments":..,"accumulators":..,"pinned":..,"staging":..,
+//                   "host_total":..},
+//    "price":{"usd_per_hour":..,"instance_usd_per_hour":..,"gpus_of_instance":..,
+//             "instance":..,"source":..} | null}
+//   {"event":"step","step":N,"loss":..,"lr":..,"tokens":..,"skipped":B,"staleness_steps":..,
+//    "selected_ratio":..,"wall":..,"compute":..,"device_optimizer":..,
+//    "stall":{"host_optimizer":..,...every cause of DESIGN.md §7},"bytes":{"d2h":..,"h2d":..}}
+//   {"event":"eval","step":N,"val_loss":..}
+//   {"event":"finish","steps":N,"interrupted":B,"wall":..,"stall":{...},"bytes":{...}}
+//   {"event":"summary","summary":{what `zenflow run --json` prints, less "losses"}}
+// Times are rank 0's seconds, bytes rank 0's, "tokens" the step's global batch positions
+// (tokens_per_step); a non-finite number is null. "fresh": the run was started with
+// --fresh (earlier lines belong to a superseded run). price.usd_per_hour is the job's rate
+// (the instance's × its share, common/pricing.h); price is null when the job is not priced.
+//
+// Cost: a step line is formatted into a fixed buffer and written with one write(2) on an
+// O_APPEND descriptor: no allocation, no lock, no user-space buffer (every line is in the
+// file when on_step returns; a killed run leaves whole lines, at worst a partial last one).
+// A write that fails (disk full) turns the log off for the rest of the run: the run goes on.
+// Thread safety: the training thread calls the observer methods (training_observer.h);
+// write_summary after run_training has returned.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <string>
+
+#include "worker/training_observer.h"
+
+namespace zenflow {
+
+// The price a job runs at, as the start line records it.
+struct StepLogPrice {
+  double instance_usd_per_hour = 0;
+  int64_t gpus_of_instance = 0;  // 0: charged in full
+  std::string instance;          // "" for a spec rate
+  std::string source;            // "cost.usd_per_hour" or the catalog row's source
+};
+
+class StepLog : public TrainingObserver {
+ public:
+  static constexpr const char* kFileName = "steps.jsonl";
+
+  // `path`: the file to append to (created when absent, in a directory that exists by
+  // on_start: rank 0 holds checkpoint.dir's lock then). Opens nothing yet.
+  StepLog(std::string path, std::string job, bool fresh, std::optional<StepLogPrice> price);
+  ~StepLog() override;
+  StepLog(const StepLog&) = delete;
+  StepLog& operator=(const StepLog&) = delete;
+
+  // Opens the file and writes the start line. Throws std::runtime_error naming the path
+  // when it cannot be opened.
+  void on_start(const RunFacts& facts) override;
+  void on_step(const TrainingStep& step) noexcept override;
+  void on_eval(int64_t step, double val_loss) noexcept override;
+  void on_finish(const TrainingEnd& end) noexcept override;
+  // The run's summary line (`zenflow run --json`'s object); once, after the run returned.
+  void write_summary(const nlohmann::json& summary) noexcept;
+
+  bool writing() const { return fd_ >= 0; }  // false before on_start and after a failed write
+
+ private:
+  void write_line(const char* data, size_t size) noexcept;
+  // Appends `"stall":{...},"bytes":{...}` of `t` at line_ + at; returns the new length
+  // (or -1 when it does not fit).
+  int append_times(int at, const engine::StepTimes& t) noexcept;
+
+  std::string path_;
+  std::string job_;
+  bool fresh_;
+  std::optional<StepLogPrice> price_;
+  int fd_ = -1;
+  int64_t tokens_per_step_ = 0;
+  char line_[2048];
+};
+
+}  // namespace zenflow
