@@ -163,8 +163,20 @@ void print_status(const v1::JobStatus& j) {
   if (j.preemptions() > 0) row("preemptions:", std::to_string(j.preemptions()));
   row("priority:", std::to_string(j.priority()));
   row("submitted:", age_text(j.submit_time_ms()) + " ago");
-  std::snprintf(buf, sizeof(buf), "$%.4f", j.cost_usd());
-  row("cost so far:", buf);
+  if (j.usd_per_hour() > 0) {
+    std::snprintf(buf, sizeof(buf), "$%.4f at $%.4f/h", j.cost_usd(), j.usd_per_hour());
+    row("cost so far:", buf);
+    std::snprintf(buf, sizeof(buf), "$%.4f to stalls, $%.4f to restarts", j.usd_lost_to_stalls(),
+                  j.usd_lost_to_restarts());
+    row("lost:", buf);
+    if (j.usd_per_1m_tokens() > 0) {
+      std::snprintf(buf, sizeof(buf), "$%.4f (%lld tokens)", j.usd_per_1m_tokens(), static_cast<long long>(j.tokens()));
+      row("per 1M tokens:", buf);
+    }
+    row("price:", j.price_source());
+  } else {
+    row("cost so far:", "not priced (set cost.instance_type or cost.usd_per_hour)");
+  }
   row("checkpoints:", j.checkpoint_dir());
   if (!j.waiting_reason().empty()) row("waiting:", j.waiting_reason());
   if (!j.last_error().empty()) row("last error:", j.last_error());
@@ -342,20 +354,24 @@ int jobs_verb(Remote& r, const std::vector<std::string>& states, int limit) {
     std::cout << to_json(resp) << std::endl;
     return kExitOk;
   }
-  std::printf("%-10s %-20s %-10s %6s %-13s %8s %9s %7s %-16s %4s %8s\n", "ID", "NAME", "STATE", "PROG", "STEP", "LOSS",
-              "TOK/S", "ETA", "WORKERS", "RST", "AGE");
+  std::printf("%-10s %-20s %-10s %6s %-13s %8s %9s %7s %-16s %4s %10s %8s %8s\n", "ID", "NAME", "STATE", "PROG", "STEP",
+              "LOSS", "TOK/S", "ETA", "WORKERS", "RST", "COST", "$/1M-TOK", "AGE");
   for (const v1::JobStatus& j : resp.jobs()) {
-    char step[32], loss[16], prog[16], tps[16];
+    char step[32], loss[16], prog[16], tps[16], cost[24], per_m[24];
+    if (j.usd_per_hour() > 0) std::snprintf(cost, sizeof(cost), "$%.2f", j.cost_usd());
+    else std::snprintf(cost, sizeof(cost), "-");
+    if (j.usd_per_1m_tokens() > 0) std::snprintf(per_m, sizeof(per_m), "$%.3f", j.usd_per_1m_tokens());
+    else std::snprintf(per_m, sizeof(per_m), "-");
     std::snprintf(step, sizeof(step), "%lld/%lld", static_cast<long long>(j.step()), static_cast<long long>(j.total_steps()));
     std::snprintf(prog, sizeof(prog), "%.0f%%", j.progress_percent());
     if (j.step() > 0) std::snprintf(loss, sizeof(loss), "%.4f", j.last_loss());
     else std::snprintf(loss, sizeof(loss), "-");
     if (j.state() == v1::RUNNING) std::snprintf(tps, sizeof(tps), "%.0f", j.tokens_per_second());
     else std::snprintf(tps, sizeof(tps), "-");
-    std::printf("%-10s %-20s %-10s %6s %-13s %8s %9s %7s %-16s %4lld %8s\n", j.id().c_str(), j.name().substr(0, 20).c_str(),
-                state_name(j.state()).c_str(), prog, step, loss, tps,
+    std::printf("%-10s %-20s %-10s %6s %-13s %8s %9s %7s %-16s %4lld %10s %8s %8s\n", j.id().c_str(),
+                j.name().substr(0, 20).c_str(), state_name(j.state()).c_str(), prog, step, loss, tps,
                 j.state() == v1::RUNNING ? duration_text(j.eta_seconds()).c_str() : "-", join(j.placement()).c_str(),
-                static_cast<long long>(j.restarts()), age_text(j.submit_time_ms()).c_str());
+                static_cast<long long>(j.restarts()), cost, per_m, age_text(j.submit_time_ms()).c_str());
   }
   if (!resp.next_page_token().empty()) std::printf("(more: --limit %d shows more)\n", limit * 2);
   return kExitOk;

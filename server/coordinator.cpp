@@ -1,5 +1,7 @@
 #include "server/coordinator.h"
 
+#include "server/job_cost.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -138,6 +140,10 @@ void Coordinator::load() {
     j.rec = std::move(rec);
     j.rec.revision += kRestartRevisionGap;
     set_demand(j);
+    // A RUNNING attempt has reported (its restart loss, if any, is recorded); a requeued
+    // job's wait before the restart is not known, so it counts from now.
+    j.progressed = j.rec.state == kRunning;
+    j.queued_since_ms = j.rec.attempt == 0 ? j.rec.submit_time_ms : now;
     next_seq_ = std::max(next_seq_, j.rec.submit_seq + 1);
     if (active(j.rec.state)) {
       // The attempt goes on: its workers re-attach and report. Members count as started
@@ -183,6 +189,13 @@ void Coordinator::record_spec_facts(const JobSpec& spec, JobRecord* r) {
   r->workers = spec.resources.workers;
   r->gpus_per_worker = spec.resources.gpus_per_worker;
   r->max_restarts = spec.resources.max_restarts;
+}
+
+void Coordinator::release_attempt(Job& j) {
+  if (!j.members.empty() && j.rec.start_time_ms > 0) j.rec.cost_usd += held_usd(j.rec.usd_per_hour, j.rec.start_time_ms, now_ms());
+  bump_workers_of(j);
+  j.members.clear();
+  j.queued_since_ms = now_ms();
 }
 
 // Per gang member: a slot (and a physical core) per rank, and the host memory computed at
@@ -258,7 +271,15 @@ void Coordinator::fill_status(const Job& j, v1::JobStatus* out) const {
   out->set_attempt(r.attempt);
   out->set_last_error(r.last_error);
   for (const std::string& w : r.placement) out->add_placement(w);
-  out->set_cost_usd(r.cost_usd);
+  const CostFigures cost = cost_figures(r.usd_per_hour, r.cost_usd, active(r.state) ? r.start_time_ms : 0, now_ms(),
+                                        j.stall_share, r.step, j.tokens_per_step, r.usd_lost_to_restarts);
+  out->set_cost_usd(cost.usd);
+  out->set_usd_per_hour(r.usd_per_hour);
+  out->set_price_source(r.price_source);
+  out->set_usd_lost_to_stalls(cost.usd_lost_to_stalls);
+  out->set_usd_lost_to_restarts(cost.usd_lost_to_restarts);
+  out->set_usd_per_1m_tokens(cost.usd_per_1m_tokens);
+  out->set_tokens(cost.tokens);
   out->set_submit_time_ms(r.submit_time_ms);
   out->set_start_time_ms(r.start_time_ms);
   out->set_end_time_ms(r.end_time_ms);
@@ -336,9 +357,16 @@ Status Coordinator::submit(const v1::SubmitJobRequest& req, v1::SubmitJobRespons
                                                    other.rec.id + " (" + other.rec.state +
                                                    "); two live jobs cannot share a checkpoint directory"};
   }
+  std::vector<std::string> price_warnings;
+  const ResolvedPrice price = resolve_price(spec.cost, options_.catalog.get(), &price_warnings);
   Job j;
   JobRecord& r = j.rec;
   record_spec_facts(spec, &r);
+  r.usd_per_hour = job_usd_per_hour(price, spec.resources.workers, spec.resources.gpus_per_worker,
+                                    spec.train.device != "cpu");
+  if (price.priced)
+    r.price_source = (price.instance.empty() ? std::string() : price.instance + ": ") + price.source +
+                     (price.date.empty() ? "" : " (" + price.date + ")");
   const int64_t seq = next_seq_;
   char id[32];
   std::snprintf(id, sizeof(id), "j-%06lld", static_cast<long long>(seq));
@@ -365,6 +393,12 @@ Status Coordinator::submit(const v1::SubmitJobRequest& req, v1::SubmitJobRespons
   checkpoint_owner_[r.checkpoint_dir] = r.id;
   log_bytes_[r.id] = 0;
   j.waiting_reason = "waiting for the next scheduling pass";
+  j.queued_since_ms = r.submit_time_ms;
+  if (!price_warnings.empty()) {  // in the job's log (rare: a second write)
+    batch = StoreBatch{};
+    for (const std::string& w : price_warnings) append_coordinator_log(j, "warning: " + w + "; no cost", batch);
+    commit(batch);
+  }
   fill_status(j, resp->mutable_job());
   resp->set_created(true);
   log("job " + r.id + " (" + r.name + ") submitted");
@@ -494,6 +528,52 @@ void Coordinator::list_workers(v1::ListWorkersResponse* resp) {
 }
 
 // --- WorkerService ---
+
+ClusterSnapshot Coordinator::snapshot() const {
+  constexpr int64_t kEndedShownMs = 3'600'000;
+  ClusterSnapshot out;
+  for (const char* state : {kQueued, kStarting, kRunning, kPreempted, kSucceeded, kFailed, kCancelled})
+    out.jobs_by_state[state] = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t now = now_ms();
+  std::map<std::string, const Worker*> trainers;
+  for (const auto& [name, w] : workers_) {
+    ++out.workers[{w.rec.role, w.rec.state}];
+    if (w.rec.role != "TRAINER" || w.rec.state == "LOST") continue;
+    trainers[name] = &w;
+    out.slots_total["gpu"] += w.resources.gpus_size();
+    out.slots_total["cpu"] += w.resources.gpus_size() > 0 ? 0 : w.resources.cpu_slots();
+  }
+  for (const auto& [id, j] : jobs_) {
+    ++out.jobs_by_state[j.rec.state];
+    for (const Member& m : j.members) {
+      auto w = trainers.find(m.worker);
+      if (w == trainers.end() || m.exited) continue;
+      const std::string kind = w->second->resources.gpus_size() > 0 ? "gpu" : "cpu";
+      out.slots_allocated[kind] += j.demand.slots;
+      if (j.rec.state == kRunning) out.slots_busy[kind] += j.demand.slots;
+    }
+    if (terminal(j.rec.state) && now - j.rec.end_time_ms > kEndedShownMs) continue;
+    const CostFigures cost = cost_figures(j.rec.usd_per_hour, j.rec.cost_usd, active(j.rec.state) ? j.rec.start_time_ms : 0,
+                                          now, j.stall_share, j.rec.step, j.tokens_per_step, j.rec.usd_lost_to_restarts);
+    ClusterSnapshot::JobFigures f;
+    f.id = id;
+    f.state = j.rec.state;
+    f.restarts = j.rec.restarts;
+    f.preemptions = j.rec.preemptions;
+    f.cost_usd = cost.usd;
+    f.usd_lost_to_stalls = cost.usd_lost_to_stalls;
+    f.usd_lost_to_restarts = cost.usd_lost_to_restarts;
+    f.usd_per_hour = j.rec.usd_per_hour;
+    out.jobs.push_back(std::move(f));
+  }
+  for (const char* kind : {"gpu", "cpu"}) {
+    out.slots_total[kind] += 0;
+    out.slots_allocated[kind] += 0;
+    out.slots_busy[kind] += 0;
+  }
+  return out;
+}
 
 Coordinator::Worker* Coordinator::live_worker(const std::string& name, int64_t incarnation, Status* status) {
   auto it = workers_.find(name);
@@ -668,8 +748,26 @@ Status Coordinator::report_progress(const v1::ReportProgressRequest& req) {
     started.set_attempt(j->rec.attempt);
     apply_attempt_report(*j, 0, started, batch);
   }
+  if (!j->progressed) {
+    // A resumed attempt's first report: what the restart wasted (server/job_cost.h). rec.step
+    // is still the step the previous attempt reached.
+    j->progressed = true;
+    if (j->rec.attempt > 1 && j->rec.usd_per_hour > 0) {
+      const double startup =
+          startup_seconds(j->rec.start_time_ms, now_ms(), req.step() - req.start_step(), req.step_seconds());
+      j->rec.usd_lost_to_restarts +=
+          restart_loss_usd(j->rec.usd_per_hour, j->rec.step, req.start_step(), req.step_seconds(), startup);
+      persist(*j, batch);
+    }
+  }
   j->rec.step = req.step();
   j->rec.resumed_from_step = req.start_step();
+  j->step_seconds = req.step_seconds();
+  if (req.tokens_per_step() > 0) {
+    j->tokens_per_step = static_cast<double>(req.tokens_per_step());
+  } else if (req.tokens_per_second() > 0 && req.step_seconds() > 0) {  // an older trainer: estimated
+    j->tokens_per_step = req.tokens_per_second() * req.step_seconds();
+  }
   j->rec.last_loss = req.loss();
   j->tokens_per_second = req.tokens_per_second();
   j->stall_share = req.stall_share();
@@ -773,8 +871,7 @@ void Coordinator::end_attempt(Job& j, StoreBatch& batch) {
     if (m.exit_code != 0 && (!failed || (failed->stopped_by_agent && !m.stopped_by_agent))) failed = &m;
   const int64_t now = now_ms();
   const std::string stop = j.rec.stop_reason;
-  bump_workers_of(j);
-  j.members.clear();
+  release_attempt(j);
   j.rec.stop_reason.clear();
   j.rec.exit_code = failed ? failed->exit_code : 0;
   j.tokens_per_second = 0;
@@ -814,8 +911,7 @@ void Coordinator::end_attempt(Job& j, StoreBatch& batch) {
 }
 
 void Coordinator::requeue_or_fail(Job& j, const std::string& reason, StoreBatch& batch) {
-  bump_workers_of(j);
-  j.members.clear();
+  release_attempt(j);
   j.rec.stop_reason.clear();
   j.tokens_per_second = 0;
   j.eta_seconds = -1;
@@ -848,16 +944,14 @@ void Coordinator::lose_worker(Worker& w, const std::string& why, StoreBatch& bat
     if (!on_it) continue;
     const std::string reason = "worker " + w.rec.name + " lost (" + why + ")";
     if (starts_with(j.rec.stop_reason, kStopCancel)) {
-      bump_workers_of(j);
-      j.members.clear();
+      release_attempt(j);
       j.rec.stop_reason.clear();
       j.rec.state = kCancelled;
       j.rec.end_time_ms = now_ms();
       append_coordinator_log(j, reason + " while cancelling; job cancelled", batch);
       touch(j, batch);
     } else if (starts_with(j.rec.stop_reason, kStopPreempt)) {
-      bump_workers_of(j);
-      j.members.clear();
+      release_attempt(j);
       j.rec.state = kPreempted;
       ++j.rec.preemptions;
       j.rec.stop_reason.clear();
@@ -962,6 +1056,9 @@ void Coordinator::run_schedule(StoreBatch& batch) {
     j.rec.state = kStarting;
     j.rec.placement = a.worker_ids;
     j.rec.start_time_ms = now_ms();
+    if (options_.on_placed && j.queued_since_ms > 0)
+      options_.on_placed(static_cast<double>(j.rec.start_time_ms - j.queued_since_ms) / 1000.0);
+    j.progressed = false;
     j.rec.stop_reason.clear();
     j.members.clear();
     for (const std::string& w : a.worker_ids) {

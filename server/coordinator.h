@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "common/job_spec.h"
+#include "common/pricing.h"
 #include "server/scheduler.h"
 #include "server/store.h"
 #include "zenflow/v1/jobs.pb.h"
@@ -55,12 +56,38 @@ struct CoordinatorOptions {
   bool backfill = true;
   bool preemption = true;
   std::function<void(const std::string&)> log;  // one line each; default: stderr
+  // Prices for cost.instance_type (common/pricing.h); null: only cost.usd_per_hour prices.
+  std::shared_ptr<const PricingCatalog> catalog;
+  // Called (under the coordinator's lock, so it must be quick) with a job's wait in the
+  // queue each time an attempt is placed: the queue-wait histogram (coordinator_metrics.h).
+  std::function<void(double seconds)> on_placed;
 };
 
 // Log streams of an attempt: the coordinator's own lines are stream 0 of the attempt, the
 // output of gang member m (0-based) is stream m + 1 (LogAppend::attempt holds
 // attempt * kStreamsPerAttempt + stream).
 inline constexpr int64_t kStreamsPerAttempt = 1024;
+
+// What the coordinator's /metrics shows (coordinator_metrics.h), read in one pass under
+// its lock.
+struct ClusterSnapshot {
+  std::map<std::string, int64_t> jobs_by_state;  // every state, zeros included
+  std::map<std::pair<std::string, std::string>, int64_t> workers;  // (role, state) -> count
+  // Slots of TRAINER workers that are not LOST, by kind ("gpu", "cpu"): all of them, those
+  // held by a STARTING or RUNNING attempt, and those of RUNNING attempts (busy).
+  std::map<std::string, int64_t> slots_total, slots_allocated, slots_busy;
+  struct JobFigures {
+    std::string id;
+    std::string state;
+    int64_t restarts = 0;
+    int64_t preemptions = 0;
+    double cost_usd = 0;
+    double usd_lost_to_stalls = 0;
+    double usd_lost_to_restarts = 0;
+    double usd_per_hour = 0;
+  };
+  std::vector<JobFigures> jobs;  // live jobs, and jobs that ended in the last hour
+};
 
 class Coordinator {
  public:
@@ -84,6 +111,7 @@ class Coordinator {
   grpc::Status read_log(const std::string& id, int64_t offset, int64_t max, std::chrono::milliseconds wait,
                         std::string* data, bool* finished);
   void list_workers(v1::ListWorkersResponse* resp);
+  ClusterSnapshot snapshot() const;
 
   // --- WorkerService ---
   grpc::Status register_worker(const v1::RegisterWorkerRequest& req, v1::RegisterWorkerResponse* resp);
@@ -118,6 +146,10 @@ class Coordinator {
     double tokens_per_second = 0;
     double stall_share = 0;
     double eta_seconds = -1;
+    double step_seconds = 0;     // of the latest progress report
+    double tokens_per_step = 0;  // reported by the trainer (0: unknown)
+    bool progressed = false;     // the current attempt has reported progress (restart loss taken)
+    int64_t queued_since_ms = 0; // submit or requeue: the queue wait starts here
     int64_t last_persist_ms = 0;
     bool progress_dirty = false;
   };
@@ -135,6 +167,7 @@ class Coordinator {
   void fill_status(const Job& j, v1::JobStatus* out) const;
   static void record_spec_facts(const JobSpec& spec, JobRecord* r);
   static void set_demand(Job& j);
+  void release_attempt(Job& j);  // the attempt ends: charge its held time, free its workers
   void commit(StoreBatch& batch);  // fail-stop: exits the process when the store write fails
   void touch(Job& j, StoreBatch& batch);    // revision + 1, then persist
   void persist(Job& j, StoreBatch& batch);  // add the record to the batch, wake watchers

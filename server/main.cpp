@@ -24,6 +24,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -31,10 +32,14 @@
 #include <vector>
 #include <thread>
 
+#include "common/metrics/http_server.h"
+#include "common/metrics/registry.h"
+#include "common/pricing.h"
 #include "common/rpc/auth.h"
 #include "common/rpc/rpc.h"
 #include "common/version.h"
 #include "server/coordinator.h"
+#include "server/coordinator_metrics.h"
 #include "server/service.h"
 #include "server/store.h"
 
@@ -61,7 +66,27 @@ struct Flags {
   double admin_burst = 400;
   bool synchronous_normal = false;
   bool insecure_plaintext = false;
+  std::vector<std::string> pricing;  // catalogs merged over the shipped deploy/pricing.yaml
+  int metrics_port = -1;             // -1: no /metrics
+  std::string metrics_host = "127.0.0.1";
 };
+
+// The shipped catalog (deploy/pricing.yaml of the source tree this binary was built from),
+// with the --pricing files merged over it by instance name. Throws PricingError.
+std::shared_ptr<const zenflow::PricingCatalog> load_catalog(const std::vector<std::string>& overrides,
+                                                           std::vector<std::string>* notes) {
+  auto catalog = std::make_shared<zenflow::PricingCatalog>();
+  const std::string shipped = std::string(ZENFLOW_SOURCE_DIR) + "/deploy/pricing.yaml";
+  std::error_code ec;
+  if (std::filesystem::exists(shipped, ec)) {
+    *catalog = zenflow::PricingCatalog::load(shipped);
+    notes->push_back("pricing catalog " + shipped + " (" + std::to_string(catalog->instances().size()) + " instances)");
+  } else {
+    notes->push_back("pricing catalog " + shipped + " not found; cost.instance_type prices only from --pricing");
+  }
+  for (const std::string& f : overrides) catalog->merge(zenflow::PricingCatalog::load(f));
+  return catalog;
+}
 
 int run(const Flags& f) {
   using namespace zenflow;
@@ -97,6 +122,13 @@ int run(const Flags& f) {
     std::fprintf(stderr, "zenflow-coordinator: %s\n", e.what());
     return 2;
   }
+  std::shared_ptr<const PricingCatalog> catalog;
+  try {
+    catalog = load_catalog(f.pricing, &early_log);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zenflow-coordinator: %s\n", e.what());
+    return 2;
+  }
   rpc::ServerSecurity security;
   try {
     security = rpc::server_security(f.tls_cert, f.tls_key, listen.host, auth);
@@ -127,6 +159,19 @@ int run(const Flags& f) {
   }
   const bool reflection = security.transport != rpc::Transport::kPlaintext || !auth.has_tokens();
 
+  // /metrics (coordinator_metrics.h), up before the store loads: scrapes then see the
+  // build and, once the coordinator exists, its state.
+  metrics::MetricsRegistry registry;
+  server::CoordinatorMetrics cluster_metrics(registry);
+  std::unique_ptr<metrics::MetricsServer> metrics_server;
+  if (f.metrics_port >= 0) {
+    try {
+      metrics_server = std::make_unique<metrics::MetricsServer>(registry, f.metrics_host, f.metrics_port);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "zenflow-coordinator: --metrics-port: %s\n", e.what());
+      return f.metrics_port > 65535 ? 2 : 1;
+    }
+  }
   std::unique_ptr<server::Coordinator> coordinator;
   try {
     server::SqliteOptions so;
@@ -138,6 +183,8 @@ int run(const Flags& f) {
     co.preemption_min_runtime = std::chrono::milliseconds(static_cast<int64_t>(f.preemption_min_runtime_s * 1000));
     co.backfill = !f.no_backfill;
     co.preemption = !f.no_preemption;
+    co.catalog = catalog;
+    co.on_placed = [&cluster_metrics](double seconds) { cluster_metrics.observe_queue_wait(seconds); };
     co.log = [&](const std::string& line) {
       std::lock_guard<std::mutex> lock(early_mu);
       if (!listening) {
@@ -153,8 +200,9 @@ int run(const Flags& f) {
   }
 
   server::RateLimiter limiter(f.admin_rate, f.admin_burst);
-  server::JobServiceImpl jobs(*coordinator, auth, limiter);
-  server::WorkerServiceImpl workers(*coordinator, auth);
+  cluster_metrics.attach(*coordinator);
+  server::JobServiceImpl jobs(*coordinator, auth, limiter, &cluster_metrics);
+  server::WorkerServiceImpl workers(*coordinator, auth, &cluster_metrics);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen.str(), security.credentials, &port);
@@ -175,6 +223,9 @@ int run(const Flags& f) {
     listening = true;
   }
   if (health_server) std::fprintf(stderr, "zenflow-coordinator: health on %s:%d (plaintext)\n", listen.host.c_str(), health_port);
+  if (metrics_server)
+    std::fprintf(stderr, "zenflow-coordinator: metrics on http://%s:%d/metrics\n", metrics_server->host().c_str(),
+                 metrics_server->port());
   std::fprintf(stderr, "zenflow-coordinator: %s, store %s (WAL, synchronous=%s), %s%s%s\n", kVersion, f.db.c_str(),
                f.synchronous_normal ? "NORMAL" : "FULL", rpc::transport_name(security.transport),
                security.every_call_checked ? ", every call authenticated" : "",
@@ -195,6 +246,7 @@ int run(const Flags& f) {
   coordinator->shutdown();  // streams and long polls return within a slice
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   if (health_server) health_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  cluster_metrics.detach();
   coordinator.reset();
   return 0;
 }
@@ -224,6 +276,12 @@ int main(int argc, char** argv) {
   app.add_option("--admin-burst", f.admin_burst, "Admin request burst per client address");
   app.add_flag("--synchronous-normal", f.synchronous_normal,
                "SQLite synchronous=NORMAL: survives a coordinator crash, not power loss (benchmarks only)");
+  app.add_option("--metrics-port", f.metrics_port, "Serve /metrics and /healthz over HTTP on this port (0: a free one)")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--metrics-host", f.metrics_host, "Address for --metrics-port (default 127.0.0.1)");
+  app.add_option("--pricing", f.pricing,
+                 "Pricing catalog merged by instance name over the shipped deploy/pricing.yaml (repeatable)")
+      ->check(CLI::ExistingFile);
   app.add_flag("--insecure-plaintext", f.insecure_plaintext,
                "Serve plaintext on a non-loopback address (tokens in the clear: only behind a network that encrypts)");
   try {

@@ -17,6 +17,7 @@
 
 #include "common/rpc/auth.h"
 #include "server/coordinator.h"
+#include "server/coordinator_metrics.h"
 #include "zenflow/v1/jobs.grpc.pb.h"
 #include "zenflow/v1/workers.grpc.pb.h"
 
@@ -52,8 +53,10 @@ using CallbackContext = grpc::CallbackServerContext;
 
 class JobServiceImpl final : public JobServiceBase {
  public:
-  JobServiceImpl(Coordinator& coordinator, const rpc::TokenAuthority& auth, RateLimiter& limiter)
-      : c_(coordinator), auth_(auth), limiter_(limiter) {}
+  // `metrics` (may be null) times each unary call.
+  JobServiceImpl(Coordinator& coordinator, const rpc::TokenAuthority& auth, RateLimiter& limiter,
+                 const CoordinatorMetrics* metrics = nullptr)
+      : c_(coordinator), auth_(auth), limiter_(limiter), metrics_(metrics) {}
   Unary* SubmitJob(CallbackContext*, const v1::SubmitJobRequest*, v1::SubmitJobResponse*) override;
   Unary* GetJob(CallbackContext*, const v1::GetJobRequest*, v1::JobStatus*) override;
   Unary* ListJobs(CallbackContext*, const v1::ListJobsRequest*, v1::ListJobsResponse*) override;
@@ -69,12 +72,14 @@ class JobServiceImpl final : public JobServiceBase {
   Coordinator& c_;
   const rpc::TokenAuthority& auth_;
   RateLimiter& limiter_;
+  const CoordinatorMetrics* metrics_;
 };
 
 class WorkerServiceImpl final : public WorkerServiceBase {
  public:
-  WorkerServiceImpl(Coordinator& coordinator, const rpc::TokenAuthority& auth)
-      : c_(coordinator), auth_(auth) {}
+  WorkerServiceImpl(Coordinator& coordinator, const rpc::TokenAuthority& auth,
+                    const CoordinatorMetrics* metrics = nullptr)
+      : c_(coordinator), auth_(auth), metrics_(metrics) {}
   Unary* RegisterWorker(CallbackContext*, const v1::RegisterWorkerRequest*,
                         v1::RegisterWorkerResponse*) override;
   Unary* Heartbeat(CallbackContext*, const v1::HeartbeatRequest*, v1::HeartbeatResponse*) override;
@@ -89,6 +94,7 @@ class WorkerServiceImpl final : public WorkerServiceBase {
   grpc::Status admit(const grpc::ServerContextBase& ctx) const;
   Coordinator& c_;
   const rpc::TokenAuthority& auth_;
+  const CoordinatorMetrics* metrics_;
 };
 
 }  // namespace zenflow::server

@@ -128,6 +128,7 @@ TEST(Service, KilledWorkerAgentJobResumesFromItsCheckpointElsewhere) {
   c.start_worker("w1");
   c.start_worker("w2");
   const fs::path spec = write_job(c, "resume", 3000, 100);
+  write_file(spec, read_file(spec) + "cost: {usd_per_hour: 3.6}\n");
   const std::string id = c.submit(spec);
   ASSERT_FALSE(id.empty());
   ASSERT_TRUE(wait_until([&] { return step_of(c, id) >= 150; }, 120s)) << c.status(id).dump();
@@ -147,6 +148,22 @@ TEST(Service, KilledWorkerAgentJobResumesFromItsCheckpointElsewhere) {
   EXPECT_EQ(placement0(st), other);
   EXPECT_GE(i64(st, "resumed_from_step", 0), 100);  // not from 0
   EXPECT_DOUBLE_EQ(st.value("last_loss", 0.0), reference_loss(c, spec));
+  // Cost across the two attempts: held time only (between the first placement and the end,
+  // at least the second attempt's), the restart's waste shown apart, per 1M tokens exact.
+  EXPECT_DOUBLE_EQ(st.value("usd_per_hour", 0.0), 3.6);
+  const double usd = st.value("cost_usd", 0.0);
+  const double hour_ms = 3.6e6;
+  const int64_t end = i64(st, "end_time_ms", 0), start2 = i64(st, "start_time_ms", 0);
+  EXPECT_GE(usd, 3.6 * double(end - start2) / hour_ms - 1e-9) << st.dump();
+  EXPECT_LE(usd, 3.6 * double(end - i64(st, "submit_time_ms", 0)) / hour_ms + 1e-9) << st.dump();
+  const double lost = st.value("usd_lost_to_restarts", 0.0);
+  EXPECT_GT(lost, 0) << "the steps after the checkpoint were repeated: " << st.dump();
+  EXPECT_LT(lost, usd - 3.6 * double(end - start2) / hour_ms + 3.6 * 60 / 3600) << st.dump();
+  const int64_t tokens = i64(st, "tokens", 0);
+  EXPECT_GT(tokens, 0);
+  EXPECT_EQ(tokens % 3000, 0) << "step x tokens per step";
+  EXPECT_NEAR(st.value("usd_per_1m_tokens", 0.0), usd * 1e6 / double(tokens), 1e-9);
+  EXPECT_NEAR(st.value("usd_lost_to_stalls", 0.0), usd * st.value("stall_share", 0.0), 1e-12);
 }
 
 TEST(Service, PausedWorkerIsFencedAndItsStaleAttemptEnds) {

@@ -72,6 +72,7 @@ void JsonLinesReporter::write_step(const StepProgress& p) noexcept {
                  {"lr", number(p.lr)},
                  {"step_seconds", number(p.step_seconds)},
                  {"tokens_per_second", number(p.tokens_per_second)},
+                 {"tokens_per_step", p.tokens_per_step},
                  {"stall_share", number(p.stall_fraction)},
                  {"eta_seconds", number(p.eta_seconds)}};
   });

@@ -30,6 +30,7 @@ struct StepProgress {
   double lr = 0;
   double step_seconds = 0;
   double tokens_per_second = 0;  // over the last steps
+  int64_t tokens_per_step = 0;   // the global batch's token positions (cost per 1M tokens)
   double stall_fraction = 0;     // stall share of wall time so far
   double eta_seconds = 0;
 };

@@ -734,6 +734,7 @@ class TrainingRun {
       p.lr = lr;
       p.step_seconds = times.wall_seconds;
       p.tokens_per_second = seconds_window_ > 0 ? tokens_window_ / seconds_window_ : 0;
+      p.tokens_per_step = sum_.tokens_per_step;
       const auto tot = clock_.totals();
       p.stall_fraction = tot.wall_seconds > 0 ? tot.stall_total() / tot.wall_seconds : 0;
       p.eta_seconds = tot.wall_seconds / static_cast<double>(step_ - first_) *

@@ -780,6 +780,7 @@ void Agent::Impl::report_progress(Attempt& at) {
   req.set_stall_share(p.value("stall_share", 0.0));
   req.set_eta_seconds(p.value("eta_seconds", -1.0));
   req.set_step_seconds(p.value("step_seconds", 0.0));
+  req.set_tokens_per_step(p.value("tokens_per_step", int64_t{0}));
   req.set_start_step(at.start_step);
   v1::ReportProgressResponse ignored;
   at.progress_sent = Clock::now();
