@@ -2,15 +2,27 @@
 // kernels, in one process; one JSON object per mode, then a comparison object.
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "client/commands.h"
 #include "client/report.h"
 #include "common/job_spec.h"
 #include "worker/trainer.h"
+#if ZENFLOW_HAVE_METRICS
+#include "common/metrics/exposition.h"
+#include "common/metrics/http_server.h"
+#include "common/metrics/registry.h"
+#include "common/version.h"
+#include "worker/run_metrics.h"
+#endif
 
 namespace zenflow::cli {
 namespace {
@@ -83,7 +95,73 @@ struct BenchArgs {
   int64_t pretrain_steps = 300;
   std::vector<std::string> sets;
   bool json = false;
+  bool metrics = false;     // each mode also with metrics on, as under `zenflow run --metrics-port`
+  int64_t metrics_pairs = 2;  // off/on runs per mode, alternating
 };
+
+#if ZENFLOW_HAVE_METRICS
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// What `zenflow run --metrics-port` adds to a run: a registry, RunMetrics fed every step,
+// the /metrics server, and here a scrape every second (Prometheus's default is 15 s).
+class MetricsOn {
+ public:
+  explicit MetricsOn(const std::string& job_id)
+      : run_metrics_(registry_, job_id), server_(registry_) {
+    metrics::register_build_info(registry_, kVersion);
+    scraper_ = std::thread([this] {
+      while (!stop_.load()) {
+        const auto next = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+        while (!stop_.load() && std::chrono::steady_clock::now() < next)
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (stop_.load()) break;
+        bytes_ += metrics::render_text(registry_).size();
+        ++scrapes_;
+      }
+    });
+  }
+  ~MetricsOn() {
+    stop_.store(true);
+    scraper_.join();
+  }
+  TrainingObserver* observer() { return &run_metrics_; }
+  int64_t scrapes() const { return scrapes_; }
+  int64_t scrape_bytes() const { return scrapes_ > 0 ? static_cast<int64_t>(bytes_ / scrapes_) : 0; }
+
+ private:
+  metrics::MetricsRegistry registry_;
+  RunMetrics run_metrics_;
+  metrics::MetricsServer server_;
+  std::atomic<bool> stop_{false};
+  std::thread scraper_;
+  int64_t scrapes_ = 0;
+  size_t bytes_ = 0;
+};
+
+// Seconds one RunMetrics::on_step takes (the training thread's whole cost of metrics),
+// measured on a registry of its own over many calls.
+double on_step_seconds() {
+  metrics::MetricsRegistry registry;
+  RunMetrics m(registry, "bench");
+  RunFacts facts;
+  m.on_start(facts);
+  TrainingStep step;
+  step.times.wall_seconds = 0.01;
+  step.tokens = 16;
+  constexpr int kCalls = 1'000'000;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kCalls; ++i) {
+    step.step = i;
+    m.on_step(step);
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kCalls;
+}
+#endif
 
 std::vector<std::string> split_csv(const std::string& s) {
   std::vector<std::string> out;
@@ -144,6 +222,13 @@ int run_bench(const BenchArgs& a) {
   }
   std::map<std::string, RunSummary> results;
   std::map<std::string, int64_t> bytes_per_elem;
+  nlohmann::json metrics_overhead = nlohmann::json::object();
+#if !ZENFLOW_HAVE_METRICS
+  if (a.metrics) {
+    std::cerr << "zenflow bench offload: --metrics: this build has no metrics (civetweb was not found)\n";
+    return kExitBadInput;
+  }
+#endif
   for (const std::string& mode : split_csv(a.modes)) {
     std::vector<std::string> sets = a.sets;
     sets.push_back("optimizer.mode=" + mode);
@@ -164,12 +249,51 @@ int run_bench(const BenchArgs& a) {
     RunSummary s = run_training(spec, opts);
     nlohmann::json j = mode_json(s);
     j["preset"] = a.preset;
+    if (a.metrics) j["metrics"] = "off";
     if (a.json) {
       std::cout << j.dump() << std::endl;
     } else {
       print_summary_table(std::cout, spec, s);
     }
     results[mode] = s;
+#if ZENFLOW_HAVE_METRICS
+    if (!a.metrics) continue;
+    // Off and on alternate, so that a drift of the machine's speed falls on both.
+    std::vector<double> off = s.step_seconds, on;
+    bool same_losses = true;
+    int64_t scrapes = 0, scrape_bytes = 0;
+    for (int64_t pair = 0; pair < a.metrics_pairs; ++pair) {
+      if (pair > 0) {
+        std::cerr << "bench offload: " << a.preset << " / " << mode << " metrics off (pair " << pair + 1 << ")\n";
+        const RunSummary again = run_training(spec, opts);
+        off.insert(off.end(), again.step_seconds.begin(), again.step_seconds.end());
+        same_losses &= again.final_loss == s.final_loss;
+      }
+      std::cerr << "bench offload: " << a.preset << " / " << mode << " metrics on (pair " << pair + 1 << ")\n";
+      MetricsOn metrics_on(spec.name);
+      RunOptions with = opts;
+      with.observer = metrics_on.observer();
+      const RunSummary m = run_training(spec, with);
+      on.insert(on.end(), m.step_seconds.begin(), m.step_seconds.end());
+      same_losses &= m.final_loss == s.final_loss;
+      scrapes += metrics_on.scrapes();
+      scrape_bytes = std::max(scrape_bytes, metrics_on.scrape_bytes());
+    }
+    const double off_median = median(off), on_median = median(on), per_step = on_step_seconds();
+    nlohmann::json overhead = {{"step_seconds_median_off", off_median},
+                               {"step_seconds_median_on", on_median},
+                               {"relative_overhead", off_median > 0 ? on_median / off_median - 1 : 0.0},
+                               {"steps_off", off.size()},
+                               {"steps_on", on.size()},
+                               {"on_step_seconds", per_step},
+                               {"on_step_share_of_step", off_median > 0 ? per_step / off_median : 0.0},
+                               {"scrapes", scrapes},
+                               {"scrape_bytes", scrape_bytes},
+                               {"same_final_loss", same_losses}};
+    metrics_overhead[mode] = overhead;
+    std::cout << nlohmann::json({{"preset", a.preset}, {"mode", mode}, {"metrics_overhead", overhead}}).dump()
+              << std::endl;
+#endif
   }
   // The comparison the paper's claims are about.
   nlohmann::json cmp;
@@ -203,6 +327,7 @@ int run_bench(const BenchArgs& a) {
         cmp["val_loss_rel_diff_vs_device"][mode] = (s.val_loss - d.val_loss) / d.val_loss;
     }
   }
+  if (a.metrics) cmp["metrics_overhead"] = metrics_overhead;
   std::cout << cmp.dump() << std::endl;
   return kExitOk;
 }
@@ -218,6 +343,11 @@ CommandRegistrar reg(60, [](CommandContext& ctx) {
   cmd->add_option("--finetune-data", args->finetune_data, "convergence: the fine-tuning text");
   cmd->add_option("--pretrain-steps", args->pretrain_steps, "convergence: pre-training steps of the base model");
   cmd->add_flag("--json", args->json, "One JSON object per mode (and a comparison) on stdout");
+  cmd->add_flag("--metrics", args->metrics,
+                "Also run each mode with metrics on, as under `zenflow run --metrics-port` (registry, "
+                "per-step updates, /metrics server, a scrape a second): median step time off vs on");
+  cmd->add_option("--metrics-pairs", args->metrics_pairs, "--metrics: off/on runs per mode, alternating (default 2)")
+      ->check(CLI::Range(int64_t{1}, int64_t{100}));
   cmd->callback([args, &ctx] { ctx.exit_code = run_bench(*args); });
 });
 

@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -64,8 +65,10 @@ struct RunArgs {
   bool verbose = false;
   std::vector<std::string> allow_spec_change;
   int nproc = 0;  // 0: resources.gpus_per_worker (at least 1)
-  int metrics_port = 0;  // 0: no /metrics
+  int metrics_port = 0;  // 0: no /metrics (unless metrics_port_file)
   std::string metrics_host = "127.0.0.1";
+  std::string metrics_port_file;  // every rank serves; its bound port is written here
+  std::string job_id;             // the metrics' job_id label; "": the spec's name
   std::vector<std::string> pricing;  // override catalogs, merged by name over the shipped one
   int report_fd = -1;                // JSON lines of the run (run_reporter.h); -1: none
   int lease_fd = -1;                 // the agent's lease (lease.h); -1: none
@@ -131,6 +134,20 @@ ResolvedPrice resolve_job_price(const JobSpec& spec, const std::vector<std::stri
   return resolve_price(spec.cost, &catalog, warnings);
 }
 
+// Writes "PORT\n" to `path` through a temporary and a rename: a reader sees all or nothing.
+// Throws std::runtime_error naming the file.
+void write_port_file(const std::string& path, int port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << port << "\n";
+    if (!f.flush()) throw std::runtime_error("cannot write " + tmp);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw std::runtime_error("cannot rename " + tmp + " to " + path + ": " + ec.message());
+}
+
 int run(const RunArgs& a) {
   // From the start: a signal during spec parsing or setup ends the process cleanly (130).
   std::signal(SIGINT, on_sigint);
@@ -164,6 +181,12 @@ int run(const RunArgs& a) {
     std::cerr << "zenflow: --report-fd and --lease-fd belong to one rank process: with " << nproc
               << " ranks the local launcher would hand every rank the same fd; start each rank with the "
                  "rendezvous variables (ZENFLOW_RANK, ...) and its own fds instead\n";
+    return kExitBadInput;
+  }
+  if (nproc > 1 && !distributed::distributed_env_present() && !a.metrics_port_file.empty()) {
+    std::cerr << "zenflow: --metrics-port-file belongs to one rank process: with " << nproc
+              << " ranks the local launcher would hand every rank the same file; use --metrics-port (rank 0's "
+                 "metrics) or the worker agent\n";
     return kExitBadInput;
   }
   if (nproc > 1 && !distributed::distributed_env_present()) {
@@ -227,34 +250,45 @@ int run(const RunArgs& a) {
   }
   if (rank0) std::cerr << "zenflow: job " << spec.name << " (" << spec.optimizer.mode << " mode), " << spec.train.steps
             << " steps, checkpoints in " << spec.checkpoint.dir << "\n";
-  // /metrics and /healthz while it trains. With several ranks only rank 0 serves (its own
-  // rank's series): the others would collide on the port.
+  // /metrics and /healthz while it trains. With --nproc and a fixed port only rank 0 serves
+  // (its own rank's series: the others would collide on the port). With --metrics-port-file
+  // (the worker agent) every rank serves, on a port of its own, and writes the port there.
 #if ZENFLOW_HAVE_METRICS
   metrics::MetricsRegistry registry;
   std::unique_ptr<RunMetrics> run_metrics;
   std::unique_ptr<metrics::MetricsServer> metrics_server;
-  if (a.metrics_port > 0 && rank0) {
+  const bool port_file = !a.metrics_port_file.empty();
+  if ((a.metrics_port > 0 && rank0) || port_file) {
     try {
       metrics::register_build_info(registry, kVersion);
-      run_metrics = std::make_unique<RunMetrics>(registry, spec.name);
+      run_metrics = std::make_unique<RunMetrics>(registry, a.job_id.empty() ? spec.name : a.job_id);
       if (price.priced) run_metrics->set_price(price.usd_per_hour, price.gpus_of_instance);
       metrics_server = std::make_unique<metrics::MetricsServer>(registry, a.metrics_host, a.metrics_port);
+      if (port_file) write_port_file(a.metrics_port_file, metrics_server->port());
     } catch (const std::invalid_argument& e) {
       std::cerr << "zenflow: invalid --metrics-host/--metrics-port: " << e.what() << "\n";
       return kExitBadInput;
     } catch (const std::exception& e) {
-      std::cerr << "zenflow: error: " << e.what() << "\n";
-      return kExitFailure;
+      if (!port_file) {
+        std::cerr << "zenflow: error: " << e.what() << "\n";
+        return kExitFailure;
+      }
+      // Under the agent, metrics are not worth a failed job: train without them.
+      std::cerr << "zenflow: warning: no metrics for this rank: " << e.what() << "\n";
+      metrics_server.reset();
+      run_metrics.reset();
     }
-    observers.add(run_metrics.get());
-    std::cerr << "zenflow: metrics on http://" << metrics_server->host() << ":" << metrics_server->port()
-              << "/metrics\n";
-    if (distributed::distributed_env_present() && distributed::rank_info_from_env().world_size > 1)
-      std::cerr << "zenflow: warning: --metrics-port exports rank 0's metrics only; the other ranks' are not "
-                   "exported yet\n";
+    if (metrics_server) {
+      observers.add(run_metrics.get());
+      std::cerr << "zenflow: metrics on http://" << metrics_server->host() << ":" << metrics_server->port()
+                << "/metrics\n";
+    }
+    if (!port_file && distributed::distributed_env_present() && distributed::rank_info_from_env().world_size > 1)
+      std::cerr << "zenflow: warning: --metrics-port exports rank 0's metrics only (--metrics-port-file: every "
+                   "rank's, each on its own port)\n";
   }
 #else
-  if (a.metrics_port > 0) {
+  if (a.metrics_port > 0 || !a.metrics_port_file.empty()) {
     std::cerr << "zenflow: --metrics-port: this build has no metrics server (civetweb was not found)\n";
     return kExitBadInput;
   }
@@ -326,11 +360,18 @@ CommandRegistrar reg(10, [](CommandContext& ctx) {
                   "default: resources.gpus_per_worker")
       ->check(CLI::Range(1, 64));
   cmd->add_option("--metrics-port", args->metrics_port,
-                  "Serve Prometheus /metrics and /healthz on this port while training (0: off; with --nproc, "
-                  "rank 0's metrics only)")
+                  "Serve Prometheus /metrics and /healthz on this port while training (0: off, unless "
+                  "--metrics-port-file; with --nproc, rank 0's metrics only)")
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--metrics-host", args->metrics_host,
                   "Address the metrics port listens on (default 127.0.0.1; 0.0.0.0 for every interface)");
+  cmd->add_option("--metrics-port-file", args->metrics_port_file,
+                  "Serve /metrics from every rank, on --metrics-port or (0) a free port the kernel picks, and "
+                  "write the port to this file once it listens; for the worker agent, which merges its ranks' "
+                  "metrics into its own /metrics. A rank that cannot serve trains without metrics");
+  cmd->add_option("--job-id", args->job_id,
+                  "The job_id label of the metrics (default: the spec's name); the worker agent passes the "
+                  "coordinator's job id");
   cmd->add_option("--report-fd", args->report_fd,
                   "Write the run's events to this open file descriptor, one JSON object per line (start, "
                   "step at most 4 a second and the last one, checkpoint, log, finish); for the worker agent")

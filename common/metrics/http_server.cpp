@@ -113,7 +113,10 @@ void wake_listener(const std::string& host, int port) {
 }  // namespace
 
 MetricsServer::MetricsServer(const MetricsRegistry& registry, const std::string& listen_host, int port)
-    : registry_(registry), host_(listen_host) {
+    : MetricsServer([&registry] { return render_text(registry); }, listen_host, port) {}
+
+MetricsServer::MetricsServer(Render render, const std::string& listen_host, int port)
+    : render_(std::move(render)), host_(listen_host) {
   if (port < 0 || port > 65535) {
     throw std::invalid_argument("metrics server: port must be in [0, 65535], got " + std::to_string(port));
   }
@@ -225,7 +228,7 @@ int MetricsServer::handle_metrics(mg_connection* conn, void* self) {
   if (!accept_request(conn, "/metrics", &status)) return status;
   std::string body;
   try {
-    body = render_text(static_cast<MetricsServer*>(self)->registry_);
+    body = static_cast<MetricsServer*>(self)->render_();
   } catch (const std::exception& e) {
     return send_response(conn, 500, "text/plain; charset=utf-8", std::string("metrics: ") + e.what() + "\n");
   }

@@ -1,15 +1,16 @@
 // The /metrics and /healthz HTTP endpoint of a process, on civetweb.
 //
 //   GET /metrics  200, Content-Type "text/plain; version=0.0.4; charset=utf-8", body
-//                 render_text(registry); 500 "metrics: <reason>\n" when a collector throws.
+//                 render_text(registry) (or the render function's text); 500
+//                 "metrics: <reason>\n" when a collector (or the render function) throws.
 //   GET /healthz  200 "ok\n", or 503 "unhealthy: <reason>\n" when the health check says so
 //                 (or throws).
 //   HEAD is answered like GET without a body; other methods get 405, other paths 404.
 //   Responses carry Content-Length and "Connection: close" (no keep-alive).
 //
 // Thread-safety: requests are served on the server's own threads (civetweb's listener and
-// two workers), which call render_text() and the health check; both must tolerate that
-// (MetricsRegistry does). All member functions may be called from any thread.
+// two workers), which call render_text() (or the render function) and the health check; all
+// must tolerate that (MetricsRegistry does), two requests at a time. All member functions may be called from any thread.
 // Side effect: civetweb sets SIGPIPE to SIG_IGN for the whole process when it starts, so a
 // write to a closed socket or pipe anywhere returns EPIPE instead of killing the process.
 #pragma once
@@ -34,6 +35,8 @@ class MetricsServer {
     std::string reason;  // why not ok: the body of the 503
   };
   using HealthCheck = std::function<Health()>;
+  // The /metrics body, produced per request: text format 0.0.4.
+  using Render = std::function<std::string()>;
 
   // Listens on listen_host:port and serves until destroyed; `registry` must outlive the
   // server. listen_host is an IPv4 address ("127.0.0.1", "0.0.0.0" for all interfaces) or
@@ -44,6 +47,9 @@ class MetricsServer {
   // it cannot bind, e.g. "... cannot bind to 127.0.0.1:9400: 98 (Address already in use)".
   explicit MetricsServer(const MetricsRegistry& registry, const std::string& listen_host = "127.0.0.1",
                          int port = 0);
+  // The same, serving what `render` returns (e.g. a merge of several processes' metrics);
+  // whatever it captures must outlive the server.
+  explicit MetricsServer(Render render, const std::string& listen_host = "127.0.0.1", int port = 0);
 
   // Stops accepting, waits for requests in flight to finish and closes the port (about 10 ms
   // when idle). Must not be called from a health check or collector (it waits for them).
@@ -64,7 +70,7 @@ class MetricsServer {
   static int handle_healthz(mg_connection* conn, void* self);
   Health check_health() const;
 
-  const MetricsRegistry& registry_;
+  Render render_;
   std::string host_;
   int port_ = 0;
   mutable std::mutex health_mu_;

@@ -42,6 +42,11 @@ enum class MetricType { kCounter, kGauge, kHistogram };
 // "counter", "gauge", "histogram": the exposition's TYPE word.
 const char* metric_type_name(MetricType type);
 
+// Whether `s` is well-formed UTF-8 (no overlongs, no surrogates, at most U+10FFFF):
+// Prometheus requires it of help and label values, and one bad byte would make the whole
+// scrape unparsable.
+bool is_utf8(const std::string& s);
+
 // A histogram's value: per-bucket (not cumulative) counts, one for each finite bound and
 // a last one for +Inf, and the sum of the observed values.
 struct HistogramValue {

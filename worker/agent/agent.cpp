@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/version.h"
+#include "worker/agent/worker_metrics.h"
 #include "worker/distributed/ports.h"
 #include "zenflow/v1/workers.grpc.pb.h"
 
@@ -149,6 +150,7 @@ struct Agent::Impl {
   std::vector<std::unique_ptr<distributed::PortReservation>> ports;
   v1::WorkerResources resources;
   int64_t slots = 0;
+  std::unique_ptr<WorkerMetrics> metrics;  // set in run(), before any thread starts
 
   // Registration, shared with the fetch thread.
   std::mutex mu;
@@ -234,6 +236,7 @@ bool Agent::Impl::register_worker() {
     desired_valid = false;
   }
   cv.notify_all();
+  metrics->registrations.inc();
   interval_ms.store(std::max<int64_t>(50, resp.heartbeat_interval_ms()));
   lease_ms.store(std::max<int64_t>(resp.lease_ms(), 2 * interval_ms.load()));
   last_ok_ns.store(Clock::now().time_since_epoch().count());
@@ -303,7 +306,10 @@ void Agent::Impl::pulse_loop() {
       req.set_name(o.name);
       req.set_incarnation(inc);
       v1::HeartbeatResponse resp;
+      const auto sent = Clock::now();
       const grpc::Status s = call(&v1::WorkerService::Stub::Heartbeat, req, &resp, std::min(heartbeat_interval(), kRpcDeadline));
+      metrics->heartbeat_rtt.observe(std::chrono::duration<double>(Clock::now() - sent).count());
+      if (!s.ok()) metrics->heartbeat_failures.inc();
       if (s.ok()) {
         last_ok_ns.store(Clock::now().time_since_epoch().count());
         interval_ms.store(std::max<int64_t>(50, resp.heartbeat_interval_ms()));
@@ -428,6 +434,15 @@ void Agent::Impl::start_attempt(const v1::Assignment& a) {
       args.push_back("--report-fd");
       args.push_back("3");
     }
+    // Its own metrics on a loopback port the kernel picks (none can be taken from it),
+    // announced in a file the agent's scrapes read.
+    const std::string port_file = at.dir + "/rank-" + std::to_string(rank) + ".metrics-port";
+    if (metrics->serving()) {
+      fs::remove(port_file, ec);  // a previous incarnation's: that port is not this rank's
+      for (const char* arg : {"--job-id", a.job_id().c_str(), "--metrics-host", "127.0.0.1", "--metrics-port", "0",
+                              "--metrics-port-file", port_file.c_str()})
+        args.emplace_back(arg);
+    }
     std::vector<std::string> env;
     for (char** e = environ; *e; ++e)
       if (std::strncmp(*e, "ZENFLOW_", 8) != 0) env.emplace_back(*e);
@@ -486,6 +501,7 @@ void Agent::Impl::start_attempt(const v1::Assignment& a) {
       set_nonblocking_cloexec(report[0]);
       at.report_fd = report[0];
     }
+    if (metrics->serving()) metrics->add_rank(a.job_id(), a.attempt(), rank, port_file);
     Rank r;
     r.rank = rank;
     r.pid = pid;
@@ -659,6 +675,7 @@ void Agent::Impl::reap() {
         const pid_t p = ::waitpid(r.pid, &st, WNOHANG);
         if (p == r.pid) {
           r.exited = true;
+          metrics->remove_rank(at.a.job_id(), at.a.attempt(), r.rank);
           r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
           // The rest of its process group (anything it started) goes with it.
           ::kill(-r.pid, SIGKILL);
@@ -789,7 +806,8 @@ void Agent::Impl::report_progress(Attempt& at) {
 
 void Agent::Impl::renew_leases() {
   std::lock_guard<std::mutex> lock(lease_mu);
-  for (int fd : lease_fds) (void)!::write(fd, "r", 1);  // nonblocking; a full pipe is still a live lease
+  for (int fd : lease_fds)  // nonblocking; a full pipe is still a live lease
+    if (::write(fd, "r", 1) == 1) metrics->lease_renewals.inc();
 }
 
 void Agent::Impl::forget_finished() {
@@ -831,6 +849,11 @@ int Agent::run() {
     for (const auto& [k, v] : o.labels) (*m.resources.mutable_labels())[k] = v;
     m.slots = m.resources.gpus_size() > 0 ? m.resources.gpus_size() : o.cpu_slots;
     for (int64_t i = 0; i < m.slots; ++i) m.ports.push_back(std::make_unique<distributed::PortReservation>(o.address));
+    m.metrics = std::make_unique<WorkerMetrics>(m.slots);
+    if (o.metrics_port > 0) {
+      m.metrics->serve(o.metrics_host, o.metrics_port);
+      log_line("metrics on http://" + o.metrics_host + ":" + std::to_string(m.metrics->port()) + "/metrics");
+    }
     m.channel = rpc::make_channel(o.coordinator, o.channel);
     m.stub = v1::WorkerService::NewStub(m.channel);
   } catch (const std::exception& e) {

@@ -16,7 +16,9 @@
 //     checkpoint before the coordinator's lease on the worker runs out (--lease-timeout is
 //     lease - 2 heartbeat intervals), so a stale attempt never commits;
 //   - reports progress as JSON lines on fd 3 (rank 0 only) and its output on stdout/stderr,
-//     which the agent keeps in work-dir/jobs/JOB/attempt-N/output.log and uploads.
+//     which the agent keeps in work-dir/jobs/JOB/attempt-N/output.log and uploads;
+//   - with --metrics-port, serves its metrics on a loopback port of its own, which the
+//     agent's /metrics merges with its own series (worker_metrics.h).
 //
 // Assignments are level-triggered: the agent long-polls the full set the coordinator wants
 // running on it and reconciles (start what is new, SIGTERM what is to STOP — the Ctrl-C
@@ -60,6 +62,8 @@ struct AgentOptions {
   std::chrono::milliseconds stop_grace{60'000};          // STOP: SIGTERM, then SIGKILL after this
   std::chrono::milliseconds disconnected_grace{120'000};  // coordinator unreachable: keep training this long
   std::chrono::milliseconds rank_failure_grace{10'000};   // one rank failed: the others get this long
+  int metrics_port = 0;                 // /metrics and /healthz (worker_metrics.h); 0: off
+  std::string metrics_host = "127.0.0.1";
 };
 
 class Agent {

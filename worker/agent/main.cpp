@@ -2,6 +2,7 @@
 // (worker/agent/agent.h).
 //
 //   zenflow-worker --coordinator HOST:PORT --token-file F --work-dir DIR [--name N] [--tls-ca F]
+//                  [--metrics-port P [--metrics-host H]]
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
@@ -45,6 +46,12 @@ int main(int argc, char** argv) {
   app.add_option("--stop-grace", stop_grace_s, "Seconds a stopping job gets to checkpoint before SIGKILL");
   app.add_option("--disconnected-grace", disconnected_grace_s,
                  "Seconds the ranks keep training while the coordinator is unreachable");
+  app.add_option("--metrics-port", o.metrics_port,
+                 "Serve Prometheus /metrics (this agent's series and every rank's it runs, labelled job_id and "
+                 "rank) and /healthz on this port (0: off)")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--metrics-host", o.metrics_host,
+                 "Address the metrics port listens on (default 127.0.0.1; 0.0.0.0 for every interface)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
