@@ -567,6 +567,7 @@ ClusterSnapshot Coordinator::snapshot() const {
     f.usd_per_hour = j.rec.usd_per_hour;
     out.jobs.push_back(std::move(f));
   }
+  out.workers_lost = workers_lost_;
   for (const char* kind : {"gpu", "cpu"}) {
     out.slots_total[kind] += 0;
     out.slots_allocated[kind] += 0;
@@ -934,6 +935,7 @@ void Coordinator::requeue_or_fail(Job& j, const std::string& reason, StoreBatch&
 
 void Coordinator::lose_worker(Worker& w, const std::string& why, StoreBatch& batch) {
   w.rec.state = "LOST";
+  ++workers_lost_;
   ++w.assignment_revision;
   batch.workers.push_back(w.rec);
   log("worker " + w.rec.name + " LOST: " + why);

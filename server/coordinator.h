@@ -87,6 +87,7 @@ struct ClusterSnapshot {
     double usd_per_hour = 0;
   };
   std::vector<JobFigures> jobs;  // live jobs, and jobs that ended in the last hour
+  int64_t workers_lost = 0;      // workers declared LOST since this coordinator started
 };
 
 class Coordinator {
@@ -200,6 +201,7 @@ class Coordinator {
   std::map<std::pair<std::string, int64_t>, int64_t> stream_bytes_;  // (job, stream) -> bytes held
   std::map<std::string, int64_t> log_bytes_;  // job -> log size
   int64_t next_seq_ = 1;
+  int64_t workers_lost_ = 0;
   int64_t next_incarnation_ = 1;
   bool schedule_dirty_ = true;
   bool stopping_ = false;

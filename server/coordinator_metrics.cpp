@@ -31,6 +31,7 @@ CoordinatorMetrics::CoordinatorMetrics(metrics::MetricsRegistry& registry)
   for (std::string_view m : kTimedMethods) rpc_[m] = &rpc.with({std::string(m)});
   registry.gauge("zenflow_jobs", "Jobs in each state", {"state"});
   registry.gauge("zenflow_workers", "Registered workers by role and state", {"role", "state"});
+  registry.counter("zenflow_workers_lost_total", "Workers declared LOST (lease expired) since the coordinator started");
   registry.gauge("zenflow_slots",
                  "Trainer slots by kind (gpu, cpu): total on workers not LOST, allocated to STARTING or RUNNING "
                  "attempts, busy in RUNNING ones",
@@ -59,6 +60,7 @@ void CoordinatorMetrics::attach(const Coordinator& coordinator) {
   detach();
   collector_ = registry_.add_collector([&coordinator](metrics::SampleSink& sink) {
     const ClusterSnapshot s = coordinator.snapshot();
+    sink.add("zenflow_workers_lost_total", {}, static_cast<double>(s.workers_lost));
     for (const auto& [state, n] : s.jobs_by_state) sink.add("zenflow_jobs", {state}, static_cast<double>(n));
     for (const auto& [key, n] : s.workers) sink.add("zenflow_workers", {key.first, key.second}, static_cast<double>(n));
     for (const auto& [kind, n] : s.slots_total) sink.add("zenflow_slots", {kind, "total"}, static_cast<double>(n));

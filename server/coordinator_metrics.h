@@ -2,6 +2,7 @@
 //
 //   zenflow_jobs{state}                      jobs in each state (zeros included)
 //   zenflow_workers{role,state}              registered workers
+//   zenflow_workers_lost_total               leases that expired (since this process started)
 //   zenflow_slots{kind,state}                trainer slots (kind gpu|cpu): total, allocated
 //                                            (STARTING or RUNNING attempts), busy (RUNNING)
 //   zenflow_queue_wait_seconds               histogram: submit or requeue -> placement

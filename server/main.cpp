@@ -67,7 +67,7 @@ struct Flags {
   bool synchronous_normal = false;
   bool insecure_plaintext = false;
   std::vector<std::string> pricing;  // catalogs merged over the shipped deploy/pricing.yaml
-  int metrics_port = -1;             // -1: no /metrics
+  int metrics_port = 0;              // 0: no /metrics (as zenflow run and zenflow-worker)
   std::string metrics_host = "127.0.0.1";
 };
 
@@ -164,12 +164,12 @@ int run(const Flags& f) {
   metrics::MetricsRegistry registry;
   server::CoordinatorMetrics cluster_metrics(registry);
   std::unique_ptr<metrics::MetricsServer> metrics_server;
-  if (f.metrics_port >= 0) {
+  if (f.metrics_port > 0) {
     try {
       metrics_server = std::make_unique<metrics::MetricsServer>(registry, f.metrics_host, f.metrics_port);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "zenflow-coordinator: --metrics-port: %s\n", e.what());
-      return f.metrics_port > 65535 ? 2 : 1;
+      return 1;
     }
   }
   std::unique_ptr<server::Coordinator> coordinator;
@@ -276,7 +276,7 @@ int main(int argc, char** argv) {
   app.add_option("--admin-burst", f.admin_burst, "Admin request burst per client address");
   app.add_flag("--synchronous-normal", f.synchronous_normal,
                "SQLite synchronous=NORMAL: survives a coordinator crash, not power loss (benchmarks only)");
-  app.add_option("--metrics-port", f.metrics_port, "Serve /metrics and /healthz over HTTP on this port (0: a free one)")
+  app.add_option("--metrics-port", f.metrics_port, "Serve /metrics and /healthz over HTTP on this port (0: off)")
       ->check(CLI::Range(0, 65535));
   app.add_option("--metrics-host", f.metrics_host, "Address for --metrics-port (default 127.0.0.1)");
   app.add_option("--pricing", f.pricing,

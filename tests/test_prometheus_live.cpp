@@ -126,10 +126,11 @@ std::vector<fs::path> rule_files() {
   return files;
 }
 
-// The project's prometheus.yml made to scrape one `zenflow run` every second: intervals 1 s,
-// rule files by absolute path, and only the zenflow-run job, its settings kept, its targets
-// replaced by 127.0.0.1:port.
-std::string test_config(int zenflow_port) {
+// The project's prometheus.yml made to scrape every second (intervals 1 s, rule files by
+// absolute path): its zenflow-run, zenflow-worker and zenflow-coordinator jobs, their settings
+// kept, their targets replaced by 127.0.0.1:port (the optimizer job, with no target here, left
+// out).
+std::string test_config(const std::map<std::string, int>& ports) {
   YAML::Node config = YAML::LoadFile((prometheus_dir() / "prometheus.yml").string());
   config["global"]["scrape_interval"] = "1s";
   config["global"]["evaluation_interval"] = "1s";
@@ -139,11 +140,13 @@ std::string test_config(int zenflow_port) {
   config["rule_files"] = rules;
   YAML::Node jobs(YAML::NodeType::Sequence);
   for (const auto& job : config["scrape_configs"]) {
-    if (job["job_name"].as<std::string>() != "zenflow-run") continue;
+    auto port = ports.find(job["job_name"].as<std::string>());
+    if (port == ports.end()) continue;
     YAML::Node j = YAML::Clone(job);
     j.remove("file_sd_configs");
+    j.remove("static_configs");
     YAML::Node target;
-    target["targets"].push_back("127.0.0.1:" + std::to_string(zenflow_port));
+    target["targets"].push_back("127.0.0.1:" + std::to_string(port->second));
     j["static_configs"].push_back(target);
     jobs.push_back(j);
   }
@@ -242,7 +245,7 @@ struct PanelQuery {
 
 // What the test substitutes for a dashboard variable: the test run's job id, every rank, every
 // GPU. Variables not listed here are unknown and fail the test.
-std::map<std::string, std::string> substitution_values(const char* job_id) {
+std::map<std::string, std::string> substitution_values(const std::string& job_id) {
   std::map<std::string, std::string> v = kBuiltins;
   v["job_id"] = job_id;
   v["rank"] = ".*";
@@ -253,7 +256,7 @@ std::map<std::string, std::string> substitution_values(const char* job_id) {
 }
 
 // Every target expression of every dashboard, substituted (failures for unknown variables).
-std::vector<PanelQuery> dashboard_queries(const char* job_id) {
+std::vector<PanelQuery> dashboard_queries(const std::string& job_id) {
   std::vector<PanelQuery> queries;
   const auto values = substitution_values(job_id);
   for (const auto& file : dashboard_files()) {
@@ -283,8 +286,8 @@ TEST(Dashboards, EveryDashboardIsWellFormed) {
   const auto files = dashboard_files();
   std::set<std::string> names;
   for (const auto& f : files) names.insert(f.filename().string());
-  for (const char* want : {"zenflow-job-overview.json", "zenflow-where-the-time-goes.json",
-                           "zenflow-offload.json", "zenflow-gpu-health.json"})
+  for (const char* want : {"zenflow-job-overview.json", "zenflow-where-the-time-goes.json", "zenflow-offload.json",
+                           "zenflow-cost.json", "zenflow-cluster.json", "zenflow-gpu-health.json"})
     EXPECT_TRUE(names.count(want)) << want << " missing from " << dashboards_dir();
 
   std::set<std::string> uids, titles;
@@ -312,6 +315,7 @@ TEST(Dashboards, EveryDashboardIsWellFormed) {
     std::vector<json> panels;
     collect_panels(d.value("panels", json::array()), panels);
     bool zenflow_series = false;
+    bool uses_job_id = false;  // job dashboards filter by $job_id (and $rank); the cluster's do not
     std::set<int> ids;
     int queries = 0;
     for (const auto& p : panels) {
@@ -334,6 +338,7 @@ TEST(Dashboards, EveryDashboardIsWellFormed) {
         EXPECT_FALSE(expr.empty()) << t.dump();
         EXPECT_FALSE(t.value("refId", "").empty()) << t.dump();
         if (expr.find("zenflow_") != std::string::npos) zenflow_series = true;
+        if (expr.find("$job_id") != std::string::npos) uses_job_id = true;
         // Every variable is the dashboard's own or one of Grafana's built-ins.
         std::map<std::string, std::string> known = kBuiltins;
         for (const auto& [name, v] : vars) known[name] = "x";
@@ -344,7 +349,7 @@ TEST(Dashboards, EveryDashboardIsWellFormed) {
     }
     EXPECT_GT(queries, 0);
 
-    if (zenflow_series) {
+    if (zenflow_series && uses_job_id) {
       ASSERT_TRUE(vars.count("job_id")) << "no job_id variable";
       ASSERT_TRUE(vars.count("rank")) << "no rank variable";
       EXPECT_EQ(variable_query(vars.at("job_id")), "label_values(zenflow_steps_total, job_id)");
@@ -427,12 +432,62 @@ const std::vector<std::string> kRunSeries = {
     "zenflow_host_memory_bytes",
 };
 
+// The coordinator's series (server/coordinator_metrics.h).
+const std::vector<std::string> kCoordinatorSeries = {
+    "zenflow_jobs", "zenflow_workers", "zenflow_workers_lost_total", "zenflow_slots",
+    "zenflow_queue_wait_seconds_bucket", "zenflow_job_restarts_total", "zenflow_job_preemptions_total",
+    "zenflow_job_cost_usd_total", "zenflow_job_lost_usd", "zenflow_job_usd_per_hour",
+    "zenflow_rpc_duration_seconds_bucket", "zenflow_build_info",
+};
+
+// The first "<prefix>HOST:PORT" in `log` (a daemon's first lines), or "" when absent yet.
+std::string address_in(const std::string& log, const std::string& prefix) {
+  const std::string text = zenflow::test_support::read_file(log);
+  const size_t at = text.find(prefix);
+  if (at == std::string::npos) return "";
+  const size_t start = at + prefix.size(), end = text.find_first_of(" \n/", start);
+  return end == std::string::npos ? "" : text.substr(start, end - start);
+}
+
+// Scraped at once: a bare `zenflow run` (job_id prom-live) and the service, a coordinator and a
+// worker agent training a priced job (job_id j-000001, its ranks' series through the agent).
 TEST_F(PrometheusLive, ScrapesARunAndEveryRuleAndAlertEvaluates) {
   const int zport = free_port();
   prom_port_ = free_port();
   ASSERT_GT(zport, 0);
   ASSERT_GT(prom_port_, 0);
   ASSERT_NE(zport, prom_port_);
+  const std::string bin = std::string(ZENFLOW_BINARY_DIR) + "/bin/";
+
+  // The service: ports chosen by the daemons (0) and read from their first lines.
+  const std::string clog = (dir_ / "coordinator.log").string(), wlog = (dir_ / "worker.log").string();
+  // Metrics ports: 0 is "off" for both daemons (as for zenflow run), so free ones are found here.
+  const int cport = free_port(), wport = free_port();
+  ASSERT_TRUE(cport > 0 && wport > 0 && cport != wport && cport != zport && wport != zport &&
+              cport != prom_port_ && wport != prom_port_);
+  Child coordinator({bin + "zenflow-coordinator", "--listen", "127.0.0.1:0", "--db", (dir_ / "c.db").string(),
+                     "--metrics-port", std::to_string(cport)},
+                    clog);
+  std::string grpc_address;
+  ASSERT_TRUE(wait_for(30, [&] { return !(grpc_address = address_in(clog, "listening on ")).empty(); }))
+      << zenflow::test_support::read_file(clog);
+  Child worker({bin + "zenflow-worker", "--coordinator", grpc_address, "--work-dir", (dir_ / "work").string(),
+                "--name", "w1", "--cpu-slots", "1", "--metrics-port", std::to_string(wport)},
+               wlog);
+  const fs::path service_spec = dir_ / "service.yaml";
+  std::string sspec = zenflow::test_support::tiny_job_spec("prom-live-service", 100000);
+  sspec += "cost: {usd_per_hour: 3.6}\n";
+  const std::string ckpt = "checkpoint: {every_steps: 0}\n";
+  sspec.replace(sspec.find(ckpt), ckpt.size(), "checkpoint: {dir: " + (dir_ / "service-ckpt").string() + "}\n");
+  zenflow::test_support::write_file(service_spec, sspec);
+  std::string submitted;
+  ASSERT_EQ(zenflow::test_support::run(bin + "zenflow submit " + service_spec.string() + " --coordinator " +
+                                           grpc_address + " --json > " + (dir_ / "submit.json").string() + " 2>&1"),
+            0)
+      << zenflow::test_support::read_file(dir_ / "submit.json");
+  const json sub = json::parse(zenflow::test_support::read_file(dir_ / "submit.json"), nullptr, false);
+  const std::string service_job = sub.is_object() ? sub.value("/job/id"_json_pointer, std::string()) : "";
+  ASSERT_FALSE(service_job.empty()) << zenflow::test_support::read_file(dir_ / "submit.json");
 
   // A tiny run that trains until it is interrupted.
   const fs::path spec = dir_ / "run.yaml";
@@ -446,7 +501,9 @@ TEST_F(PrometheusLive, ScrapesARunAndEveryRuleAndAlertEvaluates) {
   ASSERT_GT(run.pid(), 0);
 
   const fs::path config = dir_ / "prometheus.yml";
-  zenflow::test_support::write_file(config, test_config(zport));
+  zenflow::test_support::write_file(config, test_config({{"zenflow-run", zport},
+                                                         {"zenflow-worker", wport},
+                                                         {"zenflow-coordinator", cport}}));
   const std::string plog = (dir_ / "prometheus.log").string();
   Child prom(
       {"prometheus", "--config.file=" + config.string(), "--storage.tsdb.path=" + (dir_ / "tsdb").string(),
@@ -459,14 +516,31 @@ TEST_F(PrometheusLive, ScrapesARunAndEveryRuleAndAlertEvaluates) {
       << zenflow::test_support::read_file(plog);
   // The target is up and the run has trained a few steps since the first scrape (rates need
   // two samples).
-  const std::string up = "up{job=\"zenflow-run\"} == 1";
+  const std::string up = "count(up{job=~\"zenflow-run|zenflow-worker|zenflow-coordinator\"} == 1) == 3";
   const std::string grown = "increase(zenflow_steps_total{job_id=\"" + std::string(kJobId) + "\"}[1m]) > 0";
-  ASSERT_TRUE(wait_for(60, [&] { return !series(up).empty() && !series(grown).empty(); }))
+  const std::string service_grown = "increase(zenflow_steps_total{job_id=\"" + service_job + "\"}[1m]) > 0";
+  ASSERT_TRUE(wait_for(90, [&] {
+    return !series(up).empty() && !series(grown).empty() && !series(service_grown).empty();
+  }))
       << "no scraped progress in 60 s\n"
       << query("up").dump() << "\nzenflow:\n"
       << zenflow::test_support::read_file(zlog) << "\nprometheus:\n"
-      << zenflow::test_support::read_file(plog);
+      << zenflow::test_support::read_file(plog) << "\ncoordinator:\n"
+      << zenflow::test_support::read_file(clog) << "\nworker:\n"
+      << zenflow::test_support::read_file(wlog);
   ASSERT_TRUE(run.running()) << zenflow::test_support::read_file(zlog);
+  ASSERT_TRUE(worker.running()) << zenflow::test_support::read_file(wlog);
+
+  // The worker agent shows its rank's series under the coordinator's job id, and the coordinator
+  // its own.
+  for (const auto& name : kRunSeries) {
+    const json s = series(name + "{job=\"zenflow-worker\",job_id=\"" + service_job + "\",rank=\"0\"}");
+    EXPECT_FALSE(s.empty()) << name << " from the worker";
+  }
+  for (const auto& name : kCoordinatorSeries)
+    EXPECT_FALSE(series(name + "{job=\"zenflow-coordinator\"}").empty()) << name << " from the coordinator";
+  EXPECT_FALSE(series("zenflow_job_cost_usd_total{job_id=\"" + service_job + "\"} > 0").empty());
+  EXPECT_FALSE(series("zenflow_jobs{state=\"RUNNING\"} == 1").empty()) << query("zenflow_jobs").dump();
 
   // Every series the run exports arrived, each with job_id and rank.
   for (const auto& name : kRunSeries) {
@@ -514,8 +588,8 @@ TEST_F(PrometheusLive, ScrapesARunAndEveryRuleAndAlertEvaluates) {
         }
       }
   }
-  EXPECT_GE(records, 6);
-  EXPECT_GE(alerts, 3);
+  EXPECT_GE(records, 12);
+  EXPECT_GE(alerts, 5);
 
   // Prometheus's own view: every rule loaded and evaluated at least once, none in error.
   json groups;
@@ -535,7 +609,9 @@ TEST_F(PrometheusLive, ScrapesARunAndEveryRuleAndAlertEvaluates) {
   // Every dashboard variable's label_values() query finds the run's job_id and rank; every
   // zenflow panel query returns a series (a dashboard whose query matches nothing is a failing
   // test); dcgm-exporter queries, with no GPU here, evaluate without error.
-  const auto values = substitution_values(kJobId);
+  // Both jobs: the bare run's and the service's.
+  const std::string both = std::string(kJobId) + "|" + service_job;
+  const auto values = substitution_values(both);
   for (const auto& file : dashboard_files()) {
     const json d = json::parse(zenflow::test_support::read_file(file), nullptr, false);
     if (d.is_discarded()) continue;
@@ -557,12 +633,16 @@ TEST_F(PrometheusLive, ScrapesARunAndEveryRuleAndAlertEvaluates) {
       if (selector.find("DCGM_") != std::string::npos) continue;
       std::set<std::string> found;
       for (const auto& one : series(selector)) found.insert(one["metric"].value(label, ""));
-      const std::string want = name == "job_id" ? kJobId : name == "rank" ? "0" : "";
-      EXPECT_TRUE(found.count(want)) << file << " $" << name << " (" << q << ") lacks " << want;
+      if (name == "job_id") {
+        EXPECT_TRUE(found.count(kJobId)) << file << " $job_id (" << q << ") lacks " << kJobId;
+        EXPECT_TRUE(found.count(service_job)) << file << " $job_id (" << q << ") lacks " << service_job;
+      } else {
+        EXPECT_TRUE(found.count(name == "rank" ? "0" : "")) << file << " $" << name << " (" << q << ")";
+      }
     }
   }
   int dashboard_queries_run = 0;
-  for (const auto& q : dashboard_queries(kJobId)) {
+  for (const auto& q : dashboard_queries(both)) {
     ++dashboard_queries_run;
     if (q.dcgm) {
       const json j = query(q.expr);
@@ -584,12 +664,16 @@ TEST_F(PrometheusLive, ScrapesARunAndEveryRuleAndAlertEvaluates) {
           << r.dump();
     }
   }
-  EXPECT_GE(dashboard_queries_run, 20);
+  EXPECT_GE(dashboard_queries_run, 35);
 
-  // The run is healthy: no alert fires or is pending for it this early.
-  EXPECT_TRUE(
-      series("ALERTS{job_id=\"" + std::string(kJobId) + "\",alertname!=\"ZenflowExposedStallHigh\"}").empty())
-      << query("ALERTS").dump();
+  // The runs are healthy: no alert fires or is pending this early.
+  EXPECT_TRUE(series("ALERTS{alertname!=\"ZenflowExposedStallHigh\"}").empty()) << query("ALERTS").dump();
+
+  EXPECT_EQ(zenflow::test_support::run(bin + "zenflow cancel " + service_job + " --coordinator " + grpc_address +
+                                       " > /dev/null 2>&1"),
+            0);
+  EXPECT_EQ(worker.stop(SIGTERM, 30), 0) << zenflow::test_support::read_file(wlog);
+  EXPECT_EQ(coordinator.stop(SIGTERM, 20), 0) << zenflow::test_support::read_file(clog);
 
   EXPECT_EQ(run.stop(SIGINT, 30), 130) << zenflow::test_support::read_file(zlog);
   EXPECT_EQ(prom.stop(SIGTERM, 20), 0) << zenflow::test_support::read_file(plog);
