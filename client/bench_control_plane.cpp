@@ -348,9 +348,10 @@ HeartbeatLoad run_heartbeats(const Clients& c, std::vector<std::unique_ptr<SimWo
                 if (s.ok()) call->worker->last_ok_ns.store(done.time_since_epoch().count());
                 {
                   std::lock_guard<std::mutex> lock(me.mu);
+                  if (!s.ok() && me.load.first_error.empty()) me.load.first_error = rpc::describe(s);
                   if (call->measured) {
                     ++me.load.sent;
-                    if (!s.ok() && me.load.failed++ == 0) me.load.first_error = rpc::describe(s);
+                    if (!s.ok()) ++me.load.failed;
                     me.load.latencies_ms.push_back(ms_between(call->due, done));
                   }
                   if (--me.in_flight == 0) me.done_cv.notify_all();
@@ -493,7 +494,12 @@ int run_bench(const Args& a) {
   const fs::path dir = a.dir.empty() ? fs::current_path() / ("zenflow-bench-control-plane-" + std::to_string(::getpid()))
                                      : fs::path(a.dir);
   fs::create_directories(dir);
-  auto say = [](const std::string& s) { std::cerr << "bench control-plane: " << s << std::endl; };
+  const auto bench_start = Clock::now();
+  auto say = [&bench_start](const std::string& s) {
+    char at[32];
+    std::snprintf(at, sizeof(at), "[%6.1f s] ", std::chrono::duration<double>(Clock::now() - bench_start).count());
+    std::cerr << "bench control-plane: " << at << s << std::endl;
+  };
   json out;
   out["machine"] = {{"nproc", cores}, {"cpu", cpu_model()}, {"filesystem", filesystem_of(dir)}};
   out["pinning"] = {{"coordinator", "core 0 (taskset -c 0)"}, {"load generator", "core " + std::to_string(cores - 1)}};
@@ -651,7 +657,10 @@ int run_bench(const Args& a) {
     const auto t_end = t_start + milliseconds(12000);
     std::vector<size_t> victims;
     for (int i = 0; i < a.trials; ++i) victims.push_back(static_cast<size_t>(i) * (sims.size() / a.trials));
-    std::thread beats([&] { run_heartbeats(c, sims, period, t_start, t_end, t_end); });
+    std::thread beats([&] {
+      const HeartbeatLoad l = run_heartbeats(c, sims, period, t_start, t_end, t_end);
+      if (!l.first_error.empty()) say("detection: a heartbeat failed: " + l.first_error);
+    });
     std::thread stopper([&] {
       for (size_t v : victims) {
         std::this_thread::sleep_until(t_start + milliseconds(500 + static_cast<int64_t>(rng() % 2000)));
@@ -670,7 +679,7 @@ int run_bench(const Args& a) {
           seen[v] = ms_between(last, now);
         }
       }
-      std::this_thread::sleep_for(milliseconds(50));
+      std::this_thread::sleep_for(milliseconds(100));  // ListWorkers of every worker, 10/s
     }
     stopper.join();
     beats.join();

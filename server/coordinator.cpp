@@ -157,7 +157,7 @@ void Coordinator::load() {
     }
     if (!j.rec.request_id.empty()) by_request_[j.rec.request_id] = j.rec.id;
     if (!terminal(j.rec.state)) checkpoint_owner_[j.rec.checkpoint_dir] = j.rec.id;
-    jobs_.emplace(j.rec.id, std::move(j));
+    track_live(jobs_.emplace(j.rec.id, std::move(j)).first->second);
   }
   commit(upgraded);
   for (WorkerRecord& rec : store_->load_workers()) {
@@ -169,7 +169,8 @@ void Coordinator::load() {
     w.lease_deadline_ms = now + options_.restart_grace.count();
     w.last_heartbeat_ms = now;  // unknown before the restart; counted from now
     w.rec = std::move(rec);
-    workers_.emplace(w.rec.name, std::move(w));
+    Worker& placed = workers_.emplace(w.rec.name, std::move(w)).first->second;
+    if (placed.rec.role == "TRAINER") trainers_[placed.rec.name] = &placed;
   }
   for (const auto& [key, bytes] : store_->attempt_log_sizes()) {
     stream_bytes_[key] = bytes;
@@ -214,7 +215,7 @@ void Coordinator::set_demand(Job& j) {
 void Coordinator::commit(StoreBatch& batch) {
   if (batch.empty()) return;
   try {
-    store_->commit(batch);
+    timed_commit(batch);
   } catch (const StoreError& e) {
     log(std::string("store write failed: ") + e.what() + "; exiting so a restart reloads a consistent state");
     std::_Exit(1);
@@ -227,7 +228,26 @@ void Coordinator::touch(Job& j, StoreBatch& batch) {
   persist(j, batch);
 }
 
+// Every call waits for this (the lock is held): a slow one is worth a line.
+void Coordinator::timed_commit(const StoreBatch& batch) {
+  const auto t0 = std::chrono::steady_clock::now();
+  store_->commit(batch);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  if (ms >= 100)
+    log("slow store commit: " + std::to_string(ms) + " ms for " + std::to_string(batch.jobs.size()) + " jobs, " +
+        std::to_string(batch.workers.size()) + " workers, " + std::to_string(batch.logs.size()) + " log appends");
+}
+
+void Coordinator::track_live(Job& j) {
+  if (terminal(j.rec.state)) {
+    live_.erase(j.rec.id);
+  } else {
+    live_[j.rec.id] = &j;
+  }
+}
+
 void Coordinator::persist(Job& j, StoreBatch& batch) {
+  track_live(j);
   j.last_persist_ms = now_ms();
   j.progress_dirty = false;
   batch.jobs.push_back(j.rec);
@@ -384,7 +404,7 @@ Status Coordinator::submit(const v1::SubmitJobRequest& req, v1::SubmitJobRespons
   StoreBatch batch;
   batch.jobs.push_back(r);
   try {
-    store_->commit(batch);  // durable before the client hears OK
+    timed_commit(batch);  // durable before the client hears OK
   } catch (const StoreError& e) {
     return {StatusCode::UNAVAILABLE, std::string("job store write failed: ") + e.what()};
   }
@@ -402,7 +422,7 @@ Status Coordinator::submit(const v1::SubmitJobRequest& req, v1::SubmitJobRespons
   fill_status(j, resp->mutable_job());
   resp->set_created(true);
   log("job " + r.id + " (" + r.name + ") submitted");
-  jobs_.emplace(r.id, std::move(j));
+  track_live(jobs_.emplace(r.id, std::move(j)).first->second);
   schedule_dirty_ = true;
   changed_.notify_all();
   return Status::OK;
@@ -436,8 +456,10 @@ Status Coordinator::list(const v1::ListJobsRequest& req, v1::ListJobsResponse* r
   order.reserve(jobs_.size());
   for (const auto& [id, j] : jobs_)
     if (j.rec.submit_seq < before && (states.empty() || states.count(j.rec.state))) order.push_back(&j);
-  std::sort(order.begin(), order.end(),
-            [](const Job* a, const Job* b) { return a->rec.submit_seq > b->rec.submit_seq; });
+  // Newest first; only the page (and the one after it, for the token) needs ordering.
+  const size_t want = std::min(order.size(), static_cast<size_t>(page) + 1);
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(want), order.end(),
+                    [](const Job* a, const Job* b) { return a->rec.submit_seq > b->rec.submit_seq; });
   for (size_t i = 0; i < order.size() && i < static_cast<size_t>(page); ++i)
     fill_status(*order[i], resp->add_jobs());
   if (order.size() > static_cast<size_t>(page))
@@ -506,6 +528,11 @@ Status Coordinator::read_log(const std::string& id, int64_t offset, int64_t max,
 
 void Coordinator::list_workers(v1::ListWorkersResponse* resp) {
   std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::string, std::vector<std::string>> jobs_on;  // one pass over the live jobs
+  for (const auto& [id, j] : live_)
+    if (active(j->rec.state))
+      for (const Member& m : j->members)
+        if (!m.exited) jobs_on[m.worker].push_back(id);
   for (const auto& [name, w] : workers_) {
     v1::WorkerStatus* s = resp->add_workers();
     s->set_name(name);
@@ -520,10 +547,8 @@ void Coordinator::list_workers(v1::ListWorkersResponse* resp) {
     s->set_registered_ms(w.rec.registered_ms);
     s->set_last_heartbeat_ms(w.last_heartbeat_ms);
     s->set_incarnation(w.rec.incarnation);
-    for (const auto& [id, j] : jobs_)
-      if (active(j.rec.state))
-        for (const Member& m : j.members)
-          if (m.worker == name && !m.exited) s->add_jobs(id);
+    if (auto on = jobs_on.find(name); on != jobs_on.end())
+      for (const std::string& id : on->second) s->add_jobs(id);
   }
 }
 
@@ -623,6 +648,11 @@ Status Coordinator::register_worker(const v1::RegisterWorkerRequest& req, v1::Re
   Worker& w = workers_[name];
   w.rec.name = name;
   w.rec.role = req.role() == v1::OPTIMIZER ? "OPTIMIZER" : "TRAINER";
+  if (w.rec.role == "TRAINER") {
+    trainers_[name] = &w;
+  } else {
+    trainers_.erase(name);
+  }
   w.resources = res;
   w.resources.SerializeToString(&w.rec.resources);
   w.rec.address = req.address().empty() ? "127.0.0.1" : req.address();
@@ -710,7 +740,8 @@ Status Coordinator::fetch_assignments(const v1::FetchAssignmentsRequest& req, v1
   w = live_worker(name, incarnation, &st);
   if (!w) return st;
   resp->set_revision(w->assignment_revision);
-  for (const auto& [id, j] : jobs_) {
+  for (const auto& [id, live] : live_) {
+    const Job& j = *live;
     if (!active(j.rec.state)) continue;
     for (size_t m = 0; m < j.members.size(); ++m) {
       if (j.members[m].worker != name || j.members[m].exited) continue;
@@ -939,8 +970,11 @@ void Coordinator::lose_worker(Worker& w, const std::string& why, StoreBatch& bat
   ++w.assignment_revision;
   batch.workers.push_back(w.rec);
   log("worker " + w.rec.name + " LOST: " + why);
-  for (auto& [id, j] : jobs_) {
-    if (!active(j.rec.state)) continue;
+  std::vector<Job*> on_worker;  // requeueing changes live_: collect first
+  for (const auto& [id, j] : live_)
+    if (active(j->rec.state)) on_worker.push_back(j);
+  for (Job* jp : on_worker) {
+    Job& j = *jp;
     bool on_it = false;
     for (const Member& m : j.members) on_it |= m.worker == w.rec.name && !m.exited;
     if (!on_it) continue;
@@ -980,8 +1014,9 @@ void Coordinator::check_leases(StoreBatch& batch) {
 
 void Coordinator::run_schedule(StoreBatch& batch) {
   std::vector<scheduler::WorkerView> views;
-  for (const auto& [name, w] : workers_) {
-    if (w.rec.role != "TRAINER") continue;
+  views.reserve(trainers_.size());
+  for (const auto& [name, trainer] : trainers_) {
+    const Worker& w = *trainer;
     scheduler::WorkerView v;
     v.id = name;
     v.schedulable = w.rec.state == "READY";
@@ -999,7 +1034,9 @@ void Coordinator::run_schedule(StoreBatch& batch) {
     views.push_back(std::move(v));
   }
   std::vector<scheduler::JobView> jobs;
-  for (const auto& [id, j] : jobs_) {
+  jobs.reserve(live_.size());
+  for (const auto& [id, live] : live_) {
+    const Job& j = *live;
     if (!queued(j.rec.state) && !active(j.rec.state)) continue;
     scheduler::JobView v;
     v.id = id;
@@ -1024,7 +1061,7 @@ void Coordinator::run_schedule(StoreBatch& batch) {
   so.backfill = options_.backfill;
   so.preemption = options_.preemption;
   const scheduler::ScheduleDecision d = scheduler::schedule(views, jobs, so);
-  for (auto& [id, j] : jobs_) j.reserved_workers.clear();
+  for (auto& [id, j] : live_) j->reserved_workers.clear();
   for (const scheduler::Reservation& r : d.reservations) jobs_.at(r.job_id).reserved_workers = r.worker_ids;
   for (const scheduler::WaitingJob& w : d.waiting) jobs_.at(w.job_id).waiting_reason = w.reason;
   for (const scheduler::Preemption& p : d.preemptions) {
@@ -1081,10 +1118,10 @@ void Coordinator::run_schedule(StoreBatch& batch) {
 
 void Coordinator::persist_progress(StoreBatch& batch) {
   const int64_t now = now_ms();
-  for (auto& [id, j] : jobs_) {
-    if (!j.progress_dirty || now - j.last_persist_ms < kProgressPersistMs) continue;
-    persist(j, batch);
-  }
+  std::vector<Job*> due;  // persist() may change live_
+  for (const auto& [id, j] : live_)
+    if (j->progress_dirty && now - j->last_persist_ms >= kProgressPersistMs) due.push_back(j);
+  for (Job* j : due) persist(*j, batch);
 }
 
 void Coordinator::tick_locked() {

@@ -169,7 +169,9 @@ class Coordinator {
   static void record_spec_facts(const JobSpec& spec, JobRecord* r);
   static void set_demand(Job& j);
   void release_attempt(Job& j);  // the attempt ends: charge its held time, free its workers
+  void track_live(Job& j);       // live_ follows the job's state
   void commit(StoreBatch& batch);  // fail-stop: exits the process when the store write fails
+  void timed_commit(const StoreBatch& batch);  // store_->commit, logging a slow one
   void touch(Job& j, StoreBatch& batch);    // revision + 1, then persist
   void persist(Job& j, StoreBatch& batch);  // add the record to the batch, wake watchers
   void bump_workers_of(const Job& j);
@@ -194,6 +196,12 @@ class Coordinator {
   mutable std::mutex mu_;
   std::condition_variable changed_;
   std::map<std::string, Job> jobs_;          // by id
+  // The jobs not yet terminal (queued or with an attempt), which every tick and scheduling
+  // pass looks at: a few among the thousands kept. Kept by persist() (every transition goes
+  // through it), submit() and load().
+  std::map<std::string, Job*> live_;
+  // TRAINER workers, the ones a scheduling pass places on (kept by register_worker, load).
+  std::map<std::string, Worker*> trainers_;
   std::map<std::string, std::string> by_request_;  // request_id -> job id
   // checkpoint.dir -> the last job that used it; a live owner refuses a second live job.
   std::unordered_map<std::string, std::string> checkpoint_owner_;

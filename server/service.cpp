@@ -17,6 +17,15 @@ std::string peer_address(const std::string& peer) {
 
 // Runs `work` when the call was admitted, and finishes the call (on its default reactor)
 // with the admission's or the work's status; the handler's time goes to `metrics`.
+// The synchronous counterpart: the call's status.
+template <typename Work>
+Status answer(const CoordinatorMetrics* metrics, std::string_view method, Status admitted, Work&& work) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (admitted.ok()) admitted = work();
+  if (metrics) metrics->observe_rpc(method, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return admitted;
+}
+
 template <typename Work>
 grpc::ServerUnaryReactor* serve(grpc::CallbackServerContext* ctx, const CoordinatorMetrics* metrics,
                                 std::string_view method, Status admitted, Work&& work) {
@@ -57,23 +66,23 @@ Status JobServiceImpl::admit(const grpc::ServerContextBase& ctx) {
   return Status::OK;
 }
 
-Unary* JobServiceImpl::SubmitJob(CallbackContext* ctx, const v1::SubmitJobRequest* req,
+Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                                  v1::SubmitJobResponse* resp) {
-  return serve(ctx, metrics_, "SubmitJob", admit(*ctx), [&] { return c_.submit(*req, resp); });
+  return answer(metrics_, "SubmitJob", admit(*ctx), [&] { return c_.submit(*req, resp); });
 }
 
 Unary* JobServiceImpl::GetJob(CallbackContext* ctx, const v1::GetJobRequest* req, v1::JobStatus* resp) {
   return serve(ctx, metrics_, "GetJob", admit(*ctx), [&] { return c_.get(req->id(), resp); });
 }
 
-Unary* JobServiceImpl::ListJobs(CallbackContext* ctx, const v1::ListJobsRequest* req,
+Status JobServiceImpl::ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
                                 v1::ListJobsResponse* resp) {
-  return serve(ctx, metrics_, "ListJobs", admit(*ctx), [&] { return c_.list(*req, resp); });
+  return answer(metrics_, "ListJobs", admit(*ctx), [&] { return c_.list(*req, resp); });
 }
 
-Unary* JobServiceImpl::CancelJob(CallbackContext* ctx, const v1::CancelJobRequest* req,
+Status JobServiceImpl::CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req,
                                  v1::CancelJobResponse* resp) {
-  return serve(ctx, metrics_, "CancelJob", admit(*ctx), [&] { return c_.cancel(req->id(), resp->mutable_job()); });
+  return answer(metrics_, "CancelJob", admit(*ctx), [&] { return c_.cancel(req->id(), resp->mutable_job()); });
 }
 
 Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
@@ -125,9 +134,9 @@ Status JobServiceImpl::StreamLogs(grpc::ServerContext* ctx, const v1::StreamLogs
   }
 }
 
-Unary* JobServiceImpl::ListWorkers(CallbackContext* ctx, const v1::ListWorkersRequest*,
+Status JobServiceImpl::ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest*,
                                    v1::ListWorkersResponse* resp) {
-  return serve(ctx, metrics_, "ListWorkers", admit(*ctx), [&] {
+  return answer(metrics_, "ListWorkers", admit(*ctx), [&] {
     c_.list_workers(resp);
     return Status::OK;
   });
@@ -138,9 +147,9 @@ Status WorkerServiceImpl::admit(const grpc::ServerContextBase& ctx) const {
   return rpc::check_role(ctx, auth_, rpc::Role::kWorker);
 }
 
-Unary* WorkerServiceImpl::RegisterWorker(CallbackContext* ctx, const v1::RegisterWorkerRequest* req,
+Status WorkerServiceImpl::RegisterWorker(grpc::ServerContext* ctx, const v1::RegisterWorkerRequest* req,
                                          v1::RegisterWorkerResponse* resp) {
-  return serve(ctx, metrics_, "RegisterWorker", admit(*ctx), [&] { return c_.register_worker(*req, resp); });
+  return answer(metrics_, "RegisterWorker", admit(*ctx), [&] { return c_.register_worker(*req, resp); });
 }
 
 Unary* WorkerServiceImpl::Heartbeat(CallbackContext* ctx, const v1::HeartbeatRequest* req,
@@ -159,14 +168,14 @@ Unary* WorkerServiceImpl::ReportProgress(CallbackContext* ctx, const v1::ReportP
   return serve(ctx, metrics_, "ReportProgress", admit(*ctx), [&] { return c_.report_progress(*req); });
 }
 
-Unary* WorkerServiceImpl::ReportEvent(CallbackContext* ctx, const v1::ReportEventRequest* req,
+Status WorkerServiceImpl::ReportEvent(grpc::ServerContext* ctx, const v1::ReportEventRequest* req,
                                       v1::ReportEventResponse*) {
-  return serve(ctx, metrics_, "ReportEvent", admit(*ctx), [&] { return c_.report_event(*req); });
+  return answer(metrics_, "ReportEvent", admit(*ctx), [&] { return c_.report_event(*req); });
 }
 
-Unary* WorkerServiceImpl::UploadLogs(CallbackContext* ctx, const v1::UploadLogsRequest* req,
+Status WorkerServiceImpl::UploadLogs(grpc::ServerContext* ctx, const v1::UploadLogsRequest* req,
                                      v1::UploadLogsResponse* resp) {
-  return serve(ctx, metrics_, "UploadLogs", admit(*ctx), [&] { return c_.upload_logs(*req, resp); });
+  return answer(metrics_, "UploadLogs", admit(*ctx), [&] { return c_.upload_logs(*req, resp); });
 }
 
 }  // namespace zenflow::server
