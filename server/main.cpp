@@ -40,6 +40,9 @@
 #include "common/version.h"
 #include "server/coordinator.h"
 #include "server/coordinator_metrics.h"
+#if ZENFLOW_HAVE_REPORT
+#include "server/job_report_page.h"
+#endif
 #include "server/service.h"
 #include "server/store.h"
 
@@ -201,6 +204,10 @@ int run(const Flags& f) {
 
   server::RateLimiter limiter(f.admin_rate, f.admin_burst);
   cluster_metrics.attach(*coordinator);
+#if ZENFLOW_HAVE_REPORT
+  if (metrics_server)
+    metrics_server->add_page("/jobs/", [&coordinator](const std::string& rest) { return server::job_page(*coordinator, rest); });
+#endif
   server::JobServiceImpl jobs(*coordinator, auth, limiter, &cluster_metrics);
   server::WorkerServiceImpl workers(*coordinator, auth, &cluster_metrics);
   grpc::ServerBuilder builder;
@@ -246,6 +253,7 @@ int run(const Flags& f) {
   coordinator->shutdown();  // streams and long polls return within a slice
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   if (health_server) health_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  metrics_server.reset();  // its pages and collector read the coordinator
   cluster_metrics.detach();
   coordinator.reset();
   return 0;

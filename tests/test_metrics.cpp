@@ -636,6 +636,28 @@ TEST(MetricsServer, CollectorErrorIsA500WithTheReason) {
       "metrics: metric \"zenflow_missing\": a collector's sample for a family that is not registered\n");
 }
 
+TEST(MetricsServer, PagesAnswerWhatTheirHandlerReturnsForTheRestOfThePath) {
+  MetricsRegistry registry;
+  MetricsServer server(registry);
+  std::vector<std::string> seen;
+  server.add_page("/jobs/", [&seen](const std::string& rest) {
+    seen.push_back(rest);
+    if (rest == "boom") throw std::runtime_error("no such page today");
+    return MetricsServer::Page{rest == "j1/report" ? 200 : 404, "text/html; charset=utf-8", "<p>" + rest + "</p>"};
+  });
+  const HttpResponse ok = http_request(server.port(), "GET", "/jobs/j1/report");
+  EXPECT_EQ(ok.status, 200);
+  EXPECT_EQ(ok.body, "<p>j1/report</p>");
+  EXPECT_EQ(ok.header("content-type"), "text/html; charset=utf-8");
+  EXPECT_EQ(http_request(server.port(), "GET", "/jobs/other").status, 404);
+  const HttpResponse failed = http_request(server.port(), "GET", "/jobs/boom");
+  EXPECT_EQ(failed.status, 500);
+  EXPECT_EQ(failed.body, "error: no such page today\n");
+  EXPECT_EQ(http_request(server.port(), "POST", "/jobs/j1/report").status, 405);
+  EXPECT_EQ(http_request(server.port(), "GET", "/metrics").status, 200);  // unaffected
+  EXPECT_EQ(seen, (std::vector<std::string>{"j1/report", "other", "boom"}));
+}
+
 TEST(MetricsServer, PortInUseAndBadArgumentsThrowNamingTheAddress) {
   MetricsRegistry registry;
   MetricsServer first(registry);

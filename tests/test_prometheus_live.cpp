@@ -666,6 +666,19 @@ TEST_F(PrometheusLive, ScrapesARunAndEveryRuleAndAlertEvaluates) {
   }
   EXPECT_GE(dashboard_queries_run, 35);
 
+  // The coordinator serves the job's `zenflow report` page beside /metrics (it sees the
+  // checkpoint directory: one machine); an unknown job is a 404 naming it.
+  {
+    auto [status, body] = http_get(cport, "/jobs/" + service_job + "/report");
+    EXPECT_EQ(status, 200) << body.substr(0, 500);
+    EXPECT_NE(body.find("<html"), std::string::npos);
+    EXPECT_NE(body.find("prom-live-service"), std::string::npos) << "the job's name";
+    EXPECT_NE(body.find("uPlot"), std::string::npos) << "the charting library, inlined";
+    auto [missing, why] = http_get(cport, "/jobs/j-999999/report");
+    EXPECT_EQ(missing, 404);
+    EXPECT_NE(why.find("j-999999"), std::string::npos) << why;
+  }
+
   // The runs are healthy: no alert fires or is pending this early.
   EXPECT_TRUE(series("ALERTS{alertname!=\"ZenflowExposedStallHigh\"}").empty()) << query("ALERTS").dump();
 

@@ -235,6 +235,27 @@ int MetricsServer::handle_metrics(mg_connection* conn, void* self) {
   return send_response(conn, 200, kTextContentType, body);
 }
 
+void MetricsServer::add_page(const std::string& prefix, PageHandler handler) {
+  routes_.push_back(Route{prefix, std::move(handler)});
+  mg_set_request_handler(ctx_, prefix.c_str(), &MetricsServer::handle_page, &routes_.back());
+}
+
+int MetricsServer::handle_page(mg_connection* conn, void* route) {
+  const Route& r = *static_cast<const Route*>(route);
+  const mg_request_info* request = mg_get_request_info(conn);
+  if (std::strcmp(request->request_method, "GET") != 0 && std::strcmp(request->request_method, "HEAD") != 0)
+    return send_response(conn, 405, "text/plain; charset=utf-8", "method not allowed\n", "GET, HEAD");
+  const std::string uri = request->local_uri ? request->local_uri : "";
+  if (uri.compare(0, r.prefix.size(), r.prefix) != 0)
+    return send_response(conn, 404, "text/plain; charset=utf-8", "not found\n");
+  try {
+    const Page page = r.handler(uri.substr(r.prefix.size()));
+    return send_response(conn, page.status, page.content_type.c_str(), page.body);
+  } catch (const std::exception& e) {
+    return send_response(conn, 500, "text/plain; charset=utf-8", std::string("error: ") + e.what() + "\n");
+  }
+}
+
 int MetricsServer::handle_healthz(mg_connection* conn, void* self) {
   int status = 0;
   if (!accept_request(conn, "/healthz", &status)) return status;

@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <functional>
+#include <list>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -65,9 +66,26 @@ class MetricsServer {
   // Replaces the /healthz check (none: always healthy). It runs on a server thread per request.
   void set_health_check(HealthCheck check);
 
+  // A page beside /metrics: GET/HEAD of `prefix` + REST is answered with what `handler`
+  // returns for REST (e.g. "/jobs/" and "j-000001/report"). Runs on a server thread per
+  // request; what it captures must outlive the server. An exception is a 500.
+  struct Page {
+    int status = 200;
+    std::string content_type = "text/html; charset=utf-8";
+    std::string body;
+  };
+  using PageHandler = std::function<Page(const std::string& rest)>;
+  void add_page(const std::string& prefix, PageHandler handler);
+
  private:
   static int handle_metrics(mg_connection* conn, void* self);
   static int handle_healthz(mg_connection* conn, void* self);
+  static int handle_page(mg_connection* conn, void* route);
+  struct Route {
+    std::string prefix;
+    PageHandler handler;
+  };
+  std::list<Route> routes_;  // stable addresses: civetweb holds pointers to them
   Health check_health() const;
 
   Render render_;
