@@ -419,6 +419,7 @@ const std::vector<std::string> kRunSeries = {
     "zenflow_step_duration_seconds_bucket",
     "zenflow_step_duration_seconds_sum",
     "zenflow_step_duration_seconds_count",
+    "zenflow_host_optimizer_step_duration_seconds_count",
     "zenflow_compute_seconds_total",
     "zenflow_stall_seconds_total",
     "zenflow_exposed_stall_ratio",

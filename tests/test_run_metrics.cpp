@@ -52,6 +52,7 @@ TrainingStep synthetic_step(int i) {
   s.skipped = i == 1;
   s.staleness_steps = i;
   s.selected_ratio = 0.25;
+  s.host_step_seconds = i == 1 ? -1 : 0.75 * (i + 1);  // windows applied in steps 1 and 3
   return s;
 }
 
@@ -118,6 +119,12 @@ TEST(RunMetrics, ThreeStepsGiveExactCounterTotalsByCauseAndDirection) {
            "zenflow_step_duration_seconds_bucket" + l + ",le=\"+Inf\"} 3",
            "zenflow_step_duration_seconds_sum" + l + "} 3",
            "zenflow_step_duration_seconds_count" + l + "} 3",
+           // Two host windows applied (0.75 s and 2.25 s); the step without one adds nothing.
+           "zenflow_host_optimizer_step_duration_seconds_bucket" + l + ",le=\"0.5\"} 0",
+           "zenflow_host_optimizer_step_duration_seconds_bucket" + l + ",le=\"1\"} 1",
+           "zenflow_host_optimizer_step_duration_seconds_bucket" + l + ",le=\"5\"} 2",
+           "zenflow_host_optimizer_step_duration_seconds_sum" + l + "} 3",
+           "zenflow_host_optimizer_step_duration_seconds_count" + l + "} 2",
        })
     EXPECT_TRUE(has_line(text, line)) << "missing: " << line << "\n" << text;
   EXPECT_EQ(text.find("job=\""), std::string::npos);  // job_id, never job
@@ -304,6 +311,7 @@ TEST(RunMetricsCli, ServesEveryMetricWhileTrainingAndExits130OnSigint) {
                                     "zenflow_tokens_total" + l,
                                     "zenflow_step_duration_seconds_count" + l,
                                     "zenflow_step_duration_seconds_sum" + l,
+                                    "zenflow_host_optimizer_step_duration_seconds_count" + l,
                                     "zenflow_compute_seconds_total" + l,
                                     "zenflow_exposed_stall_ratio" + l,
                                     "zenflow_device_optimizer_seconds_total" + l,

@@ -55,6 +55,10 @@ void RunMetrics::on_start(const RunFacts& facts) {
       r.counter("zenflow_transfer_bytes_total", "Bytes copied between device and host", labels_direction);
   transfer_bytes_[static_cast<size_t>(engine::Direction::kD2H)] = &bytes.with(with("d2h"));
   transfer_bytes_[static_cast<size_t>(engine::Direction::kH2D)] = &bytes.with(with("h2d"));
+  host_step_duration_ = &r.histogram("zenflow_host_optimizer_step_duration_seconds",
+                                     "Time a host AdamW window step ran on the host (offload, zenflow)", labels,
+                                     step_duration_buckets())
+                             .with(mine);
   staleness_ = &r.gauge("zenflow_staleness_steps",
                         "Steps of host updates missing from the weights of the last step's gradient", labels)
                     .with(mine);
@@ -113,6 +117,7 @@ void RunMetrics::on_step(const TrainingStep& step) noexcept {
   exposed_stall_ratio_->set(step.times.wall_seconds > 0 ? step.times.stall_total() / step.times.wall_seconds
                                                         : 0);
   staleness_->set(static_cast<double>(step.staleness_steps));
+  if (step.host_step_seconds >= 0) host_step_duration_->observe(step.host_step_seconds);
   selected_ratio_->set(step.selected_ratio);
   loss_->set(step.loss);
   if (step.skipped) skipped_->inc();

@@ -68,6 +68,7 @@ class RunMetrics final : public TrainingObserver {
   metrics::Counter* device_optimizer_ = nullptr;
   std::array<metrics::Counter*, 2> transfer_bytes_{};  // by engine::Direction
   metrics::Gauge* staleness_ = nullptr;
+  metrics::Histogram* host_step_duration_ = nullptr;
   metrics::Gauge* selected_ratio_ = nullptr;
   metrics::Gauge* loss_ = nullptr;
   metrics::Counter* skipped_ = nullptr;

@@ -723,6 +723,7 @@ class TrainingRun {
       t.lr = lr;
       t.skipped = out.report.skipped;
       t.staleness_steps = out.report.staleness_steps;
+      t.host_step_seconds = out.report.host_step_seconds;
       t.selected_ratio = opt_->selected_ratio();
       options_.observer->on_step(t);
     }

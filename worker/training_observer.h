@@ -44,6 +44,7 @@ struct TrainingStep {
   bool skipped = false;         // non-finite loss or gradients: nothing was updated
   int64_t staleness_steps = 0;  // steps of host updates the weights missed (engine StepReport)
   double selected_ratio = 0;    // selected elements / split elements after the step
+  double host_step_seconds = -1;  // a host AdamW window applied in this step ran this long (< 0: none)
 };
 
 // How the loop ended.

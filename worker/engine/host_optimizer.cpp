@@ -29,11 +29,16 @@ class Completion : public HostWork {
     std::lock_guard<std::mutex> lock(mu_);
     return done_;
   }
-  void finish(std::exception_ptr error) {
+  double run_seconds() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_ ? run_seconds_ : -1;
+  }
+  void finish(std::exception_ptr error, double run_seconds = -1) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       done_ = true;
       error_ = error;
+      run_seconds_ = run_seconds;
     }
     cv_.notify_all();
   }
@@ -42,6 +47,7 @@ class Completion : public HostWork {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
+  double run_seconds_ = -1;
   std::exception_ptr error_;
 };
 
@@ -187,9 +193,11 @@ class InProcessHostOptimizer : public HostOptimizer {
 
   void run_step(PendingStep& pending) {
     std::exception_ptr error;
+    double ran = -1;
     try {
       StepJob& job = pending.job;
       if (job.before) job.before();
+      Stopwatch sw;  // after `before` (the D2H wait): the host step itself
       FlatSpans flat;
       for (const auto& s : job.spans) flat.add(s.adamw.n);
       const int64_t chunk = std::max<int64_t>(options_.chunk_elements, kHostChunkAlign);
@@ -218,10 +226,11 @@ class InProcessHostOptimizer : public HostOptimizer {
         });
         run_pending_accumulates();
       }
+      ran = sw.seconds();
     } catch (...) {
       error = std::current_exception();
     }
-    pending.done->finish(error);
+    pending.done->finish(error, ran);
   }
 
   InProcessHostOptions options_;

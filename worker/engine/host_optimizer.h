@@ -33,6 +33,9 @@ class HostWork {
   // exception the job raised.
   virtual double wait() = 0;
   virtual bool done() const = 0;
+  // Seconds the job itself ran once done (a step job: from its first kernel to its last,
+  // accumulate jobs run between its chunks included); negative when unknown.
+  virtual double run_seconds() const { return -1; }
 };
 
 // acc[i] (+)= grad[i] * scale over each span (see accumulate_kernel.h).

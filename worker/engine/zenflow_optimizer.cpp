@@ -173,6 +173,7 @@ struct ZenFlowOptimizer::Impl {
   int64_t skipped = 0;
   int64_t device_step = 0;  // device updater's bias-correction count
   int64_t host_step = 0;    // host updater's bias-correction count
+  double applied_host_seconds = -1;  // the host step complete_inflight() applied (StepReport)
   bool selected = false;
   int64_t window = 0;       // windows completed since warm-up
   int64_t window_pos = 0;   // steps accumulated in the open window
@@ -661,6 +662,7 @@ struct ZenFlowOptimizer::Impl {
     if (!inflight) return;
     if (inflight->work) wait_for(StallCause::kHostOptimizer, inflight->work);
     const int buf = inflight->work ? inflight->buffer : -1;
+    if (inflight->work) applied_host_seconds = inflight->work->run_seconds();
     apply_slot_fixes();
     inflight.reset();
     apply_host_result(buf);
@@ -1127,8 +1129,10 @@ struct ZenFlowOptimizer::Impl {
 
   // --- The step ---
   StepReport step(const StepContext& ctx) {
+    applied_host_seconds = -1;
     StepReport rep = step_work(ctx);
     prefetch_inflight();  // after this step's work: the copy waits for no compute still to come
+    rep.host_step_seconds = applied_host_seconds;
     return rep;
   }
 
@@ -1235,6 +1239,7 @@ struct ZenFlowOptimizer::Impl {
       };
       auto work = host->submit(std::move(job));
       wait_for(StallCause::kHostOptimizer, work);
+      applied_host_seconds = work->run_seconds();
       apply_host_result(0);
       return rep;
     }

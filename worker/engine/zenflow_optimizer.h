@@ -123,6 +123,9 @@ struct StepReport {
   // The same in steps: the steps of the window(s) whose host step the weights miss (with
   // update_interval auto, 0 after a resume until the first boundary: their length is unknown).
   int64_t staleness_steps = 0;
+  // A host AdamW window finished and was applied during this step: the seconds it ran on
+  // the host (HostWork::run_seconds); negative otherwise.
+  double host_step_seconds = -1;
 };
 
 // host_state_bytes() by what the bytes hold (zenflow_host_memory_bytes{kind}).
