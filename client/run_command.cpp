@@ -25,6 +25,7 @@
 #include "common/pricing.h"
 #include "worker/checkpoint.h"
 #include "worker/distributed/launcher.h"
+#include "worker/job_profiler.h"
 #include "worker/distributed/rendezvous.h"
 #include "worker/lease.h"
 #include "worker/run_reporter.h"
@@ -63,6 +64,7 @@ struct RunArgs {
   bool fresh = false;
   bool quiet = false;
   bool verbose = false;
+  bool profile = false;  // write checkpoint.dir/profile.yaml for `zenflow advise`
   std::vector<std::string> allow_spec_change;
   int nproc = 0;  // 0: resources.gpus_per_worker (at least 1)
   int metrics_port = 0;  // 0: no /metrics (unless metrics_port_file)
@@ -248,6 +250,11 @@ int run(const RunArgs& a) {
                                   spec.name, a.fresh, log_price);
     observers.add(step_log.get());
   }
+  std::unique_ptr<ProfileObserver> profiler;
+  if (rank0 && a.profile) {
+    profiler = std::make_unique<ProfileObserver>();
+    observers.add(profiler.get());
+  }
   if (rank0) std::cerr << "zenflow: job " << spec.name << " (" << spec.optimizer.mode << " mode), " << spec.train.steps
             << " steps, checkpoints in " << spec.checkpoint.dir << "\n";
   // /metrics and /healthz while it trains. With --nproc and a fixed port only rank 0 serves
@@ -332,6 +339,16 @@ int run(const RunArgs& a) {
     print_summary_table(a.json ? std::cerr : std::cout, spec, sum, cost);
     const nlohmann::json summary = summary_json(sum, cost);
     if (step_log) step_log->write_summary(summary);
+    if (profiler && !sum.interrupted) {
+      try {
+        const std::string path = write_job_profile(spec, build_job_profile(spec, sum, *profiler));
+        std::cerr << "zenflow: profile " << path << " (zenflow advise " << path << ")\n";
+      } catch (const std::exception& e) {
+        std::cerr << "zenflow: error: " << e.what() << "\n";
+        if (a.json) std::cout << summary.dump() << std::endl;
+        return kExitFailure;
+      }
+    }
     if (a.json) std::cout << summary.dump() << std::endl;
   }
   return sum.interrupted ? kExitInterrupted : kExitOk;
@@ -354,6 +371,9 @@ CommandRegistrar reg(10, [](CommandContext& ctx) {
                   "Pricing catalog merged by instance name over the shipped deploy/pricing.yaml (its rows "
                   "replace or add; repeatable); cost.instance_type is looked up there")
       ->check(CLI::ExistingFile);
+  cmd->add_flag("--profile", args->profile,
+                "After training, write checkpoint.dir/profile.yaml: the steady step by cause, bytes, and probes of "
+                "this host on the job's cores (GEMM, AdamW, copies, host AdamW by core count), for zenflow advise");
   cmd->add_flag("--quiet", args->quiet, "No progress lines");
   cmd->add_flag("--verbose", args->verbose, "Show LibTorch's stack trace with an error");
   cmd->add_option("--nproc", args->nproc, "Data-parallel rank processes on this machine (Gloo on CPU, NCCL on GPU); "

@@ -3,6 +3,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -105,7 +106,7 @@ InstancePrice parse_row(const std::string& origin, const std::string& path, cons
   if (!node.IsMap()) r.fail("", "must be a mapping");
   r.check_keys({"name", "provider", "region", "gpu_model", "gpu_count", "gpu_memory_gib", "vcpus", "ram_gib",
                 "nic_gbps", "pcie_gen", "on_demand_usd_per_hour", "spot_usd_per_hour", "source", "date",
-                "verified", "note"});
+                "verified", "note", "measured"});
   InstancePrice p;
   p.name = r.string("name");
   p.provider = r.string("provider");
@@ -136,6 +137,42 @@ InstancePrice parse_row(const std::string& origin, const std::string& path, cons
   if (!is_date(p.date)) r.fail("date", "must be a date YYYY-MM-DD, got " + p.date);
   p.verified = r.boolean("verified");
   p.note = r.optional_string("note");
+  const YAML::Node measured = node["measured"];
+  if (measured.IsDefined() && !measured.IsNull()) {
+    if (!measured.IsMap()) r.fail("measured", "must be a mapping");
+    RowReader m(origin, path + ".measured", measured);
+    m.check_keys({"date", "host", "h2d_gbps", "d2h_gbps", "bidir_gbps", "bf16_tflops", "mem_bw_gbps",
+                  "host_adam_elements_per_second"});
+    MeasuredHost h;
+    h.date = m.string("date");
+    if (!is_date(h.date)) m.fail("date", "must be a date YYYY-MM-DD, got " + h.date);
+    h.host = m.string("host");
+    auto opt = [&](const char* key) -> std::optional<double> {
+      const YAML::Node n = measured[key];
+      return n.IsDefined() ? m.number(key, n) : std::nullopt;
+    };
+    h.h2d_gbps = opt("h2d_gbps");
+    h.d2h_gbps = opt("d2h_gbps");
+    h.bidir_gbps = opt("bidir_gbps");
+    h.bf16_tflops = opt("bf16_tflops");
+    h.mem_bw_gbps = opt("mem_bw_gbps");
+    const YAML::Node adam = measured["host_adam_elements_per_second"];
+    if (adam.IsDefined() && !adam.IsNull()) {
+      if (!adam.IsMap()) m.fail("host_adam_elements_per_second", "must be a mapping {cores: elements/s}");
+      RowReader a(origin, path + ".measured.host_adam_elements_per_second", adam);
+      for (const auto& kv : adam) {
+        const std::string k = kv.first.IsScalar() ? kv.first.Scalar() : "?";
+        char* end = nullptr;
+        const long long cores = std::strtoll(k.c_str(), &end, 10);
+        if (k.empty() || end != k.c_str() + k.size() || cores < 1) a.fail(k, "the key must be a core count >= 1");
+        const auto eps = a.number(k, kv.second);
+        if (!eps || *eps <= 0) a.fail(k, "must be a number > 0");
+        h.host_adam_elements_per_second.emplace_back(cores, *eps);
+      }
+      std::sort(h.host_adam_elements_per_second.begin(), h.host_adam_elements_per_second.end());
+    }
+    p.measured = h;
+  }
   return p;
 }
 

@@ -5,7 +5,9 @@
 // rejects, naming the file and the key path (`deploy/pricing.yaml:
 // instances[3].on_demand_usd_per_hour: must be >= 0, got -1`): an unknown key, a missing
 // key, a row without `source` or `date`, a negative or non-finite number, a spot range
-// with min > max, a duplicate name. `merge` applies a user override file by name: its rows
+// with min > max, a duplicate name. The one optional mapping, `measured`, holds constants
+// measured on the machine (MeasuredHost: date, host, h2d_gbps, d2h_gbps, bidir_gbps,
+// bf16_tflops, mem_bw_gbps, host_adam_elements_per_second {cores: elem/s}). `merge` applies a user override file by name: its rows
 // replace rows of the same name or are added.
 //
 // Cost: a job is charged its share of the instance, gpus_used / gpu_count of the instance
@@ -18,6 +20,7 @@
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -34,6 +37,19 @@ class PricingError : public std::runtime_error {
 struct SpotRange {
   double min = 0;
   double max = 0;
+};
+
+// Constants measured on the machine itself (`zenflow profile-host` writes them): they beat
+// the catalog's specs and the advisor's assumed defaults (common/advisor/hardware.h).
+struct MeasuredHost {
+  std::string date;                       // YYYY-MM-DD (required)
+  std::string host;                       // CPU model, cores, GPU (required)
+  std::optional<double> h2d_gbps;         // pinned host->device, one direction
+  std::optional<double> d2h_gbps;         // pinned device->host, one direction
+  std::optional<double> bidir_gbps;       // both directions at once, their sum
+  std::optional<double> bf16_tflops;      // dense bf16 GEMM on one GPU
+  std::optional<double> mem_bw_gbps;      // host streaming bandwidth, every core
+  std::vector<std::pair<int64_t, double>> host_adam_elements_per_second;  // (cores, elem/s), ascending cores
 };
 
 struct InstancePrice {
@@ -53,6 +69,7 @@ struct InstancePrice {
   std::string date;    // YYYY-MM-DD the numbers were collected (required)
   bool verified = false;  // false: [recall] / ≈ / "verify" values
   std::optional<std::string> note;
+  std::optional<MeasuredHost> measured;  // optional key `measured` (see MeasuredHost)
 };
 
 class PricingCatalog {

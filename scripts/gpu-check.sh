@@ -3,7 +3,7 @@
 #
 # Run on a GPU host from the repository root (through the device tool: carry `.debs`,
 # made here by scripts/fetch-gpu-debs.sh). Phases, each with its own time limit inside
-# an overall budget of ZENFLOW_GPU_CHECK_BUDGET seconds (default 470, under 8 minutes):
+# an overall budget of ZENFLOW_GPU_CHECK_BUDGET seconds (default 570, under 10 minutes):
 #   env        environment facts (GPU, cores, torch, nvcc, cmake)
 #   deps       extracts .debs/*.deb (yaml-cpp, nlohmann-json, CLI11, GoogleTest) into a prefix
 #   configure  cmake: ZENFLOW_SERVICES=OFF, ZENFLOW_CUDA=ON, ZENFLOW_REPORT=OFF (no uPlot
@@ -15,6 +15,9 @@
 #   verify     zenflow run on CUDA as a 1-rank NCCL group with autocast (LibTorch 2.x autocast,
 #              CUDA-event stall timing, NCCL in the trainer), export, and the GPU load of a
 #              generated 1.1B checkpoint (bench model-load --device cuda: peak host RSS)
+#   advise     zenflow profile-host (a catalog row of this host), a ~0.3B model profiled in
+#              device, offload and zenflow (zenflow run --profile), and the advisor scored:
+#              calibrated on the zenflow profile, it predicts the other two (advise.json)
 # A failed phase does not stop later ones (unless they need what it should have made);
 # the script exits 1 if any phase failed. Logs and JSON go to $OUT (./gpu-check-out when
 # OUT is unset): summary.txt, build.log, ctest.log, kernels.log, bench.log,
@@ -26,7 +29,7 @@ OUT="${OUT:-$ROOT/gpu-check-out}"
 BUILD="${ZENFLOW_GPU_BUILD_DIR:-$ROOT/build}"
 PREFIX="${ZENFLOW_GPU_PREFIX:-/tmp/zf-prefix}"
 DEBS="${ZENFLOW_GPU_DEBS:-$ROOT/.debs}"
-BUDGET="${ZENFLOW_GPU_CHECK_BUDGET:-470}"
+BUDGET="${ZENFLOW_GPU_CHECK_BUDGET:-570}"
 JOBS="$(nproc)"
 export ROOT OUT BUILD PREFIX DEBS JOBS
 mkdir -p "$OUT"
@@ -264,6 +267,55 @@ if ((CONFIGURED)) && [[ -x "$ZENFLOW" ]]; then
   phase verify 90 "$OUT/verify.log" verify_run
 else
   skip verify "no zenflow binary"
+fi
+
+# ---- 8. the advisor: this host's constants, a 3-mode profile, predictions scored ----------------
+advise_check() {
+  local dir="$OUT/advise" rc=0 mode
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  "$ZENFLOW" profile-host --out "$dir/host.yaml" --elements 67108864 --copy-mib 1024 || rc=1
+  for mode in zenflow offload device; do
+    "$ZENFLOW" run "$ROOT/examples/tiny.yaml" --no-resume --quiet --profile --json \
+      --set optimizer.mode="$mode" --set train.steps=30 --set train.device=cuda --set train.autocast=bfloat16 \
+      --set train.micro_batch=4 --set train.seq_len=256 --set model.config.hidden_size=1536 \
+      --set model.config.num_hidden_layers=8 --set model.config.intermediate_size=4096 \
+      --set model.config.num_attention_heads=12 --set model.config.max_position_embeddings=256 \
+      --set checkpoint.every_steps=0 --set checkpoint.dir="$dir/$mode" >"$dir/$mode.json" || rc=1
+  done
+  for mode in zenflow offload device; do
+    "$ZENFLOW" advise "$dir/zenflow" --catalog "$dir/host.yaml" --instance local --set mode="$mode" --json \
+      >"$dir/predict-$mode.json" || rc=1
+  done
+  "$ZENFLOW" advise "$dir/zenflow" --catalog "$dir/host.yaml" --set parameters=7B >"$dir/advice-7b.txt" || rc=1
+  "$PY" - "$dir" <<'PYEOF' || rc=1
+import json, os, re, sys
+d = sys.argv[1]
+def measured(mode):  # the profile's steady step (profile.yaml: step.step_seconds)
+    text = open(os.path.join(d, mode, "profile.yaml")).read()
+    return float(re.search(r"^  step_seconds: ([0-9.e+-]+)", text, re.M).group(1))
+errs, out = [], {}
+for mode in ("zenflow", "offload", "device"):
+    p = json.load(open(os.path.join(d, f"predict-{mode}.json")))["predictions"][0]
+    m = measured(mode)
+    e = (p["step_seconds"] - m) / m
+    out[mode] = {"predicted": p["step_seconds"], "measured": m, "error": e, "stall_seconds": p["stall_seconds"]}
+    if mode != "zenflow":
+        errs.append(abs(e))
+    print(f"gpu-check: figure    advise {mode:<8} predicted {p['step_seconds']:.4f} s, measured {m:.4f} s "
+          f"({100 * e:+.1f}%){' (calibration)' if mode == 'zenflow' else ''}")
+order = lambda k: sorted(out, key=lambda x: out[x][k])
+print(f"gpu-check: figure    advise mode order predicted {order('predicted')}, measured {order('measured')}")
+json.dump({"modes": out, "held_out_abs_errors": errs}, open(os.path.join(d, "advise.json"), "w"), indent=2)
+PYEOF
+  return $rc
+}
+export -f advise_check
+if ((CONFIGURED)) && [[ -x "$ZENFLOW" ]]; then
+  phase advise 100 "$OUT/advise.log" advise_check
+  grep -h "^gpu-check: figure" "$OUT/advise.log" >>"$SUMMARY" 2>/dev/null
+else
+  skip advise "no zenflow binary"
 fi
 
 # ---- summary -------------------------------------------------------------------------------------

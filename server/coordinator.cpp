@@ -1142,22 +1142,28 @@ void Coordinator::tick_now() {
 }
 
 void Coordinator::ticker() {
-  // Passes are coalesced: a burst of submits (or exits) makes one pass every
-  // kMinPassInterval, not one each, since a pass holds the lock for its duration
-  // (~4 ms over 1,000 queued jobs x 500 workers).
+  // Passes are coalesced: a burst of submits (or exits) makes one pass per interval, not
+  // one each, since a pass holds the lock for its duration. The interval is at least
+  // kMinPassInterval and at least kPassCostFactor times the last tick's duration, so that
+  // passes over a long queue (thousands of jobs that cannot be placed) take at most about
+  // a tenth of a core, and heartbeats and submits keep the rest.
   constexpr auto kMinPassInterval = std::chrono::milliseconds(25);
+  constexpr int kPassCostFactor = 9;
   std::unique_lock<std::mutex> lock(mu_);
   auto last_pass = std::chrono::steady_clock::now() - kMinPassInterval;
+  std::chrono::steady_clock::duration interval = kMinPassInterval;
   while (!stopping_) {
     changed_.wait_for(lock, options_.tick, [&] { return stopping_ || schedule_dirty_; });
     if (stopping_) break;
-    const auto next = last_pass + kMinPassInterval;
+    const auto next = last_pass + interval;
     if (schedule_dirty_ && std::chrono::steady_clock::now() < next) {
       changed_.wait_until(lock, next, [&] { return stopping_; });
       if (stopping_) break;
     }
     last_pass = std::chrono::steady_clock::now();
     tick_locked();
+    const auto took = std::chrono::steady_clock::now() - last_pass;
+    interval = std::max<std::chrono::steady_clock::duration>(kMinPassInterval, took * kPassCostFactor);
   }
 }
 

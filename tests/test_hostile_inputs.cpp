@@ -768,13 +768,15 @@ void damage(const fs::path& file, Damage how) {
 }
 
 // Extra check: the run dir holds step-NNNNNNNN directories of exactly the checkpoint
-// files, .zenflow.lock, and nothing else (no job.yaml, no leftovers).
+// files, .zenflow.lock, the run's step log (steps.jsonl, for `zenflow report`) and nothing
+// else (no job.yaml, no leftovers).
 void expect_clean_run_dir(const fs::path& run, const std::vector<std::string>& steps) {
   std::set<std::string> top;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(run, ec)) top.insert(e.path().filename().string());
   std::set<std::string> want(steps.begin(), steps.end());
   want.insert(".zenflow.lock");
+  want.insert("steps.jsonl");
   EXPECT_EQ(top, want) << "contents of " << run;
   const std::set<std::string> files = {"manifest.json", "model.safetensors", "engine.safetensors", "trainer.json",
                                        "run.yaml"};

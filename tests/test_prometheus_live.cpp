@@ -428,6 +428,7 @@ const std::vector<std::string> kRunSeries = {
     "zenflow_staleness_steps",
     "zenflow_selected_ratio",
     "zenflow_loss",
+    "zenflow_train_steps",
     "zenflow_skipped_steps_total",
     "zenflow_pinned_host_bytes",
     "zenflow_host_memory_bytes",

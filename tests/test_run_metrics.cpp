@@ -104,6 +104,7 @@ TEST(RunMetrics, ThreeStepsGiveExactCounterTotalsByCauseAndDirection) {
            "zenflow_loss" + l + "} 2",
            "zenflow_staleness_steps" + l + "} 2",
            "zenflow_selected_ratio" + l + "} 0.25",
+           "zenflow_train_steps" + l + "} 3",
            "zenflow_pinned_host_bytes" + l + "} 0",
            "zenflow_host_memory_bytes" + l + ",kind=\"master\"} 400",
            "zenflow_host_memory_bytes" + l + ",kind=\"moments\"} 800",

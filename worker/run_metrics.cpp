@@ -66,6 +66,9 @@ void RunMetrics::on_start(const RunFacts& facts) {
       &r.gauge("zenflow_selected_ratio", "Selected (device-updated) share of the split parameters", labels)
            .with(mine);
   loss_ = &r.gauge("zenflow_loss", "Training loss of the last step", labels).with(mine);
+  r.gauge("zenflow_train_steps", "The job's train.steps (progress: zenflow_steps_total over it)", labels)
+      .with(mine)
+      .set(static_cast<double>(facts.total_steps));
   skipped_ =
       &r.counter("zenflow_skipped_steps_total", "Steps skipped for non-finite loss or gradients", labels)
            .with(mine);

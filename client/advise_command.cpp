@@ -1,0 +1,147 @@
+// `zenflow advise PROFILE|RUN_DIR`: which instance and which optimizer mode, predicted from
+// the job's own measured profile (common/advisor), in dollars.
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "client/commands.h"
+#include "common/advisor/advice.h"
+#include "common/advisor/hardware.h"
+#include "common/advisor/job_profile.h"
+#include "common/advisor/step_model.h"
+#include "common/pricing.h"
+
+namespace zenflow::cli {
+namespace {
+
+struct AdviseArgs {
+  std::string profile;
+  std::vector<std::string> catalogs;
+  std::string instance;  // "" every catalog instance; "local": this host
+  std::vector<std::string> sets;
+  double deadline_hours = 0;
+  double budget_usd = 0;
+  int64_t steps = 0;
+  bool json = false;
+};
+
+int advise(const AdviseArgs& a) {
+  namespace fs = std::filesystem;
+  using namespace advisor;
+  std::string path = a.profile;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) path = (fs::path(path) / "profile.yaml").string();
+  JobProfile profile;
+  PricingCatalog catalog;
+  try {
+    profile = JobProfile::load(path);
+  } catch (const ProfileError& e) {
+    std::cerr << "zenflow: invalid profile: " << e.what() << "\n";
+    if (!fs::exists(path, ec)) std::cerr << "zenflow: make one with: zenflow run JOB.yaml --profile\n";
+    return kExitBadInput;
+  }
+  try {
+    const std::string shipped = std::string(ZENFLOW_SOURCE_DIR) + "/deploy/pricing.yaml";
+    if (fs::exists(shipped, ec)) catalog = PricingCatalog::load(shipped);
+    for (const std::string& f : a.catalogs) catalog.merge(PricingCatalog::load(f));
+  } catch (const PricingError& e) {
+    std::cerr << "zenflow: invalid pricing catalog: " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  Scenario base = scenario_of(profile);
+  std::vector<std::string> gpu_sets;  // --set applies to every instance; host/compute threads are local facts
+  bool mode_fixed = false;
+  try {
+    for (const std::string& s : a.sets) {
+      apply_setting(base, s);
+      if (s.rfind("mode=", 0) == 0 || s.rfind("optimizer.mode=", 0) == 0) mode_fixed = true;
+    }
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "zenflow: " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  auto explicitly = [&](const char* key) {
+    for (const std::string& s : a.sets)
+      if (s.find(key) != std::string::npos) return true;
+    return false;
+  };
+  std::vector<Instance> instances;
+  const std::string today = today_utc();
+  if (a.instance == "local") {
+    instances.push_back(local_instance(profile, catalog.find_instance("local")));
+  } else {
+    for (const InstancePrice& row : catalog.instances()) {
+      if (!a.instance.empty() && row.name != a.instance) continue;
+      if (row.gpu_count <= 0 && a.instance.empty()) continue;
+      instances.push_back(row.name == "local" ? local_instance(profile, &row)
+                                              : instance_from_catalog(row, today));
+    }
+    if (instances.empty()) {
+      std::cerr << "zenflow: --instance " << a.instance
+                << ": not in the catalog (or 'local' for this host)\n";
+      return kExitBadInput;
+    }
+  }
+  const int64_t steps = a.steps > 0 ? a.steps : std::max<int64_t>(1, profile.run.steps);
+  std::vector<Prediction> preds;
+  for (const Instance& in : instances) {
+    for (const char* mode : {"device", "offload", "zenflow"}) {
+      if (mode_fixed && base.mode != mode) continue;
+      Scenario s = base;
+      s.mode = mode;
+      if (!in.cpu_device) {
+        if (!explicitly("host_threads")) s.host_threads = 0;
+        if (!explicitly("ranks")) s.ranks = 0;
+        s.host_shares_compute_cores = false;
+      }
+      if (std::string(mode) == "zenflow" && profile.run.mode != "zenflow") {
+        if (!explicitly("update_interval")) s.update_interval = 4;
+        if (!explicitly("topk_ratio")) s.topk_ratio = 0.1;
+      }
+      preds.push_back(predict(profile, in, s, steps));
+    }
+  }
+  const Advice advice = rank(std::move(preds), steps,
+                             a.deadline_hours > 0 ? std::optional<double>(a.deadline_hours) : std::nullopt,
+                             a.budget_usd > 0 ? std::optional<double>(a.budget_usd) : std::nullopt);
+  if (a.json)
+    std::cout << advice_json(advice, profile).dump(2) << std::endl;
+  else
+    print_advice(std::cout, advice, profile);
+  return kExitOk;
+}
+
+CommandRegistrar reg(45, [](CommandContext& ctx) {
+  auto args = std::make_shared<AdviseArgs>();
+  CLI::App* cmd = ctx.root->add_subcommand(
+      "advise",
+      "Which instance and optimizer mode for a job: step time by stall cause and $, from its profile");
+  cmd->add_option("profile", args->profile,
+                  "profile.yaml from `zenflow run --profile`, or the run directory holding it")
+      ->required();
+  cmd->add_option("--catalog", args->catalogs,
+                  "Catalog merged by name over the shipped deploy/pricing.yaml (repeatable; e.g. the row "
+                  "`zenflow profile-host` wrote)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--instance", args->instance,
+                  "Only this catalog instance, or 'local' (this host: the profile's probes, or a catalog row "
+                  "named local)");
+  cmd->add_option("--set", args->sets,
+                  "Ask about the job with another setting: mode, micro_batch, grad_accum, seq_len, ranks, "
+                  "update_interval, topk_ratio, host_threads, compute_threads, parameters (7B) (repeatable)");
+  auto* deadline =
+      cmd->add_option("--deadline", args->deadline_hours, "Hours: the cheapest answer that finishes in time")
+          ->check(CLI::PositiveNumber);
+  cmd->add_option("--budget", args->budget_usd, "USD: the fastest answer within the budget")
+      ->check(CLI::PositiveNumber)
+      ->excludes(deadline);
+  cmd->add_option("--steps", args->steps, "Optimizer steps of the job (default: the profile's train.steps)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--json", args->json, "Everything as one JSON object (stdout)");
+  cmd->callback([args, &ctx] { ctx.exit_code = advise(*args); });
+});
+
+}  // namespace
+}  // namespace zenflow::cli

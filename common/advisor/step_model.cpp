@@ -1,0 +1,440 @@
+// The step-time model: raw terms from constants, scaled by the profile's calibration.
+#include "common/advisor/step_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <stdexcept>
+
+namespace zenflow::advisor {
+namespace {
+
+constexpr double kAssumedMfu = 0.40;             // Llama-3.1 38-43% (advisor-notes §4.2, PaLM App. B)
+constexpr double kDeviceStreamEfficiency = 0.8;  // of HBM bandwidth for 28 B/element AdamW
+constexpr double kBackwardOverlap = 0.5;         // of backward that hides collectives (DDP buckets)
+constexpr double kGpuMemoryUsable = 0.9;         // CUDA context, fragmentation
+constexpr double kHostRamUsable = 0.9;
+constexpr double kHostRamBaseGib = 4;   // per node: the process, the dataset, the OS
+constexpr int64_t kGpuWeightBytes = 2;  // bf16 weights and gradients on a GPU
+
+// GPU name as nvidia-smi writes it ("NVIDIA H100 80GB HBM3") -> the table's entry.
+const GpuSpec* spec_for_device_name(const std::string& name) {
+  if (const GpuSpec* g = find_gpu_spec(name)) return g;
+  for (const char* key : {"GH200", "H200", "H100", "A100", "L40S", "A10G", "L4"}) {
+    if (name.find(key) == std::string::npos) continue;
+    std::string n = key;
+    if (n == "H100" && name.find("PCIe") == std::string::npos) n = "H100-SXM";
+    if (n == "A100") n = name.find("80") != std::string::npos ? "A100-SXM4-80GB" : "A100-SXM4-40GB";
+    return find_gpu_spec(n);
+  }
+  return nullptr;
+}
+
+double flops_per_token(double params, double layers, double hidden, double seq) {
+  return 6.0 * params + 12.0 * layers * hidden * seq;  // PaLM App. B: weights + attention
+}
+
+// GEMM GFLOP/s at `threads` from the probe (linear beyond the measured counts).
+double gemm_rate(const std::map<int64_t, double>& g, int64_t threads) {
+  if (g.empty()) return 1;
+  auto it = g.find(threads);
+  if (it != g.end()) return it->second;
+  auto last = std::prev(g.end());
+  auto first = g.begin();
+  if (threads > last->first)
+    return last->second * static_cast<double>(threads) / static_cast<double>(last->first);
+  return first->second * static_cast<double>(threads) / static_cast<double>(first->first);
+}
+
+// The model's size as asked (parameters scaled: layers and hidden by the cube root).
+struct Shape {
+  double params, split, layers, hidden;
+};
+Shape shape_of(const JobProfile& p, const Scenario& s) {
+  const double n0 = static_cast<double>(p.model.parameters);
+  const double n = s.parameters > 0 ? s.parameters : n0;
+  const double grow = std::cbrt(n / n0);
+  const double split_frac = static_cast<double>(p.model.split_parameters) / n0;
+  return {n, n * split_frac, static_cast<double>(p.model.layers) * grow,
+          static_cast<double>(p.model.hidden) * grow};
+}
+
+// The terms of one step before calibration.
+struct Terms {
+  double compute = 0, dopt = 0, dopt_passes = 0, d2h = 0, h2d = 0, host_win = 0, host_sync = 0, coll = 0,
+         data = 0, other = 0;
+  double split_elems = 0;  // per rank, host-owned elements
+  int64_t U = 1;
+  bool overlap = false;  // zenflow: the host window overlaps the next U - 1 steps
+  double eta = 1;
+  double d2h_bytes = 0, h2d_bytes = 0;
+};
+
+struct Context {
+  const JobProfile& p;
+  const Instance& in;
+  const Scenario& s;
+  bool same_device;  // the profile was measured on this kind of device: its compute calibrates
+  int64_t W;
+  std::vector<std::string>* assumed;
+  std::map<std::string, Sourced>* inputs;
+};
+
+void note(Context& c, const std::string& key, const Sourced& v) {
+  (*c.inputs)[key] = v;
+  if (v.origin == Origin::kAssumed) {
+    const std::string line = key + " = " + std::to_string(v.value) + " (" + v.source + ")";
+    if (std::find(c.assumed->begin(), c.assumed->end(), line) == c.assumed->end()) c.assumed->push_back(line);
+  }
+}
+
+Terms raw_terms(Context& c) {
+  const JobProfile& p = c.p;
+  const Instance& in = c.in;
+  const Scenario& s = c.s;
+  Terms t;
+  const Shape sh = shape_of(p, s);
+  const Shape ref = shape_of(p, scenario_of(p));
+  const double tok = static_cast<double>(s.micro_batch * s.grad_accum * s.seq_len);
+  const double tok_ref = static_cast<double>(p.run.micro_batch * p.run.grad_accum * p.run.seq_len);
+  const double f = flops_per_token(sh.params, sh.layers, sh.hidden, static_cast<double>(s.seq_len)) * tok;
+  const double f_ref =
+      flops_per_token(ref.params, ref.layers, ref.hidden, static_cast<double>(p.run.seq_len)) * tok_ref;
+  const double fg = p.step.gemm_share;
+  // The rest of compute (norms, activations, optimizer-free elementwise work, dispatch) is
+  // bound by streaming the weights once per micro-batch: it scales with parameters and
+  // micro-batches, not tokens (measured here: micro-batch 1 -> 2 costs 1.5-1.65x, not 2x).
+  const double rest =
+      sh.params * static_cast<double>(s.grad_accum) / (ref.params * static_cast<double>(p.run.grad_accum));
+  // Compute.
+  if (in.cpu_device) {
+    const int64_t ct = s.compute_threads > 0 ? s.compute_threads : p.run.compute_threads;
+    t.compute =
+        p.step.compute_seconds * (fg * f / f_ref * gemm_rate(p.probes.gemm_gflops, p.run.compute_threads) /
+                                      gemm_rate(p.probes.gemm_gflops, std::max<int64_t>(1, ct)) +
+                                  (1 - fg) * rest);
+  } else if (c.same_device) {
+    const GpuSpec* g = spec_for_device_name(p.measured_on.gpu);
+    const double p_ref = g ? g->peak_bf16_tflops : in.peak_tflops.value;
+    const double hbm_ref = g ? g->hbm_gbps : in.hbm_gbps.value;
+    t.compute = p.step.compute_seconds * (fg * f / f_ref * p_ref / in.peak_tflops.value +
+                                          (1 - fg) * rest * hbm_ref / in.hbm_gbps.value);
+    note(c, "peak_bf16_tflops", in.peak_tflops);
+    note(c, "hbm_gbps", in.hbm_gbps);
+  } else {
+    t.compute = f / (in.peak_tflops.value * 1e12 * kAssumedMfu);
+    note(c, "peak_bf16_tflops", in.peak_tflops);
+    note(c, "mfu",
+         Sourced{kAssumedMfu, Origin::kAssumed,
+                 "the profile was measured on the CPU: GPU compute from FLOPs at Llama-3.1's MFU"});
+  }
+  // Device optimizer.
+  const double n_r_split = (s.mode == "offload" ? sh.params : sh.split) / static_cast<double>(c.W);
+  const double n_always = s.mode == "offload" ? 0 : sh.params - sh.split;
+  double adam_rate, stream_bw;
+  if (in.cpu_device) {
+    adam_rate = p.probes.device_adamw_elements_per_second;
+    stream_bw = p.probes.device_memory_gbps * 1e9;
+  } else {
+    stream_bw = in.hbm_gbps.value * 1e9 * kDeviceStreamEfficiency;
+    adam_rate = stream_bw / 28.0;
+    note(c, "device_stream_efficiency",
+         Sourced{kDeviceStreamEfficiency, Origin::kAssumed, "AdamW at 80% of HBM bandwidth"});
+  }
+  adam_rate = std::max(adam_rate, 1.0);
+  stream_bw = std::max(stream_bw, 1.0);
+  const double r = s.topk_ratio;
+  // The device optimizer: AdamW of the device-updated elements at the probed rate, plus the
+  // passes every step makes over the gradients (clipping's norm and scale, 8 B/element;
+  // zenflow's column scores and gathers, 12 B/split element), which calibration scales.
+  const double adam_elems =
+      s.mode == "device" ? sh.params : (s.mode == "offload" ? 0.0 : n_always + r * sh.split);
+  t.dopt = adam_elems / adam_rate;
+  t.dopt_passes = (8.0 * sh.params + (s.mode == "zenflow" ? 12.0 * sh.split : 0.0)) / stream_bw;
+  // PCIe (on a CPU device: the engine's copies).
+  const double b = in.cpu_device ? static_cast<double>(p.model.weight_dtype_bytes) : kGpuWeightBytes;
+  t.U = s.mode == "zenflow" ? std::max<int64_t>(1, s.update_interval) : 1;
+  if (s.mode == "offload") t.d2h_bytes = t.h2d_bytes = n_r_split * b;
+  if (s.mode == "zenflow") {
+    t.d2h_bytes = (1 - r) * n_r_split * b;
+    t.h2d_bytes = (1 - r) * n_r_split * b / static_cast<double>(t.U);
+  }
+  note(c, "d2h_gbps", in.d2h_gbps);
+  note(c, "h2d_gbps", in.h2d_gbps);
+  t.d2h = t.d2h_bytes / std::max(in.d2h_gbps.value * 1e9, 1.0);
+  t.h2d = t.h2d_bytes / std::max(in.h2d_gbps.value * 1e9, 1.0);
+  // Host optimizer.
+  t.split_elems = n_r_split;
+  if (s.mode != "device") {
+    double cores;
+    if (in.cpu_device) {
+      cores =
+          static_cast<double>(s.host_threads > 0 ? s.host_threads : std::max<int64_t>(1, p.run.host_threads));
+    } else {
+      const double per_rank = static_cast<double>(in.physical_cores) / static_cast<double>(c.W);
+      cores = s.host_threads > 0 ? static_cast<double>(s.host_threads)
+                                 : (s.mode == "offload" ? per_rank : std::max(1.0, per_rank / 2));
+    }
+    const Sourced rate = in.host_adam_rate(cores, 1.0 / static_cast<double>(std::max<int64_t>(1, c.W)), p);
+    note(c, "host_adam_elements_per_second", rate);
+    if (!in.cpu_device) note(c, "host_mem_bw_gbps", in.host_mem_bw_gbps);
+    const double elems = s.mode == "zenflow" ? (1 - r) * n_r_split : n_r_split;
+    const double secs = elems / std::max(rate.value, 1.0);
+    if (s.mode == "offload")
+      t.host_sync = secs;
+    else
+      t.host_win = secs, t.overlap = !s.host_shares_compute_cores;
+  }
+  // Collectives (ring, nccl-tests PERFORMANCE.md): all-reduce 2(W-1)/W, RS + AG (W-1)/W each.
+  if (c.W > 1) {
+    note(c, "busbw_gbps", in.busbw_gbps);
+    const double wf = static_cast<double>(c.W - 1) / static_cast<double>(c.W);
+    const double bytes = sh.params * b * 2 * wf;
+    const double coll = bytes / (in.busbw_gbps.value * 1e9);
+    t.coll = std::max(0.0, coll - kBackwardOverlap * t.compute * 2.0 / 3.0);
+    note(c, "backward_overlap",
+         Sourced{kBackwardOverlap, Origin::kAssumed, "share of backward hiding collectives"});
+  }
+  // Data and the rest: as measured (data scales with the tokens).
+  t.data = p.step.stall_seconds.count("data") ? p.step.stall_seconds.at("data") * tok / tok_ref : 0;
+  if (c.same_device) t.other = p.step.other_seconds;
+  return t;
+}
+
+double gpu_busy(const Terms& t) {
+  return t.compute + t.dopt + t.dopt_passes + t.d2h + t.h2d + t.coll + t.data + t.other;
+}
+double host_exposed(const Terms& t) {
+  if (t.host_win <= 0) return 0;
+  if (!t.overlap || t.U <= 1) return t.host_win / static_cast<double>(t.U);
+  return std::max(0.0, t.host_win - t.eta * static_cast<double>(t.U - 1) * gpu_busy(t)) /
+         static_cast<double>(t.U);
+}
+
+struct Calibration {
+  double passes = 1, adam = 1, d2h = 1, h2d = 1, host = 1, coll = 1, eta = 1;
+  bool eta_fitted = false;
+};
+
+double ratio(double measured, double modeled) { return modeled > 1e-12 ? measured / modeled : 1.0; }
+
+Calibration calibrate(const JobProfile& p, const Instance& in, std::vector<std::string>* assumed) {
+  Calibration k;
+  const Scenario s0 = scenario_of(p);
+  std::vector<std::string> ignored;
+  std::map<std::string, Sourced> ignored_inputs;
+  // The instance's own constants: on the profile's host they reproduce its measurement; on
+  // another instance of the same kind the factors carry the engine's efficiency over.
+  Context c{p, in, s0, true, p.run.world_size, &ignored, &ignored_inputs};
+  Terms t = raw_terms(c);
+  const auto& st = p.step.stall_seconds;
+  auto meas = [&](const char* cause) { return st.count(cause) ? st.at(cause) : 0.0; };
+  k.passes = std::max(0.0, ratio(p.step.device_optimizer_seconds - t.dopt, t.dopt_passes));
+  if (p.step.device_optimizer_seconds < t.dopt)
+    k.adam = ratio(p.step.device_optimizer_seconds, t.dopt), k.passes = 0;
+  k.d2h = ratio(meas("transfer_d2h"), t.d2h);
+  k.h2d = ratio(meas("transfer_h2d"), t.h2d);
+  k.coll = ratio(meas("allreduce") + meas("network"), t.coll);
+  if (p.run.mode == "offload") k.host = ratio(meas("host_optimizer"), t.host_sync);
+  if (p.run.mode == "zenflow" && t.U > 1 && t.overlap) {
+    t.dopt *= k.adam, t.dopt_passes *= k.passes, t.d2h *= k.d2h, t.h2d *= k.h2d, t.coll *= k.coll;
+    const double h = meas("host_optimizer");
+    const double busy = static_cast<double>(t.U - 1) * gpu_busy(t);
+    if (h > 0.01 * p.step.step_seconds && busy > 0) {
+      k.eta = std::clamp((t.host_win - h * static_cast<double>(t.U)) / busy, 0.0, 2.0);
+      k.eta_fitted = true;
+    } else {
+      k.eta = std::max(1.0, busy > 0 ? t.host_win / busy : 1.0);
+    }
+  } else if (p.run.mode == "zenflow") {
+    k.host = ratio(meas("host_optimizer"), t.host_win / static_cast<double>(t.U));
+  }
+  if (!k.eta_fitted && assumed)
+    assumed->push_back(
+        "eta = 1 (zenflow's host step hidden behind the next window: not identifiable from a " + p.run.mode +
+        " profile)");
+  return k;
+}
+
+int64_t parse_count(const std::string& key, const std::string& v) {
+  char* end = nullptr;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || end != v.c_str() + v.size() || x < 0)
+    throw std::invalid_argument(key + ": must be an integer >= 0, got " + v);
+  return x;
+}
+
+}  // namespace
+
+Scenario scenario_of(const JobProfile& p) {
+  Scenario s;
+  s.mode = p.run.mode;
+  s.micro_batch = p.run.micro_batch;
+  s.grad_accum = p.run.grad_accum;
+  s.seq_len = p.run.seq_len;
+  s.ranks = p.run.world_size;
+  s.update_interval = p.run.update_interval;
+  s.topk_ratio = p.run.mode == "zenflow" ? p.run.topk_ratio : 0.1;
+  s.host_threads = p.run.host_threads;
+  s.compute_threads = p.run.compute_threads;
+  std::vector<int64_t> shared;
+  for (int64_t h : p.run.host_cores)
+    if (std::find(p.run.compute_cores.begin(), p.run.compute_cores.end(), h) != p.run.compute_cores.end())
+      shared.push_back(h);
+  s.host_shares_compute_cores = !shared.empty();
+  return s;
+}
+
+void apply_setting(Scenario& s, const std::string& kv) {
+  const size_t eq = kv.find('=');
+  if (eq == std::string::npos || eq == 0) throw std::invalid_argument("--set " + kv + ": expected key=value");
+  const std::string key = kv.substr(0, eq), v = kv.substr(eq + 1);
+  auto positive = [&](int64_t x) {
+    if (x < 1) throw std::invalid_argument(key + ": must be >= 1, got " + v);
+    return x;
+  };
+  if (key == "mode" || key == "optimizer.mode") {
+    if (v != "device" && v != "offload" && v != "zenflow")
+      throw std::invalid_argument(key + ": must be device, offload or zenflow, got " + v);
+    s.mode = v;
+  } else if (key == "micro_batch" || key == "train.micro_batch") {
+    s.micro_batch = positive(parse_count(key, v));
+  } else if (key == "grad_accum" || key == "train.grad_accum") {
+    s.grad_accum = positive(parse_count(key, v));
+  } else if (key == "seq_len" || key == "train.seq_len") {
+    s.seq_len = positive(parse_count(key, v));
+  } else if (key == "ranks") {
+    s.ranks = positive(parse_count(key, v));
+  } else if (key == "update_interval" || key == "optimizer.zenflow.update_interval") {
+    s.update_interval = positive(parse_count(key, v));
+  } else if (key == "host_threads" || key == "optimizer.host.threads") {
+    s.host_threads = positive(parse_count(key, v));
+  } else if (key == "compute_threads" || key == "train.compute_threads") {
+    s.compute_threads = positive(parse_count(key, v));
+  } else if (key == "host_shares_compute_cores") {
+    s.host_shares_compute_cores = v == "true" || v == "1";
+  } else if (key == "topk_ratio" || key == "optimizer.zenflow.topk_ratio") {
+    char* end = nullptr;
+    const double r = std::strtod(v.c_str(), &end);
+    if (v.empty() || end != v.c_str() + v.size() || !(r >= 0 && r <= 1))
+      throw std::invalid_argument(key + ": must be in [0, 1], got " + v);
+    s.topk_ratio = r;
+  } else if (key == "parameters") {
+    char* end = nullptr;
+    double n = std::strtod(v.c_str(), &end);
+    const std::string suffix = end ? std::string(end) : "";
+    if (suffix == "B" || suffix == "b")
+      n *= 1e9;
+    else if (suffix == "M" || suffix == "m")
+      n *= 1e6;
+    else if (!suffix.empty())
+      n = -1;
+    if (!(n > 0) || !std::isfinite(n))
+      throw std::invalid_argument(key + ": must be a count like 7e9 or 7B, got " + v);
+    s.parameters = n;
+  } else {
+    throw std::invalid_argument(
+        "--set " + key +
+        ": unknown key (mode, micro_batch, grad_accum, seq_len, ranks, update_interval, "
+        "topk_ratio, host_threads, compute_threads, parameters)");
+  }
+}
+
+Prediction predict(const JobProfile& p, const Instance& in, const Scenario& s_in, int64_t steps) {
+  Prediction out;
+  Scenario s = s_in;
+  out.instance = in.name;
+  out.mode = s.mode;
+  const int64_t W = in.cpu_device ? std::max<int64_t>(1, s.ranks)
+                                  : (s.ranks > 0 ? std::min<int64_t>(s.ranks, std::max<int64_t>(1, in.gpus))
+                                                 : std::max<int64_t>(1, in.gpus));
+  out.ranks = W;
+  const bool profile_gpu = p.measured_on.device == "cuda";
+  const bool same_device = in.cpu_device ? p.measured_on.device == "cpu" : profile_gpu;
+  Context c{p, in, s, same_device, W, &out.assumed, &out.inputs};
+  Terms t = raw_terms(c);
+  // Calibration: the profile's device, and for the per-mode terms the profile's mode.
+  if (same_device) {
+    const Calibration k = calibrate(p, in, s.mode == p.run.mode ? &out.assumed : nullptr);
+    // The device's passes over the gradients and its copies: the same engine code in every
+    // mode, so their efficiency against the probes carries over.
+    t.dopt_passes *= k.passes;
+    if (p.run.mode != "device") t.d2h *= k.d2h, t.h2d *= k.h2d;
+    if (s.mode == p.run.mode) {
+      t.dopt *= k.adam;
+      t.coll *= k.coll;
+      t.host_sync *= k.host;
+      if (!t.overlap || t.U <= 1) t.host_win *= k.host;
+      out.calibrated = true;
+    }
+    t.eta = k.eta;
+  }
+  out.compute_seconds = t.compute;
+  out.device_optimizer_seconds = t.dopt + t.dopt_passes;
+  out.other_seconds = t.other;
+  for (const std::string& cause : kStallCauses) out.stall_seconds[cause] = 0;
+  out.stall_seconds["transfer_d2h"] = t.d2h;
+  out.stall_seconds["transfer_h2d"] = t.h2d;
+  out.stall_seconds["host_optimizer"] = t.host_sync + host_exposed(t);
+  out.stall_seconds[in.cpu_device || W <= 8 ? "allreduce" : "network"] = t.coll;
+  out.stall_seconds["data"] = t.data;
+  for (const auto& [cause, sec] : out.stall_seconds) out.stall_total += sec;
+  out.step_seconds = t.compute + out.device_optimizer_seconds + t.other + out.stall_total;
+  out.tokens_per_step = s.micro_batch * s.grad_accum * s.seq_len * W;
+
+  // Fits: GPU memory, host RAM, cores per GPU.
+  const Shape sh = shape_of(p, s);
+  const auto mem = p.memory.count(s.mode) ? p.memory.at(s.mode) : ModeMemory{};
+  const double act =
+      p.activation_bytes * static_cast<double>(s.micro_batch * s.seq_len) /
+      static_cast<double>(p.run.micro_batch * p.run.seq_len) *
+      std::pow(sh.params / static_cast<double>(p.model.parameters), 2.0 / 3.0) *
+      (in.cpu_device ? 1.0
+                     : static_cast<double>(kGpuWeightBytes) /
+                           static_cast<double>(std::max<int64_t>(1, p.model.weight_dtype_bytes)));
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  out.gpu_memory_gib = (mem.device_per_rank(W) * sh.params + act) / gib;
+  out.host_ram_gib = static_cast<double>(W) * mem.host_per_rank(W) * sh.params / gib + kHostRamBaseGib;
+  if (in.cpu_device) out.host_ram_gib += out.gpu_memory_gib;
+  auto fmt = [](double x) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.1f", x);
+    return std::string(b);
+  };
+  if (!in.cpu_device && in.gpu_memory_gib > 0 && out.gpu_memory_gib > kGpuMemoryUsable * in.gpu_memory_gib) {
+    out.fits = false;
+    out.why_not.push_back("GPU memory: needs " + fmt(out.gpu_memory_gib) + " GiB per GPU, has " +
+                          fmt(in.gpu_memory_gib) + " GiB (" + fmt(kGpuMemoryUsable * 100) + "% usable)");
+  }
+  if (in.host_ram_gib > 0 && out.host_ram_gib > kHostRamUsable * in.host_ram_gib) {
+    out.fits = false;
+    out.why_not.push_back("host RAM: needs " + fmt(out.host_ram_gib) + " GiB for " + s.mode + " state, has " +
+                          fmt(in.host_ram_gib) + " GiB");
+  }
+  out.host_cores_per_rank = in.cpu_device ? static_cast<double>(in.physical_cores)
+                                          : static_cast<double>(in.physical_cores) / static_cast<double>(W);
+  if (!in.cpu_device && s.mode != "device" && in.physical_cores > 0 && out.host_cores_per_rank < 2) {
+    out.fits = false;
+    out.why_not.push_back("cores: " + fmt(out.host_cores_per_rank) + " physical cores per GPU, " + s.mode +
+                          " needs >= 2 (the training thread and the host optimizer)");
+  }
+  if (!in.cpu_device && in.gpus == 0) {
+    out.fits = false;
+    out.why_not.push_back("no GPU");
+  }
+  // Cost.
+  out.job_seconds = out.step_seconds * static_cast<double>(std::max<int64_t>(0, steps));
+  out.flags = in.flags;
+  if (in.has_price) {
+    out.priced = true;
+    out.usd_per_hour = in.usd_per_hour.value * instance_share(in.cpu_device ? 0 : W, in.gpus);
+    out.job_usd = out.usd_per_hour * out.job_seconds / 3600.0;
+    out.usd_per_1m_tokens =
+        out.usd_per_hour * out.step_seconds / 3600.0 / static_cast<double>(out.tokens_per_step) * 1e6;
+    out.usd_lost_to_stalls = out.step_seconds > 0 ? out.job_usd * out.stall_total / out.step_seconds : 0;
+    out.inputs["usd_per_hour"] = in.usd_per_hour;
+  }
+  return out;
+}
+
+}  // namespace zenflow::advisor
