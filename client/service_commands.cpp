@@ -354,12 +354,17 @@ int jobs_verb(Remote& r, const std::vector<std::string>& states, int limit) {
     std::cout << to_json(resp) << std::endl;
     return kExitOk;
   }
-  std::printf("%-10s %-20s %-10s %6s %-13s %8s %9s %7s %-16s %4s %10s %8s %8s\n", "ID", "NAME", "STATE", "PROG", "STEP",
-              "LOSS", "TOK/S", "ETA", "WORKERS", "RST", "COST", "$/1M-TOK", "AGE");
+  std::printf("%-10s %-20s %-10s %6s %-13s %8s %9s %7s %-16s %4s %10s %8s %10s %8s\n", "ID", "NAME", "STATE", "PROG",
+              "STEP", "LOSS", "TOK/S", "ETA", "WORKERS", "RST", "COST", "$/1M-TOK", "$-STALLS", "AGE");
   for (const v1::JobStatus& j : resp.jobs()) {
-    char step[32], loss[16], prog[16], tps[16], cost[24], per_m[24];
-    if (j.usd_per_hour() > 0) std::snprintf(cost, sizeof(cost), "$%.2f", j.cost_usd());
-    else std::snprintf(cost, sizeof(cost), "-");
+    char step[32], loss[16], prog[16], tps[16], cost[24], per_m[24], stalls[24];
+    if (j.usd_per_hour() > 0) {
+      std::snprintf(cost, sizeof(cost), "$%.2f", j.cost_usd());
+      std::snprintf(stalls, sizeof(stalls), "$%.2f", j.usd_lost_to_stalls());
+    } else {
+      std::snprintf(cost, sizeof(cost), "-");
+      std::snprintf(stalls, sizeof(stalls), "-");
+    }
     if (j.usd_per_1m_tokens() > 0) std::snprintf(per_m, sizeof(per_m), "$%.3f", j.usd_per_1m_tokens());
     else std::snprintf(per_m, sizeof(per_m), "-");
     std::snprintf(step, sizeof(step), "%lld/%lld", static_cast<long long>(j.step()), static_cast<long long>(j.total_steps()));
@@ -368,10 +373,10 @@ int jobs_verb(Remote& r, const std::vector<std::string>& states, int limit) {
     else std::snprintf(loss, sizeof(loss), "-");
     if (j.state() == v1::RUNNING) std::snprintf(tps, sizeof(tps), "%.0f", j.tokens_per_second());
     else std::snprintf(tps, sizeof(tps), "-");
-    std::printf("%-10s %-20s %-10s %6s %-13s %8s %9s %7s %-16s %4lld %10s %8s %8s\n", j.id().c_str(),
+    std::printf("%-10s %-20s %-10s %6s %-13s %8s %9s %7s %-16s %4lld %10s %8s %10s %8s\n", j.id().c_str(),
                 j.name().substr(0, 20).c_str(), state_name(j.state()).c_str(), prog, step, loss, tps,
                 j.state() == v1::RUNNING ? duration_text(j.eta_seconds()).c_str() : "-", join(j.placement()).c_str(),
-                static_cast<long long>(j.restarts()), cost, per_m, age_text(j.submit_time_ms()).c_str());
+                static_cast<long long>(j.restarts()), cost, per_m, stalls, age_text(j.submit_time_ms()).c_str());
   }
   if (!resp.next_page_token().empty()) std::printf("(more: --limit %d shows more)\n", limit * 2);
   return kExitOk;
