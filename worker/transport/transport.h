@@ -1,0 +1,120 @@
+// UCX transport: message channels between a worker's remote host optimizer and the
+// zenflow-optimizer nodes (reference/ucx-optimizer-nodes.md §2-4).
+//
+// A Transport is one UCX context and one UCX worker driven by one progress thread
+// (UCS_THREAD_MODE_SINGLE: no other thread calls UCX). Every message is a UCP active
+// message: a small header (a WireHeader, wire.h, or any bytes up to kMaxHeaderBytes)
+// plus an optional payload. Payloads of at least TransportOptions::rndv_bytes go by
+// rendezvous (UCP_AM_SEND_FLAG_RNDV) straight from the sender's buffer into the buffer
+// the receiver picks for them; smaller ones eagerly. Per channel, messages are delivered
+// in the order the rendezvous completed — which is not always the order they were sent:
+// protocols name what they expect (counts, sequence numbers), never trust arrival order.
+//
+// Threads: send() and close() are safe from any thread (they queue to the progress
+// thread and wake it with ucp_worker_signal). Handlers run on the progress thread and
+// must not block: hand work to another thread. The progress thread spins about
+// `spin_us` after the last event, then sleeps on the UCX worker's event fd (an idle
+// transport uses no CPU).
+//
+// Failure: endpoints use UCP_ERR_HANDLING_MODE_PEER; a peer that dies or closes fails
+// every pending send with its error and calls on_error once; nothing is delivered after.
+// UCX_MM_ERROR_HANDLING=y is set by Transport::create (shared memory needs it in PEER
+// mode) unless the environment already sets it.
+//
+// Errors: create/listen/connect throw TransportError naming what failed (address,
+// UCX status string).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace zenflow::transport {
+
+class TransportError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+constexpr size_t kMaxHeaderBytes = 256;
+
+struct TransportOptions {
+  // Payloads at least this long go by rendezvous; smaller ones eagerly.
+  size_t rndv_bytes = 8192;
+  // Spin this long after the last event before sleeping on the event fd.
+  int spin_us = 20;
+  // A name for logs and errors ("worker rank 0", "optimizer node 127.0.0.1:4000").
+  std::string name = "zenflow";
+};
+
+// Bytes moved, counted when a send completes / a payload has landed.
+struct ChannelStats {
+  int64_t bytes_sent = 0;      // headers + payloads
+  int64_t bytes_received = 0;  // headers + payloads
+  int64_t messages_sent = 0;
+  int64_t messages_received = 0;
+};
+
+// Completion of one send: ok, or the error text (peer gone, channel closed).
+using SendDone = std::function<void(bool ok, const std::string& error)>;
+
+// What a channel does with what arrives; every callback runs on the progress thread.
+struct ChannelHandler {
+  // A message's payload of `len` bytes (len > 0) is about to be received: return where it
+  // goes (`len` writable bytes that stay valid until on_message), or nullptr to have the
+  // transport allocate it. The header is the message's header bytes.
+  std::function<void*(const void* header, size_t header_len, size_t len)> place;
+  // A whole message: its header and payload (`data` is what place returned, or a transport
+  // buffer valid only during this call; nullptr when len == 0).
+  std::function<void(const void* header, size_t header_len, void* data, size_t len)> on_message;
+  // The channel failed or the peer closed it; called at most once, after which nothing
+  // more is delivered and every pending and later send fails.
+  std::function<void(const std::string& error)> on_error;
+};
+
+// One connection (a UCP endpoint) to a peer.
+class Channel {
+ public:
+  virtual ~Channel() = default;
+  // Queues one message: `header` is copied at once (header_len <= kMaxHeaderBytes);
+  // `data` is not: keep [data, data + len) alive and unchanged until `done` was called.
+  // `done` (may be empty) runs on the progress thread when the send completed or failed.
+  virtual void send(const void* header, size_t header_len, const void* data, size_t len, SendDone done) = 0;
+  // Closes the endpoint (flushes queued sends first unless `force`); on_error is not called
+  // for a close this side asked for. Idempotent.
+  virtual void close(bool force = false) = 0;
+  virtual bool failed() const = 0;
+  virtual std::string peer() const = 0;  // "HOST:PORT"
+  virtual ChannelStats stats() const = 0;
+};
+
+class Transport {
+ public:
+  static std::unique_ptr<Transport> create(const TransportOptions& options);
+  virtual ~Transport() = default;  // closes every channel (force) and joins the progress thread
+
+  // Listens on host:port (0 = a free port); returns the port bound. Each accepted
+  // connection becomes a Channel handed to `accept`, which returns its handler (run on
+  // the progress thread before any message of that channel is delivered).
+  using Accept = std::function<ChannelHandler(std::shared_ptr<Channel>)>;
+  virtual int listen(const std::string& host, int port, Accept accept) = 0;
+
+  // Connects to host:port; throws TransportError when no connection is made within
+  // timeout_s (naming the address and the UCX error).
+  virtual std::shared_ptr<Channel> connect(const std::string& host, int port, ChannelHandler handler,
+                                           double timeout_s = 10.0) = 0;
+
+  // Registers [data, data + len) with UCX (ucp_mem_map) so rendezvous sends from it and
+  // receives into it skip the registration cache. Optional: unregistered memory works.
+  virtual void register_memory(void* data, size_t len) = 0;
+  virtual void unregister_memory(void* data) = 0;
+
+  // The transports UCX chose for the channels ("tcp", "sysv", "posix", "cma"), as the
+  // UCX_TLS in effect ("tcp" when unset means whatever UCX picked).
+  virtual std::string transports() const = 0;
+};
+
+}  // namespace zenflow::transport
