@@ -109,7 +109,8 @@ StepTimes window_median(const std::vector<StepTimes>& steps, size_t begin, int64
 }
 
 // Host AdamW elements/s through the engine's own host updater (InProcessHostOptimizer:
-// its driver thread, its pool of `threads` workers pinned to `cores`), one step job over
+// its driver thread, its pool of `threads` workers pinned to `cores`; its arrays are
+// touched by the first, untimed, step), one step job over
 // `n` elements in spans of the job's mean split-parameter size, each after an idle gap as
 // long as a step's forward and backward (so the workers' wake-up is in it, as in training).
 double host_adam_rate(int threads, const std::vector<int>& cores, int64_t n, int64_t span_elements,
@@ -117,18 +118,20 @@ double host_adam_rate(int threads, const std::vector<int>& cores, int64_t n, int
   engine::InProcessHostOptions o;
   o.threads = threads;
   o.cores = cores;
-  std::unique_ptr<engine::HostOptimizer> host = engine::make_in_process_host_optimizer(o);
+  engine::HostStateLayout layout;
+  layout.elements = n;
+  std::unique_ptr<engine::HostOptimizer> host = engine::make_in_process_host_optimizer(o, layout);
   engine::HostThreadPool touch(threads, cores);
-  engine::HostBuffer p(n, &touch, true), m(n, &touch, true), v(n, &touch, true), g(n, &touch, true);
+  engine::HostBuffer g(n, &touch, true);
   const engine::AdamWCoeffs c = engine::AdamWCoeffs::make(engine::AdamWParams{}, 10);
   auto job = [&] {
     engine::StepJob j;
     const int64_t each = std::max<int64_t>(4096, span_elements);
     for (int64_t b = 0; b < n; b += each) {
       engine::StepJob::Span sp;
-      sp.adamw.p = p.data() + b, sp.adamw.m = m.data() + b, sp.adamw.v = v.data() + b;
-      sp.adamw.grad = engine::GradRef::f32(g.data() + b);
-      sp.adamw.n = std::min(each, n - b);
+      sp.offset = b;
+      sp.grad = engine::GradRef::f32(g.data() + b);
+      sp.n = std::min(each, n - b);
       sp.coeffs = c;
       j.spans.push_back(sp);
     }

@@ -2,6 +2,9 @@
 #include "worker/engine/host_optimizer.h"
 
 #include <condition_variable>
+#include <cstring>
+#include <stdexcept>
+#include <string>
 #include <deque>
 #include <exception>
 #include <mutex>
@@ -79,8 +82,10 @@ struct FlatSpans {
 
 class InProcessHostOptimizer : public HostOptimizer {
  public:
-  explicit InProcessHostOptimizer(const InProcessHostOptions& o)
-      : options_(o), pool_(o.threads, o.cores), driver_([this] { run(); }) {}
+  InProcessHostOptimizer(const InProcessHostOptions& o, const HostStateLayout& layout)
+      : options_(o), layout_(layout), pool_(o.threads, o.cores), driver_([this] { run(); }) {
+    for (auto& b : bufs_) b = HostBuffer(layout.elements, o.first_touch ? &pool_ : nullptr, layout.huge_pages);
+  }
 
   ~InProcessHostOptimizer() override {
     {
@@ -119,6 +124,30 @@ class InProcessHostOptimizer : public HostOptimizer {
   }
 
   int threads() const override { return pool_.size(); }
+
+  void read(HostBuf b, int64_t offset, int64_t n, float* dst) override {
+    check_range(b, offset, n);
+    std::memcpy(dst, buf(b) + offset, static_cast<size_t>(n) * sizeof(float));
+  }
+  void write(HostBuf b, int64_t offset, int64_t n, const float* src) override {
+    check_range(b, offset, n);
+    std::memcpy(buf(b) + offset, src, static_cast<size_t>(n) * sizeof(float));
+  }
+  void gather_columns(HostBuf b, int64_t offset, int64_t rows, int64_t width, const std::vector<int64_t>& cols,
+                      float* dst) override {
+    check_columns(b, offset, rows, width, cols);
+    host_gather_columns(buf(b) + offset, rows, width, cols, dst);
+  }
+  void scatter_columns(HostBuf b, int64_t offset, int64_t rows, int64_t width, const std::vector<int64_t>& cols,
+                       const float* src) override {
+    check_columns(b, offset, rows, width, cols);
+    host_scatter_columns(buf(b) + offset, rows, width, cols, src);
+  }
+  float* local_data(HostBuf b) override { return buf(b); }
+  int64_t resident_state_bytes() const override {
+    return static_cast<int64_t>(kNumHostBufs) * layout_.elements * static_cast<int64_t>(sizeof(float));
+  }
+  std::string describe() const override { return "in-process"; }
 
  private:
   struct PendingAccumulate {
@@ -179,14 +208,16 @@ class InProcessHostOptimizer : public HostOptimizer {
     FlatSpans flat;
     for (const auto& s : job.spans) flat.add(s.n);
     // One pointer captured: std::function keeps it inline (no allocation per call).
+    for (const auto& s : job.spans) check_range(job.acc, s.offset, s.n);
     struct Ctx {
       const AccumulateJob* job;
       const FlatSpans* flat;
-    } ctx{&job, &flat};
+      float* acc;
+    } ctx{&job, &flat, buf(job.acc)};
     pool_.parallel_for(flat.total, kHostChunkAlign, [c = &ctx](int64_t lo, int64_t hi) {
       for_flat_range(c->flat->starts, c->flat->sizes, lo, hi, [&](size_t i, int64_t b, int64_t e) {
         const auto& s = c->job->spans[i];
-        accumulate(s.acc + b, s.grad.offset(b), e - b, c->job->scale, c->job->overwrite);
+        accumulate(c->acc + s.offset + b, s.grad.offset(b), e - b, c->job->scale, c->job->overwrite);
       });
     });
   }
@@ -199,7 +230,12 @@ class InProcessHostOptimizer : public HostOptimizer {
       if (job.before) job.before();
       Stopwatch sw;  // after `before` (the D2H wait): the host step itself
       FlatSpans flat;
-      for (const auto& s : job.spans) flat.add(s.adamw.n);
+      for (const auto& s : job.spans) {
+        check_range(HostBuf::kMaster, s.offset, s.n);
+        flat.add(s.n);
+      }
+      const float* acc = job.acc >= 0 ? buf(static_cast<HostBuf>(job.acc)) : nullptr;
+      if (job.acc >= kNumHostBufs) throw std::out_of_range("host step: accumulator " + std::to_string(job.acc));
       const int64_t chunk = std::max<int64_t>(options_.chunk_elements, kHostChunkAlign);
       for (int64_t c0 = 0; c0 < flat.total; c0 += chunk) {
         const int64_t c1 = std::min(flat.total, c0 + chunk);
@@ -207,21 +243,30 @@ class InProcessHostOptimizer : public HostOptimizer {
           const StepJob* job;
           const FlatSpans* flat;
           int64_t c0;
-        } ctx{&job, &flat, c0};
+          float *p, *m, *v;
+          const float* acc;
+        } ctx{&job, &flat, c0, buf(HostBuf::kMaster), buf(HostBuf::kM), buf(HostBuf::kV), acc};
         pool_.parallel_for(c1 - c0, kHostChunkAlign, [c = &ctx](int64_t lo, int64_t hi) {
           for_flat_range(c->flat->starts, c->flat->sizes, c->c0 + lo, c->c0 + hi, [&](size_t i, int64_t b, int64_t e) {
             const auto& s = c->job->spans[i];
-            AdamWSpan part = s.adamw;
-            part.p += b;
-            part.m += b;
-            part.v += b;
-            part.grad = s.adamw.grad.offset(b);
-            if (part.half_out) part.half_out += b;
+            const int64_t at = s.offset + b;
+            AdamWSpan part;
+            part.p = c->p + at;
+            part.m = c->m + at;
+            part.v = c->v + at;
             part.n = e - b;
-            if (s.acc)
-              adamw_window_end(part, s.acc + b, s.coeffs, c->job->grad_scale);
-            else
+            part.half_out = s.half_out ? s.half_out + b : nullptr;
+            part.half_kind = s.half_kind;
+            if (s.grad.data == nullptr) {  // flush: the accumulator is the gradient
+              part.grad = GradRef::f32(c->acc + at);
               adamw_step(part, s.coeffs, c->job->grad_scale);
+            } else if (c->acc) {
+              part.grad = s.grad.offset(b);
+              adamw_window_end(part, c->acc + at, s.coeffs, c->job->grad_scale);
+            } else {
+              part.grad = s.grad.offset(b);
+              adamw_step(part, s.coeffs, c->job->grad_scale);
+            }
           });
         });
         run_pending_accumulates();
@@ -233,7 +278,24 @@ class InProcessHostOptimizer : public HostOptimizer {
     pending.done->finish(error, ran);
   }
 
+  float* buf(HostBuf b) const { return bufs_[static_cast<size_t>(b)].data(); }
+  void check_range(HostBuf b, int64_t offset, int64_t n) const {
+    if (static_cast<uint32_t>(b) >= kNumHostBufs || offset < 0 || n < 0 || offset > layout_.elements - n)
+      throw std::out_of_range(std::string("host state: ") + host_buf_name(b) + "[" + std::to_string(offset) + ", +" +
+                              std::to_string(n) + ") outside its " + std::to_string(layout_.elements) + " elements");
+  }
+  void check_columns(HostBuf b, int64_t offset, int64_t rows, int64_t width, const std::vector<int64_t>& cols) const {
+    if (rows < 0 || width < 0) throw std::out_of_range("host state: negative matrix shape");
+    check_range(b, offset, rows * width);
+    for (int64_t c : cols)
+      if (c < 0 || c >= width)
+        throw std::out_of_range("host state: column " + std::to_string(c) + " outside a matrix " +
+                                std::to_string(width) + " wide");
+  }
+
   InProcessHostOptions options_;
+  HostStateLayout layout_;
+  HostBuffer bufs_[kNumHostBufs];
   HostThreadPool pool_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -247,8 +309,40 @@ class InProcessHostOptimizer : public HostOptimizer {
 
 }  // namespace
 
-std::unique_ptr<HostOptimizer> make_in_process_host_optimizer(const InProcessHostOptions& options) {
-  return std::make_unique<InProcessHostOptimizer>(options);
+const char* host_buf_name(HostBuf b) {
+  switch (b) {
+    case HostBuf::kMaster: return "master";
+    case HostBuf::kM: return "m";
+    case HostBuf::kV: return "v";
+    case HostBuf::kAcc0: return "acc0";
+    case HostBuf::kAcc1: return "acc1";
+  }
+  return "unknown";
+}
+
+void host_gather_columns(const float* matrix, int64_t rows, int64_t width, const std::vector<int64_t>& cols,
+                         float* dst) {
+  const int64_t n = static_cast<int64_t>(cols.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = matrix + r * width;
+    float* out = dst + r * n;
+    for (int64_t j = 0; j < n; ++j) out[j] = row[cols[static_cast<size_t>(j)]];
+  }
+}
+
+void host_scatter_columns(float* matrix, int64_t rows, int64_t width, const std::vector<int64_t>& cols,
+                          const float* src) {
+  const int64_t n = static_cast<int64_t>(cols.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = matrix + r * width;
+    const float* in = src + r * n;
+    for (int64_t j = 0; j < n; ++j) row[cols[static_cast<size_t>(j)]] = in[j];
+  }
+}
+
+std::unique_ptr<HostOptimizer> make_in_process_host_optimizer(const InProcessHostOptions& options,
+                                                              const HostStateLayout& layout) {
+  return std::make_unique<InProcessHostOptimizer>(options, layout);
 }
 
 }  // namespace zenflow::engine

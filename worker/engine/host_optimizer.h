@@ -1,7 +1,8 @@
 // The host updater: runs accumulate and AdamW window steps on host-resident fp32 state.
 //
-// The engine owns the host buffers (master weights, m, v, accumulators, staging) and
-// describes each piece of work as a job over spans of them. A HostOptimizer runs jobs
+// The backend owns the host state (master weights, m, v, the two window accumulators);
+// the engine owns the staging buffers (gradients in, low-precision parameters out) and
+// describes each piece of work as a job over spans of both. A HostOptimizer runs jobs
 // off the training thread and returns a HostWork handle per job (c10d's Work idiom):
 // wait() is where the training thread spends time waiting, and where the engine
 // measures the `host_optimizer` stall.
@@ -16,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "worker/engine/adamw_kernel.h"
@@ -38,31 +40,59 @@ class HostWork {
   virtual double run_seconds() const { return -1; }
 };
 
-// acc[i] (+)= grad[i] * scale over each span (see accumulate_kernel.h).
+// The host state a backend owns: five fp32 arrays of HostStateLayout::elements each.
+// Jobs and transfers address them by (buffer, element offset); the engine never holds a
+// pointer into them (a remote backend keeps them on another machine).
+enum class HostBuf : uint32_t { kMaster = 0, kM = 1, kV = 2, kAcc0 = 3, kAcc1 = 4 };
+constexpr int kNumHostBufs = 5;
+inline HostBuf acc_buffer(int parity) { return parity == 0 ? HostBuf::kAcc0 : HostBuf::kAcc1; }
+const char* host_buf_name(HostBuf b);  // "master", "m", "v", "acc0", "acc1"
+
+// What the engine asks a backend to hold. Every array starts zero-filled.
+struct HostStateLayout {
+  int64_t elements = 0;  // per array
+  bool huge_pages = true;
+  int rank = 0;          // data-parallel rank whose shard this is (names, logs)
+  int world = 1;
+  // Ascending offsets where a matrix's slots begin (the first is 0). No job span and no
+  // transfer crosses one, so a backend may split the arrays between machines there.
+  std::vector<int64_t> segments;
+};
+
+// acc[offset + i] (+)= grad[i] * scale over each span (see accumulate_kernel.h). The
+// gradient is the caller's (staging) memory; the accumulator the backend's.
 struct AccumulateJob {
   struct Span {
-    float* acc;
+    int64_t offset = 0;  // into `acc`
     GradRef grad;
-    int64_t n;
+    int64_t n = 0;
   };
+  HostBuf acc = HostBuf::kAcc0;
   std::vector<Span> spans;
   float scale = 1.0f;
   bool overwrite = false;
-  // Runs on the host updater's thread before the kernels, e.g. to wait for the D2H
-  // copy that fills the gradient staging buffer. May be empty.
+  // Runs on the host updater's thread before the job's data is read, e.g. to wait for the
+  // D2H copy that fills the gradient staging buffer. May be empty.
   std::function<void()> before;
 };
 
-// One AdamW step per span: plain (acc == nullptr) or window-end fused (acc != nullptr:
-// gradient = (acc + grad) * grad_scale). Each span carries its own coefficients
-// (weight decay differs between parameters).
+// One AdamW step per span over master/m/v[offset, offset + n): plain, with `grad` (the
+// caller's staging) as the gradient; window-end fused when `acc` is set too (gradient =
+// (acc + grad) * grad_scale); or with the accumulator alone as the gradient (grad.data
+// null: flushing an open window). Each span carries its own coefficients (weight decay
+// differs between parameters). `half_out` (caller's memory, may be null) receives the
+// low-precision copy of the updated master; it is complete when the job's wait() returns.
 struct StepJob {
   struct Span {
-    AdamWSpan adamw;
-    const float* acc = nullptr;
+    int64_t offset = 0;
+    int64_t n = 0;
+    GradRef grad;
+    uint16_t* half_out = nullptr;
+    HalfKind half_kind = HalfKind::kBF16;
     AdamWCoeffs coeffs;
   };
   std::vector<Span> spans;
+  int acc = -1;  // the window accumulator (a HostBuf value), or -1
   float grad_scale = 1.0f;
   std::function<void()> before;
 };
@@ -70,14 +100,43 @@ struct StepJob {
 class HostOptimizer {
  public:
   virtual ~HostOptimizer() = default;
-  // Submit from the training thread only. The caller keeps every buffer a job refers to
-  // alive and untouched until the job's wait() returned.
+  // Submit from the training thread only. The caller keeps every caller-side buffer a job
+  // refers to (gradients, half_out) alive and untouched until the job's wait() returned.
   virtual std::shared_ptr<HostWork> submit(AccumulateJob job) = 0;
   virtual std::shared_ptr<HostWork> submit(StepJob job) = 0;
   // Blocks until every submitted job has run; returns seconds blocked.
   virtual double drain() = 0;
   virtual int threads() const = 0;
+
+  // --- Transfers of the host state (training thread) ---
+  // Each sees the effect of every job submitted before it. The caller guarantees that no
+  // job still running or queued writes what a transfer touches, or reads what it writes
+  // (the engine orders them so: re-selection, restore and checkpoint run between jobs).
+  // Errors (a remote node lost) are thrown as std::runtime_error naming the backend.
+  virtual void read(HostBuf b, int64_t offset, int64_t n, float* dst) = 0;
+  virtual void write(HostBuf b, int64_t offset, int64_t n, const float* src) = 0;
+  // Columns `cols` of the row-major [rows, width] matrix at `offset`: gathered into
+  // dst[rows, cols.size()], or scattered from src[rows, cols.size()].
+  virtual void gather_columns(HostBuf b, int64_t offset, int64_t rows, int64_t width,
+                              const std::vector<int64_t>& cols, float* dst) = 0;
+  virtual void scatter_columns(HostBuf b, int64_t offset, int64_t rows, int64_t width,
+                               const std::vector<int64_t>& cols, const float* src) = 0;
+  // The array itself when it lives in this process (the in-process backend), else null:
+  // the engine then reads and writes in place instead of through copies.
+  virtual float* local_data(HostBuf) { return nullptr; }
+  // Bytes of host state (the five arrays) this process holds: all of it in-process,
+  // none with remote nodes.
+  virtual int64_t resident_state_bytes() const = 0;
+  // Bytes moved to and from other machines so far (0 in-process).
+  virtual int64_t network_bytes_sent() const { return 0; }
+  virtual int64_t network_bytes_received() const { return 0; }
+  // Where the state lives, for logs and the run summary ("in-process", "node 127.0.0.1:4000, …").
+  virtual std::string describe() const = 0;
 };
+
+// Builds the backend for one engine: EngineOptions::host_backend. Called once, from the
+// engine's constructor, with the layout of this rank's host state.
+using HostOptimizerFactory = std::function<std::unique_ptr<HostOptimizer>(const HostStateLayout&)>;
 
 struct InProcessHostOptions {
   int threads = 1;
@@ -85,10 +144,22 @@ struct InProcessHostOptions {
   // Step jobs are cut into chunks of about this many elements; accumulate jobs that
   // arrive meanwhile run between chunks.
   int64_t chunk_elements = 1 << 20;
+  // Touch the arrays from the pool's own (pinned) threads at construction, so their pages
+  // sit on those threads' NUMA node (the optimizer node does; the engine lets them fault).
+  bool first_touch = false;
 };
 
 // A driver thread that takes jobs from two queues (accumulate first) and runs their
 // kernels across a HostThreadPool.
-std::unique_ptr<HostOptimizer> make_in_process_host_optimizer(const InProcessHostOptions& options);
+// Allocates `layout`'s arrays in this process.
+std::unique_ptr<HostOptimizer> make_in_process_host_optimizer(const InProcessHostOptions& options,
+                                                              const HostStateLayout& layout);
+
+// Column copies within a row-major [rows, width] fp32 matrix (what the backends'
+// gather_columns/scatter_columns do to their arrays).
+void host_gather_columns(const float* matrix, int64_t rows, int64_t width, const std::vector<int64_t>& cols,
+                         float* dst);
+void host_scatter_columns(float* matrix, int64_t rows, int64_t width, const std::vector<int64_t>& cols,
+                          const float* src);
 
 }  // namespace zenflow::engine

@@ -143,9 +143,8 @@ struct ZenFlowOptimizer::Impl {
   at::Device device{at::kCPU};
   at::ScalarType split_dtype = at::kFloat;
 
-  // Host arenas (semantics §3): fp32 master, m, v; two window accumulators.
-  HostBuffer master, m, v;
-  HostBuffer acc[2];
+  // The host arenas (semantics §3: fp32 master, m, v; two window accumulators) belong to
+  // the host backend (`host`), in-process or on remote nodes; see host_view.
   // Gradient staging (device dtype): a ring for mid-window steps and one buffer per
   // window parity for the window's last gradient, which the in-flight step still reads.
   at::Tensor ring[2], last_grad[2];
@@ -225,13 +224,44 @@ struct ZenFlowOptimizer::Impl {
     return AdamWCoeffs::make(p, step);
   }
 
-  float* host_ptr(const HostBuffer& b, const SplitParam& s) const { return b.data() + s.host_offset; }
-  // This rank's host-owned columns of a parameter, packed row-major: [out, n_own].
-  // Row-wise gathers and scatters stream through memory; the host kernels see one flat
-  // span.
-  at::Tensor host_view(const HostBuffer& b, const SplitParam& s) const {
-    return at::from_blob(host_ptr(b, s), {s.out, s.n_own()}, at::kFloat);
+  // This rank's host-owned columns of a parameter in host array b, packed row-major:
+  // [out, n_own]. Row-wise gathers and scatters stream through memory; the host kernels
+  // see one flat span. In-process this is a view of the array itself; with a remote
+  // backend a copy read from it, and a change to it takes host_commit.
+  at::Tensor host_view(HostBuf b, const SplitParam& s) const { return host_matrix(b, s, s.n_own(), true); }
+  // [out, width] at s's offset in array b: a view in-process; otherwise a copy (`read`) or
+  // an uninitialised buffer (!read) that host_commit writes back.
+  at::Tensor host_matrix(HostBuf b, const SplitParam& s, int64_t width, bool read) const {
+    if (float* d = host->local_data(b)) return at::from_blob(d + s.host_offset, {s.out, width}, at::kFloat);
+    at::Tensor t = at::empty({s.out, width}, at::kFloat);
+    if (read) host->read(b, s.host_offset, t.numel(), t.data_ptr<float>());
+    return t;
   }
+  // Writes back a host_view/host_matrix that was changed (nothing to do in-process).
+  void host_commit(HostBuf b, const SplitParam& s, const at::Tensor& t) const {
+    if (host->local_data(b)) return;
+    host->write(b, s.host_offset, t.numel(), t.data_ptr<float>());
+  }
+  // Columns `idx` (CPU int64, positions in this rank's packed columns of s) of host array b
+  // into dst [out, idx.numel()], and back.
+  void host_gather(HostBuf b, const SplitParam& s, const at::Tensor& idx, const at::Tensor& dst) const {
+    if (host->local_data(b)) {
+      device_ops::gather_columns(host_view(b, s), idx, dst);
+      return;
+    }
+    at::Tensor t = at::empty({s.out, idx.numel()}, at::kFloat);
+    host->gather_columns(b, s.host_offset, s.out, s.n_own(), to_vector(idx), t.data_ptr<float>());
+    dst.copy_(t);
+  }
+  void host_scatter(HostBuf b, const SplitParam& s, const at::Tensor& idx, const at::Tensor& src) const {
+    if (host->local_data(b)) {
+      device_ops::scatter_columns(host_view(b, s), idx, src);
+      return;
+    }
+    const at::Tensor t = src.to(at::kCPU).to(at::kFloat).contiguous();
+    host->scatter_columns(b, s.host_offset, s.out, s.n_own(), to_vector(idx), t.data_ptr<float>());
+  }
+  static constexpr HostBuf kStateBufs[3] = {HostBuf::kMaster, HostBuf::kM, HostBuf::kV};
   // Staging buffers hold only host-owned columns, packed over all parameters, rank by
   // rank (rank 0's columns of every matrix, then rank 1's, ...), so each direction is
   // one contiguous copy and each rank's shard is one contiguous range. part_view: rank
@@ -373,15 +403,20 @@ struct ZenFlowOptimizer::Impl {
         capacity += s.out * cols;
         capacity_max = std::max(capacity_max, s.out * cols);
       }
-      InProcessHostOptions ho;
-      ho.threads = std::max(1, opt.host_threads);
-      ho.cores = opt.host_cores;
-      host = make_in_process_host_optimizer(ho);
-      master = HostBuffer(capacity, nullptr, opt.huge_pages);
-      m = HostBuffer(capacity, nullptr, opt.huge_pages);
-      v = HostBuffer(capacity, nullptr, opt.huge_pages);
-      acc[0] = HostBuffer(capacity, nullptr, opt.huge_pages);
-      acc[1] = HostBuffer(capacity, nullptr, opt.huge_pages);
+      HostStateLayout layout;
+      layout.elements = capacity;
+      layout.huge_pages = opt.huge_pages;
+      layout.rank = me;
+      layout.world = world;
+      for (auto& s : split) layout.segments.push_back(s.host_offset);
+      if (opt.host_backend) {
+        host = opt.host_backend(layout);
+      } else {
+        InProcessHostOptions ho;
+        ho.threads = std::max(1, opt.host_threads);
+        ho.cores = opt.host_cores;
+        host = make_in_process_host_optimizer(ho, layout);
+      }
       streams = std::make_unique<DeviceStreams>(device);
       for (int b = 0; b < 2; ++b) {
         ring[b] = streams->alloc_host({capacity}, split_dtype);
@@ -402,7 +437,9 @@ struct ZenFlowOptimizer::Impl {
         s.sel = index_tensor(s.sel_cpu, device);
         assign_parts(s);
         const int64_t lo = s.range_lo[static_cast<size_t>(me)];
-        host_view(master, s).copy_(s.w2d.narrow(1, lo, s.n_own()).to(at::kCPU).to(at::kFloat));
+        at::Tensor init = host_matrix(HostBuf::kMaster, s, s.n_own(), false);
+        init.copy_(s.w2d.narrow(1, lo, s.n_own()).to(at::kCPU).to(at::kFloat));
+        host_commit(HostBuf::kMaster, s, init);
         s.score_acc = at::zeros({s.in}, at::TensorOptions().dtype(at::kFloat).device(device));
       }
       relayout();
@@ -565,7 +602,7 @@ struct ZenFlowOptimizer::Impl {
       for (auto& s : split) {
         if (s.n_own() == 0) continue;
         device_ops::scatter_columns(s.w2d, s.own().idx,
-                                    buffer >= 0 ? own_view(param_out[buffer], s) : host_view(master, s));
+                                    buffer >= 0 ? own_view(param_out[buffer], s) : host_view(HostBuf::kMaster, s));
       }
     } else {
       // One H2D of every host-owned column from pinned memory, then device-side scatters.
@@ -590,7 +627,7 @@ struct ZenFlowOptimizer::Impl {
     (*from)->wait();
     const at::Tensor buf = own_pack ? pack_out : param_out[0];
     for (auto& s : split)
-      if (s.n_own() > 0) own_view(buf, s).copy_(host_view(master, s));
+      if (s.n_own() > 0) own_view(buf, s).copy_(host_view(HostBuf::kMaster, s));
     return buf.narrow(0, 0, own_total);
   }
 
@@ -622,37 +659,35 @@ struct ZenFlowOptimizer::Impl {
   // Builds the host AdamW job over every host-owned column. `last` holds this window's
   // final gradient; `window_acc` (or null) the sum of the earlier ones.
   // `last` undefined: the gradient is `window_acc` alone (flushing an open window).
-  StepJob make_step_job(double lr, const at::Tensor& last, const HostBuffer* window_acc,
-                        float grad_scale, int out_buffer) {
+  // `window_acc`: the parity of the window accumulator, or -1.
+  StepJob make_step_job(double lr, const at::Tensor& last, int window_acc, float grad_scale, int out_buffer) {
     StepJob job;
     job.grad_scale = grad_scale;
+    job.acc = window_acc >= 0 ? static_cast<int>(acc_buffer(window_acc)) : -1;
     ++host_step;
     for (auto& s : split) {
       if (s.n_own() == 0) continue;
       StepJob::Span sp;
-      sp.adamw.p = host_ptr(master, s);
-      sp.adamw.m = host_ptr(m, s);
-      sp.adamw.v = host_ptr(v, s);
-      sp.adamw.grad = last.defined() ? grad_ref(last, s.local_offset) : GradRef::f32(host_ptr(*window_acc, s));
-      sp.adamw.n = s.own_elems();
+      sp.offset = s.host_offset;
+      sp.n = s.own_elems();
+      if (last.defined()) sp.grad = grad_ref(last, s.local_offset);  // else: the accumulator alone
       if (split_dtype != at::kFloat) {
-        sp.adamw.half_out =
-            reinterpret_cast<uint16_t*>(param_out[out_buffer].data_ptr()) + s.local_offset;
-        sp.adamw.half_kind = split_dtype == at::kBFloat16 ? HalfKind::kBF16 : HalfKind::kFP16;
+        sp.half_out = reinterpret_cast<uint16_t*>(param_out[out_buffer].data_ptr()) + s.local_offset;
+        sp.half_kind = split_dtype == at::kBFloat16 ? HalfKind::kBF16 : HalfKind::kFP16;
       }
-      sp.acc = window_acc && last.defined() ? host_ptr(*window_acc, s) : nullptr;
       sp.coeffs = coeffs(lr, s.weight_decay, host_step);
       job.spans.push_back(sp);
     }
     return job;
   }
 
-  AccumulateJob make_accumulate_job(const at::Tensor& staged, const HostBuffer& into, bool overwrite) {
+  AccumulateJob make_accumulate_job(const at::Tensor& staged, int parity, bool overwrite) {
     AccumulateJob job;
+    job.acc = acc_buffer(parity);
     job.overwrite = overwrite;
     for (auto& s : split) {
       if (s.n_own() == 0) continue;
-      job.spans.push_back({host_ptr(into, s), grad_ref(staged, s.local_offset), s.own_elems()});
+      job.spans.push_back({s.host_offset, grad_ref(staged, s.local_offset), s.own_elems()});
     }
     return job;
   }
@@ -674,10 +709,9 @@ struct ZenFlowOptimizer::Impl {
   // low-precision output, which the next H2D copies.
   void apply_slot_fixes() {
     const int buf = inflight && inflight->work ? inflight->buffer : -1;
-    const HostBuffer* host_state[3] = {&master, &m, &v};
     for (auto& f : slot_fixes) {
       SplitParam& sp = split[f.split_index];
-      for (int i = 0; i < 3; ++i) device_ops::scatter_columns(host_view(*host_state[i], sp), f.slots, f.state[i]);
+      for (int i = 0; i < 3; ++i) host_scatter(kStateBufs[i], sp, f.slots, f.state[i]);
       if (buf >= 0 && split_dtype != at::kFloat)
         device_ops::scatter_columns(own_view(param_out[buf], sp), f.slots, f.weights);
     }
@@ -788,7 +822,6 @@ struct ZenFlowOptimizer::Impl {
     }
     // Entering columns: host state -> device (small H2D), read before the re-pack.
     at::Tensor enter_state[3];
-    const HostBuffer* host_state[3] = {&master, &m, &v};
     if (n_enter > 0 && enter_ready.defined()) {
       for (int i = 0; i < 3; ++i) enter_state[i] = enter_ready[i];
     } else if (n_enter > 0) {
@@ -805,9 +838,9 @@ struct ZenFlowOptimizer::Impl {
         at::Tensor tmp = every ? at::Tensor() : at::empty({s.out, static_cast<int64_t>(epos.size())}, f32cpu);
         for (int i = 0; i < 3; ++i) {
           if (every) {
-            gather_columns(host_view(*host_state[i], s), eidx, all[i]);
+            host_gather(kStateBufs[i], s, eidx, all[i]);
           } else {
-            gather_columns(host_view(*host_state[i], s), eidx, tmp);
+            host_gather(kStateBufs[i], s, eidx, tmp);
             all[i].index_copy_(1, index_tensor(eslot, at::kCPU), tmp);
           }
         }
@@ -857,7 +890,7 @@ struct ZenFlowOptimizer::Impl {
           if (split_dtype != at::kFloat) f.weights = s.w2d.index_select(1, index_tensor(leaving_own, device)).to(at::kCPU).contiguous();
           slot_fixes.push_back(std::move(f));
         } else {
-          for (int i = 0; i < 3; ++i) scatter_columns(host_view(*host_state[i], s), sidx, leave_state[i]);
+          for (int i = 0; i < 3; ++i) host_scatter(kStateBufs[i], s, sidx, leave_state[i]);
         }
       }
     } else {
@@ -879,10 +912,11 @@ struct ZenFlowOptimizer::Impl {
       at::Tensor combined = at::from_blob(scratch.data(), {s.out, width}, at::kFloat);
       const int64_t n_new = static_cast<int64_t>(new_own.size());
       for (int i = 0; i < 3; ++i) {
-        float* base = host_ptr(*host_state[i], s);
-        combined.narrow(1, 0, n_old).copy_(at::from_blob(base, {s.out, n_old}, at::kFloat));
+        combined.narrow(1, 0, n_old).copy_(host_matrix(kStateBufs[i], s, n_old, true));
         if (n_leave > 0) combined.narrow(1, n_old, n_leave).copy_(leave_state[i]);
-        gather_columns(combined, sidx, at::from_blob(base, {s.out, n_new}, at::kFloat));
+        at::Tensor repacked = host_matrix(kStateBufs[i], s, n_new, false);
+        gather_columns(combined, sidx, repacked);
+        host_commit(kStateBufs[i], s, repacked);
       }
     }
     s.sel_cpu = new_sel;
@@ -990,16 +1024,16 @@ struct ZenFlowOptimizer::Impl {
     if (!epos.empty()) {
       const int64_t n = static_cast<int64_t>(epos.size());
       const at::Tensor pos_cpu = index_tensor(epos, at::kCPU);
-      auto from_host = [&](const HostBuffer& b) {
+      auto from_host = [&](HostBuf b) {
         at::Tensor t = at::empty({s.out, n}, at::kFloat);
-        device_ops::gather_columns(host_view(b, s), pos_cpu, t);
+        host_gather(b, s, pos_cpu, t);
         return t.to(device);
       };
-      at::Tensor w = from_host(master), mm = from_host(m), vv = from_host(v);
+      at::Tensor w = from_host(HostBuf::kMaster), mm = from_host(HostBuf::kM), vv = from_host(HostBuf::kV);
       at::Tensor last = partitioned() ? own_view(shard, s).index_select(1, index_tensor(epos, device))
                                       : g[s.index].view({s.out, s.in}).index_select(1, index_tensor(ecols, device));
       at::Tensor grad = last.to(at::kFloat);
-      if (len > 1) grad = from_host(acc[parity]).add_(grad);  // (acc + last) * (1/len), as the host kernel
+      if (len > 1) grad = from_host(acc_buffer(parity)).add_(grad);  // (acc + last) * (1/len), as the host kernel
       device_ops::dense_adamw(w, grad.contiguous(), at::Tensor(), mm, vv, c, 1.0f / static_cast<float>(len));
       const at::Tensor slot_idx = index_tensor(eslot, device);
       all[0].index_copy_(1, slot_idx, w);
@@ -1232,7 +1266,7 @@ struct ZenFlowOptimizer::Impl {
 
     if (warm) {
       // Warm-up and offload mode: one synchronous host step over every host column.
-      StepJob job = make_step_job(ctx.lr, ring[0], nullptr, 1.0f, 0);
+      StepJob job = make_step_job(ctx.lr, ring[0], -1, 1.0f, 0);
       job.before = [d2h = stage_gradients(g, synced.shard, ring[0]), h2d = h2d_from_out[0]]() mutable {
         d2h.wait();
         h2d.wait();
@@ -1252,7 +1286,7 @@ struct ZenFlowOptimizer::Impl {
       // Mid-window: stage into a ring buffer the accumulate job has released.
       const int r = static_cast<int>((window_pos - 1) % 2);
       if (ring_busy[r]) wait_for(StallCause::kHostOptimizer, ring_busy[r]);
-      AccumulateJob job = make_accumulate_job(ring[r], acc[parity], window_pos == 1);
+      AccumulateJob job = make_accumulate_job(ring[r], parity, window_pos == 1);
       job.before = [d2h = stage_gradients(g, synced.shard, ring[r])]() mutable { d2h.wait(); };
       auto work = host->submit(std::move(job));
       ring_busy[r] = work;
@@ -1267,7 +1301,7 @@ struct ZenFlowOptimizer::Impl {
     last_window_steps = len;
     std::vector<std::shared_ptr<HostWork>> window_accs = std::move(pending_accumulates);
     pending_accumulates.clear();
-    StepJob job = make_step_job(ctx.lr, last_grad[parity], len > 1 ? &acc[parity] : nullptr,
+    StepJob job = make_step_job(ctx.lr, last_grad[parity], len > 1 ? parity : -1,
                                 1.0f / static_cast<float>(len), parity);
     // Before the host step reads and writes: this window's accumulates, its last D2H and
     // the H2D out of the param_out buffer it writes (two windows ago) must have completed.
@@ -1321,7 +1355,7 @@ struct ZenFlowOptimizer::Impl {
     complete_inflight();
     if (window_pos == 0 || split.empty()) return;
     const int parity = static_cast<int>(window % 2);
-    StepJob job = make_step_job(last_lr, at::Tensor(), &acc[parity], 1.0f / static_cast<float>(window_pos), parity);
+    StepJob job = make_step_job(last_lr, at::Tensor(), parity, 1.0f / static_cast<float>(window_pos), parity);
     job.before = [h2d = h2d_from_out[parity]]() mutable { h2d.wait(); };
     auto work = host->submit(std::move(job));
     wait_for(StallCause::kHostOptimizer, work);
@@ -1363,10 +1397,10 @@ std::vector<std::pair<std::string, at::Tensor>> ZenFlowOptimizer::state_dict() {
     out.emplace_back(p + "sel", index_tensor(s.sel_cpu, at::kCPU));
     // This rank's shard of the host state: the columns host_cols, in that order.
     out.emplace_back(p + "host_cols", index_tensor(s.own().cols, at::kCPU));
-    out.emplace_back(p + "host_master", i.host_view(i.master, s).clone());
-    out.emplace_back(p + "host_m", i.host_view(i.m, s).clone());
-    out.emplace_back(p + "host_v", i.host_view(i.v, s).clone());
-    if (i.window_pos > 0) out.emplace_back(p + "acc", i.host_view(i.acc[parity], s).clone());
+    out.emplace_back(p + "host_master", i.host_view(HostBuf::kMaster, s).clone());
+    out.emplace_back(p + "host_m", i.host_view(HostBuf::kM, s).clone());
+    out.emplace_back(p + "host_v", i.host_view(HostBuf::kV, s).clone());
+    if (i.window_pos > 0) out.emplace_back(p + "acc", i.host_view(acc_buffer(parity), s).clone());
     out.emplace_back(p + "score_acc", cpu(s.score_acc));
     if (s.dev_m.defined()) {
       out.emplace_back(p + "dev_m", cpu(s.dev_m));
@@ -1451,11 +1485,13 @@ void ZenFlowOptimizer::load_state_shards(
     // The host state of this rank's columns, from whichever shards hold them. A shard
     // without host_cols (one rank) holds every host-owned column.
     std::vector<std::string> names = {"host_master", "host_m", "host_v"};
-    std::vector<const HostBuffer*> into = {&i.master, &i.m, &i.v};
+    std::vector<HostBuf> into = {HostBuf::kMaster, HostBuf::kM, HostBuf::kV};
     if (i.window_pos > 0) {
       names.push_back("acc");
-      into.push_back(&i.acc[parity]);
+      into.push_back(acc_buffer(parity));
     }
+    std::vector<at::Tensor> to(into.size());  // host_view per array, written back below
+    for (size_t n = 0; n < into.size(); ++n) to[n] = i.host_view(into[n], s);
     std::vector<int64_t> pos(static_cast<size_t>(s.in), -1);  // column -> position in this rank's arrays
     for (size_t q = 0; q < s.own().cols.size(); ++q) pos[static_cast<size_t>(s.own().cols[q])] = static_cast<int64_t>(q);
     int64_t found = 0;
@@ -1477,13 +1513,13 @@ void ZenFlowOptimizer::load_state_shards(
                         std::is_sorted(dst.begin(), dst.end()) && dst.front() == 0;
       for (size_t n = 0; n < names.size(); ++n) {
         at::Tensor from = get_from(sh, p + names[n], {s.out, static_cast<int64_t>(cols.size())});
-        at::Tensor to = i.host_view(*into[n], s);
         if (same)
-          to.copy_(from);
+          to[n].copy_(from);
         else
-          to.index_copy_(1, index_tensor(dst, at::kCPU), from.index_select(1, index_tensor(src, at::kCPU)).to(at::kFloat));
+          to[n].index_copy_(1, index_tensor(dst, at::kCPU), from.index_select(1, index_tensor(src, at::kCPU)).to(at::kFloat));
       }
     }
+    for (size_t n = 0; n < into.size(); ++n) i.host_commit(into[n], s, to[n]);
     if (found != s.n_own())
       throw std::runtime_error("engine state: " + std::to_string(s.n_own() - found) + " host-owned columns of '" +
                                i.params[s.index].name + "' are in no shard (a rank's engine state is missing?)");
@@ -1568,6 +1604,7 @@ int64_t ZenFlowOptimizer::pinned_host_bytes() const {
 
 int64_t ZenFlowOptimizer::split_elements() const { return impl_->capacity_all; }
 int ZenFlowOptimizer::world_size() const { return impl_->world; }
+const HostOptimizer* ZenFlowOptimizer::host_optimizer() const { return impl_->host.get(); }
 
 std::vector<int64_t> ZenFlowOptimizer::owned_host_columns(const std::string& name) const {
   for (auto& s : impl_->split)
@@ -1589,9 +1626,11 @@ int64_t ZenFlowOptimizer::host_state_bytes() const {
 HostMemoryBytes ZenFlowOptimizer::host_memory_bytes() const {
   const Impl& i = *impl_;
   HostMemoryBytes b;
-  b.master = i.capacity * 4;            // master
-  b.moments = 2 * i.capacity * 4;       // m, v
-  b.accumulators = 2 * i.capacity * 4;  // acc[0], acc[1]
+  // The arrays count where they live: here in-process, not at all with remote nodes.
+  const int64_t resident = i.host && i.host->resident_state_bytes() > 0 ? i.capacity * 4 : 0;
+  b.master = resident;            // master
+  b.moments = 2 * resident;       // m, v
+  b.accumulators = 2 * resident;  // acc[0], acc[1]
   for (int k = 0; k < 2; ++k) {
     if (i.ring[k].defined()) b.transfer_buffers += i.ring[k].nbytes() + i.last_grad[k].nbytes();
     if (i.param_out[k].defined()) b.transfer_buffers += i.param_out[k].nbytes();

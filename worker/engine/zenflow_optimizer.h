@@ -66,11 +66,10 @@
 
 #include "worker/engine/adamw_kernel.h"
 #include "worker/engine/collectives.h"
+#include "worker/engine/host_optimizer.h"
 #include "worker/engine/stall_clock.h"
 
 namespace zenflow::engine {
-
-class HostOptimizer;
 
 enum class OptimizerMode { kDevice, kOffload, kZenFlow };
 enum class SelectStrategy { kAuto, kStep, kEpoch };
@@ -100,6 +99,11 @@ struct EngineOptions {
   int host_threads = 1;
   std::vector<int> host_cores;  // cores reserved for the host updater; empty = unpinned
   bool huge_pages = true;
+  // Where the host state lives and the host jobs run: empty = in this process
+  // (host_threads on host_cores); otherwise this factory's backend, e.g. remote
+  // zenflow-optimizer nodes (worker/transport/remote_host_optimizer.h). The engine never
+  // sees how a backend moves data.
+  HostOptimizerFactory host_backend;
 };
 
 struct ParamSpec {
@@ -184,6 +188,9 @@ class ZenFlowOptimizer {
   int64_t split_elements() const;
   int64_t reselections() const;
   int world_size() const;           // data-parallel ranks the host state is partitioned over
+  // The host backend (null when nothing is split): its description and network bytes.
+  // Do not submit to it.
+  const HostOptimizer* host_optimizer() const;
   // Host-owned columns of `name` whose host state this rank holds, in storage order.
   std::vector<int64_t> owned_host_columns(const std::string& name) const;
 
