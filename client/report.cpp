@@ -132,6 +132,11 @@ void print_summary_table(std::ostream& out, const JobSpec& spec, const RunSummar
     row("collectives / step", "gradients " + kib(s.comm_gradient_bytes) + ", selection " +
                                   kib(s.comm_selection_bytes) + ", parameters " + kib(s.comm_parameter_bytes));
   }
+  if (!s.optimizer_nodes.empty()) {
+    auto mib = [&](int64_t b) { return fmt(static_cast<double>(b) / 1048576.0, 1) + " MiB"; };
+    row("optimizer nodes", s.host_backend);
+    row("  network sent, received", mib(s.network_bytes_sent) + ", " + mib(s.network_bytes_received));
+  }
   row("host threads / compute", std::to_string(s.host_threads) + " / " + std::to_string(s.compute_threads));
   if (!s.last_checkpoint.empty()) row("checkpoint", s.last_checkpoint);
   if (cost) {
@@ -183,6 +188,9 @@ nlohmann::json summary_json(const RunSummary& s, const std::optional<RunCost>& c
                      {"parameters", s.comm_parameter_bytes}};
   j["host_threads"] = s.host_threads;
   j["compute_threads"] = s.compute_threads;
+  j["host_backend"] = s.host_backend;
+  j["optimizer_nodes"] = s.optimizer_nodes;
+  j["network_bytes"] = {{"sent", s.network_bytes_sent}, {"received", s.network_bytes_received}};
   j["reselections"] = s.reselections;
   j["max_staleness_windows"] = s.max_staleness_windows;
   if (!s.last_checkpoint.empty()) j["checkpoint"] = s.last_checkpoint;

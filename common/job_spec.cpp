@@ -5,6 +5,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -438,8 +439,72 @@ void read_zenflow(const YAML::Node& node, ZenflowSpec& z) {
   }
 }
 
-void read_host(const YAML::Node& node, HostSpec& h) {
-  Section s(node, "optimizer.host", {"threads", "reserved_cores", "nodes", "huge_pages"});
+// A list of strings, or one string holding a comma-separated list.
+std::vector<std::string> string_list(const Section& s, const std::string& key, const YAML::Node& node) {
+  std::vector<std::string> out;
+  if (node.IsScalar()) {
+    std::string item;
+    for (char c : node.Scalar() + ",") {
+      if (c == ',') {
+        out.push_back(item);
+        item.clear();
+      } else if (c != ' ') {
+        item += c;
+      }
+    }
+    if (out.size() == 1 && out[0].empty()) out.clear();
+  } else if (node.IsSequence()) {
+    for (std::size_t i = 0; i < node.size(); ++i) {
+      if (!node[i].IsScalar()) s.fail(key, "items must be strings, got " + describe(node[i]) + " (item " + std::to_string(i) + ")");
+      out.push_back(node[i].Scalar());
+    }
+  } else {
+    s.fail(key, "must be a list, got " + describe(node));
+  }
+  return out;
+}
+
+void read_addresses(const Section& s, HostSpec& h) {
+  const YAML::Node* node = s.find("addresses", true);
+  if (!node) return;
+  h.addresses = string_list(s, "addresses", *node);
+  if (h.addresses.size() > 1024) s.fail("addresses", "must list at most 1024 nodes, got " + std::to_string(h.addresses.size()));
+  std::set<std::string> seen;
+  for (std::size_t i = 0; i < h.addresses.size(); ++i) {
+    const std::string& a = h.addresses[i];
+    const std::size_t colon = a.rfind(':');
+    const std::string where = " (item " + std::to_string(i) + ")";
+    bool ok = colon != std::string::npos && colon > 0 && colon + 1 < a.size() && a.size() <= 300;
+    int64_t port = 0;
+    if (ok) {
+      for (std::size_t c = colon + 1; c < a.size(); ++c) ok = ok && std::isdigit(static_cast<unsigned char>(a[c]));
+      if (ok) port = std::stoll(a.substr(colon + 1, 6));
+    }
+    if (!ok || port < 1 || port > 65535) s.fail("addresses", "must be HOST:PORT with a port in [1, 65535], got \"" + a + "\"" + where);
+    if (!seen.insert(a).second) s.fail("addresses", "\"" + a + "\" appears twice" + where);
+  }
+}
+
+void read_on_node_loss(const Section& s, HostSpec& h) {
+  const YAML::Node* node = s.find("on_node_loss");
+  if (!node) return;
+  std::vector<std::string> steps = string_list(s, "on_node_loss", *node);
+  const std::vector<std::string> known = {"spare", "in_process", "fail"};
+  if (steps.empty()) s.fail("on_node_loss", "must name at least one of spare, in_process, fail");
+  std::set<std::string> seen;
+  for (const std::string& x : steps) {
+    if (std::find(known.begin(), known.end(), x) == known.end())
+      s.fail("on_node_loss", "must be a list of spare, in_process, fail; got \"" + x + "\"");
+    if (!seen.insert(x).second) s.fail("on_node_loss", "\"" + x + "\" appears twice");
+  }
+  if (steps.back() != "fail" && seen.count("fail"))
+    s.fail("on_node_loss", "\"fail\" must come last (nothing after it is tried)");
+  h.on_node_loss = std::move(steps);
+}
+
+void read_host(const YAML::Node& node, HostSpec& h, const std::string& base_dir) {
+  Section s(node, "optimizer.host", {"threads", "reserved_cores", "nodes", "addresses", "token_file", "on_node_loss",
+                                     "huge_pages"});
   read_int_or_auto(s, "threads", h.threads_auto, h.threads, {1, kMaxCores});
   if (const YAML::Node* cores = s.find("reserved_cores")) {
     if (is_auto(*cores)) {
@@ -480,17 +545,24 @@ void read_host(const YAML::Node& node, HostSpec& h) {
     }
   }
   read_int(s, "nodes", h.nodes, {0, 1024});
+  read_addresses(s, h);
+  read_string(s, "token_file", h.token_file, true);
+  h.token_file = resolve_path(base_dir, h.token_file);
+  read_on_node_loss(s, h);
+  if (h.nodes > 0 && !h.addresses.empty() && h.nodes != static_cast<int64_t>(h.addresses.size()))
+    s.fail("nodes", "is " + std::to_string(h.nodes) + " but addresses lists " + std::to_string(h.addresses.size()) +
+                        " nodes (give one of them, or make them agree)");
   read_bool(s, "huge_pages", h.huge_pages);
 }
 
-void read_optimizer(const YAML::Node& node, OptimizerSpec& o) {
+void read_optimizer(const YAML::Node& node, OptimizerSpec& o, const std::string& base_dir) {
   Section s(node, "optimizer", {"mode", "beta1", "beta2", "eps", "zenflow", "host"});
   read_choice(s, "mode", o.mode, {"zenflow", "offload", "device"});
   read_number(s, "beta1", o.beta1, Range{0, true, 1, false});
   read_number(s, "beta2", o.beta2, Range{0, true, 1, false});
   read_number(s, "eps", o.eps, above(0));
   read_zenflow(s.child("zenflow"), o.zenflow);
-  read_host(s.child("host"), o.host);
+  read_host(s.child("host"), o.host, base_dir);
 }
 
 void read_resources(const YAML::Node& node, ResourcesSpec& r) {
@@ -599,7 +671,7 @@ JobSpec validate(const YAML::Node& root, const std::string& base_dir) {
   read_model(s.child("model"), spec.model, base_dir);
   read_data(s.child("data"), spec.data, base_dir);
   read_train(s.child("train"), spec.train);
-  read_optimizer(s.child("optimizer"), spec.optimizer);
+  read_optimizer(s.child("optimizer"), spec.optimizer, base_dir);
   read_resources(s.child("resources"), spec.resources);
   read_checkpoint(s.child("checkpoint"), spec.checkpoint, spec.name, base_dir);
   check_checkpoint_dir(spec.checkpoint, spec.name, base_dir);
@@ -853,6 +925,9 @@ std::string to_yaml(const JobSpec& spec) {
     out << YAML::Flow << h.reserved_cores;
   }
   integer("nodes", h.nodes);
+  out << YAML::Key << "addresses" << YAML::Value << YAML::Flow << h.addresses;
+  if (!h.token_file.empty()) str("token_file", h.token_file);
+  out << YAML::Key << "on_node_loss" << YAML::Value << YAML::Flow << h.on_node_loss;
   boolean("huge_pages", h.huge_pages);
   out << YAML::EndMap << YAML::EndMap;
 
@@ -912,9 +987,10 @@ bool operator==(const ZenflowSpec& a, const ZenflowSpec& b) {
                   b.min_split_numel);
 }
 bool operator==(const HostSpec& a, const HostSpec& b) {
-  return std::tie(a.threads_auto, a.threads, a.reserved_cores_auto, a.reserved_cores, a.nodes,
-                  a.huge_pages) == std::tie(b.threads_auto, b.threads, b.reserved_cores_auto,
-                                            b.reserved_cores, b.nodes, b.huge_pages);
+  return std::tie(a.threads_auto, a.threads, a.reserved_cores_auto, a.reserved_cores, a.nodes, a.addresses,
+                  a.token_file, a.on_node_loss, a.huge_pages) ==
+         std::tie(b.threads_auto, b.threads, b.reserved_cores_auto, b.reserved_cores, b.nodes, b.addresses,
+                  b.token_file, b.on_node_loss, b.huge_pages);
 }
 bool operator==(const OptimizerSpec& a, const OptimizerSpec& b) {
   return std::tie(a.mode, a.beta1, a.beta2, a.eps, a.zenflow, a.host) ==

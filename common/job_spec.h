@@ -121,6 +121,13 @@ struct HostSpec {
   bool reserved_cores_auto = true;
   std::vector<int> reserved_cores;  // explicit core ids
   int64_t nodes = 0;                // remote optimizer nodes (UCX); 0 = in-process
+  // Explicit zenflow-optimizer nodes (HOST:PORT), each rank's host state split over them
+  // (one list: every rank uses all of them); empty = `nodes` from a coordinator, or in-process.
+  std::vector<std::string> addresses;
+  std::string token_file;  // the token the nodes require (resolved against the spec's directory)
+  // What a lost node leads to, tried in order: "spare" (another node the coordinator
+  // assigns), "in_process" (when this host has the RAM), "fail".
+  std::vector<std::string> on_node_loss = {"spare", "in_process", "fail"};
   bool huge_pages = true;
 };
 

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/input_file.h"
 #include "worker/checkpoint.h"
 #include "worker/distributed/communicator.h"
 #include "worker/distributed/engine_collectives.h"
@@ -35,6 +37,9 @@
 #include "worker/model/dataset.h"
 #include "worker/model/schedule.h"
 #include "worker/model/tokenizer.h"
+#ifdef ZENFLOW_HAVE_TRANSPORT
+#include "worker/transport/remote_host_optimizer.h"
+#endif
 
 namespace zenflow {
 namespace {
@@ -96,6 +101,29 @@ engine::EngineOptions engine_options(const JobSpec& spec) {
   o.min_split_numel = z.min_split_numel;
   o.huge_pages = spec.optimizer.host.huge_pages;
   return o;
+}
+
+// The host optimizer backend of optimizer.host.addresses (empty: in-process). Each rank
+// opens its own sessions; the epoch (this process's start, in microseconds) fences the
+// sessions of an earlier attempt of the same rank out of the nodes.
+engine::HostOptimizerFactory host_backend(const JobSpec& spec) {
+  const HostSpec& h = spec.optimizer.host;
+  if (h.addresses.empty()) return {};
+#ifndef ZENFLOW_HAVE_TRANSPORT
+  throw std::invalid_argument("optimizer.host.addresses: this build has no UCX transport (built with ZENFLOW_SERVICES=OFF)");
+#else
+  transport::RemoteHostOptions o;
+  o.addresses = h.addresses;
+  if (!h.token_file.empty()) {
+    std::string token = read_regular_file(h.token_file, 4096, "optimizer.host.token_file");
+    while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
+    o.token = token;
+  }
+  o.job = spec.name + "@" + spec.checkpoint.dir;
+  o.epoch = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  return [o](const engine::HostStateLayout& layout) { return transport::make_remote_host_optimizer(o, layout); };
+#endif
 }
 
 // Splits this process's cores between the host optimizer (the last ones) and compute.
@@ -436,6 +464,7 @@ class TrainingRun {
     engine::EngineOptions eo = engine_options(spec_);
     eo.host_threads = static_cast<int>(std::max<size_t>(1, cores_.host.size()));
     eo.host_cores = cores_.host;
+    eo.host_backend = host_backend(spec_);
     if (comm_) collectives_ = std::make_unique<distributed::EngineCollectives>(*comm_);
     opt_.emplace(params_, eo, &clock_, collectives_.get());
     // The reducer averages the parameters the engine does not exchange itself.
@@ -799,6 +828,12 @@ class TrainingRun {
     sum_.step_seconds_p90 = percentile(sum_.step_seconds, 0.9);
     sum_.totals = clock_.totals();
     sum_.reselections = opt_->reselections();
+    if (const engine::HostOptimizer* host = opt_->host_optimizer()) {
+      sum_.host_backend = host->describe();
+      sum_.network_bytes_sent = host->network_bytes_sent();
+      sum_.network_bytes_received = host->network_bytes_received();
+    }
+    sum_.optimizer_nodes = spec_.optimizer.host.addresses;
     sum_.max_staleness_windows = opt_->max_staleness_windows();
     if (comm_) {
       // Every update is replicated or all-gathered, so the ranks' weights must be equal

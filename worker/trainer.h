@@ -96,6 +96,12 @@ struct RunSummary {
   int64_t transfer_buffer_bytes = 0;
   int64_t host_threads = 0;
   int64_t compute_threads = 0;
+  // Where the host optimizer state lived (HostOptimizer::describe: "in-process", or the
+  // optimizer nodes) and the bytes sent to / received from those nodes.
+  std::string host_backend;
+  std::vector<std::string> optimizer_nodes;
+  int64_t network_bytes_sent = 0;
+  int64_t network_bytes_received = 0;
   int64_t reselections = 0;
   int64_t max_staleness_windows = 0;
   // Data parallel: logical bytes of this process's collectives (communicator.h) by traffic.

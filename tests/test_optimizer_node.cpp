@@ -1,0 +1,496 @@
+// Remote optimizer nodes (zenflow-optimizer over UCX) against the in-process host
+// optimizer, with real node processes on 127.0.0.1, over UCX_TLS=tcp and over shared
+// memory:
+//  * Remote == in-process, bit for bit (weights after every step, engine state at the
+//    end), over update_interval {1, 4, auto} x overlap {on, off} x re-selection at every
+//    boundary x data-parallel ranks {1, 2} x nodes per rank {1, 2}, fp32 and bf16 weights.
+//  * Engine state written with remote nodes resumes in-process exactly, and the reverse.
+//  * A SIGKILLed node fails the waiting step within 5 s naming the node; a SIGSTOPped one
+//    is caught by the ping; a stale epoch, a wrong token and a session larger than the
+//    node's --memory-limit are refused with errors naming why.
+//  * The payload codecs reject truncated, malformed and out-of-range descriptors (fuzzed).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/support/process.h"
+#include "tests/support/thread_collectives.h"
+#include "worker/engine/zenflow_optimizer.h"
+#include "worker/transport/optimizer_protocol.h"
+#include "worker/transport/remote_host_optimizer.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using zenflow::engine::EngineOptions;
+using zenflow::engine::ParamSpec;
+using zenflow::engine::ZenFlowOptimizer;
+using zenflow::test_support::Process;
+using zenflow::test_support::wait_until;
+using State = std::vector<std::pair<std::string, at::Tensor>>;
+
+const char* const kToken = "node-test-token-5b1f";
+
+// UCX reads its environment when a context is created: set before every Transport (and
+// before starting a node, which inherits it). "sm": UCX 1.13's client-server wireup needs
+// tcp on lo, and without tcp put it offers no data lane, so data moves over shared memory
+// (test_transport checks the lanes UCX picks).
+void use_tls(const std::string& tls) {
+  ::setenv("UCX_TLS", tls == "sm" ? "sm,tcp" : tls.c_str(), 1);
+  ::setenv("UCX_NET_DEVICES", "lo", 1);
+  if (tls == "sm")
+    ::setenv("UCX_TCP_PUT_ENABLE", "n", 1);
+  else
+    ::unsetenv("UCX_TCP_PUT_ENABLE");
+  ::setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1);
+}
+
+fs::path temp_dir() {
+  static fs::path dir = [] {
+    fs::path d = fs::temp_directory_path() / ("zenflow-node-test-" + std::to_string(::getpid()));
+    fs::create_directories(d);
+    zenflow::test_support::write_file(d / "token", std::string(kToken) + "\n");
+    return d;
+  }();
+  return dir;
+}
+
+// One zenflow-optimizer process on 127.0.0.1 (its port read back from --port-file).
+class Node {
+ public:
+  Node(const std::string& tls, const std::string& tag, std::vector<std::string> extra = {}) {
+    use_tls(tls);
+    const fs::path port_file = temp_dir() / (tag + ".port");
+    fs::remove(port_file);
+    std::vector<std::string> argv = {std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow-optimizer", "--listen",
+                                     "127.0.0.1:0", "--port-file", port_file.string(), "--token-file",
+                                     (temp_dir() / "token").string()};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    proc_ = std::make_unique<Process>(argv, temp_dir() / (tag + ".log"));
+    if (!wait_until([&] { return fs::exists(port_file); }, std::chrono::seconds(20)))
+      throw std::runtime_error("zenflow-optimizer did not start: " + proc_->output());
+    address_ = "127.0.0.1:" + std::to_string(std::stoi(zenflow::test_support::read_file(port_file)));
+  }
+  const std::string& address() const { return address_; }
+  Process& process() { return *proc_; }
+
+ private:
+  std::unique_ptr<Process> proc_;
+  std::string address_;
+};
+
+// Two nodes per transport, shared by the grid.
+std::vector<std::string> shared_nodes(const std::string& tls) {
+  static std::map<std::string, std::vector<std::unique_ptr<Node>>> nodes;
+  auto& v = nodes[tls];
+  while (v.size() < 2) v.push_back(std::make_unique<Node>(tls, "shared-" + tls + "-" + std::to_string(v.size())));
+  return {v[0]->address(), v[1]->address()};
+}
+
+struct Shape {
+  const char* name;
+  int64_t rows, cols;  // cols == 0: 1-D
+};
+const Shape kModel[] = {{"embed", 20, 40}, {"proj", 32, 24}, {"norm", 20, 0}, {"head", 12, 36}};
+
+std::vector<at::Tensor> model_params(at::ScalarType dtype) {
+  std::vector<at::Tensor> ps;
+  at::Generator gen = at::detail::createCPUGenerator(1234);
+  for (const Shape& s : kModel) {
+    at::Tensor t = s.cols ? at::randn({s.rows, s.cols}, gen) : at::randn({s.rows}, gen);
+    ps.push_back((t * 0.2).to(dtype).contiguous().set_requires_grad(true));
+  }
+  return ps;
+}
+
+// Gradients of step `step` on rank `rank`: random, with a few heavy columns that move
+// every 3 steps so that every re-selection changes the set.
+void feed(const std::vector<at::Tensor>& ps, int64_t step, int rank) {
+  at::Generator gen = at::detail::createCPUGenerator(static_cast<uint64_t>(step * 7919 + rank * 104729 + 1));
+  for (size_t k = 0; k < ps.size(); ++k) {
+    const Shape& s = kModel[k];
+    at::Tensor g = at::randn(ps[k].sizes(), gen) * 0.05;
+    if (s.cols) {
+      const int64_t hot = (step / 3 * 5 + static_cast<int64_t>(k)) % s.cols;
+      g.narrow(1, hot, 1).mul_(9.0);
+    }
+    ps[k].mutable_grad() = g.to(ps[k].scalar_type());
+  }
+}
+
+std::unique_ptr<ZenFlowOptimizer> engine_for(const std::vector<at::Tensor>& ps, const EngineOptions& o,
+                                             zenflow::engine::Collectives* coll) {
+  std::vector<ParamSpec> specs;
+  for (size_t k = 0; k < ps.size(); ++k) {
+    ParamSpec p;
+    p.name = kModel[k].name;
+    p.param = ps[k];
+    p.weight_decay = kModel[k].cols > 0;
+    p.weight_decay_value = 0.02;
+    specs.push_back(p);
+  }
+  return std::make_unique<ZenFlowOptimizer>(specs, o, nullptr, coll);
+}
+
+zenflow::transport::RemoteHostOptions remote(const std::vector<std::string>& addresses, const std::string& job,
+                                             uint64_t epoch = 1) {
+  zenflow::transport::RemoteHostOptions r;
+  r.addresses = addresses;
+  r.token = kToken;
+  r.job = job;
+  r.epoch = epoch;
+  r.chunk_bytes = 4096;  // many chunks per span even on this small model
+  return r;
+}
+
+EngineOptions engine_options(int64_t U, bool overlap) {
+  EngineOptions o;
+  o.min_split_numel = 64;
+  o.host_threads = 1;
+  o.huge_pages = false;
+  o.topk_ratio = 0.25;
+  o.update_interval = U;
+  o.overlap_step = overlap;
+  o.select_strategy = zenflow::engine::SelectStrategy::kStep;
+  o.select_interval = U > 0 ? U : 1;  // re-selection at every boundary
+  return o;
+}
+
+void expect_same_params(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b, const std::string& where) {
+  for (size_t k = 0; k < a.size(); ++k)
+    ASSERT_TRUE(at::equal(a[k].detach(), b[k].detach())) << kModel[k].name << " differs " << where;
+}
+
+void expect_same_state(const State& a, const State& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].first, b[i].first);
+    ASSERT_TRUE(at::equal(a[i].second, b[i].second)) << a[i].first << " differs";
+  }
+}
+
+struct GridCase {
+  std::string tls;
+  int64_t U;
+  bool overlap;
+  int world;
+  int nodes;
+  at::ScalarType dtype;
+};
+
+std::string case_name(const testing::TestParamInfo<GridCase>& info) {
+  const GridCase& c = info.param;
+  return c.tls + "_U" + (c.U ? std::to_string(c.U) : std::string("auto")) + (c.overlap ? "_overlap" : "_sync") + "_W" +
+         std::to_string(c.world) + "_N" + std::to_string(c.nodes) + (c.dtype == at::kBFloat16 ? "_bf16" : "_fp32");
+}
+
+class RemoteEqualsInProcess : public testing::TestWithParam<GridCase> {};
+
+TEST_P(RemoteEqualsInProcess, WeightsEveryStepAndStateAtTheEnd) {
+  const GridCase c = GetParam();
+  const std::vector<std::string> all = shared_nodes(c.tls);
+  const std::vector<std::string> nodes(all.begin(), all.begin() + c.nodes);
+  const std::string job = "grid-" + case_name({c, 0});
+  constexpr int64_t kSteps = 14;
+  zenflow::test_support::run_thread_ranks(c.world, [&](zenflow::test_support::ThreadCollectives& coll, int rank) {
+    zenflow::engine::Collectives* group = c.world > 1 ? &coll : nullptr;
+    std::vector<at::Tensor> ref_p = model_params(c.dtype), rem_p = model_params(c.dtype);
+    EngineOptions ro = engine_options(c.U, c.overlap);
+    EngineOptions mo = ro;
+    use_tls(c.tls);
+    const auto opts = remote(nodes, job);
+    mo.host_backend = [opts](const zenflow::engine::HostStateLayout& l) {
+      return zenflow::transport::make_remote_host_optimizer(opts, l);
+    };
+    auto ref = engine_for(ref_p, ro, group);
+    auto rem = engine_for(rem_p, mo, group);
+    ASSERT_NE(rem->host_optimizer()->describe().find(nodes[0]), std::string::npos);
+    int64_t reselections = 0;
+    for (int64_t t = 0; t < kSteps; ++t) {
+      feed(ref_p, t, rank);
+      feed(rem_p, t, rank);
+      const auto a = ref->step({1e-2, 0});
+      const auto b = rem->step({1e-2, 0});
+      ASSERT_EQ(a.boundary, b.boundary) << "step " << t;
+      ASSERT_EQ(a.reselected, b.reselected) << "step " << t;
+      reselections += b.reselected ? 1 : 0;
+      expect_same_params(ref_p, rem_p, "after step " + std::to_string(t));
+    }
+    EXPECT_GT(reselections, 0) << "the gradients must move the selection";
+    expect_same_state(ref->state_dict(), rem->state_dict());
+    ref->finish();
+    rem->finish();
+    expect_same_params(ref_p, rem_p, "after finish");
+    EXPECT_EQ(rem->host_memory_bytes().master, 0) << "the worker holds no host state";
+    EXPECT_GT(rem->host_optimizer()->network_bytes_sent(), 0);
+    EXPECT_GT(rem->host_optimizer()->network_bytes_received(), 0);
+  });
+}
+
+std::vector<GridCase> grid() {
+  std::vector<GridCase> out;
+  for (const char* tls : {"tcp", "sm"})
+    for (int64_t U : {1, 4, 0})
+      for (bool overlap : {true, false})
+        for (int world : {1, 2})
+          for (int nodes : {1, 2}) out.push_back({tls, U, overlap, world, nodes, at::kFloat});
+  for (const char* tls : {"tcp", "sm"})
+    for (int world : {1, 2}) out.push_back({tls, 4, true, world, 2, at::kBFloat16});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, RemoteEqualsInProcess, testing::ValuesIn(grid()), case_name);
+
+// Engine state moves between backends: saved remote, resumed in-process, and the reverse,
+// continuing exactly like the run that never switched.
+TEST(OptimizerNode, StateResumesAcrossBackendsExactly) {
+  for (const char* tls : {"tcp", "sm"}) {
+    const std::vector<std::string> nodes = shared_nodes(tls);
+    use_tls(tls);
+    for (bool from_remote : {true, false}) {
+      std::vector<at::Tensor> straight_p = model_params(at::kFloat), first_p = model_params(at::kFloat);
+      const EngineOptions local = engine_options(4, true);
+      EngineOptions rem = local;
+      const auto opts = remote({nodes[0], nodes[1]}, std::string("resume-") + tls + (from_remote ? "-r" : "-l"));
+      rem.host_backend = [opts](const zenflow::engine::HostStateLayout& l) {
+        return zenflow::transport::make_remote_host_optimizer(opts, l);
+      };
+      auto straight = engine_for(straight_p, local, nullptr);
+      auto first = engine_for(first_p, from_remote ? rem : local, nullptr);
+      for (int64_t t = 0; t < 6; ++t) {  // mid-window, a host step in flight
+        feed(straight_p, t, 0);
+        feed(first_p, t, 0);
+        straight->step({1e-2, 0});
+        first->step({1e-2, 0});
+      }
+      const State saved = first->state_dict();
+      std::vector<at::Tensor> second_p;
+      for (auto& p : first_p) second_p.push_back(p.detach().clone().set_requires_grad(true));
+      first.reset();
+      auto second = engine_for(second_p, from_remote ? local : rem, nullptr);
+      second->load_state(saved);
+      for (int64_t t = 6; t < 15; ++t) {
+        feed(straight_p, t, 0);
+        feed(second_p, t, 0);
+        straight->step({1e-2, 0});
+        second->step({1e-2, 0});
+        expect_same_params(straight_p, second_p, std::string(tls) + " step " + std::to_string(t));
+      }
+      straight->finish();
+      second->finish();
+      expect_same_params(straight_p, second_p, "after finish");
+    }
+  }
+}
+
+// A remote engine over one fresh node of its own.
+struct OwnNode {
+  std::unique_ptr<Node> node;
+  std::vector<at::Tensor> params;
+  std::unique_ptr<ZenFlowOptimizer> engine;
+  OwnNode(const std::string& tls, const std::string& tag) {
+    node = std::make_unique<Node>(tls, tag);
+    params = model_params(at::kFloat);
+    EngineOptions o = engine_options(4, true);
+    const auto opts = remote({node->address()}, tag);
+    o.host_backend = [opts](const zenflow::engine::HostStateLayout& l) {
+      return zenflow::transport::make_remote_host_optimizer(opts, l);
+    };
+    engine = engine_for(params, o, nullptr);
+  }
+  // Steps until one throws (at most `limit`); returns its message and the seconds from `since`.
+  std::pair<std::string, double> step_until_error(std::chrono::steady_clock::time_point since, int limit = 400) {
+    for (int t = 0; t < limit; ++t) {
+      feed(params, t, 0);
+      try {
+        engine->step({1e-2, 0});
+        if (t % 4 == 3) engine->state_dict();  // a transfer: waits for the node's answer
+      } catch (const std::exception& e) {
+        return {e.what(), std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count()};
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    return {"", 0};
+  }
+};
+
+TEST(OptimizerNode, KilledNodeFailsTheStepNamingItWithinFiveSeconds) {
+  for (const char* tls : {"tcp", "sm"}) {
+    OwnNode o(tls, std::string("kill-") + tls);
+    for (int t = 0; t < 5; ++t) {
+      feed(o.params, t, 0);
+      o.engine->step({1e-2, 0});
+    }
+    const auto killed = std::chrono::steady_clock::now();
+    o.node->process().kill(SIGKILL);
+    const auto [error, seconds] = o.step_until_error(killed);
+    ASSERT_FALSE(error.empty()) << tls << ": no step failed after the node was killed";
+    EXPECT_NE(error.find(o.node->address()), std::string::npos) << error;
+    EXPECT_NE(error.find("lost"), std::string::npos) << error;
+    EXPECT_LT(seconds, 5.0) << tls << ": " << error;
+    o.engine.reset();  // destruction after a loss must not hang
+  }
+}
+
+TEST(OptimizerNode, StoppedNodeIsCaughtByThePing) {
+  OwnNode o("tcp", "sigstop");
+  for (int t = 0; t < 3; ++t) {
+    feed(o.params, t, 0);
+    o.engine->step({1e-2, 0});
+  }
+  const auto stopped = std::chrono::steady_clock::now();
+  o.node->process().signal(SIGSTOP);
+  const auto [error, seconds] = o.step_until_error(stopped);
+  o.node->process().signal(SIGCONT);
+  ASSERT_FALSE(error.empty());
+  EXPECT_NE(error.find("no answer to pings"), std::string::npos) << error;
+  EXPECT_NE(error.find(o.node->address()), std::string::npos) << error;
+  EXPECT_LT(seconds, 8.0) << error;
+  EXPECT_GE(seconds, 4.0) << error;
+}
+
+zenflow::engine::HostStateLayout layout_of(int64_t elements, int rank = 0) {
+  zenflow::engine::HostStateLayout l;
+  l.elements = elements;
+  l.huge_pages = false;
+  l.rank = rank;
+  l.segments = {0};
+  return l;
+}
+
+TEST(OptimizerNode, StaleEpochIsRefusedAndANewerOneFencesTheOlder) {
+  use_tls("tcp");
+  const std::vector<std::string> nodes = shared_nodes("tcp");
+  auto five = zenflow::transport::make_remote_host_optimizer(remote({nodes[0]}, "epochs", 5), layout_of(1000));
+  try {
+    zenflow::transport::make_remote_host_optimizer(remote({nodes[0]}, "epochs", 4), layout_of(1000));
+    FAIL() << "an older epoch was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("epoch 4 is older than epoch 5"), std::string::npos) << e.what();
+  }
+  std::vector<float> buf(1000, 1.5f), back(1000, 0.0f);
+  five->write(zenflow::engine::HostBuf::kMaster, 0, 1000, buf.data());
+  five->read(zenflow::engine::HostBuf::kMaster, 0, 1000, back.data());
+  EXPECT_EQ(back, buf);
+  auto six = zenflow::transport::make_remote_host_optimizer(remote({nodes[0]}, "epochs", 6), layout_of(1000));
+  try {
+    five->read(zenflow::engine::HostBuf::kMaster, 0, 1000, back.data());
+    FAIL() << "a fenced session still answered";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("moved on to epoch 6"), std::string::npos) << e.what();
+  }
+  six->read(zenflow::engine::HostBuf::kMaster, 0, 1000, back.data());
+  EXPECT_EQ(back, std::vector<float>(1000, 0.0f)) << "a new session starts zeroed";
+}
+
+TEST(OptimizerNode, RefusesAWrongTokenAndAStateOverItsMemoryLimit) {
+  use_tls("tcp");
+  auto opts = remote(shared_nodes("tcp"), "token");
+  opts.token = "not-the-token";
+  try {
+    zenflow::transport::make_remote_host_optimizer(opts, layout_of(100));
+    FAIL() << "a wrong token was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("wrong token"), std::string::npos) << e.what();
+  }
+  Node small("tcp", "memory-limit", {"--memory-limit", "1M"});
+  try {
+    zenflow::transport::make_remote_host_optimizer(remote({small.address()}, "big"), layout_of(1 << 20));
+    FAIL() << "a state over the memory limit was accepted";
+  } catch (const std::runtime_error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("20971520 bytes"), std::string::npos) << m;  // 5 arrays x 4 B x 2^20
+    EXPECT_NE(m.find("--memory-limit is 0.00 GiB (1048576 bytes)"), std::string::npos) << m;
+  }
+}
+
+TEST(OptimizerNode, SlicesCutAtSegmentsAndBalance) {
+  zenflow::engine::HostStateLayout l = layout_of(100);
+  l.segments = {0, 10, 30, 55, 80};
+  EXPECT_EQ(zenflow::transport::slice_bounds(l, 1), (std::vector<int64_t>{0, 100}));
+  EXPECT_EQ(zenflow::transport::slice_bounds(l, 2), (std::vector<int64_t>{0, 55, 100}));
+  EXPECT_EQ(zenflow::transport::slice_bounds(l, 3), (std::vector<int64_t>{0, 30, 55, 100}));
+  l.segments = {0};
+  EXPECT_EQ(zenflow::transport::slice_bounds(l, 2), (std::vector<int64_t>{0, 0, 100}));
+}
+
+TEST(OptimizerProtocol, RoundTripsAndRejectsBadDescriptors) {
+  using namespace zenflow::transport;
+  Hello h;
+  h.token = "t";
+  h.job = "j";
+  h.rank = 1;
+  h.world = 2;
+  h.elements = 1000;
+  const std::string hb = encode_hello(h);
+  const Hello back = decode_hello(hb.data(), hb.size());
+  EXPECT_EQ(back.job, "j");
+  EXPECT_EQ(back.rank, 1u);
+  EXPECT_EQ(back.elements, 1000u);
+  for (size_t cut = 0; cut < hb.size(); ++cut) EXPECT_THROW(decode_hello(hb.data(), cut), WireError) << cut;
+  h.rank = 2;
+  const std::string bad_rank = encode_hello(h);
+  EXPECT_THROW(decode_hello(bad_rank.data(), bad_rank.size()), WireError);
+
+  OpDesc d;
+  d.spans.push_back({10, 20, 1, 1, {}});
+  d.spans.push_back({40, 5, kGradNone, 0, {}});
+  const std::string op = encode_op(d, true);
+  const OpDesc od = decode_op(op.data(), op.size(), true, 100);
+  ASSERT_EQ(od.spans.size(), 2u);
+  EXPECT_EQ(od.spans[0].offset, 10u);
+  EXPECT_EQ(od.spans[1].grad_type, kGradNone);
+  try {
+    decode_op(op.data(), op.size(), true, 44);
+    FAIL();
+  } catch (const WireError& e) {
+    EXPECT_NE(std::string(e.what()).find("[40, +5) outside the session's 44 elements"), std::string::npos) << e.what();
+  }
+  const std::string acc = encode_op(d, false);
+  EXPECT_THROW(decode_op(acc.data(), acc.size(), false, 100), WireError) << "an accumulate span needs a gradient";
+
+  StateDesc s;
+  s.columns = 1;
+  s.offset = 8;
+  s.rows = 3;
+  s.width = 4;
+  s.cols = {0, 3};
+  s.n = 6;
+  const std::string sb = encode_state(s);
+  EXPECT_EQ(decode_state(sb.data(), sb.size(), 20).cols, (std::vector<int64_t>{0, 3}));
+  EXPECT_THROW(decode_state(sb.data(), sb.size(), 19), WireError);  // 8 + 12 > 19
+  s.cols = {4};
+  s.n = 3;
+  const std::string col_out = encode_state(s);
+  EXPECT_THROW(decode_state(col_out.data(), col_out.size(), 100), WireError);
+
+  // Fuzz: random mutations of valid payloads never crash and never pass out-of-range spans.
+  std::mt19937_64 rng(7);
+  int accepted = 0;
+  for (int i = 0; i < 100000; ++i) {
+    std::string m = (i % 3 == 0) ? hb : (i % 3 == 1 ? op : sb);
+    const int flips = 1 + static_cast<int>(rng() % 4);
+    for (int f = 0; f < flips; ++f) m[rng() % m.size()] = static_cast<char>(rng());
+    if (rng() % 5 == 0) m.resize(rng() % (m.size() + 1));
+    try {
+      if (i % 3 == 0) {
+        decode_hello(m.data(), m.size());
+      } else if (i % 3 == 1) {
+        for (const OpSpan& sp : decode_op(m.data(), m.size(), true, 100).spans) ASSERT_LE(sp.offset + sp.n, 100u);
+      } else {
+        const StateDesc st = decode_state(m.data(), m.size(), 100);
+        ASSERT_LE(st.offset + (st.columns ? st.rows * st.width : st.n), 100u);
+      }
+      ++accepted;
+    } catch (const WireError&) {
+    }
+  }
+  EXPECT_GT(accepted, 0);
+}
+
+}  // namespace

@@ -1,0 +1,106 @@
+// zenflow-optimizer: a dedicated CPU optimizer node (worker/optimizer_node/optimizer_node.h).
+//
+//   zenflow-optimizer --listen HOST:PORT [--threads N] [--cores LIST] [--memory-limit SIZE]
+//                     [--token-file F] [--port-file F]
+//
+// Prints "zenflow-optimizer: listening on HOST:PORT" once it accepts sessions (PORT 0 in
+// --listen picks a free one); SIGTERM or SIGINT stops it.
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/rpc/auth.h"
+#include "common/version.h"
+#include "worker/optimizer_node/optimizer_node.h"
+#include "worker/transport/remote_host_optimizer.h"
+#include "worker/transport/transport.h"
+
+namespace {
+
+std::vector<int> parse_cores(const std::string& text) {
+  std::vector<int> out;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t comma = text.find(',', at);
+    if (comma == std::string::npos) comma = text.size();
+    const std::string item = text.substr(at, comma - at);
+    const size_t dash = item.find('-');
+    try {
+      if (dash == std::string::npos) {
+        out.push_back(std::stoi(item));
+      } else {
+        const int lo = std::stoi(item.substr(0, dash)), hi = std::stoi(item.substr(dash + 1));
+        if (hi < lo) throw std::invalid_argument("");
+        for (int c = lo; c <= hi; ++c) out.push_back(c);
+      }
+    } catch (const std::exception&) {
+      throw std::invalid_argument("--cores: '" + item + "' is not a core or a range (examples: 2,3 or 4-7)");
+    }
+    at = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  zenflow::optimizer_node::NodeOptions o;
+  std::string listen = "127.0.0.1:0", cores, memory_limit, token_file, port_file;
+  CLI::App app("zenflow-optimizer: holds shards of workers' host optimizer state and runs their AdamW windows");
+  app.set_version_flag("--version", std::string("zenflow-optimizer ") + zenflow::kVersion);
+  app.add_option("--listen", listen, "HOST:PORT to accept workers on (port 0: a free one, printed)");
+  app.add_option("--threads", o.threads, "Compute threads per session")->check(CLI::Range(1, 4096));
+  app.add_option("--cores", cores, "Cores to pin the compute threads to (e.g. 2,3 or 4-7)");
+  app.add_option("--memory-limit", memory_limit, "Most host state to hold, all sessions together (e.g. 64G)");
+  app.add_option("--token-file", token_file, "File holding the token every session must present");
+  app.add_option("--port-file", port_file, "Write the bound port here once listening");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    const auto [host, port] = listen.rfind(":0") == listen.size() - 2 && listen.size() > 2
+                                  ? std::pair<std::string, int>{listen.substr(0, listen.size() - 2), 0}
+                                  : zenflow::transport::parse_address(listen);
+    o.host = host;
+    o.port = port;
+    if (!cores.empty()) o.cores = parse_cores(cores);
+    if (!memory_limit.empty()) o.memory_limit = zenflow::optimizer_node::parse_bytes(memory_limit);
+    if (!token_file.empty()) o.token = zenflow::rpc::read_token_file(token_file);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "zenflow-optimizer: %s\n", e.what());
+    return 2;
+  }
+  // Signals go to sigwait below, not to the transport's or sessions' threads.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  zenflow::optimizer_node::OptimizerNode node(o);
+  int port = 0;
+  try {
+    port = node.start();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zenflow-optimizer: cannot listen on %s: %s\n", listen.c_str(), e.what());
+    return 1;
+  }
+  if (!port_file.empty()) {
+    const std::string tmp = port_file + ".tmp";
+    std::ofstream(tmp) << port << "\n";
+    std::rename(tmp.c_str(), port_file.c_str());
+  }
+  std::printf("zenflow-optimizer: listening on %s:%d\n", o.host.c_str(), port);
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  const auto st = node.stats();
+  std::fprintf(stderr, "zenflow-optimizer: stopping on signal %d (%d sessions, %lld ops run)\n", sig, st.sessions,
+               static_cast<long long>(st.ops));
+  node.stop();
+  return 0;
+}

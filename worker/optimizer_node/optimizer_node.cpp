@@ -1,0 +1,695 @@
+// zenflow-optimizer sessions: the node side of the optimizer-node protocol
+// (worker/transport/optimizer_protocol.h).
+#include "worker/optimizer_node/optimizer_node.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include "worker/engine/host_isa.h"
+#include "worker/engine/host_optimizer.h"
+#include "worker/transport/optimizer_protocol.h"
+#include "worker/transport/transport.h"
+
+namespace zenflow::optimizer_node {
+namespace {
+
+using transport::Channel;
+using transport::ChannelHandler;
+using transport::ErrorCode;
+using transport::MsgType;
+using transport::WireError;
+using transport::WireHeader;
+
+std::string gib(int64_t bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+  return std::string(b) + " (" + std::to_string(bytes) + " bytes)";
+}
+
+bool same_token(const std::string& a, const std::string& b) {
+  unsigned diff = a.size() == b.size() ? 0u : 1u;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned>(a[i] ^ b[i % (b.empty() ? 1 : b.size())]);
+  return diff == 0 && !(b.empty() && !a.empty());
+}
+
+// An op being received: its descriptor and the bytes that follow it.
+struct Op {
+  WireHeader h;
+  transport::OpDesc desc;
+  transport::StateDesc state;
+  std::vector<uint64_t> span_bytes_at;  // byte offset of each span's gradient in `data`
+  std::vector<char> data;
+  uint64_t received = 0;
+  bool ready() const { return received == data.size(); }
+};
+
+}  // namespace
+
+std::string session_key(const transport::Hello& h) { return h.job + "#" + std::to_string(h.rank); }
+
+// One worker connection: one slice of one rank's host state.
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(OptimizerNode::Impl& node, std::shared_ptr<Channel> ch, uint32_t id) : node_(node), ch_(std::move(ch)), id_(id) {}
+  ~Session() { shutdown(); }
+
+  ChannelHandler handler();
+  void start() {
+    op_thread_ = std::thread([this] { run_ops(); });
+    acc_thread_ = std::thread([this] { run_completions(acc_done_); });
+    step_thread_ = std::thread([this] { run_completions(step_done_); });
+  }
+  // Ends the session: no more ops; the state is freed. Safe to call repeatedly.
+  void shutdown();
+  // Refuses and ends the session (a newer epoch of its job arrived).
+  void fence(const std::string& why) {
+    send_error(ErrorCode::kStaleEpoch, why);
+    end(why);
+  }
+  // The (job, rank) key and epoch; written and read under the node's mutex.
+  const std::string& job() const { return job_; }
+  void bind(const std::string& key) { job_ = key; }
+  uint64_t epoch() const { return epoch_; }
+  int64_t state_bytes() const { return state_bytes_; }
+
+ private:
+  struct Completion {
+    uint64_t seq = 0;
+    std::shared_ptr<engine::HostWork> work;
+    std::shared_ptr<Op> op;
+    std::shared_ptr<std::vector<uint16_t>> half;  // STEP: low-precision output, spans packed
+    std::vector<uint64_t> half_at;                // STEP: each span's element offset in `half`
+  };
+  struct CompletionQueue {
+    std::deque<Completion> q;
+  };
+
+  void* place(const void* header, size_t hlen, size_t len);
+  void on_message(const void* header, size_t hlen, void* data, size_t len);
+  void run_ops();
+  void run_completions(CompletionQueue& cq);
+  void hello(const WireHeader& h, const std::vector<char>& body);
+  void run_op(const std::shared_ptr<Op>& op);
+  void send(const WireHeader& h, const void* payload, size_t len, transport::SendDone done = {}) {
+    unsigned char buf[transport::kWireHeaderBytes];
+    transport::encode(h, buf);
+    ch_->send(buf, sizeof buf, payload, len, std::move(done));
+  }
+  void send_error(ErrorCode code, const std::string& text) {
+    WireHeader h = transport::make_header(MsgType::kError, epoch_, id_);
+    h.aux = static_cast<uint32_t>(code);
+    auto keep = std::make_shared<std::string>(text);
+    h.payload_bytes = static_cast<uint32_t>(keep->size());
+    send(h, keep->data(), keep->size(), [keep](bool, const std::string&) {});
+  }
+  // Sends `bytes` of `data` as kind messages in chunks, then DONE{seq, count = bytes, scale}.
+  void send_reply(MsgType kind, uint64_t seq, const std::vector<std::pair<const char*, uint64_t>>& parts,
+                  size_t elem_bytes, std::shared_ptr<void> keep, float seconds);
+  void end(const std::string& why);
+  void fail(ErrorCode code, const std::string& why) {
+    send_error(code, why);
+    end(why);
+  }
+
+  OptimizerNode::Impl& node_;
+  std::shared_ptr<Channel> ch_;
+  uint32_t id_;
+  std::string job_;
+  std::atomic<uint64_t> epoch_{0};
+  int64_t state_bytes_ = 0;
+  transport::Hello hello_;
+  std::unique_ptr<engine::HostOptimizer> local_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  bool greeted_ = false;  // a HELLO arrived (the op thread may still be allocating)
+  std::deque<std::pair<WireHeader, std::vector<char>>> control_;  // HELLO
+  std::map<uint64_t, std::shared_ptr<Op>> ops_;  // by seq, until run
+  uint64_t last_desc_seq_ = 0;
+  uint64_t next_run_ = 1;
+  CompletionQueue acc_done_, step_done_;
+  std::condition_variable done_cv_;
+  std::thread op_thread_, acc_thread_, step_thread_;
+};
+
+struct OptimizerNode::Impl {
+  NodeOptions opt;
+  std::unique_ptr<transport::Transport> tr;
+  int port = 0;
+  mutable std::mutex mu;
+  std::map<uint32_t, std::shared_ptr<Session>> sessions;
+  std::map<std::string, uint64_t> epochs;  // job -> newest epoch seen
+  uint32_t next_id = 1;
+  int64_t memory_used = 0;
+  std::atomic<int64_t> refused{0}, ops{0};
+  std::vector<std::shared_ptr<Session>> ended;  // joined off the progress thread
+  std::thread reaper;
+  std::condition_variable reap_cv;
+  bool stopping = false;
+
+  // HELLO admission: token, epoch fence, memory. Returns "" or the refusal.
+  std::string admit(Session* s, const transport::Hello& h, uint64_t epoch, int64_t bytes, ErrorCode* code) {
+    if (!opt.token.empty() && !same_token(h.token, opt.token)) {
+      *code = ErrorCode::kUnauthorized;
+      return "wrong token for this optimizer node";
+    }
+    // Each rank's attempts are fenced on their own (ranks start at different times).
+    const std::string key = session_key(h);
+    const std::string who = "job '" + h.job + "' rank " + std::to_string(h.rank);
+    std::vector<std::shared_ptr<Session>> fenced;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = epochs.find(key);
+      if (it != epochs.end() && epoch < it->second) {
+        *code = ErrorCode::kStaleEpoch;
+        return who + ": epoch " + std::to_string(epoch) + " is older than epoch " + std::to_string(it->second) +
+               ", which this node serves";
+      }
+      if (it == epochs.end() || epoch > it->second) {
+        epochs[key] = epoch;
+        for (auto& [id, other] : sessions)
+          if (other.get() != s && other->job() == key && other->epoch() < epoch) fenced.push_back(other);
+      }
+    }
+    for (auto& f : fenced) f->fence(who + " moved on to epoch " + std::to_string(epoch));
+    std::lock_guard<std::mutex> lock(mu);
+    if (epochs[key] != epoch) {  // a newer HELLO of this rank came in meanwhile
+      *code = ErrorCode::kStaleEpoch;
+      return who + ": epoch " + std::to_string(epoch) + " is older than epoch " + std::to_string(epochs[key]) +
+             ", which this node serves";
+    }
+    if (opt.memory_limit > 0 && memory_used + bytes > opt.memory_limit) {
+      *code = ErrorCode::kNoMemory;
+      return "the session's host state needs " + gib(bytes) + " but this node's --memory-limit is " +
+             gib(opt.memory_limit) + " with " + gib(memory_used) + " in use";
+    }
+    memory_used += bytes;
+    s->bind(key);
+    return "";
+  }
+  void release(int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu);
+    memory_used -= bytes;
+  }
+  void ended_session(uint32_t id) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = sessions.find(id);
+    if (it == sessions.end()) return;
+    ended.push_back(it->second);
+    sessions.erase(it);
+    reap_cv.notify_all();
+  }
+};
+
+ChannelHandler Session::handler() {
+  ChannelHandler h;
+  std::weak_ptr<Session> self = weak_from_this();
+  h.place = [self](const void* header, size_t hlen, size_t len) -> void* {
+    auto s = self.lock();
+    return s ? s->place(header, hlen, len) : nullptr;
+  };
+  h.on_message = [self](const void* header, size_t hlen, void* data, size_t len) {
+    if (auto s = self.lock()) s->on_message(header, hlen, data, len);
+  };
+  h.on_error = [self](const std::string& error) {
+    if (auto s = self.lock()) s->end("connection lost: " + error);
+  };
+  return h;
+}
+
+void* Session::place(const void* header, size_t hlen, size_t len) {
+  WireHeader h;
+  try {
+    h = transport::decode(header, hlen, len);
+  } catch (const WireError&) {
+    return nullptr;  // on_message reports it
+  }
+  if (h.type != MsgType::kGrad && h.type != MsgType::kData) return nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = ops_.find(h.seq);
+  if (it == ops_.end()) return nullptr;
+  Op& op = *it->second;
+  uint64_t at = 0, esize = 4, limit = 0;
+  if (h.type == MsgType::kGrad) {
+    if (op.h.type != MsgType::kAccumulate && op.h.type != MsgType::kStep) return nullptr;
+    if (h.aux >= op.desc.spans.size() || op.desc.spans[h.aux].grad_type == transport::kGradNone) return nullptr;
+    const auto& sp = op.desc.spans[h.aux];
+    esize = transport::grad_type_bytes(sp.grad_type);
+    at = op.span_bytes_at[h.aux];
+    limit = sp.n;
+  } else {
+    if (op.h.type != MsgType::kStateWrite) return nullptr;
+    limit = op.state.n;
+  }
+  if (h.count > limit || h.offset > limit - h.count || h.count * esize != len) return nullptr;
+  return op.data.data() + at + h.offset * esize;
+}
+
+void Session::on_message(const void* header, size_t hlen, void* data, size_t len) {
+  WireHeader h;
+  try {
+    h = transport::decode(header, hlen, len, {}, data);
+    if (h.type != MsgType::kHello && h.type != MsgType::kPing && h.job_epoch != epoch_)
+      throw WireError("wire: message of epoch " + std::to_string(h.job_epoch) + " in a session of epoch " +
+                      std::to_string(epoch_));
+    switch (h.type) {
+      case MsgType::kPing: {
+        WireHeader r = transport::make_header(MsgType::kPong, epoch_, id_);
+        r.offset = h.offset;
+        send(r, nullptr, 0);
+        return;
+      }
+      case MsgType::kHello: {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (greeted_) throw WireError("wire: a second HELLO in one session");
+        greeted_ = true;
+        epoch_ = h.job_epoch;
+        control_.emplace_back(h, std::vector<char>(static_cast<char*>(data), static_cast<char*>(data) + len));
+        cv_.notify_all();
+        return;
+      }
+      case MsgType::kBye:
+        end("the worker said BYE");
+        return;
+      case MsgType::kAccumulate:
+      case MsgType::kStep:
+      case MsgType::kStateRead:
+      case MsgType::kStateWrite: {
+        auto op = std::make_shared<Op>();
+        op->h = h;
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!greeted_) throw WireError(std::string("wire: ") + transport::msg_type_name(h.type) + " before HELLO");
+        if (h.seq != last_desc_seq_ + 1)
+          throw WireError("wire: op " + std::to_string(h.seq) + " after op " + std::to_string(last_desc_seq_) +
+                          " (sequence numbers have no gaps)");
+        const uint64_t elements = hello_.elements;
+        if (h.type == MsgType::kAccumulate || h.type == MsgType::kStep) {
+          const bool step = h.type == MsgType::kStep;
+          op->desc = transport::decode_op(data, len, step, elements);
+          if (step ? h.aux > engine::kNumHostBufs : (h.aux < 3 || h.aux >= engine::kNumHostBufs))
+            throw WireError("wire: accumulator " + std::to_string(h.aux));
+          uint64_t bytes = 0;
+          for (const auto& sp : op->desc.spans) {
+            op->span_bytes_at.push_back(bytes);
+            if (sp.grad_type != transport::kGradNone) bytes += sp.n * transport::grad_type_bytes(sp.grad_type);
+          }
+          op->data.resize(bytes);
+        } else {
+          if (h.aux >= engine::kNumHostBufs) throw WireError("wire: state array " + std::to_string(h.aux));
+          op->state = transport::decode_state(data, len, elements);
+          if (h.type == MsgType::kStateWrite) op->data.resize(op->state.n * 4);
+        }
+        last_desc_seq_ = h.seq;
+        ops_[h.seq] = op;
+        cv_.notify_all();
+        return;
+      }
+      case MsgType::kGrad:
+      case MsgType::kData: {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = ops_.find(h.seq);
+        if (it == ops_.end() || data == nullptr)
+          throw WireError(std::string("wire: ") + transport::msg_type_name(h.type) + " for op " + std::to_string(h.seq) +
+                          " that expects no such data");
+        // place() put it in the op's buffer; a buffer of the transport's means it did not fit.
+        Op& op = *it->second;
+        const char* begin = op.data.data();
+        if (static_cast<const char*>(data) < begin || static_cast<const char*>(data) + len > begin + op.data.size())
+          throw WireError(std::string("wire: ") + transport::msg_type_name(h.type) + " [" + std::to_string(h.offset) +
+                          ", +" + std::to_string(h.count) + ") does not fit op " + std::to_string(h.seq));
+        op.received += len;
+        if (op.received > op.data.size()) throw WireError("wire: more data than op " + std::to_string(h.seq) + " expects");
+        if (op.ready()) cv_.notify_all();
+        return;
+      }
+      default:
+        throw WireError(std::string("wire: unexpected ") + transport::msg_type_name(h.type) + " at a node");
+    }
+  } catch (const std::exception& e) {
+    fail(ErrorCode::kBadMessage, e.what());
+  }
+}
+
+void Session::hello(const WireHeader& h, const std::vector<char>& body) {
+  transport::Hello hi;
+  try {
+    hi = transport::decode_hello(body.data(), body.size());
+  } catch (const WireError& e) {
+    fail(ErrorCode::kBadMessage, e.what());
+    return;
+  }
+  const int64_t bytes = static_cast<int64_t>(hi.elements) * engine::kNumHostBufs * 4;
+  ErrorCode code = ErrorCode::kNone;
+  const std::string refusal = node_.admit(this, hi, h.job_epoch, bytes, &code);
+  if (!refusal.empty()) {
+    node_.refused++;
+    fail(code, refusal);
+    return;
+  }
+  state_bytes_ = bytes;
+  engine::InProcessHostOptions o;
+  o.threads = std::max(1, node_.opt.threads);
+  o.cores = node_.opt.cores;
+  o.first_touch = true;
+  engine::HostStateLayout layout;
+  layout.elements = static_cast<int64_t>(hi.elements);
+  layout.huge_pages = hi.huge_pages != 0;
+  layout.rank = static_cast<int>(hi.rank);
+  layout.world = static_cast<int>(hi.world);
+  try {
+    local_ = engine::make_in_process_host_optimizer(o, layout);
+  } catch (const std::exception& e) {
+    fail(ErrorCode::kNoMemory, std::string("cannot allocate the session's state: ") + e.what());
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hello_ = hi;
+  }
+  transport::Welcome w;
+  w.node = node_.opt.name;
+  w.threads = static_cast<uint32_t>(local_->threads());
+  w.credits = node_.opt.credits;
+  w.host_isa = engine::host_isa_name(engine::active_host_isa());
+  w.memory_limit = static_cast<uint64_t>(node_.opt.memory_limit);
+  {
+    std::lock_guard<std::mutex> lock(node_.mu);
+    w.memory_used = static_cast<uint64_t>(node_.memory_used);
+  }
+  auto body_out = std::make_shared<std::string>(transport::encode_welcome(w));
+  WireHeader r = transport::make_header(MsgType::kWelcome, epoch_, id_);
+  r.payload_bytes = static_cast<uint32_t>(body_out->size());
+  send(r, body_out->data(), body_out->size(), [body_out](bool, const std::string&) {});
+}
+
+void Session::run_ops() {
+  for (;;) {
+    std::shared_ptr<Op> op;
+    std::pair<WireHeader, std::vector<char>> ctl;
+    bool have_ctl = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] {
+        if (stopping_ || !control_.empty()) return true;
+        auto it = ops_.find(next_run_);
+        return local_ && it != ops_.end() && it->second->ready();
+      });
+      if (stopping_) return;
+      if (!control_.empty()) {
+        ctl = std::move(control_.front());
+        control_.pop_front();
+        have_ctl = true;
+      } else {
+        auto it = ops_.find(next_run_);
+        op = it->second;
+        ops_.erase(it);
+        ++next_run_;
+      }
+    }
+    if (have_ctl) {
+      hello(ctl.first, ctl.second);
+      continue;
+    }
+    node_.ops++;
+    try {
+      run_op(op);
+    } catch (const std::exception& e) {
+      fail(ErrorCode::kInternal, std::string("op ") + std::to_string(op->h.seq) + ": " + e.what());
+      return;
+    }
+  }
+}
+
+void Session::run_op(const std::shared_ptr<Op>& op) {
+  const WireHeader& h = op->h;
+  auto grad_of = [&](size_t i) {
+    const auto& sp = op->desc.spans[i];
+    const void* p = op->data.data() + op->span_bytes_at[i];
+    return engine::GradRef{p, static_cast<engine::GradRef::Type>(sp.grad_type)};
+  };
+  if (h.type == MsgType::kAccumulate) {
+    engine::AccumulateJob job;
+    job.acc = static_cast<engine::HostBuf>(h.aux);
+    job.scale = h.scale;
+    job.overwrite = (h.flags & transport::kFlagOverwrite) != 0;
+    for (size_t i = 0; i < op->desc.spans.size(); ++i)
+      job.spans.push_back({static_cast<int64_t>(op->desc.spans[i].offset), grad_of(i),
+                           static_cast<int64_t>(op->desc.spans[i].n)});
+    Completion c{h.seq, local_->submit(std::move(job)), op, nullptr, {}};
+    std::lock_guard<std::mutex> lock(mu_);
+    acc_done_.q.push_back(std::move(c));
+    done_cv_.notify_all();
+    return;
+  }
+  if (h.type == MsgType::kStep) {
+    engine::StepJob job;
+    job.acc = h.aux == 0 ? -1 : static_cast<int>(h.aux) - 1;
+    job.grad_scale = h.scale;
+    Completion c{h.seq, nullptr, op, nullptr, {}};
+    uint64_t half_n = 0;
+    for (const auto& sp : op->desc.spans) {
+      c.half_at.push_back(half_n);
+      if (sp.half_kind != 0) half_n += sp.n;
+    }
+    c.half = std::make_shared<std::vector<uint16_t>>(half_n);
+    for (size_t i = 0; i < op->desc.spans.size(); ++i) {
+      const auto& sp = op->desc.spans[i];
+      engine::StepJob::Span s;
+      s.offset = static_cast<int64_t>(sp.offset);
+      s.n = static_cast<int64_t>(sp.n);
+      if (sp.grad_type != transport::kGradNone) s.grad = grad_of(i);
+      if (sp.half_kind != 0) {
+        s.half_out = c.half->data() + c.half_at[i];
+        s.half_kind = static_cast<engine::HalfKind>(sp.half_kind - 1);
+      }
+      s.coeffs = sp.coeffs;
+      job.spans.push_back(s);
+    }
+    if (job.acc < 0)
+      for (const auto& s : job.spans)
+        if (s.grad.data == nullptr) throw std::runtime_error("a step span with neither gradient nor accumulator");
+    c.work = local_->submit(std::move(job));
+    std::lock_guard<std::mutex> lock(mu_);
+    step_done_.q.push_back(std::move(c));
+    done_cv_.notify_all();
+    return;
+  }
+  // State transfers see every earlier op's effect: the node drains first.
+  local_->drain();
+  const auto b = static_cast<engine::HostBuf>(h.aux);
+  const transport::StateDesc& d = op->state;
+  if (h.type == MsgType::kStateWrite) {
+    const float* src = reinterpret_cast<const float*>(op->data.data());
+    if (d.columns)
+      local_->scatter_columns(b, static_cast<int64_t>(d.offset), static_cast<int64_t>(d.rows),
+                              static_cast<int64_t>(d.width), d.cols, src);
+    else
+      local_->write(b, static_cast<int64_t>(d.offset), static_cast<int64_t>(d.n), src);
+    send_reply(MsgType::kData, h.seq, {}, 4, nullptr, -1);
+    return;
+  }
+  auto out = std::make_shared<std::vector<float>>(d.n);
+  if (d.columns)
+    local_->gather_columns(b, static_cast<int64_t>(d.offset), static_cast<int64_t>(d.rows),
+                           static_cast<int64_t>(d.width), d.cols, out->data());
+  else
+    local_->read(b, static_cast<int64_t>(d.offset), static_cast<int64_t>(d.n), out->data());
+  send_reply(MsgType::kData, h.seq, {{reinterpret_cast<const char*>(out->data()), d.n}}, 4, out, -1);
+}
+
+void Session::send_reply(MsgType kind, uint64_t seq, const std::vector<std::pair<const char*, uint64_t>>& parts,
+                         size_t elem_bytes, std::shared_ptr<void> keep, float seconds) {
+  const uint64_t chunk = std::max<uint64_t>(1, hello_.chunk_bytes / elem_bytes);
+  struct Pending {
+    std::atomic<int64_t> left{1};
+    uint64_t bytes = 0;
+  };
+  auto pending = std::make_shared<Pending>();
+  std::weak_ptr<Session> self = weak_from_this();
+  const uint64_t epoch = epoch_;
+  const uint32_t id = id_;
+  std::shared_ptr<Channel> ch = ch_;
+  auto finish = [pending, self, seq, seconds, epoch, id, ch, keep]() {
+    if (--pending->left != 0) return;
+    WireHeader d = transport::make_header(MsgType::kDone, epoch, id, seq);
+    d.count = pending->bytes;
+    d.scale = seconds;
+    unsigned char buf[transport::kWireHeaderBytes];
+    transport::encode(d, buf);
+    ch->send(buf, sizeof buf, nullptr, 0, {});
+  };
+  for (size_t i = 0; i < parts.size(); ++i) {
+    for (uint64_t off = 0; off < parts[i].second; off += chunk) {
+      const uint64_t n = std::min(chunk, parts[i].second - off);
+      WireHeader m = transport::make_header(kind, epoch_, id_, seq);
+      m.aux = static_cast<uint32_t>(i);
+      m.offset = off;
+      m.count = n;
+      m.payload_bytes = static_cast<uint32_t>(n * elem_bytes);
+      pending->bytes += n * elem_bytes;
+      ++pending->left;
+      send(m, parts[i].first + off * elem_bytes, n * elem_bytes, [finish](bool ok, const std::string&) {
+        if (ok) finish();  // a failed send fails the channel: the worker sees on_error
+      });
+    }
+  }
+  finish();
+}
+
+void Session::run_completions(CompletionQueue& cq) {
+  for (;;) {
+    Completion c;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      done_cv_.wait(lock, [&] { return stopping_ || !cq.q.empty(); });
+      if (stopping_) return;
+      c = std::move(cq.q.front());
+      cq.q.pop_front();
+    }
+    try {
+      c.work->wait();
+    } catch (const std::exception& e) {
+      fail(ErrorCode::kInternal, std::string("op ") + std::to_string(c.seq) + ": " + e.what());
+      return;
+    }
+    const float seconds = static_cast<float>(c.work->run_seconds());
+    std::vector<std::pair<const char*, uint64_t>> parts;
+    if (c.half) {
+      for (size_t i = 0; i < c.op->desc.spans.size(); ++i) {
+        const auto& sp = c.op->desc.spans[i];
+        // PARAMS messages name their span; spans without output send nothing.
+        parts.emplace_back(reinterpret_cast<const char*>(c.half->data() + c.half_at[i]), sp.half_kind ? sp.n : 0);
+      }
+    }
+    send_reply(MsgType::kParams, c.seq, parts, 2, c.half, seconds);
+  }
+}
+
+void Session::end(const std::string& why) {
+  (void)why;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  done_cv_.notify_all();
+  ch_->close(false);
+  node_.ended_session(id_);
+}
+
+void Session::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  done_cv_.notify_all();
+  for (std::thread* t : {&op_thread_, &acc_thread_, &step_thread_})
+    if (t->joinable() && t->get_id() != std::this_thread::get_id()) t->join();
+  if (local_) {
+    local_->drain();
+    local_.reset();
+    node_.release(state_bytes_);
+    state_bytes_ = 0;
+  }
+}
+
+OptimizerNode::OptimizerNode(NodeOptions options) : impl_(new Impl) { impl_->opt = std::move(options); }
+
+OptimizerNode::~OptimizerNode() { stop(); }
+
+int OptimizerNode::start() {
+  Impl& i = *impl_;
+  transport::TransportOptions to;
+  to.name = "optimizer node";
+  i.tr = transport::Transport::create(to);
+  i.reaper = std::thread([&i] {
+    std::unique_lock<std::mutex> lock(i.mu);
+    for (;;) {
+      i.reap_cv.wait(lock, [&] { return i.stopping || !i.ended.empty(); });
+      std::vector<std::shared_ptr<Session>> done = std::move(i.ended);
+      i.ended.clear();
+      lock.unlock();
+      for (auto& s : done) s->shutdown();
+      done.clear();
+      lock.lock();
+      if (i.stopping && i.ended.empty()) return;
+    }
+  });
+  i.port = i.tr->listen(i.opt.host, i.opt.port, [&i](std::shared_ptr<Channel> ch) {
+    std::shared_ptr<Session> s;
+    {
+      std::lock_guard<std::mutex> lock(i.mu);
+      s = std::make_shared<Session>(i, ch, i.next_id++);
+      i.sessions[i.next_id - 1] = s;
+    }
+    s->start();
+    return s->handler();
+  });
+  if (i.opt.name.empty()) i.opt.name = i.opt.host + ":" + std::to_string(i.port);
+  return i.port;
+}
+
+void OptimizerNode::stop() {
+  Impl& i = *impl_;
+  std::vector<std::shared_ptr<Session>> all;
+  {
+    std::lock_guard<std::mutex> lock(i.mu);
+    if (i.stopping) return;
+    i.stopping = true;
+    for (auto& [id, s] : i.sessions) all.push_back(s);
+    i.sessions.clear();
+    i.reap_cv.notify_all();
+  }
+  if (i.reaper.joinable()) i.reaper.join();
+  for (auto& s : all) s->shutdown();
+  i.tr.reset();
+  for (auto& s : i.ended) s->shutdown();
+  i.ended.clear();
+}
+
+NodeStats OptimizerNode::stats() const {
+  const Impl& i = *impl_;
+  NodeStats s;
+  std::lock_guard<std::mutex> lock(i.mu);
+  s.sessions = static_cast<int>(i.sessions.size());
+  s.memory_used = i.memory_used;
+  s.sessions_refused = i.refused.load();
+  s.ops = i.ops.load();
+  return s;
+}
+
+const std::string& OptimizerNode::name() const { return impl_->opt.name; }
+
+int64_t parse_bytes(const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    throw std::invalid_argument("'" + text + "' is not a size (examples: 64G, 512M, 1.5T, 1000000)");
+  }
+  std::string unit = text.substr(used);
+  if (!unit.empty() && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
+  if (!unit.empty() && unit.back() == 'i') unit.pop_back();
+  double mult = 1;
+  if (unit == "K" || unit == "k") mult = 1024.0;
+  else if (unit == "M" || unit == "m") mult = 1024.0 * 1024;
+  else if (unit == "G" || unit == "g") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "T" || unit == "t") mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (!unit.empty()) throw std::invalid_argument("'" + text + "': unknown unit '" + unit + "' (K, M, G or T)");
+  if (!(v >= 0) || !std::isfinite(v * mult)) throw std::invalid_argument("'" + text + "' is not a size >= 0");
+  return static_cast<int64_t>(v * mult);
+}
+
+}  // namespace zenflow::optimizer_node

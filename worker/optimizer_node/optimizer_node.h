@@ -1,0 +1,63 @@
+// zenflow-optimizer: a dedicated CPU optimizer node (reference/ucx-optimizer-nodes.md).
+//
+// It listens for UCX connections from workers' remote host optimizers. Each connection
+// that says HELLO with the right token becomes a session holding one slice of one rank's
+// host state (master, m, v, two accumulators) and running its jobs with the engine's own
+// in-process host optimizer (same kernels, chunking and order as on the worker) on this
+// node's pinned threads. Sessions are fenced by job epoch: a HELLO for a job with an older
+// epoch than this node has seen is refused, and a newer one ends the older sessions.
+// A session whose state does not fit --memory-limit is refused naming both sizes.
+//
+// Threads: one transport progress thread; per session an op thread and two completion
+// threads. start()/stop()/stats() from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace zenflow::optimizer_node {
+
+struct NodeOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;               // 0: a free port
+  int threads = 1;            // compute threads per session
+  std::vector<int> cores;     // pin them here; empty = unpinned
+  int64_t memory_limit = 0;   // bytes of session state; 0 = unlimited
+  std::string token;          // required in every HELLO (empty: any token)
+  uint32_t credits = 4;       // ops with data a worker may have outstanding per session
+  std::string name;           // for errors and logs; default HOST:PORT
+};
+
+struct NodeStats {
+  int sessions = 0;
+  int64_t memory_used = 0;  // bytes of session state allocated
+  int64_t bytes_received = 0, bytes_sent = 0;
+  int64_t sessions_refused = 0;
+  int64_t ops = 0;
+};
+
+class OptimizerNode {
+ public:
+  explicit OptimizerNode(NodeOptions options);
+  ~OptimizerNode();  // stops
+  OptimizerNode(const OptimizerNode&) = delete;
+  OptimizerNode& operator=(const OptimizerNode&) = delete;
+
+  // Listens; returns the port bound. Throws transport::TransportError.
+  int start();
+  void stop();
+  NodeStats stats() const;
+  const std::string& name() const;
+
+  struct Impl;  // in the .cpp, with the sessions
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// "64G", "512M", "1.5T", "1000000" (bytes) -> bytes; throws std::invalid_argument naming the text.
+int64_t parse_bytes(const std::string& text);
+
+}  // namespace zenflow::optimizer_node

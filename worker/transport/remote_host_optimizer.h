@@ -1,0 +1,55 @@
+// The remote host-optimizer backend: the engine's host state and host jobs on
+// zenflow-optimizer nodes over UCX (reference/ucx-optimizer-nodes.md §4).
+//
+// This rank's host state is split over its nodes in contiguous slices, cut at the
+// layout's segment offsets (a matrix never straddles two nodes) and balanced by
+// elements. A job becomes one op per node holding some of its spans; its gradients
+// stream out in chunks from the engine's staging buffers, and the node's low-precision
+// output streams back into the job's half_out buffers before the job counts as done.
+// Transfers (read/write/columns) go to the node holding the range, in the same op order.
+//
+// Threads: submit/transfers/drain from the training thread (HostOptimizer's contract).
+// A sender thread runs each job's `before` hook and posts its messages, at most
+// Welcome::credits ops per node outstanding (back-pressure: a slow node slows the
+// sender, memory does not grow). A watchdog pings every node each second.
+//
+// Failure: a node whose channel fails, that sends ERROR, or that answers no ping for
+// `lost_after_s` is lost: every pending and later job and transfer fails with a
+// std::runtime_error naming it ("optimizer node 127.0.0.1:4000 lost: ..."). Nothing is
+// retried here: the trainer resumes from the last committed checkpoint (on_node_loss).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/engine/host_optimizer.h"
+
+namespace zenflow::transport {
+
+struct RemoteHostOptions {
+  std::vector<std::string> addresses;  // HOST:PORT, one node per slice
+  std::string token;
+  std::string job = "zenflow";
+  uint64_t epoch = 1;                  // the job's attempt; nodes refuse older ones
+  uint64_t chunk_bytes = 8u << 20;
+  double connect_timeout_s = 10;
+  double ping_interval_s = 1;
+  double lost_after_s = 5;
+};
+
+// Connects to every node and opens this rank's sessions; throws std::runtime_error
+// naming the node that refused or could not be reached (and why).
+std::unique_ptr<engine::HostOptimizer> make_remote_host_optimizer(const RemoteHostOptions& options,
+                                                                  const engine::HostStateLayout& layout);
+
+// Slice boundaries: `nodes` + 1 ascending offsets from 0 to layout.elements, each one of
+// the layout's segment offsets (or the end), splitting the elements as evenly as the
+// segments allow. A node may get an empty slice when there are fewer segments than nodes.
+std::vector<int64_t> slice_bounds(const engine::HostStateLayout& layout, size_t nodes);
+
+// "HOST:PORT" -> (host, port); throws std::invalid_argument naming the text.
+std::pair<std::string, int> parse_address(const std::string& address);
+
+}  // namespace zenflow::transport

@@ -1,0 +1,829 @@
+// UCX transport (transport.h): one UCP context and worker, driven by one progress thread.
+//
+// Every UCX call runs on the progress thread; other threads queue Commands and wake it
+// with ucp_worker_signal. Channels map 1:1 to UCP endpoints in PEER error mode; an AM's
+// reply endpoint (UCP_AM_SEND_FLAG_REPLY on every send) tells which channel it came on.
+// connect() confirms the connection with an internal HELLO/WELCOME AM pair, since
+// ucp_ep_create returns before the peer has been reached.
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "worker/transport/transport.h"
+
+namespace zenflow::transport {
+namespace {
+
+constexpr unsigned kUserAm = 1;     // application messages
+constexpr unsigned kHelloAm = 2;    // client -> server: is the connection up?
+constexpr unsigned kWelcomeAm = 3;  // server -> client: yes (consumed here, never delivered)
+
+// Bounded waits: the sleep on the event fd (so shutdown is prompt even without a signal),
+// and how long the destructor waits for force-closed endpoints and their requests.
+constexpr int kSleepMs = 100;
+constexpr auto kShutdownWait = std::chrono::seconds(2);
+
+class UcxTransport;
+class UcxChannel;
+
+using Command = std::function<void(UcxTransport&)>;
+
+// What channels and the transport share: the command queue. `open` turns false when the
+// transport shuts down; posts after that are refused (nothing runs on a dead worker).
+struct CommandQueue {
+  std::mutex mu;
+  std::deque<Command> commands;
+  bool open = true;
+  ucp_worker_h worker = nullptr;
+
+  bool post(Command c) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!open) return false;
+    commands.push_back(std::move(c));
+    ucp_worker_signal(worker);  // under the lock: the worker outlives `open`
+    return true;
+  }
+};
+
+std::string address_text(const sockaddr* sa, socklen_t len) {
+  char host[NI_MAXHOST] = "?", serv[NI_MAXSERV] = "?";
+  getnameinfo(sa, len, host, sizeof host, serv, sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV);
+  const bool v6 = sa->sa_family == AF_INET6;
+  return (v6 ? "[" : "") + std::string(host) + (v6 ? "]:" : ":") + serv;
+}
+
+sockaddr_storage resolve(const std::string& host, int port, bool passive, socklen_t* len, const char* what) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = passive ? AI_PASSIVE : 0;
+  addrinfo* res = nullptr;
+  const std::string serv = std::to_string(port);
+  const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), serv.c_str(), &hints, &res);
+  if (rc != 0 || res == nullptr)
+    throw TransportError(std::string(what) + " " + host + ":" + serv + ": cannot resolve the host (" +
+                         gai_strerror(rc) + ")");
+  sockaddr_storage ss{};
+  std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
+  *len = res->ai_addrlen;
+  freeaddrinfo(res);
+  return ss;
+}
+
+struct SendOp {
+  std::shared_ptr<UcxChannel> channel;
+  unsigned char header[kMaxHeaderBytes];
+  size_t header_len = 0;
+  const void* data = nullptr;
+  size_t len = 0;
+  SendDone done;
+};
+
+struct RecvOp {
+  std::shared_ptr<UcxChannel> channel;
+  unsigned char header[kMaxHeaderBytes];
+  size_t header_len = 0;
+  void* desc = nullptr;  // the rendezvous descriptor until ucp_am_recv_data_nbx takes it
+  void* buffer = nullptr;
+  std::unique_ptr<unsigned char[]> owned;  // when place() gave no buffer
+  size_t len = 0;
+};
+
+class UcxChannel final : public Channel, public std::enable_shared_from_this<UcxChannel> {
+ public:
+  UcxChannel(UcxTransport* owner, std::shared_ptr<CommandQueue> queue, std::string peer)
+      : owner(owner), queue_(std::move(queue)), peer_(std::move(peer)) {}
+
+  void send(const void* header, size_t header_len, const void* data, size_t len, SendDone done) override;
+  void close(bool force) override;
+  // Queues the endpoint's close whether or not close() was called (a failed endpoint must be closed).
+  void post_close(bool force);
+  // Closed by this side counts: sends fail from then on.
+  bool failed() const override { return failed_.load() || close_requested.load(); }
+  std::string peer() const override { return peer_; }
+  ChannelStats stats() const override {
+    ChannelStats s;
+    s.bytes_sent = bytes_sent_.load();
+    s.bytes_received = bytes_received_.load();
+    s.messages_sent = messages_sent_.load();
+    s.messages_received = messages_received_.load();
+    return s;
+  }
+
+  void count_sent(size_t bytes) {
+    bytes_sent_ += static_cast<int64_t>(bytes);
+    ++messages_sent_;
+  }
+  void count_received(size_t bytes) {
+    bytes_received_ += static_cast<int64_t>(bytes);
+    ++messages_received_;
+  }
+
+  // Set by close() on the caller's thread, so an error racing the queued close is not reported.
+  std::atomic<bool> close_requested{false};
+  std::atomic<bool> failed_{false};
+
+  UcxTransport* const owner;  // dereferenced on the progress thread only, where it is alive
+
+  // Progress-thread state.
+  ucp_ep_h ep = nullptr;
+  bool ep_closing = false;   // ucp_ep_close_nbx was called
+  bool error_reported = false;
+  std::string error_text;    // why sends fail once failed_
+  ChannelHandler handler;
+  std::shared_ptr<std::promise<std::string>> connecting;  // client: until WELCOME or error
+
+ private:
+  std::shared_ptr<CommandQueue> queue_;
+  const std::string peer_;
+  std::atomic<int64_t> bytes_sent_{0}, bytes_received_{0}, messages_sent_{0}, messages_received_{0};
+};
+
+struct Listener {
+  UcxTransport* transport = nullptr;
+  Transport::Accept accept;
+  ucp_listener_h handle = nullptr;
+};
+
+struct MemRegion {
+  size_t len = 0;
+  ucp_mem_h memh = nullptr;
+};
+
+class UcxTransport final : public Transport {
+ public:
+  explicit UcxTransport(const TransportOptions& options);
+  ~UcxTransport() override;
+
+  int listen(const std::string& host, int port, Accept accept) override;
+  std::shared_ptr<Channel> connect(const std::string& host, int port, ChannelHandler handler,
+                                   double timeout_s) override;
+  void register_memory(void* data, size_t len) override;
+  void unregister_memory(void* data) override;
+  std::string transports() const override { return tls_; }
+
+  // Progress-thread entry points (commands and UCX callbacks).
+  void submit(SendOp* op);
+  void close_ep(const std::shared_ptr<UcxChannel>& ch, bool force);
+
+ private:
+  template <typename T>
+  T run_on_progress_thread(std::function<T(UcxTransport&)> fn, const char* what);
+  bool on_progress_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  void progress_loop();
+  bool drain_commands();
+  void shutdown_on_progress_thread();
+  void start_rndv_receives();
+
+  void complete_send(SendOp* op, bool ok, const std::string& error);
+  void finish_recv(RecvOp* r, ucs_status_t status);
+  void fail_channel(UcxChannel* ch, ucs_status_t status);
+  void accept_connection(Listener* l, ucp_conn_request_h request);
+  std::shared_ptr<UcxChannel> channel_of(const ucp_am_recv_param_t* param);
+  ucp_mem_h memh_for(const void* p, size_t len) const;
+  ucs_status_t on_user_am(const void* header, size_t header_len, void* data, size_t len,
+                          const ucp_am_recv_param_t* param);
+  void log(const std::string& text) const {
+    std::fprintf(stderr, "zenflow transport (%s): %s\n", options_.name.c_str(), text.c_str());
+  }
+
+  static void send_cb(void* request, ucs_status_t status, void* user_data);
+  static void recv_cb(void* request, ucs_status_t status, size_t length, void* user_data);
+  static void err_cb(void* arg, ucp_ep_h ep, ucs_status_t status);
+  static void conn_cb(ucp_conn_request_h request, void* arg);
+  static void close_cb(void* request, ucs_status_t status, void* user_data);
+
+  const TransportOptions options_;
+  std::string tls_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int efd_ = -1;
+  std::shared_ptr<CommandQueue> queue_ = std::make_shared<CommandQueue>();
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+
+  // Progress-thread state.
+  std::unordered_map<ucp_ep_h, std::shared_ptr<UcxChannel>> channels_;
+  std::vector<std::unique_ptr<Listener>> listeners_;
+  std::map<uintptr_t, MemRegion> regions_;
+  std::vector<RecvOp*> pending_rndv_;
+  int64_t requests_in_flight_ = 0;  // sends, receives and closes UCX still owes a callback
+  bool shutting_down_ = false;      // no message is delivered, no on_error called
+};
+
+// ---- Channel -----------------------------------------------------------------------
+
+void UcxChannel::send(const void* header, size_t header_len, const void* data, size_t len, SendDone done) {
+  if (header_len > kMaxHeaderBytes)
+    throw TransportError("send to " + peer_ + ": header of " + std::to_string(header_len) + " bytes exceeds " +
+                         std::to_string(kMaxHeaderBytes));
+  auto* op = new SendOp;
+  op->channel = shared_from_this();
+  if (header_len) std::memcpy(op->header, header, header_len);
+  op->header_len = header_len;
+  op->data = len ? data : nullptr;
+  op->len = len;
+  op->done = std::move(done);
+  // A refused post means the transport is gone: no callback may run any more.
+  if (!queue_->post([op](UcxTransport& t) { t.submit(op); })) delete op;
+}
+
+void UcxChannel::close(bool force) {
+  if (close_requested.exchange(true)) return;
+  post_close(force);  // sends queued before it still go out (unless force)
+}
+
+void UcxChannel::post_close(bool force) {
+  auto self = shared_from_this();
+  queue_->post([self, force](UcxTransport& t) { t.close_ep(self, force); });
+}
+
+// ---- Transport: setup and teardown ------------------------------------------------------
+
+UcxTransport::UcxTransport(const TransportOptions& options) : options_(options) {
+  // Shared memory refuses PEER error mode without it (UCX 1.13, reference §0).
+  setenv("UCX_MM_ERROR_HANDLING", "y", 0);
+  const char* tls = std::getenv("UCX_TLS");
+  tls_ = tls && *tls ? tls : "default";
+
+  ucp_config_t* config = nullptr;
+  ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+  if (s != UCS_OK) throw TransportError(options_.name + ": ucp_config_read: " + ucs_status_string(s));
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  params.name = options_.name.c_str();
+  s = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  if (s != UCS_OK) throw TransportError(options_.name + ": ucp_init: " + ucs_status_string(s));
+
+  ucp_worker_params_t wparams{};
+  wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
+  s = ucp_worker_create(context_, &wparams, &worker_);
+  if (s == UCS_OK) s = ucp_worker_get_efd(worker_, &efd_);
+  for (unsigned id : {kUserAm, kHelloAm, kWelcomeAm}) {
+    if (s != UCS_OK) break;
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                    UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    hp.id = id;
+    hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+    hp.arg = this;
+    if (id == kUserAm) {
+      hp.cb = [](void* arg, const void* header, size_t header_len, void* data, size_t len,
+                 const ucp_am_recv_param_t* param) {
+        return static_cast<UcxTransport*>(arg)->on_user_am(header, header_len, data, len, param);
+      };
+    } else if (id == kHelloAm) {
+      hp.cb = [](void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t* param) {
+        auto* t = static_cast<UcxTransport*>(arg);
+        if (auto ch = t->channel_of(param); ch && !ch->ep_closing) {
+          ucp_request_param_t p{};
+          p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+          p.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+          ucs_status_ptr_t r = ucp_am_send_nbx(ch->ep, kWelcomeAm, nullptr, 0, nullptr, 0, &p);
+          if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);  // UCX frees it when it completes
+        }
+        return UCS_OK;
+      };
+    } else {
+      hp.cb = [](void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t* param) {
+        auto* t = static_cast<UcxTransport*>(arg);
+        if (auto ch = t->channel_of(param); ch && ch->connecting) {
+          ch->connecting->set_value("");
+          ch->connecting.reset();
+        }
+        return UCS_OK;
+      };
+    }
+    s = ucp_worker_set_am_recv_handler(worker_, &hp);
+  }
+  if (s != UCS_OK) {
+    if (worker_) ucp_worker_destroy(worker_);
+    ucp_cleanup(context_);
+    throw TransportError(options_.name + ": UCX worker setup: " + ucs_status_string(s));
+  }
+  queue_->worker = worker_;
+  thread_ = std::thread([this] { progress_loop(); });
+}
+
+UcxTransport::~UcxTransport() {
+  stop_ = true;
+  {
+    std::lock_guard<std::mutex> lock(queue_->mu);
+    ucp_worker_signal(worker_);
+  }
+  thread_.join();
+  ucp_worker_destroy(worker_);
+  ucp_cleanup(context_);
+}
+
+// ---- The progress thread ---------------------------------------------------------------
+
+bool UcxTransport::drain_commands() {
+  std::deque<Command> batch;
+  {
+    std::lock_guard<std::mutex> lock(queue_->mu);
+    batch.swap(queue_->commands);
+  }
+  for (auto& c : batch) c(*this);
+  return !batch.empty();
+}
+
+void UcxTransport::progress_loop() {
+  using Clock = std::chrono::steady_clock;
+  const auto spin = std::chrono::microseconds(options_.spin_us);
+  auto last_event = Clock::now();
+  while (!stop_) {
+    bool worked = drain_commands();
+    while (ucp_worker_progress(worker_) != 0) worked = true;
+    if (!pending_rndv_.empty()) {
+      start_rndv_receives();
+      worked = true;
+    }
+    const auto now = Clock::now();
+    if (worked) {
+      last_event = now;
+      continue;
+    }
+    if (now - last_event < spin) continue;
+    const ucs_status_t s = ucp_worker_arm(worker_);
+    if (s == UCS_ERR_BUSY) continue;  // events arrived since the last progress
+    {
+      // A command posted before the arm signalled an unarmed worker: do not sleep on it.
+      std::lock_guard<std::mutex> lock(queue_->mu);
+      if (!queue_->commands.empty()) continue;
+    }
+    if (s != UCS_OK) log(std::string("ucp_worker_arm: ") + ucs_status_string(s));
+    pollfd pfd{efd_, POLLIN, 0};
+    poll(&pfd, 1, kSleepMs);
+  }
+  shutdown_on_progress_thread();
+}
+
+void UcxTransport::shutdown_on_progress_thread() {
+  {
+    std::lock_guard<std::mutex> lock(queue_->mu);
+    queue_->open = false;
+  }
+  shutting_down_ = true;
+  drain_commands();  // queued sends fail below with the force-closed endpoints
+  for (RecvOp* r : pending_rndv_) {
+    ucp_am_data_release(worker_, r->desc);
+    delete r;
+  }
+  pending_rndv_.clear();
+  std::vector<std::shared_ptr<UcxChannel>> all;
+  for (auto& kv : channels_) all.push_back(kv.second);
+  for (auto& ch : all) {
+    ch->close_requested = true;
+    close_ep(ch, /*force=*/true);
+  }
+  for (auto& l : listeners_) ucp_listener_destroy(l->handle);
+  listeners_.clear();
+  const auto deadline = std::chrono::steady_clock::now() + kShutdownWait;
+  while ((requests_in_flight_ > 0 || !channels_.empty()) && std::chrono::steady_clock::now() < deadline) {
+    drain_commands();
+    ucp_worker_progress(worker_);
+  }
+  if (requests_in_flight_ > 0 || !channels_.empty())
+    log("shutdown: " + std::to_string(requests_in_flight_) + " UCX requests and " +
+        std::to_string(channels_.size()) + " endpoints still open after 2 s");
+  for (auto& kv : regions_) ucp_mem_unmap(context_, kv.second.memh);
+  regions_.clear();
+}
+
+template <typename T>
+T UcxTransport::run_on_progress_thread(std::function<T(UcxTransport&)> fn, const char* what) {
+  if (on_progress_thread()) return fn(*this);
+  auto promise = std::make_shared<std::promise<T>>();
+  auto future = promise->get_future();
+  const bool posted = queue_->post([promise, fn](UcxTransport& t) {
+    try {
+      promise->set_value(fn(t));
+    } catch (...) {
+      promise->set_exception(std::current_exception());
+    }
+  });
+  if (!posted) throw TransportError(options_.name + ": " + what + ": the transport is shutting down");
+  return future.get();
+}
+
+// ---- Listen and connect -----------------------------------------------------------------
+
+int UcxTransport::listen(const std::string& host, int port, Accept accept) {
+  socklen_t len = 0;
+  const sockaddr_storage addr = resolve(host, port, /*passive=*/true, &len, "listen on");
+  const std::string where = host + ":" + std::to_string(port);
+  return run_on_progress_thread<int>(
+      [addr, len, where, accept](UcxTransport& t) {
+        auto l = std::make_unique<Listener>();
+        l->transport = &t;
+        l->accept = accept;
+        ucp_listener_params_t p{};
+        p.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+        p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+        p.sockaddr.addrlen = len;
+        p.conn_handler.cb = conn_cb;
+        p.conn_handler.arg = l.get();
+        ucs_status_t s = ucp_listener_create(t.worker_, &p, &l->handle);
+        if (s != UCS_OK) throw TransportError("listen on " + where + ": " + ucs_status_string(s));
+        ucp_listener_attr_t attr{};
+        attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+        s = ucp_listener_query(l->handle, &attr);
+        if (s != UCS_OK) {
+          ucp_listener_destroy(l->handle);
+          throw TransportError("listen on " + where + ": ucp_listener_query: " + ucs_status_string(s));
+        }
+        const auto* sa = reinterpret_cast<const sockaddr*>(&attr.sockaddr);
+        const int bound = sa->sa_family == AF_INET6
+                              ? ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port)
+                              : ntohs(reinterpret_cast<const sockaddr_in*>(sa)->sin_port);
+        t.listeners_.push_back(std::move(l));
+        return bound;
+      },
+      "listen");
+}
+
+void UcxTransport::conn_cb(ucp_conn_request_h request, void* arg) {
+  auto* l = static_cast<Listener*>(arg);
+  l->transport->accept_connection(l, request);
+}
+
+void UcxTransport::accept_connection(Listener* l, ucp_conn_request_h request) {
+  if (shutting_down_) {
+    ucp_listener_reject(l->handle, request);
+    return;
+  }
+  ucp_conn_request_attr_t attr{};
+  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+  std::string peer = "?";
+  if (ucp_conn_request_query(request, &attr) == UCS_OK)
+    peer = address_text(reinterpret_cast<const sockaddr*>(&attr.client_address), sizeof attr.client_address);
+  auto ch = std::make_shared<UcxChannel>(this, queue_, peer);
+  ucp_ep_params_t p{};
+  p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  p.conn_request = request;
+  p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  p.err_handler.cb = err_cb;
+  p.err_handler.arg = ch.get();
+  const ucs_status_t s = ucp_ep_create(worker_, &p, &ch->ep);
+  if (s != UCS_OK) {
+    log("accept from " + peer + ": ucp_ep_create: " + ucs_status_string(s));
+    return;  // UCX rejects the request when the endpoint cannot be created
+  }
+  channels_[ch->ep] = ch;
+  try {
+    ch->handler = l->accept(ch);
+  } catch (const std::exception& e) {
+    log("accept from " + peer + " threw: " + e.what() + "; closing it");
+    ch->close_requested = true;
+    close_ep(ch, /*force=*/true);
+  }
+}
+
+std::shared_ptr<Channel> UcxTransport::connect(const std::string& host, int port, ChannelHandler handler,
+                                               double timeout_s) {
+  const std::string where = host + ":" + std::to_string(port);
+  if (on_progress_thread())
+    throw TransportError("connect to " + where + ": called from a handler (it would block the progress thread)");
+  socklen_t len = 0;
+  const sockaddr_storage addr = resolve(host, port, /*passive=*/false, &len, "connect to");
+  auto ch = std::make_shared<UcxChannel>(this, queue_, where);
+  ch->handler = std::move(handler);
+  auto answer = std::make_shared<std::promise<std::string>>();
+  auto future = answer->get_future();
+  const bool posted = queue_->post([ch, answer, addr, len](UcxTransport& t) {
+    ucp_ep_params_t p{};
+    p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+    p.sockaddr.addrlen = len;
+    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    p.err_handler.cb = err_cb;
+    p.err_handler.arg = ch.get();
+    const ucs_status_t s = ucp_ep_create(t.worker_, &p, &ch->ep);
+    if (s != UCS_OK) {
+      ch->ep = nullptr;
+      ch->failed_ = true;
+      answer->set_value(std::string("ucp_ep_create: ") + ucs_status_string(s));
+      return;
+    }
+    t.channels_[ch->ep] = ch;
+    ch->connecting = answer;
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    rp.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+    ucs_status_ptr_t r = ucp_am_send_nbx(ch->ep, kHelloAm, nullptr, 0, nullptr, 0, &rp);
+    if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
+  });
+  if (!posted) throw TransportError("connect to " + where + ": the transport is shutting down");
+  const auto wait = std::chrono::duration<double>(timeout_s < 0 ? 0 : timeout_s);
+  std::string error;
+  if (future.wait_for(wait) != std::future_status::ready) {
+    error = "no answer within " + std::to_string(timeout_s) + " s";
+  } else {
+    error = future.get();
+  }
+  if (!error.empty()) {
+    ch->close_requested = true;
+    queue_->post([ch](UcxTransport& t) {
+      ch->connecting.reset();
+      t.close_ep(ch, /*force=*/true);
+    });
+    throw TransportError("connect to " + where + " (" + options_.name + "): " + error);
+  }
+  return ch;
+}
+
+// ---- Endpoint failure and close ------------------------------------------------------------
+
+void UcxTransport::err_cb(void* arg, ucp_ep_h, ucs_status_t status) {
+  auto* ch = static_cast<UcxChannel*>(arg);
+  // The channel stays in channels_ until its endpoint is closed, so `ch` is alive here.
+  std::shared_ptr<UcxChannel> self = ch->shared_from_this();
+  // Failing the channel here keeps on_error ahead of anything delivered after it.
+  ch->failed_ = true;
+  if (ch->error_text.empty())
+    ch->error_text = "channel to " + ch->peer() + " failed: " + ucs_status_string(status);
+  if (ch->connecting) {
+    ch->connecting->set_value(ucs_status_string(status));
+    ch->connecting.reset();
+    ch->close_requested = true;
+  }
+  if (!ch->close_requested && !ch->error_reported) {
+    ch->error_reported = true;
+    if (ch->handler.on_error) {
+      try {
+        ch->handler.on_error(ch->error_text);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "zenflow transport: on_error for %s threw: %s\n", ch->peer().c_str(), e.what());
+      }
+    }
+  }
+  // A failed endpoint can only be force-closed; do it outside UCX's callback.
+  self->post_close(/*force=*/true);
+}
+
+void UcxTransport::close_ep(const std::shared_ptr<UcxChannel>& ch, bool force) {
+  if (!ch->ep || ch->ep_closing) return;
+  ch->ep_closing = true;
+  ch->failed_ = true;  // sends after a close fail
+  if (ch->error_text.empty()) ch->error_text = "channel to " + ch->peer() + " was closed by this side";
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  if (force) {
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  }
+  p.cb.send = close_cb;
+  auto* closing = new std::pair<UcxTransport*, ucp_ep_h>(this, ch->ep);
+  p.user_data = closing;
+  ucs_status_ptr_t r = ucp_ep_close_nbx(ch->ep, &p);
+  if (UCS_PTR_IS_PTR(r)) {
+    ++requests_in_flight_;
+    return;  // close_cb erases the channel
+  }
+  delete closing;
+  channels_.erase(ch->ep);
+}
+
+void UcxTransport::close_cb(void* request, ucs_status_t, void* user_data) {
+  auto* closing = static_cast<std::pair<UcxTransport*, ucp_ep_h>*>(user_data);
+  UcxTransport* t = closing->first;
+  --t->requests_in_flight_;
+  t->channels_.erase(closing->second);
+  delete closing;
+  ucp_request_free(request);
+}
+
+// ---- Sends ----------------------------------------------------------------------------
+
+ucp_mem_h UcxTransport::memh_for(const void* p, size_t len) const {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = regions_.upper_bound(a);
+  if (it == regions_.begin()) return nullptr;
+  --it;
+  return a + len <= it->first + it->second.len ? it->second.memh : nullptr;
+}
+
+void UcxTransport::submit(SendOp* op) {
+  UcxChannel& ch = *op->channel;
+  if (ch.failed_ || ch.ep_closing || !ch.ep || shutting_down_) {
+    complete_send(op, false, ch.error_text.empty() ? "channel to " + ch.peer() + " is closed" : ch.error_text);
+    return;
+  }
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  p.cb.send = send_cb;
+  p.user_data = op;
+  const bool rndv = op->len > 0 && op->len >= options_.rndv_bytes;
+  p.flags = UCP_AM_SEND_FLAG_REPLY | (rndv ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER);
+  if (op->len > 0) {
+    if (ucp_mem_h memh = memh_for(op->data, op->len)) {
+      p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+      p.memh = memh;
+    }
+  }
+  // 1.13 has no UCP_AM_SEND_FLAG_COPY_HEADER: op->header lives until the callback.
+  ucs_status_ptr_t r = ucp_am_send_nbx(ch.ep, kUserAm, op->header_len ? op->header : nullptr, op->header_len,
+                                       op->data, op->len, &p);
+  if (r == nullptr) {
+    complete_send(op, true, "");
+  } else if (UCS_PTR_IS_ERR(r)) {
+    complete_send(op, false, "send to " + ch.peer() + ": " + ucs_status_string(UCS_PTR_STATUS(r)));
+  } else {
+    ++requests_in_flight_;
+  }
+}
+
+void UcxTransport::send_cb(void* request, ucs_status_t status, void* user_data) {
+  auto* op = static_cast<SendOp*>(user_data);
+  UcxTransport* t = op->channel->owner;
+  ucp_request_free(request);
+  --t->requests_in_flight_;
+  std::string error;
+  if (status != UCS_OK) {
+    const UcxChannel& ch = *op->channel;
+    error = ch.error_text.empty() ? "send to " + ch.peer() + ": " + ucs_status_string(status) : ch.error_text;
+  }
+  t->complete_send(op, status == UCS_OK, error);
+}
+
+void UcxTransport::complete_send(SendOp* op, bool ok, const std::string& error) {
+  if (ok) op->channel->count_sent(op->header_len + op->len);
+  if (op->done) {
+    try {
+      op->done(ok, error);
+    } catch (const std::exception& e) {
+      log("a send's completion handler threw: " + std::string(e.what()));
+    }
+  }
+  delete op;
+}
+
+// ---- Receives ------------------------------------------------------------------------
+
+std::shared_ptr<UcxChannel> UcxTransport::channel_of(const ucp_am_recv_param_t* param) {
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return nullptr;
+  auto it = channels_.find(param->reply_ep);
+  return it == channels_.end() ? nullptr : it->second;
+}
+
+ucs_status_t UcxTransport::on_user_am(const void* header, size_t header_len, void* data, size_t len,
+                                      const ucp_am_recv_param_t* param) {
+  const bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
+  std::shared_ptr<UcxChannel> ch = channel_of(param);
+  if (!ch || ch->failed_ || ch->close_requested || shutting_down_ || header_len > kMaxHeaderBytes)
+    return rndv ? UCS_ERR_CANCELED : UCS_OK;  // dropped; a dropped rendezvous fails the sender's send
+  const ChannelHandler& h = ch->handler;
+  void* dst = nullptr;
+  if (len > 0 && h.place) {
+    try {
+      dst = h.place(header, header_len, len);
+    } catch (const std::exception& e) {
+      log("place() for a message from " + ch->peer() + " threw: " + e.what() + "; message dropped");
+      return rndv ? UCS_ERR_CANCELED : UCS_OK;
+    }
+  }
+  if (rndv) {
+    auto* r = new RecvOp;
+    r->channel = ch;
+    std::memcpy(r->header, header, header_len);
+    r->header_len = header_len;
+    r->desc = data;
+    r->len = len;
+    r->buffer = dst;
+    if (!dst) {
+      r->owned.reset(new (std::nothrow) unsigned char[len]);
+      if (!r->owned) {
+        log("no memory for a " + std::to_string(len) + "-byte message from " + ch->peer() + "; rejected");
+        delete r;
+        return UCS_ERR_NO_MEMORY;  // fails the sender's send
+      }
+      r->buffer = r->owned.get();
+    }
+    pending_rndv_.push_back(r);  // received after ucp_worker_progress returns
+    return UCS_INPROGRESS;
+  }
+  if (dst && len > 0) std::memcpy(dst, data, len);
+  ch->count_received(header_len + len);
+  if (h.on_message) {
+    try {
+      h.on_message(header, header_len, len ? (dst ? dst : data) : nullptr, len);
+    } catch (const std::exception& e) {
+      log("on_message for " + ch->peer() + " threw: " + e.what());
+    }
+  }
+  return UCS_OK;
+}
+
+void UcxTransport::start_rndv_receives() {
+  std::vector<RecvOp*> batch;
+  batch.swap(pending_rndv_);
+  for (RecvOp* r : batch) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.recv_am = recv_cb;
+    p.user_data = r;
+    if (ucp_mem_h memh = memh_for(r->buffer, r->len)) {
+      p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+      p.memh = memh;
+    }
+    ucs_status_ptr_t req = ucp_am_recv_data_nbx(worker_, r->desc, r->buffer, r->len, &p);
+    r->desc = nullptr;  // UCX owns it now, whatever the outcome
+    if (req == nullptr) {
+      finish_recv(r, UCS_OK);
+    } else if (UCS_PTR_IS_ERR(req)) {
+      finish_recv(r, UCS_PTR_STATUS(req));
+    } else {
+      ++requests_in_flight_;
+    }
+  }
+}
+
+void UcxTransport::recv_cb(void* request, ucs_status_t status, size_t, void* user_data) {
+  auto* r = static_cast<RecvOp*>(user_data);
+  UcxTransport* t = r->channel->owner;
+  ucp_request_free(request);
+  --t->requests_in_flight_;
+  t->finish_recv(r, status);
+}
+
+void UcxTransport::finish_recv(RecvOp* r, ucs_status_t status) {
+  UcxChannel& ch = *r->channel;
+  if (status == UCS_OK && !ch.failed_ && !ch.close_requested && !shutting_down_) {
+    ch.count_received(r->header_len + r->len);
+    if (ch.handler.on_message) {
+      try {
+        ch.handler.on_message(r->header, r->header_len, r->buffer, r->len);
+      } catch (const std::exception& e) {
+        log("on_message for " + ch.peer() + " threw: " + e.what());
+      }
+    }
+  }
+  delete r;
+}
+
+// ---- Memory registration ------------------------------------------------------------------
+
+void UcxTransport::register_memory(void* data, size_t len) {
+  if (data == nullptr || len == 0) throw TransportError(options_.name + ": register_memory of an empty range");
+  run_on_progress_thread<int>(
+      [data, len](UcxTransport& t) {
+        const auto key = reinterpret_cast<uintptr_t>(data);
+        if (t.regions_.count(key)) throw TransportError(t.options_.name + ": register_memory: already registered");
+        ucp_mem_map_params_t p{};
+        p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+        p.address = data;
+        p.length = len;
+        ucp_mem_h memh = nullptr;
+        const ucs_status_t s = ucp_mem_map(t.context_, &p, &memh);
+        if (s != UCS_OK)
+          throw TransportError(t.options_.name + ": ucp_mem_map of " + std::to_string(len) +
+                               " bytes: " + ucs_status_string(s));
+        t.regions_[key] = MemRegion{len, memh};
+        return 0;
+      },
+      "register_memory");
+}
+
+void UcxTransport::unregister_memory(void* data) {
+  run_on_progress_thread<int>(
+      [data](UcxTransport& t) {
+        auto it = t.regions_.find(reinterpret_cast<uintptr_t>(data));
+        if (it == t.regions_.end()) throw TransportError(t.options_.name + ": unregister_memory: not registered");
+        ucp_mem_unmap(t.context_, it->second.memh);
+        t.regions_.erase(it);
+        return 0;
+      },
+      "unregister_memory");
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> Transport::create(const TransportOptions& options) {
+  return std::make_unique<UcxTransport>(options);
+}
+
+}  // namespace zenflow::transport
