@@ -25,6 +25,7 @@
 #include "common/pricing.h"
 #include "worker/checkpoint.h"
 #include "worker/distributed/launcher.h"
+#include "worker/engine/host_optimizer.h"
 #include "worker/job_profiler.h"
 #include "worker/distributed/rendezvous.h"
 #include "worker/lease.h"
@@ -55,6 +56,71 @@ void on_sigint(int) {
   if (g_stop.exchange(true)) std::_Exit(kExitInterrupted);  // second Ctrl-C: leave now
   const char msg[] = "\nzenflow: interrupt: finishing this step and writing a checkpoint (Ctrl-C again to abort)\n";
   (void)!::write(2, msg, sizeof(msg) - 1);
+}
+
+// Bytes of host RAM free for allocation now (MemAvailable), or -1 when unknown.
+int64_t available_host_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return -1;
+}
+
+// Engine-state bytes of the newest checkpoint in `dir` (0 when there is none): what the
+// host optimizer state of a resume from it roughly takes.
+int64_t newest_engine_state_bytes(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string newest;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0 && e.path().string() > newest)
+      newest = e.path().string();
+  int64_t bytes = 0;
+  if (newest.empty()) return 0;
+  for (const auto& f : fs::directory_iterator(newest, ec))
+    if (f.path().filename().string().rfind("engine", 0) == 0) bytes += static_cast<int64_t>(f.file_size(ec));
+  return bytes;
+}
+
+// run_training, and when an optimizer node is lost, what optimizer.host.on_node_loss says:
+// "in_process" resumes from the last committed checkpoint with the host state in this
+// process when the host has the RAM; "spare" needs a coordinator to assign another node
+// (not under a plain `zenflow run`: skipped); "fail" gives up. Says on stderr what it did.
+RunSummary train_with_node_loss_policy(JobSpec spec, RunOptions opts, bool rank0) {
+  for (;;) {
+    try {
+      return run_training(spec, opts, &g_stop);
+    } catch (const engine::HostBackendLost& e) {
+      std::string tried;
+      for (const std::string& step : spec.optimizer.host.on_node_loss) {
+        if (step == "spare") {
+          tried += "no spare node (a plain zenflow run has no coordinator to assign one); ";
+          continue;
+        }
+        if (step == "in_process") {
+          const int64_t need = 2 * newest_engine_state_bytes(spec.checkpoint.dir);
+          const int64_t have = available_host_memory();
+          if (have >= 0 && need > have) {
+            tried += "not in-process (the host state needs about " + std::to_string(need >> 20) + " MiB, " +
+                     std::to_string(have >> 20) + " MiB available); ";
+            continue;
+          }
+          if (rank0)
+            std::cerr << "zenflow: " << e.what() << "; resuming from the last committed checkpoint with the host "
+                      << "optimizer in this process (optimizer.host.on_node_loss: in_process)\n";
+          spec.optimizer.host.addresses.clear();
+          opts.resume = true;
+          break;
+        }
+        throw engine::HostBackendLost(std::string(e.what()) + " (optimizer.host.on_node_loss: " + tried + "fail)");
+      }
+      if (!spec.optimizer.host.addresses.empty())
+        throw engine::HostBackendLost(std::string(e.what()) + " (optimizer.host.on_node_loss: " + tried + "nothing left to try)");
+    }
+  }
 }
 
 struct RunArgs {
@@ -308,7 +374,7 @@ int run(const RunArgs& a) {
     return code;
   };
   try {
-    sum = run_training(spec, opts, &g_stop);
+    sum = train_with_node_loss_policy(spec, opts, rank0);
   } catch (const CommitFenced& e) {
     if (lease) lease->expire();  // the commit saw it first: the lease's line, then out
     return fail(kExitLeaseLost, "error", e.what());

@@ -494,3 +494,48 @@ TEST(OptimizerProtocol, RoundTripsAndRejectsBadDescriptors) {
 }
 
 }  // namespace
+
+namespace {
+
+// `zenflow run` with a node that is SIGKILLed after the step-8 checkpoint: the run names
+// the node, resumes from that checkpoint in-process (on_node_loss) and ends with exactly
+// the weights of a run that never used a node.
+TEST(OptimizerNodeRun, LostNodeResumesInProcessFromTheLastCheckpointExactly) {
+  use_tls("tcp");
+  Node node("tcp", "run-kill");
+  const fs::path dir = temp_dir() / "run-kill";
+  fs::remove_all(dir);
+  const std::string zenflow_bin = std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow";
+  const std::string spec = std::string(ZENFLOW_SOURCE_DIR) + "/examples/tiny.yaml";
+  auto run_args = [&](const std::string& ck) {
+    return std::vector<std::string>{zenflow_bin, "run", spec, "--quiet", "--set", "train.steps=24", "--set",
+                                    "checkpoint.every_steps=8", "--set", "checkpoint.dir=" + ck};
+  };
+  std::vector<std::string> remote_args = run_args((dir / "remote").string());
+  for (const std::string& s : {"optimizer.host.addresses=[" + node.address() + "]",
+                               "optimizer.host.token_file=" + (temp_dir() / "token").string()}) {
+    remote_args.push_back("--set");
+    remote_args.push_back(s);
+  }
+  fs::create_directories(dir);
+  Process run(remote_args, dir / "remote.log");
+  ASSERT_TRUE(wait_until([&] { return fs::exists(dir / "remote" / "step-00000008"); }, std::chrono::seconds(120)))
+      << run.output();
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // into the next window
+  node.process().kill(SIGKILL);
+  ASSERT_EQ(run.wait_exit(std::chrono::seconds(180)), 0) << run.output();
+  const std::string log = run.output();
+  EXPECT_NE(log.find("optimizer node " + node.address() + " lost"), std::string::npos) << log;
+  EXPECT_NE(log.find("resuming from the last committed checkpoint with the host optimizer in this process"),
+            std::string::npos)
+      << log;
+
+  Process reference(run_args((dir / "local").string()), dir / "local.log");
+  ASSERT_EQ(reference.wait_exit(std::chrono::seconds(180)), 0) << reference.output();
+  const std::string a = zenflow::test_support::read_file(dir / "local" / "step-00000024" / "model.safetensors");
+  const std::string b = zenflow::test_support::read_file(dir / "remote" / "step-00000024" / "model.safetensors");
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == b) << "the resumed run's final weights differ from the reference's";
+}
+
+}  // namespace

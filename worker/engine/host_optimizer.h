@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,14 @@
 namespace zenflow::engine {
 
 class HostThreadPool;
+
+// The machine holding (part of) the host state is gone (a remote node lost): every job
+// and transfer of the backend fails with it from then on. The state it held is lost; the
+// run can only resume from its last committed checkpoint (optimizer.host.on_node_loss).
+class HostBackendLost : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 // Completion handle of one submitted job. Thread safety: wait()/done() from any thread.
 class HostWork {

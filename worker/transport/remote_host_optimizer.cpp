@@ -34,7 +34,7 @@ class RemoteWork : public engine::HostWork {
     engine::Stopwatch sw;
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return remaining_ == 0 || !error_.empty(); });
-    if (!error_.empty()) throw std::runtime_error(error_);
+    if (!error_.empty()) throw engine::HostBackendLost(error_);
     return sw.seconds();
   }
   bool done() const override {
@@ -574,7 +574,7 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
     try {
       n.ch = tr_->connect(host, port, handler(n), opt_.connect_timeout_s);
     } catch (const std::exception& e) {
-      throw std::runtime_error("optimizer node " + n.address + ": cannot connect: " + e.what());
+      throw engine::HostBackendLost("optimizer node " + n.address + " lost: cannot connect: " + e.what());
     }
     n.last_pong_us = now_us();
     Hello h;
@@ -598,7 +598,7 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
     const double wait_s = opt_.connect_timeout_s + static_cast<double>(h.elements) * 20 / 1e9;
     if (answer.wait_for(std::chrono::duration<double>(wait_s)) != std::future_status::ready) {
       lose(n, "no WELCOME within " + std::to_string(static_cast<int>(wait_s)) + " s");
-      throw std::runtime_error(lost_text(n));
+      throw engine::HostBackendLost(lost_text(n));
     }
     const std::string refusal = answer.get();
     if (!refusal.empty()) throw std::runtime_error("optimizer node " + n.address + " refused the session: " + refusal);

@@ -15,8 +15,9 @@
 //
 // Failure: a node whose channel fails, that sends ERROR, or that answers no ping for
 // `lost_after_s` is lost: every pending and later job and transfer fails with a
-// std::runtime_error naming it ("optimizer node 127.0.0.1:4000 lost: ..."). Nothing is
-// retried here: the trainer resumes from the last committed checkpoint (on_node_loss).
+// engine::HostBackendLost naming it ("optimizer node 127.0.0.1:4000 lost: ..."). Nothing
+// is retried here: `zenflow run` resumes from the last committed checkpoint
+// (optimizer.host.on_node_loss).
 #pragma once
 
 #include <cstdint>
@@ -39,8 +40,9 @@ struct RemoteHostOptions {
   double lost_after_s = 5;
 };
 
-// Connects to every node and opens this rank's sessions; throws std::runtime_error
-// naming the node that refused or could not be reached (and why).
+// Connects to every node and opens this rank's sessions; throws engine::HostBackendLost
+// naming a node that cannot be reached, std::runtime_error naming one that refused the
+// session (wrong token, stale epoch, not enough memory) and why.
 std::unique_ptr<engine::HostOptimizer> make_remote_host_optimizer(const RemoteHostOptions& options,
                                                                   const engine::HostStateLayout& layout);
 
