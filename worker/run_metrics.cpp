@@ -55,6 +55,17 @@ void RunMetrics::on_start(const RunFacts& facts) {
       r.counter("zenflow_transfer_bytes_total", "Bytes copied between device and host", labels_direction);
   transfer_bytes_[static_cast<size_t>(engine::Direction::kD2H)] = &bytes.with(with("d2h"));
   transfer_bytes_[static_cast<size_t>(engine::Direction::kH2D)] = &bytes.with(with("h2d"));
+  {
+    std::vector<std::string> net_labels = labels;
+    net_labels.push_back("direction");
+    net_labels.push_back("transport");
+    auto& net = r.counter("zenflow_network_bytes_total", "Bytes moved to and from remote optimizer nodes", net_labels);
+    std::vector<std::string> sent = mine, received = mine;
+    sent.insert(sent.end(), {"sent", "ucx"});
+    received.insert(received.end(), {"received", "ucx"});
+    network_sent_ = &net.with(sent);
+    network_received_ = &net.with(received);
+  }
   host_step_duration_ = &r.histogram("zenflow_host_optimizer_step_duration_seconds",
                                      "Time a host AdamW window step ran on the host (offload, zenflow)", labels,
                                      step_duration_buckets())
@@ -124,6 +135,14 @@ void RunMetrics::on_step(const TrainingStep& step) noexcept {
   selected_ratio_->set(step.selected_ratio);
   loss_->set(step.loss);
   if (step.skipped) skipped_->inc();
+  if (step.network_bytes_sent > network_seen_[0]) {
+    network_sent_->inc(static_cast<double>(step.network_bytes_sent - network_seen_[0]));
+    network_seen_[0] = step.network_bytes_sent;
+  }
+  if (step.network_bytes_received > network_seen_[1]) {
+    network_received_->inc(static_cast<double>(step.network_bytes_received - network_seen_[1]));
+    network_seen_[1] = step.network_bytes_received;
+  }
 }
 
 void RunMetrics::on_finish(const TrainingEnd& end) {

@@ -754,6 +754,10 @@ class TrainingRun {
       t.staleness_steps = out.report.staleness_steps;
       t.host_step_seconds = out.report.host_step_seconds;
       t.selected_ratio = opt_->selected_ratio();
+      if (const engine::HostOptimizer* host = opt_->host_optimizer()) {
+        t.network_bytes_sent = host->network_bytes_sent();
+        t.network_bytes_received = host->network_bytes_received();
+      }
       options_.observer->on_step(t);
     }
     if (options_.reporter) {

@@ -45,6 +45,9 @@ struct TrainingStep {
   int64_t staleness_steps = 0;  // steps of host updates the weights missed (engine StepReport)
   double selected_ratio = 0;    // selected elements / split elements after the step
   double host_step_seconds = -1;  // a host AdamW window applied in this step ran this long (< 0: none)
+  // Bytes sent to / received from remote optimizer nodes so far (cumulative; 0 in-process).
+  int64_t network_bytes_sent = 0;
+  int64_t network_bytes_received = 0;
 };
 
 // How the loop ended.

@@ -1,17 +1,21 @@
 // zenflow-optimizer: a dedicated CPU optimizer node (worker/optimizer_node/optimizer_node.h).
 //
 //   zenflow-optimizer --listen HOST:PORT [--threads N] [--cores LIST] [--memory-limit SIZE]
-//                     [--token-file F] [--port-file F]
+//                     [--token-file F] [--port-file F] [--metrics-port P [--metrics-host H]]
 //
 // Prints "zenflow-optimizer: listening on HOST:PORT" once it accepts sessions (PORT 0 in
 // --listen picks a free one); SIGTERM or SIGINT stops it.
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "common/metrics/http_server.h"
+#include "common/metrics/registry.h"
 #include "common/rpc/auth.h"
 #include "common/version.h"
 #include "worker/optimizer_node/optimizer_node.h"
@@ -57,6 +61,12 @@ int main(int argc, char** argv) {
   app.add_option("--memory-limit", memory_limit, "Most host state to hold, all sessions together (e.g. 64G)");
   app.add_option("--token-file", token_file, "File holding the token every session must present");
   app.add_option("--port-file", port_file, "Write the bound port here once listening");
+  int metrics_port = 0;
+  std::string metrics_host = "127.0.0.1";
+  app.add_option("--metrics-port", metrics_port, "Serve Prometheus /metrics and /healthz on this port (0: off)")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--metrics-host", metrics_host,
+                 "Address the metrics port listens on (default 127.0.0.1; 0.0.0.0 for every interface)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -81,6 +91,22 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // §7 optimizer-node metrics: sessions, window step durations, network bytes.
+  namespace metrics = zenflow::metrics;
+  metrics::MetricsRegistry registry;
+  metrics::register_build_info(registry, zenflow::kVersion);
+  metrics::Histogram& steps =
+      registry
+          .histogram("zenflow_optimizer_step_duration_seconds", "Seconds a session's AdamW window step ran on this node",
+                     {}, metrics::exponential_buckets(1e-4, 4, 10))
+          .with({});
+  o.on_step = [&steps](double s) { steps.observe(s); };
+  registry.gauge("zenflow_optimizer_sessions", "Worker sessions (one slice of one rank's host state each)");
+  registry.gauge("zenflow_optimizer_memory_bytes", "Bytes of host optimizer state the sessions hold");
+  registry.gauge("zenflow_optimizer_memory_limit_bytes", "--memory-limit (0: unlimited)");
+  registry.counter("zenflow_optimizer_sessions_refused_total", "Sessions refused (token, epoch, memory)");
+  registry.counter("zenflow_optimizer_ops_total", "Jobs and state transfers run");
+  registry.counter("zenflow_network_bytes_total", "Bytes this node moved over UCX", {"direction", "transport"});
   zenflow::optimizer_node::OptimizerNode node(o);
   int port = 0;
   try {
@@ -94,10 +120,33 @@ int main(int argc, char** argv) {
     std::ofstream(tmp) << port << "\n";
     std::rename(tmp.c_str(), port_file.c_str());
   }
+  std::unique_ptr<metrics::MetricsServer> metrics_server;
+  const std::string transport = std::getenv("UCX_TLS") ? std::getenv("UCX_TLS") : "ucx";
+  registry.add_collector([&node, &o, transport](metrics::SampleSink& sink) {
+    const auto st = node.stats();
+    sink.add("zenflow_optimizer_sessions", {}, st.sessions);
+    sink.add("zenflow_optimizer_memory_bytes", {}, static_cast<double>(st.memory_used));
+    sink.add("zenflow_optimizer_memory_limit_bytes", {}, static_cast<double>(o.memory_limit));
+    sink.add("zenflow_optimizer_sessions_refused_total", {}, static_cast<double>(st.sessions_refused));
+    sink.add("zenflow_optimizer_ops_total", {}, static_cast<double>(st.ops));
+    sink.add("zenflow_network_bytes_total", {"received", transport}, static_cast<double>(st.bytes_received));
+    sink.add("zenflow_network_bytes_total", {"sent", transport}, static_cast<double>(st.bytes_sent));
+  });
+  if (metrics_port > 0) {
+    try {
+      metrics_server = std::make_unique<metrics::MetricsServer>(registry, metrics_host, metrics_port);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "zenflow-optimizer: %s\n", e.what());
+      return 1;
+    }
+    std::fprintf(stderr, "zenflow-optimizer: metrics on http://%s:%d/metrics\n", metrics_host.c_str(),
+                 metrics_server->port());
+  }
   std::printf("zenflow-optimizer: listening on %s:%d\n", o.host.c_str(), port);
   std::fflush(stdout);
   int sig = 0;
   sigwait(&stop_signals, &sig);
+  metrics_server.reset();
   const auto st = node.stats();
   std::fprintf(stderr, "zenflow-optimizer: stopping on signal %d (%d sessions, %lld ops run)\n", sig, st.sessions,
                static_cast<long long>(st.ops));

@@ -76,6 +76,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   // The (job, rank) key and epoch; written and read under the node's mutex.
   const std::string& job() const { return job_; }
+  transport::ChannelStats channel_stats() const { return ch_->stats(); }
   void bind(const std::string& key) { job_ = key; }
   uint64_t epoch() const { return epoch_; }
   int64_t state_bytes() const { return state_bytes_; }
@@ -151,6 +152,7 @@ struct OptimizerNode::Impl {
   uint32_t next_id = 1;
   int64_t memory_used = 0;
   std::atomic<int64_t> refused{0}, ops{0};
+  int64_t ended_sent = 0, ended_received = 0;  // bytes of sessions gone
   std::vector<std::shared_ptr<Session>> ended;  // joined off the progress thread
   std::thread reaper;
   std::condition_variable reap_cv;
@@ -204,6 +206,9 @@ struct OptimizerNode::Impl {
     std::lock_guard<std::mutex> lock(mu);
     auto it = sessions.find(id);
     if (it == sessions.end()) return;
+    const transport::ChannelStats cs = it->second->channel_stats();
+    ended_sent += cs.bytes_sent;
+    ended_received += cs.bytes_received;
     ended.push_back(it->second);
     sessions.erase(it);
     reap_cv.notify_all();
@@ -562,6 +567,7 @@ void Session::run_completions(CompletionQueue& cq) {
       return;
     }
     const float seconds = static_cast<float>(c.work->run_seconds());
+    if (node_.opt.on_step && seconds >= 0) node_.opt.on_step(seconds);
     std::vector<std::pair<const char*, uint64_t>> parts;
     if (c.half) {
       for (size_t i = 0; i < c.op->desc.spans.size(); ++i) {
@@ -666,6 +672,13 @@ NodeStats OptimizerNode::stats() const {
   s.memory_used = i.memory_used;
   s.sessions_refused = i.refused.load();
   s.ops = i.ops.load();
+  s.bytes_sent = i.ended_sent;
+  s.bytes_received = i.ended_received;
+  for (const auto& [id, session] : i.sessions) {
+    const transport::ChannelStats cs = session->channel_stats();
+    s.bytes_sent += cs.bytes_sent;
+    s.bytes_received += cs.bytes_received;
+  }
   return s;
 }
 

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,12 +29,15 @@ struct NodeOptions {
   std::string token;          // required in every HELLO (empty: any token)
   uint32_t credits = 4;       // ops with data a worker may have outstanding per session
   std::string name;           // for errors and logs; default HOST:PORT
+  // Told the seconds of every window step a session ran (its completion thread; must not
+  // block), e.g. a histogram's observe.
+  std::function<void(double seconds)> on_step;
 };
 
 struct NodeStats {
   int sessions = 0;
   int64_t memory_used = 0;  // bytes of session state allocated
-  int64_t bytes_received = 0, bytes_sent = 0;
+  int64_t bytes_received = 0, bytes_sent = 0;  // all sessions', ended ones included
   int64_t sessions_refused = 0;
   int64_t ops = 0;
 };
