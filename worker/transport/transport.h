@@ -18,8 +18,14 @@
 //
 // Failure: endpoints use UCP_ERR_HANDLING_MODE_PEER; a peer that dies or closes fails
 // every pending send with its error and calls on_error once; nothing is delivered after.
-// UCX_MM_ERROR_HANDLING=y is set by Transport::create (shared memory needs it in PEER
-// mode) unless the environment already sets it.
+// UCX_MM_ERROR_HANDLING=y is set by Transport::create when UCX_TLS may pick shared memory
+// (which needs it in PEER mode), unless the environment already sets it. Shared memory in
+// client-server mode: UCX 1.13 wires connections up over TCP, so "shared memory" means
+// UCX_TLS=sm,tcp with UCX_TCP_PUT_ENABLE=n (then no TCP data lane exists).
+//
+// close(false) waits for the channel's sends in flight and says goodbye before the
+// endpoint goes (UCX's own flushing close can drop rendezvous sends); the peer's on_error
+// then reads "closed by the peer".
 //
 // Errors: create/listen/connect throw TransportError naming what failed (address,
 // UCX status string).
@@ -112,8 +118,8 @@ class Transport {
   virtual void register_memory(void* data, size_t len) = 0;
   virtual void unregister_memory(void* data) = 0;
 
-  // The transports UCX chose for the channels ("tcp", "sysv", "posix", "cma"), as the
-  // UCX_TLS in effect ("tcp" when unset means whatever UCX picked).
+  // The transports asked for: the UCX_TLS in effect ("default" when unset: whatever UCX
+  // picks). 1.13 cannot report the lanes an endpoint uses (UCX_LOG_LEVEL=info prints them).
   virtual std::string transports() const = 0;
 };
 

@@ -35,6 +35,12 @@ namespace {
 constexpr unsigned kUserAm = 1;     // application messages
 constexpr unsigned kHelloAm = 2;    // client -> server: is the connection up?
 constexpr unsigned kWelcomeAm = 3;  // server -> client: yes (consumed here, never delivered)
+// A non-forced close: BYE after the last send completed, the peer answers BYE_ACK once it has
+// handled everything before it, then the endpoint closes. UCX's own flushing close can
+// disconnect before the peer has taken in data that completed locally (shm rendezvous).
+constexpr unsigned kByeAm = 4;
+constexpr unsigned kByeAckAm = 5;
+constexpr auto kByeWait = std::chrono::seconds(2);  // then close without the answer
 
 // Bounded waits: the sleep on the event fd (so shutdown is prompt even without a signal),
 // and how long the destructor waits for force-closed endpoints and their requests.
@@ -62,6 +68,22 @@ struct CommandQueue {
     return true;
   }
 };
+
+// Whether UCX_TLS may select a shared-memory transport (unset, "all", an exclusion list, or
+// a name of one). Only then is UCX_MM_ERROR_HANDLING set: UCX warns (on stdout) about an
+// env variable no loaded transport reads, which would garble a CLI's JSON.
+bool may_use_shared_memory(const char* tls) {
+  if (tls == nullptr || *tls == '\0' || *tls == '^') return true;
+  const std::string t = tls;
+  for (const char* name : {"all", "sm", "shm", "mm", "posix", "sysv", "xpmem"})
+    for (size_t at = t.find(name); at != std::string::npos; at = t.find(name, at + 1)) {
+      const size_t end = at + std::strlen(name);
+      const bool starts = at == 0 || t[at - 1] == ',';
+      const bool ends = end == t.size() || t[end] == ',';
+      if (starts && ends) return true;
+    }
+  return false;
+}
 
 std::string address_text(const sockaddr* sa, socklen_t len) {
   char host[NI_MAXHOST] = "?", serv[NI_MAXSERV] = "?";
@@ -145,9 +167,14 @@ class UcxChannel final : public Channel, public std::enable_shared_from_this<Ucx
 
   // Progress-thread state.
   ucp_ep_h ep = nullptr;
-  bool ep_closing = false;   // ucp_ep_close_nbx was called
+  bool ep_closing = false;    // a close ran: new sends fail
+  bool close_issued = false;  // ucp_ep_close_nbx was called
+  int sends_in_flight = 0;
+  bool bye_sent = false, bye_done = false;  // the close handshake (kByeAm)
+  std::chrono::steady_clock::time_point
+      bye_deadline;  // a non-forced close waits for them (UCX's flush does not wait for rndv)
   bool error_reported = false;
-  std::string error_text;    // why sends fail once failed_
+  std::string error_text;  // why sends fail once failed_
   ChannelHandler handler;
   std::shared_ptr<std::promise<std::string>> connecting;  // client: until WELCOME or error
 
@@ -195,7 +222,8 @@ class UcxTransport final : public Transport {
 
   void complete_send(SendOp* op, bool ok, const std::string& error);
   void finish_recv(RecvOp* r, ucs_status_t status);
-  void fail_channel(UcxChannel* ch, ucs_status_t status);
+  void on_bye(const std::shared_ptr<UcxChannel>& ch);
+  static void send_control(ucp_ep_h ep, unsigned id);
   void accept_connection(Listener* l, ucp_conn_request_h request);
   std::shared_ptr<UcxChannel> channel_of(const ucp_am_recv_param_t* param);
   ucp_mem_h memh_for(const void* p, size_t len) const;
@@ -225,6 +253,7 @@ class UcxTransport final : public Transport {
   std::vector<std::unique_ptr<Listener>> listeners_;
   std::map<uintptr_t, MemRegion> regions_;
   std::vector<RecvOp*> pending_rndv_;
+  std::vector<std::shared_ptr<UcxChannel>> awaiting_bye_ack_;
   int64_t requests_in_flight_ = 0;  // sends, receives and closes UCX still owes a callback
   bool shutting_down_ = false;      // no message is delivered, no on_error called
 };
@@ -233,8 +262,8 @@ class UcxTransport final : public Transport {
 
 void UcxChannel::send(const void* header, size_t header_len, const void* data, size_t len, SendDone done) {
   if (header_len > kMaxHeaderBytes)
-    throw TransportError("send to " + peer_ + ": header of " + std::to_string(header_len) + " bytes exceeds " +
-                         std::to_string(kMaxHeaderBytes));
+    throw TransportError("send to " + peer_ + ": header of " + std::to_string(header_len) +
+                         " bytes exceeds " + std::to_string(kMaxHeaderBytes));
   auto* op = new SendOp;
   op->channel = shared_from_this();
   if (header_len) std::memcpy(op->header, header, header_len);
@@ -259,9 +288,9 @@ void UcxChannel::post_close(bool force) {
 // ---- Transport: setup and teardown ------------------------------------------------------
 
 UcxTransport::UcxTransport(const TransportOptions& options) : options_(options) {
-  // Shared memory refuses PEER error mode without it (UCX 1.13, reference §0).
-  setenv("UCX_MM_ERROR_HANDLING", "y", 0);
   const char* tls = std::getenv("UCX_TLS");
+  // Shared memory refuses PEER error mode without it (UCX 1.13, reference §0).
+  if (may_use_shared_memory(tls)) setenv("UCX_MM_ERROR_HANDLING", "y", 0);
   tls_ = tls && *tls ? tls : "default";
 
   ucp_config_t* config = nullptr;
@@ -280,7 +309,7 @@ UcxTransport::UcxTransport(const TransportOptions& options) : options_(options) 
   wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
   s = ucp_worker_create(context_, &wparams, &worker_);
   if (s == UCS_OK) s = ucp_worker_get_efd(worker_, &efd_);
-  for (unsigned id : {kUserAm, kHelloAm, kWelcomeAm}) {
+  for (unsigned id : {kUserAm, kHelloAm, kWelcomeAm, kByeAm, kByeAckAm}) {
     if (s != UCS_OK) break;
     ucp_am_handler_param_t hp{};
     hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
@@ -288,32 +317,46 @@ UcxTransport::UcxTransport(const TransportOptions& options) : options_(options) 
     hp.id = id;
     hp.flags = UCP_AM_FLAG_WHOLE_MSG;
     hp.arg = this;
-    if (id == kUserAm) {
-      hp.cb = [](void* arg, const void* header, size_t header_len, void* data, size_t len,
-                 const ucp_am_recv_param_t* param) {
-        return static_cast<UcxTransport*>(arg)->on_user_am(header, header_len, data, len, param);
-      };
-    } else if (id == kHelloAm) {
-      hp.cb = [](void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t* param) {
-        auto* t = static_cast<UcxTransport*>(arg);
-        if (auto ch = t->channel_of(param); ch && !ch->ep_closing) {
-          ucp_request_param_t p{};
-          p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-          p.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
-          ucs_status_ptr_t r = ucp_am_send_nbx(ch->ep, kWelcomeAm, nullptr, 0, nullptr, 0, &p);
-          if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);  // UCX frees it when it completes
-        }
-        return UCS_OK;
-      };
-    } else {
-      hp.cb = [](void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t* param) {
-        auto* t = static_cast<UcxTransport*>(arg);
-        if (auto ch = t->channel_of(param); ch && ch->connecting) {
-          ch->connecting->set_value("");
-          ch->connecting.reset();
-        }
-        return UCS_OK;
-      };
+    switch (id) {
+      case kUserAm:
+        hp.cb = [](void* arg, const void* header, size_t header_len, void* data, size_t len,
+                   const ucp_am_recv_param_t* param) {
+          return static_cast<UcxTransport*>(arg)->on_user_am(header, header_len, data, len, param);
+        };
+        break;
+      case kHelloAm:
+        hp.cb = [](void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t* param) {
+          if (auto ch = static_cast<UcxTransport*>(arg)->channel_of(param); ch && !ch->ep_closing)
+            send_control(ch->ep, kWelcomeAm);
+          return UCS_OK;
+        };
+        break;
+      case kWelcomeAm:
+        hp.cb = [](void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t* param) {
+          if (auto ch = static_cast<UcxTransport*>(arg)->channel_of(param); ch && ch->connecting) {
+            ch->connecting->set_value("");
+            ch->connecting.reset();
+          }
+          return UCS_OK;
+        };
+        break;
+      case kByeAm:
+        hp.cb = [](void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t* param) {
+          if (auto ch = static_cast<UcxTransport*>(arg)->channel_of(param))
+            static_cast<UcxTransport*>(arg)->on_bye(ch);
+          return UCS_OK;
+        };
+        break;
+      default:  // kByeAckAm
+        hp.cb = [](void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t* param) {
+          if (auto ch = static_cast<UcxTransport*>(arg)->channel_of(param);
+              ch && ch->bye_sent && !ch->bye_done) {
+            ch->bye_done = true;
+            ch->post_close(/*force=*/false);  // not from inside UCX's callback
+          }
+          return UCS_OK;
+        };
+        break;
     }
     s = ucp_worker_set_am_recv_handler(worker_, &hp);
   }
@@ -361,6 +404,18 @@ void UcxTransport::progress_loop() {
       worked = true;
     }
     const auto now = Clock::now();
+    for (size_t i = 0; i < awaiting_bye_ack_.size();) {
+      auto ch = awaiting_bye_ack_[i];
+      if (ch->bye_done || ch->close_issued || now >= ch->bye_deadline) {
+        awaiting_bye_ack_.erase(awaiting_bye_ack_.begin() + static_cast<long>(i));
+        if (!ch->bye_done) {
+          ch->bye_done = true;  // no answer: close anyway
+          close_ep(ch, /*force=*/false);
+        }
+      } else {
+        ++i;
+      }
+    }
     if (worked) {
       last_event = now;
       continue;
@@ -481,7 +536,8 @@ void UcxTransport::accept_connection(Listener* l, ucp_conn_request_h request) {
     peer = address_text(reinterpret_cast<const sockaddr*>(&attr.client_address), sizeof attr.client_address);
   auto ch = std::make_shared<UcxChannel>(this, queue_, peer);
   ucp_ep_params_t p{};
-  p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  p.field_mask =
+      UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
   p.conn_request = request;
   p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   p.err_handler.cb = err_cb;
@@ -505,7 +561,8 @@ std::shared_ptr<Channel> UcxTransport::connect(const std::string& host, int port
                                                double timeout_s) {
   const std::string where = host + ":" + std::to_string(port);
   if (on_progress_thread())
-    throw TransportError("connect to " + where + ": called from a handler (it would block the progress thread)");
+    throw TransportError("connect to " + where +
+                         ": called from a handler (it would block the progress thread)");
   socklen_t len = 0;
   const sockaddr_storage addr = resolve(host, port, /*passive=*/false, &len, "connect to");
   auto ch = std::make_shared<UcxChannel>(this, queue_, where);
@@ -514,8 +571,8 @@ std::shared_ptr<Channel> UcxTransport::connect(const std::string& host, int port
   auto future = answer->get_future();
   const bool posted = queue_->post([ch, answer, addr, len](UcxTransport& t) {
     ucp_ep_params_t p{};
-    p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                   UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
     p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
     p.sockaddr.addrlen = len;
@@ -531,11 +588,7 @@ std::shared_ptr<Channel> UcxTransport::connect(const std::string& host, int port
     }
     t.channels_[ch->ep] = ch;
     ch->connecting = answer;
-    ucp_request_param_t rp{};
-    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    rp.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
-    ucs_status_ptr_t r = ucp_am_send_nbx(ch->ep, kHelloAm, nullptr, 0, nullptr, 0, &rp);
-    if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
+    send_control(ch->ep, kHelloAm);  // WELCOME (or err_cb) answers the connect
   });
   if (!posted) throw TransportError("connect to " + where + ": the transport is shutting down");
   const auto wait = std::chrono::duration<double>(timeout_s < 0 ? 0 : timeout_s);
@@ -586,10 +639,24 @@ void UcxTransport::err_cb(void* arg, ucp_ep_h, ucs_status_t status) {
 }
 
 void UcxTransport::close_ep(const std::shared_ptr<UcxChannel>& ch, bool force) {
-  if (!ch->ep || ch->ep_closing) return;
-  ch->ep_closing = true;
-  ch->failed_ = true;  // sends after a close fail
-  if (ch->error_text.empty()) ch->error_text = "channel to " + ch->peer() + " was closed by this side";
+  if (!ch->ep || ch->close_issued) return;
+  if (!ch->ep_closing) {
+    ch->ep_closing = true;
+    ch->failed_ = true;  // nothing more is delivered
+    if (ch->error_text.empty()) ch->error_text = "channel to " + ch->peer() + " was closed by this side";
+  }
+  // UCX 1.13's flushing close disconnects before pending rendezvous sends complete (their
+  // callbacks then fail), so it waits here until the channel's last send completed.
+  if (!force && ch->sends_in_flight > 0) return;  // send_cb closes it
+  if (!force && !ch->bye_sent) {
+    ch->bye_sent = true;
+    ch->bye_deadline = std::chrono::steady_clock::now() + kByeWait;
+    send_control(ch->ep, kByeAm);
+    awaiting_bye_ack_.push_back(ch);
+    return;  // the BYE_ACK handler (or the deadline) closes it
+  }
+  if (!force && !ch->bye_done) return;
+  ch->close_issued = true;
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   if (force) {
@@ -606,6 +673,31 @@ void UcxTransport::close_ep(const std::shared_ptr<UcxChannel>& ch, bool force) {
   }
   delete closing;
   channels_.erase(ch->ep);
+}
+
+void UcxTransport::send_control(ucp_ep_h ep, unsigned id) {
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+  ucs_status_ptr_t r = ucp_am_send_nbx(ep, id, nullptr, 0, nullptr, 0, &p);
+  if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);  // UCX releases it when it completes
+}
+
+// The peer closes: everything it sent before has been handled (same endpoint, in order).
+void UcxTransport::on_bye(const std::shared_ptr<UcxChannel>& ch) {
+  if (!ch->close_issued) send_control(ch->ep, kByeAckAm);
+  ch->failed_ = true;
+  if (ch->error_text.empty()) ch->error_text = "channel to " + ch->peer() + " was closed by the peer";
+  if (ch->close_requested || ch->error_reported) return;
+  ch->error_reported = true;
+  if (ch->handler.on_error) {
+    try {
+      ch->handler.on_error(ch->error_text);
+    } catch (const std::exception& e) {
+      log("on_error for " + ch->peer() + " threw: " + e.what());
+    }
+  }
+  // The peer's close of the endpoint then fails it here (err_cb), which closes this side.
 }
 
 void UcxTransport::close_cb(void* request, ucs_status_t, void* user_data) {
@@ -630,7 +722,8 @@ ucp_mem_h UcxTransport::memh_for(const void* p, size_t len) const {
 void UcxTransport::submit(SendOp* op) {
   UcxChannel& ch = *op->channel;
   if (ch.failed_ || ch.ep_closing || !ch.ep || shutting_down_) {
-    complete_send(op, false, ch.error_text.empty() ? "channel to " + ch.peer() + " is closed" : ch.error_text);
+    complete_send(op, false,
+                  ch.error_text.empty() ? "channel to " + ch.peer() + " is closed" : ch.error_text);
     return;
   }
   ucp_request_param_t p{};
@@ -654,20 +747,23 @@ void UcxTransport::submit(SendOp* op) {
     complete_send(op, false, "send to " + ch.peer() + ": " + ucs_status_string(UCS_PTR_STATUS(r)));
   } else {
     ++requests_in_flight_;
+    ++ch.sends_in_flight;
   }
 }
 
 void UcxTransport::send_cb(void* request, ucs_status_t status, void* user_data) {
   auto* op = static_cast<SendOp*>(user_data);
-  UcxTransport* t = op->channel->owner;
+  const std::shared_ptr<UcxChannel> ch = op->channel;
+  UcxTransport* t = ch->owner;
   ucp_request_free(request);
   --t->requests_in_flight_;
+  --ch->sends_in_flight;
   std::string error;
-  if (status != UCS_OK) {
-    const UcxChannel& ch = *op->channel;
-    error = ch.error_text.empty() ? "send to " + ch.peer() + ": " + ucs_status_string(status) : ch.error_text;
-  }
+  if (status != UCS_OK)
+    error =
+        ch->error_text.empty() ? "send to " + ch->peer() + ": " + ucs_status_string(status) : ch->error_text;
   t->complete_send(op, status == UCS_OK, error);
+  if (ch->ep_closing && !ch->close_issued && ch->sends_in_flight == 0) t->close_ep(ch, /*force=*/false);
 }
 
 void UcxTransport::complete_send(SendOp* op, bool ok, const std::string& error) {
@@ -788,11 +884,13 @@ void UcxTransport::finish_recv(RecvOp* r, ucs_status_t status) {
 // ---- Memory registration ------------------------------------------------------------------
 
 void UcxTransport::register_memory(void* data, size_t len) {
-  if (data == nullptr || len == 0) throw TransportError(options_.name + ": register_memory of an empty range");
+  if (data == nullptr || len == 0)
+    throw TransportError(options_.name + ": register_memory of an empty range");
   run_on_progress_thread<int>(
       [data, len](UcxTransport& t) {
         const auto key = reinterpret_cast<uintptr_t>(data);
-        if (t.regions_.count(key)) throw TransportError(t.options_.name + ": register_memory: already registered");
+        if (t.regions_.count(key))
+          throw TransportError(t.options_.name + ": register_memory: already registered");
         ucp_mem_map_params_t p{};
         p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
         p.address = data;
@@ -812,7 +910,8 @@ void UcxTransport::unregister_memory(void* data) {
   run_on_progress_thread<int>(
       [data](UcxTransport& t) {
         auto it = t.regions_.find(reinterpret_cast<uintptr_t>(data));
-        if (it == t.regions_.end()) throw TransportError(t.options_.name + ": unregister_memory: not registered");
+        if (it == t.regions_.end())
+          throw TransportError(t.options_.name + ": unregister_memory: not registered");
         ucp_mem_unmap(t.context_, it->second.memh);
         t.regions_.erase(it);
         return 0;

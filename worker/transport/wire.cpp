@@ -70,8 +70,8 @@ uint32_t crc32c_table(const unsigned char* p, size_t len, uint32_t c) {
   while (len >= 8) {
     const uint32_t lo = c ^ get32(p);
     const uint32_t hi = get32(p + 4);
-    c = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^ t[4][lo >> 24] ^ t[3][hi & 0xff] ^
-        t[2][(hi >> 8) & 0xff] ^ t[1][(hi >> 16) & 0xff] ^ t[0][hi >> 24];
+    c = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^ t[4][lo >> 24] ^
+        t[3][hi & 0xff] ^ t[2][(hi >> 8) & 0xff] ^ t[1][(hi >> 16) & 0xff] ^ t[0][hi >> 24];
     p += 8;
     len -= 8;
   }
@@ -122,7 +122,8 @@ uint32_t crc32c(const void* data, size_t len, uint32_t crc) {
   return ~crc32c_table(p, len, c);
 }
 
-void encode(const WireHeader& h, unsigned char out[kWireHeaderBytes], const void* payload, size_t payload_len) {
+void encode(const WireHeader& h, unsigned char out[kWireHeaderBytes], const void* payload,
+            size_t payload_len) {
   put32(out + kOffMagic, h.magic);
   put16(out + kOffVersion, h.version);
   put16(out + kOffType, static_cast<uint16_t>(h.type));
@@ -141,13 +142,16 @@ void encode(const WireHeader& h, unsigned char out[kWireHeaderBytes], const void
   if (h.flags & kFlagCrc) put32(out + kOffCrc, header_crc(out, payload, payload_len));
 }
 
-WireHeader decode(const void* data, size_t len, size_t payload_len, const WireLimits& limits, const void* payload) {
+WireHeader decode(const void* data, size_t len, size_t payload_len, const WireLimits& limits,
+                  const void* payload) {
   if (len != kWireHeaderBytes)
-    throw WireError("wire: header is " + std::to_string(len) + " bytes, expected " + std::to_string(kWireHeaderBytes));
+    throw WireError("wire: header is " + std::to_string(len) + " bytes, expected " +
+                    std::to_string(kWireHeaderBytes));
   const auto* p = static_cast<const unsigned char*>(data);
   WireHeader h;
   h.magic = get32(p + kOffMagic);
-  if (h.magic != kWireMagic) throw WireError("wire: bad magic " + hex32(h.magic) + " (expected " + hex32(kWireMagic) + ")");
+  if (h.magic != kWireMagic)
+    throw WireError("wire: bad magic " + hex32(h.magic) + " (expected " + hex32(kWireMagic) + ")");
   h.version = get16(p + kOffVersion);
   if (h.version != kWireVersion)
     throw WireError("wire: version " + std::to_string(h.version) + " (this build speaks " +
@@ -168,8 +172,8 @@ WireHeader decode(const void* data, size_t len, size_t payload_len, const WireLi
   h.crc32c = get32(p + kOffCrc);
 
   if (h.payload_bytes != payload_len)
-    throw WireError("wire: payload_bytes " + std::to_string(h.payload_bytes) + " but " + std::to_string(payload_len) +
-                    " arrived");
+    throw WireError("wire: payload_bytes " + std::to_string(h.payload_bytes) + " but " +
+                    std::to_string(payload_len) + " arrived");
   if (h.payload_bytes >= limits.max_payload_bytes)
     throw WireError("wire: payload_bytes " + std::to_string(h.payload_bytes) + " not below the limit " +
                     std::to_string(limits.max_payload_bytes));
@@ -177,8 +181,8 @@ WireHeader decode(const void* data, size_t len, size_t payload_len, const WireLi
     throw WireError("wire: offset " + std::to_string(h.offset) + " + count " + std::to_string(h.count) +
                     " overflows 64 bits");
   if (h.offset + h.count > limits.max_offset_plus_count)
-    throw WireError("wire: offset " + std::to_string(h.offset) + " + count " + std::to_string(h.count) + " exceeds " +
-                    std::to_string(limits.max_offset_plus_count));
+    throw WireError("wire: offset " + std::to_string(h.offset) + " + count " + std::to_string(h.count) +
+                    " exceeds " + std::to_string(limits.max_offset_plus_count));
   if ((h.flags & kFlagCrc) && payload != nullptr) check_crc(p, payload, payload_len);
   return h;
 }
@@ -187,7 +191,8 @@ void check_crc(const void* header_bytes, const void* payload, size_t payload_len
   const auto* p = static_cast<const unsigned char*>(header_bytes);
   if (!(get32(p + kOffFlags) & kFlagCrc)) return;
   if (payload == nullptr && payload_len > 0)
-    throw WireError("wire: crc check of a " + std::to_string(payload_len) + "-byte payload without the payload");
+    throw WireError("wire: crc check of a " + std::to_string(payload_len) +
+                    "-byte payload without the payload");
   const uint32_t stored = get32(p + kOffCrc);
   const uint32_t computed = header_crc(p, payload, payload_len);
   if (stored != computed)
@@ -196,20 +201,34 @@ void check_crc(const void* header_bytes, const void* payload, size_t payload_len
 
 const char* msg_type_name(MsgType t) {
   switch (t) {
-    case MsgType::kHello: return "HELLO";
-    case MsgType::kWelcome: return "WELCOME";
-    case MsgType::kError: return "ERROR";
-    case MsgType::kAccumulate: return "ACCUMULATE";
-    case MsgType::kStep: return "STEP";
-    case MsgType::kGrad: return "GRAD";
-    case MsgType::kParams: return "PARAMS";
-    case MsgType::kDone: return "DONE";
-    case MsgType::kStateRead: return "STATE_READ";
-    case MsgType::kStateWrite: return "STATE_WRITE";
-    case MsgType::kData: return "DATA";
-    case MsgType::kPing: return "PING";
-    case MsgType::kPong: return "PONG";
-    case MsgType::kBye: return "BYE";
+    case MsgType::kHello:
+      return "HELLO";
+    case MsgType::kWelcome:
+      return "WELCOME";
+    case MsgType::kError:
+      return "ERROR";
+    case MsgType::kAccumulate:
+      return "ACCUMULATE";
+    case MsgType::kStep:
+      return "STEP";
+    case MsgType::kGrad:
+      return "GRAD";
+    case MsgType::kParams:
+      return "PARAMS";
+    case MsgType::kDone:
+      return "DONE";
+    case MsgType::kStateRead:
+      return "STATE_READ";
+    case MsgType::kStateWrite:
+      return "STATE_WRITE";
+    case MsgType::kData:
+      return "DATA";
+    case MsgType::kPing:
+      return "PING";
+    case MsgType::kPong:
+      return "PONG";
+    case MsgType::kBye:
+      return "BYE";
   }
   return "UNKNOWN";
 }
