@@ -530,3 +530,45 @@ TEST(ServiceSecurity, TlsEndToEndWithATestCa) {
 
 }  // namespace
 }  // namespace zenflow
+
+namespace zenflow {
+namespace {
+
+// zenflow-optimizer --coordinator: listed by ListWorkers with role OPTIMIZER, its UCX
+// address, cores and memory limit; LOST once it stops heartbeating.
+TEST(Service, OptimizerNodeRegistersWithItsAddressAndIsLostWhenKilled) {
+  Cluster c("optimizer-node");
+  c.start_coordinator();
+  const fs::path token = c.dir() / "node-worker.token";
+  write_file(token, c.worker_token() + "\n");
+  test_support::Process node({Cluster::bin("zenflow-optimizer"), "--listen", "127.0.0.1:0", "--port-file",
+                              (c.dir() / "node.port").string(), "--coordinator", c.address(), "--worker-token-file",
+                              token.string(), "--name", "opt-1", "--threads", "1", "--memory-limit", "1G"},
+                             c.dir() / "node.log");
+  nlohmann::json mine;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        for (const auto& w : c.workers().value("workers", nlohmann::json::array()))
+          if (w.value("name", "") == "opt-1" && w.value("state", "") == "READY") mine = w;
+        return !mine.is_null();
+      },
+      20s))
+      << node.output() << c.workers().dump();
+  EXPECT_EQ(mine.value("role", ""), "OPTIMIZER");
+  ASSERT_TRUE(fs::exists(c.dir() / "node.port"));
+  EXPECT_EQ(mine.value("address", ""), "127.0.0.1:" + std::to_string(std::stoi(read_file(c.dir() / "node.port"))));
+  EXPECT_EQ(mine["resources"].value("host_memory_bytes", ""), std::to_string(int64_t{1} << 30));
+  EXPECT_EQ(mine["resources"].value("physical_cores", ""), "1");
+  node.kill(SIGKILL);
+  EXPECT_TRUE(wait_until(
+      [&] {
+        for (const auto& w : c.workers().value("workers", nlohmann::json::array()))
+          if (w.value("name", "") == "opt-1") return w.value("state", "") == "LOST";
+        return false;
+      },
+      15s))
+      << c.workers().dump();
+}
+
+}  // namespace
+}  // namespace zenflow

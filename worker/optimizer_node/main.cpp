@@ -2,6 +2,7 @@
 //
 //   zenflow-optimizer --listen HOST:PORT [--threads N] [--cores LIST] [--memory-limit SIZE]
 //                     [--token-file F] [--port-file F] [--metrics-port P [--metrics-host H]]
+//                     [--coordinator HOST:PORT --worker-token-file F [--name N] [--advertise HOST:PORT]]
 //
 // Prints "zenflow-optimizer: listening on HOST:PORT" once it accepts sessions (PORT 0 in
 // --listen picks a free one); SIGTERM or SIGINT stops it.
@@ -9,6 +10,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <unistd.h>
 #include <memory>
 #include <fstream>
 #include <string>
@@ -18,6 +20,7 @@
 #include "common/metrics/registry.h"
 #include "common/rpc/auth.h"
 #include "common/version.h"
+#include "worker/optimizer_node/coordinator_link.h"
 #include "worker/optimizer_node/optimizer_node.h"
 #include "worker/transport/remote_host_optimizer.h"
 #include "worker/transport/transport.h"
@@ -61,6 +64,12 @@ int main(int argc, char** argv) {
   app.add_option("--memory-limit", memory_limit, "Most host state to hold, all sessions together (e.g. 64G)");
   app.add_option("--token-file", token_file, "File holding the token every session must present");
   app.add_option("--port-file", port_file, "Write the bound port here once listening");
+  std::string coordinator, worker_token_file, tls_ca, name, advertise;
+  app.add_option("--coordinator", coordinator, "Register with this coordinator (HOST:PORT) as an optimizer node and heartbeat");
+  app.add_option("--worker-token-file", worker_token_file, "The coordinator's worker join token (with --coordinator)");
+  app.add_option("--tls-ca", tls_ca, "PEM CA to verify the coordinator's TLS certificate (enables TLS)");
+  app.add_option("--name", name, "Name to register under (default: HOSTNAME-PORT)");
+  app.add_option("--advertise", advertise, "HOST:PORT workers reach this node at (default: --listen with its port)");
   int metrics_port = 0;
   std::string metrics_host = "127.0.0.1";
   app.add_option("--metrics-port", metrics_port, "Serve Prometheus /metrics and /healthz on this port (0: off)")
@@ -142,10 +151,30 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "zenflow-optimizer: metrics on http://%s:%d/metrics\n", metrics_host.c_str(),
                  metrics_server->port());
   }
+  std::unique_ptr<zenflow::optimizer_node::CoordinatorLink> link;
+  if (!coordinator.empty()) {
+    zenflow::optimizer_node::CoordinatorLinkOptions lo;
+    lo.coordinator = coordinator;
+    lo.ca_file = tls_ca;
+    try {
+      if (!worker_token_file.empty()) lo.token = zenflow::rpc::read_token_file(worker_token_file);
+    } catch (const std::invalid_argument& e) {
+      std::fprintf(stderr, "zenflow-optimizer: %s\n", e.what());
+      return 2;
+    }
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    lo.name = name.empty() ? std::string(host) + "-" + std::to_string(port) : name;
+    lo.address = advertise.empty() ? o.host + ":" + std::to_string(port) : advertise;
+    lo.cores = o.cores.empty() ? o.threads : static_cast<int64_t>(o.cores.size());
+    lo.memory_bytes = o.memory_limit > 0 ? o.memory_limit : static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+    link = std::make_unique<zenflow::optimizer_node::CoordinatorLink>(lo);
+  }
   std::printf("zenflow-optimizer: listening on %s:%d\n", o.host.c_str(), port);
   std::fflush(stdout);
   int sig = 0;
   sigwait(&stop_signals, &sig);
+  link.reset();
   metrics_server.reset();
   const auto st = node.stats();
   std::fprintf(stderr, "zenflow-optimizer: stopping on signal %d (%d sessions, %lld ops run)\n", sig, st.sessions,
