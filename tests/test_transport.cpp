@@ -179,7 +179,7 @@ TEST(Wire, DecodeRejectsMalformedHeadersNamingTheField) {
   encode(bad, b);
   EXPECT_EQ(decode_error(b, 64, 0), "wire: version 7 (this build speaks 1)");
 
-  for (uint16_t t : {0, 15, 99, 65535}) {
+  for (uint16_t t : {0, 16, 99, 65535}) {
     bad = h;
     bad.type = static_cast<MsgType>(t);
     encode(bad, b);

@@ -47,6 +47,10 @@ class HostWork {
   // Seconds the job itself ran once done (a step job: from its first kernel to its last,
   // accumulate jobs run between its chunks included); negative when unknown.
   virtual double run_seconds() const { return -1; }
+  // Of the seconds the last wait() returned, those spent waiting on the network (a remote
+  // backend: the job's results were still in transfer after its node had computed them);
+  // the engine books them as the `network` stall, the rest as `host_optimizer`.
+  virtual double network_wait_seconds() const { return 0; }
 };
 
 // The host state a backend owns: five fp32 arrays of HostStateLayout::elements each.

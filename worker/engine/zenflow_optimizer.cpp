@@ -210,8 +210,19 @@ struct ZenFlowOptimizer::Impl {
     body();
     s.end(TimeKind::kStall, cause);
   }
+  // Waits for a host job; with a remote backend the part of the wait spent on the network
+  // is the `network` stall (on the CPU, where the wait is wall time; on CUDA all of it
+  // counts as `cause`).
   void wait_for(StallCause cause, const std::shared_ptr<HostWork>& work) {
-    stalled(cause, [&] { work->wait(); });
+    ClockSpan s = clock_span();
+    const double waited = work->wait();
+    const double net = std::min(waited, work->network_wait_seconds());
+    if (net > 0 && clock && !device.is_cuda()) {
+      s.end(TimeKind::kStall, cause, waited - net);
+      clock->add_stall(StallCause::kNetwork, net);
+    } else {
+      s.end(TimeKind::kStall, cause);
+    }
   }
 
   AdamWCoeffs coeffs(double lr, double weight_decay, int64_t step) const {

@@ -513,6 +513,8 @@ void Session::run_op(const std::shared_ptr<Op>& op) {
 
 void Session::send_reply(MsgType kind, uint64_t seq, const std::vector<std::pair<const char*, uint64_t>>& parts,
                          size_t elem_bytes, std::shared_ptr<void> keep, float seconds) {
+  // COMPUTED first (eager): from here on, what the worker waits for is the network.
+  send(transport::make_header(MsgType::kComputed, epoch_, id_, seq), nullptr, 0);
   const uint64_t chunk = std::max<uint64_t>(1, hello_.chunk_bytes / elem_bytes);
   struct Pending {
     std::atomic<int64_t> left{1};

@@ -31,11 +31,23 @@ int64_t now_us() {
 class RemoteWork : public engine::HostWork {
  public:
   double wait() override {
-    engine::Stopwatch sw;
+    const int64_t began = now_us();
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return remaining_ == 0 || !error_.empty(); });
     if (!error_.empty()) throw engine::HostBackendLost(error_);
-    return sw.seconds();
+    const int64_t ended = now_us();
+    // Network: from the last node's COMPUTED (or the wait's start, if later) to the end.
+    network_wait_s_ = computed_us_ > 0 ? static_cast<double>(ended - std::max(began, computed_us_)) / 1e6 : 0.0;
+    if (network_wait_s_ < 0) network_wait_s_ = 0;
+    return static_cast<double>(ended - began) / 1e6;
+  }
+  double network_wait_seconds() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return network_wait_s_;
+  }
+  void computed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    computed_us_ = std::max(computed_us_, now_us());
   }
   bool done() const override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -72,6 +84,8 @@ class RemoteWork : public engine::HostWork {
   int remaining_ = 0;
   double run_ = -1;
   std::string error_;
+  int64_t computed_us_ = 0;  // when the last COMPUTED of its parts arrived
+  double network_wait_s_ = 0;
 };
 
 // One op on one node, until its DONE and all its reply bytes arrived.
@@ -527,6 +541,16 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
         return;
       case MsgType::kPing:
         return;
+      case MsgType::kComputed: {
+        std::shared_ptr<RemoteWork> work;
+        {
+          std::lock_guard<std::mutex> lock(n.mu);
+          auto it = n.outstanding.find(w.seq);
+          if (it != n.outstanding.end()) work = it->second->work;
+        }
+        if (work) work->computed();
+        return;
+      }
       case MsgType::kParams:
       case MsgType::kData:
       case MsgType::kDone: {

@@ -229,6 +229,8 @@ const char* msg_type_name(MsgType t) {
       return "PONG";
     case MsgType::kBye:
       return "BYE";
+    case MsgType::kComputed:
+      return "COMPUTED";
   }
   return "UNKNOWN";
 }

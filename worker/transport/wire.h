@@ -34,8 +34,9 @@ enum class MsgType : uint16_t {
   kPing = 12,        // both: liveness; offset = sender's monotonic microseconds
   kPong = 13,        // both: answer to kPing (offset echoed)
   kBye = 14,         // W->N: the session ends; the node frees its state
+  kComputed = 15,    // N->W: op `seq`'s kernels are done; its reply data and DONE follow
 };
-constexpr uint16_t kMaxMsgType = 14;
+constexpr uint16_t kMaxMsgType = 15;
 
 enum : uint32_t {
   kFlagCrc = 1u << 0,        // crc32c covers header and payload
