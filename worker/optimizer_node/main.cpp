@@ -22,7 +22,6 @@
 #include "common/version.h"
 #include "worker/optimizer_node/coordinator_link.h"
 #include "worker/optimizer_node/optimizer_node.h"
-#include "worker/transport/remote_host_optimizer.h"
 #include "worker/transport/transport.h"
 
 namespace {
@@ -82,11 +81,9 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   try {
-    const auto [host, port] = listen.rfind(":0") == listen.size() - 2 && listen.size() > 2
-                                  ? std::pair<std::string, int>{listen.substr(0, listen.size() - 2), 0}
-                                  : zenflow::transport::parse_address(listen);
-    o.host = host;
-    o.port = port;
+    const zenflow::rpc::HostPort hp = zenflow::rpc::parse_host_port(listen, "--listen");
+    o.host = hp.host;
+    o.port = hp.port;
     if (!cores.empty()) o.cores = parse_cores(cores);
     if (!memory_limit.empty()) o.memory_limit = zenflow::optimizer_node::parse_bytes(memory_limit);
     if (!token_file.empty()) o.token = zenflow::rpc::read_token_file(token_file);
