@@ -9,7 +9,7 @@
 #           as localhost/debian:bookworm (podman import)
 #   build   buildah bud --isolation chroot --layers --build-arg BASE=localhost/debian:bookworm
 #           --target runtime -t $ZENFLOW_IMAGE (the build stage compiles the binaries in the chroot)
-#   version zenflow --version and the entrypoint, in a container of the image (buildah from + run)
+#   version every binary's --version and the entrypoint, in a container of the image (buildah from + run)
 #   train   zenflow run /opt/zenflow/examples/tiny.yaml, 5 steps, as the image's user
 #   service a coordinator (tokens, a free port, /metrics) and a CPU worker in the container: the
 #           worker registers (zenflow workers), /healthz answers 200, SIGTERM stops both (exit 0)
@@ -112,6 +112,9 @@ version() {
   in_container zenflow --version || return 1
   in_container zenflow-coordinator --version || return 1
   in_container zenflow-worker --version || return 1
+  if grep -rqs --include=CMakeLists.txt 'add_executable(zenflow-optimizer' "$ROOT"; then
+    in_container zenflow-optimizer --version || return 1
+  fi
   # The entrypoint: a binary by name, a bare flag to zenflow.
   in_container /usr/local/bin/zenflow-entrypoint zenflow-coordinator --version || return 1
   in_container /usr/local/bin/zenflow-entrypoint --version || return 1
