@@ -399,10 +399,10 @@ std::vector<std::string> preflight_warnings(const JobSpec& spec, bool device_is_
                     (cores == 1 ? ", shared with compute" : " and leaving the rest for compute"));
     }
   }
-  if (h.nodes > 0) {
+  if (h.nodes > 0 && h.addresses.empty()) {
     out.push_back("optimizer.host.nodes: " + std::to_string(h.nodes) +
-                  " requested but remote optimizer nodes are not implemented; the host optimizer runs in "
-                  "this process");
+                  " requested but no coordinator assigns optimizer nodes yet; name them in "
+                  "optimizer.host.addresses (the host optimizer runs in this process)");
   }
   if (spec.train.compute_threads > cores) {
     out.push_back("train.compute_threads: " + std::to_string(spec.train.compute_threads) + " requested but " +
