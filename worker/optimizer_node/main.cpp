@@ -87,6 +87,9 @@ int main(int argc, char** argv) {
     if (!cores.empty()) o.cores = parse_cores(cores);
     if (!memory_limit.empty()) o.memory_limit = zenflow::optimizer_node::parse_bytes(memory_limit);
     if (!token_file.empty()) o.token = zenflow::rpc::read_token_file(token_file);
+    // UCX authenticates nobody: beyond loopback, only the session token keeps other jobs out.
+    if (o.token.empty() && !zenflow::rpc::is_loopback_host(o.host))
+      throw std::invalid_argument("--token-file is required when listening beyond loopback (--listen " + listen + ")");
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "zenflow-optimizer: %s\n", e.what());
     return 2;
