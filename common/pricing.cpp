@@ -11,6 +11,8 @@
 #include <set>
 #include <sstream>
 
+#include "common/number_text.h"
+
 namespace zenflow {
 namespace {
 
@@ -54,13 +56,9 @@ class RowReader {
   std::optional<double> number(const std::string& key, const YAML::Node& n) const {
     if (n.IsNull()) return std::nullopt;
     if (!n.IsScalar()) fail(key, "must be a number or null");
-    const std::string& s = n.Scalar();
-    errno = 0;
-    char* end = nullptr;
-    const double v = std::strtod(s.c_str(), &end);
-    if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE || !std::isfinite(v))
-      fail(key, "must be a finite number, got " + s);
-    if (v < 0) fail(key, "must be >= 0, got " + s);
+    double v = 0;
+    const std::string error = parse_nonnegative_number(n.Scalar(), &v);
+    if (!error.empty()) fail(key, error);
     return v;
   }
   std::optional<double> number(const std::string& key) const { return number(key, required(key)); }

@@ -12,6 +12,8 @@
 #include <set>
 #include <sstream>
 
+#include "common/number_text.h"
+
 namespace zenflow::advisor {
 
 const std::vector<std::string> kStallCauses = {"host_optimizer", "transfer_d2h", "transfer_h2d",
@@ -49,13 +51,9 @@ class Reader {
   double num(const std::string& key) const { return num_of(key, required(key)); }
   double num_of(const std::string& key, const YAML::Node& n) const {
     if (!n.IsScalar()) fail(key, "must be a number");
-    const std::string& s = n.Scalar();
-    errno = 0;
-    char* end = nullptr;
-    const double v = std::strtod(s.c_str(), &end);
-    if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE || !std::isfinite(v))
-      fail(key, "must be a finite number, got " + s);
-    if (v < 0) fail(key, "must be >= 0, got " + s);
+    double v = 0;
+    const std::string error = parse_nonnegative_number(n.Scalar(), &v);
+    if (!error.empty()) fail(key, error);
     return v;
   }
   int64_t integer(const std::string& key) const {
