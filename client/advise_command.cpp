@@ -1,5 +1,8 @@
-// `zenflow advise PROFILE|RUN_DIR`: which instance and which optimizer mode, predicted from
-// the job's own measured profile (common/advisor), in dollars.
+// `zenflow advise PROFILE|RUN_DIR|JOB_ID`: which instance and which optimizer mode,
+// predicted from the job's own measured profile (common/advisor), in dollars. A JOB_ID is
+// a job of a coordinator, which keeps the profile of its newest attempt that trained long
+// enough (the worker agent runs rank 0 with --profile-if-possible and uploads it).
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -17,7 +20,8 @@ namespace zenflow::cli {
 namespace {
 
 struct AdviseArgs {
-  std::string profile;
+  std::string profile;  // a profile.yaml, a run directory, or a coordinator's job id
+  CoordinatorFlags coordinator;
   std::vector<std::string> catalogs;
   std::string instance;  // "" every catalog instance; "local": this host
   std::vector<std::string> sets;
@@ -27,6 +31,12 @@ struct AdviseArgs {
   bool json = false;
 };
 
+// A coordinator's job id ("j-000042"), not a path: what `zenflow submit` prints.
+bool looks_like_job_id(const std::string& s) {
+  if (s.size() < 3 || s.rfind("j-", 0) != 0) return false;
+  return std::all_of(s.begin() + 2, s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 int advise(const AdviseArgs& a) {
   namespace fs = std::filesystem;
   using namespace advisor;
@@ -35,12 +45,29 @@ int advise(const AdviseArgs& a) {
   if (fs::is_directory(path, ec)) path = (fs::path(path) / "profile.yaml").string();
   JobProfile profile;
   PricingCatalog catalog;
-  try {
-    profile = JobProfile::load(path);
-  } catch (const ProfileError& e) {
-    std::cerr << "zenflow: invalid profile: " << e.what() << "\n";
-    if (!fs::exists(path, ec)) std::cerr << "zenflow: make one with: zenflow run JOB.yaml --profile\n";
+  if (!fs::exists(path, ec) && looks_like_job_id(a.profile)) {
+#ifdef ZENFLOW_HAVE_SERVICES
+    std::string yaml;
+    if (int rc = fetch_job_profile(a.coordinator, a.profile, &yaml); rc != kExitOk) return rc;
+    try {
+      profile = JobProfile::parse(yaml, "the profile the coordinator keeps for job " + a.profile);
+    } catch (const ProfileError& e) {
+      std::cerr << "zenflow: invalid profile: " << e.what() << "\n";
+      return kExitBadInput;
+    }
+#else
+    std::cerr << "zenflow: " << a.profile << ": no such file, and this zenflow was built without the services "
+                 "(ZENFLOW_SERVICES=OFF), so it cannot ask a coordinator for the job's profile\n";
     return kExitBadInput;
+#endif
+  } else {
+    try {
+      profile = JobProfile::load(path);
+    } catch (const ProfileError& e) {
+      std::cerr << "zenflow: invalid profile: " << e.what() << "\n";
+      if (!fs::exists(path, ec)) std::cerr << "zenflow: make one with: zenflow run JOB.yaml --profile\n";
+      return kExitBadInput;
+    }
   }
   try {
     const std::string shipped = std::string(ZENFLOW_SOURCE_DIR) + "/deploy/pricing.yaml";
@@ -119,8 +146,12 @@ CommandRegistrar reg(45, [](CommandContext& ctx) {
       "advise",
       "Which instance and optimizer mode for a job: step time by stall cause and $, from its profile");
   cmd->add_option("profile", args->profile,
-                  "profile.yaml from `zenflow run --profile`, or the run directory holding it")
+                  "profile.yaml from `zenflow run --profile`, the run directory holding it, or a coordinator's "
+                  "job id (j-NNNNNN: the profile it keeps of the job's newest attempt)")
       ->required();
+#ifdef ZENFLOW_HAVE_SERVICES
+  add_coordinator_flags(cmd, args->coordinator);
+#endif
   cmd->add_option("--catalog", args->catalogs,
                   "Catalog merged by name over the shipped deploy/pricing.yaml (repeatable; e.g. the row "
                   "`zenflow profile-host` wrote)")

@@ -42,4 +42,19 @@ constexpr int kExitInterrupted = 130;
 // EX_TEMPFAIL, the job may run again elsewhere.
 constexpr int kExitLeaseLost = 75;
 
+// A coordinator to talk to (service_commands.cpp; in builds with the services): where,
+// the admin token's file and TLS, from the flags or ZENFLOW_COORDINATOR / _TOKEN_FILE /
+// _TLS_CA.
+struct CoordinatorFlags {
+  std::string coordinator;
+  std::string token_file;
+  std::string tls_ca;
+  std::string tls_server_name;
+};
+void add_coordinator_flags(CLI::App* cmd, CoordinatorFlags& f);
+// The profile the coordinator keeps for job `id` (`zenflow advise JOB_ID`) into *yaml.
+// Returns the verbs' exit code: 0, or (after printing why) 2 bad input or no profile yet,
+// 3 no such job, 4 denied, 5 unavailable.
+int fetch_job_profile(const CoordinatorFlags& f, const std::string& id, std::string* yaml);
+
 }  // namespace zenflow::cli

@@ -131,6 +131,7 @@ struct RunArgs {
   bool quiet = false;
   bool verbose = false;
   bool profile = false;  // write checkpoint.dir/profile.yaml for `zenflow advise`
+  bool profile_if_possible = false;  // the same, but a run too short to profile is no error
   std::vector<std::string> allow_spec_change;
   int nproc = 0;  // 0: resources.gpus_per_worker (at least 1)
   int metrics_port = 0;  // 0: no /metrics (unless metrics_port_file)
@@ -317,7 +318,7 @@ int run(const RunArgs& a) {
     observers.add(step_log.get());
   }
   std::unique_ptr<ProfileObserver> profiler;
-  if (rank0 && a.profile) {
+  if (rank0 && (a.profile || a.profile_if_possible)) {
     profiler = std::make_unique<ProfileObserver>();
     observers.add(profiler.get());
   }
@@ -409,10 +410,15 @@ int run(const RunArgs& a) {
       try {
         const std::string path = write_job_profile(spec, build_job_profile(spec, sum, *profiler));
         std::cerr << "zenflow: profile " << path << " (zenflow advise " << path << ")\n";
+        reporters.on_profile(path);
       } catch (const std::exception& e) {
-        std::cerr << "zenflow: error: " << e.what() << "\n";
-        if (a.json) std::cout << summary.dump() << std::endl;
-        return kExitFailure;
+        if (!a.profile) {
+          std::cerr << "zenflow: no profile: " << e.what() << "\n";
+        } else {
+          std::cerr << "zenflow: error: " << e.what() << "\n";
+          if (a.json) std::cout << summary.dump() << std::endl;
+          return kExitFailure;
+        }
       }
     }
     if (a.json) std::cout << summary.dump() << std::endl;
@@ -440,6 +446,9 @@ CommandRegistrar reg(10, [](CommandContext& ctx) {
   cmd->add_flag("--profile", args->profile,
                 "After training, write checkpoint.dir/profile.yaml: the steady step by cause, bytes, and probes of "
                 "this host on the job's cores (GEMM, AdamW, copies, host AdamW by core count), for zenflow advise");
+  cmd->add_flag("--profile-if-possible", args->profile_if_possible,
+                "Like --profile, but a run too short to profile only says so (the worker agent asks this of every "
+                "attempt: the coordinator keeps the profile for zenflow advise JOB_ID)");
   cmd->add_flag("--quiet", args->quiet, "No progress lines");
   cmd->add_flag("--verbose", args->verbose, "Show LibTorch's stack trace with an error");
   cmd->add_option("--nproc", args->nproc, "Data-parallel rank processes on this machine (Gloo on CPU, NCCL on GPU); "

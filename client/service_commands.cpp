@@ -35,11 +35,7 @@ constexpr int kExitDenied = 4;
 constexpr int kExitUnavailable = 5;
 constexpr std::chrono::milliseconds kCallDeadline{10'000};
 
-struct Remote {
-  std::string coordinator;
-  std::string token_file;
-  std::string tls_ca;
-  std::string tls_server_name;
+struct Remote : CoordinatorFlags {
   bool json = false;
   std::string token;
   std::unique_ptr<v1::JobService::Stub> stub;
@@ -51,13 +47,7 @@ const char* env_or(const char* name, const char* fallback) {
 }
 
 void add_remote_flags(CLI::App* cmd, Remote& r) {
-  r.coordinator = env_or("ZENFLOW_COORDINATOR", "127.0.0.1:7070");
-  r.token_file = env_or("ZENFLOW_TOKEN_FILE", "");
-  r.tls_ca = env_or("ZENFLOW_TLS_CA", "");
-  cmd->add_option("--coordinator", r.coordinator, "Coordinator HOST:PORT (env ZENFLOW_COORDINATOR)");
-  cmd->add_option("--token-file", r.token_file, "File holding the admin token (env ZENFLOW_TOKEN_FILE)");
-  cmd->add_option("--tls-ca", r.tls_ca, "PEM CA of the coordinator's TLS certificate (env ZENFLOW_TLS_CA)");
-  cmd->add_option("--tls-server-name", r.tls_server_name, "Name to check in the coordinator's certificate");
+  add_coordinator_flags(cmd, r);
   cmd->add_flag("--json", r.json, "Print JSON instead of a table");
 }
 
@@ -521,4 +511,27 @@ CommandRegistrar reg(20, [](CommandContext& ctx) {
 });
 
 }  // namespace
+
+void add_coordinator_flags(CLI::App* cmd, CoordinatorFlags& f) {
+  f.coordinator = env_or("ZENFLOW_COORDINATOR", "127.0.0.1:7070");
+  f.token_file = env_or("ZENFLOW_TOKEN_FILE", "");
+  f.tls_ca = env_or("ZENFLOW_TLS_CA", "");
+  cmd->add_option("--coordinator", f.coordinator, "Coordinator HOST:PORT (env ZENFLOW_COORDINATOR)");
+  cmd->add_option("--token-file", f.token_file, "File holding the admin token (env ZENFLOW_TOKEN_FILE)");
+  cmd->add_option("--tls-ca", f.tls_ca, "PEM CA of the coordinator's TLS certificate (env ZENFLOW_TLS_CA)");
+  cmd->add_option("--tls-server-name", f.tls_server_name, "Name to check in the coordinator's certificate");
+}
+
+int fetch_job_profile(const CoordinatorFlags& f, const std::string& id, std::string* yaml) {
+  Remote r;
+  static_cast<CoordinatorFlags&>(r) = f;
+  if (int rc = connect(r)) return rc;
+  v1::GetJobProfileRequest req;
+  req.set_id(id);
+  v1::JobProfile resp;
+  if (grpc::Status s = unary(r, &v1::JobService::Stub::GetJobProfile, req, &resp); !s.ok()) return fail(r, s);
+  *yaml = std::move(*resp.mutable_profile_yaml());
+  return kExitOk;
+}
+
 }  // namespace zenflow::cli

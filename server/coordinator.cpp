@@ -8,6 +8,9 @@
 #include <iostream>
 #include <sstream>
 
+#include "common/advisor/job_profile.h"
+#include "common/rpc/rpc.h"
+
 namespace zenflow::server {
 namespace {
 
@@ -858,6 +861,69 @@ Status Coordinator::upload_logs(const v1::UploadLogsRequest& req, v1::UploadLogs
     changed_.notify_all();
   }
   resp->set_next_offset(held);  // a gap (offset > held) makes the agent resend from here
+  return Status::OK;
+}
+
+Status Coordinator::upload_profile(const v1::UploadProfileRequest& req) {
+  if (req.profile_yaml().size() > rpc::kMaxProfileBytes)
+    return bad("profile_yaml: at most " + std::to_string(rpc::kMaxProfileBytes) + " bytes, got " +
+               std::to_string(req.profile_yaml().size()));
+  // Parsed before it is kept: `zenflow advise JOB_ID` gets a profile it can read, and a
+  // malformed one is the uploader's error (outside the lock: parsing is the slow part).
+  try {
+    (void)advisor::JobProfile::parse(req.profile_yaml(), "the profile of job " + req.attempt().job_id());
+  } catch (const std::exception& e) {
+    return bad(std::string("profile_yaml: ") + e.what());
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Status st;
+  if (!live_worker(req.name(), req.incarnation(), &st)) return st;
+  auto it = jobs_.find(req.attempt().job_id());
+  if (it == jobs_.end()) return {StatusCode::FAILED_PRECONDITION, "no job " + req.attempt().job_id()};
+  Job& j = it->second;
+  // Rank 0 writes the profile, so it comes from the first gang member of the current (or,
+  // once it ended, the last) attempt; an older attempt's never replaces a newer one's.
+  if (req.attempt().attempt() != j.rec.attempt || j.rec.placement.empty() || j.rec.placement[0] != req.name())
+    return {StatusCode::FAILED_PRECONDITION, "attempt " + std::to_string(req.attempt().attempt()) + " of job " +
+                                                 j.rec.id + " on " + req.name() +
+                                                 " is not the current attempt's rank 0"};
+  StoreBatch batch;
+  batch.profiles.push_back(ProfileRecord{j.rec.id, j.rec.attempt, req.profile_yaml(), now_ms()});
+  try {
+    store_->commit(batch);
+  } catch (const StoreError& e) {
+    return {StatusCode::UNAVAILABLE, std::string("profile write failed: ") + e.what()};
+  }
+  log("job " + j.rec.id + ": profile of attempt " + std::to_string(j.rec.attempt) + " kept (" +
+      std::to_string(req.profile_yaml().size()) + " bytes)");
+  return Status::OK;
+}
+
+Status Coordinator::get_profile(const std::string& id, v1::JobProfile* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return {StatusCode::NOT_FOUND, "no job " + id};
+  std::optional<ProfileRecord> p;
+  try {
+    p = store_->load_profile(id);
+  } catch (const StoreError& e) {
+    return {StatusCode::UNAVAILABLE, std::string("profile read failed: ") + e.what()};
+  }
+  if (!p) {
+    const Job& j = it->second;
+    return {StatusCode::FAILED_PRECONDITION,
+            "job " + id + " has no profile yet: " +
+                (j.rec.attempt == 0 ? std::string("it has not started")
+                 : terminal(j.rec.state)
+                     ? "no attempt trained long enough to profile (" + j.rec.state + " at step " +
+                           std::to_string(j.rec.step) + ")"
+                     : "it is " + j.rec.state + " at step " + std::to_string(j.rec.step) +
+                           "; rank 0 writes it when an attempt ends")};
+  }
+  out->set_job_id(p->job_id);
+  out->set_attempt(p->attempt);
+  out->set_profile_yaml(std::move(p->yaml));
+  out->set_received_ms(p->received_ms);
   return Status::OK;
 }
 

@@ -112,6 +112,9 @@ class Coordinator {
   grpc::Status read_log(const std::string& id, int64_t offset, int64_t max, std::chrono::milliseconds wait,
                         std::string* data, bool* finished);
   void list_workers(v1::ListWorkersResponse* resp);
+  // The job's profile (the newest one kept); NOT_FOUND for an unknown job,
+  // FAILED_PRECONDITION (saying why) when it has none.
+  grpc::Status get_profile(const std::string& id, v1::JobProfile* out);
   ClusterSnapshot snapshot() const;
 
   // --- WorkerService ---
@@ -121,6 +124,7 @@ class Coordinator {
   grpc::Status report_progress(const v1::ReportProgressRequest& req);
   grpc::Status report_event(const v1::ReportEventRequest& req);
   grpc::Status upload_logs(const v1::UploadLogsRequest& req, v1::UploadLogsResponse* resp);
+  grpc::Status upload_profile(const v1::UploadProfileRequest& req);
 
   // Wakes every blocked wait (shutdown).
   void shutdown();

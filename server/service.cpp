@@ -142,6 +142,11 @@ Status JobServiceImpl::ListWorkers(grpc::ServerContext* ctx, const v1::ListWorke
   });
 }
 
+Status JobServiceImpl::GetJobProfile(grpc::ServerContext* ctx, const v1::GetJobProfileRequest* req,
+                                     v1::JobProfile* resp) {
+  return answer(metrics_, "GetJobProfile", admit(*ctx), [&] { return c_.get_profile(req->id(), resp); });
+}
+
 Status WorkerServiceImpl::admit(const grpc::ServerContextBase& ctx) const {
   if (!auth_.has_tokens()) return Status::OK;
   return rpc::check_role(ctx, auth_, rpc::Role::kWorker);
@@ -176,6 +181,11 @@ Status WorkerServiceImpl::ReportEvent(grpc::ServerContext* ctx, const v1::Report
 Status WorkerServiceImpl::UploadLogs(grpc::ServerContext* ctx, const v1::UploadLogsRequest* req,
                                      v1::UploadLogsResponse* resp) {
   return answer(metrics_, "UploadLogs", admit(*ctx), [&] { return c_.upload_logs(*req, resp); });
+}
+
+Status WorkerServiceImpl::UploadProfile(grpc::ServerContext* ctx, const v1::UploadProfileRequest* req,
+                                        v1::UploadProfileResponse*) {
+  return answer(metrics_, "UploadProfile", admit(*ctx), [&] { return c_.upload_profile(*req); });
 }
 
 }  // namespace zenflow::server

@@ -59,6 +59,7 @@ class JobServiceImpl final : public JobServiceBase {
   grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*, v1::ListJobsResponse*) override;
   grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest*, v1::CancelJobResponse*) override;
   grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*, v1::ListWorkersResponse*) override;
+  grpc::Status GetJobProfile(grpc::ServerContext*, const v1::GetJobProfileRequest*, v1::JobProfile*) override;
   grpc::Status WatchJob(grpc::ServerContext*, const v1::WatchJobRequest*,
                         grpc::ServerWriter<v1::JobEvent>*) override;
   grpc::Status StreamLogs(grpc::ServerContext*, const v1::StreamLogsRequest*,
@@ -84,6 +85,8 @@ class WorkerServiceImpl final : public WorkerServiceBase {
                         v1::ReportProgressResponse*) override;
   grpc::Status ReportEvent(grpc::ServerContext*, const v1::ReportEventRequest*, v1::ReportEventResponse*) override;
   grpc::Status UploadLogs(grpc::ServerContext*, const v1::UploadLogsRequest*, v1::UploadLogsResponse*) override;
+  grpc::Status UploadProfile(grpc::ServerContext*, const v1::UploadProfileRequest*,
+                             v1::UploadProfileResponse*) override;
   grpc::Status FetchAssignments(grpc::ServerContext*, const v1::FetchAssignmentsRequest*,
                                 v1::FetchAssignmentsResponse*) override;
 

@@ -118,6 +118,15 @@ ALTER TABLE jobs ADD COLUMN usd_per_hour_bits INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE jobs ADD COLUMN price_source TEXT NOT NULL DEFAULT '';
 ALTER TABLE jobs ADD COLUMN usd_lost_to_restarts_bits INTEGER NOT NULL DEFAULT 0;
 )sql"},
+    {3, R"sql(
+-- A job's profile (`zenflow advise JOB_ID`): the newest attempt's, one row per job.
+CREATE TABLE profiles (
+  job_id TEXT PRIMARY KEY NOT NULL REFERENCES jobs (id),
+  attempt INTEGER NOT NULL,
+  yaml TEXT NOT NULL,
+  received_ms INTEGER NOT NULL
+) STRICT;
+)sql"},
 };
 
 constexpr int kBusyTimeoutMs = 5000;  // only a reader such as the sqlite3 shell can hold a lock
@@ -333,6 +342,7 @@ class SqliteStore final : public Store {
   std::string read_log(const std::string& job_id, int64_t offset, int64_t max_bytes) override;
   int64_t log_size(const std::string& job_id) override;
   std::map<std::pair<std::string, int64_t>, int64_t> attempt_log_sizes() override;
+  std::optional<ProfileRecord> load_profile(const std::string& job_id) override;
   int schema_version() override;
 
  private:
@@ -377,6 +387,7 @@ class SqliteStore final : public Store {
   void write_job(const JobRecord& j);
   void write_worker(const WorkerRecord& w);
   void append_log(const LogAppend& l, std::map<std::string, int64_t>& sizes);
+  void write_profile(const ProfileRecord& p);
   JobRecord read_job(sqlite3_stmt* s) const;
   WorkerRecord read_worker(sqlite3_stmt* s) const;
   void load_log_sizes();
@@ -389,6 +400,7 @@ class SqliteStore final : public Store {
   Statement begin_, commit_, rollback_;
   Statement upsert_job_, upsert_worker_, insert_log_;
   Statement select_jobs_, select_workers_, select_log_, select_attempt_sizes_;
+  Statement upsert_profile_, select_profile_;
   // Bytes in each job's log, as of the last successful commit: the next append's job_offset.
   std::map<std::string, int64_t> log_sizes_;
 };
@@ -450,6 +462,10 @@ SqliteStore::SqliteStore(const std::string& path, const SqliteOptions& options)
   // length() of a BLOB column reads the row header, not the bytes.
   select_attempt_sizes_ = prepare(
       "SELECT job_id, attempt, MAX(attempt_offset + length(data)) FROM logs GROUP BY job_id, attempt");
+  upsert_profile_ = prepare(
+      "INSERT INTO profiles (job_id, attempt, yaml, received_ms) VALUES (?1, ?2, ?3, ?4) ON CONFLICT (job_id) "
+      "DO UPDATE SET attempt = excluded.attempt, yaml = excluded.yaml, received_ms = excluded.received_ms");
+  select_profile_ = prepare("SELECT job_id, attempt, yaml, received_ms FROM profiles WHERE job_id = ?1");
   load_log_sizes();
 }
 
@@ -514,9 +530,11 @@ void SqliteStore::commit(const StoreBatch& batch) {
     for (const JobRecord& j : batch.jobs) write_job(j);
     for (const WorkerRecord& w : batch.workers) write_worker(w);
     for (const LogAppend& l : batch.logs) append_log(l, sizes);
+    for (const ProfileRecord& p : batch.profiles) write_profile(p);
     run(commit_.get(), "committing " + std::to_string(batch.jobs.size()) + " jobs, " +
-                           std::to_string(batch.workers.size()) + " workers and " +
-                           std::to_string(batch.logs.size()) + " log appends");
+                           std::to_string(batch.workers.size()) + " workers, " +
+                           std::to_string(batch.logs.size()) + " log appends and " +
+                           std::to_string(batch.profiles.size()) + " profiles");
   } catch (const StoreError&) {
     rollback();
     throw;  // log_sizes_ untouched: the next append to these jobs starts where the last commit left
@@ -595,6 +613,34 @@ void SqliteStore::append_log(const LogAppend& l, std::map<std::string, int64_t>&
                             quoted(l.job_id) + " (attempt " + std::to_string(l.attempt) + ")";
   step_write(s, rc, doing);
   sizes[l.job_id] = offset + static_cast<int64_t>(l.data.size());
+}
+
+void SqliteStore::write_profile(const ProfileRecord& p) {
+  sqlite3_stmt* s = upsert_profile_.get();
+  StepScope scope(s);
+  Binder b(s);
+  const int rc[] = {b.text(p.job_id), b.integer(p.attempt), b.text(p.yaml), b.integer(p.received_ms)};
+  step_write(s, rc,
+             "writing the profile of job " + quoted(p.job_id) + " (attempt " + std::to_string(p.attempt) + ")");
+}
+
+std::optional<ProfileRecord> SqliteStore::load_profile(const std::string& job_id) {
+  const std::string doing = "reading the profile of job " + quoted(job_id);
+  sqlite3_stmt* s = select_profile_.get();
+  Binder b(s);
+  check(b.text(job_id), doing);
+  std::optional<ProfileRecord> out;
+  each_row(s, doing, [&](sqlite3_stmt* row) {
+    Row r(row);
+    ProfileRecord p;
+    p.job_id = r.text();
+    p.attempt = r.integer();
+    p.yaml = r.text();
+    p.received_ms = r.integer();
+    out = std::move(p);
+    return false;
+  });
+  return out;
 }
 
 JobRecord SqliteStore::read_job(sqlite3_stmt* s) const {
@@ -754,6 +800,10 @@ bool JobRecord::operator==(const JobRecord& o) const {
 }
 
 bool WorkerRecord::operator==(const WorkerRecord& o) const { return fields(*this) == fields(o); }
+
+bool ProfileRecord::operator==(const ProfileRecord& o) const {
+  return std::tie(job_id, attempt, yaml, received_ms) == std::tie(o.job_id, o.attempt, o.yaml, o.received_ms);
+}
 
 std::unique_ptr<Store> open_sqlite_store(const std::string& path, const SqliteOptions& options) {
   return std::make_unique<SqliteStore>(path, options);

@@ -1,4 +1,4 @@
-// The coordinator's durable state: jobs, workers and job logs.
+// The coordinator's durable state: jobs, workers, job logs and job profiles.
 //
 // Only what must survive a coordinator crash is written: a job's record on every state
 // transition (and its progress now and then), a worker's registration, and log bytes.
@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -95,11 +96,23 @@ struct LogAppend {
   std::string data;
 };
 
+// A job's profile for `zenflow advise JOB_ID` (common/advisor/job_profile.h): the YAML its
+// rank 0 wrote after an attempt that trained long enough, as uploaded by the agent. One per
+// job: a later attempt's replaces an earlier one's.
+struct ProfileRecord {
+  std::string job_id;
+  int64_t attempt = 0;
+  std::string yaml;
+  int64_t received_ms = 0;
+  bool operator==(const ProfileRecord& o) const;
+};
+
 struct StoreBatch {
-  std::vector<JobRecord> jobs;        // inserted or replaced by id
-  std::vector<WorkerRecord> workers;  // inserted or replaced by name
-  std::vector<LogAppend> logs;        // appended in order
-  bool empty() const { return jobs.empty() && workers.empty() && logs.empty(); }
+  std::vector<JobRecord> jobs;          // inserted or replaced by id
+  std::vector<WorkerRecord> workers;    // inserted or replaced by name
+  std::vector<LogAppend> logs;          // appended in order
+  std::vector<ProfileRecord> profiles;  // inserted or replaced by job id (the job must exist)
+  bool empty() const { return jobs.empty() && workers.empty() && logs.empty() && profiles.empty(); }
 };
 
 class Store {
@@ -114,6 +127,8 @@ class Store {
   virtual int64_t log_size(const std::string& job_id) = 0;
   // Bytes held per (job id, attempt): where each attempt's upload resumes.
   virtual std::map<std::pair<std::string, int64_t>, int64_t> attempt_log_sizes() = 0;
+  // The job's profile; nullopt when none was uploaded.
+  virtual std::optional<ProfileRecord> load_profile(const std::string& job_id) = 0;
   virtual int schema_version() = 0;
 };
 

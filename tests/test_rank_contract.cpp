@@ -325,6 +325,34 @@ void expect_ended_by_the_lease(RankProcess& p, EventReader& r, std::chrono::seco
 
 // (a) The agent gone (its end of the lease closed) mid-run: exit 75 at once, one line, and
 // no checkpoint beside the one the run resumed from (a SIGTERM would have written one).
+// --profile-if-possible (what the agent asks of rank 0): a run long enough to profile writes
+// checkpoint.dir/profile.yaml and reports it after the finish line; one too short says so on
+// stderr and still exits 0, with no profile line.
+TEST(RankReport, ProfileIfPossibleReportsTheProfileAfterTheFinish) {
+  const fs::path dir = scratch("profile");
+  const fs::path spec = job(dir, 8, 0);
+  {
+    RankProcess p;
+    start_rank(p, dir, {spec.string(), "--fresh", "--profile-if-possible"}, false);
+    EventReader r(p.report_r);
+    ASSERT_EQ(finish_rank(p, r), 0) << stderr_of(p);
+    ASSERT_GE(r.events.size(), 2u);
+    const fs::path profile = dir / "ckpt" / "profile.yaml";
+    EXPECT_EQ(r.events.back(), (json{{"event", "profile"}, {"path", profile.string()}}));
+    EXPECT_EQ(r.events[r.events.size() - 2], (json{{"event", "finish"}, {"steps", 8}, {"interrupted", false}}));
+    EXPECT_TRUE(contains(zenflow::test_support::read_file(profile), "zenflow_profile: 1")) << profile;
+  }
+  {
+    RankProcess p;
+    start_rank(p, dir, {spec.string(), "--fresh", "--profile-if-possible", "--set", "train.steps=4"}, false);
+    EventReader r(p.report_r);
+    ASSERT_EQ(finish_rank(p, r), 0) << stderr_of(p);
+    for (const json& e : r.events) EXPECT_NE(e.at("event"), "profile") << e.dump();
+    EXPECT_TRUE(contains(stderr_of(p), "zenflow: no profile: --profile: train.steps 4 leaves too few steady steps"))
+        << stderr_of(p);
+  }
+}
+
 TEST(RankLease, EofEndsTheRunWithoutACheckpoint) {
   const fs::path dir = scratch("lease-eof");
   {

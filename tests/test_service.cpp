@@ -1,6 +1,7 @@
 // The service end to end: zenflow-coordinator, zenflow-worker agents and the zenflow CLI
 // as real processes on 127.0.0.1 (tests/support/service_cluster.h), training tiny jobs on
 // the CPU. Each test bounds every wait and stops every process it started.
+#include <google/protobuf/descriptor.h>
 #include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
@@ -231,6 +232,98 @@ TEST(Service, CoordinatorSigkillDoesNotRestartRunningJobs) {
   EXPECT_DOUBLE_EQ(st.value("last_loss", 0.0), reference_loss(c, spec));
 }
 
+// `zenflow advise JOB_ID`: the agent runs rank 0 with --profile-if-possible and uploads the
+// profile it wrote; the coordinator keeps it (across a restart) and gives the same advice as
+// the file does. A job too short to profile has none, and advise says why; only the current
+// attempt's rank-0 worker may upload, and only a profile that parses.
+TEST(Service, CoordinatorKeepsEachJobsProfileForAdvise) {
+  Cluster c("profile");
+  c.start_coordinator();
+  c.start_worker("w1");
+  const std::string shorter = c.submit(write_job(c, "short", 4, 0));  // < 6 steps: too short to profile
+  const std::string longer = c.submit(write_job(c, "long", 12, 6));
+  ASSERT_FALSE(shorter.empty());
+  ASSERT_FALSE(longer.empty());
+  ASSERT_TRUE(c.wait_state(shorter, "SUCCEEDED", 120s)) << c.status(shorter).dump() << logs_of(c, shorter);
+  ASSERT_TRUE(c.wait_state(longer, "SUCCEEDED", 120s)) << c.status(longer).dump() << logs_of(c, longer);
+  EXPECT_NE(logs_of(c, shorter).find("no profile: --profile: train.steps 4 leaves too few steady steps"),
+            std::string::npos)
+      << logs_of(c, shorter);
+
+  const fs::path file = c.dir() / "ckpt-long" / "profile.yaml";
+  const std::string written = read_file(file);
+  ASSERT_NE(written.find("zenflow_profile:"), std::string::npos) << file;
+  auto kept = [&](const std::string& id, v1::JobProfile* out) {
+    v1::GetJobProfileRequest req;
+    req.set_id(id);
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, c.admin_token(), 5s);
+    return v1::JobService::NewStub(rpc::make_channel(c.address(), {}))->GetJobProfile(&ctx, req, out);
+  };
+  v1::JobProfile p;
+  ASSERT_TRUE(kept(longer, &p).ok()) << c.coordinator().output();
+  EXPECT_EQ(p.job_id(), longer);
+  EXPECT_EQ(p.attempt(), 1);
+  EXPECT_EQ(p.profile_yaml(), written);  // byte for byte
+  EXPECT_GT(p.received_ms(), 0);
+  EXPECT_EQ(kept(shorter, &p).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(kept("j-999999", &p).error_code(), grpc::StatusCode::NOT_FOUND);
+
+  // The same advice from the job id as from the file.
+  std::string by_id, by_file;
+  ASSERT_EQ(c.cli("advise " + longer + " --instance local --json", &by_id), 0) << read_file(c.dir() / "cli.log");
+  ASSERT_EQ(test_support::run(Cluster::bin("zenflow") + " advise " + file.string() + " --instance local --json",
+                              &by_file),
+            0);
+  const nlohmann::json a = nlohmann::json::parse(by_id, nullptr, false), b = nlohmann::json::parse(by_file, nullptr, false);
+  ASSERT_TRUE(a.is_object() && a.contains("predictions")) << by_id;
+  ASSERT_EQ(a["predictions"].size(), 3u) << by_id;  // device, offload, zenflow on this host
+  EXPECT_EQ(a["predictions"], b["predictions"]);
+  EXPECT_EQ(a["recommendation"], b["recommendation"]);
+  EXPECT_EQ(c.cli("advise " + shorter + " --json"), 2);
+  EXPECT_NE(read_file(c.dir() / "cli.log").find("job " + shorter + " has no profile yet"), std::string::npos)
+      << read_file(c.dir() / "cli.log");
+  EXPECT_EQ(c.cli("advise j-999999 --json"), 3);
+
+  // Uploads: from a worker that was not the attempt's rank 0, for another attempt, or one
+  // that does not parse, are refused, and the kept profile is unchanged.
+  auto channel = rpc::make_channel(c.address(), {});
+  auto workers = v1::WorkerService::NewStub(channel);
+  v1::RegisterWorkerRequest reg;
+  reg.set_name("impostor");
+  reg.set_role(v1::OPTIMIZER);  // never placed on
+  v1::RegisterWorkerResponse regd;
+  {
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, c.worker_token(), 5s);
+    ASSERT_TRUE(workers->RegisterWorker(&ctx, reg, &regd).ok());
+  }
+  auto upload = [&](const std::string& name, int64_t incarnation, int64_t attempt, const std::string& yaml) {
+    v1::UploadProfileRequest req;
+    req.set_name(name);
+    req.set_incarnation(incarnation);
+    req.mutable_attempt()->set_job_id(longer);
+    req.mutable_attempt()->set_attempt(attempt);
+    req.set_profile_yaml(yaml);
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, c.worker_token(), 5s);
+    v1::UploadProfileResponse ignored;
+    return workers->UploadProfile(&ctx, req, &ignored).error_code();
+  };
+  EXPECT_EQ(upload("impostor", regd.incarnation(), 1, written), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(upload("impostor", regd.incarnation(), 1, "zenflow_profile: 1\n"), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(upload("impostor", regd.incarnation(), 1, std::string(rpc::kMaxProfileBytes + 1, ' ')),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(upload("w1", 12345, 1, written), grpc::StatusCode::FAILED_PRECONDITION);  // not w1's incarnation
+
+  // Kept across a coordinator SIGKILL.
+  c.coordinator().kill(SIGKILL);
+  c.start_coordinator();
+  ASSERT_TRUE(wait_until([&] { return kept(longer, &p).ok(); }, 10s)) << c.coordinator().output();
+  EXPECT_EQ(p.profile_yaml(), written);
+  EXPECT_EQ(p.attempt(), 1);
+}
+
 TEST(Service, CancelCheckpointsAndFreesTheWorker) {
   Cluster c("cancel");
   c.start_coordinator();
@@ -337,12 +430,28 @@ std::map<std::string, grpc::StatusCode> call_everything(const Cluster& c, Who wh
   v1::UploadLogsRequest upload;
   upload.set_name("ghost");
   unary("UploadLogs", workers.get(), &v1::WorkerService::Stub::UploadLogs, upload, v1::UploadLogsResponse{});
+  v1::GetJobProfileRequest profile;
+  profile.set_id("j-nope");
+  unary("GetJobProfile", jobs.get(), &v1::JobService::Stub::GetJobProfile, profile, v1::JobProfile{});
+  v1::UploadProfileRequest upload_profile;
+  upload_profile.set_name("ghost");
+  unary("UploadProfile", workers.get(), &v1::WorkerService::Stub::UploadProfile, upload_profile,
+        v1::UploadProfileResponse{});
+  // Every method of both services is in the matrix: a new RPC cannot skip it.
+  for (const char* name : {v1::JobService::service_full_name(), v1::WorkerService::service_full_name()}) {
+    const google::protobuf::ServiceDescriptor* service =
+        google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(name);
+    EXPECT_NE(service, nullptr) << name;
+    if (service == nullptr) continue;
+    for (int i = 0; i < service->method_count(); ++i)
+      EXPECT_TRUE(out.count(service->method(i)->name())) << service->method(i)->full_name() << " is not called";
+  }
   return out;
 }
 
 bool is_job_rpc(const std::string& m) {
   return m == "SubmitJob" || m == "GetJob" || m == "ListJobs" || m == "CancelJob" || m == "ListWorkers" ||
-         m == "WatchJob" || m == "StreamLogs";
+         m == "WatchJob" || m == "StreamLogs" || m == "GetJobProfile";
 }
 
 // Asks server reflection (v1alpha, the one libgrpc++ 1.51 serves) at `address` for its

@@ -26,6 +26,10 @@ void FanoutReporter::on_finish(int64_t steps, bool interrupted) noexcept {
   for (RunReporter* r : reporters_) r->on_finish(steps, interrupted);
 }
 
+void FanoutReporter::on_profile(const std::string& path) noexcept {
+  for (RunReporter* r : reporters_) r->on_profile(path);
+}
+
 namespace {
 using Event = nlohmann::ordered_json;  // keys in the order written: "event" first
 
@@ -53,6 +57,10 @@ void JsonLinesReporter::on_log(const std::string& line) noexcept {
 
 void JsonLinesReporter::on_checkpoint(int64_t step, const std::string& dir) noexcept {
   emit([&] { return Event{{"event", "checkpoint"}, {"step", step}, {"dir", dir}}; });
+}
+
+void JsonLinesReporter::on_profile(const std::string& path) noexcept {
+  emit([&] { return Event{{"event", "profile"}, {"path", path}}; });
 }
 
 void JsonLinesReporter::on_finish(int64_t steps, bool interrupted) noexcept {

@@ -46,6 +46,8 @@ class RunReporter {
   virtual void on_checkpoint(int64_t step, const std::string& dir) noexcept = 0;
   // steps: the last step reached; interrupted: stopped before train.steps (RunSummary).
   virtual void on_finish(int64_t steps, bool interrupted) noexcept = 0;
+  // After on_finish, from `zenflow run --profile`: the job's profile was written at `path`.
+  virtual void on_profile(const std::string& path) noexcept { (void)path; }
 };
 
 // Passes every event to each of its reporters, in the order they were added (not owned;
@@ -59,6 +61,7 @@ class FanoutReporter : public RunReporter {
   void on_log(const std::string& line) noexcept override;
   void on_checkpoint(int64_t step, const std::string& dir) noexcept override;
   void on_finish(int64_t steps, bool interrupted) noexcept override;
+  void on_profile(const std::string& path) noexcept override;
 
  private:
   std::vector<RunReporter*> reporters_;
@@ -72,6 +75,7 @@ class FanoutReporter : public RunReporter {
 //   {"event":"checkpoint","step":N,"dir":"..."}
 //   {"event":"log","line":"..."}
 //   {"event":"finish","steps":N,"interrupted":false}
+//   {"event":"profile","path":"..."}   (after finish, when the run wrote its profile)
 // Step lines are at most one per `min_step_interval` (the first step's is always written),
 // and the run's last step always has one, before the finish line: the step lines of a run
 // rise strictly and end with its last step. A non-finite number is written as null.
@@ -94,6 +98,7 @@ class JsonLinesReporter : public RunReporter {
   void on_log(const std::string& line) noexcept override;
   void on_checkpoint(int64_t step, const std::string& dir) noexcept override;
   void on_finish(int64_t steps, bool interrupted) noexcept override;
+  void on_profile(const std::string& path) noexcept override;
 
   // false once a write failed (then nothing more is written).
   bool writing() const { return fd_ >= 0; }

@@ -18,6 +18,8 @@ namespace zenflow::rpc {
 inline constexpr int kMaxMessageBytes = 4 << 20;
 inline constexpr int kMaxMetadataBytes = 16 << 10;
 inline constexpr size_t kMaxLogChunkBytes = 64 << 10;
+// The largest job profile an agent uploads (UploadProfile; a profile is a few KiB).
+inline constexpr size_t kMaxProfileBytes = 1 << 20;
 
 // How a server's port is secured, and whether every call on it is authenticated before any
 // handler runs (AuthMetadataProcessor; gRPC attaches one to secure credentials only):

@@ -140,6 +140,8 @@ struct Attempt {
   bool progress_dirty = false;
   int64_t start_step = 0;
   Clock::time_point progress_sent{};
+  // The profile rank 0 wrote (its "profile" report line), until the coordinator holds it.
+  std::string profile_yaml;
 };
 
 struct Agent::Impl {
@@ -198,6 +200,7 @@ struct Agent::Impl {
   void upload_logs(Attempt& at);
   void report_exit(Attempt& at);
   void report_progress(Attempt& at);
+  void upload_profile(Attempt& at);
   void renew_leases();
   void fill_report(const Attempt& at, v1::AttemptReport* r) const;
   void forget_finished();
@@ -433,6 +436,9 @@ void Agent::Impl::start_attempt(const v1::Assignment& a) {
     if (rank == 0) {
       args.push_back("--report-fd");
       args.push_back("3");
+      // Its profile, when the attempt trains long enough: the coordinator keeps it for
+      // `zenflow advise JOB_ID` (on_report_line reads it, upload_profile sends it).
+      args.push_back("--profile-if-possible");
     }
     // Its own metrics on a loopback port the kernel picks (none can be taken from it),
     // announced in a file the agent's scrapes read.
@@ -609,6 +615,19 @@ void Agent::Impl::on_report_line(Attempt& at, const std::string& line) {
   } else if (ev == "step") {
     at.progress = std::move(j);
     at.progress_dirty = true;
+  } else if (ev == "profile") {
+    // Read now, while the file is this attempt's (a later attempt writes the same path).
+    const std::string path = j.value("path", "");
+    std::ifstream f(path, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (!f.good() && !f.eof()) {
+      log_line("job " + at.a.job_id() + ": cannot read its profile " + path);
+    } else if (text.size() > rpc::kMaxProfileBytes) {
+      log_line("job " + at.a.job_id() + ": its profile " + path + " is over " +
+               std::to_string(rpc::kMaxProfileBytes) + " bytes; not uploaded");
+    } else {
+      at.profile_yaml = std::move(text);
+    }
   }
 }
 
@@ -720,6 +739,7 @@ void Agent::Impl::reap() {
              (at.exit_code == 0 ? "ranks exited 0" : at.message));
     if (at.progress_dirty) report_progress(at);
     upload_logs(at);
+    upload_profile(at);  // before the exit: the attempt is still the job's current one
     report_exit(at);
   }
 }
@@ -804,6 +824,29 @@ void Agent::Impl::report_progress(Attempt& at) {
   if (call(&v1::WorkerService::Stub::ReportProgress, req, &ignored).ok()) at.progress_dirty = false;
 }
 
+void Agent::Impl::upload_profile(Attempt& at) {
+  if (at.profile_yaml.empty()) return;
+  v1::UploadProfileRequest req;
+  req.set_name(o.name);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    req.set_incarnation(incarnation);
+  }
+  req.mutable_attempt()->set_job_id(at.a.job_id());
+  req.mutable_attempt()->set_attempt(at.a.attempt());
+  req.set_profile_yaml(at.profile_yaml);
+  v1::UploadProfileResponse ignored;
+  const grpc::Status s = call(&v1::WorkerService::Stub::UploadProfile, req, &ignored);
+  if (s.ok()) {
+    at.profile_yaml.clear();
+  } else if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+             s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+    // Stale, or refused as it is: retrying cannot change the answer.
+    log_line("job " + at.a.job_id() + ": profile not kept: " + rpc::describe(s));
+    at.profile_yaml.clear();
+  }  // otherwise retried at the next upload tick
+}
+
 void Agent::Impl::renew_leases() {
   std::lock_guard<std::mutex> lock(lease_mu);
   for (int fd : lease_fds)  // nonblocking; a full pipe is still a live lease
@@ -813,7 +856,7 @@ void Agent::Impl::renew_leases() {
 void Agent::Impl::forget_finished() {
   for (auto it = attempts.begin(); it != attempts.end();) {
     const Attempt& at = it->second;
-    if (at.exited && at.exit_reported && at.pending.empty()) {
+    if (at.exited && at.exit_reported && at.pending.empty() && at.profile_yaml.empty()) {
       it = attempts.erase(it);
     } else {
       ++it;
@@ -924,6 +967,7 @@ int Agent::run() {
         m.next_upload = now + kUploadEvery;
         for (auto& [key, at] : m.attempts) {
           m.upload_logs(at);
+          m.upload_profile(at);
           if (at.progress_dirty && now - at.progress_sent > kProgressEvery) m.report_progress(at);
           if (at.exited && !at.exit_reported && at.pending.empty()) m.report_exit(at);
         }
