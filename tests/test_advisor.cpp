@@ -209,6 +209,42 @@ TEST(AdvisorLocal, DISABLED_PredictsOtherConfigurationsOfThisMachine) {
   fs::remove_all(base, ec);
 }
 
+// The host AdamW step as it ran in training (StepProfile::host_step_seconds) calibrates the
+// probes for every mode: from a zenflow profile, offload's synchronous host stall scales with
+// it, the calibration point still reproduces itself, and a profile without it (an older
+// one) falls back to the probe. The key round-trips through the YAML and may be absent.
+TEST(AdvisorModel, HostStepInTrainingCalibratesTheProbesForEveryMode) {
+  const fs::path base = scratch();
+  const JobProfile p = profile_run(base, {"calib", {"train.steps=13"}, {}}, 0);
+  ASSERT_GT(p.step.host_step_seconds, 0) << "a zenflow run records its host steps";
+  EXPECT_EQ(JobProfile::parse(p.to_yaml(), "p.yaml").step.host_step_seconds, p.step.host_step_seconds);
+  const Instance local = local_instance(p, nullptr);
+  Scenario offload = scenario_of(p);
+  offload.mode = "offload";
+  auto host_stall = [&](const JobProfile& q) {
+    return predict(q, local, offload, 10).stall_seconds.at("host_optimizer");
+  };
+  JobProfile slow = p, older = p;
+  slow.step.host_step_seconds = 2 * p.step.host_step_seconds;
+  older.step.host_step_seconds = -1;
+  EXPECT_NEAR(host_stall(slow), 2 * host_stall(p), 1e-9 * host_stall(p));
+  // Without it: the probe's rate at the job's host cores over the host-owned elements.
+  const double probe = older.probes.host_adam_elements_per_second.at(std::max<int64_t>(1, p.run.host_threads));
+  EXPECT_NEAR(host_stall(older), static_cast<double>(p.model.split_parameters) / probe,
+              0.01 * host_stall(older));
+  for (const JobProfile& q : {p, slow, older}) {
+    const Prediction self = predict(q, local, scenario_of(q), q.run.steps);
+    EXPECT_NEAR(self.step_seconds, q.step.step_seconds, 0.02 * q.step.step_seconds);
+  }
+  std::string yaml = p.to_yaml();
+  const size_t at = yaml.find("  host_step_seconds:");
+  ASSERT_NE(at, std::string::npos);
+  yaml.erase(at, yaml.find('\n', at) + 1 - at);
+  EXPECT_EQ(JobProfile::parse(yaml, "p.yaml").step.host_step_seconds, -1);
+  std::error_code ec;
+  fs::remove_all(base, ec);
+}
+
 // A profile from the inputs advisor-notes.md §6.3 gives for DeepSpeed's Qwen2.5-1.5B
 // core-binding run on 2 x A100-40GB (2 x EPYC 7742): no offload measured at 240 ms.
 JobProfile qwen_profile() {

@@ -157,11 +157,16 @@ void ProfileObserver::on_start(const RunFacts& facts) {
   capacity_ = static_cast<size_t>(std::max<int64_t>(0, facts.total_steps - facts.start_step));
   steps_.clear();
   steps_.reserve(capacity_);
+  host_steps_.clear();
+  host_steps_.reserve(capacity_);
   first_step_ = facts.start_step + 1;
 }
 
 void ProfileObserver::on_step(const TrainingStep& step) noexcept {
-  if (steps_.size() < capacity_) steps_.push_back(step.times);  // reserved: no allocation
+  if (steps_.size() < capacity_) {  // reserved: no allocation
+    steps_.push_back(step.times);
+    host_steps_.push_back(step.host_step_seconds);
+  }
 }
 
 advisor::JobProfile build_job_profile(const JobSpec& spec, const RunSummary& sum,
@@ -261,6 +266,14 @@ advisor::JobProfile build_job_profile(const JobSpec& spec, const RunSummary& sum
       static_cast<int64_t>(static_cast<double>(sum.comm_selection_bytes) / ran);
   p.step.collective_bytes["parameters"] =
       static_cast<int64_t>(static_cast<double>(sum.comm_parameter_bytes) / ran);
+  {
+    // The host AdamW steps as they ran in training (each window's, applied at the boundary;
+    // offload's, every step): the advisor calibrates the probes' host rate with it.
+    std::vector<double> host;
+    for (size_t i = begin; i < steps.size() && i < obs.host_step_seconds().size(); ++i)
+      if (obs.host_step_seconds()[i] >= 0) host.push_back(obs.host_step_seconds()[i]);
+    p.step.host_step_seconds = host.empty() ? -1 : median_of(host);
+  }
   if (u > 1) {
     std::vector<double> boundary, accumulation;
     for (size_t i = begin; i < steps.size(); ++i)

@@ -31,11 +31,14 @@ class ProfileObserver : public TrainingObserver {
   void on_finish(const TrainingEnd&) override {}
 
   const std::vector<engine::StepTimes>& steps() const { return steps_; }
+  // Per step as steps(): the seconds the host AdamW window applied in it ran (< 0: none).
+  const std::vector<double>& host_step_seconds() const { return host_steps_; }
   int64_t first_step() const { return first_step_; }
   const std::vector<int>& process_cores() const { return cores_; }
 
  private:
   std::vector<engine::StepTimes> steps_;
+  std::vector<double> host_steps_;
   size_t capacity_ = 0;
   int64_t first_step_ = 0;  // 1-based step of steps_[0]
   std::vector<int> cores_;

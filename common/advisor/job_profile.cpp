@@ -178,6 +178,7 @@ std::string JobProfile::to_yaml() const {
   e << YAML::Key << "gemm_share" << YAML::Value << step.gemm_share;
   e << YAML::Key << "boundary_step_seconds" << YAML::Value << step.boundary_step_seconds;
   e << YAML::Key << "accumulation_step_seconds" << YAML::Value << step.accumulation_step_seconds;
+  if (step.host_step_seconds >= 0) e << YAML::Key << "host_step_seconds" << YAML::Value << step.host_step_seconds;
   e << YAML::EndMap;
   e << YAML::Key << "probes" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "gemm_gflops" << YAML::Value << YAML::Flow << probes.gemm_gflops;
@@ -279,6 +280,7 @@ JobProfile JobProfile::parse(const std::string& text, const std::string& origin)
   if (p.step.gemm_share > 1) s.fail("gemm_share", "must be in [0, 1]");
   p.step.boundary_step_seconds = s.num("boundary_step_seconds");
   p.step.accumulation_step_seconds = s.num("accumulation_step_seconds");
+  p.step.host_step_seconds = s.has("host_step_seconds") ? s.num("host_step_seconds") : -1;  // optional
   const Reader pr = r.child("probes");
   p.probes.gemm_gflops = pr.int_map("gemm_gflops");
   p.probes.device_adamw_elements_per_second = pr.num("device_adamw_elements_per_second");

@@ -78,6 +78,9 @@ struct StepProfile {
   double gemm_share = 0;                            // of compute, from the GEMM probe
   double boundary_step_seconds = 0;                 // zenflow: median boundary step (0 otherwise)
   double accumulation_step_seconds = 0;             // zenflow: median of the other steps
+  // The median host AdamW step as it ran in training (a zenflow window's, offload's step),
+  // on the job's host cores; -1: none ran (device mode) or not recorded (older profiles).
+  double host_step_seconds = -1;
 };
 
 struct Probes {

@@ -213,6 +213,12 @@ double host_exposed(const Terms& t) {
 
 struct Calibration {
   double passes = 1, adam = 1, d2h = 1, h2d = 1, host = 1, coll = 1, eta = 1;
+  // The host AdamW step as it ran in training against the probe's rate at the same cores
+  // (StepProfile::host_step_seconds): the same engine code in every mode, so it carries over
+  // (the probe runs on an idle machine; in training the step shares memory bandwidth and
+  // caches with the compute, and on this VM ran 2-3x slower than probed).
+  double host_run = 1;
+  bool host_run_measured = false;
   bool eta_fitted = false;
 };
 
@@ -235,6 +241,12 @@ Calibration calibrate(const JobProfile& p, const Instance& in, std::vector<std::
   k.d2h = ratio(meas("transfer_d2h"), t.d2h);
   k.h2d = ratio(meas("transfer_h2d"), t.h2d);
   k.coll = ratio(meas("allreduce") + meas("network"), t.coll);
+  const double host_modeled = p.run.mode == "offload" ? t.host_sync : t.host_win;
+  if (p.step.host_step_seconds > 0 && host_modeled > 1e-12 && p.run.mode != "device") {
+    k.host_run = p.step.host_step_seconds / host_modeled;
+    k.host_run_measured = true;
+    t.host_sync *= k.host_run, t.host_win *= k.host_run;
+  }
   if (p.run.mode == "offload") k.host = ratio(meas("host_optimizer"), t.host_sync);
   if (p.run.mode == "zenflow" && t.U > 1 && t.overlap) {
     t.dopt *= k.adam, t.dopt_passes *= k.passes, t.d2h *= k.d2h, t.h2d *= k.h2d, t.coll *= k.coll;
@@ -360,6 +372,11 @@ Prediction predict(const JobProfile& p, const Instance& in, const Scenario& s_in
     // mode, so their efficiency against the probes carries over.
     t.dopt_passes *= k.passes;
     if (p.run.mode != "device") t.d2h *= k.d2h, t.h2d *= k.h2d;
+    t.host_sync *= k.host_run, t.host_win *= k.host_run;
+    if (k.host_run_measured && s.mode != "device")
+      out.inputs["host_adam_in_training_factor"] =
+          Sourced{k.host_run, Origin::kMeasured,
+                  "the profile's host AdamW step in training against the probe at its cores"};
     if (s.mode == p.run.mode) {
       t.dopt *= k.adam;
       t.coll *= k.coll;
