@@ -99,6 +99,8 @@ std::string invalid_demand(const JobView& j) {
   if (j.per_worker.host_memory_bytes < 0) return "host memory must be >= 0";
   if (j.per_worker.cores < 0) return "cores must be >= 0";
   if (j.min_gpu_memory_bytes < 0) return "GPU memory must be >= 0";
+  if (j.optimizer_nodes < 0) return "optimizer nodes must be >= 0";
+  if (j.node_memory_bytes < 0) return "optimizer node memory must be >= 0";
   return "";
 }
 
@@ -113,9 +115,10 @@ struct FitCounts {
 class Pass {
  public:
   Pass(const std::vector<WorkerView>& workers, const std::vector<JobView>& jobs,
-       const ScheduleOptions& options)
+       const ScheduleOptions& options, const std::vector<NodeView>& nodes)
       : jobs_(jobs), opt_(options) {
     index_workers(workers);
+    index_nodes(nodes);
     index_jobs();
   }
 
@@ -189,6 +192,69 @@ class Pass {
     }
   }
 
+  void index_nodes(const std::vector<NodeView>& in) {
+    n_.reserve(in.size());
+    for (const NodeView& n : in) n_.push_back(&n);
+    std::sort(n_.begin(), n_.end(), [](const NodeView* a, const NodeView* b) { return a->id < b->id; });
+    node_free_.assign(n_.size(), 0);
+    node_held_by_.assign(n_.size(), -1);
+    for (size_t i = 0; i < n_.size(); ++i) {
+      if (i > 0 && n_[i - 1]->id == n_[i]->id)
+        throw std::invalid_argument("schedule: duplicate optimizer node id '" + n_[i]->id + "'");
+      node_free_[i] = n_[i]->schedulable ? 1 : 0;
+      node_by_id_.emplace(std::string_view(n_[i]->id), static_cast<int>(i));
+    }
+  }
+
+  // Rule 8: the free nodes job j may take (unheld, or held by j itself) with its share of
+  // host RAM, tightest first (least RAM left, then id).
+  std::vector<int> nodes_for(int q) const {
+    const JobView& j = jobs_[static_cast<size_t>(q)];
+    std::vector<int> c;
+    for (size_t i = 0; i < n_.size(); ++i)
+      if (node_free_[i] && (node_held_by_[i] < 0 || node_held_by_[i] == q) &&
+          n_[i]->host_memory_bytes >= j.node_memory_bytes)
+        c.push_back(static_cast<int>(i));
+    std::stable_sort(c.begin(), c.end(), [this](int a, int b) {
+      return n_[static_cast<size_t>(a)]->host_memory_bytes < n_[static_cast<size_t>(b)]->host_memory_bytes;
+    });
+    return c;
+  }
+  bool nodes_fit(int q) const {
+    const JobView& j = jobs_[static_cast<size_t>(q)];
+    return j.optimizer_nodes == 0 || static_cast<int64_t>(nodes_for(q).size()) >= j.optimizer_nodes;
+  }
+  int64_t nodes_could_ever(const JobView& j) const {
+    int64_t n = 0;
+    for (const NodeView* v : n_) n += v->schedulable && v->host_memory_bytes >= j.node_memory_bytes;
+    return n;
+  }
+  std::string describe_nodes(const JobView& j) const {
+    return plural(j.optimizer_nodes, "optimizer node", "optimizer nodes") +
+           (j.node_memory_bytes > 0 ? (j.optimizer_nodes == 1 ? " with " : " each with ") +
+                                          format_bytes(j.node_memory_bytes) + " host RAM"
+                                    : std::string());
+  }
+  // "; needs 2 optimizer nodes each with 8 GiB host RAM; 1 free (1 more held for job X)"
+  std::string nodes_short(int q) const {
+    const JobView& j = jobs_[static_cast<size_t>(q)];
+    int64_t held = 0;
+    std::string holder;
+    for (size_t i = 0; i < n_.size(); ++i)
+      if (node_free_[i] && node_held_by_[i] >= 0 && node_held_by_[i] != q &&
+          n_[i]->host_memory_bytes >= j.node_memory_bytes) {
+        ++held;
+        holder = jobs_[static_cast<size_t>(node_held_by_[i])].id;
+      }
+    return "needs " + describe_nodes(j) + "; " + std::to_string(nodes_for(q).size()) + " free" +
+           (held > 0 ? " (" + std::to_string(held) + " more held for job " + holder + ")" : "");
+  }
+  std::vector<std::string> node_ids_of(const std::vector<int>& idx) const {
+    std::vector<std::string> ids;
+    for (int i : idx) ids.push_back(n_[static_cast<size_t>(i)]->id);
+    return ids;
+  }
+
   void index_jobs() {
     std::unordered_map<std::string_view, int> seen;
     seen.reserve(jobs_.size());
@@ -202,6 +268,8 @@ class Pass {
         continue;
       }
       // Allocations come from the running jobs' placements.
+      for (const std::string& nid : job.node_placement)
+        if (auto it = node_by_id_.find(nid); it != node_by_id_.end()) node_free_[static_cast<size_t>(it->second)] = 0;
       std::vector<int>& on = placed_on_[j];
       for (const std::string& wid : job.placement) {
         auto it = by_id_.find(wid);
@@ -377,6 +445,10 @@ class Pass {
       hold_[u] = clamp_to(free_[u], d);
       reserved_by_[u] = q;
     }
+    // Rule 8: and the free nodes it would take, up to its count.
+    const std::vector<int> nodes = nodes_for(q);
+    for (size_t k = 0; k < nodes.size() && static_cast<int64_t>(k) < jobs_[static_cast<size_t>(q)].optimizer_nodes; ++k)
+      node_held_by_[static_cast<size_t>(nodes[k])] = q;
     ++epoch_;
     out_.reservations.push_back({jobs_[static_cast<size_t>(q)].id, ids_of(workers), earliest_start});
   }
@@ -391,6 +463,12 @@ class Pass {
       wait(j, "unschedulable: " + needs + "; only " +
                   plural(ever, "schedulable worker", "schedulable workers") + " could ever fit one");
     };
+    if (j.optimizer_nodes > 0) {
+      if (const int64_t ever = nodes_could_ever(j); ever < j.optimizer_nodes)
+        return wait(j, "unschedulable: needs " + describe_nodes(j) + "; only " +
+                           plural(ever, "schedulable optimizer node", "schedulable optimizer nodes") +
+                           " could ever hold one");
+    }
     if (head_ >= 0 && !opt_.backfill) {
       if (const int64_t ever = could_ever_fit(sig, d, j.workers); ever < j.workers)
         return unschedulable(ever);
@@ -405,19 +483,24 @@ class Pass {
       c = memo->second.counts;
     } else {
       c = scan(sig, d, j.workers);
-      if (c.fits >= j.workers) {
+      if (c.fits >= j.workers && nodes_fit(q)) {
         for (int i : cand_) free_[static_cast<size_t>(i)] = free_[static_cast<size_t>(i)] - d;
+        std::vector<int> nodes = nodes_for(q);
+        nodes.resize(static_cast<size_t>(j.optimizer_nodes));
+        for (int i : nodes) node_free_[static_cast<size_t>(i)] = 0;
         ++epoch_;
-        out_.assignments.push_back({j.id, ids_of(cand_)});
+        out_.assignments.push_back({j.id, ids_of(cand_), node_ids_of(nodes)});
         return;
       }
-      failed_fit_[key] = {epoch_, c};
+      if (c.fits < j.workers) failed_fit_[key] = {epoch_, c};
     }
 
     if (const int64_t ever = could_ever_fit(sig, d, j.workers); ever < j.workers) return unschedulable(ever);
 
-    std::string preempt_note;
-    if (plan_preemption(q, sig, c, &preempt_note)) return;
+    // Short of optimizer nodes: eviction frees none, so it does not preempt (rule 8).
+    const bool nodes_short_now = !nodes_fit(q);
+    std::string preempt_note = nodes_short_now ? "; " + nodes_short(q) : "";
+    if (!nodes_short_now && plan_preemption(q, sig, c, &preempt_note)) return;
 
     if (head_ < 0) {
       head_ = q;
@@ -649,6 +732,12 @@ class Pass {
   const ScheduleOptions& opt_;
   ScheduleDecision out_;
 
+  // Optimizer nodes (rule 8), by id.
+  std::vector<const NodeView*> n_;
+  std::unordered_map<std::string_view, int> node_by_id_;
+  std::vector<char> node_free_;    // schedulable and in no running job's node placement
+  std::vector<int> node_held_by_;  // the reserving job (head or preemptor) or -1
+
   std::vector<const WorkerView*> w_;  // by id; index order is the id tie-break
   std::unordered_map<std::string_view, int> by_id_;
   std::vector<Resources> cap_, free_, hold_, delta_;
@@ -687,8 +776,8 @@ class Pass {
 }  // namespace
 
 ScheduleDecision schedule(const std::vector<WorkerView>& workers, const std::vector<JobView>& jobs,
-                          const ScheduleOptions& options) {
-  return Pass(workers, jobs, options).run();
+                          const ScheduleOptions& options, const std::vector<NodeView>& nodes) {
+  return Pass(workers, jobs, options, nodes).run();
 }
 
 int64_t host_memory_bytes_per_rank(const HostMemoryInputs& in) {

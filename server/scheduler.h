@@ -89,6 +89,18 @@
 //     resumes first within its priority, from its checkpoint); it is not re-placed in the
 //     pass that preempts it because it is not queued yet.
 //
+//  8. Optimizer nodes (zenflow-optimizer, optimizer.host.nodes: N). A node holds the host
+//     optimizer state of one job at a time: it is free when it is schedulable and in no
+//     RUNNING or PREEMPTING job's node_placement. A job with optimizer_nodes = N starts
+//     only when its gang fits (2-4) AND N free nodes each offer node_memory_bytes, in the
+//     same pass (gang: nothing is held for a job that does not start, beyond rule 5's
+//     reservation). Placement is best fit: least host RAM left, then node id. The head and
+//     every preemptor also hold the free nodes they would take (up to N), and later jobs
+//     take only unheld nodes, so backfill cannot take the nodes a reservation waits for.
+//     Preemption frees workers, never nodes: a job short of nodes does not preempt. A job
+//     whose N exceeds the schedulable nodes that could ever hold its share is
+//     unschedulable (and holds nothing).
+//
 // Every queued job that is not assigned gets exactly one reason (WaitingJob), e.g.
 //   "waiting: needs 2 workers each with 1 GPU and 60 GiB host RAM; 1 fit now"
 //   "waiting: needs 1 worker with 8 GPUs; 0 fit now; head of the queue, reserved w2
@@ -146,6 +158,14 @@ struct WorkerView {
   std::map<std::string, std::string> labels;
 };
 
+// A zenflow-optimizer node (role OPTIMIZER), for rule 8.
+struct NodeView {
+  std::string id;                 // unique; the final placement tie-break
+  bool schedulable = true;        // false while LOST
+  int64_t host_memory_bytes = 0;  // what it offers (--memory-limit)
+  int64_t cores = 0;
+};
+
 // kRunning covers STARTING too: anything that holds its placement's resources.
 // kPreempting: asked to checkpoint and exit; holds its resources until it does.
 enum class JobState { kQueued, kRunning, kPreempting };
@@ -166,9 +186,14 @@ struct JobView {
   // would fit no sooner (rule 5), so a job backfilled elsewhere can never pull the
   // reservation onto itself in a later pass.
   std::vector<std::string> reserved_workers;
+  // Rule 8: optimizer nodes the job needs (optimizer.host.nodes; 0: none) and the host RAM
+  // each must offer (its share of the job's host optimizer state).
+  int64_t optimizer_nodes = 0;
+  int64_t node_memory_bytes = 0;
 
   // kRunning and kPreempting only:
   std::vector<std::string> placement;  // worker ids, one per member; unknown ids are ignored
+  std::vector<std::string> node_placement;  // optimizer node ids it holds; unknown ids are ignored
   int64_t start_time_ms = 0;           // start of the current attempt
   int64_t estimated_end_ms = 0;        // 0 = unknown (then reservations assume "never")
 };
@@ -183,6 +208,7 @@ struct ScheduleOptions {
 struct Assignment {
   std::string job_id;
   std::vector<std::string> worker_ids;  // one per gang member, best fit first
+  std::vector<std::string> node_ids;    // optimizer nodes (rule 8), best fit first
 };
 
 struct Preemption {
@@ -213,9 +239,9 @@ struct ScheduleDecision {
 // `workers`. Returns the decision; the inputs are not modified.
 // A queued job with an invalid demand (workers < 1, slots < 1, negative RAM or cores)
 // is not placed and gets the reason "invalid demand: ..."; it never stops the pass.
-// Throws std::invalid_argument only for a caller bug: duplicate worker or job ids.
+// Throws std::invalid_argument only for a caller bug: duplicate worker, node or job ids.
 ScheduleDecision schedule(const std::vector<WorkerView>& workers, const std::vector<JobView>& jobs,
-                          const ScheduleOptions& options);
+                          const ScheduleOptions& options, const std::vector<NodeView>& nodes = {});
 
 // --- host_memory_gb: auto ---
 

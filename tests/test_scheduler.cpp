@@ -660,6 +660,136 @@ TEST(HostMemory, BytesPerRankForEachModeAndRankCount) {
   EXPECT_EQ(at(OffloadMode::kDevice, 2, 4), 2LL << 30);
 }
 
+// --- optimizer nodes (rule 8) ---
+
+NodeView node(const std::string& id, int64_t ram_gib, bool schedulable = true) {
+  NodeView n;
+  n.id = id;
+  n.host_memory_bytes = ram_gib * kGiB;
+  n.cores = 8;
+  n.schedulable = schedulable;
+  return n;
+}
+
+JobView with_nodes(JobView j, int64_t nodes, int64_t node_ram_gib) {
+  j.optimizer_nodes = nodes;
+  j.node_memory_bytes = node_ram_gib * kGiB;
+  return j;
+}
+
+std::vector<std::string> nodes_of(const ScheduleDecision& d, const std::string& job) {
+  for (const Assignment& a : d.assignments)
+    if (a.job_id == job) return a.node_ids;
+  return {};
+}
+
+// Gang with the workers: the job starts only with its nodes, on the tightest ones that
+// hold its share, never on a node another running job holds or a LOST one.
+TEST(SchedulerNodes, NodesAreTakenWithTheWorkersBestFitAndExclusively) {
+  const std::vector<WorkerView> w = {gpu_worker("w1", 8, 512, 64)};
+  const std::vector<NodeView> n = {node("big", 512), node("small", 128), node("mid", 256), node("lost", 128, false),
+                                   node("busy", 128)};
+  JobView other = running("other", 0, {"w1"}, 1);
+  other.node_placement = {"busy"};
+  const ScheduleDecision d =
+      schedule(w, {other, with_nodes(queued("a", 0, 1, 1, 1), 2, 100), with_nodes(queued("b", 0, 2, 1, 1), 1, 100)},
+               ScheduleOptions{}, n);
+  EXPECT_EQ(assigned(d, "a"), (std::vector<std::string>{"w1"}));
+  EXPECT_EQ(nodes_of(d, "a"), (std::vector<std::string>{"small", "mid"}));
+  EXPECT_EQ(nodes_of(d, "b"), (std::vector<std::string>{"big"}));
+  // A third job finds no free node: its workers fit, it waits for nodes, naming them.
+  const ScheduleDecision d2 = schedule(
+      w, {other, with_nodes(queued("c", 0, 1, 1, 1), 1, 100)}, ScheduleOptions{},
+      {node("busy", 128), node("lost", 128, false)});
+  EXPECT_TRUE(d2.assignments.empty());
+  EXPECT_NE(reason(d2, "c").find("needs 1 optimizer node with 100 GiB host RAM; 0 free"), std::string::npos)
+      << reason(d2, "c");
+  // Without nodes, a job that needs none starts as before.
+  EXPECT_EQ(assigned(schedule(w, {queued("plain", 0, 1, 1, 1)}, ScheduleOptions{}, {}), "plain"),
+            (std::vector<std::string>{"w1"}));
+}
+
+TEST(SchedulerNodes, TooFewNodesThatCouldEverHoldTheShareIsUnschedulableAndBlocksNoOne) {
+  const std::vector<WorkerView> w = {gpu_worker("w1", 8, 512, 64)};
+  const std::vector<NodeView> n = {node("n1", 64), node("n2", 512)};
+  const ScheduleDecision d = schedule(
+      w, {with_nodes(queued("huge", 10, 1, 1, 1), 2, 100), with_nodes(queued("ok", 0, 2, 1, 1), 1, 100)},
+      ScheduleOptions{}, n);
+  EXPECT_EQ(reason(d, "huge"),
+            "unschedulable: needs 2 optimizer nodes each with 100 GiB host RAM; only 1 schedulable optimizer "
+            "node could ever hold one");
+  EXPECT_EQ(nodes_of(d, "ok"), (std::vector<std::string>{"n2"}));
+  EXPECT_TRUE(d.reservations.empty());
+}
+
+// The head holds the nodes it will take: a later job that fits on other workers does not
+// backfill onto them, but may take a node the head does not need.
+TEST(SchedulerNodes, TheHeadHoldsItsNodesAgainstBackfill) {
+  const std::vector<WorkerView> w = {gpu_worker("w1", 2, 512, 64), gpu_worker("w2", 2, 512, 64)};
+  const std::vector<NodeView> n = {node("n1", 128), node("n2", 128), node("n3", 128)};
+  // The head needs 2 whole workers and 2 nodes; w1 is busy, so it reserves w1 and w2.
+  const JobView busy = running("busy", 0, {"w1"}, 2);
+  const ScheduleDecision d = schedule(w,
+                                      {busy, with_nodes(queued("head", 0, 1, 2, 2), 2, 100),
+                                       with_nodes(queued("later", 0, 2, 1, 1), 2, 100),
+                                       with_nodes(queued("small", 0, 3, 1, 1), 1, 100)},
+                                      ScheduleOptions{}, n);
+  ASSERT_EQ(d.reservations.size(), 1u);
+  EXPECT_EQ(d.reservations[0].job_id, "head");
+  // w2 is reserved whole (the head needs both its GPUs): the others are blocked on workers,
+  // and neither takes the head's nodes.
+  EXPECT_TRUE(nodes_of(d, "later").empty());
+  EXPECT_TRUE(nodes_of(d, "small").empty());
+
+  // On a cluster where the backfill fits on workers, it may only take the unheld node.
+  const std::vector<WorkerView> w3 = {gpu_worker("w1", 2, 512, 64), gpu_worker("w2", 2, 512, 64),
+                                      gpu_worker("w3", 1, 512, 64)};
+  const ScheduleDecision d3 = schedule(w3,
+                                       {busy, with_nodes(queued("head", 0, 1, 2, 2), 2, 100),
+                                        with_nodes(queued("later", 0, 2, 1, 1), 2, 100),
+                                        with_nodes(queued("small", 0, 3, 1, 1), 1, 100)},
+                                       ScheduleOptions{}, n);
+  EXPECT_TRUE(assigned(d3, "later").empty());  // needs 2 nodes, only n3 is unheld
+  EXPECT_NE(reason(d3, "later").find("needs 2 optimizer nodes each with 100 GiB host RAM; 1 free (2 more held "
+                                     "for job head)"),
+            std::string::npos)
+      << reason(d3, "later");
+  EXPECT_EQ(assigned(d3, "small"), (std::vector<std::string>{"w3"}));
+  EXPECT_EQ(nodes_of(d3, "small"), (std::vector<std::string>{"n3"}));
+}
+
+// Eviction frees workers, never nodes: a higher-priority job short of nodes does not preempt.
+TEST(SchedulerNodes, AJobShortOfNodesDoesNotPreempt) {
+  const std::vector<WorkerView> w = {gpu_worker("w1", 1, 512, 64)};
+  JobView low = running("low", 0, {"w1"}, 1);
+  low.node_placement = {"n1"};
+  ScheduleOptions o{1000, /*min_runtime=*/0};
+  const ScheduleDecision d =
+      schedule(w, {low, with_nodes(queued("high", 10, 1, 1, 1), 1, 10)}, o, {node("n1", 128)});
+  EXPECT_TRUE(d.preemptions.empty());
+  EXPECT_NE(reason(d, "high").find("needs 1 optimizer node with 10 GiB host RAM; 0 free"), std::string::npos)
+      << reason(d, "high");
+  // With a spare node it does preempt for the worker, and holds the spare meanwhile.
+  const ScheduleDecision d2 =
+      schedule(w, {low, with_nodes(queued("high", 10, 1, 1, 1), 1, 10)}, o, {node("n1", 128), node("n2", 128)});
+  ASSERT_EQ(d2.preemptions.size(), 1u);
+  EXPECT_EQ(d2.preemptions[0].victim_job_id, "low");
+  const ScheduleDecision d3 = schedule(w,
+                                       {low, with_nodes(queued("high", 10, 1, 1, 1), 1, 10),
+                                        with_nodes(queued("other", 0, 2, 1, 1), 1, 10)},
+                                       o, {node("n1", 128), node("n2", 128)});
+  EXPECT_TRUE(nodes_of(d3, "other").empty());
+  EXPECT_EQ(d3.preemptions.size(), 1u);
+}
+
+TEST(SchedulerNodes, DuplicateNodeIdsAndNegativeDemandsAreRefused) {
+  const std::vector<WorkerView> w = {gpu_worker("w1", 1, 512, 64)};
+  EXPECT_THROW(schedule(w, {}, ScheduleOptions{}, {node("n", 1), node("n", 2)}), std::invalid_argument);
+  const ScheduleDecision d =
+      schedule(w, {with_nodes(queued("bad", 0, 1, 1, 1), -1, 1)}, ScheduleOptions{}, {node("n", 1)});
+  EXPECT_EQ(reason(d, "bad"), "invalid demand: optimizer nodes must be >= 0");
+}
+
 TEST(HostMemory, SevenBillionZenflowModelOnOneAndEightRanks) {
   HostMemoryInputs m;
   m.total_params = 6738415616;
