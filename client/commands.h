@@ -41,6 +41,9 @@ constexpr int kExitInterrupted = 130;
 // The worker agent's lease ended (`zenflow run --lease-fd`): nothing more was committed;
 // EX_TEMPFAIL, the job may run again elsewhere.
 constexpr int kExitLeaseLost = 75;
+// An optimizer node the coordinator assigned was lost (`zenflow run` under an agent): the
+// coordinator declares it LOST and requeues the job onto a spare (on_node_loss: spare).
+constexpr int kExitOptimizerNodeLost = 76;
 
 // A coordinator to talk to (service_commands.cpp; in builds with the services): where,
 // the admin token's file and TLS, from the flags or ZENFLOW_COORDINATOR / _TOKEN_FILE /

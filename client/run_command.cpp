@@ -7,6 +7,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -85,11 +86,22 @@ int64_t newest_engine_state_bytes(const std::string& dir) {
   return bytes;
 }
 
+// A lost optimizer node under a coordinator that assigned it (optimizer.host.nodes, placed
+// by the scheduler): the rank exits kExitOptimizerNodeLost naming the node, and the
+// coordinator declares it LOST and requeues the job onto a spare.
+struct NodeLostAskSpare {
+  std::string node;  // HOST:PORT
+  std::string what;
+};
+
 // run_training, and when an optimizer node is lost, what optimizer.host.on_node_loss says:
 // "in_process" resumes from the last committed checkpoint with the host state in this
 // process when the host has the RAM; "spare" needs a coordinator to assign another node
-// (not under a plain `zenflow run`: skipped); "fail" gives up. Says on stderr what it did.
+// (under a plain `zenflow run`, or with addresses written in the spec, it is skipped; a
+// scheduled rank throws NodeLostAskSpare); "fail" gives up. Says on stderr what it did.
 RunSummary train_with_node_loss_policy(JobSpec spec, RunOptions opts, bool rank0) {
+  const char* scheduled = std::getenv("ZENFLOW_SCHEDULED");
+  const bool assigned_nodes = scheduled && std::string(scheduled) == "1" && spec.optimizer.host.nodes > 0;
   for (;;) {
     try {
       return run_training(spec, opts, &g_stop);
@@ -97,6 +109,7 @@ RunSummary train_with_node_loss_policy(JobSpec spec, RunOptions opts, bool rank0
       std::string tried;
       for (const std::string& step : spec.optimizer.host.on_node_loss) {
         if (step == "spare") {
+          if (assigned_nodes) throw NodeLostAskSpare{e.node(), e.what()};
           tried += "no spare node (a plain zenflow run has no coordinator to assign one); ";
           continue;
         }
@@ -379,6 +392,11 @@ int run(const RunArgs& a) {
   } catch (const CommitFenced& e) {
     if (lease) lease->expire();  // the commit saw it first: the lease's line, then out
     return fail(kExitLeaseLost, "error", e.what());
+  } catch (const NodeLostAskSpare& e) {
+    reporters.on_node_lost(e.node);
+    return fail(kExitOptimizerNodeLost, "error",
+                e.what + "; the coordinator moves the job to a spare node and it resumes from its last checkpoint "
+                         "(optimizer.host.on_node_loss: spare)");
   } catch (const SpecError& e) {
     return fail(kExitBadInput, "invalid job spec", e.what());
   } catch (const InputError& e) {

@@ -193,6 +193,8 @@ void Coordinator::record_spec_facts(const JobSpec& spec, JobRecord* r) {
   r->workers = spec.resources.workers;
   r->gpus_per_worker = spec.resources.gpus_per_worker;
   r->max_restarts = spec.resources.max_restarts;
+  // Nodes the scheduler assigns (rule 8); addresses in the spec need none.
+  r->optimizer_nodes = spec.optimizer.host.addresses.empty() ? spec.optimizer.host.nodes : 0;
 }
 
 void Coordinator::release_attempt(Job& j) {
@@ -294,6 +296,7 @@ void Coordinator::fill_status(const Job& j, v1::JobStatus* out) const {
   out->set_attempt(r.attempt);
   out->set_last_error(r.last_error);
   for (const std::string& w : r.placement) out->add_placement(w);
+  for (const std::string& n : r.node_placement) out->add_optimizer_nodes(n);
   const CostFigures cost = cost_figures(r.usd_per_hour, r.cost_usd, active(r.state) ? r.start_time_ms : 0, now_ms(),
                                         j.stall_share, r.step, j.tokens_per_step, r.usd_lost_to_restarts);
   out->set_cost_usd(cost.usd);
@@ -402,6 +405,15 @@ Status Coordinator::submit(const v1::SubmitJobRequest& req, v1::SubmitJobRespons
   r.submit_time_ms = now_ms();
   r.total_steps = spec.train.steps;
   r.host_memory_bytes_per_worker = demand.host_memory_bytes;
+  if (r.optimizer_nodes > 0 && req.total_params() > 0) {
+    // Each node holds its share of every rank's host state: fp32 master, m, v and two
+    // window accumulators (20 B per host-owned element; the node refuses a session over
+    // its --memory-limit on the same count), plus its buffers.
+    const int64_t host_elements = spec.optimizer.mode == "offload"   ? req.total_params()
+                                  : spec.optimizer.mode == "zenflow" ? std::min(req.split_params(), req.total_params())
+                                                                     : 0;
+    r.node_memory_bytes = (20 * host_elements + r.optimizer_nodes - 1) / r.optimizer_nodes + (int64_t{64} << 20);
+  }
   r.revision = 1;
   set_demand(j);
   StoreBatch batch;
@@ -536,6 +548,9 @@ void Coordinator::list_workers(v1::ListWorkersResponse* resp) {
     if (active(j->rec.state))
       for (const Member& m : j->members)
         if (!m.exited) jobs_on[m.worker].push_back(id);
+  for (const auto& [id, j] : live_)
+    if (active(j->rec.state))
+      for (const std::string& node : j->rec.node_placement) jobs_on[node].push_back(id);
   for (const auto& [name, w] : workers_) {
     v1::WorkerStatus* s = resp->add_workers();
     s->set_name(name);
@@ -762,6 +777,8 @@ Status Coordinator::fetch_assignments(const v1::FetchAssignmentsRequest& req, v1
       a->set_hosts_rendezvous(m == 0);
       a->set_action(j.rec.stop_reason.empty() ? v1::Assignment::RUN : v1::Assignment::STOP);
       a->set_stop_reason(j.rec.stop_reason);
+      for (const std::string& node : j.rec.node_placement)
+        if (auto n = workers_.find(node); n != workers_.end()) a->add_optimizer_addresses(n->second.rec.address);
     }
   }
   return Status::OK;
@@ -948,6 +965,7 @@ void Coordinator::apply_attempt_report(Job& j, int member, const v1::AttemptRepo
   mem.exit_code = r.exit_code();
   mem.stopped_by_agent = r.stopped_by_agent();
   mem.message = r.message();
+  mem.lost_optimizer_node = r.lost_optimizer_node();
   append_coordinator_log(j, "ranks on " + mem.worker + " " + exit_text(r.exit_code()) +
                                 (r.message().empty() ? "" : ": " + r.message()), batch);
   if (std::all_of(j.members.begin(), j.members.end(), [](const Member& x) { return x.exited; })) {
@@ -964,6 +982,20 @@ void Coordinator::apply_attempt_report(Job& j, int member, const v1::AttemptRepo
 }
 
 void Coordinator::end_attempt(Job& j, StoreBatch& batch) {
+  // An optimizer node the ranks lost is declared LOST now, before the requeue, so that the
+  // next pass places the job on a spare (its lease might not have run out yet). A node that
+  // is in fact alive finds its incarnation fenced, drops its sessions and registers again.
+  for (const Member& m : j.members) {
+    if (m.lost_optimizer_node.empty()) continue;
+    for (const std::string& node : j.rec.node_placement) {
+      auto it = workers_.find(node);
+      if (it == workers_.end() || it->second.rec.address != m.lost_optimizer_node || it->second.rec.state == "LOST")
+        continue;
+      lose_worker(it->second, "job " + j.rec.id + "'s ranks on " + m.worker + " lost it", batch);
+      append_coordinator_log(j, "optimizer node " + node + " (" + m.lost_optimizer_node + ") lost; the job moves to a spare",
+                             batch);
+    }
+  }
   const Member* failed = nullptr;
   for (const Member& m : j.members)
     if (m.exit_code != 0 && (!failed || (failed->stopped_by_agent && !m.stopped_by_agent))) failed = &m;
@@ -1099,6 +1131,16 @@ void Coordinator::run_schedule(StoreBatch& batch) {
     v.labels.insert(w.resources.labels().begin(), w.resources.labels().end());
     views.push_back(std::move(v));
   }
+  std::vector<scheduler::NodeView> nodes;
+  for (const auto& [name, w] : workers_) {
+    if (w.rec.role != "OPTIMIZER") continue;
+    scheduler::NodeView n;
+    n.id = name;
+    n.schedulable = w.rec.state == "READY" && !w.rec.address.empty();
+    n.host_memory_bytes = w.resources.host_memory_bytes();
+    n.cores = w.resources.physical_cores();
+    nodes.push_back(std::move(n));
+  }
   std::vector<scheduler::JobView> jobs;
   jobs.reserve(live_.size());
   for (const auto& [id, live] : live_) {
@@ -1111,12 +1153,15 @@ void Coordinator::run_schedule(StoreBatch& batch) {
     v.workers = j.rec.workers;
     v.per_worker = j.demand;
     v.slot_kind = j.slot_kind;
+    v.optimizer_nodes = j.rec.optimizer_nodes;
+    v.node_memory_bytes = j.rec.node_memory_bytes;
     if (queued(j.rec.state)) {
       v.state = scheduler::JobState::kQueued;
       v.reserved_workers = j.reserved_workers;
     } else {
       v.state = j.rec.stop_reason.empty() ? scheduler::JobState::kRunning : scheduler::JobState::kPreempting;
       for (const Member& m : j.members) v.placement.push_back(m.worker);
+      v.node_placement = j.rec.node_placement;
       v.start_time_ms = j.rec.start_time_ms;
     }
     jobs.push_back(std::move(v));
@@ -1126,7 +1171,7 @@ void Coordinator::run_schedule(StoreBatch& batch) {
   so.preemption_min_runtime_ms = options_.preemption_min_runtime.count();
   so.backfill = options_.backfill;
   so.preemption = options_.preemption;
-  const scheduler::ScheduleDecision d = scheduler::schedule(views, jobs, so);
+  const scheduler::ScheduleDecision d = scheduler::schedule(views, jobs, so, nodes);
   for (auto& [id, j] : live_) j->reserved_workers.clear();
   for (const scheduler::Reservation& r : d.reservations) jobs_.at(r.job_id).reserved_workers = r.worker_ids;
   for (const scheduler::WaitingJob& w : d.waiting) jobs_.at(w.job_id).waiting_reason = w.reason;
@@ -1160,6 +1205,7 @@ void Coordinator::run_schedule(StoreBatch& batch) {
     ++j.rec.attempt;
     j.rec.state = kStarting;
     j.rec.placement = a.worker_ids;
+    j.rec.node_placement = a.node_ids;
     j.rec.start_time_ms = now_ms();
     if (options_.on_placed && j.queued_since_ms > 0)
       options_.on_placed(static_cast<double>(j.rec.start_time_ms - j.queued_since_ms) / 1000.0);
@@ -1174,6 +1220,7 @@ void Coordinator::run_schedule(StoreBatch& batch) {
     j.waiting_reason.clear();
     j.reserved_workers.clear();
     append_coordinator_log(j, "attempt " + std::to_string(j.rec.attempt) + " on " + join(a.worker_ids) +
+                                  (a.node_ids.empty() ? "" : " with optimizer nodes " + join(a.node_ids)) +
                                   (j.rec.attempt > 1 ? " (resumes from the newest checkpoint)" : ""),
                            batch);
     touch(j, batch);

@@ -140,6 +140,7 @@ class Coordinator {
     int exit_code = 0;
     bool stopped_by_agent = false;
     std::string message;
+    std::string lost_optimizer_node;  // HOST:PORT its ranks lost (exit 76)
   };
   struct Job {
     JobRecord rec;                // with the spec facts the coordinator uses (no JobSpec kept)

@@ -119,6 +119,10 @@ ALTER TABLE jobs ADD COLUMN price_source TEXT NOT NULL DEFAULT '';
 ALTER TABLE jobs ADD COLUMN usd_lost_to_restarts_bits INTEGER NOT NULL DEFAULT 0;
 )sql"},
     {3, R"sql(
+-- Optimizer nodes a job needs and holds (scheduler rule 8).
+ALTER TABLE jobs ADD COLUMN optimizer_nodes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN node_memory_bytes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN node_placement TEXT NOT NULL DEFAULT '';  -- netstrings, as placement
 -- A job's profile (`zenflow advise JOB_ID`): the newest attempt's, one row per job.
 CREATE TABLE profiles (
   job_id TEXT PRIMARY KEY NOT NULL REFERENCES jobs (id),
@@ -138,7 +142,8 @@ constexpr const char* kJobColumns[] = {
     "start_time_ms", "end_time_ms", "attempt", "restarts", "preemptions", "placement", "master_port",
     "host_memory_bytes_per_worker", "step", "total_steps", "resumed_from_step", "last_loss_bits",
     "cost_usd_bits", "last_error", "stop_reason", "exit_code", "revision", "checkpoint_dir", "device", "workers",
-    "gpus_per_worker", "max_restarts", "usd_per_hour_bits", "price_source", "usd_lost_to_restarts_bits"};
+    "gpus_per_worker", "max_restarts", "usd_per_hour_bits", "price_source", "usd_lost_to_restarts_bits",
+    "optimizer_nodes", "node_memory_bytes", "node_placement"};
 constexpr const char* kWorkerColumns[] = {
     "name", "role", "resources", "address", "rendezvous_ports", "incarnation", "registered_ms", "state"};
 // clang-format on
@@ -547,6 +552,7 @@ void SqliteStore::write_job(const JobRecord& j) {
   StepScope scope(s);
   Binder b(s);
   const std::string placement = encode_names(j.placement);
+  const std::string node_placement = encode_names(j.node_placement);
   // A braced list is evaluated left to right: parameters 1, 2, ... in kJobColumns order.
   const int rc[] = {b.text(j.id),
                     b.text(j.request_id),
@@ -580,7 +586,10 @@ void SqliteStore::write_job(const JobRecord& j) {
                     b.integer(j.max_restarts),
                     b.integer(double_bits(j.usd_per_hour)),
                     b.text(j.price_source),
-                    b.integer(double_bits(j.usd_lost_to_restarts))};
+                    b.integer(double_bits(j.usd_lost_to_restarts)),
+                    b.integer(j.optimizer_nodes),
+                    b.integer(j.node_memory_bytes),
+                    b.text(node_placement)};
   static_assert(std::size(rc) == std::size(kJobColumns), "write_job binds every jobs column");
   const std::string doing = "writing job " + quoted(j.id) +
                             (j.request_id.empty() ? "" : " (request_id " + quoted(j.request_id) + ")");
@@ -682,6 +691,12 @@ JobRecord SqliteStore::read_job(sqlite3_stmt* s) const {
   j.usd_per_hour = bits_double(r.integer());
   j.price_source = r.text();
   j.usd_lost_to_restarts = bits_double(r.integer());
+  j.optimizer_nodes = r.integer();
+  j.node_memory_bytes = r.integer();
+  const std::string nodes = r.text();
+  if (!decode_names(nodes, j.node_placement))
+    throw StoreError("database " + path_ + ": job " + quoted(j.id) + " has a malformed node placement " +
+                     quoted(nodes));
   return j;
 }
 
@@ -782,7 +797,8 @@ auto fields(const JobRecord& j) {
                   j.submit_time_ms, j.start_time_ms, j.end_time_ms, j.attempt, j.restarts, j.preemptions,
                   j.placement, j.master_port, j.host_memory_bytes_per_worker, j.step, j.total_steps,
                   j.resumed_from_step, j.last_error, j.stop_reason, j.exit_code, j.revision, j.checkpoint_dir,
-                  j.device, j.workers, j.gpus_per_worker, j.max_restarts, j.price_source);
+                  j.device, j.workers, j.gpus_per_worker, j.max_restarts, j.price_source, j.optimizer_nodes,
+                  j.node_memory_bytes, j.node_placement);
 }
 auto fields(const WorkerRecord& w) {
   return std::tie(w.name, w.role, w.resources, w.address, w.rendezvous_ports, w.incarnation, w.registered_ms,

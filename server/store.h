@@ -72,6 +72,12 @@ struct JobRecord {
   double usd_per_hour = 0;
   std::string price_source;
   double usd_lost_to_restarts = 0;
+  // Optimizer nodes (optimizer.host.nodes, when the spec names no addresses): how many, the
+  // host RAM each must offer (its share of the job's host state), and the ones the current
+  // or last attempt holds (worker names of role OPTIMIZER).
+  int64_t optimizer_nodes = 0;
+  int64_t node_memory_bytes = 0;
+  std::vector<std::string> node_placement;
   bool operator==(const JobRecord& o) const;
 };
 

@@ -231,7 +231,7 @@ TEST(Preflight, WarningsNameTheKeyAndWhatReallyHappens) {
   const std::vector<std::string> expected = {
       "optimizer.host.threads: 64 requested but this process has 2 cores; using 1 and leaving the rest for "
       "compute",
-      "optimizer.host.nodes: 2 requested but no coordinator assigns optimizer nodes yet; name them in "
+      "optimizer.host.nodes: 2 requested, but only a coordinator assigns optimizer nodes (zenflow submit); name them in "
       "optimizer.host.addresses (the host optimizer runs in this process)",
       "train.compute_threads: 8 requested but this process has 2 cores; the threads will share them",
       "train.autocast: bfloat16 is ignored on the CPU (autocast is CUDA-only); the CPU computes in the "

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -677,6 +679,75 @@ TEST(Service, OptimizerNodeRegistersWithItsAddressAndIsLostWhenKilled) {
       },
       15s))
       << c.workers().dump();
+}
+
+// optimizer.host.nodes under a coordinator (scheduler rule 8): the job gets an idle
+// optimizer node with its worker; SIGKILL that node mid-job and the rank names it and exits
+// 76, the coordinator declares it LOST at once and requeues the job onto the spare node, and
+// the job resumes there from its checkpoint. Its final loss equals an uninterrupted
+// in-process run's (remote is bitwise in-process). A job asking for more nodes than are
+// registered is unschedulable and holds nothing.
+TEST(Service, OptimizerNodesAreAssignedWithTheJobAndALostOneIsReplacedByASpare) {
+  ::setenv("UCX_TLS", "tcp", 1);
+  ::setenv("UCX_NET_DEVICES", "lo", 1);
+  ::setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1);
+  Cluster c("node-spare");
+  c.start_coordinator();
+  c.start_worker("w1");
+  const fs::path token = c.dir() / "node-worker.token";
+  write_file(token, c.worker_token() + "\n");
+  std::map<std::string, std::unique_ptr<test_support::Process>> nodes;
+  for (const char* name : {"opt-1", "opt-2"})
+    nodes[name] = std::make_unique<test_support::Process>(
+        std::vector<std::string>{Cluster::bin("zenflow-optimizer"), "--listen", "127.0.0.1:0", "--coordinator",
+                                 c.address(), "--worker-token-file", token.string(), "--name", name, "--threads", "1",
+                                 "--memory-limit", "1G"},
+        c.dir() / (std::string(name) + ".log"));
+  ASSERT_TRUE(wait_until([&] { return worker_state(c, "opt-1") == "READY" && worker_state(c, "opt-2") == "READY"; },
+                         20s))
+      << c.workers().dump();
+
+  auto with_nodes = [&](const std::string& name, int64_t steps, int64_t n) {
+    const fs::path p = write_job(c, name, steps, 20);
+    std::string spec = read_file(p);
+    const std::string at = "optimizer: {mode: zenflow, ";
+    spec.replace(spec.find(at), at.size(), at + "host: {nodes: " + std::to_string(n) + "}, ");
+    write_file(p, spec);
+    return p;
+  };
+  const std::string greedy = c.submit(with_nodes("greedy", 10, 3));
+  ASSERT_FALSE(greedy.empty()) << read_file(c.dir() / "cli.log");
+  const fs::path spec = with_nodes("remote", 300, 1);
+  const std::string id = c.submit(spec);
+  ASSERT_FALSE(id.empty()) << read_file(c.dir() / "cli.log");
+  ASSERT_TRUE(wait_until([&] { return step_of(c, id) >= 60; }, 120s)) << c.status(id).dump() << logs_of(c, id);
+  nlohmann::json st = c.status(id);
+  ASSERT_EQ(st["optimizer_nodes"].size(), 1u) << st.dump();
+  const std::string first = st["optimizer_nodes"][0];
+  const std::string spare = first == "opt-1" ? "opt-2" : "opt-1";
+  EXPECT_NE(c.status(greedy).value("waiting_reason", "").find(
+                "unschedulable: needs 3 optimizer nodes each with"),
+            std::string::npos)
+      << c.status(greedy).dump();
+  nodes.at(first)->kill(SIGKILL);
+
+  ASSERT_TRUE(c.wait_state(id, "SUCCEEDED", 180s)) << c.status(id).dump() << logs_of(c, id)
+                                                    << c.worker("w1").output();
+  st = c.status(id);
+  EXPECT_EQ(i64(st, "attempt", 0), 2) << st.dump();
+  EXPECT_EQ(i64(st, "restarts", -1), 1);
+  EXPECT_GE(i64(st, "resumed_from_step", 0), 40) << st.dump();  // from its checkpoint, not step 0
+  ASSERT_EQ(st["optimizer_nodes"].size(), 1u);
+  EXPECT_EQ(st["optimizer_nodes"][0], spare);
+  EXPECT_EQ(worker_state(c, first), "LOST");
+  const std::string log = logs_of(c, id);
+  EXPECT_NE(log.find("optimizer node " + first + " (127.0.0.1:"), std::string::npos) << log;
+  EXPECT_NE(log.find("lost; the job moves to a spare"), std::string::npos) << log;
+  EXPECT_NE(log.find("with optimizer nodes " + spare), std::string::npos) << log;
+  EXPECT_DOUBLE_EQ(st.value("last_loss", 0.0), reference_loss(c, spec));
+  EXPECT_EQ(c.state(greedy), "QUEUED");
+  std::string out;
+  EXPECT_EQ(c.cli("cancel " + greedy), 0);
 }
 
 }  // namespace

@@ -117,6 +117,9 @@ JobRecord full_job(const std::string& id) {
   j.usd_per_hour = 98.32 / 8 * 2;
   j.price_source = "aws.amazon.com/ec2/pricing " + odd_bytes();
   j.usd_lost_to_restarts = -0.0;  // bits kept
+  j.optimizer_nodes = 2;
+  j.node_memory_bytes = int64_t{96} << 30;
+  j.node_placement = {"opt-1", "opt,2" + odd_bytes()};
   return j;
 }
 
@@ -207,8 +210,11 @@ TEST(Store, RecordEqualityLooksAtEveryField) {
       [](JobRecord& r) { ++r.max_restarts; },
       [](JobRecord& r) { r.usd_per_hour = 1; },
       [](JobRecord& r) { r.price_source += "x"; },
-      [](JobRecord& r) { r.usd_lost_to_restarts = 0.0; }};  // -0.0 -> 0.0: other bits
-  EXPECT_EQ(job_changes.size(), 33u);  // one per JobRecord field
+      [](JobRecord& r) { r.usd_lost_to_restarts = 0.0; },  // -0.0 -> 0.0: other bits
+      [](JobRecord& r) { r.optimizer_nodes++; },
+      [](JobRecord& r) { r.node_memory_bytes++; },
+      [](JobRecord& r) { r.node_placement.pop_back(); }};
+  EXPECT_EQ(job_changes.size(), 36u);  // one per JobRecord field
   EXPECT_TRUE(j == full_job("j-1"));
   for (size_t i = 0; i < job_changes.size(); ++i) {
     JobRecord changed = j;
@@ -610,7 +616,8 @@ TEST(Store, SchemaOneDatabaseMigratesKeepingItsJobs) {
     sqlite3* raw = nullptr;
     ASSERT_EQ(sqlite3_open_v2(dir.db().c_str(), &raw, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
     for (const char* column : {"checkpoint_dir", "device", "workers", "gpus_per_worker", "max_restarts",
-                               "usd_per_hour_bits", "price_source", "usd_lost_to_restarts_bits"}) {
+                               "usd_per_hour_bits", "price_source", "usd_lost_to_restarts_bits", "optimizer_nodes",
+                               "node_memory_bytes", "node_placement"}) {
       const std::string sql = std::string("ALTER TABLE jobs DROP COLUMN ") + column;
       ASSERT_EQ(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
     }
@@ -629,6 +636,8 @@ TEST(Store, SchemaOneDatabaseMigratesKeepingItsJobs) {
   want.usd_per_hour = 0;
   want.price_source = "";
   want.usd_lost_to_restarts = 0;
+  want.optimizer_nodes = want.node_memory_bytes = 0;
+  want.node_placement.clear();
   EXPECT_TRUE(jobs[0] == want);
 }
 

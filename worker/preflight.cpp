@@ -401,7 +401,7 @@ std::vector<std::string> preflight_warnings(const JobSpec& spec, bool device_is_
   }
   if (h.nodes > 0 && h.addresses.empty()) {
     out.push_back("optimizer.host.nodes: " + std::to_string(h.nodes) +
-                  " requested but no coordinator assigns optimizer nodes yet; name them in "
+                  " requested, but only a coordinator assigns optimizer nodes (zenflow submit); name them in "
                   "optimizer.host.addresses (the host optimizer runs in this process)");
   }
   if (spec.train.compute_threads > cores) {

@@ -30,6 +30,10 @@ void FanoutReporter::on_profile(const std::string& path) noexcept {
   for (RunReporter* r : reporters_) r->on_profile(path);
 }
 
+void FanoutReporter::on_node_lost(const std::string& node) noexcept {
+  for (RunReporter* r : reporters_) r->on_node_lost(node);
+}
+
 namespace {
 using Event = nlohmann::ordered_json;  // keys in the order written: "event" first
 
@@ -61,6 +65,10 @@ void JsonLinesReporter::on_checkpoint(int64_t step, const std::string& dir) noex
 
 void JsonLinesReporter::on_profile(const std::string& path) noexcept {
   emit([&] { return Event{{"event", "profile"}, {"path", path}}; });
+}
+
+void JsonLinesReporter::on_node_lost(const std::string& node) noexcept {
+  emit([&] { return Event{{"event", "node_lost"}, {"node", node}}; });
 }
 
 void JsonLinesReporter::on_finish(int64_t steps, bool interrupted) noexcept {

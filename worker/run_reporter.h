@@ -48,6 +48,9 @@ class RunReporter {
   virtual void on_finish(int64_t steps, bool interrupted) noexcept = 0;
   // After on_finish, from `zenflow run --profile`: the job's profile was written at `path`.
   virtual void on_profile(const std::string& path) noexcept { (void)path; }
+  // Instead of on_finish: the run ends because the optimizer node at `node` (HOST:PORT) is
+  // lost and a coordinator is to assign a spare.
+  virtual void on_node_lost(const std::string& node) noexcept { (void)node; }
 };
 
 // Passes every event to each of its reporters, in the order they were added (not owned;
@@ -62,6 +65,7 @@ class FanoutReporter : public RunReporter {
   void on_checkpoint(int64_t step, const std::string& dir) noexcept override;
   void on_finish(int64_t steps, bool interrupted) noexcept override;
   void on_profile(const std::string& path) noexcept override;
+  void on_node_lost(const std::string& node) noexcept override;
 
  private:
   std::vector<RunReporter*> reporters_;
@@ -76,6 +80,7 @@ class FanoutReporter : public RunReporter {
 //   {"event":"log","line":"..."}
 //   {"event":"finish","steps":N,"interrupted":false}
 //   {"event":"profile","path":"..."}   (after finish, when the run wrote its profile)
+//   {"event":"node_lost","node":"HOST:PORT"}   (the run ends for a spare optimizer node)
 // Step lines are at most one per `min_step_interval` (the first step's is always written),
 // and the run's last step always has one, before the finish line: the step lines of a run
 // rise strictly and end with its last step. A non-finite number is written as null.
@@ -99,6 +104,7 @@ class JsonLinesReporter : public RunReporter {
   void on_checkpoint(int64_t step, const std::string& dir) noexcept override;
   void on_finish(int64_t steps, bool interrupted) noexcept override;
   void on_profile(const std::string& path) noexcept override;
+  void on_node_lost(const std::string& node) noexcept override;
 
   // false once a write failed (then nothing more is written).
   bool writing() const { return fd_ >= 0; }

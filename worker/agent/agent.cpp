@@ -142,6 +142,7 @@ struct Attempt {
   Clock::time_point progress_sent{};
   // The profile rank 0 wrote (its "profile" report line), until the coordinator holds it.
   std::string profile_yaml;
+  std::string lost_optimizer_node;  // rank 0's "node_lost" report line: HOST:PORT
 };
 
 struct Agent::Impl {
@@ -290,6 +291,7 @@ void Agent::Impl::fill_report(const Attempt& at, v1::AttemptReport* r) const {
   r->set_exit_code(at.exit_code);
   r->set_message(at.message);
   r->set_stopped_by_agent(at.stopped_by_agent);
+  if (at.exited) r->set_lost_optimizer_node(at.lost_optimizer_node);
 }
 
 // Liveness: an empty heartbeat every interval from a thread of its own, so that the lease
@@ -439,6 +441,13 @@ void Agent::Impl::start_attempt(const v1::Assignment& a) {
       // Its profile, when the attempt trains long enough: the coordinator keeps it for
       // `zenflow advise JOB_ID` (on_report_line reads it, upload_profile sends it).
       args.push_back("--profile-if-possible");
+    }
+    // The optimizer nodes the scheduler gave the job (optimizer.host.nodes).
+    if (a.optimizer_addresses_size() > 0) {
+      std::string list;
+      for (const std::string& addr : a.optimizer_addresses()) list += (list.empty() ? "" : ",") + addr;
+      args.push_back("--set");
+      args.push_back("optimizer.host.addresses=[" + list + "]");
     }
     // Its own metrics on a loopback port the kernel picks (none can be taken from it),
     // announced in a file the agent's scrapes read.
@@ -615,6 +624,8 @@ void Agent::Impl::on_report_line(Attempt& at, const std::string& line) {
   } else if (ev == "step") {
     at.progress = std::move(j);
     at.progress_dirty = true;
+  } else if (ev == "node_lost") {
+    at.lost_optimizer_node = j.value("node", "");
   } else if (ev == "profile") {
     // Read now, while the file is this attempt's (a later attempt writes the same path).
     const std::string path = j.value("path", "");

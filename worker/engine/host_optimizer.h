@@ -33,7 +33,13 @@ class HostThreadPool;
 // run can only resume from its last committed checkpoint (optimizer.host.on_node_loss).
 class HostBackendLost : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  // `node`: the lost node's HOST:PORT when one is to blame ("" otherwise).
+  explicit HostBackendLost(const std::string& what, std::string node = {})
+      : std::runtime_error(what), node_(std::move(node)) {}
+  const std::string& node() const { return node_; }
+
+ private:
+  std::string node_;
 };
 
 // Completion handle of one submitted job. Thread safety: wait()/done() from any thread.

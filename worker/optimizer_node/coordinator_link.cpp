@@ -71,8 +71,10 @@ void CoordinatorLink::run() {
     rpc::prepare_call(ctx, o_.token, milliseconds(std::max<int64_t>(2000, 2 * interval_ms)));
     const grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
     if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
-      log_once("the coordinator no longer leases incarnation " + std::to_string(incarnation_.load()) +
-               ": registering again");
+      const std::string why = "the coordinator no longer leases incarnation " + std::to_string(incarnation_.load()) +
+                              " of optimizer node " + o_.name + " (declared LOST)";
+      log_once(why + ": dropping every session, registering again");
+      if (o_.on_fenced) o_.on_fenced(why);
       incarnation_ = 0;
     } else if (!s.ok()) {
       log_once("heartbeat to " + o_.coordinator + ": " + rpc::describe(s));

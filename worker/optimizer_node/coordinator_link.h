@@ -2,12 +2,14 @@
 // OPTIMIZER (its UCX address, cores and the memory it offers), then heartbeats at the
 // interval the coordinator asks for, so `zenflow workers` lists it and its lease shows
 // whether it is alive. A coordinator that no longer knows this incarnation (it declared the
-// node LOST, or restarted) makes it register again. Runs on a thread of its own; errors are
+// node LOST) makes it drop its sessions (on_fenced: the jobs moved on to a spare, so a
+// node back from a pause serves no stale state) and register again. Runs on a thread of its own; errors are
 // logged on stderr once per distinct message, never fatal.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -22,6 +24,9 @@ struct CoordinatorLinkOptions {
   std::string address;      // HOST:PORT workers reach this node's UCX listener at
   int64_t cores = 0;
   int64_t memory_bytes = 0;
+  // Called on the link's thread when the coordinator no longer leases this incarnation
+  // (it declared the node LOST): the node drops every session before registering again.
+  std::function<void(const std::string& why)> on_fenced;
 };
 
 class CoordinatorLink {

@@ -168,6 +168,10 @@ int main(int argc, char** argv) {
     lo.address = advertise.empty() ? o.host + ":" + std::to_string(port) : advertise;
     lo.cores = o.cores.empty() ? o.threads : static_cast<int64_t>(o.cores.size());
     lo.memory_bytes = o.memory_limit > 0 ? o.memory_limit : static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+    lo.on_fenced = [&node](const std::string& why) {
+      const int n = node.drop_all_sessions(why);
+      if (n > 0) std::fprintf(stderr, "zenflow-optimizer: dropped %d sessions: %s\n", n, why.c_str());
+    };
     link = std::make_unique<zenflow::optimizer_node::CoordinatorLink>(lo);
   }
   std::printf("zenflow-optimizer: listening on %s:%d\n", o.host.c_str(), port);

@@ -666,6 +666,17 @@ void OptimizerNode::stop() {
   i.ended.clear();
 }
 
+int OptimizerNode::drop_all_sessions(const std::string& why) {
+  Impl& i = *impl_;
+  std::vector<std::shared_ptr<Session>> all;
+  {
+    std::lock_guard<std::mutex> lock(i.mu);
+    for (auto& [id, s] : i.sessions) all.push_back(s);
+  }
+  for (auto& s : all) s->fence(why);  // ends it: ended_session() frees its state
+  return static_cast<int>(all.size());
+}
+
 NodeStats OptimizerNode::stats() const {
   const Impl& i = *impl_;
   NodeStats s;

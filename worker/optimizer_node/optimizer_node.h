@@ -52,6 +52,10 @@ class OptimizerNode {
   // Listens; returns the port bound. Throws transport::TransportError.
   int start();
   void stop();
+  // Ends every session (its state is dropped, the worker gets an ERROR naming `why`): the
+  // coordinator fenced this node (its lease lapsed), so the jobs it served have moved on.
+  // Returns the sessions ended.
+  int drop_all_sessions(const std::string& why);
   NodeStats stats() const;
   const std::string& name() const;
 

@@ -34,7 +34,7 @@ class RemoteWork : public engine::HostWork {
     const int64_t began = now_us();
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return remaining_ == 0 || !error_.empty(); });
-    if (!error_.empty()) throw engine::HostBackendLost(error_);
+    if (!error_.empty()) throw engine::HostBackendLost(error_, error_node_);
     const int64_t ended = now_us();
     // Network: from the last node's COMPUTED (or the wait's start, if later) to the end.
     network_wait_s_ = computed_us_ > 0 ? static_cast<double>(ended - std::max(began, computed_us_)) / 1e6 : 0.0;
@@ -70,10 +70,11 @@ class RemoteWork : public engine::HostWork {
     cv_.notify_all();
     return true;
   }
-  bool fail(const std::string& why) {
+  bool fail(const std::string& why, const std::string& node) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!error_.empty() || remaining_ == 0) return false;
     error_ = why;
+    error_node_ = node;
     cv_.notify_all();
     return true;
   }
@@ -84,6 +85,7 @@ class RemoteWork : public engine::HostWork {
   int remaining_ = 0;
   double run_ = -1;
   std::string error_;
+  std::string error_node_;  // the lost node's HOST:PORT
   int64_t computed_us_ = 0;  // when the last COMPUTED of its parts arrived
   double network_wait_s_ = 0;
 };
@@ -359,8 +361,8 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
   void finish_part(const std::shared_ptr<RemoteWork>& w, double seconds) {
     if (w->part_done(seconds)) work_ended();
   }
-  void fail_work(const std::shared_ptr<RemoteWork>& w, const std::string& why) {
-    if (w->fail(why)) work_ended();
+  void fail_work(const std::shared_ptr<RemoteWork>& w, const std::string& why, const std::string& node = {}) {
+    if (w->fail(why, node)) work_ended();
   }
 
   void post(const std::shared_ptr<RemoteWork>& work, std::function<void()> before, std::vector<std::vector<Message>> per,
@@ -421,7 +423,7 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
           n.cv.wait(lock, [&] { return n.lost || n.outstanding.size() < n.welcome.credits; });
           if (n.lost) {
             lock.unlock();
-            fail_work(t.work, lost_text(n));
+            fail_work(t.work, lost_text(n), n.address);
             break;
           }
           sub->seq = n.next_seq++;
@@ -484,7 +486,7 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
       }
     }
     n.cv.notify_all();
-    for (auto& [seq, sub] : failed) fail_work(sub->work, lost_text(n));
+    for (auto& [seq, sub] : failed) fail_work(sub->work, lost_text(n), n.address);
     if (n.ch) n.ch->close(true);
   }
 
@@ -598,7 +600,7 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
     try {
       n.ch = tr_->connect(host, port, handler(n), opt_.connect_timeout_s);
     } catch (const std::exception& e) {
-      throw engine::HostBackendLost("optimizer node " + n.address + " lost: cannot connect: " + e.what());
+      throw engine::HostBackendLost("optimizer node " + n.address + " lost: cannot connect: " + e.what(), n.address);
     }
     n.last_pong_us = now_us();
     Hello h;
@@ -622,7 +624,7 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
     const double wait_s = opt_.connect_timeout_s + static_cast<double>(h.elements) * 20 / 1e9;
     if (answer.wait_for(std::chrono::duration<double>(wait_s)) != std::future_status::ready) {
       lose(n, "no WELCOME within " + std::to_string(static_cast<int>(wait_s)) + " s");
-      throw engine::HostBackendLost(lost_text(n));
+      throw engine::HostBackendLost(lost_text(n), n.address);
     }
     const std::string refusal = answer.get();
     if (!refusal.empty()) throw std::runtime_error("optimizer node " + n.address + " refused the session: " + refusal);
