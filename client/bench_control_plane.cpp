@@ -12,6 +12,8 @@
 //   heartbeats    N simulated workers (role OPTIMIZER: leased like trainers, never placed)
 //                 at 2 Hz each over 64 channels, for --seconds; false LOST counted at the end
 //   submit / get  100 submits/s and 1,000 gets/s during the heartbeat load
+//   cpu           the coordinator's CPU time per heartbeat (beyond idle), and per submit and
+//                 get (beyond the heartbeat load), 5 s each: stable where latencies are not
 //   schedule      one scheduling pass over 1,000 queued jobs x 500 workers (the pure
 //                 function, in this process, one thread)
 //   detection     20 simulated workers stop heartbeating at random moments: time from their
@@ -38,6 +40,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -643,6 +646,95 @@ int run_bench(const Args& a) {
   out["get"] = to_json(gq);
   out["get"]["p50_over_null_rpc"] = gq.p50 / std::max(1e-9, out["baselines"]["null_rpc"]["p50_ms"].get<double>());
 
+  // Coordinator CPU per request (control-plane-notes.md §5, "efficiency figures"): stable
+  // where latencies on a shared host are not. Idle first (2 s, shorter than a lease), then
+  // the heartbeats alone, then with submits, then with gets, 5 s each: a submit or a get
+  // costs what it adds to the heartbeats' CPU, so every phase runs under the same lease
+  // traffic and no simulated worker is lost between phases.
+  constexpr double kCpuPhaseSeconds = 5;
+  say("coordinator CPU per request: idle 2 s, then heartbeats alone, + submits, + gets (" +
+      std::to_string(static_cast<int>(kCpuPhaseSeconds)) + " s each)");
+  struct CpuPhase {
+    double cpu = 0, seconds = 0;
+    int64_t calls = 0;
+  };
+  auto cpu_phase = [&](double seconds,
+                       const std::function<int64_t(Clock::time_point start, Clock::time_point end)>& run) {
+    CpuPhase p;
+    const double c0 = cpu_seconds_of(coord.pid);
+    const auto t0 = Clock::now();
+    p.calls = run(t0, t0 + milliseconds(static_cast<int64_t>(seconds * 1000)));
+    p.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    p.cpu = cpu_seconds_of(coord.pid) - c0;
+    return p;
+  };
+  const CpuPhase idle = cpu_phase(2, [](Clock::time_point, Clock::time_point end) {
+    std::this_thread::sleep_until(end);
+    return int64_t{0};
+  });
+  const double idle_cores = idle.cpu / idle.seconds;
+  const auto beats_from = Clock::now();
+  const auto beats_to = beats_from + milliseconds(static_cast<int64_t>((3 * kCpuPhaseSeconds + 1) * 1000));
+  std::thread beats([&] { (void)run_heartbeats(c, sims, period, beats_from, beats_to, beats_to); });
+  std::this_thread::sleep_for(milliseconds(500));  // the heartbeats at their rate
+  const CpuPhase hb_cpu = cpu_phase(kCpuPhaseSeconds, [&](Clock::time_point, Clock::time_point end) {
+    std::this_thread::sleep_until(end);
+    return static_cast<int64_t>(double(sims.size()) * 1000.0 / double(period.count()) * kCpuPhaseSeconds);
+  });
+  const double hb_cores = hb_cpu.cpu / hb_cpu.seconds;
+  const CpuPhase submit_cpu =
+      cpu_phase(kCpuPhaseSeconds, [&](Clock::time_point start, Clock::time_point end) {
+        auto stub = v1::JobService::NewStub(c.channel(1));
+        int64_t n = 0;
+        for (int i = 0;; ++i) {
+          const auto due = start + milliseconds(10) * i;
+          if (due >= end) return n;
+          std::this_thread::sleep_until(due);
+          grpc::ClientContext ctx;
+          rpc::prepare_call(ctx, c.admin, milliseconds(5000));
+          v1::SubmitJobRequest req;
+          req.set_spec_yaml(tiny_spec(500000 + i, dir));
+          req.set_request_id("bench-cpu-" + std::to_string(i));
+          v1::SubmitJobResponse resp;
+          n += stub->SubmitJob(&ctx, req, &resp).ok();
+        }
+      });
+  const CpuPhase get_cpu = cpu_phase(kCpuPhaseSeconds, [&](Clock::time_point start, Clock::time_point end) {
+    std::atomic<int64_t> n{0};
+    std::vector<std::thread> pool;
+    for (int g = 0; g < 8; ++g)
+      pool.emplace_back([&, g] {
+        for (int i = 0;; ++i) {
+          const auto due = start + std::chrono::microseconds(8000) * i + std::chrono::microseconds(1000) * g;
+          if (due >= end) return;
+          std::this_thread::sleep_until(due);
+          n += call_get(c, 2 + static_cast<size_t>(g), "j-000001").ok();
+        }
+      });
+    for (std::thread& t : pool) t.join();
+    return n.load();
+  });
+  beats.join();
+  // Per call: what the phase used beyond its base (idle, or idle plus the heartbeats).
+  auto us_per_call = [](const CpuPhase& p, double base_cores) {
+    return p.calls > 0 ? std::max(0.0, p.cpu - base_cores * p.seconds) / double(p.calls) * 1e6 : 0.0;
+  };
+  const double hb_us = us_per_call(hb_cpu, idle_cores), submit_us = us_per_call(submit_cpu, hb_cores),
+               get_us = us_per_call(get_cpu, hb_cores);
+  out["cpu_per_request"] = {
+      {"idle_cores", idle_cores},
+      {"heartbeat_load_cores", hb_cores},
+      {"heartbeat_us", hb_us},
+      {"heartbeats", hb_cpu.calls},
+      {"submit_us", submit_us},
+      {"submits", submit_cpu.calls},
+      {"get_us", get_us},
+      {"gets", get_cpu.calls},
+      {"phase_seconds", kCpuPhaseSeconds},
+      {"what",
+       "coordinator CPU-seconds (utime + stime) per request: a heartbeat beyond idle, a submit or "
+       "a get beyond the heartbeat load"}};
+
   say("scheduling pass: 1,000 queued jobs x 500 workers");
   const Quantiles sched = schedule_pass(1000, 500, 50);
   out["schedule_1000x500"] = to_json(sched);
@@ -800,6 +892,13 @@ int run_bench(const Args& a) {
   row("SubmitJob at 100/s under heartbeat load", sq, note);
   row("GetJob at 1,000/s under heartbeat load", gq, "");
   row("scheduling pass 1,000 jobs x 500 workers", sched, "decision only");
+  std::fprintf(stderr, "%-44s %10.1f us/call (%lld calls)\n", "coordinator CPU per heartbeat", hb_us,
+               static_cast<long long>(hb_cpu.calls));
+  std::fprintf(stderr, "%-44s %10.1f us/call (%lld calls)\n", "coordinator CPU per SubmitJob", submit_us,
+               static_cast<long long>(submit_cpu.calls));
+  std::fprintf(stderr, "%-44s %10.1f us/call (%lld calls)\n", "coordinator CPU per GetJob", get_us,
+               static_cast<long long>(get_cpu.calls));
+  std::fprintf(stderr, "%-44s %10.3f cores\n", "coordinator idle", idle_cores);
   row("worker stops -> LOST (lease 4 s)", quantiles(detect_ms), std::to_string(detect_ms.size()) + " of " + std::to_string(a.trials));
   row("coordinator SIGKILL -> SERVING", quantiles(serving_ms), "from exec");
   std::snprintf(note, sizeof(note), "%zu workers; missing %d, duplicates %d, lost %d", live.size(), missing, duplicates,

@@ -84,11 +84,13 @@ Coordinator::Coordinator(std::unique_ptr<Store> store, CoordinatorOptions option
     : store_(std::move(store)), options_(std::move(options)) {
   load();
   ticker_ = std::thread([this] { ticker(); });
+  committer_ = std::thread([this] { commit_submits(); });
 }
 
 Coordinator::~Coordinator() {
   shutdown();
   if (ticker_.joinable()) ticker_.join();
+  if (committer_.joinable()) committer_.join();
 }
 
 void Coordinator::shutdown() {
@@ -97,6 +99,7 @@ void Coordinator::shutdown() {
     stopping_ = true;
   }
   changed_.notify_all();
+  submits_queued_.notify_all();  // the committer commits what is queued, then stops
 }
 
 int64_t Coordinator::now_ms() const {
@@ -169,11 +172,14 @@ void Coordinator::load() {
     next_incarnation_ = std::max(next_incarnation_, rec.incarnation + 1);
     // Every known worker gets a fresh lease: it may be training right now and will
     // re-attach with the incarnation it has.
-    w.lease_deadline_ms = now + options_.restart_grace.count();
-    w.last_heartbeat_ms = now;  // unknown before the restart; counted from now
+    w.lease->deadline_ms = now + options_.restart_grace.count();
+    w.lease->last_heartbeat_ms = now;  // unknown before the restart; counted from now
+    w.lease->incarnation = rec.incarnation;
+    w.lease->lost = rec.state == "LOST";
     w.rec = std::move(rec);
     Worker& placed = workers_.emplace(w.rec.name, std::move(w)).first->second;
     if (placed.rec.role == "TRAINER") trainers_[placed.rec.name] = &placed;
+    leases_[placed.rec.name] = placed.lease.get();
   }
   for (const auto& [key, bytes] : store_->attempt_log_sizes()) {
     stream_bytes_[key] = bytes;
@@ -193,7 +199,7 @@ void Coordinator::record_spec_facts(const JobSpec& spec, JobRecord* r) {
   r->workers = spec.resources.workers;
   r->gpus_per_worker = spec.resources.gpus_per_worker;
   r->max_restarts = spec.resources.max_restarts;
-  // Nodes the scheduler assigns (rule 8); addresses in the spec need none.
+  // Nodes the scheduler assigns (rule 9); addresses in the spec need none.
   r->optimizer_nodes = spec.optimizer.host.addresses.empty() ? spec.optimizer.host.nodes : 0;
 }
 
@@ -228,15 +234,21 @@ void Coordinator::commit(StoreBatch& batch) {
   batch = StoreBatch{};
 }
 
+// Every transition comes here, so every one of them changes what a scheduling pass sees.
 void Coordinator::touch(Job& j, StoreBatch& batch) {
   ++j.rec.revision;
+  ++generation_;
   persist(j, batch);
 }
 
-// Every call waits for this (the lock is held): a slow one is worth a line.
+// Its caller waits for this (most hold mu_; the committer does not): a slow one is worth
+// a line.
 void Coordinator::timed_commit(const StoreBatch& batch) {
   const auto t0 = std::chrono::steady_clock::now();
-  store_->commit(batch);
+  {
+    std::lock_guard<std::mutex> store_lock(store_mu_);
+    store_->commit(batch);
+  }
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
   if (ms >= 100)
     log("slow store commit: " + std::to_string(ms) + " ms for " + std::to_string(batch.jobs.size()) + " jobs, " +
@@ -259,14 +271,19 @@ void Coordinator::persist(Job& j, StoreBatch& batch) {
   changed_.notify_all();
 }
 
+void Coordinator::bump_assignments(Worker& w) {
+  std::lock_guard<std::mutex> lease_lock(w.lease->mu);
+  ++w.lease->assignment_revision;
+}
+
 void Coordinator::bump_workers_of(const Job& j) {
   for (const Member& m : j.members) {
     auto it = workers_.find(m.worker);
-    if (it != workers_.end()) ++it->second.assignment_revision;
+    if (it != workers_.end()) bump_assignments(it->second);
   }
   for (const std::string& name : j.rec.placement) {
     auto it = workers_.find(name);
-    if (it != workers_.end()) ++it->second.assignment_revision;
+    if (it != workers_.end()) bump_assignments(it->second);
   }
   changed_.notify_all();
 }
@@ -362,30 +379,11 @@ Status Coordinator::submit(const v1::SubmitJobRequest& req, v1::SubmitJobRespons
       return bad(std::string("model size: ") + e.what());
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stopping_) return {StatusCode::UNAVAILABLE, "coordinator is shutting down"};
-  if (!req.request_id().empty()) {
-    auto it = by_request_.find(req.request_id());
-    if (it != by_request_.end()) {
-      Job& old = jobs_.at(it->second);
-      if (old.rec.spec_yaml != yaml)
-        return {StatusCode::ALREADY_EXISTS, "request_id " + req.request_id() + " was used for job " + old.rec.id +
-                                                " with a different spec"};
-      fill_status(old, resp->mutable_job());
-      resp->set_created(false);
-      return Status::OK;
-    }
-  }
-  if (auto owner = checkpoint_owner_.find(spec.checkpoint.dir); owner != checkpoint_owner_.end()) {
-    const Job& other = jobs_.at(owner->second);
-    if (!terminal(other.rec.state))
-      return {StatusCode::FAILED_PRECONDITION, "checkpoint.dir " + spec.checkpoint.dir + " belongs to job " +
-                                                   other.rec.id + " (" + other.rec.state +
-                                                   "); two live jobs cannot share a checkpoint directory"};
-  }
+  // The job as it will be stored, but for its id and sequence number (taken under the lock).
+  auto p = std::make_shared<PendingSubmit>();
   std::vector<std::string> price_warnings;
   const ResolvedPrice price = resolve_price(spec.cost, options_.catalog.get(), &price_warnings);
-  Job j;
+  Job& j = p->job;
   JobRecord& r = j.rec;
   record_spec_facts(spec, &r);
   r.usd_per_hour = job_usd_per_hour(price, spec.resources.workers, spec.resources.gpus_per_worker,
@@ -393,16 +391,10 @@ Status Coordinator::submit(const v1::SubmitJobRequest& req, v1::SubmitJobRespons
   if (price.priced)
     r.price_source = (price.instance.empty() ? std::string() : price.instance + ": ") + price.source +
                      (price.date.empty() ? "" : " (" + price.date + ")");
-  const int64_t seq = next_seq_;
-  char id[32];
-  std::snprintf(id, sizeof(id), "j-%06lld", static_cast<long long>(seq));
-  r.id = id;
   r.request_id = req.request_id();
   r.name = spec.name;
-  r.spec_yaml = yaml;
+  r.spec_yaml = std::move(yaml);
   r.priority = spec.resources.priority;
-  r.submit_seq = seq;
-  r.submit_time_ms = now_ms();
   r.total_steps = spec.train.steps;
   r.host_memory_bytes_per_worker = demand.host_memory_bytes;
   if (r.optimizer_nodes > 0 && req.total_params() > 0) {
@@ -416,31 +408,118 @@ Status Coordinator::submit(const v1::SubmitJobRequest& req, v1::SubmitJobRespons
   }
   r.revision = 1;
   set_demand(j);
-  StoreBatch batch;
-  batch.jobs.push_back(r);
-  try {
-    timed_commit(batch);  // durable before the client hears OK
-  } catch (const StoreError& e) {
-    return {StatusCode::UNAVAILABLE, std::string("job store write failed: ") + e.what()};
+
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    if (stopping_) return {StatusCode::UNAVAILABLE, "coordinator is shutting down"};
+    if (r.request_id.empty()) break;
+    if (auto it = by_request_.find(r.request_id); it != by_request_.end()) {
+      Job& old = jobs_.at(it->second);
+      if (old.rec.spec_yaml != r.spec_yaml)
+        return {StatusCode::ALREADY_EXISTS,
+                "request_id " + r.request_id + " was used for job " + old.rec.id + " with a different spec"};
+      fill_status(old, resp->mutable_job());
+      resp->set_created(false);
+      return Status::OK;
+    }
+    auto in_flight = pending_requests_.find(r.request_id);
+    if (in_flight == pending_requests_.end()) break;
+    const std::shared_ptr<PendingSubmit> first = in_flight->second;
+    if (first->job.rec.spec_yaml != r.spec_yaml)
+      return {StatusCode::ALREADY_EXISTS, "request_id " + r.request_id + " was used for job " +
+                                              first->job.rec.id + " with a different spec"};
+    // The same request, still being committed (a client's retry): answer as it is answered,
+    // or, if its commit fails, try anew.
+    submits_done_.wait(lock, [&] { return first->done; });
   }
-  ++next_seq_;
-  if (!r.request_id.empty()) by_request_[r.request_id] = r.id;
-  checkpoint_owner_[r.checkpoint_dir] = r.id;
-  log_bytes_[r.id] = 0;
+  if (auto owner = checkpoint_owner_.find(r.checkpoint_dir); owner != checkpoint_owner_.end()) {
+    auto pending = pending_jobs_.find(owner->second);
+    const std::string state = pending != pending_jobs_.end() ? kQueued : jobs_.at(owner->second).rec.state;
+    if (!terminal(state))
+      return {StatusCode::FAILED_PRECONDITION, "checkpoint.dir " + r.checkpoint_dir + " belongs to job " +
+                                                   owner->second + " (" + state +
+                                                   "); two live jobs cannot share a checkpoint directory"};
+    p->previous_owner = owner->second;
+  }
+  const int64_t seq = next_seq_++;  // a failed commit leaves a gap, never a second job with this id
+  char id[32];
+  std::snprintf(id, sizeof(id), "j-%06lld", static_cast<long long>(seq));
+  r.id = id;
+  r.submit_seq = seq;
+  r.submit_time_ms = now_ms();
   j.waiting_reason = "waiting for the next scheduling pass";
   j.queued_since_ms = r.submit_time_ms;
-  if (!price_warnings.empty()) {  // in the job's log (rare: a second write)
-    batch = StoreBatch{};
-    for (const std::string& w : price_warnings) append_coordinator_log(j, "warning: " + w + "; no cost", batch);
-    commit(batch);
+  p->batch.jobs.push_back(r);
+  for (const std::string& w : price_warnings) {  // in the job's log, in the same transaction
+    const std::string line = "zenflow-coordinator: warning: " + w + "; no cost\n";
+    int64_t at = 0;
+    for (const LogAppend& a : p->batch.logs) at += static_cast<int64_t>(a.data.size());
+    p->batch.logs.push_back(LogAppend{r.id, 0, at, line});
   }
-  fill_status(j, resp->mutable_job());
+  checkpoint_owner_[r.checkpoint_dir] = r.id;
+  if (!r.request_id.empty()) pending_requests_[r.request_id] = p;
+  pending_jobs_[r.id] = p;
+  submit_queue_.push_back(p);
+  submits_queued_.notify_one();
+  submits_done_.wait(lock, [&] { return p->done; });  // durable before the client hears OK
+  if (!p->status.ok()) return p->status;
+  fill_status(jobs_.at(p->batch.jobs[0].id), resp->mutable_job());
   resp->set_created(true);
-  log("job " + r.id + " (" + r.name + ") submitted");
-  track_live(jobs_.emplace(r.id, std::move(j)).first->second);
-  schedule_dirty_ = true;
-  changed_.notify_all();
   return Status::OK;
+}
+
+// Group commit: every submit queued while the previous transaction was syncing goes into
+// the next one. The store is written without mu_, so heartbeats, gets and scheduling
+// passes go on during the fsync; the jobs enter the state (and become visible) only once
+// durable.
+void Coordinator::commit_submits() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    submits_queued_.wait(lock, [&] { return stopping_ || !submit_queue_.empty(); });
+    if (submit_queue_.empty()) return;  // stopping, and every submit answered
+    std::vector<std::shared_ptr<PendingSubmit>> group;
+    group.swap(submit_queue_);
+    lock.unlock();
+    StoreBatch batch;
+    for (const auto& p : group) {
+      batch.jobs.insert(batch.jobs.end(), p->batch.jobs.begin(), p->batch.jobs.end());
+      batch.logs.insert(batch.logs.end(), p->batch.logs.begin(), p->batch.logs.end());
+    }
+    Status status = Status::OK;
+    try {
+      timed_commit(batch);
+    } catch (const StoreError& e) {
+      status = {StatusCode::UNAVAILABLE, std::string("job store write failed: ") + e.what()};
+    }
+    lock.lock();
+    for (const auto& p : group) {
+      const JobRecord& r = p->batch.jobs[0];
+      const std::string id = r.id;
+      if (status.ok()) {
+        if (!r.request_id.empty()) by_request_[r.request_id] = id;
+        int64_t log_size = 0;
+        for (const LogAppend& a : p->batch.logs) log_size += static_cast<int64_t>(a.data.size());
+        log_bytes_[id] = log_size;
+        if (log_size > 0) stream_bytes_[{id, 0}] = log_size;
+        track_live(jobs_.emplace(id, std::move(p->job)).first->second);
+        log("job " + id + " (" + r.name + ") submitted");
+      } else if (auto owner = checkpoint_owner_.find(r.checkpoint_dir);
+                 owner != checkpoint_owner_.end() && owner->second == id) {
+        if (p->previous_owner.empty()) {
+          checkpoint_owner_.erase(owner);
+        } else {
+          owner->second = p->previous_owner;
+        }
+      }
+      if (!r.request_id.empty()) pending_requests_.erase(r.request_id);
+      pending_jobs_.erase(id);
+      p->status = status;
+      p->done = true;
+    }
+    if (status.ok()) schedule_dirty_ = true;
+    submits_done_.notify_all();
+    changed_.notify_all();
+  }
 }
 
 Status Coordinator::get(const std::string& id, v1::JobStatus* out) {
@@ -533,6 +612,7 @@ Status Coordinator::read_log(const std::string& id, int64_t offset, int64_t max,
   if (offset >= size() && !done() && wait.count() > 0)
     changed_.wait_for(lock, wait, [&] { return stopping_ || offset < size() || done(); });
   try {
+    std::lock_guard<std::mutex> store_lock(store_mu_);
     *data = store_->read_log(id, offset, max);
   } catch (const StoreError& e) {
     return {StatusCode::UNAVAILABLE, std::string("log read failed: ") + e.what()};
@@ -563,7 +643,10 @@ void Coordinator::list_workers(v1::ListWorkersResponse* resp) {
     *s->mutable_resources() = w.resources;
     s->set_address(w.rec.address);
     s->set_registered_ms(w.rec.registered_ms);
-    s->set_last_heartbeat_ms(w.last_heartbeat_ms);
+    {
+      std::lock_guard<std::mutex> lease_lock(w.lease->mu);
+      s->set_last_heartbeat_ms(w.lease->last_heartbeat_ms);
+    }
     s->set_incarnation(w.rec.incarnation);
     if (auto on = jobs_on.find(name); on != jobs_on.end())
       for (const std::string& id : on->second) s->add_jobs(id);
@@ -627,13 +710,17 @@ Coordinator::Worker* Coordinator::live_worker(const std::string& name, int64_t i
   }
   Worker& w = it->second;
   if (w.rec.incarnation != incarnation || w.rec.state == "LOST") {
-    *status = {StatusCode::FAILED_PRECONDITION,
-               "worker " + name + " incarnation " + std::to_string(incarnation) + " is no longer leased (" +
-                   (w.rec.state == "LOST" ? "declared LOST" : "re-registered as " + std::to_string(w.rec.incarnation)) +
-                   "); kill its training processes and register again"};
+    *status = not_leased(name, incarnation, *w.lease);  // mu_ held: its incarnation and lost are stable
     return nullptr;
   }
   return &w;
+}
+
+Status Coordinator::not_leased(const std::string& name, int64_t incarnation, const Lease& lease) {
+  return {StatusCode::FAILED_PRECONDITION,
+          "worker " + name + " incarnation " + std::to_string(incarnation) + " is no longer leased (" +
+              (lease.lost ? "declared LOST" : "re-registered as " + std::to_string(lease.incarnation)) +
+              "); kill its training processes and register again"};
 }
 
 Status Coordinator::register_worker(const v1::RegisterWorkerRequest& req, v1::RegisterWorkerResponse* resp) {
@@ -656,9 +743,15 @@ Status Coordinator::register_worker(const v1::RegisterWorkerRequest& req, v1::Re
   auto it = workers_.find(name);
   if (it != workers_.end()) {
     Worker& old = it->second;
-    if (old.rec.state != "LOST" && old.lease_deadline_ms > now && old.last_heartbeat_ms > 0)
+    int64_t deadline = 0, last_heartbeat = 0;
+    {
+      std::lock_guard<std::mutex> lease_lock(old.lease->mu);
+      deadline = old.lease->deadline_ms;
+      last_heartbeat = old.lease->last_heartbeat_ms;
+    }
+    if (old.rec.state != "LOST" && deadline > now && last_heartbeat > 0)
       return {StatusCode::ALREADY_EXISTS,
-              "worker " + name + " is registered and its lease runs " + std::to_string(old.lease_deadline_ms - now) +
+              "worker " + name + " is registered and its lease runs " + std::to_string(deadline - now) +
                   " ms more; another agent with this name? (retry after the lease)"};
     // A new incarnation: the old one's training processes died with its agent.
     if (old.rec.state != "LOST") lose_worker(old, "re-registered (the agent restarted)", batch);
@@ -678,9 +771,20 @@ Status Coordinator::register_worker(const v1::RegisterWorkerRequest& req, v1::Re
   w.rec.incarnation = next_incarnation_++;
   w.rec.registered_ms = now;
   w.rec.state = "READY";
-  w.lease_deadline_ms = now + options_.lease.count();
-  w.last_heartbeat_ms = now;
-  ++w.assignment_revision;
+  {
+    std::lock_guard<std::mutex> lease_lock(w.lease->mu);
+    w.lease->incarnation = w.rec.incarnation;
+    w.lease->lost = false;
+    w.lease->deadline_ms = now + options_.lease.count();
+    w.lease->last_heartbeat_ms = now;
+    ++w.lease->assignment_revision;
+  }
+  next_lease_expiry_ms_ = std::min(next_lease_expiry_ms_, now + options_.lease.count());
+  if (!leases_.count(name)) {
+    std::unique_lock<std::shared_mutex> table_lock(leases_mu_);
+    leases_[name] = w.lease.get();
+  }
+  ++generation_;
   batch.workers.push_back(w.rec);
   commit(batch);
   resp->set_incarnation(w.rec.incarnation);
@@ -715,13 +819,37 @@ Coordinator::Job* Coordinator::current_attempt(const std::string& job_id, int64_
 }
 
 Status Coordinator::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) {
+  resp->set_heartbeat_interval_ms(options_.heartbeat_interval.count());
+  resp->set_lease_ms(options_.lease.count());
+  if (req.attempts_size() == 0) {
+    // Nearly every heartbeat: renew the lease, touching nothing else (no mu_).
+    Lease* lease = nullptr;
+    {
+      std::shared_lock<std::shared_mutex> table_lock(leases_mu_);
+      auto it = leases_.find(req.name());
+      if (it != leases_.end()) lease = it->second;
+    }
+    if (!lease)
+      return {StatusCode::FAILED_PRECONDITION, "worker " + req.name() + " is not registered; register again"};
+    std::lock_guard<std::mutex> lease_lock(lease->mu);
+    if (lease->incarnation != req.incarnation() || lease->lost)
+      return not_leased(req.name(), req.incarnation(), *lease);
+    const int64_t now = now_ms();
+    lease->deadline_ms = now + options_.lease.count();
+    lease->last_heartbeat_ms = now;
+    resp->set_assignment_revision(lease->assignment_revision);
+    return Status::OK;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   Status st;
   Worker* w = live_worker(req.name(), req.incarnation(), &st);
   if (!w) return st;
-  const int64_t now = now_ms();
-  w->lease_deadline_ms = now + options_.lease.count();
-  w->last_heartbeat_ms = now;
+  {
+    std::lock_guard<std::mutex> lease_lock(w->lease->mu);
+    const int64_t now = now_ms();
+    w->lease->deadline_ms = now + options_.lease.count();
+    w->lease->last_heartbeat_ms = now;
+  }
   StoreBatch batch;
   for (const v1::AttemptReport& r : req.attempts()) {
     int m = -1;
@@ -736,9 +864,7 @@ Status Coordinator::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResp
     }
   }
   commit(batch);
-  resp->set_heartbeat_interval_ms(options_.heartbeat_interval.count());
-  resp->set_lease_ms(options_.lease.count());
-  resp->set_assignment_revision(w->assignment_revision);
+  resp->set_assignment_revision(w->lease->assignment_revision);
   return Status::OK;
 }
 
@@ -753,11 +879,11 @@ Status Coordinator::fetch_assignments(const v1::FetchAssignmentsRequest& req, v1
   changed_.wait_for(lock, wait, [&] {
     auto it = workers_.find(name);
     return stopping_ || it == workers_.end() || it->second.rec.incarnation != incarnation ||
-           it->second.rec.state == "LOST" || it->second.assignment_revision > req.after_revision();
+           it->second.rec.state == "LOST" || it->second.lease->assignment_revision > req.after_revision();
   });
   w = live_worker(name, incarnation, &st);
   if (!w) return st;
-  resp->set_revision(w->assignment_revision);
+  resp->set_revision(w->lease->assignment_revision);
   for (const auto& [id, live] : live_) {
     const Job& j = *live;
     if (!active(j.rec.state)) continue;
@@ -869,7 +995,7 @@ Status Coordinator::upload_logs(const v1::UploadLogsRequest& req, v1::UploadLogs
     StoreBatch batch;
     batch.logs.push_back(LogAppend{j.rec.id, key.second, held, req.data().substr(static_cast<size_t>(held - req.offset()))});
     try {
-      store_->commit(batch);
+      timed_commit(batch);
     } catch (const StoreError& e) {
       return {StatusCode::UNAVAILABLE, std::string("log write failed: ") + e.what()};
     }
@@ -1064,8 +1190,13 @@ void Coordinator::requeue_or_fail(Job& j, const std::string& reason, StoreBatch&
 
 void Coordinator::lose_worker(Worker& w, const std::string& why, StoreBatch& batch) {
   w.rec.state = "LOST";
+  {
+    std::lock_guard<std::mutex> lease_lock(w.lease->mu);
+    w.lease->lost = true;
+    ++w.lease->assignment_revision;
+  }
   ++workers_lost_;
-  ++w.assignment_revision;
+  ++generation_;
   batch.workers.push_back(w.rec);
   log("worker " + w.rec.name + " LOST: " + why);
   std::vector<Job*> on_worker;  // requeueing changes live_: collect first
@@ -1102,12 +1233,27 @@ void Coordinator::lose_worker(Worker& w, const std::string& why, StoreBatch& bat
 
 void Coordinator::check_leases(StoreBatch& batch) {
   const int64_t now = now_ms();
+  if (now < next_lease_expiry_ms_) return;  // leases only get longer meanwhile
+  int64_t next = INT64_MAX;
   for (auto& [name, w] : workers_) {
-    if (w.rec.state == "LOST" || w.lease_deadline_ms > now) continue;
-    lose_worker(w, "no heartbeat for " + std::to_string(now - w.last_heartbeat_ms) + " ms (lease " +
-                       std::to_string(options_.lease.count()) + " ms)",
+    if (w.rec.state == "LOST") continue;
+    int64_t last_heartbeat = 0;
+    {
+      // Decided under the lease's lock: a heartbeat renews it before, or is refused after.
+      std::lock_guard<std::mutex> lease_lock(w.lease->mu);
+      if (w.lease->deadline_ms > now) {
+        next = std::min(next, w.lease->deadline_ms);
+        continue;
+      }
+      w.lease->lost = true;
+      last_heartbeat = w.lease->last_heartbeat_ms;
+    }
+    lose_worker(w,
+                "no heartbeat for " + std::to_string(now - last_heartbeat) + " ms (lease " +
+                    std::to_string(options_.lease.count()) + " ms)",
                 batch);
   }
+  next_lease_expiry_ms_ = next;
 }
 
 void Coordinator::run_schedule(StoreBatch& batch) {
@@ -1158,6 +1304,7 @@ void Coordinator::run_schedule(StoreBatch& batch) {
     if (queued(j.rec.state)) {
       v.state = scheduler::JobState::kQueued;
       v.reserved_workers = j.reserved_workers;
+      v.unplaceable_generation = j.unplaceable_generation;
     } else {
       v.state = j.rec.stop_reason.empty() ? scheduler::JobState::kRunning : scheduler::JobState::kPreempting;
       for (const Member& m : j.members) v.placement.push_back(m.worker);
@@ -1171,10 +1318,20 @@ void Coordinator::run_schedule(StoreBatch& batch) {
   so.preemption_min_runtime_ms = options_.preemption_min_runtime.count();
   so.backfill = options_.backfill;
   so.preemption = options_.preemption;
+  so.generation = generation_;  // applying the decision below changes it (touch())
   const scheduler::ScheduleDecision d = scheduler::schedule(views, jobs, so, nodes);
+  next_preemptable_ms_ = d.next_preemptable_ms;
+  if (!d.assignments.empty() && options_.preemption) {  // the jobs placed below are victims from then
+    const int64_t at = so.now_ms + options_.preemption_min_runtime.count();
+    if (next_preemptable_ms_ < 0 || at < next_preemptable_ms_) next_preemptable_ms_ = at;
+  }
   for (auto& [id, j] : live_) j->reserved_workers.clear();
   for (const scheduler::Reservation& r : d.reservations) jobs_.at(r.job_id).reserved_workers = r.worker_ids;
-  for (const scheduler::WaitingJob& w : d.waiting) jobs_.at(w.job_id).waiting_reason = w.reason;
+  for (const scheduler::WaitingJob& w : d.waiting) {
+    Job& j = jobs_.at(w.job_id);
+    j.waiting_reason = w.reason;
+    j.unplaceable_generation = w.stable ? so.generation : -1;
+  }
   for (const scheduler::Preemption& p : d.preemptions) {
     Job& victim = jobs_.at(p.victim_job_id);
     victim.rec.stop_reason = std::string(kStopPreempt) + " for job " + p.preemptor_job_id + " (priority " +
@@ -1199,6 +1356,7 @@ void Coordinator::run_schedule(StoreBatch& batch) {
       }
     if (port == 0) {
       j.waiting_reason = "waiting: worker " + host.rec.name + " has no free rendezvous port";
+      j.unplaceable_generation = -1;
       continue;
     }
     j.rec.master_port = port;
@@ -1240,6 +1398,12 @@ void Coordinator::persist_progress(StoreBatch& batch) {
 void Coordinator::tick_locked() {
   StoreBatch batch;
   check_leases(batch);
+  if (next_preemptable_ms_ >= 0 && now_ms() >= next_preemptable_ms_) {
+    // A running job has become a preemption victim: jobs waiting for one may now preempt.
+    next_preemptable_ms_ = -1;
+    ++generation_;
+    schedule_dirty_ = true;
+  }
   if (schedule_dirty_) {
     schedule_dirty_ = false;
     run_schedule(batch);

@@ -5,6 +5,13 @@
 // StoreBatch before the caller is answered, so an acknowledged submit, a recorded exit or
 // a requeue survives a coordinator SIGKILL. Leases and heartbeats live in memory only.
 //
+// Submits are group-committed: a committer thread writes every submit that arrived while
+// the previous transaction was being synced in one transaction (one fsync), without the
+// coordinator's lock. A submit is answered only once its transaction is durable, and its
+// job is visible (get, list, scheduling) only from then on. request_id stays exactly-once
+// while a submit is in flight: a second submit with the same request_id waits for the
+// first and gets its job (or, if the first failed, tries anew).
+//
 // Jobs: QUEUED → STARTING → RUNNING → SUCCEEDED | FAILED | CANCELLED; RUNNING → (asked to
 // checkpoint) → PREEMPTED, which queues like QUEUED and resumes from the checkpoint; a lost
 // worker or a crashed rank sends the job back to QUEUED (attempt + 1) while
@@ -18,7 +25,9 @@
 // After a restart every known worker gets a fresh lease of `restart_grace`, and running
 // jobs keep running: the agents re-attach with the same incarnation.
 //
-// Thread safety: every public method may be called from any thread (one mutex).
+// Thread safety: every public method may be called from any thread. One mutex guards the
+// state; a heartbeat without attempt reports touches only its worker's lease (own mutex),
+// and the store has its own mutex, taken after the state's when both are held.
 #pragma once
 
 #include <grpcpp/support/status.h>
@@ -33,6 +42,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -158,13 +168,35 @@ class Coordinator {
     int64_t queued_since_ms = 0; // submit or requeue: the queue wait starts here
     int64_t last_persist_ms = 0;
     bool progress_dirty = false;
+    // The generation_ at which a scheduling pass found it stable: it is skipped until
+    // the generation changes (scheduler.h, rule 8).
+    int64_t unplaceable_generation = -1;
+  };
+  // What a heartbeat reads and writes, under its own mutex rather than mu_, so that the
+  // thousands of heartbeats a second never wait for a scheduling pass or a commit.
+  // incarnation, lost and assignment_revision change only with mu_ held too (a reader
+  // holding mu_ needs no lease lock for them); deadline_ms and last_heartbeat_ms change
+  // under the lease's mutex alone.
+  struct Lease {
+    std::mutex mu;
+    int64_t incarnation = 0;
+    bool lost = false;  // rec.state == "LOST"
+    int64_t deadline_ms = 0;
+    int64_t last_heartbeat_ms = 0;
+    int64_t assignment_revision = 1;
   };
   struct Worker {
     WorkerRecord rec;
     v1::WorkerResources resources;
-    int64_t lease_deadline_ms = 0;
-    int64_t last_heartbeat_ms = 0;
-    int64_t assignment_revision = 1;
+    std::unique_ptr<Lease> lease = std::make_unique<Lease>();
+  };
+  // A submit between its checks and its commit (submit(), commit_submits()).
+  struct PendingSubmit {
+    Job job;
+    StoreBatch batch;            // the job's record and its coordinator log lines
+    std::string previous_owner;  // of its checkpoint.dir, restored if the commit fails
+    bool done = false;
+    grpc::Status status;  // of the commit, once done
   };
 
   int64_t now_ms() const;
@@ -180,6 +212,8 @@ class Coordinator {
   void touch(Job& j, StoreBatch& batch);    // revision + 1, then persist
   void persist(Job& j, StoreBatch& batch);  // add the record to the batch, wake watchers
   void bump_workers_of(const Job& j);
+  static void bump_assignments(Worker& w);  // assignment_revision + 1 (mu_ held)
+  static grpc::Status not_leased(const std::string& name, int64_t incarnation, const Lease& lease);
   void append_coordinator_log(Job& j, const std::string& line, StoreBatch& batch);
   Worker* live_worker(const std::string& name, int64_t incarnation, grpc::Status* status);
   Job* current_attempt(const std::string& job_id, int64_t attempt, const std::string& worker, int* member,
@@ -193,6 +227,7 @@ class Coordinator {
   void persist_progress(StoreBatch& batch);
   void tick_locked();
   void ticker();
+  void commit_submits();  // the committer thread
   void load();
   grpc::Status parse_submitted(const v1::SubmitJobRequest& req, JobSpec* spec, std::string* yaml) const;
 
@@ -217,8 +252,24 @@ class Coordinator {
   int64_t workers_lost_ = 0;
   int64_t next_incarnation_ = 1;
   bool schedule_dirty_ = true;
+  // Changes with everything a scheduling pass reads except the queue (scheduler.h, rule
+  // 8): worker joins and losses, and every job transition (touch()).
+  int64_t generation_ = 0;
+  int64_t next_preemptable_ms_ = -1;  // of the last decision: the generation changes then
+  int64_t next_lease_expiry_ms_ = 0;  // no lease runs out before: check_leases() skips the scan
   bool stopping_ = false;
+  // Workers by name for heartbeats (entries are never removed; the leases live in workers_).
+  std::shared_mutex leases_mu_;
+  std::unordered_map<std::string, Lease*> leases_;
+  // Submits waiting for the committer, and the in-flight ones by request_id and by job id.
+  std::vector<std::shared_ptr<PendingSubmit>> submit_queue_;
+  std::map<std::string, std::shared_ptr<PendingSubmit>> pending_requests_;
+  std::map<std::string, std::shared_ptr<PendingSubmit>> pending_jobs_;
+  std::condition_variable submits_queued_;  // the committer waits for submit_queue_
+  std::condition_variable submits_done_;    // submitters wait for PendingSubmit::done
+  std::mutex store_mu_;                     // serializes store_ (taken after mu_)
   std::thread ticker_;
+  std::thread committer_;
 };
 
 }  // namespace zenflow::server

@@ -114,9 +114,10 @@ struct FitCounts {
 
 class Pass {
  public:
+  // skip_stable: leave out the queued jobs rule 8 allows to skip.
   Pass(const std::vector<WorkerView>& workers, const std::vector<JobView>& jobs,
-       const ScheduleOptions& options, const std::vector<NodeView>& nodes)
-      : jobs_(jobs), opt_(options) {
+       const ScheduleOptions& options, const std::vector<NodeView>& nodes, bool skip_stable)
+      : jobs_(jobs), opt_(options), skip_stable_(skip_stable && options.generation >= 0) {
     index_workers(workers);
     index_nodes(nodes);
     index_jobs();
@@ -206,7 +207,7 @@ class Pass {
     }
   }
 
-  // Rule 8: the free nodes job j may take (unheld, or held by j itself) with its share of
+  // Rule 9: the free nodes job j may take (unheld, or held by j itself) with its share of
   // host RAM, tightest first (least RAM left, then id).
   std::vector<int> nodes_for(int q) const {
     const JobView& j = jobs_[static_cast<size_t>(q)];
@@ -264,7 +265,11 @@ class Pass {
       if (!seen.emplace(std::string_view(job.id), static_cast<int>(j)).second)
         throw std::invalid_argument("schedule: duplicate job id '" + job.id + "'");
       if (job.state == JobState::kQueued) {
-        queue_.push_back(static_cast<int>(j));
+        if (skip_stable_ && job.unplaceable_generation == opt_.generation && job.reserved_workers.empty()) {
+          ++out_.skipped;
+        } else {
+          queue_.push_back(static_cast<int>(j));
+        }
         continue;
       }
       // Allocations come from the running jobs' placements.
@@ -278,9 +283,14 @@ class Pass {
         free_[static_cast<size_t>(it->second)] = free_[static_cast<size_t>(it->second)] - job.per_worker;
         jobs_on_[static_cast<size_t>(it->second)].push_back(static_cast<int>(j));
       }
-      if (job.state == JobState::kRunning &&
-          opt_.now_ms - job.start_time_ms >= opt_.preemption_min_runtime_ms)
-        victims_.push_back(static_cast<int>(j));
+      if (job.state == JobState::kRunning) {
+        if (opt_.now_ms - job.start_time_ms >= opt_.preemption_min_runtime_ms) {
+          victims_.push_back(static_cast<int>(j));
+        } else if (opt_.preemption) {
+          const int64_t at = job.start_time_ms + opt_.preemption_min_runtime_ms;
+          if (out_.next_preemptable_ms < 0 || at < out_.next_preemptable_ms) out_.next_preemptable_ms = at;
+        }
+      }
     }
     // What the PREEMPTING jobs will free, per worker (in worker order: deterministic).
     pending_free_.assign(w_.size(), Resources{});
@@ -303,6 +313,7 @@ class Pass {
       return x.id < y.id;
     });
     claimed_.assign(jobs_.size(), 0);
+    reserving_.assign(jobs_.size(), 0);
   }
 
   bool admits(const JobView& j, const WorkerView& w) const {
@@ -437,7 +448,11 @@ class Pass {
     return ids;
   }
 
-  void wait(const JobView& j, std::string reason) { out_.waiting.push_back({j.id, std::move(reason)}); }
+  // Called once per queued job that is not assigned, after any reservation it makes.
+  void wait(const JobView& j, std::string reason) {
+    const bool reserving = reserving_[static_cast<size_t>(&j - jobs_.data())] != 0;
+    out_.waiting.push_back({j.id, std::move(reason), !reserving});
+  }
 
   void reserve(int q, const std::vector<int>& workers, const Resources& d, int64_t earliest_start) {
     for (int i : workers) {
@@ -445,10 +460,11 @@ class Pass {
       hold_[u] = clamp_to(free_[u], d);
       reserved_by_[u] = q;
     }
-    // Rule 8: and the free nodes it would take, up to its count.
+    // Rule 9: and the free nodes it would take, up to its count.
     const std::vector<int> nodes = nodes_for(q);
     for (size_t k = 0; k < nodes.size() && static_cast<int64_t>(k) < jobs_[static_cast<size_t>(q)].optimizer_nodes; ++k)
       node_held_by_[static_cast<size_t>(nodes[k])] = q;
+    reserving_[static_cast<size_t>(q)] = 1;
     ++epoch_;
     out_.reservations.push_back({jobs_[static_cast<size_t>(q)].id, ids_of(workers), earliest_start});
   }
@@ -497,7 +513,7 @@ class Pass {
 
     if (const int64_t ever = could_ever_fit(sig, d, j.workers); ever < j.workers) return unschedulable(ever);
 
-    // Short of optimizer nodes: eviction frees none, so it does not preempt (rule 8).
+    // Short of optimizer nodes: eviction frees none, so it does not preempt (rule 9).
     const bool nodes_short_now = !nodes_fit(q);
     std::string preempt_note = nodes_short_now ? "; " + nodes_short(q) : "";
     if (!nodes_short_now && plan_preemption(q, sig, c, &preempt_note)) return;
@@ -730,9 +746,10 @@ class Pass {
 
   const std::vector<JobView>& jobs_;
   const ScheduleOptions& opt_;
+  const bool skip_stable_;
   ScheduleDecision out_;
 
-  // Optimizer nodes (rule 8), by id.
+  // Optimizer nodes (rule 9), by id.
   std::vector<const NodeView*> n_;
   std::unordered_map<std::string_view, int> node_by_id_;
   std::vector<char> node_free_;    // schedulable and in no running job's node placement
@@ -749,6 +766,7 @@ class Pass {
   std::vector<int> queue_;    // queued job indices in queue order
   std::vector<int> victims_;  // preemptable running jobs in eviction order
   std::vector<char> claimed_;
+  std::vector<char> reserving_;  // per job: reserved workers in this pass (head or preemptor)
   // Resources of pending jobs (PREEMPTING or claimed this pass) per worker; the workers with any.
   std::vector<Resources> pending_free_;
   std::vector<char> has_pending_;
@@ -773,11 +791,35 @@ class Pass {
   std::vector<Resources> cand_left_;  // free capacity of cand_ (best-fit keys)
 };
 
+// Rule 8: the reservations of `d` are those the input says the previous decision made.
+bool same_reservations(const std::vector<JobView>& jobs, const ScheduleDecision& d) {
+  std::unordered_map<std::string_view, std::vector<std::string>> made;
+  for (const Reservation& r : d.reservations) {
+    std::vector<std::string>& ids = made[r.job_id];
+    ids = r.worker_ids;
+    std::sort(ids.begin(), ids.end());
+  }
+  size_t matched = 0;
+  std::vector<std::string> before;
+  for (const JobView& j : jobs) {
+    if (j.state != JobState::kQueued || j.reserved_workers.empty()) continue;
+    auto it = made.find(j.id);
+    if (it == made.end()) return false;
+    before = j.reserved_workers;
+    std::sort(before.begin(), before.end());
+    if (before != it->second) return false;
+    ++matched;
+  }
+  return matched == made.size();
+}
+
 }  // namespace
 
 ScheduleDecision schedule(const std::vector<WorkerView>& workers, const std::vector<JobView>& jobs,
                           const ScheduleOptions& options, const std::vector<NodeView>& nodes) {
-  return Pass(workers, jobs, options, nodes).run();
+  ScheduleDecision d = Pass(workers, jobs, options, nodes, true).run();
+  if (d.skipped == 0 || same_reservations(jobs, d)) return d;
+  return Pass(workers, jobs, options, nodes, false).run();
 }
 
 int64_t host_memory_bytes_per_rank(const HostMemoryInputs& in) {

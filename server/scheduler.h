@@ -89,7 +89,28 @@
 //     resumes first within its priority, from its checkpoint); it is not re-placed in the
 //     pass that preempts it because it is not queued yet.
 //
-//  8. Optimizer nodes (zenflow-optimizer, optimizer.host.nodes: N). A node holds the host
+//  8. Skipping jobs that stay unplaceable (options.generation >= 0). On a full cluster with
+//     a long queue most passes would re-derive the same "waiting" for every job. So the
+//     caller numbers the states of everything but the queue: it changes `generation`
+//     whenever any input other than the set of queued jobs changes (a worker or an
+//     optimizer node joins, leaves or changes; a job is placed, ends, is asked to stop or leaves the queue; a
+//     decision is applied), and when now_ms reaches the decision's next_preemptable_ms.
+//     It passes back, per queued job, the generation at which a decision marked it
+//     WaitingJob::stable (it waits and holds no reservation: neither head nor
+//     preemptor). While the generation stays, such a job is skipped: it is not
+//     evaluated, gets no WaitingJob (its last reason stands) and counts in `skipped`.
+//     Why that gives the decision a full pass would: between two passes of one
+//     generation only queued jobs were added. An added job ahead of a stable job can
+//     only take capacity, reserve or claim victims ahead of it, which never lets it
+//     start; it could change the stable job's fate only by moving the reservations
+//     ahead of it (a new head, a new preemptor and its claimed victims), and a stable
+//     job holds nothing, so leaving it out changes no other job's decision. Hence: when
+//     a pass that skipped something returns reservations other than the
+//     reserved_workers passed in, the pass is run again over every job, and that
+//     decision is returned. Jobs holding a reservation are never skipped, so the head
+//     and every preemptor are evaluated in every pass, and backfill and preemption see
+//     exactly what they would without skipping.
+//  9. Optimizer nodes (zenflow-optimizer, optimizer.host.nodes: N). A node holds the host
 //     optimizer state of one job at a time: it is free when it is schedulable and in no
 //     RUNNING or PREEMPTING job's node_placement. A job with optimizer_nodes = N starts
 //     only when its gang fits (2-4) AND N free nodes each offer node_memory_bytes, in the
@@ -158,7 +179,7 @@ struct WorkerView {
   std::map<std::string, std::string> labels;
 };
 
-// A zenflow-optimizer node (role OPTIMIZER), for rule 8.
+// A zenflow-optimizer node (role OPTIMIZER), for rule 9.
 struct NodeView {
   std::string id;                 // unique; the final placement tie-break
   bool schedulable = true;        // false while LOST
@@ -186,7 +207,10 @@ struct JobView {
   // would fit no sooner (rule 5), so a job backfilled elsewhere can never pull the
   // reservation onto itself in a later pass.
   std::vector<std::string> reserved_workers;
-  // Rule 8: optimizer nodes the job needs (optimizer.host.nodes; 0: none) and the host RAM
+  // kQueued: the ScheduleOptions::generation of the decision that last marked this job
+  // WaitingJob::stable (rule 8), -1 if none.
+  int64_t unplaceable_generation = -1;
+  // Rule 9: optimizer nodes the job needs (optimizer.host.nodes; 0: none) and the host RAM
   // each must offer (its share of the job's host optimizer state).
   int64_t optimizer_nodes = 0;
   int64_t node_memory_bytes = 0;
@@ -203,12 +227,15 @@ struct ScheduleOptions {
   int64_t preemption_min_runtime_ms = 0;  // preemption.min_runtime
   bool backfill = true;
   bool preemption = true;
+  // The caller's number for the state of workers and running jobs (rule 8); -1: skip
+  // nothing.
+  int64_t generation = -1;
 };
 
 struct Assignment {
   std::string job_id;
   std::vector<std::string> worker_ids;  // one per gang member, best fit first
-  std::vector<std::string> node_ids;    // optimizer nodes (rule 8), best fit first
+  std::vector<std::string> node_ids;    // optimizer nodes (rule 9), best fit first
 };
 
 struct Preemption {
@@ -226,13 +253,20 @@ struct Reservation {
 struct WaitingJob {
   std::string job_id;
   std::string reason;  // one line for `zenflow status`
+  // Holds no reservation: the next pass of the same generation may skip it (rule 8).
+  bool stable = false;
 };
 
 struct ScheduleDecision {
   std::vector<Assignment> assignments;    // in queue order
   std::vector<Preemption> preemptions;    // grouped by preemptor, in queue order
   std::vector<Reservation> reservations;  // head first, then preemptors in queue order
-  std::vector<WaitingJob> waiting;        // every queued job not assigned, in queue order
+  std::vector<WaitingJob> waiting;        // every queued job not assigned nor skipped, in queue order
+  int64_t skipped = 0;                    // queued jobs skipped as stable (rule 8)
+  // The earliest now_ms at which a RUNNING job of the input becomes a preemption victim
+  // (start_time_ms + preemption_min_runtime_ms), -1 if none will: the caller changes the
+  // generation then, so that skipped jobs see the new victim.
+  int64_t next_preemptable_ms = -1;
 };
 
 // One scheduling pass over `jobs` (any states; only kQueued jobs are placed) and

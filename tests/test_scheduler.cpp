@@ -597,6 +597,145 @@ TEST(Scheduler, PreemptionOffNeverEvicts) {
   EXPECT_EQ(schedule(workers, jobs, o).preemptions.size(), 1u);
 }
 
+// --- Skipping jobs that stay unplaceable (rule 8) ---
+
+bool same(const ScheduleDecision& a, const ScheduleDecision& b);  // below
+
+// What the coordinator passes back after a pass of `generation`: the reservations, and the
+// generation at which each waiting job was found stable.
+void feed_back(const ScheduleDecision& d, std::vector<JobView>* jobs, int64_t generation) {
+  for (JobView& j : *jobs) {
+    if (j.state != JobState::kQueued) continue;
+    j.reserved_workers = reserved_workers(d, j.id);
+    for (const WaitingJob& w : d.waiting)
+      if (w.job_id == j.id) j.unplaceable_generation = w.stable ? generation : -1;
+  }
+}
+
+std::vector<std::string> waiting_jobs(const ScheduleDecision& d) {
+  std::vector<std::string> ids;
+  for (const WaitingJob& w : d.waiting) ids.push_back(w.job_id);
+  return ids;
+}
+
+TEST(Scheduler, StableJobIsSkippedUntilTheGenerationChanges) {
+  const std::vector<WorkerView> workers = {gpu_worker("w1", 8, 512, 64)};
+  std::vector<JobView> jobs = {running("r1", 0, {"w1"}, 8), queued("head", 0, 1, 1, 4),
+                               queued("small", 0, 2, 1, 1), queued("huge", 0, 3, 1, 9)};
+  ScheduleOptions o;
+  o.generation = 7;
+  ScheduleDecision d = schedule(workers, jobs, o);
+  EXPECT_EQ(d.skipped, 0);
+  ASSERT_EQ(d.waiting.size(), 3u);
+  EXPECT_FALSE(d.waiting[0].stable) << "the head holds a reservation";
+  EXPECT_TRUE(d.waiting[1].stable);
+  EXPECT_TRUE(d.waiting[2].stable);
+  feed_back(d, &jobs, 7);
+
+  // Same generation, one more job queued: only the head and the new job are evaluated.
+  jobs.push_back(queued("late", 0, 4, 1, 1));
+  d = schedule(workers, jobs, o);
+  EXPECT_EQ(d.skipped, 2);
+  EXPECT_EQ(waiting_jobs(d), (std::vector<std::string>{"head", "late"}));
+  EXPECT_TRUE(d.assignments.empty());
+  EXPECT_EQ(reserved_workers(d, "head"), std::vector<std::string>{"w1"});
+  feed_back(d, &jobs, 7);
+
+  // r1 ends: a new generation, and every job is evaluated again.
+  erase_job(&jobs, "r1");
+  o.generation = 8;
+  d = schedule(workers, jobs, o);
+  EXPECT_EQ(d.skipped, 0);
+  EXPECT_EQ(assigned_jobs(d), (std::vector<std::string>{"head", "small", "late"}));
+  EXPECT_EQ(waiting_jobs(d), std::vector<std::string>{"huge"});
+  // generation -1 never skips, whatever the marks say.
+  o.generation = -1;
+  feed_back(d, &jobs, -1);
+  EXPECT_EQ(schedule(workers, jobs, o).skipped, 0);
+}
+
+TEST(Scheduler, ANewHeadMakesThePassReconsiderSkippedJobs) {
+  // w1 has 1 free GPU, held by the head's reservation; `small` waits behind it (stable).
+  std::vector<WorkerView> workers = {gpu_worker("w1", 4, 256, 32), gpu_worker("w2", 4, 256, 32)};
+  workers[1].labels = {{"zone", "b"}};
+  std::vector<JobView> jobs = {running("r1", 0, {"w1"}, 3), running("r2", 0, {"w2"}, 4),
+                               queued("head", 0, 1, 1, 4), queued("small", 0, 2, 1, 1)};
+  ScheduleOptions o;
+  o.preemption = false;
+  o.generation = 1;
+  ScheduleDecision d = schedule(workers, jobs, o);
+  EXPECT_EQ(reserved_workers(d, "head"), std::vector<std::string>{"w1"});
+  EXPECT_EQ(reason(d, "small").rfind("blocked behind head job head (reservation)", 0), 0u)
+      << reason(d, "small");
+  feed_back(d, &jobs, 1);
+
+  // A higher-priority job that only w2 can take becomes the head and reserves w2; the old
+  // head no longer reserves w1, so `small` fits there now. Skipping it would leave it
+  // waiting: the reservations moved, so the pass runs again over every job.
+  JobView urgent = queued("urgent", 1, 3, 1, 4);
+  urgent.node_selector = {{"zone", "b"}};
+  jobs.push_back(urgent);
+  d = schedule(workers, jobs, o);
+  EXPECT_EQ(d.skipped, 0);
+  EXPECT_EQ(assigned(d, "small"), std::vector<std::string>{"w1"});
+  EXPECT_EQ(reserved_workers(d, "urgent"), std::vector<std::string>{"w2"});
+  EXPECT_EQ(reservation(d, "head"), nullptr);
+  ScheduleOptions full = o;
+  full.generation = -1;
+  EXPECT_TRUE(same(d, schedule(workers, jobs, full)));
+}
+
+TEST(Scheduler, TheHeadIsEvaluatedEveryPassSoNothingBackfillsOntoItsReservation) {
+  // The head needs all 8 GPUs of w1, where 2 are free: it holds them. Even marked stable
+  // (a stale mark), a job holding a reservation is never skipped, so a later 1-GPU job
+  // cannot take what the head holds.
+  const std::vector<WorkerView> workers = {gpu_worker("w1", 8, 512, 64)};
+  std::vector<JobView> jobs = {running("r1", 0, {"w1"}, 6), queued("head", 0, 1, 1, 8),
+                               queued("two", 0, 2, 1, 2)};
+  ScheduleOptions o;
+  o.generation = 3;
+  ScheduleDecision d = schedule(workers, jobs, o);
+  EXPECT_TRUE(d.assignments.empty());
+  feed_back(d, &jobs, 3);
+  for (JobView& j : jobs) j.unplaceable_generation = 3;
+  jobs.push_back(queued("one", 0, 3, 1, 1));
+  d = schedule(workers, jobs, o);
+  EXPECT_EQ(d.skipped, 1);  // `two`
+  EXPECT_TRUE(d.assignments.empty());
+  EXPECT_EQ(reserved_workers(d, "head"), std::vector<std::string>{"w1"});
+  EXPECT_EQ(reason(d, "one").rfind("blocked behind head job head (reservation)", 0), 0u) << reason(d, "one");
+}
+
+TEST(Scheduler, SkippedJobPreemptsOnceTheCallerMarksANewVictim) {
+  // `head` (H100 only) reserves w2; `mid` could evict `low` on w1, but `low` has run less
+  // than the minimum: mid waits, stable, and the decision says when `low` becomes a victim.
+  const std::vector<WorkerView> workers = {gpu_worker("w1", 4, 256, 32, "A100"),
+                                           gpu_worker("w2", 4, 256, 32, "H100")};
+  JobView head = queued("head", 5, 1, 1, 4);
+  head.gpu_model = "H100";
+  JobView mid = queued("mid", 3, 2, 1, 4);
+  mid.gpu_model = "A100";
+  std::vector<JobView> jobs = {running("low", 0, {"w1"}, 4, 0), running("top", 9, {"w2"}, 4, 3000), head,
+                               mid};
+  ScheduleOptions o{1000, 10000};
+  o.generation = 1;
+  ScheduleDecision d = schedule(workers, jobs, o);
+  EXPECT_TRUE(d.preemptions.empty());
+  EXPECT_EQ(d.next_preemptable_ms, 10000);  // low: 0 + 10000 (top: 13000)
+  feed_back(d, &jobs, 1);
+  o.now_ms = 5000;
+  d = schedule(workers, jobs, o);
+  EXPECT_EQ(d.skipped, 1);
+  EXPECT_TRUE(d.preemptions.empty());
+  // At next_preemptable_ms the caller changes the generation: mid is evaluated and evicts low.
+  o.now_ms = 10000;
+  o.generation = 2;
+  d = schedule(workers, jobs, o);
+  EXPECT_EQ(d.skipped, 0);
+  EXPECT_EQ(preemptions(d), (std::vector<std::pair<std::string, std::string>>{{"low", "mid"}}));
+  EXPECT_EQ(d.next_preemptable_ms, 13000);
+}
+
 // --- Inputs ---
 
 TEST(Scheduler, InvalidDemandIsReportedAndDoesNotStopThePass) {
@@ -660,7 +799,7 @@ TEST(HostMemory, BytesPerRankForEachModeAndRankCount) {
   EXPECT_EQ(at(OffloadMode::kDevice, 2, 4), 2LL << 30);
 }
 
-// --- optimizer nodes (rule 8) ---
+// --- optimizer nodes (rule 9) ---
 
 NodeView node(const std::string& id, int64_t ram_gib, bool schedulable = true) {
   NodeView n;
@@ -1040,6 +1179,66 @@ TEST(Scheduler, SameInputInAnyOrderGivesTheSameDecision) {
   std::shuffle(c.workers.begin(), c.workers.end(), rng);
   std::shuffle(c.jobs.begin(), c.jobs.end(), rng);
   EXPECT_TRUE(same(first, schedule(c.workers, c.jobs, o)));
+}
+
+// Rule 8 against a full pass: on random clusters, apply decisions (a new generation each
+// time) until one changes nothing, pass its reservations and stable marks back, queue new
+// jobs (of every priority, or of the lowest), and compare the pass that skips with the
+// one that does not.
+TEST(Scheduler, SkippingGivesTheDecisionOfAFullPass) {
+  int64_t skipped = 0, reruns = 0;
+  for (uint32_t seed = 1; seed <= 30; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    Cluster c = make_cluster(40, 120, seed);
+    ScheduleOptions o{200000, 50000};
+    int64_t generation = 1;
+    ScheduleDecision d;
+    for (int round = 0; round < 20; ++round, ++generation) {
+      o.generation = generation;
+      d = schedule(c.workers, c.jobs, o);
+      if (d.assignments.empty() && d.preemptions.empty()) break;
+      apply(d, &c.jobs, o.now_ms);
+      feed_back(d, &c.jobs, generation);
+    }
+    ASSERT_TRUE(d.assignments.empty() && d.preemptions.empty());
+    feed_back(d, &c.jobs, generation);
+    int64_t stable = 0;
+    for (const WaitingJob& w : d.waiting) stable += w.stable;
+    std::map<std::string, std::string> before;
+    for (const WaitingJob& w : d.waiting) before[w.job_id] = w.reason;
+
+    const Cluster more = make_cluster(40, 12, seed + 1000);
+    for (const JobView& j : more.jobs) {
+      if (j.state != JobState::kQueued) continue;
+      JobView n = j;
+      n.id = "new-" + j.id;
+      n.submit_seq = 1000 + j.submit_seq;
+      if (seed % 2) n.priority = 0;  // behind most: the reservations usually stay, and the pass skips
+      c.jobs.push_back(n);
+    }
+    ScheduleOptions full = o;
+    full.generation = -1;
+    const ScheduleDecision skipping = schedule(c.workers, c.jobs, o);
+    const ScheduleDecision all = schedule(c.workers, c.jobs, full);
+    skipped += skipping.skipped;
+    reruns += stable > 0 && skipping.skipped == 0;
+    ScheduleDecision all_but_waiting = all, skipping_but_waiting = skipping;
+    all_but_waiting.waiting.clear();
+    skipping_but_waiting.waiting.clear();
+    EXPECT_TRUE(same(skipping_but_waiting, all_but_waiting));
+    EXPECT_EQ(skipping.waiting.size() + static_cast<size_t>(skipping.skipped), all.waiting.size());
+    std::map<std::string, std::string> now;
+    for (const WaitingJob& w : skipping.waiting) now[w.job_id] = w.reason;
+    for (const WaitingJob& w : all.waiting) {
+      auto it = now.find(w.job_id);
+      // A skipped job keeps its last reason, which is what the full pass says.
+      EXPECT_EQ(it != now.end() ? it->second : before[w.job_id], w.reason) << w.job_id;
+    }
+  }
+  EXPECT_GT(skipped, 0);
+  EXPECT_GT(reruns, 0);
+  std::printf("[figure] rule 8 over 30 clusters: %lld jobs skipped, %lld passes run again\n",
+              static_cast<long long>(skipped), static_cast<long long>(reruns));
 }
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
