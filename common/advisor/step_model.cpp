@@ -214,9 +214,10 @@ double host_exposed(const Terms& t) {
 struct Calibration {
   double passes = 1, adam = 1, d2h = 1, h2d = 1, host = 1, coll = 1, eta = 1;
   // The host AdamW step as it ran in training against the probe's rate at the same cores
-  // (StepProfile::host_step_seconds): the same engine code in every mode, so it carries over
-  // (the probe runs on an idle machine; in training the step shares memory bandwidth and
-  // caches with the compute, and on this VM ran 2-3x slower than probed).
+  // (StepProfile::host_step_seconds). It carries over to the modes whose host step runs as
+  // the profile's did: zenflow's runs while the device computes the next window (sharing
+  // memory bandwidth and caches with it: on this VM 1.5-2x slower than probed), offload's
+  // while the device waits (as the probe does). Across the two, the probe stands.
   double host_run = 1;
   bool host_run_measured = false;
   bool eta_fitted = false;
@@ -372,8 +373,9 @@ Prediction predict(const JobProfile& p, const Instance& in, const Scenario& s_in
     // mode, so their efficiency against the probes carries over.
     t.dopt_passes *= k.passes;
     if (p.run.mode != "device") t.d2h *= k.d2h, t.h2d *= k.h2d;
-    t.host_sync *= k.host_run, t.host_win *= k.host_run;
-    if (k.host_run_measured && s.mode != "device")
+    const bool same_host_regime = (s.mode == "zenflow") == (p.run.mode == "zenflow");
+    if (same_host_regime) t.host_sync *= k.host_run, t.host_win *= k.host_run;
+    if (k.host_run_measured && same_host_regime && s.mode != "device")
       out.inputs["host_adam_in_training_factor"] =
           Sourced{k.host_run, Origin::kMeasured,
                   "the profile's host AdamW step in training against the probe at its cores"};
