@@ -11,8 +11,10 @@
 //  * The payload codecs reject truncated, malformed and out-of-range descriptors (fuzzed).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -20,6 +22,7 @@
 
 #include "tests/support/process.h"
 #include "tests/support/thread_collectives.h"
+#include "worker/checkpoint.h"
 #include "worker/engine/zenflow_optimizer.h"
 #include "worker/transport/optimizer_protocol.h"
 #include "worker/transport/remote_host_optimizer.h"
@@ -536,6 +539,75 @@ TEST(OptimizerNodeRun, LostNodeResumesInProcessFromTheLastCheckpointExactly) {
   const std::string b = zenflow::test_support::read_file(dir / "remote" / "step-00000024" / "model.safetensors");
   ASSERT_FALSE(a.empty());
   EXPECT_TRUE(a == b) << "the resumed run's final weights differ from the reference's";
+}
+
+// Seeded kill points (zenflow-optimizer --die-at KIND:N SIGKILLs the node at the N-th
+// event): mid-gradient stream, mid-window step, mid-save (a checkpoint streaming the
+// state: the checkpoint is never committed half-written) and between windows. At every
+// point the run names the node, resumes in-process from its last committed checkpoint
+// (on_node_loss) and ends with exactly the weights of a run that never used a node.
+TEST(OptimizerNodeRun, SeededKillPointsNeverLoseAStepBeyondTheLastCheckpoint) {
+  use_tls("tcp");
+  const fs::path dir = temp_dir() / "kill-points";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string zenflow_bin = std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow";
+  const std::string spec = std::string(ZENFLOW_SOURCE_DIR) + "/examples/tiny.yaml";
+  auto run_args = [&](const std::string& ck) {
+    return std::vector<std::string>{zenflow_bin, "run", spec, "--quiet", "--set", "train.steps=16", "--set",
+                                    "checkpoint.every_steps=4", "--set", "checkpoint.keep=10", "--set",
+                                    "checkpoint.dir=" + ck};
+  };
+  Process reference(run_args((dir / "local").string()), dir / "local.log");
+  ASSERT_EQ(reference.wait_exit(std::chrono::seconds(180)), 0) << reference.output();
+  const std::string want = zenflow::test_support::read_file(dir / "local" / "step-00000016" / "model.safetensors");
+  ASSERT_FALSE(want.empty());
+
+  // 10 distinct points: the kind, and N drawn by a seeded generator from the events a
+  // 16-step run has (4 windows, 4 checkpoints, dozens of gradient chunks).
+  std::mt19937 rng(20261201);
+  std::vector<std::pair<std::string, int64_t>> points;
+  auto draw = [&](const std::string& kind, int64_t lo, int64_t hi, size_t k) {
+    std::vector<int64_t> all;
+    for (int64_t v = lo; v <= hi; ++v) all.push_back(v);
+    std::shuffle(all.begin(), all.end(), rng);
+    for (size_t i = 0; i < k; ++i) points.emplace_back(kind, all[i]);
+  };
+  draw("grad", 2, 40, 3);
+  draw("step", 1, 3, 3);
+  draw("save", 1, 8, 2);
+  draw("between", 1, 3, 2);
+  int n = 0;
+  for (const auto& [kind, at] : points) {
+    const std::string tag = kind + "-" + std::to_string(at) + "-" + std::to_string(n++);
+    SCOPED_TRACE("--die-at " + kind + ":" + std::to_string(at));
+    Node node("tcp", tag, {"--die-at", kind + ":" + std::to_string(at)});
+    std::vector<std::string> args = run_args((dir / tag).string());
+    for (const std::string& set : {"optimizer.host.addresses=[" + node.address() + "]",
+                                   "optimizer.host.token_file=" + (temp_dir() / "token").string()}) {
+      args.push_back("--set");
+      args.push_back(set);
+    }
+    Process run(args, dir / (tag + ".log"));
+    ASSERT_EQ(run.wait_exit(std::chrono::seconds(180)), 0) << run.output();
+    ASSERT_TRUE(wait_until([&] { return !node.process().running(); }, std::chrono::seconds(10)))
+        << "the node did not die at its point: " << node.process().output();
+    const std::string log = run.output();
+    EXPECT_NE(node.process().output().find("--die-at " + kind + ":" + std::to_string(at) + " reached"),
+              std::string::npos)
+        << node.process().output();
+    EXPECT_NE(log.find("optimizer node " + node.address() + " lost"), std::string::npos) << log;
+    EXPECT_NE(log.find("resuming from the last committed checkpoint with the host optimizer in this process"),
+              std::string::npos)
+        << log;
+    // Every checkpoint on disk is whole (a kill mid-save commits nothing), and the final
+    // weights are the reference's.
+    for (const auto& [step, path] : zenflow::list_checkpoints((dir / tag).string()))
+      EXPECT_TRUE(fs::exists(fs::path(path) / "model.safetensors")) << path;
+    EXPECT_TRUE(zenflow::test_support::read_file(dir / tag / "step-00000016" / "model.safetensors") == want)
+        << "the resumed run's final weights differ from the reference's\n"
+        << log;
+  }
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <memory>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/metrics/http_server.h"
@@ -68,6 +69,11 @@ int main(int argc, char** argv) {
   app.add_option("--worker-token-file", worker_token_file, "The coordinator's worker join token (with --coordinator)");
   app.add_option("--tls-ca", tls_ca, "PEM CA to verify the coordinator's TLS certificate (enables TLS)");
   app.add_option("--name", name, "Name to register under (default: HOSTNAME-PORT)");
+  std::string die_at;
+  app.add_option("--die-at", die_at,
+                 "Failure tests only: SIGKILL this node at the N-th event of KIND (grad, step, save, between), "
+                 "e.g. step:3")
+      ->group("Testing");
   app.add_option("--advertise", advertise, "HOST:PORT workers reach this node at (default: --listen with its port)");
   int metrics_port = 0;
   std::string metrics_host = "127.0.0.1";
@@ -86,6 +92,7 @@ int main(int argc, char** argv) {
     o.port = hp.port;
     if (!cores.empty()) o.cores = parse_cores(cores);
     if (!memory_limit.empty()) o.memory_limit = zenflow::optimizer_node::parse_bytes(memory_limit);
+    if (!die_at.empty()) std::tie(o.die_at_kind, o.die_at_count) = zenflow::optimizer_node::parse_die_at(die_at);
     if (!token_file.empty()) o.token = zenflow::rpc::read_token_file(token_file);
     // UCX authenticates nobody: beyond loopback, only the session token keeps other jobs out.
     if (o.token.empty() && !zenflow::rpc::is_loopback_host(o.host))

@@ -2,6 +2,8 @@
 // (worker/transport/optimizer_protocol.h).
 #include "worker/optimizer_node/optimizer_node.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -157,6 +159,21 @@ struct OptimizerNode::Impl {
   std::thread reaper;
   std::condition_variable reap_cv;
   bool stopping = false;
+  std::atomic<int64_t> fault_events{0};
+
+  // NodeOptions::die_at_kind: at the die_at_count-th event of that kind, SIGKILL this
+  // process (after `delay`: "between" lets the DONE just sent leave first).
+  void fault_point(const char* kind, std::chrono::milliseconds delay = std::chrono::milliseconds(0)) {
+    if (opt.die_at_kind != kind || ++fault_events != opt.die_at_count) return;
+    std::fprintf(stderr, "zenflow-optimizer: --die-at %s:%lld reached: SIGKILL\n", kind,
+                 static_cast<long long>(opt.die_at_count));
+    std::fflush(stderr);
+    if (delay.count() == 0) ::raise(SIGKILL);
+    std::thread([delay] {
+      std::this_thread::sleep_for(delay);
+      ::raise(SIGKILL);
+    }).detach();
+  }
 
   // HELLO admission: token, epoch fence, memory. Returns "" or the refusal.
   std::string admit(Session* s, const transport::Hello& h, uint64_t epoch, int64_t bytes, ErrorCode* code) {
@@ -320,6 +337,7 @@ void Session::on_message(const void* header, size_t hlen, void* data, size_t len
       }
       case MsgType::kGrad:
       case MsgType::kData: {
+        if (h.type == MsgType::kGrad) node_.fault_point("grad");
         std::lock_guard<std::mutex> lock(mu_);
         auto it = ops_.find(h.seq);
         if (it == ops_.end() || data == nullptr)
@@ -456,6 +474,7 @@ void Session::run_op(const std::shared_ptr<Op>& op) {
     return;
   }
   if (h.type == MsgType::kStep) {
+    node_.fault_point("step");
     engine::StepJob job;
     job.acc = h.aux == 0 ? -1 : static_cast<int>(h.aux) - 1;
     job.grad_scale = h.scale;
@@ -502,6 +521,7 @@ void Session::run_op(const std::shared_ptr<Op>& op) {
     send_reply(MsgType::kData, h.seq, {}, 4, nullptr, -1);
     return;
   }
+  if (!d.columns) node_.fault_point("save");  // whole buffers: a checkpoint streaming the state
   auto out = std::make_shared<std::vector<float>>(d.n);
   if (d.columns)
     local_->gather_columns(b, static_cast<int64_t>(d.offset), static_cast<int64_t>(d.rows),
@@ -579,6 +599,7 @@ void Session::run_completions(CompletionQueue& cq) {
       }
     }
     send_reply(MsgType::kParams, c.seq, parts, 2, c.half, seconds);
+    if (c.half) node_.fault_point("between", std::chrono::milliseconds(100));  // a window step's DONE
   }
 }
 
@@ -696,6 +717,21 @@ NodeStats OptimizerNode::stats() const {
 }
 
 const std::string& OptimizerNode::name() const { return impl_->opt.name; }
+
+std::pair<std::string, int64_t> parse_die_at(const std::string& text) {
+  const size_t colon = text.find(':');
+  const std::string kind = text.substr(0, colon);
+  int64_t n = 0;
+  bool ok = colon != std::string::npos && colon + 1 < text.size() &&
+            (kind == "grad" || kind == "step" || kind == "save" || kind == "between");
+  for (size_t i = colon + 1; ok && i < text.size(); ++i) {
+    ok = text[i] >= '0' && text[i] <= '9' && n < (int64_t{1} << 40);
+    n = n * 10 + (text[i] - '0');
+  }
+  if (!ok || n < 1)
+    throw std::invalid_argument("--die-at " + text + ": expected KIND:N with KIND grad, step, save or between and N >= 1");
+  return {kind, n};
+}
 
 int64_t parse_bytes(const std::string& text) {
   size_t used = 0;

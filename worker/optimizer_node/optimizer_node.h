@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace zenflow::optimizer_node {
@@ -32,7 +33,18 @@ struct NodeOptions {
   // Told the seconds of every window step a session ran (its completion thread; must not
   // block), e.g. a histogram's observe.
   std::function<void(double seconds)> on_step;
+  // Fault injection for the failure tests (--die-at KIND:N): the node SIGKILLs itself at
+  // the N-th (1-based, all sessions together) event of one kind:
+  //   grad     a gradient chunk arrives (mid-gradient stream: its op is incomplete)
+  //   step     a window step starts (mid-window step: no PARAMS sent yet)
+  //   save     a whole-buffer state read starts (mid-save: a checkpoint streams the state)
+  //   between  a window step's DONE has been sent (between windows)
+  std::string die_at_kind;  // "" = never
+  int64_t die_at_count = 0;
 };
+
+// "step:3" -> {"step", 3}; throws std::invalid_argument naming the text.
+std::pair<std::string, int64_t> parse_die_at(const std::string& text);
 
 struct NodeStats {
   int sessions = 0;
