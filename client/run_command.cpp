@@ -126,6 +126,7 @@ RunSummary train_with_node_loss_policy(JobSpec spec, RunOptions opts, bool rank0
                       << "optimizer in this process (optimizer.host.on_node_loss: in_process)\n";
           spec.optimizer.host.addresses.clear();
           opts.resume = true;
+          ++opts.rendezvous_generation;  // every rank retries: they join again, under new keys
           break;
         }
         throw engine::HostBackendLost(std::string(e.what()) + " (optimizer.host.on_node_loss: " + tried + "fail)");

@@ -610,4 +610,40 @@ TEST(OptimizerNodeRun, SeededKillPointsNeverLoseAStepBeyondTheLastCheckpoint) {
   }
 }
 
+// Data-parallel ranks (--nproc 2) that lose their node all resume in-process: they join
+// the rendezvous again under a new generation of keys, and end bit-identical to a 2-rank
+// run that never used a node.
+TEST(OptimizerNodeRun, DataParallelRanksThatLoseTheirNodeResumeTogetherExactly) {
+  use_tls("tcp");
+  const fs::path dir = temp_dir() / "dp-kill";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string zenflow_bin = std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow";
+  const std::string spec = std::string(ZENFLOW_SOURCE_DIR) + "/examples/tiny.yaml";
+  auto run_args = [&](const std::string& ck) {
+    return std::vector<std::string>{zenflow_bin, "run", spec, "--quiet", "--nproc", "2", "--set", "train.steps=16",
+                                    "--set", "checkpoint.every_steps=4", "--set", "checkpoint.dir=" + ck};
+  };
+  Node node("tcp", "dp-kill", {"--die-at", "step:2"});
+  std::vector<std::string> args = run_args((dir / "remote").string());
+  for (const std::string& set : {"optimizer.host.addresses=[" + node.address() + "]",
+                                 "optimizer.host.token_file=" + (temp_dir() / "token").string()}) {
+    args.push_back("--set");
+    args.push_back(set);
+  }
+  Process run(args, dir / "remote.log");
+  ASSERT_EQ(run.wait_exit(std::chrono::seconds(240)), 0) << run.output();
+  EXPECT_FALSE(node.process().running());
+  EXPECT_NE(run.output().find("resuming from the last committed checkpoint with the host optimizer in this process"),
+            std::string::npos)
+      << run.output();
+  Process reference(run_args((dir / "local").string()), dir / "local.log");
+  ASSERT_EQ(reference.wait_exit(std::chrono::seconds(240)), 0) << reference.output();
+  const std::string a = zenflow::test_support::read_file(dir / "local" / "step-00000016" / "model.safetensors");
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == zenflow::test_support::read_file(dir / "remote" / "step-00000016" / "model.safetensors"))
+      << "the resumed ranks' final weights differ from the reference's\n"
+      << run.output();
+}
+
 }  // namespace

@@ -364,6 +364,7 @@ class TrainingRun {
     if (distributed::distributed_env_present()) {
       distributed::CommunicatorOptions co;
       co.device_type = device_.type();  // Gloo on CPU, NCCL on CUDA
+      co.generation = options_.rendezvous_generation;
       comm_ = std::make_unique<distributed::Communicator>(distributed::rank_info_from_env(), co);
     }
     world_ = comm_ ? comm_->world_size() : 1;

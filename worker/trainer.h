@@ -38,6 +38,10 @@ struct RunOptions {
   // Resume from checkpoint.dir when it holds one. false: start from step 0; checkpoints an
   // earlier run left there are moved into checkpoint.dir/superseded-*/ (never deleted).
   bool resume = true;
+  // The data-parallel rendezvous generation (distributed::CommunicatorOptions::generation):
+  // a run started again in the same rank processes (zenflow run's in-process resume after
+  // a lost optimizer node) joins under a higher one.
+  int64_t rendezvous_generation = 0;
   // Keys of job_identity() (checkpoint.h) a resume may find changed; any other change in
   // them makes the resume fail with ResumeRefused listing the changed keys.
   std::vector<std::string> allow_spec_change;

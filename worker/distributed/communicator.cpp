@@ -89,7 +89,11 @@ std::string join_ranks(const std::vector<int>& ranks) {
   return s;
 }
 
-std::string hb_key(int rank) { return "zenflow/hb/" + std::to_string(rank); }
+// The store keys of a rendezvous generation (CommunicatorOptions::generation).
+std::string key_space(int64_t generation) {
+  return generation > 0 ? "zenflow/g" + std::to_string(generation) + "/" : "zenflow/";
+}
+std::string hb_key(int64_t generation, int rank) { return key_space(generation) + "hb/" + std::to_string(rank); }
 
 // State shared with the heartbeat thread and the failure probe. Both touch the store
 // through `monitor`, a client connection of their own; a store operation can block
@@ -103,6 +107,7 @@ struct MonitorState {
   c10::intrusive_ptr<c10d::TCPStore> monitor;
   int rank = 0;
   int world = 1;
+  int64_t generation = 0;
   std::chrono::milliseconds interval{0};
   std::chrono::milliseconds suspect_after{0};
   std::atomic<int64_t> waiting_since_ns{0};  // steady-clock ns of the current wait; 0 = none
@@ -122,7 +127,7 @@ int64_t now_ns() {
 std::vector<int64_t> read_heartbeats(MonitorState& st) {
   std::lock_guard<std::mutex> g(st.store_mu);
   std::vector<int64_t> out(st.world);
-  for (int r = 0; r < st.world; ++r) out[r] = st.monitor->add(hb_key(r), 0);
+  for (int r = 0; r < st.world; ++r) out[r] = st.monitor->add(hb_key(st.generation, r), 0);
   return out;
 }
 
@@ -134,7 +139,7 @@ void heartbeat_loop(std::shared_ptr<MonitorState> st) {
     try {
       {
         std::lock_guard<std::mutex> g(st->store_mu);
-        st->monitor->add(hb_key(st->rank), 1);
+        st->monitor->add(hb_key(st->generation, st->rank), 1);
       }
       const int64_t since = st->waiting_since_ns.load();
       if (since != 0 && now_ns() - since > std::chrono::nanoseconds(st->suspect_after).count()) {
@@ -469,14 +474,14 @@ void rendezvous(Setup& su) {
         " running?): " + error_text(e));
   }
   su.port = su.store->getPort();
-  const std::string joined = "zenflow/rdzv/joined/";
+  const std::string joined = key_space(su.opts.generation) + "rdzv/joined/";
   try {
     if (su.store->add(joined + std::to_string(info.rank), 1) != 1) {
       throw std::runtime_error("zenflow distributed: rank " + std::to_string(info.rank) +
                                " joined the rendezvous at " + addr +
                                " twice (two processes with the same rank?)");
     }
-    const std::string ws_key = "zenflow/rdzv/world_size";
+    const std::string ws_key = key_space(su.opts.generation) + "rdzv/world_size";
     const std::string ws = std::to_string(info.world_size);
     if (info.rank == 0) su.store->set(ws_key, std::vector<uint8_t>(ws.begin(), ws.end()));
     std::vector<std::string> keys;
@@ -512,7 +517,7 @@ void rendezvous(Setup& su) {
 
 void create_process_group(Setup& su) {
   const RankInfo& info = su.info;
-  auto pg_store = c10::make_intrusive<c10d::PrefixStore>("zenflow/pg", su.store);
+  auto pg_store = c10::make_intrusive<c10d::PrefixStore>(key_space(su.opts.generation) + "pg", su.store);
   if (su.opts.device_type == at::kCUDA) {
 #ifdef ZENFLOW_HAVE_NCCL
     auto o = c10d::ProcessGroupNCCL::Options::create();
@@ -559,7 +564,7 @@ void connect_monitor(Setup& su) {
   so.waitWorkers = false;
   so.timeout = su.info.timeout;
   su.monitor = c10::make_intrusive<c10d::TCPStore>(su.info.master_addr, so);
-  su.monitor->add(hb_key(su.info.rank), 1);
+  su.monitor->add(hb_key(su.opts.generation, su.info.rank), 1);
 }
 
 // Runs fn on a helper thread and waits at most `limit`: returns true when it finished
@@ -598,6 +603,7 @@ void Communicator::Impl::start_heartbeat(c10::intrusive_ptr<c10d::TCPStore> moni
   mon->monitor = std::move(monitor);
   mon->rank = info.rank;
   mon->world = info.world_size;
+  mon->generation = opts.generation;
   mon->interval = opts.heartbeat_interval;
   mon->suspect_after =
       std::max<std::chrono::milliseconds>(info.timeout / 2, info.timeout - 4 * opts.heartbeat_interval);
@@ -632,14 +638,15 @@ void Communicator::Impl::close_store() {
   const int rank = info.rank, world = info.world_size;
   const bool host = rank == 0 && !info.store_external;
   const auto grace = opts.close_grace;
+  const std::string closed = key_space(opts.generation) + "closed";
   try {
     run_bounded(
-        [st, rank, world, host, grace] {
-          const int64_t n = st->add("zenflow/closed", 1);
+        [st, rank, world, host, grace, closed] {
+          const int64_t n = st->add(closed, 1);
           if (!host || n >= world) return;
           const auto deadline = Clock::now() + grace;
           while (Clock::now() < deadline) {
-            if (st->add("zenflow/closed", 0) >= world) return;
+            if (st->add(closed, 0) >= world) return;
             std::this_thread::sleep_for(std::chrono::milliseconds(5));
           }
         },

@@ -105,6 +105,10 @@ struct CommunicatorOptions {
   // Rank 0 waits this long at destruction for the other ranks to close, so that the
   // store it hosts outlives their last use of it. 0 = auto: min(timeout, 5 s).
   std::chrono::milliseconds close_grace{0};
+  // Rendezvous generation: every store key is under "zenflow/g<N>/" for N > 0. Ranks that
+  // join again in the same processes and store (all of them retrying in-process after an
+  // optimizer node was lost) use a higher one, so their keys do not meet the last join's.
+  int64_t generation = 0;
 };
 
 namespace detail {
