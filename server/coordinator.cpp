@@ -970,15 +970,27 @@ Status Coordinator::report_event(const v1::ReportEventRequest& req) {
   return Status::OK;
 }
 
+// The job an upload from worker `name` (that incarnation, live) is for; null with *st set
+// otherwise. Under mu_.
+Coordinator::Job* Coordinator::uploading_job(const std::string& name, int64_t incarnation, const std::string& job_id,
+                                             Status* st) {
+  if (!live_worker(name, incarnation, st)) return nullptr;
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    *st = {StatusCode::FAILED_PRECONDITION, "no job " + job_id};
+    return nullptr;
+  }
+  return &it->second;
+}
+
 Status Coordinator::upload_logs(const v1::UploadLogsRequest& req, v1::UploadLogsResponse* resp) {
   if (req.data().size() > (64u << 10)) return bad("data: at most 64 KiB per upload");
   if (req.offset() < 0) return bad("offset: must be >= 0");
   std::lock_guard<std::mutex> lock(mu_);
   Status st;
-  if (!live_worker(req.name(), req.incarnation(), &st)) return st;
-  auto it = jobs_.find(req.attempt().job_id());
-  if (it == jobs_.end()) return {StatusCode::FAILED_PRECONDITION, "no job " + req.attempt().job_id()};
-  Job& j = it->second;
+  Job* jp = uploading_job(req.name(), req.incarnation(), req.attempt().job_id(), &st);
+  if (!jp) return st;
+  Job& j = *jp;
   // The current attempt, or the last one (an agent uploads the tail of an attempt's output
   // before it reports the exit, but a retry may arrive after).
   int member = -1;
@@ -1020,10 +1032,9 @@ Status Coordinator::upload_profile(const v1::UploadProfileRequest& req) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   Status st;
-  if (!live_worker(req.name(), req.incarnation(), &st)) return st;
-  auto it = jobs_.find(req.attempt().job_id());
-  if (it == jobs_.end()) return {StatusCode::FAILED_PRECONDITION, "no job " + req.attempt().job_id()};
-  Job& j = it->second;
+  Job* jp = uploading_job(req.name(), req.incarnation(), req.attempt().job_id(), &st);
+  if (!jp) return st;
+  Job& j = *jp;
   // Rank 0 writes the profile, so it comes from the first gang member of the current (or,
   // once it ended, the last) attempt; an older attempt's never replaces a newer one's.
   if (req.attempt().attempt() != j.rec.attempt || j.rec.placement.empty() || j.rec.placement[0] != req.name())

@@ -216,6 +216,7 @@ class Coordinator {
   static grpc::Status not_leased(const std::string& name, int64_t incarnation, const Lease& lease);
   void append_coordinator_log(Job& j, const std::string& line, StoreBatch& batch);
   Worker* live_worker(const std::string& name, int64_t incarnation, grpc::Status* status);
+  Job* uploading_job(const std::string& name, int64_t incarnation, const std::string& job_id, grpc::Status* status);
   Job* current_attempt(const std::string& job_id, int64_t attempt, const std::string& worker, int* member,
                        grpc::Status* status);
   void apply_attempt_report(Job& j, int member, const v1::AttemptReport& r, StoreBatch& batch);

@@ -23,26 +23,16 @@
 #include "common/remove_tree.h"
 #include "server/coordinator.h"
 #include "server/store.h"
+#include "tests/support/disk_dir.h"
 
 namespace zenflow::server {
 namespace {
 
-// A fresh directory under the build directory (a real disk: commits fsync), removed after.
-class TestDir {
+// A directory on a real disk (commits fsync; tests/support/disk_dir.h) and job specs
+// checkpointing into it.
+class TestDir : public test_support::DiskDir {
  public:
-  TestDir() {
-    std::string pattern = std::string(ZENFLOW_BINARY_DIR) + "/test_coordinator.XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr)
-      throw std::runtime_error("mkdtemp " + pattern + ": " + std::strerror(errno));
-    path_ = pattern;
-  }
-  ~TestDir() {
-    std::error_code ec;
-    zenflow::remove_tree(path_, ec);
-  }
-  TestDir(const TestDir&) = delete;
-  TestDir& operator=(const TestDir&) = delete;
-  std::string db() const { return path_ + "/coordinator.db"; }
+  TestDir() : DiskDir("test_coordinator") {}
   std::string spec(const std::string& name) const {
     return "name: " + name +
            "\nmodel: {arch: llama, config: {hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 4, "
@@ -50,11 +40,8 @@ class TestDir {
            "data: {train: /usr/share/common-licenses, tokenizer: byte}\n"
            "train: {steps: 3, micro_batch: 2, seq_len: 16, device: cpu}\n"
            "checkpoint: {dir: " +
-           path_ + "/ckpt-" + name + "}\n";
+           path() + "/ckpt-" + name + "}\n";
   }
-
- private:
-  std::string path_;
 };
 
 std::unique_ptr<Coordinator> open_coordinator(const std::string& db) {

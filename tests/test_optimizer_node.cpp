@@ -500,6 +500,31 @@ TEST(OptimizerProtocol, RoundTripsAndRejectsBadDescriptors) {
 
 namespace {
 
+// `zenflow run examples/tiny.yaml --quiet` with checkpoints in `ck`, then `sets` (--set each).
+std::vector<std::string> tiny_run(const std::string& ck, const std::vector<std::string>& sets,
+                                  const std::vector<std::string>& flags = {}) {
+  std::vector<std::string> args = {std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow", "run",
+                                   std::string(ZENFLOW_SOURCE_DIR) + "/examples/tiny.yaml", "--quiet"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  for (const std::string& s : sets) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  args.push_back("--set");
+  args.push_back("checkpoint.dir=" + ck);
+  return args;
+}
+
+// The same run's host optimizer on `node`.
+std::vector<std::string> on_node(std::vector<std::string> args, const std::string& address) {
+  for (const std::string& s :
+       {"optimizer.host.addresses=[" + address + "]", "optimizer.host.token_file=" + (temp_dir() / "token").string()}) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  return args;
+}
+
 // `zenflow run` with a node that is SIGKILLed after the step-8 checkpoint: the run names
 // the node, resumes from that checkpoint in-process (on_node_loss) and ends with exactly
 // the weights of a run that never used a node.
@@ -508,18 +533,10 @@ TEST(OptimizerNodeRun, LostNodeResumesInProcessFromTheLastCheckpointExactly) {
   Node node("tcp", "run-kill");
   const fs::path dir = temp_dir() / "run-kill";
   fs::remove_all(dir);
-  const std::string zenflow_bin = std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow";
-  const std::string spec = std::string(ZENFLOW_SOURCE_DIR) + "/examples/tiny.yaml";
   auto run_args = [&](const std::string& ck) {
-    return std::vector<std::string>{zenflow_bin, "run", spec, "--quiet", "--set", "train.steps=24", "--set",
-                                    "checkpoint.every_steps=8", "--set", "checkpoint.dir=" + ck};
+    return tiny_run(ck, {"train.steps=24", "checkpoint.every_steps=8"});
   };
-  std::vector<std::string> remote_args = run_args((dir / "remote").string());
-  for (const std::string& s : {"optimizer.host.addresses=[" + node.address() + "]",
-                               "optimizer.host.token_file=" + (temp_dir() / "token").string()}) {
-    remote_args.push_back("--set");
-    remote_args.push_back(s);
-  }
+  const std::vector<std::string> remote_args = on_node(run_args((dir / "remote").string()), node.address());
   fs::create_directories(dir);
   Process run(remote_args, dir / "remote.log");
   ASSERT_TRUE(wait_until([&] { return fs::exists(dir / "remote" / "step-00000008"); }, std::chrono::seconds(120)))
@@ -551,12 +568,8 @@ TEST(OptimizerNodeRun, SeededKillPointsNeverLoseAStepBeyondTheLastCheckpoint) {
   const fs::path dir = temp_dir() / "kill-points";
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const std::string zenflow_bin = std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow";
-  const std::string spec = std::string(ZENFLOW_SOURCE_DIR) + "/examples/tiny.yaml";
   auto run_args = [&](const std::string& ck) {
-    return std::vector<std::string>{zenflow_bin, "run", spec, "--quiet", "--set", "train.steps=16", "--set",
-                                    "checkpoint.every_steps=4", "--set", "checkpoint.keep=10", "--set",
-                                    "checkpoint.dir=" + ck};
+    return tiny_run(ck, {"train.steps=16", "checkpoint.every_steps=4", "checkpoint.keep=10"});
   };
   Process reference(run_args((dir / "local").string()), dir / "local.log");
   ASSERT_EQ(reference.wait_exit(std::chrono::seconds(180)), 0) << reference.output();
@@ -582,13 +595,7 @@ TEST(OptimizerNodeRun, SeededKillPointsNeverLoseAStepBeyondTheLastCheckpoint) {
     const std::string tag = kind + "-" + std::to_string(at) + "-" + std::to_string(n++);
     SCOPED_TRACE("--die-at " + kind + ":" + std::to_string(at));
     Node node("tcp", tag, {"--die-at", kind + ":" + std::to_string(at)});
-    std::vector<std::string> args = run_args((dir / tag).string());
-    for (const std::string& set : {"optimizer.host.addresses=[" + node.address() + "]",
-                                   "optimizer.host.token_file=" + (temp_dir() / "token").string()}) {
-      args.push_back("--set");
-      args.push_back(set);
-    }
-    Process run(args, dir / (tag + ".log"));
+    Process run(on_node(run_args((dir / tag).string()), node.address()), dir / (tag + ".log"));
     ASSERT_EQ(run.wait_exit(std::chrono::seconds(180)), 0) << run.output();
     ASSERT_TRUE(wait_until([&] { return !node.process().running(); }, std::chrono::seconds(10)))
         << "the node did not die at its point: " << node.process().output();
@@ -618,20 +625,11 @@ TEST(OptimizerNodeRun, DataParallelRanksThatLoseTheirNodeResumeTogetherExactly) 
   const fs::path dir = temp_dir() / "dp-kill";
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const std::string zenflow_bin = std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow";
-  const std::string spec = std::string(ZENFLOW_SOURCE_DIR) + "/examples/tiny.yaml";
   auto run_args = [&](const std::string& ck) {
-    return std::vector<std::string>{zenflow_bin, "run", spec, "--quiet", "--nproc", "2", "--set", "train.steps=16",
-                                    "--set", "checkpoint.every_steps=4", "--set", "checkpoint.dir=" + ck};
+    return tiny_run(ck, {"train.steps=16", "checkpoint.every_steps=4"}, {"--nproc", "2"});
   };
   Node node("tcp", "dp-kill", {"--die-at", "step:2"});
-  std::vector<std::string> args = run_args((dir / "remote").string());
-  for (const std::string& set : {"optimizer.host.addresses=[" + node.address() + "]",
-                                 "optimizer.host.token_file=" + (temp_dir() / "token").string()}) {
-    args.push_back("--set");
-    args.push_back(set);
-  }
-  Process run(args, dir / "remote.log");
+  Process run(on_node(run_args((dir / "remote").string()), node.address()), dir / "remote.log");
   ASSERT_EQ(run.wait_exit(std::chrono::seconds(240)), 0) << run.output();
   EXPECT_FALSE(node.process().running());
   EXPECT_NE(run.output().find("resuming from the last committed checkpoint with the host optimizer in this process"),

@@ -29,6 +29,7 @@
 
 #include "common/remove_tree.h"
 #include "server/store.h"
+#include "tests/support/disk_dir.h"
 
 namespace zenflow::server {
 namespace {
@@ -36,27 +37,10 @@ namespace {
 constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 
-// A fresh directory under the build directory, removed when the test ends. Not /tmp: that
-// may be a tmpfs, where an fsync costs nothing and the commit timings would mean nothing.
-class StoreDir {
+// A database directory on a real disk (tests/support/disk_dir.h).
+class StoreDir : public test_support::DiskDir {
  public:
-  StoreDir() {
-    std::string pattern = std::string(ZENFLOW_BINARY_DIR) + "/test_store.XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr)
-      throw std::runtime_error("mkdtemp " + pattern + ": " + std::strerror(errno));
-    path_ = pattern;
-  }
-  ~StoreDir() {
-    std::error_code ec;
-    zenflow::remove_tree(path_, ec);
-  }
-  StoreDir(const StoreDir&) = delete;
-  StoreDir& operator=(const StoreDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string db() const { return path_ + "/coordinator.db"; }
-
- private:
-  std::string path_;
+  StoreDir() : DiskDir("test_store") {}
 };
 
 // Every byte value, and the characters an encoding could trip on.
