@@ -109,7 +109,7 @@ TEST(AdvisorLocal, PredictsOtherConfigurationsOfThisMachine) {
       {"device", {"optimizer.mode=device"}, {"mode=device"}},
       {"device-b2", {"optimizer.mode=device", "train.micro_batch=2"}, {"mode=device", "micro_batch=2"}},
   };
-  constexpr int kRounds = 3, kMaxRounds = 8;
+  constexpr int kRounds = 5, kMaxRounds = 9;
   constexpr double kDisturbed = 0.20;
   struct Round {
     JobProfile calib;
