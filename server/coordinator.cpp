@@ -178,7 +178,7 @@ void Coordinator::load() {
     w.lease->lost = rec.state == "LOST";
     w.rec = std::move(rec);
     Worker& placed = workers_.emplace(w.rec.name, std::move(w)).first->second;
-    if (placed.rec.role == "TRAINER") trainers_[placed.rec.name] = &placed;
+    (placed.rec.role == "TRAINER" ? trainers_ : optimizers_)[placed.rec.name] = &placed;
     leases_[placed.rec.name] = placed.lease.get();
   }
   for (const auto& [key, bytes] : store_->attempt_log_sizes()) {
@@ -761,7 +761,9 @@ Status Coordinator::register_worker(const v1::RegisterWorkerRequest& req, v1::Re
   w.rec.role = req.role() == v1::OPTIMIZER ? "OPTIMIZER" : "TRAINER";
   if (w.rec.role == "TRAINER") {
     trainers_[name] = &w;
+    optimizers_.erase(name);
   } else {
+    optimizers_[name] = &w;
     trainers_.erase(name);
   }
   w.resources = res;
@@ -1044,7 +1046,7 @@ Status Coordinator::upload_profile(const v1::UploadProfileRequest& req) {
   StoreBatch batch;
   batch.profiles.push_back(ProfileRecord{j.rec.id, j.rec.attempt, req.profile_yaml(), now_ms()});
   try {
-    store_->commit(batch);
+    timed_commit(batch);  // under store_mu_: the committer thread writes submits meanwhile
   } catch (const StoreError& e) {
     return {StatusCode::UNAVAILABLE, std::string("profile write failed: ") + e.what()};
   }
@@ -1059,6 +1061,7 @@ Status Coordinator::get_profile(const std::string& id, v1::JobProfile* out) {
   if (it == jobs_.end()) return {StatusCode::NOT_FOUND, "no job " + id};
   std::optional<ProfileRecord> p;
   try {
+    std::lock_guard<std::mutex> store_lock(store_mu_);
     p = store_->load_profile(id);
   } catch (const StoreError& e) {
     return {StatusCode::UNAVAILABLE, std::string("profile read failed: ") + e.what()};
@@ -1289,8 +1292,9 @@ void Coordinator::run_schedule(StoreBatch& batch) {
     views.push_back(std::move(v));
   }
   std::vector<scheduler::NodeView> nodes;
-  for (const auto& [name, w] : workers_) {
-    if (w.rec.role != "OPTIMIZER") continue;
+  nodes.reserve(optimizers_.size());
+  for (const auto& [name, node] : optimizers_) {
+    const Worker& w = *node;
     scheduler::NodeView n;
     n.id = name;
     n.schedulable = w.rec.state == "READY" && !w.rec.address.empty();

@@ -243,6 +243,8 @@ class Coordinator {
   std::map<std::string, Job*> live_;
   // TRAINER workers, the ones a scheduling pass places on (kept by register_worker, load).
   std::map<std::string, Worker*> trainers_;
+  // OPTIMIZER workers (zenflow-optimizer nodes), the ones a pass gives jobs (rule 9); kept likewise.
+  std::map<std::string, Worker*> optimizers_;
   std::map<std::string, std::string> by_request_;  // request_id -> job id
   // checkpoint.dir -> the last job that used it; a live owner refuses a second live job.
   std::unordered_map<std::string, std::string> checkpoint_owner_;
