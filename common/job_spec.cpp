@@ -14,6 +14,7 @@
 #include <limits>
 #include <set>
 #include <tuple>
+#include <type_traits>
 
 #include "common/input_file.h"
 
@@ -832,23 +833,96 @@ void check_spec_paths(const JobSpec& spec) {
   }
 }
 
-std::string to_yaml(const JobSpec& spec) {
-  YAML::Emitter out;
-  auto num = [&](const char* key, double v) {
-    out << YAML::Key << key << YAML::Value << format_number(v);
-  };
-  auto integer = [&](const char* key, int64_t v) {
-    out << YAML::Key << key << YAML::Value << std::to_string(v);
-  };
-  auto str = [&](const char* key, const std::string& v) {
-    out << YAML::Key << key << YAML::Value << v;
-  };
-  auto boolean = [&](const char* key, bool v) {
-    out << YAML::Key << key << YAML::Value << (v ? "true" : "false");
-  };
-  auto begin = [&](const char* key) { out << YAML::Key << key << YAML::Value << YAML::BeginMap; };
+namespace {
 
-  out << YAML::BeginMap;
+// The block-style YAML to_yaml writes. (yaml-cpp's Emitter took 200 us a spec, twice the
+// parse, and the coordinator writes one per submit.) A string is written plain when it can
+// only read back as that string, else double-quoted, with YAML's escapes for quotes,
+// backslashes and control bytes.
+class SpecWriter {
+ public:
+  void begin(const char* key) {
+    line(key);
+    out_ += '\n';
+    depth_ += 1;
+  }
+  void end() { depth_ -= 1; }
+  void raw(const char* key, const std::string& value) {  // numbers, booleans, ~
+    line(key);
+    out_ += ' ';
+    out_ += value;
+    out_ += '\n';
+  }
+  void str(const char* key, const std::string& value) { raw(key, scalar(value)); }
+  void num(const char* key, double v) { raw(key, format_number(v)); }
+  void integer(const char* key, int64_t v) { raw(key, std::to_string(v)); }
+  void boolean(const char* key, bool v) { raw(key, v ? "true" : "false"); }
+  template <typename T>
+  void flow(const char* key, const std::vector<T>& items) {
+    std::string v = "[";
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (i > 0) v += ", ";
+      if constexpr (std::is_same_v<T, std::string>) {
+        v += scalar(items[i]);
+      } else {
+        v += std::to_string(items[i]);
+      }
+    }
+    raw(key, v + "]");
+  }
+  std::string take() { return std::move(out_); }
+
+  static std::string scalar(const std::string& v) {
+    static const std::set<std::string> kWords = {"y", "n", "yes", "no", "true", "false", "on", "off", "null", "~"};
+    std::string lower(v);
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+    bool plain = !v.empty() && v.size() < 1024 && v[0] != '-' && v[0] != '+' && v[0] != '.' && !kWords.count(lower);
+    for (size_t i = 0; plain && i < v.size(); ++i) {
+      const unsigned char c = static_cast<unsigned char>(v[i]);
+      plain = std::isalnum(c) || c == '_' || c == '/' || c == '.' || c == '-' || c == '+';
+    }
+    if (plain) return v;
+    std::string q = "\"";
+    for (const unsigned char c : v) {
+      switch (c) {
+        case '"': q += "\\\""; break;
+        case '\\': q += "\\\\"; break;
+        case '\n': q += "\\n"; break;
+        case '\t': q += "\\t"; break;
+        case '\r': q += "\\r"; break;
+        default:
+          if (c < 0x20 || c == 0x7f) {
+            char esc[8];
+            std::snprintf(esc, sizeof(esc), "\\x%02x", c);
+            q += esc;
+          } else {
+            q += static_cast<char>(c);  // UTF-8 bytes as they are
+          }
+      }
+    }
+    return q + "\"";
+  }
+
+ private:
+  void line(const char* key) {
+    out_.append(static_cast<size_t>(2 * depth_), ' ');
+    out_ += key;
+    out_ += ':';
+  }
+  std::string out_;
+  int depth_ = 0;
+};
+
+}  // namespace
+
+std::string to_yaml(const JobSpec& spec) {
+  SpecWriter out;
+  auto num = [&](const char* key, double v) { out.num(key, v); };
+  auto integer = [&](const char* key, int64_t v) { out.integer(key, v); };
+  auto str = [&](const char* key, const std::string& v) { out.str(key, v); };
+  auto boolean = [&](const char* key, bool v) { out.boolean(key, v); };
+  auto begin = [&](const char* key) { out.begin(key); };
+
   str("name", spec.name);
 
   begin("model");
@@ -864,7 +938,8 @@ std::string to_yaml(const JobSpec& spec) {
       num(key.c_str(), value);
     }
   }
-  out << YAML::EndMap << YAML::EndMap;
+  out.end();
+  out.end();
 
   begin("data");
   str("train", spec.data.train);
@@ -872,7 +947,7 @@ std::string to_yaml(const JobSpec& spec) {
   str("format", spec.data.format);
   str("tokenizer", spec.data.tokenizer);
   num("val_fraction", spec.data.val_fraction);
-  out << YAML::EndMap;
+  out.end();
 
   const TrainSpec& t = spec.train;
   begin("train");
@@ -893,7 +968,7 @@ std::string to_yaml(const JobSpec& spec) {
   str("dtype", t.dtype);
   str("autocast", t.autocast);
   integer("compute_threads", t.compute_threads);
-  out << YAML::EndMap;
+  out.end();
 
   const OptimizerSpec& o = spec.optimizer;
   const ZenflowSpec& z = o.zenflow;
@@ -914,22 +989,22 @@ std::string to_yaml(const JobSpec& spec) {
   num("auto_ratio", z.auto_ratio);
   integer("max_update_interval", z.max_update_interval);
   integer("min_split_numel", z.min_split_numel);
-  out << YAML::EndMap;
+  out.end();
   const HostSpec& h = o.host;
   begin("host");
   str("threads", h.threads_auto ? "auto" : std::to_string(h.threads));
-  out << YAML::Key << "reserved_cores" << YAML::Value;
   if (h.reserved_cores_auto) {
-    out << "auto";
+    str("reserved_cores", "auto");
   } else {
-    out << YAML::Flow << h.reserved_cores;
+    out.flow("reserved_cores", h.reserved_cores);
   }
   integer("nodes", h.nodes);
-  out << YAML::Key << "addresses" << YAML::Value << YAML::Flow << h.addresses;
+  out.flow("addresses", h.addresses);
   if (!h.token_file.empty()) str("token_file", h.token_file);
-  out << YAML::Key << "on_node_loss" << YAML::Value << YAML::Flow << h.on_node_loss;
+  out.flow("on_node_loss", h.on_node_loss);
   boolean("huge_pages", h.huge_pages);
-  out << YAML::EndMap << YAML::EndMap;
+  out.end();
+  out.end();
 
   const ResourcesSpec& r = spec.resources;
   begin("resources");
@@ -938,26 +1013,19 @@ std::string to_yaml(const JobSpec& spec) {
   str("host_memory_gb", r.host_memory_gb_auto ? "auto" : format_number(r.host_memory_gb));
   integer("priority", r.priority);
   integer("max_restarts", r.max_restarts);
-  out << YAML::EndMap;
+  out.end();
 
   begin("checkpoint");
   str("dir", spec.checkpoint.dir);
   integer("every_steps", spec.checkpoint.every_steps);
   integer("keep", spec.checkpoint.keep);
-  out << YAML::EndMap;
+  out.end();
 
   begin("cost");
   str("instance_type", spec.cost.instance_type);
-  out << YAML::Key << "usd_per_hour" << YAML::Value;
-  if (spec.cost.usd_per_hour) {
-    out << format_number(*spec.cost.usd_per_hour);
-  } else {
-    out << YAML::Null;
-  }
-  out << YAML::EndMap;
-
-  out << YAML::EndMap;
-  return std::string(out.c_str()) + "\n";
+  out.raw("usd_per_hour", spec.cost.usd_per_hour ? format_number(*spec.cost.usd_per_hour) : "~");
+  out.end();
+  return out.take();
 }
 
 bool operator==(const ModelSpec& a, const ModelSpec& b) {

@@ -1291,17 +1291,6 @@ void Coordinator::run_schedule(StoreBatch& batch) {
     v.labels.insert(w.resources.labels().begin(), w.resources.labels().end());
     views.push_back(std::move(v));
   }
-  std::vector<scheduler::NodeView> nodes;
-  nodes.reserve(optimizers_.size());
-  for (const auto& [name, node] : optimizers_) {
-    const Worker& w = *node;
-    scheduler::NodeView n;
-    n.id = name;
-    n.schedulable = w.rec.state == "READY" && !w.rec.address.empty();
-    n.host_memory_bytes = w.resources.host_memory_bytes();
-    n.cores = w.resources.physical_cores();
-    nodes.push_back(std::move(n));
-  }
   std::vector<scheduler::JobView> jobs;
   jobs.reserve(live_.size());
   for (const auto& [id, live] : live_) {
@@ -1327,6 +1316,21 @@ void Coordinator::run_schedule(StoreBatch& batch) {
       v.start_time_ms = j.rec.start_time_ms;
     }
     jobs.push_back(std::move(v));
+  }
+  // The optimizer nodes, only when some job asks for them or holds some (rule 9): most
+  // passes then do not index every node.
+  std::vector<scheduler::NodeView> nodes;
+  if (std::any_of(jobs.begin(), jobs.end(), [](const scheduler::JobView& v) { return v.optimizer_nodes > 0; })) {
+    nodes.reserve(optimizers_.size());
+    for (const auto& [name, node] : optimizers_) {
+      const Worker& w = *node;
+      scheduler::NodeView n;
+      n.id = name;
+      n.schedulable = w.rec.state == "READY" && !w.rec.address.empty();
+      n.host_memory_bytes = w.resources.host_memory_bytes();
+      n.cores = w.resources.physical_cores();
+      nodes.push_back(std::move(n));
+    }
   }
   scheduler::ScheduleOptions so;
   so.now_ms = now_ms();

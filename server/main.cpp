@@ -14,7 +14,6 @@
 // and while draining after SIGTERM/SIGINT; --health-port adds a plaintext port that serves
 // only health (Kubernetes gRPC probes send neither TLS nor tokens).
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <unistd.h>
@@ -141,16 +140,18 @@ int run(const Flags& f) {
   }
 
   // Serve health (NOT_SERVING) before the store is loaded, so probes see "recovering".
-  grpc::EnableDefaultHealthCheckService(true);
+  // Our own grpc.health.v1 (service.h says why not gRPC's default one); nothing in this
+  // process uses the callback API.
+  grpc::EnableDefaultHealthCheckService(false);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();  // keeps the library linked
+  server::HealthService health;       // on --listen
+  server::HealthService port_health;  // on --health-port
   std::unique_ptr<grpc::Server> health_server;
-  grpc::CallbackGenericService unimplemented;
   int health_port = 0;
   if (f.health_port >= 0) {
     grpc::ServerBuilder hb;
     rpc::without_reflection(hb);  // this port checks no tokens
-    // Every other method: UNIMPLEMENTED (a server needs one service beside health to start).
-    hb.RegisterCallbackGenericService(&unimplemented);
+    hb.RegisterService(&port_health);  // every other method: UNIMPLEMENTED
     hb.AddListeningPort(listen.host + ":" + std::to_string(f.health_port), grpc::InsecureServerCredentials(),
                         &health_port);
     health_server = hb.BuildAndStart();
@@ -158,7 +159,6 @@ int run(const Flags& f) {
       std::fprintf(stderr, "zenflow-coordinator: cannot listen on health port %d\n", f.health_port);
       return 1;
     }
-    health_server->GetHealthCheckService()->SetServingStatus(false);
   }
   const bool reflection = security.transport != rpc::Transport::kPlaintext || !auth.has_tokens();
 
@@ -217,12 +217,15 @@ int run(const Flags& f) {
   if (!reflection) rpc::without_reflection(builder);
   builder.RegisterService(&jobs);
   builder.RegisterService(&workers);
+  builder.RegisterService(&health);
+  server::HotPathServer hot_path(builder, jobs, workers);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
     std::fprintf(stderr, "zenflow-coordinator: cannot listen on %s\n", listen.str().c_str());
     return 1;
   }
   listen.port = port;
+  hot_path.start();
   {
     std::lock_guard<std::mutex> lock(early_mu);
     std::fprintf(stderr, "listening on %s\n", listen.str().c_str());
@@ -237,8 +240,8 @@ int run(const Flags& f) {
                f.synchronous_normal ? "NORMAL" : "FULL", rpc::transport_name(security.transport),
                security.every_call_checked ? ", every call authenticated" : "",
                reflection ? ", reflection" : ", no reflection (plaintext: only the handlers check tokens)");
-  server->GetHealthCheckService()->SetServingStatus(true);
-  if (health_server) health_server->GetHealthCheckService()->SetServingStatus(true);
+  health.set_serving(true);
+  port_health.set_serving(true);
   std::fprintf(stderr, "zenflow-coordinator: SERVING %lld ms after start\n",
                static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                           std::chrono::steady_clock::now() - started)
@@ -248,10 +251,13 @@ int run(const Flags& f) {
   std::signal(SIGINT, on_signal);
   while (g_signal.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   std::fprintf(stderr, "zenflow-coordinator: signal %d: draining\n", g_signal.load());
-  server->GetHealthCheckService()->SetServingStatus(false);
-  if (health_server) health_server->GetHealthCheckService()->SetServingStatus(false);
+  health.set_serving(false);
+  port_health.set_serving(false);
   coordinator->shutdown();  // streams and long polls return within a slice
+  health.shutdown();
+  port_health.shutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  hot_path.stop();
   if (health_server) health_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   metrics_server.reset();  // its pages and collector read the coordinator
   cluster_metrics.detach();

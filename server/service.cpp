@@ -1,5 +1,7 @@
 #include "server/service.h"
 
+#include <functional>
+
 #include "common/rpc/rpc.h"
 
 namespace zenflow::server {
@@ -15,9 +17,8 @@ std::string peer_address(const std::string& peer) {
   return colon == std::string::npos || colon < 5 ? peer : peer.substr(0, colon);
 }
 
-// Runs `work` when the call was admitted, and finishes the call (on its default reactor)
-// with the admission's or the work's status; the handler's time goes to `metrics`.
-// The synchronous counterpart: the call's status.
+// Runs `work` when the call was admitted; the call's status is the admission's or the
+// work's. The handler's time goes to `metrics`.
 template <typename Work>
 Status answer(const CoordinatorMetrics* metrics, std::string_view method, Status admitted, Work&& work) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -26,16 +27,55 @@ Status answer(const CoordinatorMetrics* metrics, std::string_view method, Status
   return admitted;
 }
 
-template <typename Work>
-grpc::ServerUnaryReactor* serve(grpc::CallbackServerContext* ctx, const CoordinatorMetrics* metrics,
-                                std::string_view method, Status admitted, Work&& work) {
-  const auto t0 = std::chrono::steady_clock::now();
-  if (admitted.ok()) admitted = work();
-  if (metrics) metrics->observe_rpc(method, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
-  r->Finish(admitted);
-  return r;
-}
+// One call of an asynchronous method: first an armed request; once a call arrives it arms
+// the next request of its method, answers with `handle`, and ends when the answer is sent.
+// `request` is the generated RequestX of the service.
+template <typename Request, typename Response>
+class UnaryCall final : public HotPathServer::Call {
+ public:
+  using RequestFn = std::function<void(grpc::ServerContext*, Request*, grpc::ServerAsyncResponseWriter<Response>*,
+                                       grpc::ServerCompletionQueue*, void*)>;
+  using HandleFn = std::function<Status(const grpc::ServerContext&, const Request&, Response*)>;
+  struct Method {
+    RequestFn request;
+    HandleFn handle;
+  };
+
+  // Arms one request of `m` (m outlives every call: HotPathServer keeps it).
+  static void arm(HotPathServer& hot, const Method& m) { new UnaryCall(hot, m); }
+
+  void proceed(bool ok) override {
+    std::lock_guard<std::mutex> lock(hot_.guard());
+    if (answered_ || !ok || !hot_.open()) {  // sent, a request the shutdown cancelled, or stopping
+      delete this;
+      return;
+    }
+    arm(hot_, m_);
+    const Status s = m_.handle(ctx_, req_, &resp_);
+    answered_ = true;
+    if (s.ok()) {
+      writer_.Finish(resp_, s, this);
+    } else {
+      writer_.FinishWithError(s, this);
+    }
+  }
+
+ private:
+  UnaryCall(HotPathServer& hot, const Method& m) : hot_(hot), m_(m), writer_(&ctx_) {
+    m_.request(&ctx_, &req_, &writer_, hot_.queue(), this);
+  }
+  HotPathServer& hot_;
+  const Method& m_;
+  grpc::ServerContext ctx_;
+  Request req_;
+  Response resp_;
+  grpc::ServerAsyncResponseWriter<Response> writer_;
+  bool answered_ = false;
+};
+
+using GetJobCall = UnaryCall<v1::GetJobRequest, v1::JobStatus>;
+using HeartbeatCall = UnaryCall<v1::HeartbeatRequest, v1::HeartbeatResponse>;
+using ReportProgressCall = UnaryCall<v1::ReportProgressRequest, v1::ReportProgressResponse>;
 
 }  // namespace
 
@@ -71,8 +111,8 @@ Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRe
   return answer(metrics_, "SubmitJob", admit(*ctx), [&] { return c_.submit(*req, resp); });
 }
 
-Unary* JobServiceImpl::GetJob(CallbackContext* ctx, const v1::GetJobRequest* req, v1::JobStatus* resp) {
-  return serve(ctx, metrics_, "GetJob", admit(*ctx), [&] { return c_.get(req->id(), resp); });
+Status JobServiceImpl::get_job(const grpc::ServerContext& ctx, const v1::GetJobRequest& req, v1::JobStatus* resp) {
+  return answer(metrics_, "GetJob", admit(ctx), [&] { return c_.get(req.id(), resp); });
 }
 
 Status JobServiceImpl::ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
@@ -157,9 +197,9 @@ Status WorkerServiceImpl::RegisterWorker(grpc::ServerContext* ctx, const v1::Reg
   return answer(metrics_, "RegisterWorker", admit(*ctx), [&] { return c_.register_worker(*req, resp); });
 }
 
-Unary* WorkerServiceImpl::Heartbeat(CallbackContext* ctx, const v1::HeartbeatRequest* req,
+Status WorkerServiceImpl::heartbeat(const grpc::ServerContext& ctx, const v1::HeartbeatRequest& req,
                                     v1::HeartbeatResponse* resp) {
-  return serve(ctx, metrics_, "Heartbeat", admit(*ctx), [&] { return c_.heartbeat(*req, resp); });
+  return answer(metrics_, "Heartbeat", admit(ctx), [&] { return c_.heartbeat(req, resp); });
 }
 
 Status WorkerServiceImpl::FetchAssignments(grpc::ServerContext* ctx, const v1::FetchAssignmentsRequest* req,
@@ -168,9 +208,8 @@ Status WorkerServiceImpl::FetchAssignments(grpc::ServerContext* ctx, const v1::F
   return c_.fetch_assignments(*req, resp);
 }
 
-Unary* WorkerServiceImpl::ReportProgress(CallbackContext* ctx, const v1::ReportProgressRequest* req,
-                                         v1::ReportProgressResponse*) {
-  return serve(ctx, metrics_, "ReportProgress", admit(*ctx), [&] { return c_.report_progress(*req); });
+Status WorkerServiceImpl::report_progress(const grpc::ServerContext& ctx, const v1::ReportProgressRequest& req) {
+  return answer(metrics_, "ReportProgress", admit(ctx), [&] { return c_.report_progress(req); });
 }
 
 Status WorkerServiceImpl::ReportEvent(grpc::ServerContext* ctx, const v1::ReportEventRequest* req,
@@ -186,6 +225,121 @@ Status WorkerServiceImpl::UploadLogs(grpc::ServerContext* ctx, const v1::UploadL
 Status WorkerServiceImpl::UploadProfile(grpc::ServerContext* ctx, const v1::UploadProfileRequest* req,
                                         v1::UploadProfileResponse*) {
   return answer(metrics_, "UploadProfile", admit(*ctx), [&] { return c_.upload_profile(*req); });
+}
+
+bool HealthService::known(const std::string& service) {
+  return service.empty() || service == v1::JobService::service_full_name() ||
+         service == v1::WorkerService::service_full_name();
+}
+
+void HealthService::set_serving(bool serving) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (serving_ == serving) return;
+  serving_ = serving;
+  ++version_;
+  changed_.notify_all();
+}
+
+void HealthService::shutdown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  shutdown_ = true;
+  changed_.notify_all();
+}
+
+Status HealthService::Check(grpc::ServerContext*, const grpc::health::v1::HealthCheckRequest* req,
+                            grpc::health::v1::HealthCheckResponse* resp) {
+  if (!known(req->service())) return {StatusCode::NOT_FOUND, "unknown service '" + req->service() + "'"};
+  std::lock_guard<std::mutex> lock(mu_);
+  resp->set_status(serving_ ? grpc::health::v1::HealthCheckResponse::SERVING
+                            : grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  return Status::OK;
+}
+
+Status HealthService::Watch(grpc::ServerContext* ctx, const grpc::health::v1::HealthCheckRequest* req,
+                            grpc::ServerWriter<grpc::health::v1::HealthCheckResponse>* writer) {
+  using grpc::health::v1::HealthCheckResponse;
+  int64_t sent = -1;
+  for (;;) {
+    HealthCheckResponse resp;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      changed_.wait_for(lock, kStreamSlice, [&] { return shutdown_ || version_ != sent; });
+      if (shutdown_) return Status::OK;
+      if (ctx->IsCancelled()) return {StatusCode::CANCELLED, "watch cancelled"};
+      if (version_ == sent) continue;
+      sent = version_;
+      resp.set_status(!known(req->service()) ? HealthCheckResponse::SERVICE_UNKNOWN
+                      : serving_             ? HealthCheckResponse::SERVING
+                                             : HealthCheckResponse::NOT_SERVING);
+    }
+    if (!writer->Write(resp)) return {StatusCode::CANCELLED, "client went away"};
+  }
+}
+
+HotPathServer::HotPathServer(grpc::ServerBuilder& builder, JobServiceImpl& jobs, WorkerServiceImpl& workers)
+    : jobs_(jobs), workers_(workers), cq_(builder.AddCompletionQueue()) {}
+
+HotPathServer::~HotPathServer() { stop(); }
+
+void HotPathServer::start() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+  }
+  arm_all();
+  thread_ = std::thread([this] { loop(); });
+}
+
+void HotPathServer::arm_all() {
+  auto get = std::make_shared<GetJobCall::Method>(GetJobCall::Method{
+      [this](grpc::ServerContext* c, v1::GetJobRequest* r, grpc::ServerAsyncResponseWriter<v1::JobStatus>* w,
+             grpc::ServerCompletionQueue* q, void* tag) { jobs_.RequestGetJob(c, r, w, q, q, tag); },
+      [this](const grpc::ServerContext& c, const v1::GetJobRequest& r, v1::JobStatus* out) {
+        return jobs_.get_job(c, r, out);
+      }});
+  auto heartbeat = std::make_shared<HeartbeatCall::Method>(HeartbeatCall::Method{
+      [this](grpc::ServerContext* c, v1::HeartbeatRequest* r, grpc::ServerAsyncResponseWriter<v1::HeartbeatResponse>* w,
+             grpc::ServerCompletionQueue* q, void* tag) { workers_.RequestHeartbeat(c, r, w, q, q, tag); },
+      [this](const grpc::ServerContext& c, const v1::HeartbeatRequest& r, v1::HeartbeatResponse* out) {
+        return workers_.heartbeat(c, r, out);
+      }});
+  auto progress = std::make_shared<ReportProgressCall::Method>(ReportProgressCall::Method{
+      [this](grpc::ServerContext* c, v1::ReportProgressRequest* r,
+             grpc::ServerAsyncResponseWriter<v1::ReportProgressResponse>* w, grpc::ServerCompletionQueue* q,
+             void* tag) { workers_.RequestReportProgress(c, r, w, q, q, tag); },
+      [this](const grpc::ServerContext& c, const v1::ReportProgressRequest& r, v1::ReportProgressResponse*) {
+        return workers_.report_progress(c, r);
+      }});
+  methods_ = {get, heartbeat, progress};
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int i = 0; i < kOutstanding; ++i) {
+    GetJobCall::arm(*this, *get);
+    HeartbeatCall::arm(*this, *heartbeat);
+    ReportProgressCall::arm(*this, *progress);
+  }
+}
+
+void HotPathServer::loop() {
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq_->Next(&tag, &ok)) static_cast<Call*>(tag)->proceed(ok);
+}
+
+void HotPathServer::stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = false;
+    cq_->Shutdown();  // under mu_: no call is between its open() check and its Finish
+  }
+  if (thread_.joinable()) {
+    thread_.join();
+  } else {  // never started: drain the armed requests here
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq_->Next(&tag, &ok)) static_cast<Call*>(tag)->proceed(ok);
+  }
 }
 
 }  // namespace zenflow::server

@@ -2,21 +2,30 @@
 // rate-limit the admin API per client address, and hand the request to Coordinator.
 //
 // The calls that come by the thousand per second and take microseconds (Heartbeat,
-// ReportProgress, GetJob) use the callback API: the handler runs on the thread that read the
-// request, with no hand-off to a thread pool. The sync server spawns and reaps threads under
-// such load, which cost 2.5x the handlers themselves at 10,000 heartbeats/s. Every other call
-// is synchronous, on the server's thread pool: those that write the store (an fsync), build
-// large answers (ListJobs, ListWorkers) or wait (the FetchAssignments long poll, the WatchJob
-// and StreamLogs streams, polling the coordinator's waits in slices of at most a second) must
-// not hold up a thread the heartbeats are served on.
+// ReportProgress, GetJob) are asynchronous methods, served by HotPathServer: one thread that
+// drives one completion queue, reading each request and answering it in place. (The sync
+// server spawns and reaps threads under such load, which cost 2.5x the handlers themselves
+// at 10,000 heartbeats/s; gRPC 1.51's callback API runs handlers on at least two "nexting"
+// threads that hand every call between them: 3 context switches per call, a third of the
+// coordinator's CPU at that rate.) Every other call is synchronous, on the server's thread
+// pool: those that write the store (an fsync), build large answers (ListJobs, ListWorkers)
+// or wait (the FetchAssignments long poll, the WatchJob and StreamLogs streams, polling the
+// coordinator's waits in slices of at most a second) must not hold up the thread the
+// heartbeats are served on.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "common/rpc/auth.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "server/coordinator.h"
 #include "server/coordinator_metrics.h"
 #include "zenflow/v1/jobs.grpc.pb.h"
@@ -42,11 +51,9 @@ class RateLimiter {
   std::map<std::string, Bucket> buckets_;
 };
 
-using JobServiceBase = v1::JobService::WithCallbackMethod_GetJob<v1::JobService::Service>;
-using WorkerServiceBase = v1::WorkerService::WithCallbackMethod_Heartbeat<
-    v1::WorkerService::WithCallbackMethod_ReportProgress<v1::WorkerService::Service>>;
-using Unary = grpc::ServerUnaryReactor;
-using CallbackContext = grpc::CallbackServerContext;
+using JobServiceBase = v1::JobService::WithAsyncMethod_GetJob<v1::JobService::Service>;
+using WorkerServiceBase = v1::WorkerService::WithAsyncMethod_Heartbeat<
+    v1::WorkerService::WithAsyncMethod_ReportProgress<v1::WorkerService::Service>>;
 
 class JobServiceImpl final : public JobServiceBase {
  public:
@@ -55,7 +62,8 @@ class JobServiceImpl final : public JobServiceBase {
                  const CoordinatorMetrics* metrics = nullptr)
       : c_(coordinator), auth_(auth), limiter_(limiter), metrics_(metrics) {}
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*, v1::SubmitJobResponse*) override;
-  Unary* GetJob(CallbackContext*, const v1::GetJobRequest*, v1::JobStatus*) override;
+  // The asynchronous method's handler (HotPathServer calls it).
+  grpc::Status get_job(const grpc::ServerContext& ctx, const v1::GetJobRequest& req, v1::JobStatus* resp);
   grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*, v1::ListJobsResponse*) override;
   grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest*, v1::CancelJobResponse*) override;
   grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*, v1::ListWorkersResponse*) override;
@@ -80,9 +88,10 @@ class WorkerServiceImpl final : public WorkerServiceBase {
       : c_(coordinator), auth_(auth), metrics_(metrics) {}
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
                               v1::RegisterWorkerResponse*) override;
-  Unary* Heartbeat(CallbackContext*, const v1::HeartbeatRequest*, v1::HeartbeatResponse*) override;
-  Unary* ReportProgress(CallbackContext*, const v1::ReportProgressRequest*,
-                        v1::ReportProgressResponse*) override;
+  // The asynchronous methods' handlers (HotPathServer calls them).
+  grpc::Status heartbeat(const grpc::ServerContext& ctx, const v1::HeartbeatRequest& req,
+                         v1::HeartbeatResponse* resp);
+  grpc::Status report_progress(const grpc::ServerContext& ctx, const v1::ReportProgressRequest& req);
   grpc::Status ReportEvent(grpc::ServerContext*, const v1::ReportEventRequest*, v1::ReportEventResponse*) override;
   grpc::Status UploadLogs(grpc::ServerContext*, const v1::UploadLogsRequest*, v1::UploadLogsResponse*) override;
   grpc::Status UploadProfile(grpc::ServerContext*, const v1::UploadProfileRequest*,
@@ -95,6 +104,71 @@ class WorkerServiceImpl final : public WorkerServiceBase {
   Coordinator& c_;
   const rpc::TokenAuthority& auth_;
   const CoordinatorMetrics* metrics_;
+};
+
+// grpc.health.v1, synchronous (gRPC 1.51's default health service uses the callback API,
+// whose nexting threads would compete with HotPathServer's for the same connections).
+// Check answers SERVING or NOT_SERVING for the server ("") and the zenflow services, and
+// NOT_FOUND for any other name; Watch sends the status, then every change (SERVICE_UNKNOWN
+// for other names), until the client goes or shutdown().
+class HealthService final : public grpc::health::v1::Health::Service {
+ public:
+  void set_serving(bool serving);
+  void shutdown();  // ends every Watch
+  grpc::Status Check(grpc::ServerContext*, const grpc::health::v1::HealthCheckRequest*,
+                     grpc::health::v1::HealthCheckResponse*) override;
+  grpc::Status Watch(grpc::ServerContext*, const grpc::health::v1::HealthCheckRequest*,
+                     grpc::ServerWriter<grpc::health::v1::HealthCheckResponse>*) override;
+
+ private:
+  static bool known(const std::string& service);
+  std::mutex mu_;
+  std::condition_variable changed_;
+  bool serving_ = false;
+  bool shutdown_ = false;
+  int64_t version_ = 0;  // + 1 on every change
+};
+
+// Serves the services' asynchronous methods (GetJob, Heartbeat, ReportProgress) from one
+// thread and one completion queue, keeping `kOutstanding` requests of each method armed
+// so that a burst finds a call waiting. Lifecycle, in main's order:
+//   HotPathServer hot(builder, jobs, workers);  // before BuildAndStart: adds the queue
+//   server = builder.BuildAndStart(); hot.start();
+//   ... server->Shutdown(deadline); hot.stop();  // (the destructor stops too)
+class HotPathServer {
+ public:
+  static constexpr int kOutstanding = 16;
+  HotPathServer(grpc::ServerBuilder& builder, JobServiceImpl& jobs, WorkerServiceImpl& workers);
+  ~HotPathServer();
+  HotPathServer(const HotPathServer&) = delete;
+  HotPathServer& operator=(const HotPathServer&) = delete;
+  void start();
+  // Call after the server's Shutdown(): answers nothing more, drains the queue, joins.
+  void stop();
+
+  // One armed request of a method, or one call being answered (service.cpp).
+  class Call {
+   public:
+    virtual ~Call() = default;
+    virtual void proceed(bool ok) = 0;
+  };
+  // Whether new requests may be armed and calls answered; false once stop() began. Calls
+  // check it and act under guard() (the queue must not be shut down in between).
+  bool open() const { return open_; }
+  std::mutex& guard() { return mu_; }
+  grpc::ServerCompletionQueue* queue() { return cq_.get(); }
+
+ private:
+  void arm_all();
+  void loop();
+  JobServiceImpl& jobs_;
+  WorkerServiceImpl& workers_;
+  std::unique_ptr<grpc::ServerCompletionQueue> cq_;
+  std::vector<std::shared_ptr<void>> methods_;  // what each armed call serves (service.cpp)
+  std::mutex mu_;
+  bool open_ = false;  // guarded by mu_
+  bool stopped_ = false;
+  std::thread thread_;
 };
 
 }  // namespace zenflow::server

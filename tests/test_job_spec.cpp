@@ -441,6 +441,41 @@ cost: {instance_type: "yes", usd_per_hour: 32.77}
   EXPECT_NE(d, c);
 }
 
+// to_yaml writes its own YAML (not yaml-cpp's emitter): every string that YAML could read
+// as something else, or that needs quoting or escapes, must read back as itself.
+TEST(JobSpec, ToYamlQuotesEveryStringThatNeedsIt) {
+  const std::vector<std::string> hostile = {
+      "",        "yes",        "No",         "TRUE",       "null",          "~",        "on",
+      "-x",      "+1",         ".5",         "12",         "1e3",           "a b",      " lead",
+      "trail ",  "k: v",       "x#y",        "# c",        "[a, b]",        "{a: 1}",   "a,b",
+      "q\"uote", "back\\slash", "new\nline", "tab\there", "\x01ctl",     "caf\xc3\xa9", "'single'",
+      "&anchor", "*alias",     "!tag",       "%dir",       "@at",           "`tick`",   "|",
+      ">",       "?",          "-",          "a:b",        "http://x/y?z=1"};
+  for (const std::string& v : hostile) {
+    JobSpec a = parse_job_spec(kMinimalSpec, {}, "/base");
+    a.cost.instance_type = v;
+    a.model.from = v.empty() ? "" : "/m/" + v;
+    a.optimizer.host.addresses = {"127.0.0.1:4000", "node-2.local:4001"};  // (validated: no hostile ones)
+    const std::string text = to_yaml(a);
+    JobSpec b;
+    try {
+      b = parse_job_spec(text, {}, "/elsewhere");
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "'" << v << "': " << e.what() << "\n" << text;
+      continue;
+    }
+    EXPECT_EQ(b.cost.instance_type, v) << text;
+    EXPECT_EQ(b.model.from, a.model.from) << text;
+    EXPECT_EQ(b.optimizer.host.addresses, a.optimizer.host.addresses) << text;
+  }
+  // Plain where nothing else is possible: the stored spec stays readable.
+  JobSpec c = parse_job_spec(kMinimalSpec, {}, "/base");
+  const std::string text = to_yaml(c);
+  EXPECT_NE(text.find("\n  train: /base/corpus.txt\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\n    select_interval: auto\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\n  usd_per_hour: ~\n"), std::string::npos) << text;
+}
+
 // ---- Hostile input: bounds, names, checkpoint.dir, spec files, input paths, arch ----
 
 namespace fs = std::filesystem;
