@@ -264,9 +264,11 @@ Status HealthService::Watch(grpc::ServerContext* ctx, const grpc::health::v1::He
     {
       std::unique_lock<std::mutex> lock(mu_);
       changed_.wait_for(lock, kStreamSlice, [&] { return shutdown_ || version_ != sent; });
-      if (shutdown_) return Status::OK;
-      if (ctx->IsCancelled()) return {StatusCode::CANCELLED, "watch cancelled"};
-      if (version_ == sent) continue;
+      if (version_ == sent) {  // a change is sent even when shutdown follows it at once
+        if (shutdown_) return Status::OK;
+        if (ctx->IsCancelled()) return {StatusCode::CANCELLED, "watch cancelled"};
+        continue;
+      }
       sent = version_;
       resp.set_status(!known(req->service()) ? HealthCheckResponse::SERVICE_UNKNOWN
                       : serving_             ? HealthCheckResponse::SERVING

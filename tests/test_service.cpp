@@ -549,6 +549,36 @@ TEST(ServiceSecurity, EveryRpcNeedsTheRightToken) {
   EXPECT_EQ(c.cli("jobs"), 0);
   // The token is in no log.
   EXPECT_EQ(c.coordinator().output().find(c.admin_token()), std::string::npos);
+
+  // Health by service name, and Watch: SERVING, then NOT_SERVING when SIGTERM drains it.
+  using grpc::health::v1::HealthCheckResponse;
+  auto health_stub = grpc::health::v1::Health::NewStub(rpc::make_channel(health_address));
+  auto check = [&](const std::string& service, HealthCheckResponse::ServingStatus* status) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service(service);
+    HealthCheckResponse resp;
+    const grpc::Status s = health_stub->Check(&ctx, req, &resp);
+    *status = resp.status();
+    return s.error_code();
+  };
+  HealthCheckResponse::ServingStatus st{};
+  EXPECT_EQ(check("zenflow.v1.JobService", &st), grpc::StatusCode::OK);
+  EXPECT_EQ(st, HealthCheckResponse::SERVING);
+  EXPECT_EQ(check("zenflow.v1.WorkerService", &st), grpc::StatusCode::OK);
+  EXPECT_EQ(st, HealthCheckResponse::SERVING);
+  EXPECT_EQ(check("no.such.Service", &st), grpc::StatusCode::NOT_FOUND);
+  grpc::ClientContext watch_ctx;
+  watch_ctx.set_deadline(std::chrono::system_clock::now() + 20s);
+  auto watch = health_stub->Watch(&watch_ctx, grpc::health::v1::HealthCheckRequest{});
+  HealthCheckResponse first;
+  ASSERT_TRUE(watch->Read(&first));
+  EXPECT_EQ(first.status(), HealthCheckResponse::SERVING);
+  c.coordinator().kill(SIGTERM);
+  HealthCheckResponse next;
+  ASSERT_TRUE(watch->Read(&next)) << "the drain's NOT_SERVING never came";
+  EXPECT_EQ(next.status(), HealthCheckResponse::NOT_SERVING);
 }
 
 TEST(ServiceSecurity, RefusesToServeOffLoopbackWithoutTokens) {
