@@ -3,6 +3,7 @@
 #include "server/job_cost.h"
 
 #include <algorithm>
+#include <future>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -356,9 +357,19 @@ Status Coordinator::parse_submitted(const v1::SubmitJobRequest& req, JobSpec* sp
 }
 
 Status Coordinator::submit(const v1::SubmitJobRequest& req, v1::SubmitJobResponse* resp) {
+  std::promise<std::pair<Status, v1::SubmitJobResponse>> answered;
+  std::future<std::pair<Status, v1::SubmitJobResponse>> answer = answered.get_future();
+  submit_async(req, [&answered](const Status& s, const v1::SubmitJobResponse& r) { answered.set_value({s, r}); });
+  auto [status, response] = answer.get();
+  *resp = std::move(response);
+  return status;
+}
+
+void Coordinator::submit_async(const v1::SubmitJobRequest& req, SubmitAnswer answer) {
+  const auto refuse = [&answer](const Status& s) { answer(s, v1::SubmitJobResponse{}); };
   JobSpec spec;
   std::string yaml;
-  if (Status s = parse_submitted(req, &spec, &yaml); !s.ok()) return s;
+  if (Status s = parse_submitted(req, &spec, &yaml); !s.ok()) return refuse(s);
   scheduler::Resources demand;
   demand.slots = std::max<int64_t>(1, spec.resources.gpus_per_worker);
   demand.cores = demand.slots;
@@ -376,7 +387,7 @@ Status Coordinator::submit(const v1::SubmitJobRequest& req, v1::SubmitJobRespons
     try {
       demand.host_memory_bytes = scheduler::host_memory_bytes_per_rank(in) * demand.slots;
     } catch (const std::invalid_argument& e) {
-      return bad(std::string("model size: ") + e.what());
+      return refuse(bad(std::string("model size: ") + e.what()));
     }
   }
   // The job as it will be stored, but for its id and sequence number (taken under the lock).
@@ -410,35 +421,41 @@ Status Coordinator::submit(const v1::SubmitJobRequest& req, v1::SubmitJobRespons
   set_demand(j);
 
   std::unique_lock<std::mutex> lock(mu_);
-  for (;;) {
-    if (stopping_) return {StatusCode::UNAVAILABLE, "coordinator is shutting down"};
-    if (r.request_id.empty()) break;
+  const auto refuse_unlocked = [&](const Status& st) {
+    lock.unlock();
+    refuse(st);
+  };
+  if (stopping_) return refuse_unlocked({StatusCode::UNAVAILABLE, "coordinator is shutting down"});
+  if (!r.request_id.empty()) {
     if (auto it = by_request_.find(r.request_id); it != by_request_.end()) {
       Job& old = jobs_.at(it->second);
       if (old.rec.spec_yaml != r.spec_yaml)
-        return {StatusCode::ALREADY_EXISTS,
-                "request_id " + r.request_id + " was used for job " + old.rec.id + " with a different spec"};
-      fill_status(old, resp->mutable_job());
-      resp->set_created(false);
-      return Status::OK;
+        return refuse_unlocked({StatusCode::ALREADY_EXISTS, "request_id " + r.request_id + " was used for job " +
+                                                                old.rec.id + " with a different spec"});
+      v1::SubmitJobResponse resp;
+      fill_status(old, resp.mutable_job());
+      resp.set_created(false);
+      lock.unlock();
+      return answer(Status::OK, resp);
     }
-    auto in_flight = pending_requests_.find(r.request_id);
-    if (in_flight == pending_requests_.end()) break;
-    const std::shared_ptr<PendingSubmit> first = in_flight->second;
-    if (first->job.rec.spec_yaml != r.spec_yaml)
-      return {StatusCode::ALREADY_EXISTS, "request_id " + r.request_id + " was used for job " +
-                                              first->job.rec.id + " with a different spec"};
-    // The same request, still being committed (a client's retry): answer as it is answered,
-    // or, if its commit fails, try anew.
-    submits_done_.wait(lock, [&] { return first->done; });
+    if (auto in_flight = pending_requests_.find(r.request_id); in_flight != pending_requests_.end()) {
+      const std::shared_ptr<PendingSubmit>& first = in_flight->second;
+      if (first->job.rec.spec_yaml != r.spec_yaml)
+        return refuse_unlocked({StatusCode::ALREADY_EXISTS, "request_id " + r.request_id + " was used for job " +
+                                                                first->job.rec.id + " with a different spec"});
+      // The same request, still being committed (a client's retry): answered as it is
+      // answered, or, if its commit fails, tried anew.
+      first->retries.push_back([this, req, answer = std::move(answer)]() mutable { submit_async(req, std::move(answer)); });
+      return;
+    }
   }
   if (auto owner = checkpoint_owner_.find(r.checkpoint_dir); owner != checkpoint_owner_.end()) {
     auto pending = pending_jobs_.find(owner->second);
     const std::string state = pending != pending_jobs_.end() ? kQueued : jobs_.at(owner->second).rec.state;
     if (!terminal(state))
-      return {StatusCode::FAILED_PRECONDITION, "checkpoint.dir " + r.checkpoint_dir + " belongs to job " +
-                                                   owner->second + " (" + state +
-                                                   "); two live jobs cannot share a checkpoint directory"};
+      return refuse_unlocked({StatusCode::FAILED_PRECONDITION,
+                              "checkpoint.dir " + r.checkpoint_dir + " belongs to job " + owner->second + " (" + state +
+                                  "); two live jobs cannot share a checkpoint directory"});
     p->previous_owner = owner->second;
   }
   const int64_t seq = next_seq_++;  // a failed commit leaves a gap, never a second job with this id
@@ -459,13 +476,9 @@ Status Coordinator::submit(const v1::SubmitJobRequest& req, v1::SubmitJobRespons
   checkpoint_owner_[r.checkpoint_dir] = r.id;
   if (!r.request_id.empty()) pending_requests_[r.request_id] = p;
   pending_jobs_[r.id] = p;
-  submit_queue_.push_back(p);
+  p->answer = std::move(answer);  // by the committer, once durable
+  submit_queue_.push_back(std::move(p));
   submits_queued_.notify_one();
-  submits_done_.wait(lock, [&] { return p->done; });  // durable before the client hears OK
-  if (!p->status.ok()) return p->status;
-  fill_status(jobs_.at(p->batch.jobs[0].id), resp->mutable_job());
-  resp->set_created(true);
-  return Status::OK;
 }
 
 // Group commit: every submit queued while the previous transaction was syncing goes into
@@ -513,12 +526,23 @@ void Coordinator::commit_submits() {
       }
       if (!r.request_id.empty()) pending_requests_.erase(r.request_id);
       pending_jobs_.erase(id);
-      p->status = status;
-      p->done = true;
     }
     if (status.ok()) schedule_dirty_ = true;
-    submits_done_.notify_all();
     changed_.notify_all();
+    // Answers (and the retries of the same request_ids) without the lock.
+    std::vector<v1::SubmitJobResponse> responses(group.size());
+    if (status.ok())
+      for (size_t i = 0; i < group.size(); ++i) {
+        fill_status(jobs_.at(group[i]->batch.jobs[0].id), responses[i].mutable_job());
+        responses[i].set_created(true);
+      }
+    lock.unlock();
+    for (size_t i = 0; i < group.size(); ++i) {
+      group[i]->answer(status, status.ok() ? responses[i] : v1::SubmitJobResponse{});
+      for (auto& retry : group[i]->retries) retry();
+    }
+    group.clear();
+    lock.lock();
   }
 }
 

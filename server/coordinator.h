@@ -7,10 +7,10 @@
 //
 // Submits are group-committed: a committer thread writes every submit that arrived while
 // the previous transaction was being synced in one transaction (one fsync), without the
-// coordinator's lock. A submit is answered only once its transaction is durable, and its
-// job is visible (get, list, scheduling) only from then on. request_id stays exactly-once
-// while a submit is in flight: a second submit with the same request_id waits for the
-// first and gets its job (or, if the first failed, tries anew).
+// coordinator's lock, and answers them. A submit is answered only once its transaction is
+// durable, and its job is visible (get, list, scheduling) only from then on. request_id
+// stays exactly-once while a submit is in flight: a second submit with the same request_id
+// is answered after the first, with its job (or, if the first failed, tries anew).
 //
 // Jobs: QUEUED → STARTING → RUNNING → SUCCEEDED | FAILED | CANCELLED; RUNNING → (asked to
 // checkpoint) → PREEMPTED, which queues like QUEUED and resumes from the checkpoint; a lost
@@ -109,6 +109,14 @@ class Coordinator {
   Coordinator& operator=(const Coordinator&) = delete;
 
   // --- JobService ---
+  // The answer to a submit: called exactly once, without the coordinator's lock, from the
+  // submitting thread (a refusal, a known request_id) or from the committer's (once the
+  // job is durable, or its commit failed).
+  using SubmitAnswer = std::function<void(const grpc::Status&, const v1::SubmitJobResponse&)>;
+  // Checks and queues the submit for the committer, and returns: it never waits for a
+  // commit (the gRPC hot path serves SubmitJob without a thread per call).
+  void submit_async(const v1::SubmitJobRequest& req, SubmitAnswer answer);
+  // submit_async, blocking until answered.
   grpc::Status submit(const v1::SubmitJobRequest& req, v1::SubmitJobResponse* resp);
   grpc::Status get(const std::string& id, v1::JobStatus* out);
   grpc::Status list(const v1::ListJobsRequest& req, v1::ListJobsResponse* resp);
@@ -190,13 +198,15 @@ class Coordinator {
     v1::WorkerResources resources;
     std::unique_ptr<Lease> lease = std::make_unique<Lease>();
   };
-  // A submit between its checks and its commit (submit(), commit_submits()).
+  // A submit between its checks and its commit (submit_async(), commit_submits()).
   struct PendingSubmit {
     Job job;
     StoreBatch batch;            // the job's record and its coordinator log lines
     std::string previous_owner;  // of its checkpoint.dir, restored if the commit fails
-    bool done = false;
-    grpc::Status status;  // of the commit, once done
+    SubmitAnswer answer;
+    // Submits of the same request_id that arrived meanwhile (a client's retry): run again
+    // once this one is done, they get its job, or try anew if its commit failed.
+    std::vector<std::function<void()>> retries;
   };
 
   int64_t now_ms() const;
@@ -269,7 +279,6 @@ class Coordinator {
   std::map<std::string, std::shared_ptr<PendingSubmit>> pending_requests_;
   std::map<std::string, std::shared_ptr<PendingSubmit>> pending_jobs_;
   std::condition_variable submits_queued_;  // the committer waits for submit_queue_
-  std::condition_variable submits_done_;    // submitters wait for PendingSubmit::done
   std::mutex store_mu_;                     // serializes store_ (taken after mu_)
   std::thread ticker_;
   std::thread committer_;

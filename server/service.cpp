@@ -73,7 +73,62 @@ class UnaryCall final : public HotPathServer::Call {
   bool answered_ = false;
 };
 
+// A call answered later, from another thread (SubmitJob: by the store's committer).
+template <typename Request, typename Response>
+class DeferredUnaryCall final : public HotPathServer::Call {
+ public:
+  using RequestFn = typename UnaryCall<Request, Response>::RequestFn;
+  using Reply = std::function<void(const Status&, const Response&)>;
+  using HandleFn = std::function<void(const grpc::ServerContext&, const Request&, Reply)>;
+  struct Method {
+    RequestFn request;
+    HandleFn handle;
+  };
+
+  static void arm(HotPathServer& hot, const Method& m) { new DeferredUnaryCall(hot, m); }
+
+  void proceed(bool ok) override {
+    {
+      std::lock_guard<std::mutex> lock(hot_.guard());
+      if (answered_ || !ok || !hot_.open()) {
+        delete this;
+        return;
+      }
+      arm(hot_, m_);
+    }
+    // Without the guard: the reply may come at once, on this thread.
+    m_.handle(ctx_, req_, [this](const Status& s, const Response& r) { reply(s, r); });
+  }
+
+ private:
+  DeferredUnaryCall(HotPathServer& hot, const Method& m) : hot_(hot), m_(m), writer_(&ctx_) {
+    m_.request(&ctx_, &req_, &writer_, hot_.queue(), this);
+  }
+  void reply(const Status& s, const Response& r) {
+    std::lock_guard<std::mutex> lock(hot_.guard());
+    if (!hot_.open()) {  // stopped: the queue is shut down and returns nothing for this call
+      delete this;
+      return;
+    }
+    resp_ = r;
+    answered_ = true;
+    if (s.ok()) {
+      writer_.Finish(resp_, s, this);
+    } else {
+      writer_.FinishWithError(s, this);
+    }
+  }
+  HotPathServer& hot_;
+  const Method& m_;
+  grpc::ServerContext ctx_;
+  Request req_;
+  Response resp_;
+  grpc::ServerAsyncResponseWriter<Response> writer_;
+  bool answered_ = false;
+};
+
 using GetJobCall = UnaryCall<v1::GetJobRequest, v1::JobStatus>;
+using SubmitJobCall = DeferredUnaryCall<v1::SubmitJobRequest, v1::SubmitJobResponse>;
 using HeartbeatCall = UnaryCall<v1::HeartbeatRequest, v1::HeartbeatResponse>;
 using ReportProgressCall = UnaryCall<v1::ReportProgressRequest, v1::ReportProgressResponse>;
 
@@ -106,9 +161,17 @@ Status JobServiceImpl::admit(const grpc::ServerContextBase& ctx) {
   return Status::OK;
 }
 
-Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
-                                 v1::SubmitJobResponse* resp) {
-  return answer(metrics_, "SubmitJob", admit(*ctx), [&] { return c_.submit(*req, resp); });
+void JobServiceImpl::submit_job(const grpc::ServerContext& ctx, const v1::SubmitJobRequest& req,
+                                Coordinator::SubmitAnswer reply) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Coordinator::SubmitAnswer timed = [this, t0, reply = std::move(reply)](const Status& s,
+                                                                        const v1::SubmitJobResponse& r) {
+    if (metrics_)
+      metrics_->observe_rpc("SubmitJob", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    reply(s, r);
+  };
+  if (Status s = admit(ctx); !s.ok()) return timed(s, v1::SubmitJobResponse{});
+  c_.submit_async(req, std::move(timed));
 }
 
 Status JobServiceImpl::get_job(const grpc::ServerContext& ctx, const v1::GetJobRequest& req, v1::JobStatus* resp) {
@@ -299,6 +362,13 @@ void HotPathServer::arm_all() {
       [this](const grpc::ServerContext& c, const v1::GetJobRequest& r, v1::JobStatus* out) {
         return jobs_.get_job(c, r, out);
       }});
+  auto submit = std::make_shared<SubmitJobCall::Method>(SubmitJobCall::Method{
+      [this](grpc::ServerContext* c, v1::SubmitJobRequest* r,
+             grpc::ServerAsyncResponseWriter<v1::SubmitJobResponse>* w, grpc::ServerCompletionQueue* q,
+             void* tag) { jobs_.RequestSubmitJob(c, r, w, q, q, tag); },
+      [this](const grpc::ServerContext& c, const v1::SubmitJobRequest& r, SubmitJobCall::Reply reply) {
+        jobs_.submit_job(c, r, std::move(reply));
+      }});
   auto heartbeat = std::make_shared<HeartbeatCall::Method>(HeartbeatCall::Method{
       [this](grpc::ServerContext* c, v1::HeartbeatRequest* r, grpc::ServerAsyncResponseWriter<v1::HeartbeatResponse>* w,
              grpc::ServerCompletionQueue* q, void* tag) { workers_.RequestHeartbeat(c, r, w, q, q, tag); },
@@ -312,10 +382,11 @@ void HotPathServer::arm_all() {
       [this](const grpc::ServerContext& c, const v1::ReportProgressRequest& r, v1::ReportProgressResponse*) {
         return workers_.report_progress(c, r);
       }});
-  methods_ = {get, heartbeat, progress};
+  methods_ = {get, submit, heartbeat, progress};
   std::lock_guard<std::mutex> lock(mu_);
   for (int i = 0; i < kOutstanding; ++i) {
     GetJobCall::arm(*this, *get);
+    SubmitJobCall::arm(*this, *submit);
     HeartbeatCall::arm(*this, *heartbeat);
     ReportProgressCall::arm(*this, *progress);
   }

@@ -3,7 +3,9 @@
 //
 // The calls that come by the thousand per second and take microseconds (Heartbeat,
 // ReportProgress, GetJob) are asynchronous methods, served by HotPathServer: one thread that
-// drives one completion queue, reading each request and answering it in place. (The sync
+// drives one completion queue, reading each request and answering it in place. SubmitJob is
+// one too: checked on that thread, answered by the store's committer once durable, so that
+// no thread waits out a commit. (The sync
 // server spawns and reaps threads under such load, which cost 2.5x the handlers themselves
 // at 10,000 heartbeats/s; gRPC 1.51's callback API runs handlers on at least two "nexting"
 // threads that hand every call between them: 3 context switches per call, a third of the
@@ -51,7 +53,8 @@ class RateLimiter {
   std::map<std::string, Bucket> buckets_;
 };
 
-using JobServiceBase = v1::JobService::WithAsyncMethod_GetJob<v1::JobService::Service>;
+using JobServiceBase =
+    v1::JobService::WithAsyncMethod_GetJob<v1::JobService::WithAsyncMethod_SubmitJob<v1::JobService::Service>>;
 using WorkerServiceBase = v1::WorkerService::WithAsyncMethod_Heartbeat<
     v1::WorkerService::WithAsyncMethod_ReportProgress<v1::WorkerService::Service>>;
 
@@ -61,9 +64,10 @@ class JobServiceImpl final : public JobServiceBase {
   JobServiceImpl(Coordinator& coordinator, const rpc::TokenAuthority& auth, RateLimiter& limiter,
                  const CoordinatorMetrics* metrics = nullptr)
       : c_(coordinator), auth_(auth), limiter_(limiter), metrics_(metrics) {}
-  grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*, v1::SubmitJobResponse*) override;
-  // The asynchronous method's handler (HotPathServer calls it).
+  // The asynchronous methods' handlers (HotPathServer calls them). submit_job answers
+  // through `answer`, from the committer's thread once the job is durable.
   grpc::Status get_job(const grpc::ServerContext& ctx, const v1::GetJobRequest& req, v1::JobStatus* resp);
+  void submit_job(const grpc::ServerContext& ctx, const v1::SubmitJobRequest& req, Coordinator::SubmitAnswer answer);
   grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*, v1::ListJobsResponse*) override;
   grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest*, v1::CancelJobResponse*) override;
   grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*, v1::ListWorkersResponse*) override;
@@ -129,7 +133,7 @@ class HealthService final : public grpc::health::v1::Health::Service {
   int64_t version_ = 0;  // + 1 on every change
 };
 
-// Serves the services' asynchronous methods (GetJob, Heartbeat, ReportProgress) from one
+// Serves the services' asynchronous methods (GetJob, SubmitJob, Heartbeat, ReportProgress) from one
 // thread and one completion queue, keeping `kOutstanding` requests of each method armed
 // so that a burst finds a call waiting. Lifecycle, in main's order:
 //   HotPathServer hot(builder, jobs, workers);  // before BuildAndStart: adds the queue
