@@ -28,14 +28,16 @@ Status answer(const CoordinatorMetrics* metrics, std::string_view method, Status
 }
 
 // One call of an asynchronous method: first an armed request; once a call arrives it arms
-// the next request of its method, answers with `handle`, and ends when the answer is sent.
-// `request` is the generated RequestX of the service.
+// the next request of its method and hands the request to `handle`, whose reply (at once, on
+// this thread, or later from another: SubmitJob's comes from the store's committer) sends
+// the answer; the call ends when the answer is sent. `request` is the service's RequestX.
 template <typename Request, typename Response>
 class UnaryCall final : public HotPathServer::Call {
  public:
   using RequestFn = std::function<void(grpc::ServerContext*, Request*, grpc::ServerAsyncResponseWriter<Response>*,
                                        grpc::ServerCompletionQueue*, void*)>;
-  using HandleFn = std::function<Status(const grpc::ServerContext&, const Request&, Response*)>;
+  using Reply = std::function<void(const Status&, const Response&)>;
+  using HandleFn = std::function<void(const grpc::ServerContext&, const Request&, Reply)>;
   struct Method {
     RequestFn request;
     HandleFn handle;
@@ -45,63 +47,19 @@ class UnaryCall final : public HotPathServer::Call {
   static void arm(HotPathServer& hot, const Method& m) { new UnaryCall(hot, m); }
 
   void proceed(bool ok) override {
-    std::lock_guard<std::mutex> lock(hot_.guard());
-    if (answered_ || !ok || !hot_.open()) {  // sent, a request the shutdown cancelled, or stopping
-      delete this;
-      return;
-    }
-    arm(hot_, m_);
-    const Status s = m_.handle(ctx_, req_, &resp_);
-    answered_ = true;
-    if (s.ok()) {
-      writer_.Finish(resp_, s, this);
-    } else {
-      writer_.FinishWithError(s, this);
-    }
-  }
-
- private:
-  UnaryCall(HotPathServer& hot, const Method& m) : hot_(hot), m_(m), writer_(&ctx_) {
-    m_.request(&ctx_, &req_, &writer_, hot_.queue(), this);
-  }
-  HotPathServer& hot_;
-  const Method& m_;
-  grpc::ServerContext ctx_;
-  Request req_;
-  Response resp_;
-  grpc::ServerAsyncResponseWriter<Response> writer_;
-  bool answered_ = false;
-};
-
-// A call answered later, from another thread (SubmitJob: by the store's committer).
-template <typename Request, typename Response>
-class DeferredUnaryCall final : public HotPathServer::Call {
- public:
-  using RequestFn = typename UnaryCall<Request, Response>::RequestFn;
-  using Reply = std::function<void(const Status&, const Response&)>;
-  using HandleFn = std::function<void(const grpc::ServerContext&, const Request&, Reply)>;
-  struct Method {
-    RequestFn request;
-    HandleFn handle;
-  };
-
-  static void arm(HotPathServer& hot, const Method& m) { new DeferredUnaryCall(hot, m); }
-
-  void proceed(bool ok) override {
     {
       std::lock_guard<std::mutex> lock(hot_.guard());
-      if (answered_ || !ok || !hot_.open()) {
+      if (answered_ || !ok || !hot_.open()) {  // sent, a request the shutdown cancelled, or stopping
         delete this;
         return;
       }
       arm(hot_, m_);
     }
-    // Without the guard: the reply may come at once, on this thread.
     m_.handle(ctx_, req_, [this](const Status& s, const Response& r) { reply(s, r); });
   }
 
  private:
-  DeferredUnaryCall(HotPathServer& hot, const Method& m) : hot_(hot), m_(m), writer_(&ctx_) {
+  UnaryCall(HotPathServer& hot, const Method& m) : hot_(hot), m_(m), writer_(&ctx_) {
     m_.request(&ctx_, &req_, &writer_, hot_.queue(), this);
   }
   void reply(const Status& s, const Response& r) {
@@ -127,8 +85,18 @@ class DeferredUnaryCall final : public HotPathServer::Call {
   bool answered_ = false;
 };
 
+// A handler that answers at once, as the method's HandleFn.
+template <typename Call, typename Request, typename Response, typename Handler>
+typename Call::HandleFn answering_at_once(Handler handler) {
+  return [handler](const grpc::ServerContext& c, const Request& r, typename Call::Reply reply) {
+    Response out;
+    const Status s = handler(c, r, &out);
+    reply(s, out);
+  };
+}
+
 using GetJobCall = UnaryCall<v1::GetJobRequest, v1::JobStatus>;
-using SubmitJobCall = DeferredUnaryCall<v1::SubmitJobRequest, v1::SubmitJobResponse>;
+using SubmitJobCall = UnaryCall<v1::SubmitJobRequest, v1::SubmitJobResponse>;
 using HeartbeatCall = UnaryCall<v1::HeartbeatRequest, v1::HeartbeatResponse>;
 using ReportProgressCall = UnaryCall<v1::ReportProgressRequest, v1::ReportProgressResponse>;
 
@@ -359,9 +327,10 @@ void HotPathServer::arm_all() {
   auto get = std::make_shared<GetJobCall::Method>(GetJobCall::Method{
       [this](grpc::ServerContext* c, v1::GetJobRequest* r, grpc::ServerAsyncResponseWriter<v1::JobStatus>* w,
              grpc::ServerCompletionQueue* q, void* tag) { jobs_.RequestGetJob(c, r, w, q, q, tag); },
-      [this](const grpc::ServerContext& c, const v1::GetJobRequest& r, v1::JobStatus* out) {
-        return jobs_.get_job(c, r, out);
-      }});
+      answering_at_once<GetJobCall, v1::GetJobRequest, v1::JobStatus>(
+          [this](const grpc::ServerContext& c, const v1::GetJobRequest& r, v1::JobStatus* out) {
+            return jobs_.get_job(c, r, out);
+          })});
   auto submit = std::make_shared<SubmitJobCall::Method>(SubmitJobCall::Method{
       [this](grpc::ServerContext* c, v1::SubmitJobRequest* r,
              grpc::ServerAsyncResponseWriter<v1::SubmitJobResponse>* w, grpc::ServerCompletionQueue* q,
@@ -372,16 +341,18 @@ void HotPathServer::arm_all() {
   auto heartbeat = std::make_shared<HeartbeatCall::Method>(HeartbeatCall::Method{
       [this](grpc::ServerContext* c, v1::HeartbeatRequest* r, grpc::ServerAsyncResponseWriter<v1::HeartbeatResponse>* w,
              grpc::ServerCompletionQueue* q, void* tag) { workers_.RequestHeartbeat(c, r, w, q, q, tag); },
-      [this](const grpc::ServerContext& c, const v1::HeartbeatRequest& r, v1::HeartbeatResponse* out) {
-        return workers_.heartbeat(c, r, out);
-      }});
+      answering_at_once<HeartbeatCall, v1::HeartbeatRequest, v1::HeartbeatResponse>(
+          [this](const grpc::ServerContext& c, const v1::HeartbeatRequest& r, v1::HeartbeatResponse* out) {
+            return workers_.heartbeat(c, r, out);
+          })});
   auto progress = std::make_shared<ReportProgressCall::Method>(ReportProgressCall::Method{
       [this](grpc::ServerContext* c, v1::ReportProgressRequest* r,
              grpc::ServerAsyncResponseWriter<v1::ReportProgressResponse>* w, grpc::ServerCompletionQueue* q,
              void* tag) { workers_.RequestReportProgress(c, r, w, q, q, tag); },
-      [this](const grpc::ServerContext& c, const v1::ReportProgressRequest& r, v1::ReportProgressResponse*) {
-        return workers_.report_progress(c, r);
-      }});
+      answering_at_once<ReportProgressCall, v1::ReportProgressRequest, v1::ReportProgressResponse>(
+          [this](const grpc::ServerContext& c, const v1::ReportProgressRequest& r, v1::ReportProgressResponse*) {
+            return workers_.report_progress(c, r);
+          })});
   methods_ = {get, submit, heartbeat, progress};
   std::lock_guard<std::mutex> lock(mu_);
   for (int i = 0; i < kOutstanding; ++i) {
