@@ -478,6 +478,7 @@ void Coordinator::submit_async(const v1::SubmitJobRequest& req, SubmitAnswer ans
   pending_jobs_[r.id] = p;
   p->answer = std::move(answer);  // by the committer, once durable
   submit_queue_.push_back(std::move(p));
+  lock.unlock();  // before waking the committer, which takes the lock first
   submits_queued_.notify_one();
 }
 
