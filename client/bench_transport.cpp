@@ -50,7 +50,11 @@ struct TransportBenchArgs {
   double seconds = 0;  // > 0: stream this long instead of a message count
   int messages = 0;    // 0: the per-TLS/size defaults below
   int repeats = 3;
-  int inflight = 8;
+  // The remote backend posts every chunk of an op at once, up to Welcome::credits (4) ops
+  // per node: a window step's gradients are tens of 8 MiB chunks outstanding. 16 is below
+  // that; at 8, 64 MiB chunks over tcp reached only 74-84% of perftest (which streams with
+  // no limit, -O 0) while 16 matches it.
+  int inflight = 16;
   double timeout_s = 180;  // per run
   // Hidden: the receiver child.
   int receive_fd = -1;
