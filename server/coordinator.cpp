@@ -1321,6 +1321,10 @@ void Coordinator::run_schedule(StoreBatch& batch) {
   for (const auto& [id, live] : live_) {
     const Job& j = *live;
     if (!queued(j.rec.state) && !active(j.rec.state)) continue;
+    // A queued job the pass would skip (rule 8: stable since this generation, holding no
+    // reservation) is left out here already: the views of thousands of waiting jobs cost
+    // more than the decision, under the lock the heartbeats' thread also takes.
+    if (queued(j.rec.state) && j.unplaceable_generation == generation_ && j.reserved_workers.empty()) continue;
     scheduler::JobView v;
     v.id = id;
     v.priority = j.rec.priority;
