@@ -53,14 +53,28 @@ void use_tls(const std::string& tls) {
   ::setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1);
 }
 
+// This process's scratch directory (the token, the node tests' runs), removed at exit.
+class ScratchDir {
+ public:
+  ScratchDir() : owner_(::getpid()), path_(fs::temp_directory_path() / ("zenflow-node-test-" + std::to_string(owner_))) {
+    fs::create_directories(path_);
+    zenflow::test_support::write_file(path_ / "token", std::string(kToken) + "\n");
+  }
+  ~ScratchDir() {
+    if (::getpid() != owner_) return;  // a forked child that exits does not remove it
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  pid_t owner_;
+  fs::path path_;
+};
+
 fs::path temp_dir() {
-  static fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("zenflow-node-test-" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    zenflow::test_support::write_file(d / "token", std::string(kToken) + "\n");
-    return d;
-  }();
-  return dir;
+  static const ScratchDir dir;
+  return dir.path();
 }
 
 // One zenflow-optimizer process on 127.0.0.1 (its port read back from --port-file).
