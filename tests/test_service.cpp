@@ -326,6 +326,22 @@ TEST(Service, CoordinatorKeepsEachJobsProfileForAdvise) {
   EXPECT_EQ(p.attempt(), 1);
 }
 
+// A worker started with --no-profile runs rank 0 without --profile-if-possible: the job
+// trains, writes no profile and the coordinator keeps none.
+TEST(Service, WorkerWithNoProfileKeepsNone) {
+  Cluster c("no-profile");
+  c.start_coordinator();
+  c.start_worker("w1", 1, {"--no-profile"});
+  const std::string id = c.submit(write_job(c, "long", 12, 6));
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(c.wait_state(id, "SUCCEEDED", 120s)) << c.status(id).dump() << logs_of(c, id);
+  EXPECT_FALSE(fs::exists(c.dir() / "ckpt-long" / "profile.yaml"));
+  EXPECT_EQ(logs_of(c, id).find("no profile:"), std::string::npos) << logs_of(c, id);
+  EXPECT_EQ(c.cli("advise " + id + " --json"), 2);
+  EXPECT_NE(read_file(c.dir() / "cli.log").find("job " + id + " has no profile yet"), std::string::npos)
+      << read_file(c.dir() / "cli.log");
+}
+
 TEST(Service, CancelCheckpointsAndFreesTheWorker) {
   Cluster c("cancel");
   c.start_coordinator();

@@ -440,7 +440,7 @@ void Agent::Impl::start_attempt(const v1::Assignment& a) {
       args.push_back("3");
       // Its profile, when the attempt trains long enough: the coordinator keeps it for
       // `zenflow advise JOB_ID` (on_report_line reads it, upload_profile sends it).
-      args.push_back("--profile-if-possible");
+      if (o.profile) args.push_back("--profile-if-possible");
     }
     // The optimizer nodes the scheduler gave the job (optimizer.host.nodes).
     if (a.optimizer_addresses_size() > 0) {

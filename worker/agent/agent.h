@@ -55,6 +55,7 @@ struct AgentOptions {
   std::string address = "127.0.0.1";  // where other workers reach this one's rendezvous ports
   int64_t cpu_slots = 1;              // slots offered when there is no GPU
   bool cpu_only = false;              // offer CPU slots even where nvidia-smi lists GPUs
+  bool profile = true;                // rank 0 profiles each attempt (~1 s of probes at its end)
   int64_t host_memory_bytes = 0;      // 0: MemTotal of /proc/meminfo
   int64_t physical_cores = 0;         // 0: counted from /proc/cpuinfo
   std::map<std::string, std::string> labels;

@@ -37,6 +37,9 @@ int main(int argc, char** argv) {
   app.add_option("--cpu-slots", o.cpu_slots, "Slots offered when the host has no GPU (each runs one rank on the CPU)")
       ->check(CLI::Range(1, 1024));
   app.add_flag("--cpu-only", o.cpu_only, "Offer --cpu-slots even where nvidia-smi lists GPUs");
+  app.add_flag("!--no-profile", o.profile,
+               "Do not profile the jobs' rank 0 (saves ~1 s of probes per attempt; `zenflow advise JOB` then has "
+               "nothing for jobs run here)");
   app.add_option("--host-memory-gb", host_memory_gb, "Host RAM to offer (default: MemTotal)")->check(CLI::PositiveNumber);
   app.add_option("--physical-cores", o.physical_cores, "Physical cores to offer (default: counted)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
