@@ -79,6 +79,7 @@ struct Args {
   int stored_jobs = 10000;  // the database the coordinator starts on (T5)
   int stored_queued = 1000;
   bool tls = true;
+  std::string latency_trace;  // when set: every measured call's (kind, scheduled ms, latency ms)
 };
 
 double ms_between(Clock::time_point a, Clock::time_point b) {
@@ -289,6 +290,7 @@ bool register_sim(const Clients& c, size_t channel, SimWorker& w) {
 // from the scheduled time to the callback.
 struct HeartbeatLoad {
   std::vector<double> latencies_ms;  // measured window only
+  std::vector<Clock::time_point> due;  // the scheduled send of each, same order
   int64_t sent = 0, failed = 0;
   std::string first_error;  // of the failed ones
 };
@@ -356,6 +358,7 @@ HeartbeatLoad run_heartbeats(const Clients& c, std::vector<std::unique_ptr<SimWo
                     ++me.load.sent;
                     if (!s.ok()) ++me.load.failed;
                     me.load.latencies_ms.push_back(ms_between(call->due, done));
+                    me.load.due.push_back(call->due);
                   }
                   if (--me.in_flight == 0) me.done_cv.notify_all();
                 }
@@ -372,6 +375,7 @@ HeartbeatLoad run_heartbeats(const Clients& c, std::vector<std::unique_ptr<SimWo
     all.failed += p.load.failed;
     if (all.first_error.empty()) all.first_error = p.load.first_error;
     all.latencies_ms.insert(all.latencies_ms.end(), p.load.latencies_ms.begin(), p.load.latencies_ms.end());
+    all.due.insert(all.due.end(), p.load.due.begin(), p.load.due.end());
   }
   return all;
 }
@@ -623,6 +627,16 @@ int run_bench(const Args& a) {
   submitter.join();
   for (std::thread& t : getters) t.join();
   for (const auto& part : get_parts) get_ms.insert(get_ms.end(), part.begin(), part.end());
+  if (!a.latency_trace.empty()) {  // "KIND SCHEDULED_MS LATENCY_MS", scheduled from the window's start
+    std::ofstream trace(a.latency_trace);
+    for (size_t i = 0; i < hb.latencies_ms.size(); ++i)
+      trace << "heartbeat " << ms_between(measure_from, hb.due[i]) << ' ' << hb.latencies_ms[i] << '\n';
+    for (size_t g = 0; g < get_parts.size(); ++g)
+      for (size_t i = 0; i < get_parts[g].size(); ++i)
+        trace << "get " << 8.0 * static_cast<double>(i) + static_cast<double>(g) << ' ' << get_parts[g][i] << '\n';
+    for (size_t i = 0; i < submit_ms.size(); ++i) trace << "submit " << 10.0 * static_cast<double>(i) << ' ' << submit_ms[i] << '\n';
+    if (!trace) say("cannot write --latency-trace " + a.latency_trace);
+  }
   const double cpu1 = cpu_seconds_of(coord.pid);
   const double self1 = cpu_seconds_of(::getpid());
   int false_lost = 0;
@@ -928,6 +942,8 @@ CommandRegistrar reg(120, [](CommandContext& ctx) {
       ->check(CLI::Range(0, 1000000));
   cmd->add_option("--stored-queued", a->stored_queued, "How many of them are queued")->check(CLI::Range(0, 1000000));
   cmd->add_flag("!--no-tls", a->tls, "Plaintext (rows are labelled tls=false)");
+  cmd->add_option("--latency-trace", a->latency_trace,
+                  "Write every measured heartbeat, get and submit (KIND SCHEDULED_MS LATENCY_MS) to this file");
   cmd->callback([a, &ctx] {
     try {
       ctx.exit_code = run_bench(*a);
