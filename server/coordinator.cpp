@@ -445,7 +445,8 @@ void Coordinator::submit_async(const v1::SubmitJobRequest& req, SubmitAnswer ans
                                                                 first->job.rec.id + " with a different spec"});
       // The same request, still being committed (a client's retry): answered as it is
       // answered, or, if its commit fails, tried anew.
-      first->retries.push_back([this, req, answer = std::move(answer)]() mutable { submit_async(req, std::move(answer)); });
+      first->retries.push_back(
+          [this, req, answer = std::move(answer)]() mutable { submit_async(req, std::move(answer)); });
       return;
     }
   }

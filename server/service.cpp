@@ -34,6 +34,8 @@ Status answer(const CoordinatorMetrics* metrics, std::string_view method, Status
 template <typename Request, typename Response>
 class UnaryCall final : public HotPathServer::Call {
  public:
+  using RequestType = Request;
+  using ResponseType = Response;
   using RequestFn = std::function<void(grpc::ServerContext*, Request*, grpc::ServerAsyncResponseWriter<Response>*,
                                        grpc::ServerCompletionQueue*, void*)>;
   using Reply = std::function<void(const Status&, const Response&)>;
@@ -86,10 +88,10 @@ class UnaryCall final : public HotPathServer::Call {
 };
 
 // A handler that answers at once, as the method's HandleFn.
-template <typename Call, typename Request, typename Response, typename Handler>
+template <typename Call, typename Handler>
 typename Call::HandleFn answering_at_once(Handler handler) {
-  return [handler](const grpc::ServerContext& c, const Request& r, typename Call::Reply reply) {
-    Response out;
+  return [handler](const grpc::ServerContext& c, const typename Call::RequestType& r, typename Call::Reply reply) {
+    typename Call::ResponseType out;
     const Status s = handler(c, r, &out);
     reply(s, out);
   };
@@ -327,7 +329,7 @@ void HotPathServer::arm_all() {
   auto get = std::make_shared<GetJobCall::Method>(GetJobCall::Method{
       [this](grpc::ServerContext* c, v1::GetJobRequest* r, grpc::ServerAsyncResponseWriter<v1::JobStatus>* w,
              grpc::ServerCompletionQueue* q, void* tag) { jobs_.RequestGetJob(c, r, w, q, q, tag); },
-      answering_at_once<GetJobCall, v1::GetJobRequest, v1::JobStatus>(
+      answering_at_once<GetJobCall>(
           [this](const grpc::ServerContext& c, const v1::GetJobRequest& r, v1::JobStatus* out) {
             return jobs_.get_job(c, r, out);
           })});
@@ -341,7 +343,7 @@ void HotPathServer::arm_all() {
   auto heartbeat = std::make_shared<HeartbeatCall::Method>(HeartbeatCall::Method{
       [this](grpc::ServerContext* c, v1::HeartbeatRequest* r, grpc::ServerAsyncResponseWriter<v1::HeartbeatResponse>* w,
              grpc::ServerCompletionQueue* q, void* tag) { workers_.RequestHeartbeat(c, r, w, q, q, tag); },
-      answering_at_once<HeartbeatCall, v1::HeartbeatRequest, v1::HeartbeatResponse>(
+      answering_at_once<HeartbeatCall>(
           [this](const grpc::ServerContext& c, const v1::HeartbeatRequest& r, v1::HeartbeatResponse* out) {
             return workers_.heartbeat(c, r, out);
           })});
@@ -349,7 +351,7 @@ void HotPathServer::arm_all() {
       [this](grpc::ServerContext* c, v1::ReportProgressRequest* r,
              grpc::ServerAsyncResponseWriter<v1::ReportProgressResponse>* w, grpc::ServerCompletionQueue* q,
              void* tag) { workers_.RequestReportProgress(c, r, w, q, q, tag); },
-      answering_at_once<ReportProgressCall, v1::ReportProgressRequest, v1::ReportProgressResponse>(
+      answering_at_once<ReportProgressCall>(
           [this](const grpc::ServerContext& c, const v1::ReportProgressRequest& r, v1::ReportProgressResponse*) {
             return workers_.report_progress(c, r);
           })});
