@@ -7,6 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <future>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "worker/engine/device_streams.h"
+#include "worker/engine/gradient_staging.h"
 #include "worker/engine/stall_clock.h"
 
 namespace zenflow::engine {
@@ -216,6 +220,75 @@ TEST(StallClock, ClockSpanOnTheCpu) {
   EXPECT_DOUBLE_EQ(t.stall_seconds[static_cast<int>(StallCause::kAllreduce)], 0.375);
   EXPECT_GE(t.device_optimizer_seconds, 0.015);
   EXPECT_EQ(t.compute_seconds, 0.0);
+}
+
+// A streaming backend's view of a staged gradient (gradient_staging.h), read through the
+// ring from another thread as a sender would: every chunk holds the bytes the compute
+// produced (issued before it finished, on CUDA), a full ring holds the reader back until a
+// chunk is released, and the release latch opens only once the source and every chunk
+// handle are gone.
+TEST_F(DeviceStreamsTest, StagedGradientComesThroughTheRingInOrderWithBackPressure) {
+  DeviceStreams streams(device_);
+  const at::Tensor staged = slow_product(512, 6).to(at::kBFloat16).reshape({-1}).contiguous();
+  const at::Tensor expect = staged.cpu();
+  const int64_t n = staged.numel(), chunk = 1000;  // the last chunk is short
+  auto ring = std::make_shared<StagingRing>(streams, 2, chunk * 2);
+  EXPECT_EQ(ring->bytes(), 2 * chunk * 2);
+  auto latch = std::make_shared<ReleaseLatch>();
+  std::shared_ptr<GradSource> source = make_staged_gradient(streams, ring, staged, streams.mark_compute(), latch);
+  std::thread sender([&, source]() mutable {
+    std::vector<std::shared_ptr<const void>> held;
+    for (int64_t off = 0; off < n; off += chunk) {
+      const int64_t len = std::min(chunk, n - off);
+      if (held.size() == 2) held.erase(held.begin());  // its send completed
+      held.push_back(source->chunk(off, len));
+      EXPECT_EQ(std::memcmp(held.back().get(), static_cast<const char*>(expect.data_ptr()) + off * 2,
+                            static_cast<size_t>(len) * 2),
+                0)
+          << "chunk at " << off;
+    }
+    // The ring is full now: a third chunk waits for a release.
+    std::atomic<bool> got{false};
+    auto third = std::async(std::launch::async, [&] {
+      auto c = source->chunk(0, chunk);
+      got = true;
+      return c;
+    });
+    EXPECT_EQ(third.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout) << "the ring was full";
+    EXPECT_FALSE(got.load());
+    held.erase(held.begin());
+    auto c = third.get();
+    EXPECT_EQ(std::memcmp(c.get(), expect.data_ptr(), static_cast<size_t>(chunk) * 2), 0);
+    EXPECT_THROW(source->chunk(0, chunk + 1), std::invalid_argument) << "larger than a ring chunk";
+    EXPECT_THROW(source->chunk(n - 10, 11), std::out_of_range);
+    source.reset();
+    EXPECT_FALSE(latch->is_open()) << "chunks are still held";
+    held.clear();
+    EXPECT_FALSE(latch->is_open()) << "one chunk is still held";
+    c.reset();
+  });
+  source.reset();
+  sender.join();
+  EXPECT_TRUE(latch->is_open());
+  latch->wait();
+}
+
+// Without a ring (the CPU device: the staging is host memory) chunks point into it.
+TEST(GradientStaging, CpuStagingIsReadInPlaceUntilReleased) {
+  DeviceStreams streams(at::Device(at::kCPU));
+  const at::Tensor staged = at::arange(100, at::kFloat);
+  auto latch = std::make_shared<ReleaseLatch>();
+  auto source = make_staged_gradient(streams, nullptr, staged, streams.mark_compute(), latch);
+  auto c = source->chunk(40, 10);
+  EXPECT_EQ(c.get(), staged.data_ptr<float>() + 40);
+  EXPECT_EQ(static_cast<const float*>(c.get())[3], 43.0f);
+  source.reset();
+  EXPECT_FALSE(latch->is_open());
+  c.reset();
+  EXPECT_TRUE(latch->is_open());
+  EXPECT_THROW(make_staged_gradient(streams, nullptr, staged.view({10, 10}), CopyHandle(), latch),
+               std::invalid_argument);
+  EXPECT_THROW(StagingRing(streams, 0, 64), std::invalid_argument);
 }
 
 #ifndef ZENFLOW_WITH_CUDA_OPS

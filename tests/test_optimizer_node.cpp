@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -244,6 +245,13 @@ TEST_P(RemoteEqualsInProcess, WeightsEveryStepAndStateAtTheEnd) {
     rem->finish();
     expect_same_params(ref_p, rem_p, "after finish");
     EXPECT_EQ(rem->host_memory_bytes().master, 0) << "the worker holds no host state";
+    // Host staging: one low-precision output buffer (none for fp32 weights, whose master is
+    // read back; their all-gather's packed master with several ranks); no gradient copy
+    // (the CPU device's staging is sent in place: no ring).
+    const int64_t elements = ref->host_memory_bytes().master / 4;
+    const int64_t out_bytes = c.dtype == at::kFloat ? 0 : 2 * elements;
+    const int64_t pack_bytes = c.dtype == at::kFloat && c.world > 1 ? 4 * elements : 0;
+    EXPECT_EQ(rem->host_memory_bytes().transfer_buffers, out_bytes + pack_bytes);
     EXPECT_GT(rem->host_optimizer()->network_bytes_sent(), 0);
     EXPECT_GT(rem->host_optimizer()->network_bytes_received(), 0);
   });
@@ -257,11 +265,76 @@ std::vector<GridCase> grid() {
         for (int world : {1, 2})
           for (int nodes : {1, 2}) out.push_back({tls, U, overlap, world, nodes, at::kFloat});
   for (const char* tls : {"tcp", "sm"})
-    for (int world : {1, 2}) out.push_back({tls, 4, true, world, 2, at::kBFloat16});
+    for (int64_t U : {1, 4, 0})
+      for (bool overlap : {true, false})
+        for (int world : {1, 2}) out.push_back({tls, U, overlap, world, 2, at::kBFloat16});
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, RemoteEqualsInProcess, testing::ValuesIn(grid()), case_name);
+
+// The worker's host memory for the optimizer at a size where it shows (one 4096 x 4096
+// bf16 matrix, the remote backend's default 8 MiB chunks): no host state and one bf16
+// output buffer, 2 bytes per element of host state (+ the 96 MiB ring on CUDA; the CPU
+// device sends its staging in place), against 20 bytes of state + 12 of staging
+// in-process; bit for bit the same run.
+TEST(OptimizerNode, WorkerKeepsTwoBytesPerHostElementPlusTheRing) {
+  use_tls("tcp");
+  const std::vector<std::string> nodes = shared_nodes("tcp");
+  auto make = [](bool remote_backend, const std::string& job, std::vector<at::Tensor>& ps) {
+    at::Generator gen = at::detail::createCPUGenerator(77);
+    ps = {(at::randn({4096, 4096}, gen) * 0.02).to(at::kBFloat16).set_requires_grad(true),
+          (at::randn({4096}, gen) * 0.02).to(at::kBFloat16).set_requires_grad(true)};
+    EngineOptions o;
+    o.update_interval = 2;
+    o.huge_pages = false;
+    if (remote_backend) {
+      zenflow::transport::RemoteHostOptions r;
+      r.addresses = {job.empty() ? std::string() : job};
+      r.token = kToken;
+      r.job = "memory";
+      o.host_backend = [r](const zenflow::engine::HostStateLayout& l) {
+        return zenflow::transport::make_remote_host_optimizer(r, l);
+      };
+    }
+    std::vector<ParamSpec> specs(2);
+    specs[0].name = "w";
+    specs[0].param = ps[0];
+    specs[0].weight_decay_value = 0.01;
+    specs[1].name = "b";
+    specs[1].param = ps[1];
+    specs[1].weight_decay = false;
+    return std::make_unique<ZenFlowOptimizer>(specs, o);
+  };
+  std::vector<at::Tensor> ref_p, rem_p;
+  auto ref = make(false, "", ref_p);
+  auto rem = make(true, nodes[0], rem_p);
+  for (int64_t t = 0; t < 6; ++t) {
+    at::Generator gen = at::detail::createCPUGenerator(static_cast<uint64_t>(100 + t));
+    for (size_t k = 0; k < 2; ++k) {
+      const at::Tensor g = (at::randn(ref_p[k].sizes(), gen) * 0.01).to(at::kBFloat16);
+      ref_p[k].mutable_grad() = g.clone();
+      rem_p[k].mutable_grad() = g.clone();
+    }
+    ref->step({1e-3, 0});
+    rem->step({1e-3, 0});
+    for (size_t k = 0; k < 2; ++k) ASSERT_TRUE(at::equal(ref_p[k], rem_p[k])) << "step " << t;
+  }
+  ref->finish();
+  rem->finish();
+  for (size_t k = 0; k < 2; ++k) ASSERT_TRUE(at::equal(ref_p[k], rem_p[k])) << "after finish";
+  const auto in = ref->host_memory_bytes(), out = rem->host_memory_bytes();
+  const int64_t elements = in.master / 4;
+  ASSERT_EQ(elements, 4096 * 4096);
+  EXPECT_EQ(in.master + in.moments + in.accumulators, 20 * elements);
+  EXPECT_EQ(in.transfer_buffers, 12 * elements) << "two gradient ring buffers, two last gradients, two outputs";
+  EXPECT_EQ(out.master + out.moments + out.accumulators, 0);
+  EXPECT_EQ(out.transfer_buffers, 2 * elements) << "one output buffer";
+  std::printf("worker host memory for the optimizer state, %lld elements: in-process %.1f B/element, with a node "
+              "%.2f B/element\n",
+              static_cast<long long>(elements), static_cast<double>(ref->host_state_bytes()) / double(elements),
+              static_cast<double>(rem->host_state_bytes()) / double(elements));
+}
 
 // Engine state moves between backends: saved remote, resumed in-process, and the reverse,
 // continuing exactly like the run that never switched.

@@ -174,6 +174,20 @@ at::Tensor DeviceStreams::alloc_host(at::IntArrayRef sizes, at::ScalarType dtype
 }
 
 CopyHandle DeviceStreams::copy_d2h(const at::Tensor& src_device, const at::Tensor& dst_host) {
+  return copy_d2h_after(is_cuda() ? mark_compute() : CopyHandle(), src_device, dst_host);
+}
+
+CopyHandle DeviceStreams::mark_compute() {
+  CopyHandle h;
+  if (!is_cuda()) return h;
+  const c10::DeviceIndex index = device_.index();
+  h.done_ = std::make_shared<CudaEventHandle>(index, false);
+  h.done_->record(compute_stream(index));
+  return h;
+}
+
+CopyHandle DeviceStreams::copy_d2h_after(const CopyHandle& after, const at::Tensor& src_device,
+                                         const at::Tensor& dst_host) {
   check_copy(src_device, dst_host, device_, at::Device(at::kCPU), "copy_d2h");
   CopyHandle h;
   h.bytes_ = static_cast<int64_t>(src_device.nbytes());
@@ -183,9 +197,7 @@ CopyHandle DeviceStreams::copy_d2h(const at::Tensor& src_device, const at::Tenso
   }
   const c10::DeviceIndex index = device_.index();
   c10::cuda::CUDAGuard guard(index);
-  CudaEventHandle produced(index, false);
-  produced.record(compute_stream(index));
-  produced.block(streams_->d2h.stream());
+  if (after.done_) after.done_->block(streams_->d2h.stream());
   {
     c10::cuda::CUDAStreamGuard on_d2h(streams_->d2h.unwrap());
     flat_copy(src_device, dst_host, true);
@@ -302,6 +314,12 @@ CopyHandle DeviceStreams::copy_d2h(const at::Tensor& src_device, const at::Tenso
   CopyHandle h;
   h.bytes_ = static_cast<int64_t>(src_device.nbytes());
   return h;
+}
+
+CopyHandle DeviceStreams::mark_compute() { return CopyHandle(); }
+
+CopyHandle DeviceStreams::copy_d2h_after(const CopyHandle&, const at::Tensor& src_device, const at::Tensor& dst_host) {
+  return copy_d2h(src_device, dst_host);
 }
 
 CopyHandle DeviceStreams::copy_h2d(const at::Tensor& src_host, const at::Tensor& dst_device) {

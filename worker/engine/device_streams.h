@@ -92,6 +92,14 @@ class DeviceStreams {
   // contiguous, same dtype and number of elements; else std::invalid_argument.
   CopyHandle copy_d2h(const at::Tensor& src_device, const at::Tensor& dst_host);
 
+  // A handle that completes with the compute work enqueued so far on the calling thread's
+  // compute stream (complete at once on CPU), for copy_d2h_after from another thread.
+  CopyHandle mark_compute();
+
+  // copy_d2h ordered after `after` (a mark_compute handle, possibly made on another
+  // thread) instead of after the calling thread's compute stream.
+  CopyHandle copy_d2h_after(const CopyHandle& after, const at::Tensor& src_device, const at::Tensor& dst_host);
+
   // Copies src_host (CPU) into dst_device (on device()): on CUDA, on the H2D stream after
   // the compute work enqueued so far (which may still be reading dst). Call
   // make_compute_wait() on the handle before compute uses dst. Same requirements as

@@ -97,6 +97,7 @@ class InProcessHostOptimizer : public HostOptimizer {
   }
 
   std::shared_ptr<HostWork> submit(AccumulateJob job) override {
+    if (job.source) throw std::logic_error("in-process host optimizer: an accumulate job with a GradSource");
     auto done = std::make_shared<Completion>();
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -107,6 +108,7 @@ class InProcessHostOptimizer : public HostOptimizer {
   }
 
   std::shared_ptr<HostWork> submit(StepJob job) override {
+    if (job.source) throw std::logic_error("in-process host optimizer: a step job with a GradSource");
     auto done = std::make_shared<Completion>();
     {
       std::lock_guard<std::mutex> lock(mu_);

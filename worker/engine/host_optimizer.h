@@ -2,7 +2,9 @@
 //
 // The backend owns the host state (master weights, m, v, the two window accumulators);
 // the engine owns the staging buffers (gradients in, low-precision parameters out) and
-// describes each piece of work as a job over spans of both. A HostOptimizer runs jobs
+// describes each piece of work as a job over spans of both. A streaming backend (remote
+// nodes) reads each gradient through a GradSource instead, chunk by chunk as it sends,
+// so the engine keeps no host copy of the gradients for it. A HostOptimizer runs jobs
 // off the training thread and returns a HostWork handle per job (c10d's Work idiom):
 // wait() is where the training thread spends time waiting, and where the engine
 // measures the `host_optimizer` stall.
@@ -78,16 +80,35 @@ struct HostStateLayout {
   std::vector<int64_t> segments;
 };
 
+// A job's gradient as a streaming backend reads it (HostOptimizer::gradient_chunk_bytes
+// > 0): the engine keeps the step's packed gradient in its device-side staging and hands
+// it out chunk by chunk, through a small ring of pinned host buffers, as the backend
+// sends it; the worker never holds a host copy of a whole gradient. The engine reuses
+// the staging once the backend has dropped the source and every chunk it took.
+// Thread safety: chunk() from one thread at a time (the backend's sender).
+class GradSource {
+ public:
+  virtual ~GradSource() = default;
+  // Elements [offset, offset + n) of the packed gradient (the spans' GradRef type), in
+  // host memory that stays valid and unchanged while the returned handle lives. Blocks
+  // while the ring is full (back-pressure: chunks return as their sends complete).
+  // n * element bytes <= gradient_chunk_bytes(). Throws std::runtime_error on a copy error.
+  virtual std::shared_ptr<const void> chunk(int64_t offset, int64_t n) = 0;
+};
+
 // acc[offset + i] (+)= grad[i] * scale over each span (see accumulate_kernel.h). The
-// gradient is the caller's (staging) memory; the accumulator the backend's.
+// gradient is the caller's (staging) memory, or with `source` set, elements
+// [source_offset, + n) of it; the accumulator is the backend's.
 struct AccumulateJob {
   struct Span {
     int64_t offset = 0;  // into `acc`
-    GradRef grad;
+    GradRef grad;        // with `source`: only the type
     int64_t n = 0;
+    int64_t source_offset = -1;
   };
   HostBuf acc = HostBuf::kAcc0;
   std::vector<Span> spans;
+  std::shared_ptr<GradSource> source;  // streaming backends only
   float scale = 1.0f;
   bool overwrite = false;
   // Runs on the host updater's thread before the job's data is read, e.g. to wait for the
@@ -96,21 +117,25 @@ struct AccumulateJob {
 };
 
 // One AdamW step per span over master/m/v[offset, offset + n): plain, with `grad` (the
-// caller's staging) as the gradient; window-end fused when `acc` is set too (gradient =
-// (acc + grad) * grad_scale); or with the accumulator alone as the gradient (grad.data
-// null: flushing an open window). Each span carries its own coefficients (weight decay
-// differs between parameters). `half_out` (caller's memory, may be null) receives the
-// low-precision copy of the updated master; it is complete when the job's wait() returns.
+// caller's staging, or `source` from source_offset) as the gradient; window-end fused
+// when `acc` is set too (gradient = (acc + grad) * grad_scale); or with the accumulator
+// alone as the gradient (has_grad() false: flushing an open window). Each span carries
+// its own coefficients (weight decay differs between parameters). `half_out` (caller's
+// memory, may be null) receives the low-precision copy of the updated master; it is
+// complete when the job's wait() returns.
 struct StepJob {
   struct Span {
     int64_t offset = 0;
     int64_t n = 0;
-    GradRef grad;
+    GradRef grad;  // with `source`: only the type
     uint16_t* half_out = nullptr;
     HalfKind half_kind = HalfKind::kBF16;
     AdamWCoeffs coeffs;
+    int64_t source_offset = -1;
+    bool has_grad() const { return grad.data != nullptr || source_offset >= 0; }
   };
   std::vector<Span> spans;
+  std::shared_ptr<GradSource> source;  // streaming backends only
   int acc = -1;  // the window accumulator (a HostBuf value), or -1
   float grad_scale = 1.0f;
   std::function<void()> before;
@@ -126,6 +151,10 @@ class HostOptimizer {
   // Blocks until every submitted job has run; returns seconds blocked.
   virtual double drain() = 0;
   virtual int threads() const = 0;
+  // > 0: this backend streams gradients (a remote one): jobs carry a GradSource, read in
+  // chunks of at most this many bytes, instead of GradRef memory. 0: jobs read GradRef
+  // memory, which the engine stages in full (in-process).
+  virtual int64_t gradient_chunk_bytes() const { return 0; }
 
   // --- Transfers of the host state (training thread) ---
   // Each sees the effect of every job submitted before it. The caller guarantees that no

@@ -12,6 +12,7 @@
 
 #include "worker/engine/device_ops.h"
 #include "worker/engine/device_streams.h"
+#include "worker/engine/gradient_staging.h"
 #include "worker/engine/host_optimizer.h"
 #include "worker/engine/host_thread_pool.h"
 
@@ -55,6 +56,15 @@ std::vector<int64_t> complement(const std::vector<int64_t>& sorted_sel, int64_t 
     out.push_back(j);
   }
   return out;
+}
+
+GradRef::Type grad_type(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return GradRef::Type::kF32;
+    case at::kBFloat16: return GradRef::Type::kBF16;
+    case at::kHalf: return GradRef::Type::kFP16;
+    default: throw std::invalid_argument("unsupported gradient dtype");
+  }
 }
 
 GradRef grad_ref(const at::Tensor& t, int64_t offset) {
@@ -149,6 +159,19 @@ struct ZenFlowOptimizer::Impl {
   // window parity for the window's last gradient, which the in-flight step still reads.
   at::Tensor ring[2], last_grad[2];
   at::Tensor param_out[2];  // low-precision host output for the H2D copy (non-fp32 weights)
+  // A streaming backend (HostOptimizer::gradient_chunk_bytes > 0, remote nodes) reads each
+  // gradient from the device-side staging (dev_stage with one rank, the reduce-scattered
+  // shard with several) through `stream_ring` (CUDA; the CPU device's staging is sent in
+  // place) as it sends (gradient_staging.h): no ring, no last_grad and one param_out, so
+  // the worker holds 2 bytes per element of host state (bf16/fp16 weights; none for fp32)
+  // plus the ring. stream_busy[slot]: the release of the gradient staged there, waited for
+  // before the slot is rewritten two steps later.
+  bool streaming = false;
+  std::shared_ptr<StagingRing> stream_ring;
+  std::shared_ptr<ReleaseLatch> stream_busy[2];
+  int stream_slot = 0;
+  // The param_out buffer a window's host step writes: one per parity, or the one.
+  int out_index(int parity) const { return streaming ? 0 : parity; }
   // Transfers: dedicated copy streams on CUDA, plain copies on the CPU. Device-side
   // staging (CUDA only) lets the D2H of step t overlap step t+1's compute.
   std::unique_ptr<DeviceStreams> streams;
@@ -347,6 +370,7 @@ struct ZenFlowOptimizer::Impl {
         opt.update_interval > 0 && opt.select_interval % opt.update_interval != 0)
       throw std::invalid_argument("select_interval must be a positive multiple of update_interval");
     if (opt.max_update_interval < 1) throw std::invalid_argument("max_update_interval must be >= 1");
+    if (opt.stream_ring_chunks < 1) throw std::invalid_argument("stream_ring_chunks must be >= 1");
     if (opt.mode == OptimizerMode::kOffload) {
       // ZeRO-Offload: everything on the host, one synchronous host step per step.
       opt.topk_ratio = 0;
@@ -429,16 +453,24 @@ struct ZenFlowOptimizer::Impl {
         host = make_in_process_host_optimizer(ho, layout);
       }
       streams = std::make_unique<DeviceStreams>(device);
+      streaming = host->gradient_chunk_bytes() > 0;
+      if (streaming && device.is_cuda())
+        stream_ring = std::make_shared<StagingRing>(*streams, opt.stream_ring_chunks, host->gradient_chunk_bytes());
       for (int b = 0; b < 2; ++b) {
-        ring[b] = streams->alloc_host({capacity}, split_dtype);
-        last_grad[b] = streams->alloc_host({capacity}, split_dtype);
-        if (split_dtype != at::kFloat) param_out[b] = streams->alloc_host({capacity}, split_dtype);
-        // Device-side staging: the all-rank layout (the reduce-scatter's input with W > 1).
-        if (device.is_cuda() || (partitioned() && b == 0))
+        if (!streaming) {
+          ring[b] = streams->alloc_host({capacity}, split_dtype);
+          last_grad[b] = streams->alloc_host({capacity}, split_dtype);
+        }
+        if (split_dtype != at::kFloat && (b == 0 || !streaming))
+          param_out[b] = streams->alloc_host({capacity}, split_dtype);
+        // Device-side staging: the all-rank layout (the reduce-scatter's input with W > 1;
+        // what a streaming backend reads with one rank).
+        if (device.is_cuda() || (partitioned() && b == 0) || (streaming && !partitioned()))
           dev_stage[b] = at::empty({capacity_all}, at::TensorOptions().dtype(split_dtype).device(device));
       }
       if (device.is_cuda()) dev_h2d = at::empty({capacity}, at::TensorOptions().dtype(split_dtype).device(device));
-      if (partitioned() || (device.is_cuda() && split_dtype == at::kFloat))
+      // Streaming with low-precision weights packs the master into the one param_out.
+      if ((partitioned() && !(streaming && split_dtype != at::kFloat)) || (device.is_cuda() && split_dtype == at::kFloat))
         pack_out = streams->alloc_host({capacity}, split_dtype);
       // The host owns every column until the first selection (warm-up = offload).
       for (auto& s : split) {
@@ -511,6 +543,29 @@ struct ZenFlowOptimizer::Impl {
     bytes(Direction::kD2H, own_total * buf.element_size());
     span.end(TimeKind::kStall, StallCause::kTransferD2H);
     return done;
+  }
+
+  // A streaming backend: the gradient stays in device-side staging and leaves through
+  // stream_ring as the backend sends it. Waits (stall `network`) while the backend still
+  // reads the gradient staged in the same slot two steps ago.
+  std::shared_ptr<GradSource> stream_gradients(const std::vector<at::Tensor>& g, const at::Tensor& shard) {
+    const int slot = stream_slot;
+    stream_slot ^= 1;
+    if (stream_busy[slot] && !stream_busy[slot]->is_open())
+      stalled(StallCause::kNetwork, [&] { stream_busy[slot]->wait(); });
+    ClockSpan span = clock_span();
+    at::Tensor staged;
+    if (partitioned()) {
+      staged = shard.contiguous().view({-1});
+    } else {
+      gather_parts(g, dev_stage[slot]);
+      staged = dev_stage[slot].narrow(0, 0, staged_total);
+    }
+    stream_busy[slot] = std::make_shared<ReleaseLatch>();
+    auto source = make_staged_gradient(*streams, stream_ring, staged, streams->mark_compute(), stream_busy[slot]);
+    bytes(Direction::kD2H, own_total * at::elementSize(split_dtype));
+    span.end(TimeKind::kStall, StallCause::kTransferD2H);
+    return source;
   }
 
   // --- Several ranks: make every rank see what its updaters need (see the header) ---
@@ -671,7 +726,9 @@ struct ZenFlowOptimizer::Impl {
   // final gradient; `window_acc` (or null) the sum of the earlier ones.
   // `last` undefined: the gradient is `window_acc` alone (flushing an open window).
   // `window_acc`: the parity of the window accumulator, or -1.
-  StepJob make_step_job(double lr, const at::Tensor& last, int window_acc, float grad_scale, int out_buffer) {
+  // `source` (streaming backends) replaces `last`.
+  StepJob make_step_job(double lr, const at::Tensor& last, int window_acc, float grad_scale, int out_buffer,
+                        std::shared_ptr<GradSource> source = nullptr) {
     StepJob job;
     job.grad_scale = grad_scale;
     job.acc = window_acc >= 0 ? static_cast<int>(acc_buffer(window_acc)) : -1;
@@ -681,7 +738,12 @@ struct ZenFlowOptimizer::Impl {
       StepJob::Span sp;
       sp.offset = s.host_offset;
       sp.n = s.own_elems();
-      if (last.defined()) sp.grad = grad_ref(last, s.local_offset);  // else: the accumulator alone
+      if (source) {
+        sp.grad.type = grad_type(split_dtype);
+        sp.source_offset = s.local_offset;
+      } else if (last.defined()) {
+        sp.grad = grad_ref(last, s.local_offset);
+      }  // else: the accumulator alone
       if (split_dtype != at::kFloat) {
         sp.half_out = reinterpret_cast<uint16_t*>(param_out[out_buffer].data_ptr()) + s.local_offset;
         sp.half_kind = split_dtype == at::kBFloat16 ? HalfKind::kBF16 : HalfKind::kFP16;
@@ -689,17 +751,24 @@ struct ZenFlowOptimizer::Impl {
       sp.coeffs = coeffs(lr, s.weight_decay, host_step);
       job.spans.push_back(sp);
     }
+    job.source = std::move(source);
     return job;
   }
 
-  AccumulateJob make_accumulate_job(const at::Tensor& staged, int parity, bool overwrite) {
+  // From `staged` (host staging), or from `source` (streaming backends) when set.
+  AccumulateJob make_accumulate_job(const at::Tensor& staged, int parity, bool overwrite,
+                                    std::shared_ptr<GradSource> source = nullptr) {
     AccumulateJob job;
     job.acc = acc_buffer(parity);
     job.overwrite = overwrite;
     for (auto& s : split) {
       if (s.n_own() == 0) continue;
-      job.spans.push_back({s.host_offset, grad_ref(staged, s.local_offset), s.own_elems()});
+      if (source)
+        job.spans.push_back({s.host_offset, GradRef{nullptr, grad_type(split_dtype)}, s.own_elems(), s.local_offset});
+      else
+        job.spans.push_back({s.host_offset, grad_ref(staged, s.local_offset), s.own_elems()});
     }
+    job.source = std::move(source);
     return job;
   }
 
@@ -1060,8 +1129,8 @@ struct ZenFlowOptimizer::Impl {
   // layout before; leaving columns get their current weights.
   void repack_param_out(int buf, const std::vector<std::vector<int64_t>>& old_cols,
                         const std::vector<int64_t>& old_offset) {
-    h2d_from_pack.wait();  // pack_out is the scratch here
-    at::Tensor out = pack_out;
+    h2d_from_pack.wait();  // pack_out is the scratch here (a temporary when streaming)
+    at::Tensor out = pack_out.defined() ? pack_out : at::empty({own_total}, at::TensorOptions().dtype(split_dtype));
     for (size_t i = 0; i < split.size(); ++i) {
       SplitParam& sp = split[i];
       const int64_t n_old = static_cast<int64_t>(old_cols[i].size());
@@ -1277,11 +1346,17 @@ struct ZenFlowOptimizer::Impl {
 
     if (warm) {
       // Warm-up and offload mode: one synchronous host step over every host column.
-      StepJob job = make_step_job(ctx.lr, ring[0], -1, 1.0f, 0);
-      job.before = [d2h = stage_gradients(g, synced.shard, ring[0]), h2d = h2d_from_out[0]]() mutable {
-        d2h.wait();
-        h2d.wait();
-      };
+      StepJob job;
+      if (streaming) {
+        job = make_step_job(ctx.lr, at::Tensor(), -1, 1.0f, 0, stream_gradients(g, synced.shard));
+        job.before = [h2d = h2d_from_out[0]]() mutable { h2d.wait(); };
+      } else {
+        job = make_step_job(ctx.lr, ring[0], -1, 1.0f, 0);
+        job.before = [d2h = stage_gradients(g, synced.shard, ring[0]), h2d = h2d_from_out[0]]() mutable {
+          d2h.wait();
+          h2d.wait();
+        };
+      }
       auto work = host->submit(std::move(job));
       wait_for(StallCause::kHostOptimizer, work);
       applied_host_seconds = work->run_seconds();
@@ -1293,6 +1368,11 @@ struct ZenFlowOptimizer::Impl {
     ++steps_since_selection;
     const bool boundary = opt.update_interval > 0 ? window_pos >= opt.update_interval : auto_window_closes();
     const int parity = static_cast<int>(window % 2);
+    if (!boundary && streaming) {
+      pending_accumulates.push_back(host->submit(
+          make_accumulate_job(at::Tensor(), parity, window_pos == 1, stream_gradients(g, synced.shard))));
+      return rep;
+    }
     if (!boundary) {
       // Mid-window: stage into a ring buffer the accumulate job has released.
       const int r = static_cast<int>((window_pos - 1) % 2);
@@ -1307,17 +1387,24 @@ struct ZenFlowOptimizer::Impl {
 
     // Boundary (§4): hand the window to the host updater.
     rep.boundary = true;
-    CopyHandle d2h = stage_gradients(g, synced.shard, last_grad[parity]);
+    CopyHandle d2h;
+    std::shared_ptr<GradSource> source;
+    if (streaming)
+      source = stream_gradients(g, synced.shard);
+    else
+      d2h = stage_gradients(g, synced.shard, last_grad[parity]);
     const int64_t len = window_pos;
     last_window_steps = len;
     std::vector<std::shared_ptr<HostWork>> window_accs = std::move(pending_accumulates);
     pending_accumulates.clear();
-    StepJob job = make_step_job(ctx.lr, last_grad[parity], len > 1 ? parity : -1,
-                                1.0f / static_cast<float>(len), parity);
+    const int out = out_index(parity);
+    StepJob job = make_step_job(ctx.lr, streaming ? at::Tensor() : last_grad[parity], len > 1 ? parity : -1,
+                                1.0f / static_cast<float>(len), out, std::move(source));
     // Before the host step reads and writes: this window's accumulates, its last D2H and
-    // the H2D out of the param_out buffer it writes (two windows ago) must have completed.
+    // the H2D out of the param_out buffer it writes (two windows ago; streaming: the one
+    // buffer, whose H2D of window k-1 was started before) must have completed.
     auto before = [&] {
-      return [window_accs, d2h, h2d = h2d_from_out[parity]]() mutable {
+      return [window_accs, d2h, h2d = h2d_from_out[out]]() mutable {
         for (auto& w : window_accs) w->wait();
         d2h.wait();
         h2d.wait();
@@ -1330,7 +1417,7 @@ struct ZenFlowOptimizer::Impl {
       job.before = before();
       auto work = host->submit(std::move(job));
       wait_for(StallCause::kHostOptimizer, work);
-      apply_host_result(parity);
+      apply_host_result(out);
       ++windows_applied;
       reselect(ctx.epoch, rep, nullptr);
     } else {
@@ -1352,7 +1439,7 @@ struct ZenFlowOptimizer::Impl {
         span.end(TimeKind::kDeviceOptimizer);
       }
       job.before = before();
-      inflight.reset(new InFlight{host->submit(std::move(job)), parity});
+      inflight.reset(new InFlight{host->submit(std::move(job)), out});
       reselect(ctx.epoch, rep, &plan);
     }
     for (auto& s : split) s.score_acc.zero_();
@@ -1366,11 +1453,12 @@ struct ZenFlowOptimizer::Impl {
     complete_inflight();
     if (window_pos == 0 || split.empty()) return;
     const int parity = static_cast<int>(window % 2);
-    StepJob job = make_step_job(last_lr, at::Tensor(), parity, 1.0f / static_cast<float>(window_pos), parity);
-    job.before = [h2d = h2d_from_out[parity]]() mutable { h2d.wait(); };
+    const int out = out_index(parity);
+    StepJob job = make_step_job(last_lr, at::Tensor(), parity, 1.0f / static_cast<float>(window_pos), out);
+    job.before = [h2d = h2d_from_out[out]]() mutable { h2d.wait(); };
     auto work = host->submit(std::move(job));
     wait_for(StallCause::kHostOptimizer, work);
-    apply_host_result(parity);
+    apply_host_result(out);
     ++window;
     ++windows_applied;
     window_pos = 0;
@@ -1573,7 +1661,9 @@ ZenFlowOptimizer::ZenFlowOptimizer(std::vector<ParamSpec> params, const EngineOp
 }
 
 ZenFlowOptimizer::~ZenFlowOptimizer() {
-  if (impl_ && impl_->host) impl_->host->drain();
+  if (!impl_ || !impl_->host) return;
+  impl_->host->drain();
+  impl_->host.reset();  // before the streams and the staging its sender may still read
 }
 
 void ZenFlowOptimizer::zero_grad() {
@@ -1647,6 +1737,7 @@ HostMemoryBytes ZenFlowOptimizer::host_memory_bytes() const {
     if (i.param_out[k].defined()) b.transfer_buffers += i.param_out[k].nbytes();
   }
   if (i.pack_out.defined()) b.transfer_buffers += i.pack_out.nbytes();
+  if (i.stream_ring) b.transfer_buffers += i.stream_ring->bytes();
   return b;
 }
 

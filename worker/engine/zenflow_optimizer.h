@@ -104,6 +104,11 @@ struct EngineOptions {
   // zenflow-optimizer nodes (worker/transport/remote_host_optimizer.h). The engine never
   // sees how a backend moves data.
   HostOptimizerFactory host_backend;
+  // CUDA: a streaming backend's gradients pass through this many pinned host buffers of
+  // its chunk size (8 MiB for remote nodes: 96 MiB), the only host memory they take:
+  // enough sends in flight to keep a link busy; fewer make the training thread wait
+  // sooner. (On the CPU device the staging is host memory and is sent in place.)
+  int stream_ring_chunks = 12;
 };
 
 struct ParamSpec {

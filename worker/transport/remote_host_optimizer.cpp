@@ -108,6 +108,9 @@ struct Message {
   std::shared_ptr<std::string> body;  // descriptor (owned)
   const char* data = nullptr;         // or the caller's data (kept alive by the caller)
   size_t len = 0;
+  // Or elements [source_offset, + h.count) of a job's GradSource, copied out when posted.
+  std::shared_ptr<engine::GradSource> source;
+  int64_t source_offset = -1;
 };
 
 }  // namespace
@@ -180,9 +183,10 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
       d.body = std::make_shared<std::string>(encode_op(descs[k], false));
       per[k].push_back(d);
       for (size_t i = 0; i < spans[k].size(); ++i)
-        add_chunks(per[k], MsgType::kGrad, static_cast<uint32_t>(i), static_cast<const char*>(spans[k][i]->grad.data),
-                   static_cast<uint64_t>(spans[k][i]->n), grad_type_bytes(descs[k].spans[i].grad_type));
+        add_grad_chunks(per[k], static_cast<uint32_t>(i), job.source, spans[k][i]->grad, spans[k][i]->source_offset,
+                        static_cast<uint64_t>(spans[k][i]->n), grad_type_bytes(descs[k].spans[i].grad_type));
     }
+    job.source.reset();  // the messages hold it until they are posted
     post(work, std::move(job.before), std::move(per), std::move(none), 2);
     return work;
   }
@@ -198,7 +202,7 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
       OpSpan o;
       o.offset = static_cast<uint64_t>(s.offset - nodes_[k]->begin);
       o.n = static_cast<uint64_t>(s.n);
-      o.grad_type = s.grad.data ? static_cast<uint32_t>(s.grad.type) : kGradNone;
+      o.grad_type = s.has_grad() ? static_cast<uint32_t>(s.grad.type) : kGradNone;
       o.half_kind = s.half_out ? 1 + static_cast<uint32_t>(s.half_kind) : 0;
       o.coeffs = s.coeffs;
       descs[k].spans.push_back(o);
@@ -214,10 +218,11 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
       d.body = std::make_shared<std::string>(encode_op(descs[k], true));
       per[k].push_back(d);
       for (size_t i = 0; i < spans[k].size(); ++i)
-        if (spans[k][i]->grad.data)
-          add_chunks(per[k], MsgType::kGrad, static_cast<uint32_t>(i), static_cast<const char*>(spans[k][i]->grad.data),
-                     static_cast<uint64_t>(spans[k][i]->n), grad_type_bytes(descs[k].spans[i].grad_type));
+        if (spans[k][i]->has_grad())
+          add_grad_chunks(per[k], static_cast<uint32_t>(i), job.source, spans[k][i]->grad, spans[k][i]->source_offset,
+                          static_cast<uint64_t>(spans[k][i]->n), grad_type_bytes(descs[k].spans[i].grad_type));
     }
+    job.source.reset();
     post(work, std::move(job.before), std::move(per), std::move(targets), 2);
     return work;
   }
@@ -228,6 +233,8 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
     cv_.wait(lock, [&] { return works_ == 0; });
     return sw.seconds();
   }
+
+  int64_t gradient_chunk_bytes() const override { return static_cast<int64_t>(opt_.chunk_bytes); }
 
   int threads() const override {
     int t = 0;
@@ -346,6 +353,19 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
     }
   }
 
+  // A span's gradient: from the job's GradSource when it has one, else the GradRef's memory.
+  void add_grad_chunks(std::vector<Message>& out, uint32_t span, const std::shared_ptr<engine::GradSource>& source,
+                       const engine::GradRef& grad, int64_t source_offset, uint64_t n, size_t esize) {
+    const size_t first = out.size();
+    add_chunks(out, MsgType::kGrad, span, source ? nullptr : static_cast<const char*>(grad.data), n, esize);
+    if (!source) return;
+    if (source_offset < 0) throw std::logic_error("remote host optimizer: a streamed span without a source offset");
+    for (size_t i = first; i < out.size(); ++i) {
+      out[i].source = source;
+      out[i].source_offset = source_offset + static_cast<int64_t>(out[i].h.offset);
+    }
+  }
+
   std::shared_ptr<RemoteWork> start_work() {
     auto w = std::make_shared<RemoteWork>();
     w->add_parts(1);  // the sender's own part: done once everything is posted
@@ -432,13 +452,24 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
         }
         for (Message& m : t.per[k]) {
           m.h.seq = sub->seq;
+          std::shared_ptr<const void> chunk;  // a streamed gradient's staging chunk, until sent
+          if (m.source) {
+            try {
+              chunk = m.source->chunk(m.source_offset, static_cast<int64_t>(m.h.count));
+            } catch (const std::exception& e) {
+              lose(n, std::string("cannot stage the gradient: ") + e.what());
+              break;
+            }
+            m.source.reset();
+            m.data = static_cast<const char*>(chunk.get());
+          }
           const char* payload = m.body ? m.body->data() : m.data;
           const size_t len = m.body ? m.body->size() : m.len;
           m.h.payload_bytes = static_cast<uint32_t>(len);
           unsigned char buf[kWireHeaderBytes];
           encode(m.h, buf);
           std::shared_ptr<std::string> keep = m.body;
-          n.ch->send(buf, sizeof buf, payload, len, [keep](bool, const std::string&) {});
+          n.ch->send(buf, sizeof buf, payload, len, [keep, chunk](bool, const std::string&) {});
         }
       }
       finish_part(t.work, -1);
