@@ -637,9 +637,23 @@ fs::path comparable_path(const fs::path& p) {
 // checkpoint.dir receives step-N directories and its lock, and old checkpoints are pruned
 // there: it must be a directory of its own, not one that holds the user's files.
 
-void check_checkpoint_dir(const CheckpointSpec& c, const std::string& name,
-                          const std::string& spec_dir) {
+void check_checkpoint_dir(const CheckpointSpec& c, const std::string& name, const std::string& spec_dir,
+                          SpecSite site) {
   const std::string use = "; use a subdirectory such as runs/" + name;
+  if (site == SpecSite::kRunsElsewhere) {  // lexical rules only: no system call
+    auto lexical = [](const fs::path& p) {
+      fs::path n = p.lexically_normal();
+      if (!n.has_filename() && n.has_relative_path()) n = n.parent_path();
+      return n.empty() ? fs::path(".") : n;
+    };
+    const fs::path dir = lexical(c.dir);
+    if (dir.is_absolute() && dir == dir.root_path())
+      throw SpecError("checkpoint.dir", "must not be the root directory (" + dir.string() + ")" + use);
+    if (dir == lexical(spec_dir.empty() ? "." : spec_dir))
+      throw SpecError("checkpoint.dir",
+                      "must not be the directory holding the job spec (" + dir.string() + ")" + use);
+    return;
+  }
   const fs::path dir = comparable_path(c.dir);
   if (dir == dir.root_path()) {
     throw SpecError("checkpoint.dir", "must not be the root directory (" + dir.string() + ")" + use);
@@ -659,7 +673,7 @@ void check_checkpoint_dir(const CheckpointSpec& c, const std::string& name,
   }
 }
 
-JobSpec validate(const YAML::Node& root, const std::string& base_dir) {
+JobSpec validate(const YAML::Node& root, const std::string& base_dir, SpecSite site) {
   Section s(root, "",
             {"name", "model", "data", "train", "optimizer", "resources", "checkpoint", "cost"});
   JobSpec spec;
@@ -675,7 +689,7 @@ JobSpec validate(const YAML::Node& root, const std::string& base_dir) {
   read_optimizer(s.child("optimizer"), spec.optimizer, base_dir);
   read_resources(s.child("resources"), spec.resources);
   read_checkpoint(s.child("checkpoint"), spec.checkpoint, spec.name, base_dir);
-  check_checkpoint_dir(spec.checkpoint, spec.name, base_dir);
+  check_checkpoint_dir(spec.checkpoint, spec.name, base_dir, site);
   read_cost(s.child("cost"), spec.cost);
 
   // Learned position tables (gpt2) and rotary caches (llama) are sized by this.
@@ -752,7 +766,7 @@ void apply_override(YAML::Node& root, const std::string& assignment) {
 }
 
 JobSpec parse_from(const std::string& yaml_text, const std::vector<std::string>& overrides,
-                   const std::string& base_dir, const std::string& source) {
+                   const std::string& base_dir, const std::string& source, SpecSite site = SpecSite::kRunsHere) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -760,7 +774,7 @@ JobSpec parse_from(const std::string& yaml_text, const std::vector<std::string>&
     throw SpecError(source, yaml_error(e));
   }
   for (const std::string& o : overrides) apply_override(root, o);
-  return validate(root, base_dir);
+  return validate(root, base_dir, site);
 }
 
 // `path` (a file or directory the spec names) must exist and be of a kind `accept`s; the
@@ -795,6 +809,11 @@ bool directory(unsigned mode) { return S_ISDIR(mode); }
 JobSpec parse_job_spec(const std::string& yaml_text, const std::vector<std::string>& overrides,
                        const std::string& base_dir) {
   return parse_from(yaml_text, overrides, base_dir, "<yaml>");
+}
+
+JobSpec parse_job_spec(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                       const std::string& base_dir, SpecSite site) {
+  return parse_from(yaml_text, overrides, base_dir, "<yaml>", site);
 }
 
 JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& overrides) {

@@ -183,6 +183,15 @@ struct JobSpec {
 JobSpec parse_job_spec(const std::string& yaml_text, const std::vector<std::string>& overrides = {},
                        const std::string& base_dir = ".");
 
+// Where a spec is parsed. kRunsHere (parse_job_spec above): checkpoint.dir's rules are
+// checked on this machine's file system (symlinks resolved, $HOME, an existing
+// non-directory). kRunsElsewhere (the coordinator, which stores and schedules specs that
+// workers run): only the lexical ones (not "/", not the spec's directory as written); the
+// worker checks the rest where the directory lives. Nothing else differs.
+enum class SpecSite { kRunsHere, kRunsElsewhere };
+JobSpec parse_job_spec(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                       const std::string& base_dir, SpecSite site);
+
 // Reads the file at `path` with read_regular_file (a FIFO, a device, a directory or a file
 // over kMaxSpecBytes is refused at once, never read or waited on) and parses it; relative
 // paths in it resolve against the file's directory (made absolute), and check_spec_paths

@@ -130,7 +130,7 @@ void Coordinator::load() {
     Job j;
     if (rec.workers < 0) {
       try {
-        record_spec_facts(parse_job_spec(rec.spec_yaml), &rec);
+        record_spec_facts(parse_job_spec(rec.spec_yaml, {}, ".", SpecSite::kRunsElsewhere), &rec);
       } catch (const std::exception& e) {
         // A record this build cannot read any more: keep it visible, never run it.
         rec.checkpoint_dir.clear();
@@ -345,7 +345,7 @@ Status Coordinator::parse_submitted(const v1::SubmitJobRequest& req, JobSpec* sp
   if (req.spec_yaml().size() > (1u << 20)) return bad("spec_yaml: larger than 1 MiB");
   if (req.request_id().size() > 256) return bad("request_id: longer than 256 characters");
   try {
-    *spec = parse_job_spec(req.spec_yaml(), {req.set().begin(), req.set().end()});
+    *spec = parse_job_spec(req.spec_yaml(), {req.set().begin(), req.set().end()}, ".", SpecSite::kRunsElsewhere);
   } catch (const SpecError& e) {
     return bad(e.what());
   } catch (const std::exception& e) {

@@ -696,6 +696,48 @@ TEST(JobSpecCheckpointDir, RefusesRootHomeTheSpecsDirectoryAndNonDirectories) {
   }
 }
 
+// Parsed where the spec does not run (the coordinator): the lexical rules hold, the ones
+// about this machine's files are the worker's to check (its $HOME, its files).
+TEST(JobSpecCheckpointDir, ElsewhereKeepsOnlyTheLexicalRules) {
+  ScratchDir scratch("ckdir-elsewhere");
+  const fs::path home = scratch.path / "home";
+  fs::create_directories(home);
+  std::ofstream(scratch.path / "notes.txt") << "mine\n";
+  const char* old_home = std::getenv("HOME");
+  const std::string saved_home = old_home ? old_home : "";
+  ::setenv("HOME", home.c_str(), 1);
+  auto error = [&](const std::string& dir) {
+    try {
+      parse_job_spec(std::string(kMinimalSpec) + "checkpoint: {dir: \"" + dir + "\"}\n", {}, ".",
+                     SpecSite::kRunsElsewhere);
+    } catch (const SpecError& e) {
+      EXPECT_EQ(e.path(), "checkpoint.dir") << e.what();
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string use = "; use a subdirectory such as runs/m";
+  EXPECT_EQ(error("/"), "checkpoint.dir: must not be the root directory (/)" + use);
+  EXPECT_NE(error("//").find("must not be the root directory"), std::string::npos);
+  EXPECT_EQ(error("/tmp/.."), "checkpoint.dir: must not be the root directory (/)" + use);
+  const std::string own = "checkpoint.dir: must not be the directory holding the job spec (.)" + use;
+  EXPECT_EQ(error("."), own);
+  EXPECT_EQ(error("./"), own);
+  EXPECT_EQ(error("sub/.."), own);
+  // This machine's home and files are not the worker's.
+  EXPECT_EQ(error(home.string()), "");
+  EXPECT_EQ(error((scratch.path / "notes.txt").string()), "");
+  EXPECT_EQ(error("runs/m"), "");
+  // Here, the same spec is refused.
+  EXPECT_THROW(parse_job_spec(std::string(kMinimalSpec) + "checkpoint: {dir: \"" + home.string() + "\"}\n"),
+               SpecError);
+  if (old_home) {
+    ::setenv("HOME", saved_home.c_str(), 1);
+  } else {
+    ::unsetenv("HOME");
+  }
+}
+
 // Runs `f` on its own thread and waits at most `seconds`: a regression that blocks (a FIFO
 // opened for reading) fails the test instead of hanging it. The thread is detached; a
 // blocked one dies with the process.
