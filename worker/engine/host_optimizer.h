@@ -11,7 +11,8 @@
 //
 // Ordering: step jobs run in submission order; accumulate jobs run in submission order
 // among themselves and may overtake a running step job (between its chunks), because
-// the engine guarantees they touch disjoint memory (the next window's accumulator).
+// the engine guarantees they touch disjoint memory (the next window's accumulator). A
+// step job starts only once every accumulate job submitted before it has run.
 // Backends: InProcessHostOptimizer (this file, a pinned thread pool on reserved cores);
 // the remote backend (zenflow-optimizer nodes over UCX) implements the same interface.
 #pragma once

@@ -130,6 +130,9 @@ struct SlotFix {
 struct InFlight {
   std::shared_ptr<HostWork> work;  // null after a restore: the result is already in the master
   int buffer = 0;                  // param_out buffer holding its low-precision output
+  // Its window's accumulate jobs when the step did not wait for them (a streaming
+  // backend): waited with it, so that an error of theirs is not lost.
+  std::vector<std::shared_ptr<HostWork>> accumulates;
 };
 
 }  // namespace
@@ -776,6 +779,7 @@ struct ZenFlowOptimizer::Impl {
   void complete_inflight() {
     if (!inflight) return;
     if (inflight->work) wait_for(StallCause::kHostOptimizer, inflight->work);
+    for (auto& w : inflight->accumulates) wait_for(StallCause::kHostOptimizer, w);
     const int buf = inflight->work ? inflight->buffer : -1;
     if (inflight->work) applied_host_seconds = inflight->work->run_seconds();
     apply_slot_fixes();
@@ -1402,10 +1406,14 @@ struct ZenFlowOptimizer::Impl {
                                 1.0f / static_cast<float>(len), out, std::move(source));
     // Before the host step reads and writes: this window's accumulates, its last D2H and
     // the H2D out of the param_out buffer it writes (two windows ago; streaming: the one
-    // buffer, whose H2D of window k-1 was started before) must have completed.
+    // buffer, whose H2D of window k-1 was started before) must have completed. A
+    // streaming backend runs the step after the window's accumulates by itself (the
+    // HostOptimizer ordering rule): waiting for their answers before sending the step
+    // would only add a round trip to every boundary.
     auto before = [&] {
-      return [window_accs, d2h, h2d = h2d_from_out[out]]() mutable {
-        for (auto& w : window_accs) w->wait();
+      std::vector<std::shared_ptr<HostWork>> accs = streaming ? std::vector<std::shared_ptr<HostWork>>() : window_accs;
+      return [accs, d2h, h2d = h2d_from_out[out]]() mutable {
+        for (auto& w : accs) w->wait();
         d2h.wait();
         h2d.wait();
       };
@@ -1417,6 +1425,8 @@ struct ZenFlowOptimizer::Impl {
       job.before = before();
       auto work = host->submit(std::move(job));
       wait_for(StallCause::kHostOptimizer, work);
+      if (streaming)
+        for (auto& w : window_accs) wait_for(StallCause::kHostOptimizer, w);
       apply_host_result(out);
       ++windows_applied;
       reselect(ctx.epoch, rep, nullptr);
@@ -1439,7 +1449,8 @@ struct ZenFlowOptimizer::Impl {
         span.end(TimeKind::kDeviceOptimizer);
       }
       job.before = before();
-      inflight.reset(new InFlight{host->submit(std::move(job)), out});
+      inflight.reset(new InFlight{host->submit(std::move(job)), out, {}});
+      if (streaming) inflight->accumulates = std::move(window_accs);
       reselect(ctx.epoch, rep, &plan);
     }
     for (auto& s : split) s.score_acc.zero_();
@@ -1566,7 +1577,7 @@ void ZenFlowOptimizer::load_state_shards(
   i.windows_since_selection = a[10];
   i.epoch_at_selection = a[11];
   i.reselections = a[12];
-  if (a[13] != 0) i.inflight.reset(new InFlight{nullptr, -1});
+  if (a[13] != 0) i.inflight.reset(new InFlight{nullptr, -1, {}});
   i.last_lr = get("engine/last_lr", {1}).item<double>();
   const int parity = static_cast<int>(i.window % 2);
   for (auto& s : i.split) {
