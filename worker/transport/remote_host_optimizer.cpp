@@ -298,7 +298,7 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
     uint64_t next_seq = 1;
     bool lost = false;
     std::string why;
-    std::atomic<int64_t> last_pong_us{0};
+    std::atomic<int64_t> last_heard_us{0};  // any message from it: a pong, a reply, data
     std::promise<std::string> hello;  // "" on WELCOME, else the refusal
     bool hello_set = false;
   };
@@ -486,10 +486,10 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
         Node& n = *np;
         if (is_lost(n)) continue;
         const int64_t now = now_us();
-        const double silent = static_cast<double>(now - n.last_pong_us.load()) / 1e6;
+        const double silent = static_cast<double>(now - n.last_heard_us.load()) / 1e6;
         if (silent > opt_.lost_after_s) {
           char b[96];
-          std::snprintf(b, sizeof b, "no answer to pings for %.1f s", silent);
+          std::snprintf(b, sizeof b, "nothing from it for %.1f s (no answer to pings)", silent);
           lose(n, b);
           continue;
         }
@@ -553,6 +553,9 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
 
   void on_message(Node& n, const void* header, size_t hlen, void* data, size_t len) {
     const WireHeader w = decode(header, hlen, len, {}, data);
+    // Whatever arrives shows the node alive: a pong can trail bulk transfers on the same
+    // endpoint for seconds (a re-selection's state moves), while their replies keep coming.
+    n.last_heard_us = now_us();
     switch (w.type) {
       case MsgType::kWelcome: {
         Welcome x = decode_welcome(data, len);
@@ -570,7 +573,6 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
         return;
       }
       case MsgType::kPong:
-        n.last_pong_us = now_us();
         return;
       case MsgType::kPing:
         return;
@@ -633,7 +635,7 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
     } catch (const std::exception& e) {
       throw engine::HostBackendLost("optimizer node " + n.address + " lost: cannot connect: " + e.what(), n.address);
     }
-    n.last_pong_us = now_us();
+    n.last_heard_us = now_us();
     Hello h;
     h.token = opt_.token;
     h.job = opt_.job;

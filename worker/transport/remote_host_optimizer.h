@@ -13,11 +13,11 @@
 // Welcome::credits ops per node outstanding (back-pressure: a slow node slows the
 // sender, memory does not grow). A watchdog pings every node each second.
 //
-// Failure: a node whose channel fails, that sends ERROR, or that answers no ping for
-// `lost_after_s` is lost: every pending and later job and transfer fails with a
-// engine::HostBackendLost naming it ("optimizer node 127.0.0.1:4000 lost: ..."). Nothing
-// is retried here: `zenflow run` resumes from the last committed checkpoint
-// (optimizer.host.on_node_loss).
+// Failure: a node whose channel fails, that sends ERROR, or from which nothing arrives
+// (no pong, no reply, no data) for `lost_after_s` is lost: every pending and later job
+// and transfer fails with a engine::HostBackendLost naming it ("optimizer node
+// 127.0.0.1:4000 lost: ..."). Nothing is retried here: `zenflow run` resumes from the
+// last committed checkpoint (optimizer.host.on_node_loss).
 #pragma once
 
 #include <cstdint>
