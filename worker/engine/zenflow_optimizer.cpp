@@ -68,12 +68,8 @@ GradRef::Type grad_type(at::ScalarType t) {
 }
 
 GradRef grad_ref(const at::Tensor& t, int64_t offset) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return GradRef::f32(t.data_ptr<float>() + offset);
-    case at::kBFloat16: return GradRef::bf16(reinterpret_cast<const uint16_t*>(t.data_ptr()) + offset);
-    case at::kHalf: return GradRef::fp16(reinterpret_cast<const uint16_t*>(t.data_ptr()) + offset);
-    default: throw std::invalid_argument("unsupported gradient dtype");
-  }
+  return GradRef{static_cast<const char*>(t.data_ptr()) + offset * static_cast<int64_t>(t.element_size()),
+                 grad_type(t.scalar_type())};
 }
 
 // The host-owned columns of one matrix that one rank's host updater holds.
@@ -130,8 +126,8 @@ struct SlotFix {
 struct InFlight {
   std::shared_ptr<HostWork> work;  // null after a restore: the result is already in the master
   int buffer = 0;                  // param_out buffer holding its low-precision output
-  // Its window's accumulate jobs when the step did not wait for them (a streaming
-  // backend): waited with it, so that an error of theirs is not lost.
+  // Its window's accumulate jobs (the backend runs them before the step): waited with it,
+  // so that an error of theirs is not lost.
   std::vector<std::shared_ptr<HostWork>> accumulates;
 };
 
@@ -1404,16 +1400,13 @@ struct ZenFlowOptimizer::Impl {
     const int out = out_index(parity);
     StepJob job = make_step_job(ctx.lr, streaming ? at::Tensor() : last_grad[parity], len > 1 ? parity : -1,
                                 1.0f / static_cast<float>(len), out, std::move(source));
-    // Before the host step reads and writes: this window's accumulates, its last D2H and
-    // the H2D out of the param_out buffer it writes (two windows ago; streaming: the one
-    // buffer, whose H2D of window k-1 was started before) must have completed. A
-    // streaming backend runs the step after the window's accumulates by itself (the
-    // HostOptimizer ordering rule): waiting for their answers before sending the step
-    // would only add a round trip to every boundary.
+    // Before the host step reads and writes: its last D2H and the H2D out of the param_out
+    // buffer it writes (two windows ago; streaming: the one buffer, whose H2D of window
+    // k-1 was started before) must have completed. The window's accumulates run before
+    // it by the HostOptimizer ordering rule; waiting for them here would cost a remote
+    // backend a round trip at every boundary, so they are waited for with the step.
     auto before = [&] {
-      std::vector<std::shared_ptr<HostWork>> accs = streaming ? std::vector<std::shared_ptr<HostWork>>() : window_accs;
-      return [accs, d2h, h2d = h2d_from_out[out]]() mutable {
-        for (auto& w : accs) w->wait();
+      return [d2h, h2d = h2d_from_out[out]]() mutable {
         d2h.wait();
         h2d.wait();
       };
@@ -1425,8 +1418,7 @@ struct ZenFlowOptimizer::Impl {
       job.before = before();
       auto work = host->submit(std::move(job));
       wait_for(StallCause::kHostOptimizer, work);
-      if (streaming)
-        for (auto& w : window_accs) wait_for(StallCause::kHostOptimizer, w);
+      for (auto& w : window_accs) wait_for(StallCause::kHostOptimizer, w);
       apply_host_result(out);
       ++windows_applied;
       reselect(ctx.epoch, rep, nullptr);
@@ -1449,8 +1441,7 @@ struct ZenFlowOptimizer::Impl {
         span.end(TimeKind::kDeviceOptimizer);
       }
       job.before = before();
-      inflight.reset(new InFlight{host->submit(std::move(job)), out, {}});
-      if (streaming) inflight->accumulates = std::move(window_accs);
+      inflight.reset(new InFlight{host->submit(std::move(job)), out, std::move(window_accs)});
       reselect(ctx.epoch, rep, &plan);
     }
     for (auto& s : split) s.score_acc.zero_();
