@@ -645,6 +645,39 @@ TEST(OptimizerNodeRun, LostNodeResumesInProcessFromTheLastCheckpointExactly) {
   EXPECT_TRUE(a == b) << "the resumed run's final weights differ from the reference's";
 }
 
+// A worker that is itself paused (SIGSTOP of the whole run for longer than the 5 s loss
+// deadline, as a VM freeze or a debugger would) does not blame its node for the silence
+// it could not hear: the run goes on with the same node and ends with exactly the weights
+// of a run that never used one.
+TEST(OptimizerNodeRun, PausedWorkerDoesNotBlameItsNodeForTheSilence) {
+  use_tls("tcp");
+  Node node("tcp", "run-pause");
+  const fs::path dir = temp_dir() / "run-pause";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto run_args = [&](const std::string& ck) {
+    return tiny_run(ck, {"train.steps=24", "checkpoint.every_steps=8"});
+  };
+  Process run(on_node(run_args((dir / "remote").string()), node.address()), dir / "remote.log");
+  ASSERT_TRUE(wait_until([&] { return fs::exists(dir / "remote" / "step-00000008"); }, std::chrono::seconds(120)))
+      << run.output();
+  run.kill(SIGSTOP);  // the run's process group: every thread, the watchdog's included
+  std::this_thread::sleep_for(std::chrono::seconds(7));
+  run.kill(SIGCONT);
+  ASSERT_EQ(run.wait_exit(std::chrono::seconds(180)), 0) << run.output();
+  const std::string log = run.output();
+  EXPECT_EQ(log.find("lost"), std::string::npos) << log;
+  EXPECT_TRUE(node.process().running()) << node.process().output();
+
+  Process reference(run_args((dir / "local").string()), dir / "local.log");
+  ASSERT_EQ(reference.wait_exit(std::chrono::seconds(180)), 0) << reference.output();
+  const std::string a = zenflow::test_support::read_file(dir / "local" / "step-00000024" / "model.safetensors");
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == zenflow::test_support::read_file(dir / "remote" / "step-00000024" / "model.safetensors"))
+      << "the paused run's final weights differ from the reference's\n"
+      << log;
+}
+
 // Seeded kill points (zenflow-optimizer --die-at KIND:N SIGKILLs the node at the N-th
 // event): mid-gradient stream, mid-window step, mid-save (a checkpoint streaming the
 // state: the checkpoint is never committed half-written) and between windows. At every

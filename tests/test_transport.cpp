@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <random>
@@ -682,6 +683,39 @@ TEST_P(TransportTest, DestroyingATransportFailsThePeerAndItsOwnPendingSends) {
   client_channel_->send("late", 4, nullptr, 0, sent.done());
   client_channel_->close();
   EXPECT_EQ(sent.ok() + sent.failed(), 8);
+}
+
+// seconds_since_progress() says how long this side has been unable to deliver anything:
+// it grows while a handler blocks the progress thread and is back near 0 once the thread
+// goes round again (an idle one wakes every 100 ms). The remote host optimizer uses it not
+// to blame a node for silence it could not hear.
+TEST_P(TransportTest, ReportsHowLongItsProgressThreadHasNotRun) {
+  const auto wait_until = [](const std::function<bool()>& ok, std::chrono::milliseconds limit) {
+    for (const auto end = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < end;) {
+      if (ok()) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return ok();
+  };
+  std::promise<void> entered;
+  std::atomic<bool> blocked_once{false};
+  start({}, [&](const void* header, size_t header_len, size_t) -> void* {
+    if (std::string(static_cast<const char*>(header), header_len) == "block" && !blocked_once.exchange(true)) {
+      entered.set_value();
+      std::this_thread::sleep_for(1500ms);
+    }
+    return nullptr;
+  });
+  ASSERT_TRUE(wait_until([&] { return server_->seconds_since_progress() < 0.5; }, 5s));
+  const std::vector<unsigned char> payload(100, 7);
+  client_channel_->send("block", 5, payload.data(), payload.size(), nullptr);
+  ASSERT_EQ(entered.get_future().wait_for(10s), std::future_status::ready);
+  std::this_thread::sleep_for(1000ms);
+  EXPECT_GE(server_->seconds_since_progress(), 0.99);  // its last round began before the handler
+  ASSERT_TRUE(server_inbox_.wait_messages(1));
+  EXPECT_TRUE(wait_until([&] { return server_->seconds_since_progress() < 0.5; }, 5s))
+      << server_->seconds_since_progress();
+  EXPECT_LT(client_->seconds_since_progress(), 1.0);  // the other side was never blocked
 }
 
 TEST_P(TransportTest, IdleTransportsUseNoCpu) {

@@ -299,6 +299,8 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
     bool lost = false;
     std::string why;
     std::atomic<int64_t> last_heard_us{0};  // any message from it: a pong, a reply, data
+    std::atomic<int> last_type{-1};           // the MsgType of that message
+    std::atomic<int> unanswered_pings{0};     // pings sent since its last pong
     std::promise<std::string> hello;  // "" on WELCOME, else the refusal
     bool hello_set = false;
   };
@@ -476,20 +478,43 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
     }
   }
 
+  // Silence is counted only over time this side could hear. When this process was paused
+  // (SIGSTOP, a VM freeze: the watchdog itself woke late) or its transport's progress
+  // thread did not run (nothing arriving could be delivered), the nodes' silence meanwhile
+  // proves nothing: it is counted again from now. A progress thread stuck for longer than
+  // lost_after_s no longer holds judgement back, so a wedged transport still ends in an
+  // error instead of a hang.
   void run_watchdog() {
+    constexpr double kDeafS = 0.5;
+    const double interval = opt_.ping_interval_s;
+    int64_t last_round = now_us();
+    int64_t heard_floor_us = last_round;  // silence before this is not counted
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      cv_.wait_for(lock, std::chrono::duration<double>(opt_.ping_interval_s), [&] { return stop_; });
+      cv_.wait_for(lock, std::chrono::duration<double>(interval), [&] { return stop_; });
       if (stop_) return;
       lock.unlock();
+      const int64_t now = now_us();
+      const double late = static_cast<double>(now - last_round) / 1e6 - interval;
+      const double deaf = tr_->seconds_since_progress();
+      last_round = now;
+      if (late > kDeafS || (deaf > kDeafS && deaf <= opt_.lost_after_s)) heard_floor_us = now;
       for (auto& np : nodes_) {
         Node& n = *np;
         if (is_lost(n)) continue;
-        const int64_t now = now_us();
-        const double silent = static_cast<double>(now - n.last_heard_us.load()) / 1e6;
+        const int64_t heard = n.last_heard_us.load();
+        const double silent = static_cast<double>(now - std::max(heard, heard_floor_us)) / 1e6;
         if (silent > opt_.lost_after_s) {
-          char b[96];
-          std::snprintf(b, sizeof b, "nothing from it for %.1f s (no answer to pings)", silent);
+          const int last = n.last_type.load();
+          const int unanswered = n.unanswered_pings.load();
+          char pings[48] = "no ping sent meanwhile";
+          if (unanswered > 0) std::snprintf(pings, sizeof pings, "no answer to pings: %d unanswered", unanswered);
+          char b[256];
+          std::snprintf(b, sizeof b,
+                        "nothing from it for %.1f s (%s; its last message, %s, came %.1f s ago; this worker's "
+                        "transport last ran %.1f s ago)",
+                        silent, pings, last < 0 ? "none" : msg_type_name(static_cast<MsgType>(last)),
+                        static_cast<double>(now - heard) / 1e6, deaf);
           lose(n, b);
           continue;
         }
@@ -497,6 +522,7 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
         h.offset = static_cast<uint64_t>(now);
         unsigned char buf[kWireHeaderBytes];
         encode(h, buf);
+        ++n.unanswered_pings;
         n.ch->send(buf, sizeof buf, nullptr, 0, {});
       }
       lock.lock();
@@ -556,6 +582,7 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
     // Whatever arrives shows the node alive: a pong can trail bulk transfers on the same
     // endpoint for seconds (a re-selection's state moves), while their replies keep coming.
     n.last_heard_us = now_us();
+    n.last_type = static_cast<int>(w.type);
     switch (w.type) {
       case MsgType::kWelcome: {
         Welcome x = decode_welcome(data, len);
@@ -573,6 +600,7 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
         return;
       }
       case MsgType::kPong:
+        n.unanswered_pings = 0;
         return;
       case MsgType::kPing:
         return;

@@ -14,10 +14,12 @@
 // sender, memory does not grow). A watchdog pings every node each second.
 //
 // Failure: a node whose channel fails, that sends ERROR, or from which nothing arrives
-// (no pong, no reply, no data) for `lost_after_s` is lost: every pending and later job
-// and transfer fails with a engine::HostBackendLost naming it ("optimizer node
-// 127.0.0.1:4000 lost: ..."). Nothing is retried here: `zenflow run` resumes from the
-// last committed checkpoint (optimizer.host.on_node_loss).
+// (no pong, no reply, no data) for `lost_after_s` is lost (silence is counted only while
+// this process could hear: not while it was paused or its transport thread did not run):
+// every pending and later job and transfer fails with an engine::HostBackendLost naming
+// it ("optimizer node 127.0.0.1:4000 lost: ..."), with what was last heard from it.
+// Nothing is retried here: `zenflow run` resumes from the last committed checkpoint
+// (optimizer.host.on_node_loss).
 #pragma once
 
 #include <cstdint>

@@ -121,6 +121,12 @@ class Transport {
   // The transports asked for: the UCX_TLS in effect ("default" when unset: whatever UCX
   // picks). 1.13 cannot report the lanes an endpoint uses (UCX_LOG_LEVEL=info prints them).
   virtual std::string transports() const = 0;
+
+  // Seconds since the progress thread last went round its loop: near 0 while it runs (an
+  // idle one wakes at least every 100 ms). More means this side could not hear its peers
+  // meanwhile (a handler blocked, or the process was paused), so a peer's silence over
+  // that time says nothing about the peer.
+  virtual double seconds_since_progress() const = 0;
 };
 
 }  // namespace zenflow::transport

@@ -206,6 +206,10 @@ class UcxTransport final : public Transport {
   void register_memory(void* data, size_t len) override;
   void unregister_memory(void* data) override;
   std::string transports() const override { return tls_; }
+  double seconds_since_progress() const override {
+    const auto since = std::chrono::steady_clock::now().time_since_epoch().count() - last_loop_ns_.load();
+    return since > 0 ? static_cast<double>(since) / 1e9 : 0.0;
+  }
 
   // Progress-thread entry points (commands and UCX callbacks).
   void submit(SendOp* op);
@@ -246,6 +250,8 @@ class UcxTransport final : public Transport {
   int efd_ = -1;
   std::shared_ptr<CommandQueue> queue_ = std::make_shared<CommandQueue>();
   std::atomic<bool> stop_{false};
+  // steady_clock ns when the progress loop last went round (seconds_since_progress).
+  std::atomic<int64_t> last_loop_ns_{std::chrono::steady_clock::now().time_since_epoch().count()};
   std::thread thread_;
 
   // Progress-thread state.
@@ -404,6 +410,7 @@ void UcxTransport::progress_loop() {
       worked = true;
     }
     const auto now = Clock::now();
+    last_loop_ns_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
     for (size_t i = 0; i < awaiting_bye_ack_.size();) {
       auto ch = awaiting_bye_ack_[i];
       if (ch->bye_done || ch->close_issued || now >= ch->bye_deadline) {
