@@ -85,12 +85,14 @@ Coordinator::Coordinator(std::unique_ptr<Store> store, CoordinatorOptions option
     : store_(std::move(store)), options_(std::move(options)) {
   load();
   ticker_ = std::thread([this] { ticker(); });
+  intake_thread_ = std::thread([this] { parse_large_submits(); });
   committer_ = std::thread([this] { commit_submits(); });
 }
 
 Coordinator::~Coordinator() {
   shutdown();
   if (ticker_.joinable()) ticker_.join();
+  if (intake_thread_.joinable()) intake_thread_.join();  // before the committer: it may queue for it
   if (committer_.joinable()) committer_.join();
 }
 
@@ -99,7 +101,12 @@ void Coordinator::shutdown() {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
+  {
+    std::lock_guard<std::mutex> lock(intake_mu_);
+    intake_stopping_ = true;
+  }
   changed_.notify_all();
+  intake_cv_.notify_all();       // the intake thread answers what is queued (refused), then stops
   submits_queued_.notify_all();  // the committer commits what is queued, then stops
 }
 
@@ -366,6 +373,45 @@ Status Coordinator::submit(const v1::SubmitJobRequest& req, v1::SubmitJobRespons
 }
 
 void Coordinator::submit_async(const v1::SubmitJobRequest& req, SubmitAnswer answer) {
+  if (req.spec_yaml().size() <= kInlineSpecBytes || std::this_thread::get_id() == intake_thread_.get_id())
+    return admit_submit(req, std::move(answer));
+  std::unique_lock<std::mutex> lock(intake_mu_);
+  if (intake_stopping_ || intake_.size() >= kMaxIntakeQueue) {
+    const bool stopping = intake_stopping_;
+    lock.unlock();
+    return answer(stopping ? Status{StatusCode::UNAVAILABLE, "coordinator is shutting down"}
+                           : Status{StatusCode::RESOURCE_EXHAUSTED,
+                                    std::to_string(kMaxIntakeQueue) + " specs over " +
+                                        std::to_string(kInlineSpecBytes >> 10) +
+                                        " KiB are already waiting to be parsed; retry in a second"},
+                  v1::SubmitJobResponse{});
+  }
+  intake_.push_back({std::make_shared<const v1::SubmitJobRequest>(req), std::move(answer)});
+  lock.unlock();
+  intake_cv_.notify_one();
+}
+
+// Large specs, parsed here in arrival order; once stopping, what is left is refused
+// unparsed (UNAVAILABLE), so every answer is still called once and shutdown is prompt.
+void Coordinator::parse_large_submits() {
+  std::unique_lock<std::mutex> lock(intake_mu_);
+  for (;;) {
+    intake_cv_.wait(lock, [&] { return intake_stopping_ || !intake_.empty(); });
+    if (intake_.empty()) return;
+    Intake next = std::move(intake_.front());
+    intake_.pop_front();
+    const bool stopping = intake_stopping_;
+    lock.unlock();
+    if (stopping) {
+      next.answer({StatusCode::UNAVAILABLE, "coordinator is shutting down"}, v1::SubmitJobResponse{});
+    } else {
+      admit_submit(*next.req, std::move(next.answer));
+    }
+    lock.lock();
+  }
+}
+
+void Coordinator::admit_submit(const v1::SubmitJobRequest& req, SubmitAnswer answer) {
   const auto refuse = [&answer](const Status& s) { answer(s, v1::SubmitJobResponse{}); };
   JobSpec spec;
   std::string yaml;

@@ -36,6 +36,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -110,12 +111,17 @@ class Coordinator {
 
   // --- JobService ---
   // The answer to a submit: called exactly once, without the coordinator's lock, from the
-  // submitting thread (a refusal, a known request_id) or from the committer's (once the
-  // job is durable, or its commit failed).
+  // submitting thread (a refusal, a known request_id), the intake thread (the same, for a
+  // spec over kInlineSpecBytes) or the committer's (once the job is durable, or its commit
+  // failed).
   using SubmitAnswer = std::function<void(const grpc::Status&, const v1::SubmitJobResponse&)>;
   // Checks and queues the submit for the committer, and returns: it never waits for a
-  // commit (the gRPC hot path serves SubmitJob without a thread per call).
+  // commit (the gRPC hot path serves SubmitJob without a thread per call). A spec longer
+  // than kInlineSpecBytes is copied and parsed on the intake thread instead: parsing 1 MiB
+  // takes ~40 ms, which on the hot path would hold up every heartbeat behind it.
   void submit_async(const v1::SubmitJobRequest& req, SubmitAnswer answer);
+  static constexpr size_t kInlineSpecBytes = 16 << 10;  // ~0.6 ms of parsing
+  static constexpr size_t kMaxIntakeQueue = 64;         // large specs waiting: 64 MiB at most
   // submit_async, blocking until answered.
   grpc::Status submit(const v1::SubmitJobRequest& req, v1::SubmitJobResponse* resp);
   grpc::Status get(const std::string& id, v1::JobStatus* out);
@@ -239,6 +245,9 @@ class Coordinator {
   void tick_locked();
   void ticker();
   void commit_submits();  // the committer thread
+  void parse_large_submits();  // the intake thread
+  // submit_async's checks, on the calling thread.
+  void admit_submit(const v1::SubmitJobRequest& req, SubmitAnswer answer);
   void load();
   grpc::Status parse_submitted(const v1::SubmitJobRequest& req, JobSpec* spec, std::string* yaml) const;
 
@@ -280,7 +289,17 @@ class Coordinator {
   std::map<std::string, std::shared_ptr<PendingSubmit>> pending_jobs_;
   std::condition_variable submits_queued_;  // the committer waits for submit_queue_
   std::mutex store_mu_;                     // serializes store_ (taken after mu_)
+  // Large submits waiting to be parsed (submit_async); intake_mu_ is never held with mu_.
+  struct Intake {
+    std::shared_ptr<const v1::SubmitJobRequest> req;
+    SubmitAnswer answer;
+  };
+  std::mutex intake_mu_;
+  std::condition_variable intake_cv_;
+  std::deque<Intake> intake_;
+  bool intake_stopping_ = false;
   std::thread ticker_;
+  std::thread intake_thread_;
   std::thread committer_;
 };
 
