@@ -42,15 +42,64 @@ bool same_token(const std::string& a, const std::string& b) {
   return diff == 0 && !(b.empty() && !a.empty());
 }
 
+// A session's gradient, output and state-read buffers, reused from op to op. A window's
+// buffers are hundreds of MB, and a fresh one costs a page fault and a zeroed page per
+// 4 KiB (and std::vector zeroed it once more): on a node that shares its cores, that was
+// CPU taken from the window step. A buffer is reused for n bytes when its capacity is in
+// [n, 2n]; at most kKeep free ones are kept, so the pool never holds more than the ops in
+// flight did at their peak.
+class BufferPool : public std::enable_shared_from_this<BufferPool> {
+ public:
+  static constexpr size_t kKeep = 4;
+  // n uninitialized bytes, given back to the pool when the last reference goes (freed
+  // instead once the pool is gone).
+  std::shared_ptr<char> take(size_t n) {
+    std::unique_ptr<char[]> p;
+    size_t cap = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      size_t best = free_.size();
+      for (size_t i = 0; i < free_.size(); ++i)
+        if (free_[i].first >= n && free_[i].first / 2 <= n && (best == free_.size() || free_[i].first < free_[best].first))
+          best = i;
+      if (best < free_.size()) {
+        cap = free_[best].first;
+        p = std::move(free_[best].second);
+        free_.erase(free_.begin() + static_cast<long>(best));
+      }
+    }
+    if (!p) {
+      cap = std::max<size_t>(n, 1);
+      p.reset(new char[cap]);
+    }
+    std::weak_ptr<BufferPool> pool = weak_from_this();
+    return std::shared_ptr<char>(p.release(), [pool, cap](char* q) {
+      std::unique_ptr<char[]> owned(q);
+      if (auto self = pool.lock()) self->give_back(cap, std::move(owned));
+    });
+  }
+
+ private:
+  void give_back(size_t cap, std::unique_ptr<char[]> p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.emplace_back(cap, std::move(p));
+    if (free_.size() > kKeep) free_.erase(free_.begin());  // the oldest goes
+  }
+  std::mutex mu_;
+  std::vector<std::pair<size_t, std::unique_ptr<char[]>>> free_;
+};
+
 // An op being received: its descriptor and the bytes that follow it.
 struct Op {
   WireHeader h;
   transport::OpDesc desc;
   transport::StateDesc state;
   std::vector<uint64_t> span_bytes_at;  // byte offset of each span's gradient in `data`
-  std::vector<char> data;
+  std::shared_ptr<char> buf;            // `bytes` of gradients or state (from the session's pool)
+  uint64_t bytes = 0;
   uint64_t received = 0;
-  bool ready() const { return received == data.size(); }
+  char* data() const { return buf.get(); }
+  bool ready() const { return received == bytes; }
 };
 
 }  // namespace
@@ -88,7 +137,7 @@ class Session : public std::enable_shared_from_this<Session> {
     uint64_t seq = 0;
     std::shared_ptr<engine::HostWork> work;
     std::shared_ptr<Op> op;
-    std::shared_ptr<std::vector<uint16_t>> half;  // STEP: low-precision output, spans packed
+    std::shared_ptr<char> half;                   // STEP: low-precision output, spans packed (uint16)
     std::vector<uint64_t> half_at;                // STEP: each span's element offset in `half`
   };
   struct CompletionQueue {
@@ -130,6 +179,7 @@ class Session : public std::enable_shared_from_this<Session> {
   int64_t state_bytes_ = 0;
   transport::Hello hello_;
   std::unique_ptr<engine::HostOptimizer> local_;
+  std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -273,7 +323,7 @@ void* Session::place(const void* header, size_t hlen, size_t len) {
     limit = op.state.n;
   }
   if (h.count > limit || h.offset > limit - h.count || h.count * esize != len) return nullptr;
-  return op.data.data() + at + h.offset * esize;
+  return op.data() + at + h.offset * esize;
 }
 
 void Session::on_message(const void* header, size_t hlen, void* data, size_t len) {
@@ -324,11 +374,13 @@ void Session::on_message(const void* header, size_t hlen, void* data, size_t len
             op->span_bytes_at.push_back(bytes);
             if (sp.grad_type != transport::kGradNone) bytes += sp.n * transport::grad_type_bytes(sp.grad_type);
           }
-          op->data.resize(bytes);
+          op->bytes = bytes;
+          op->buf = pool_->take(bytes);
         } else {
           if (h.aux >= engine::kNumHostBufs) throw WireError("wire: state array " + std::to_string(h.aux));
           op->state = transport::decode_state(data, len, elements);
-          if (h.type == MsgType::kStateWrite) op->data.resize(op->state.n * 4);
+          op->bytes = h.type == MsgType::kStateWrite ? op->state.n * 4 : 0;
+          if (op->bytes > 0) op->buf = pool_->take(op->bytes);
         }
         last_desc_seq_ = h.seq;
         ops_[h.seq] = op;
@@ -345,12 +397,13 @@ void Session::on_message(const void* header, size_t hlen, void* data, size_t len
                           " that expects no such data");
         // place() put it in the op's buffer; a buffer of the transport's means it did not fit.
         Op& op = *it->second;
-        const char* begin = op.data.data();
-        if (static_cast<const char*>(data) < begin || static_cast<const char*>(data) + len > begin + op.data.size())
+        const char* begin = op.data();
+        if (begin == nullptr || static_cast<const char*>(data) < begin ||
+            static_cast<const char*>(data) + len > begin + op.bytes)
           throw WireError(std::string("wire: ") + transport::msg_type_name(h.type) + " [" + std::to_string(h.offset) +
                           ", +" + std::to_string(h.count) + ") does not fit op " + std::to_string(h.seq));
         op.received += len;
-        if (op.received > op.data.size()) throw WireError("wire: more data than op " + std::to_string(h.seq) + " expects");
+        if (op.received > op.bytes) throw WireError("wire: more data than op " + std::to_string(h.seq) + " expects");
         if (op.ready()) cv_.notify_all();
         return;
       }
@@ -456,7 +509,7 @@ void Session::run_op(const std::shared_ptr<Op>& op) {
   const WireHeader& h = op->h;
   auto grad_of = [&](size_t i) {
     const auto& sp = op->desc.spans[i];
-    const void* p = op->data.data() + op->span_bytes_at[i];
+    const void* p = op->data() + op->span_bytes_at[i];
     return engine::GradRef{p, static_cast<engine::GradRef::Type>(sp.grad_type)};
   };
   if (h.type == MsgType::kAccumulate) {
@@ -484,7 +537,8 @@ void Session::run_op(const std::shared_ptr<Op>& op) {
       c.half_at.push_back(half_n);
       if (sp.half_kind != 0) half_n += sp.n;
     }
-    c.half = std::make_shared<std::vector<uint16_t>>(half_n);
+    c.half = pool_->take(half_n * sizeof(uint16_t));
+    uint16_t* const half = reinterpret_cast<uint16_t*>(c.half.get());
     for (size_t i = 0; i < op->desc.spans.size(); ++i) {
       const auto& sp = op->desc.spans[i];
       engine::StepJob::Span s;
@@ -492,7 +546,7 @@ void Session::run_op(const std::shared_ptr<Op>& op) {
       s.n = static_cast<int64_t>(sp.n);
       if (sp.grad_type != transport::kGradNone) s.grad = grad_of(i);
       if (sp.half_kind != 0) {
-        s.half_out = c.half->data() + c.half_at[i];
+        s.half_out = half + c.half_at[i];
         s.half_kind = static_cast<engine::HalfKind>(sp.half_kind - 1);
       }
       s.coeffs = sp.coeffs;
@@ -512,7 +566,7 @@ void Session::run_op(const std::shared_ptr<Op>& op) {
   const auto b = static_cast<engine::HostBuf>(h.aux);
   const transport::StateDesc& d = op->state;
   if (h.type == MsgType::kStateWrite) {
-    const float* src = reinterpret_cast<const float*>(op->data.data());
+    const float* src = reinterpret_cast<const float*>(op->data());
     if (d.columns)
       local_->scatter_columns(b, static_cast<int64_t>(d.offset), static_cast<int64_t>(d.rows),
                               static_cast<int64_t>(d.width), d.cols, src);
@@ -522,13 +576,14 @@ void Session::run_op(const std::shared_ptr<Op>& op) {
     return;
   }
   if (!d.columns) node_.fault_point("save");  // whole buffers: a checkpoint streaming the state
-  auto out = std::make_shared<std::vector<float>>(d.n);
+  std::shared_ptr<char> out = pool_->take(d.n * sizeof(float));  // every element written below
+  float* const dst = reinterpret_cast<float*>(out.get());
   if (d.columns)
     local_->gather_columns(b, static_cast<int64_t>(d.offset), static_cast<int64_t>(d.rows),
-                           static_cast<int64_t>(d.width), d.cols, out->data());
+                           static_cast<int64_t>(d.width), d.cols, dst);
   else
-    local_->read(b, static_cast<int64_t>(d.offset), static_cast<int64_t>(d.n), out->data());
-  send_reply(MsgType::kData, h.seq, {{reinterpret_cast<const char*>(out->data()), d.n}}, 4, out, -1);
+    local_->read(b, static_cast<int64_t>(d.offset), static_cast<int64_t>(d.n), dst);
+  send_reply(MsgType::kData, h.seq, {{out.get(), d.n}}, 4, out, -1);
 }
 
 void Session::send_reply(MsgType kind, uint64_t seq, const std::vector<std::pair<const char*, uint64_t>>& parts,
@@ -595,7 +650,7 @@ void Session::run_completions(CompletionQueue& cq) {
       for (size_t i = 0; i < c.op->desc.spans.size(); ++i) {
         const auto& sp = c.op->desc.spans[i];
         // PARAMS messages name their span; spans without output send nothing.
-        parts.emplace_back(reinterpret_cast<const char*>(c.half->data() + c.half_at[i]), sp.half_kind ? sp.n : 0);
+        parts.emplace_back(c.half.get() + c.half_at[i] * sizeof(uint16_t), sp.half_kind ? sp.n : 0);
       }
     }
     send_reply(MsgType::kParams, c.seq, parts, 2, c.half, seconds);
