@@ -79,6 +79,8 @@ Status check_absolute(const JobSpec& spec) {
   return Status::OK;
 }
 
+const Status kShuttingDown{StatusCode::UNAVAILABLE, "coordinator is shutting down"};
+
 }  // namespace
 
 Coordinator::Coordinator(std::unique_ptr<Store> store, CoordinatorOptions options)
@@ -379,7 +381,7 @@ void Coordinator::submit_async(const v1::SubmitJobRequest& req, SubmitAnswer ans
   if (intake_stopping_ || intake_.size() >= kMaxIntakeQueue) {
     const bool stopping = intake_stopping_;
     lock.unlock();
-    return answer(stopping ? Status{StatusCode::UNAVAILABLE, "coordinator is shutting down"}
+    return answer(stopping ? kShuttingDown
                            : Status{StatusCode::RESOURCE_EXHAUSTED,
                                     std::to_string(kMaxIntakeQueue) + " specs over " +
                                         std::to_string(kInlineSpecBytes >> 10) +
@@ -403,7 +405,7 @@ void Coordinator::parse_large_submits() {
     const bool stopping = intake_stopping_;
     lock.unlock();
     if (stopping) {
-      next.answer({StatusCode::UNAVAILABLE, "coordinator is shutting down"}, v1::SubmitJobResponse{});
+      next.answer(kShuttingDown, v1::SubmitJobResponse{});
     } else {
       admit_submit(*next.req, std::move(next.answer));
     }
@@ -471,7 +473,7 @@ void Coordinator::admit_submit(const v1::SubmitJobRequest& req, SubmitAnswer ans
     lock.unlock();
     refuse(st);
   };
-  if (stopping_) return refuse_unlocked({StatusCode::UNAVAILABLE, "coordinator is shutting down"});
+  if (stopping_) return refuse_unlocked(kShuttingDown);
   if (!r.request_id.empty()) {
     if (auto it = by_request_.find(r.request_id); it != by_request_.end()) {
       Job& old = jobs_.at(it->second);

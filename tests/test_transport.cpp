@@ -22,7 +22,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <future>
 #include <mutex>
 #include <random>
@@ -30,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/process.h"
 #include "worker/transport/transport.h"
 #include "worker/transport/wire.h"
 
@@ -690,13 +690,7 @@ TEST_P(TransportTest, DestroyingATransportFailsThePeerAndItsOwnPendingSends) {
 // goes round again (an idle one wakes every 100 ms). The remote host optimizer uses it not
 // to blame a node for silence it could not hear.
 TEST_P(TransportTest, ReportsHowLongItsProgressThreadHasNotRun) {
-  const auto wait_until = [](const std::function<bool()>& ok, std::chrono::milliseconds limit) {
-    for (const auto end = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < end;) {
-      if (ok()) return true;
-      std::this_thread::sleep_for(10ms);
-    }
-    return ok();
-  };
+  using zenflow::test_support::wait_until;
   std::promise<void> entered;
   std::atomic<bool> blocked_once{false};
   start({}, [&](const void* header, size_t header_len, size_t) -> void* {

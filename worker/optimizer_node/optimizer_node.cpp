@@ -47,7 +47,8 @@ bool same_token(const std::string& a, const std::string& b) {
 // 4 KiB (and std::vector zeroed it once more): on a node that shares its cores, that was
 // CPU taken from the window step. A buffer is reused for n bytes when its capacity is in
 // [n, 2n]; at most kKeep free ones are kept, so the pool never holds more than the ops in
-// flight did at their peak.
+// flight did at their peak. One pool per session: a reused buffer's stale bytes never
+// come from another job's session.
 class BufferPool : public std::enable_shared_from_this<BufferPool> {
  public:
   static constexpr size_t kKeep = 4;
