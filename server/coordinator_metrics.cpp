@@ -10,9 +10,9 @@ namespace zenflow::server {
 namespace {
 
 // The unary methods the services time (the long poll and the streams would time their waits).
-constexpr std::string_view kTimedMethods[] = {"SubmitJob",      "GetJob",    "ListJobs",       "CancelJob",
-                                              "ListWorkers",    "RegisterWorker", "Heartbeat", "ReportProgress",
-                                              "ReportEvent",    "UploadLogs"};
+constexpr std::string_view kTimedMethods[] = {"SubmitJob",      "GetJob",        "ListJobs",      "CancelJob",
+                                              "ListWorkers",    "GetJobProfile", "RegisterWorker", "Heartbeat",
+                                              "ReportProgress", "ReportEvent",   "UploadLogs",    "UploadProfile"};
 
 }  // namespace
 

@@ -2,6 +2,7 @@
 // lost or duplicated, request_id exactly once, acknowledged means durable across a
 // SIGKILL), heartbeats on the lease table, and scheduling passes that skip stable jobs
 // until the cluster changes.
+#include <google/protobuf/descriptor.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -23,8 +24,11 @@
 
 #include "common/remove_tree.h"
 #include "server/coordinator.h"
+#include "server/coordinator_metrics.h"
 #include "server/store.h"
 #include "tests/support/disk_dir.h"
+#include "zenflow/v1/jobs.grpc.pb.h"
+#include "zenflow/v1/workers.grpc.pb.h"
 
 namespace zenflow::server {
 namespace {
@@ -526,6 +530,33 @@ TEST(Coordinator, InProcessFigures) {
   std::printf(
       "[figure] tick_now (lease check + scheduling pass) over %d queued jobs: median %.0f us, max %.0f us\n",
       kQueued + kSubmitters * kEach, pass_us[pass_us.size() / 2], pass_us.back());
+}
+
+// zenflow_rpc_duration_seconds has a series for every unary method of both services (the
+// long poll FetchAssignments and the streams excepted): a method the services time but the
+// metrics do not know would be dropped without a word, as UploadProfile and GetJobProfile
+// once were.
+TEST(CoordinatorMetrics, EveryUnaryRpcIsTimed) {
+  metrics::MetricsRegistry registry;
+  CoordinatorMetrics m(registry);
+  std::vector<std::string> unary;
+  for (const char* name : {v1::JobService::service_full_name(), v1::WorkerService::service_full_name()}) {
+    const google::protobuf::ServiceDescriptor* service =
+        google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(name);
+    ASSERT_NE(service, nullptr) << name;
+    for (int i = 0; i < service->method_count(); ++i) {
+      const google::protobuf::MethodDescriptor* method = service->method(i);
+      if (method->client_streaming() || method->server_streaming() || method->name() == "FetchAssignments") continue;
+      unary.push_back(method->name());
+      m.observe_rpc(method->name(), 0.002);
+    }
+  }
+  EXPECT_GE(unary.size(), 12u);
+  std::map<std::string, uint64_t> counted;
+  for (const metrics::FamilySnapshot& f : registry.collect())
+    if (f.name == "zenflow_rpc_duration_seconds")
+      for (const metrics::SeriesSnapshot& s : f.series) counted[s.label_values.at(0)] = s.histogram.count();
+  for (const std::string& method : unary) EXPECT_EQ(counted[method], 1u) << method << " is not timed";
 }
 
 }  // namespace
