@@ -10,7 +10,8 @@
 //                 SQLite FULL commit (the store), a null RPC (GetJob of an unknown id:
 //                 TLS, token check, one lock) at one in flight
 //   heartbeats    N simulated workers (role OPTIMIZER: leased like trainers, never placed)
-//                 at 2 Hz each over 64 channels, for --seconds; false LOST counted at the end
+//                 at 2 Hz each over 64 channels, for --seconds; false LOST counted at the end;
+//                 the generator's own send lag beside them
 //   submit / get  100 submits/s and 1,000 gets/s during the heartbeat load
 //   cpu           the coordinator's CPU time per heartbeat (beyond idle), and per submit and
 //                 get (beyond the heartbeat load), 5 s each: stable where latencies are not
@@ -257,6 +258,7 @@ grpc::Status call_get(const Clients& c, size_t i, const std::string& id) {
 
 struct SimWorker {
   std::string name;
+  size_t channel = 0;  // its connection: index % channels
   int64_t incarnation = 0;
   std::atomic<bool> stopped{false};
   std::atomic<int64_t> last_ok_ns{0};
@@ -283,99 +285,182 @@ bool register_sim(const Clients& c, size_t channel, SimWorker& w) {
   return false;
 }
 
-// Open-loop heartbeats: sender thread t owns workers t, t+T, ...; each worker beats every
-// `period` at a fixed phase, on channel (worker index % channels). Calls are asynchronous
-// (the callback API): a sender only waits for the next due time, so a slow answer delays
-// nothing else and the generator's own threads never queue behind the server. Latency is
-// from the scheduled time to the callback.
+// The open-loop load. run_load is one loop on one thread and one completion queue: heartbeats
+// of its simulated workers, each every `period` at a fixed phase on the worker's channel, and
+// optionally GetJob calls at a fixed rate in a window, on channels 2..9. It starts each call at
+// its scheduled time (PrepareAsync, StartCall, Finish with the call as its tag) and, until the
+// next one is due, collects the answers (AsyncNext). A send and its answer never cross threads:
+// gRPC's callback API hands every call between its own threads, which at 11,000 calls/s took
+// all of the generator's core and put the generator's own queueing into the latencies it
+// measured (heartbeat send lag p50 4 ms with one loop for everything). run_heartbeats splits
+// the workers over two loops and the gets run in a third, so that one loop's backlog does not
+// delay another's sends. Latency is from the scheduled time to the answer: a late send still
+// counts against its call, and the heartbeats' send lag is reported beside them.
 struct HeartbeatLoad {
   std::vector<double> latencies_ms;  // measured window only
   std::vector<Clock::time_point> due;  // the scheduled send of each, same order
   int64_t sent = 0, failed = 0;
   std::string first_error;  // of the failed ones
+  std::vector<double> send_lag_ms;  // measured window: how late the generator sent each (its own share)
 };
+
+struct LoadPlan {
+  milliseconds period{500};
+  Clock::time_point start, measure_from, end;  // heartbeats: sent in [start, end), measured from measure_from
+  double gets_per_second = 0;                  // GetJob calls in [gets_from, gets_to)
+  Clock::time_point gets_from, gets_to;
+  std::string get_id = "j-000001";
+};
+
+struct LoadResult {
+  HeartbeatLoad beats;
+  std::vector<double> get_ms;                 // every get's latency
+  std::vector<Clock::time_point> get_due;     // its scheduled send, same order
+  int64_t gets_ok = 0;
+};
+
+LoadResult run_load(const Clients& c, const std::vector<SimWorker*>& workers, const LoadPlan& plan) {
+  LoadResult out;
+  std::vector<std::unique_ptr<v1::WorkerService::Stub>> worker_stubs;
+  std::vector<std::unique_ptr<v1::JobService::Stub>> job_stubs;
+  for (const auto& ch : c.channels) {
+    worker_stubs.push_back(v1::WorkerService::NewStub(ch));
+    job_stubs.push_back(v1::JobService::NewStub(ch));
+  }
+  grpc::CompletionQueue cq;
+  struct Call {
+    grpc::ClientContext ctx;
+    grpc::Status status;
+    Clock::time_point due;
+    bool measured = false;
+    SimWorker* worker = nullptr;  // a heartbeat; otherwise a get
+    v1::HeartbeatRequest beat;
+    v1::HeartbeatResponse beat_resp;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<v1::HeartbeatResponse>> beat_reader;
+    v1::GetJobRequest get;
+    v1::JobStatus get_resp;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<v1::JobStatus>> get_reader;
+  };
+  int64_t in_flight = 0;
+  auto answered = [&](Call* call) {
+    const auto done = Clock::now();
+    --in_flight;
+    if (call->worker) {
+      HeartbeatLoad& b = out.beats;
+      if (call->status.ok()) call->worker->last_ok_ns.store(done.time_since_epoch().count());
+      if (!call->status.ok() && b.first_error.empty()) b.first_error = rpc::describe(call->status);
+      if (call->measured) {
+        ++b.sent;
+        b.failed += !call->status.ok();
+        b.latencies_ms.push_back(ms_between(call->due, done));
+        b.due.push_back(call->due);
+      }
+    } else {
+      out.gets_ok += call->status.ok();
+      out.get_ms.push_back(ms_between(call->due, done));
+      out.get_due.push_back(call->due);
+    }
+    delete call;
+  };
+  // Collects answers until `until`; false once the queue is shut down.
+  auto collect_until = [&](Clock::time_point until) {
+    for (;;) {
+      void* tag = nullptr;
+      bool ok = false;
+      const auto wait = std::chrono::system_clock::now() + std::max(Clock::duration::zero(), until - Clock::now());
+      const grpc::CompletionQueue::NextStatus st = cq.AsyncNext(&tag, &ok, wait);
+      if (st != grpc::CompletionQueue::GOT_EVENT) return;
+      answered(static_cast<Call*>(tag));
+      if (Clock::now() >= until) return;
+    }
+  };
+  const size_t n = workers.size();
+  const auto slot = n ? std::chrono::duration_cast<Clock::duration>(plan.period) / static_cast<int64_t>(n) : Clock::duration::zero();
+  const auto get_every = plan.gets_per_second > 0
+                             ? std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / plan.gets_per_second))
+                             : Clock::duration::max();
+  int64_t beat_k = 0, get_k = 0;  // the next of each, counted from its start
+  for (;;) {
+    const Clock::time_point beat_due =
+        n ? plan.start + plan.period * (beat_k / static_cast<int64_t>(n)) + slot * (beat_k % static_cast<int64_t>(n))
+          : Clock::time_point::max();
+    const Clock::time_point get_due =
+        plan.gets_per_second > 0 ? plan.gets_from + get_every * get_k : Clock::time_point::max();
+    const bool beats_left = beat_due < plan.end, gets_left = get_due < plan.gets_to;
+    if (!beats_left && !gets_left) break;
+    const bool is_beat = beats_left && (!gets_left || beat_due <= get_due);
+    const Clock::time_point due = is_beat ? beat_due : get_due;
+    collect_until(due);
+    const double lag = ms_between(due, Clock::now());
+    if (is_beat) {
+      const size_t i = static_cast<size_t>(beat_k % static_cast<int64_t>(n));
+      ++beat_k;
+      SimWorker& w = *workers[i];
+      if (w.stopped.load()) continue;
+      auto* call = new Call;
+      rpc::prepare_call(call->ctx, c.worker, milliseconds(2000));
+      call->beat.set_name(w.name);
+      call->beat.set_incarnation(w.incarnation);
+      call->due = due;
+      call->worker = &w;
+      call->measured = due >= plan.measure_from;
+      if (call->measured) out.beats.send_lag_ms.push_back(lag);
+      call->beat_reader = worker_stubs[w.channel % worker_stubs.size()]->PrepareAsyncHeartbeat(&call->ctx, call->beat, &cq);
+      call->beat_reader->StartCall();
+      call->beat_reader->Finish(&call->beat_resp, &call->status, call);
+    } else {
+      const size_t ch = 2 + static_cast<size_t>(get_k % 8);
+      ++get_k;
+      auto* call = new Call;
+      rpc::prepare_call(call->ctx, c.admin, milliseconds(5000));
+      call->get.set_id(plan.get_id);
+      call->due = due;
+      call->get_reader = job_stubs[ch % job_stubs.size()]->PrepareAsyncGetJob(&call->ctx, call->get, &cq);
+      call->get_reader->StartCall();
+      call->get_reader->Finish(&call->get_resp, &call->status, call);
+    }
+    ++in_flight;
+  }
+  while (in_flight > 0) {  // every answer, then the queue may go (each call has a deadline)
+    void* tag = nullptr;
+    bool ok = false;
+    if (!cq.Next(&tag, &ok)) break;
+    answered(static_cast<Call*>(tag));
+  }
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) answered(static_cast<Call*>(tag));
+  return out;
+}
 
 HeartbeatLoad run_heartbeats(const Clients& c, std::vector<std::unique_ptr<SimWorker>>& workers, milliseconds period,
                              Clock::time_point start, Clock::time_point measure_from, Clock::time_point end) {
-  constexpr int kSenders = 4;
-  struct Part {
-    std::mutex mu;
-    HeartbeatLoad load;
-    std::condition_variable done_cv;
-    int64_t in_flight = 0;
-  };
-  std::vector<Part> parts(kSenders);
-  std::vector<std::unique_ptr<v1::WorkerService::Stub>> stubs;
-  for (const auto& ch : c.channels) stubs.push_back(v1::WorkerService::NewStub(ch));
-  struct Call {
-    grpc::ClientContext ctx;
-    v1::HeartbeatRequest req;
-    v1::HeartbeatResponse resp;
-    Clock::time_point due;
-    SimWorker* worker = nullptr;
-    bool measured = false;
-  };
-  std::vector<std::thread> pool;
-  for (int t = 0; t < kSenders; ++t) {
-    pool.emplace_back([&, t] {
-      Part& me = parts[static_cast<size_t>(t)];
-      std::vector<size_t> mine;
-      for (size_t i = static_cast<size_t>(t); i < workers.size(); i += kSenders) mine.push_back(i);
-      if (mine.empty()) return;
-      const auto slot = std::chrono::duration_cast<std::chrono::nanoseconds>(period) / static_cast<int64_t>(mine.size());
-      const auto phase = std::chrono::duration_cast<std::chrono::nanoseconds>(period) * t / kSenders /
-                         static_cast<int64_t>(mine.size());
-      for (int64_t round = 0;; ++round) {
-        for (size_t k = 0; k < mine.size(); ++k) {
-          const auto due = start + period * round + slot * static_cast<int64_t>(k) + phase;
-          if (due >= end) {
-            std::unique_lock<std::mutex> lock(me.mu);  // every callback has run before `parts` goes
-            me.done_cv.wait(lock, [&] { return me.in_flight == 0; });
-            return;
-          }
-          std::this_thread::sleep_until(due);
-          SimWorker& w = *workers[mine[k]];
-          if (w.stopped.load()) continue;
-          auto* call = new Call;
-          rpc::prepare_call(call->ctx, c.worker, milliseconds(2000));
-          call->req.set_name(w.name);
-          call->req.set_incarnation(w.incarnation);
-          call->due = due;
-          call->worker = &w;
-          call->measured = due >= measure_from;
-          {
-            std::lock_guard<std::mutex> lock(me.mu);
-            ++me.in_flight;
-          }
-          stubs[mine[k] % stubs.size()]->async()->Heartbeat(
-              &call->ctx, &call->req, &call->resp, [call, &me](grpc::Status s) {
-                const auto done = Clock::now();
-                if (s.ok()) call->worker->last_ok_ns.store(done.time_since_epoch().count());
-                {
-                  std::lock_guard<std::mutex> lock(me.mu);
-                  if (!s.ok() && me.load.first_error.empty()) me.load.first_error = rpc::describe(s);
-                  if (call->measured) {
-                    ++me.load.sent;
-                    if (!s.ok()) ++me.load.failed;
-                    me.load.latencies_ms.push_back(ms_between(call->due, done));
-                    me.load.due.push_back(call->due);
-                  }
-                  if (--me.in_flight == 0) me.done_cv.notify_all();
-                }
-                delete call;
-              });
-        }
-      }
-    });
+  // kLoops threads, each with workers t, t + kLoops, ... on a queue of its own (offset by a
+  // fraction of a slot), so that one loop's backlog does not delay the others' sends.
+  constexpr size_t kLoops = 2;
+  std::vector<LoadResult> parts(kLoops);
+  std::vector<std::thread> loops;
+  for (size_t t = 0; t < kLoops; ++t) {
+    std::vector<SimWorker*> mine;
+    for (size_t i = t; i < workers.size(); i += kLoops) mine.push_back(workers[i].get());
+    LoadPlan plan;
+    plan.period = period;
+    plan.start = start + std::chrono::duration_cast<std::chrono::nanoseconds>(period) * static_cast<int64_t>(t) /
+                             static_cast<int64_t>(kLoops * std::max<size_t>(1, mine.size()));
+    plan.measure_from = measure_from;
+    plan.end = end;
+    loops.emplace_back([&c, &parts, t, mine = std::move(mine), plan] { parts[t] = run_load(c, mine, plan); });
   }
-  for (std::thread& th : pool) th.join();
   HeartbeatLoad all;
-  for (Part& p : parts) {
-    all.sent += p.load.sent;
-    all.failed += p.load.failed;
-    if (all.first_error.empty()) all.first_error = p.load.first_error;
-    all.latencies_ms.insert(all.latencies_ms.end(), p.load.latencies_ms.begin(), p.load.latencies_ms.end());
-    all.due.insert(all.due.end(), p.load.due.begin(), p.load.due.end());
+  for (std::thread& th : loops) th.join();
+  for (LoadResult& p : parts) {
+    all.sent += p.beats.sent;
+    all.failed += p.beats.failed;
+    if (all.first_error.empty()) all.first_error = p.beats.first_error;
+    all.latencies_ms.insert(all.latencies_ms.end(), p.beats.latencies_ms.begin(), p.beats.latencies_ms.end());
+    all.due.insert(all.due.end(), p.beats.due.begin(), p.beats.due.end());
+    all.send_lag_ms.insert(all.send_lag_ms.end(), p.beats.send_lag_ms.begin(), p.beats.send_lag_ms.end());
   }
   return all;
 }
@@ -562,6 +647,7 @@ int run_bench(const Args& a) {
   for (int i = 0; i < a.workers; ++i) {
     sims.push_back(std::make_unique<SimWorker>());
     sims.back()->name = "sim-" + std::to_string(i);
+    sims.back()->channel = static_cast<size_t>(i) % c.channels.size();
   }
   {
     std::vector<std::thread> pool;
@@ -610,30 +696,24 @@ int run_bench(const Args& a) {
       }
     }
   });
-  // 1,000 gets/s from 8 threads at 125/s each, so one slow call delays only its thread.
-  std::vector<std::vector<double>> get_parts(8);
-  std::vector<std::thread> getters;
-  for (int g = 0; g < 8; ++g)
-    getters.emplace_back([&, g] {
-      for (int i = 0;; ++i) {
-        const auto due = measure_from + std::chrono::microseconds(8000) * i + std::chrono::microseconds(1000) * g;
-        if (due >= end) return;
-        std::this_thread::sleep_until(due);
-        (void)call_get(c, 2 + static_cast<size_t>(g), "j-000001");
-        get_parts[static_cast<size_t>(g)].push_back(ms_between(due, Clock::now()));
-      }
-    });
+  // 1,000 gets/s from a thread of their own, so that they do not wait behind the heartbeats' sends.
+  const std::vector<SimWorker*> no_workers;
+  LoadPlan get_plan;
+  get_plan.gets_per_second = 1000;
+  get_plan.gets_from = measure_from;
+  get_plan.gets_to = end;
+  LoadResult load;
+  std::thread getter([&] { load = run_load(c, no_workers, get_plan); });
   const HeartbeatLoad hb = run_heartbeats(c, sims, period, start, measure_from, end);
+  getter.join();
+  get_ms = load.get_ms;
   submitter.join();
-  for (std::thread& t : getters) t.join();
-  for (const auto& part : get_parts) get_ms.insert(get_ms.end(), part.begin(), part.end());
   if (!a.latency_trace.empty()) {  // "KIND SCHEDULED_MS LATENCY_MS", scheduled from the window's start
     std::ofstream trace(a.latency_trace);
     for (size_t i = 0; i < hb.latencies_ms.size(); ++i)
       trace << "heartbeat " << ms_between(measure_from, hb.due[i]) << ' ' << hb.latencies_ms[i] << '\n';
-    for (size_t g = 0; g < get_parts.size(); ++g)
-      for (size_t i = 0; i < get_parts[g].size(); ++i)
-        trace << "get " << 8.0 * static_cast<double>(i) + static_cast<double>(g) << ' ' << get_parts[g][i] << '\n';
+    for (size_t i = 0; i < load.get_ms.size(); ++i)
+      trace << "get " << ms_between(measure_from, load.get_due[i]) << ' ' << load.get_ms[i] << '\n';
     for (size_t i = 0; i < submit_ms.size(); ++i) trace << "submit " << 10.0 * static_cast<double>(i) << ' ' << submit_ms[i] << '\n';
     if (!trace) say("cannot write --latency-trace " + a.latency_trace);
   }
@@ -658,6 +738,10 @@ int run_bench(const Args& a) {
   // its own queueing.
   out["heartbeats"]["load_generator_cores_used"] = (self1 - self0) / load_seconds;
   out["heartbeats"]["p50_over_null_rpc"] = hbq.p50 / std::max(1e-9, out["baselines"]["null_rpc"]["p50_ms"].get<double>());
+  // The generator's own share of each heartbeat's latency: how late it sent it (AsyncNext
+  // wakes on whole milliseconds, and a busy loop sends late).
+  const Quantiles lagq = quantiles(hb.send_lag_ms);
+  out["heartbeats"]["generator_send_lag"] = to_json(lagq);
   const Quantiles sq = quantiles(submit_ms), gq = quantiles(get_ms);
   out["submit"] = to_json(sq);
   out["submit"]["failed"] = submit_fail.load();
@@ -677,63 +761,65 @@ int run_bench(const Args& a) {
     double cpu = 0, seconds = 0;
     int64_t calls = 0;
   };
-  auto cpu_phase = [&](double seconds,
+  // CPU of the coordinator in [from, to), with `run` working meanwhile (it returns the calls it made).
+  auto cpu_phase = [&](Clock::time_point from, Clock::time_point to,
                        const std::function<int64_t(Clock::time_point start, Clock::time_point end)>& run) {
     CpuPhase p;
+    std::this_thread::sleep_until(from);
     const double c0 = cpu_seconds_of(coord.pid);
     const auto t0 = Clock::now();
-    p.calls = run(t0, t0 + milliseconds(static_cast<int64_t>(seconds * 1000)));
+    p.calls = run(t0, to);
+    std::this_thread::sleep_until(to);
     p.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     p.cpu = cpu_seconds_of(coord.pid) - c0;
     return p;
   };
-  const CpuPhase idle = cpu_phase(2, [](Clock::time_point, Clock::time_point end) {
-    std::this_thread::sleep_until(end);
+  const milliseconds phase(static_cast<int64_t>(kCpuPhaseSeconds * 1000));
+  const auto idle_from = Clock::now();
+  const CpuPhase idle = cpu_phase(idle_from, idle_from + milliseconds(2000), [](Clock::time_point, Clock::time_point) {
     return int64_t{0};
   });
   const double idle_cores = idle.cpu / idle.seconds;
+  // The heartbeats from beats_from, at their rate 500 ms later; then three phases.
   const auto beats_from = Clock::now();
-  const auto beats_to = beats_from + milliseconds(static_cast<int64_t>((3 * kCpuPhaseSeconds + 1) * 1000));
-  std::thread beats([&] { (void)run_heartbeats(c, sims, period, beats_from, beats_to, beats_to); });
-  std::this_thread::sleep_for(milliseconds(500));  // the heartbeats at their rate
-  const CpuPhase hb_cpu = cpu_phase(kCpuPhaseSeconds, [&](Clock::time_point, Clock::time_point end) {
-    std::this_thread::sleep_until(end);
+  const auto hb_from = beats_from + milliseconds(500), submit_from = hb_from + phase, get_from = submit_from + phase,
+             beats_to = get_from + phase + milliseconds(500);
+  LoadPlan cpu_plan;
+  cpu_plan.period = period;
+  cpu_plan.start = beats_from;
+  cpu_plan.measure_from = beats_to;  // latencies are not this part's figures
+  cpu_plan.end = beats_to;
+  LoadPlan cpu_get_plan;
+  cpu_get_plan.gets_per_second = 1000;
+  cpu_get_plan.gets_from = get_from;
+  cpu_get_plan.gets_to = get_from + phase;
+  LoadResult cpu_load;
+  std::thread beats([&] { (void)run_heartbeats(c, sims, period, cpu_plan.start, beats_to, beats_to); });
+  std::thread gets([&] { cpu_load = run_load(c, no_workers, cpu_get_plan); });
+  const CpuPhase hb_cpu = cpu_phase(hb_from, submit_from, [&](Clock::time_point, Clock::time_point) {
     return static_cast<int64_t>(double(sims.size()) * 1000.0 / double(period.count()) * kCpuPhaseSeconds);
   });
   const double hb_cores = hb_cpu.cpu / hb_cpu.seconds;
-  const CpuPhase submit_cpu =
-      cpu_phase(kCpuPhaseSeconds, [&](Clock::time_point start, Clock::time_point end) {
-        auto stub = v1::JobService::NewStub(c.channel(1));
-        int64_t n = 0;
-        for (int i = 0;; ++i) {
-          const auto due = start + milliseconds(10) * i;
-          if (due >= end) return n;
-          std::this_thread::sleep_until(due);
-          grpc::ClientContext ctx;
-          rpc::prepare_call(ctx, c.admin, milliseconds(5000));
-          v1::SubmitJobRequest req;
-          req.set_spec_yaml(tiny_spec(500000 + i, dir));
-          req.set_request_id("bench-cpu-" + std::to_string(i));
-          v1::SubmitJobResponse resp;
-          n += stub->SubmitJob(&ctx, req, &resp).ok();
-        }
-      });
-  const CpuPhase get_cpu = cpu_phase(kCpuPhaseSeconds, [&](Clock::time_point start, Clock::time_point end) {
-    std::atomic<int64_t> n{0};
-    std::vector<std::thread> pool;
-    for (int g = 0; g < 8; ++g)
-      pool.emplace_back([&, g] {
-        for (int i = 0;; ++i) {
-          const auto due = start + std::chrono::microseconds(8000) * i + std::chrono::microseconds(1000) * g;
-          if (due >= end) return;
-          std::this_thread::sleep_until(due);
-          n += call_get(c, 2 + static_cast<size_t>(g), "j-000001").ok();
-        }
-      });
-    for (std::thread& t : pool) t.join();
-    return n.load();
+  CpuPhase submit_cpu = cpu_phase(submit_from, get_from, [&](Clock::time_point start, Clock::time_point end) {
+    auto stub = v1::JobService::NewStub(c.channel(1));
+    int64_t n = 0;
+    for (int i = 0;; ++i) {
+      const auto due = start + milliseconds(10) * i;
+      if (due >= end) return n;
+      std::this_thread::sleep_until(due);
+      grpc::ClientContext ctx;
+      rpc::prepare_call(ctx, c.admin, milliseconds(5000));
+      v1::SubmitJobRequest req;
+      req.set_spec_yaml(tiny_spec(500000 + i, dir));
+      req.set_request_id("bench-cpu-" + std::to_string(i));
+      v1::SubmitJobResponse resp;
+      n += stub->SubmitJob(&ctx, req, &resp).ok();
+    }
   });
+  CpuPhase get_cpu = cpu_phase(get_from, get_from + phase, [](Clock::time_point, Clock::time_point) { return int64_t{0}; });
   beats.join();
+  gets.join();
+  get_cpu.calls = cpu_load.gets_ok;  // sent by the load's thread in that window
   // Per call: what the phase used beyond its base (idle, or idle plus the heartbeats).
   auto us_per_call = [](const CpuPhase& p, double base_cores) {
     return p.calls > 0 ? std::max(0.0, p.cpu - base_cores * p.seconds) / double(p.calls) * 1e6 : 0.0;
@@ -908,6 +994,7 @@ int run_bench(const Args& a) {
                 hb_rate, false_lost, out["heartbeats"]["coordinator_cores_used"].get<double>(),
                 out["heartbeats"]["load_generator_cores_used"].get<double>());
   row("heartbeats (" + std::to_string(a.workers) + " workers, 2 Hz)", hbq, note);
+  row("  of which the generator's send lag", lagq, "how late it sent them (included above)");
   std::snprintf(note, sizeof(note), "p50 = %.1fx the commit", sq.p50 / std::max(1e-9, commit.p50));
   row("SubmitJob at 100/s under heartbeat load", sq, note);
   row("GetJob at 1,000/s under heartbeat load", gq, "");
