@@ -19,6 +19,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "tests/support/service_cluster.h"
+#include "tests/support/shell.h"
 #include "tests/support/tiny_job.h"
 #include "zenflow/v1/jobs.grpc.pb.h"
 #include "zenflow/v1/workers.grpc.pb.h"
@@ -693,6 +694,40 @@ namespace {
 
 // zenflow-optimizer --coordinator: listed by ListWorkers with role OPTIMIZER, its UCX
 // address, cores and memory limit; LOST once it stops heartbeating.
+// `zenflow bench control-plane` at a tiny size: every phase runs, and the open-loop
+// generator sends exactly what its schedule says (50 workers x 2 Hz x 1 s measured, 1,000
+// gets/s, 100 submits/s, 5,000 gets in the CPU phase), each answered, none lost.
+TEST(Service, ControlPlaneBenchSendsItsWholeScheduleAndKeepsTheInvariants) {
+  const fs::path dir = fs::temp_directory_path() / ("zenflow-bench-cp-" + std::to_string(::getpid()));
+  std::string out;
+  const int rc = test_support::run(Cluster::bin("zenflow") +
+                                       " bench control-plane --workers 50 --seconds 1 --trials 1 --stored-jobs 20"
+                                       " --stored-queued 2 --dir " + dir.string() + " 2>" + dir.string() + ".err",
+                                   &out);
+  const std::string err = read_file(dir.string() + ".err");
+  fs::remove(dir.string() + ".err");
+  ASSERT_EQ(rc, 0) << err;
+  const nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << out << err;
+  EXPECT_EQ(j["heartbeats"].value("n", 0), 100) << j["heartbeats"].dump();
+  EXPECT_EQ(j["heartbeats"].value("failed", -1), 0);
+  EXPECT_EQ(j["heartbeats"].value("false_lost", -1), 0);
+  EXPECT_EQ(j["heartbeats"]["generator_send_lag"].value("n", 0), 100);
+  EXPECT_GE(j["heartbeats"]["generator_send_lag"].value("p50_ms", -1.0), 0.0);
+  EXPECT_LE(j["heartbeats"]["generator_send_lag"].value("p50_ms", 1e9), j["heartbeats"].value("p50_ms", 0.0));
+  EXPECT_EQ(j["get"].value("n", 0), 1000);
+  EXPECT_EQ(j["submit"].value("n", 0), 100);
+  EXPECT_EQ(j["submit"].value("failed", -1), 0);
+  EXPECT_EQ(j["cpu_per_request"].value("gets", 0), 5000);
+  EXPECT_EQ(j["cpu_per_request"].value("submits", 0), 500);
+  EXPECT_EQ(j["detection"].value("detected", 0), 1);
+  EXPECT_EQ(j["restart"].value("acked_submits", 0), 100);
+  EXPECT_EQ(j["restart"].value("acked_submits_missing", -1), 0);
+  EXPECT_EQ(j["restart"].value("duplicates", -1), 0);
+  EXPECT_EQ(j["restart"].value("workers_lost_by_restart", -1), 0);
+  EXPECT_FALSE(fs::exists(dir)) << "the bench leaves its directory behind";
+}
+
 TEST(Service, OptimizerNodeRegistersWithItsAddressAndIsLostWhenKilled) {
   Cluster c("optimizer-node");
   c.start_coordinator();
