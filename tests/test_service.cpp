@@ -715,6 +715,9 @@ TEST(Service, ControlPlaneBenchSendsItsWholeScheduleAndKeepsTheInvariants) {
   EXPECT_EQ(j["heartbeats"]["generator_send_lag"].value("n", 0), 100);
   EXPECT_GE(j["heartbeats"]["generator_send_lag"].value("p50_ms", -1.0), 0.0);
   EXPECT_LE(j["heartbeats"]["generator_send_lag"].value("p50_ms", 1e9), j["heartbeats"].value("p50_ms", 0.0));
+  EXPECT_EQ(j["heartbeats"]["from_actual_send"].value("n", 0), 100);
+  EXPECT_GT(j["heartbeats"]["from_actual_send"].value("p50_ms", 0.0), 0.0);
+  EXPECT_LE(j["heartbeats"]["from_actual_send"].value("max_ms", 1e9), j["heartbeats"].value("max_ms", 0.0));
   EXPECT_EQ(j["get"].value("n", 0), 1000);
   EXPECT_EQ(j["submit"].value("n", 0), 100);
   EXPECT_EQ(j["submit"].value("failed", -1), 0);
