@@ -292,9 +292,9 @@ bool register_sim(const Clients& c, size_t channel, SimWorker& w) {
 // next one is due, collects the answers (AsyncNext). A send and its answer never cross threads:
 // gRPC's callback API hands every call between its own threads, which at 11,000 calls/s took
 // all of the generator's core and put the generator's own queueing into the latencies it
-// measured (heartbeat send lag p50 4 ms with one loop for everything). run_heartbeats splits
-// the workers over two loops and the gets run in a third, so that one loop's backlog does not
-// delay another's sends. Latency is from the scheduled time to the answer: a late send still
+// measured. run_heartbeats splits the workers over two loops and the gets run in a third, so
+// that one loop's backlog does not delay another's sends (with one loop for everything, and
+// before late sends stopped waiting for a rounded deadline, the send lag's p50 was 4 ms). Latency is from the scheduled time to the answer: a late send still
 // counts against its call, and the heartbeats' send lag is reported beside them.
 struct HeartbeatLoad {
   std::vector<double> latencies_ms;  // measured window only
