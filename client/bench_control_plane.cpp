@@ -294,15 +294,15 @@ bool register_sim(const Clients& c, size_t channel, SimWorker& w) {
 // all of the generator's core and put the generator's own queueing into the latencies it
 // measured. run_heartbeats splits the workers over two loops and the gets run in a third, so
 // that one loop's backlog does not delay another's sends (with one loop for everything, and
-// before late sends stopped waiting for a rounded deadline, the send lag's p50 was 4 ms). Latency is from the scheduled time to the answer: a late send still
-// counts against its call, and the heartbeats' send lag is reported beside them.
+// before late sends stopped waiting for a rounded deadline, the send lag's p50 was 4 ms).
+// Latency is from the scheduled time to the answer: a late send still counts against its
+// call, and the heartbeats' send lag is reported beside them.
 struct HeartbeatLoad {
   std::vector<double> latencies_ms;  // measured window only
   std::vector<Clock::time_point> due;  // the scheduled send of each, same order
   int64_t sent = 0, failed = 0;
   std::string first_error;  // of the failed ones
-  std::vector<double> send_lag_ms;  // measured window: how late the generator sent each (its own share)
-  std::vector<double> from_send_ms;  // measured window: each one's latency from its actual send
+  std::vector<double> send_lag_ms;  // how late the generator sent each (its own share), same order
 };
 
 struct LoadPlan {
@@ -357,7 +357,6 @@ LoadResult run_load(const Clients& c, const std::vector<SimWorker*>& workers, co
         b.latencies_ms.push_back(ms_between(call->due, done));
         b.due.push_back(call->due);
         b.send_lag_ms.push_back(call->lag_ms);
-        b.from_send_ms.push_back(ms_between(call->due, done) - call->lag_ms);
       }
     } else {
       out.gets_ok += call->status.ok();
@@ -472,7 +471,6 @@ HeartbeatLoad run_heartbeats(const Clients& c, std::vector<std::unique_ptr<SimWo
     all.latencies_ms.insert(all.latencies_ms.end(), p.beats.latencies_ms.begin(), p.beats.latencies_ms.end());
     all.due.insert(all.due.end(), p.beats.due.begin(), p.beats.due.end());
     all.send_lag_ms.insert(all.send_lag_ms.end(), p.beats.send_lag_ms.begin(), p.beats.send_lag_ms.end());
-    all.from_send_ms.insert(all.from_send_ms.end(), p.beats.from_send_ms.begin(), p.beats.from_send_ms.end());
   }
   return all;
 }
@@ -775,7 +773,9 @@ int run_bench(const Args& a) {
   out["heartbeats"]["p50_over_null_rpc"] = hbq.p50 / std::max(1e-9, out["baselines"]["null_rpc"]["p50_ms"].get<double>());
   // The generator's own share of each heartbeat's latency: how late it sent it (AsyncNext
   // wakes on whole milliseconds, and a busy loop sends late).
-  const Quantiles lagq = quantiles(hb.send_lag_ms), from_sendq = quantiles(hb.from_send_ms);
+  std::vector<double> from_send_ms(hb.latencies_ms.size());
+  for (size_t i = 0; i < from_send_ms.size(); ++i) from_send_ms[i] = hb.latencies_ms[i] - hb.send_lag_ms[i];
+  const Quantiles lagq = quantiles(hb.send_lag_ms), from_sendq = quantiles(from_send_ms);
   out["heartbeats"]["generator_send_lag"] = to_json(lagq);
   out["heartbeats"]["from_actual_send"] = to_json(from_sendq);
   out["heartbeats"]["cpu_steal_share"] = steal_share;  // of the machine's CPU time during the load
@@ -821,23 +821,19 @@ int run_bench(const Args& a) {
   const auto beats_from = Clock::now();
   const auto hb_from = beats_from + milliseconds(500), submit_from = hb_from + phase, get_from = submit_from + phase,
              beats_to = get_from + phase + milliseconds(500);
-  LoadPlan cpu_plan;
-  cpu_plan.period = period;
-  cpu_plan.start = beats_from;
-  cpu_plan.measure_from = beats_to;  // latencies are not this part's figures
-  cpu_plan.end = beats_to;
   LoadPlan cpu_get_plan;
   cpu_get_plan.gets_per_second = 1000;
   cpu_get_plan.gets_from = get_from;
   cpu_get_plan.gets_to = get_from + phase;
   LoadResult cpu_load;
-  std::thread beats([&] { (void)run_heartbeats(c, sims, period, cpu_plan.start, beats_to, beats_to); });
+  // Heartbeats measured from beats_to: latencies are not this part's figures.
+  std::thread beats([&] { (void)run_heartbeats(c, sims, period, beats_from, beats_to, beats_to); });
   std::thread gets([&] { cpu_load = run_load(c, no_workers, cpu_get_plan); });
   const CpuPhase hb_cpu = cpu_phase(hb_from, submit_from, [&](Clock::time_point, Clock::time_point) {
     return static_cast<int64_t>(double(sims.size()) * 1000.0 / double(period.count()) * kCpuPhaseSeconds);
   });
   const double hb_cores = hb_cpu.cpu / hb_cpu.seconds;
-  CpuPhase submit_cpu = cpu_phase(submit_from, get_from, [&](Clock::time_point start, Clock::time_point end) {
+  const CpuPhase submit_cpu = cpu_phase(submit_from, get_from, [&](Clock::time_point start, Clock::time_point end) {
     auto stub = v1::JobService::NewStub(c.channel(1));
     int64_t n = 0;
     for (int i = 0;; ++i) {

@@ -692,8 +692,6 @@ TEST(ServiceSecurity, TlsEndToEndWithATestCa) {
 namespace zenflow {
 namespace {
 
-// zenflow-optimizer --coordinator: listed by ListWorkers with role OPTIMIZER, its UCX
-// address, cores and memory limit; LOST once it stops heartbeating.
 // `zenflow bench control-plane` at a tiny size: every phase runs, and the open-loop
 // generator sends exactly what its schedule says (50 workers x 2 Hz x 1 s measured, 1,000
 // gets/s, 100 submits/s, 5,000 gets in the CPU phase), each answered, none lost.
@@ -731,6 +729,8 @@ TEST(Service, ControlPlaneBenchSendsItsWholeScheduleAndKeepsTheInvariants) {
   EXPECT_FALSE(fs::exists(dir)) << "the bench leaves its directory behind";
 }
 
+// zenflow-optimizer --coordinator: listed by ListWorkers with role OPTIMIZER, its UCX
+// address, cores and memory limit; LOST once it stops heartbeating.
 TEST(Service, OptimizerNodeRegistersWithItsAddressAndIsLostWhenKilled) {
   Cluster c("optimizer-node");
   c.start_coordinator();
