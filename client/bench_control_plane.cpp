@@ -12,7 +12,8 @@
 //   heartbeats    N simulated workers (role OPTIMIZER: leased like trainers, never placed)
 //                 at 2 Hz each over 64 channels, for --seconds; false LOST counted at the end;
 //                 the generator's own send lag beside them
-//   submit / get  100 submits/s and 1,000 gets/s during the heartbeat load
+//   submit / get  100 submits/s and 1,000 gets/s during the heartbeat load, each with the
+//                 generator's send lag beside it
 //   cpu           the coordinator's CPU time per heartbeat (beyond idle), and per submit and
 //                 get (beyond the heartbeat load), 5 s each: stable where latencies are not
 //   schedule      one scheduling pass over 1,000 queued jobs x 500 workers (the pure
@@ -28,6 +29,7 @@
 #include <grpcpp/grpcpp.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <fcntl.h>
@@ -100,6 +102,12 @@ Quantiles quantiles(std::vector<double> v) {
   q.p99 = v[std::min(v.size() - 1, static_cast<size_t>(0.99 * double(v.size())))];
   q.max = v.back();
   return q;
+}
+// a[i] - b[i]: a latency less the generator's send lag.
+std::vector<double> minus(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> out(a.size());
+  for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] - b[i];
+  return out;
 }
 json to_json(const Quantiles& q) { return {{"p50_ms", q.p50}, {"p99_ms", q.p99}, {"max_ms", q.max}, {"n", q.n}}; }
 
@@ -285,18 +293,17 @@ bool register_sim(const Clients& c, size_t channel, SimWorker& w) {
   return false;
 }
 
-// The open-loop load. run_load is one loop on one thread and one completion queue: heartbeats
-// of its simulated workers, each every `period` at a fixed phase on the worker's channel, and
-// optionally GetJob calls at a fixed rate in a window, on channels 2..9. It starts each call at
-// its scheduled time (PrepareAsync, StartCall, Finish with the call as its tag) and, until the
-// next one is due, collects the answers (AsyncNext). A send and its answer never cross threads:
-// gRPC's callback API hands every call between its own threads, which at 11,000 calls/s took
-// all of the generator's core and put the generator's own queueing into the latencies it
-// measured. run_heartbeats splits the workers over two loops and the gets run in a third, so
-// that one loop's backlog does not delay another's sends (with one loop for everything, and
-// before late sends stopped waiting for a rounded deadline, the send lag's p50 was 4 ms).
-// Latency is from the scheduled time to the answer: a late send still counts against its
-// call, and the heartbeats' send lag is reported beside them.
+// The open-loop load. run_load is one loop on one thread and one completion queue: the
+// heartbeats of its simulated workers, each every `period` at a fixed phase on the worker's
+// channel. It starts each call at its scheduled time (PrepareAsync, StartCall, Finish with the
+// call as its tag) and, until the next one is due, collects the answers (AsyncNext). A send
+// and its answer never cross threads: gRPC's callback API hands every call between its own
+// threads, which at 11,000 calls/s took all of the generator's core and put the generator's
+// own queueing into the latencies it measured. run_heartbeats splits the workers over two
+// loops, so that one loop's backlog does not delay the other's sends (with one loop for
+// everything, and before late sends stopped waiting for a rounded deadline, the send lag's
+// p50 was 4 ms). Latency is from the scheduled time to the answer: a late send still counts
+// against its call, and the send lag is reported beside it.
 struct HeartbeatLoad {
   std::vector<double> latencies_ms;  // measured window only
   std::vector<Clock::time_point> due;  // the scheduled send of each, same order
@@ -307,27 +314,13 @@ struct HeartbeatLoad {
 
 struct LoadPlan {
   milliseconds period{500};
-  Clock::time_point start, measure_from, end;  // heartbeats: sent in [start, end), measured from measure_from
-  double gets_per_second = 0;                  // GetJob calls in [gets_from, gets_to)
-  Clock::time_point gets_from, gets_to;
-  std::string get_id = "j-000001";
+  Clock::time_point start, measure_from, end;  // sent in [start, end), measured from measure_from
 };
 
-struct LoadResult {
-  HeartbeatLoad beats;
-  std::vector<double> get_ms;                 // every get's latency
-  std::vector<Clock::time_point> get_due;     // its scheduled send, same order
-  int64_t gets_ok = 0;
-};
-
-LoadResult run_load(const Clients& c, const std::vector<SimWorker*>& workers, const LoadPlan& plan) {
-  LoadResult out;
-  std::vector<std::unique_ptr<v1::WorkerService::Stub>> worker_stubs;
-  std::vector<std::unique_ptr<v1::JobService::Stub>> job_stubs;
-  for (const auto& ch : c.channels) {
-    worker_stubs.push_back(v1::WorkerService::NewStub(ch));
-    job_stubs.push_back(v1::JobService::NewStub(ch));
-  }
+HeartbeatLoad run_load(const Clients& c, const std::vector<SimWorker*>& workers, const LoadPlan& plan) {
+  HeartbeatLoad out;
+  std::vector<std::unique_ptr<v1::WorkerService::Stub>> stubs;
+  for (const auto& ch : c.channels) stubs.push_back(v1::WorkerService::NewStub(ch));
   grpc::CompletionQueue cq;
   struct Call {
     grpc::ClientContext ctx;
@@ -335,33 +328,23 @@ LoadResult run_load(const Clients& c, const std::vector<SimWorker*>& workers, co
     Clock::time_point due;
     double lag_ms = 0;  // how late it was sent
     bool measured = false;
-    SimWorker* worker = nullptr;  // a heartbeat; otherwise a get
+    SimWorker* worker = nullptr;
     v1::HeartbeatRequest beat;
     v1::HeartbeatResponse beat_resp;
-    std::unique_ptr<grpc::ClientAsyncResponseReader<v1::HeartbeatResponse>> beat_reader;
-    v1::GetJobRequest get;
-    v1::JobStatus get_resp;
-    std::unique_ptr<grpc::ClientAsyncResponseReader<v1::JobStatus>> get_reader;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<v1::HeartbeatResponse>> reader;
   };
   int64_t in_flight = 0;
   auto answered = [&](Call* call) {
     const auto done = Clock::now();
     --in_flight;
-    if (call->worker) {
-      HeartbeatLoad& b = out.beats;
-      if (call->status.ok()) call->worker->last_ok_ns.store(done.time_since_epoch().count());
-      if (!call->status.ok() && b.first_error.empty()) b.first_error = rpc::describe(call->status);
-      if (call->measured) {
-        ++b.sent;
-        b.failed += !call->status.ok();
-        b.latencies_ms.push_back(ms_between(call->due, done));
-        b.due.push_back(call->due);
-        b.send_lag_ms.push_back(call->lag_ms);
-      }
-    } else {
-      out.gets_ok += call->status.ok();
-      out.get_ms.push_back(ms_between(call->due, done));
-      out.get_due.push_back(call->due);
+    if (call->status.ok()) call->worker->last_ok_ns.store(done.time_since_epoch().count());
+    if (!call->status.ok() && out.first_error.empty()) out.first_error = rpc::describe(call->status);
+    if (call->measured) {
+      ++out.sent;
+      out.failed += !call->status.ok();
+      out.latencies_ms.push_back(ms_between(call->due, done));
+      out.due.push_back(call->due);
+      out.send_lag_ms.push_back(call->lag_ms);
     }
     delete call;
   };
@@ -384,51 +367,27 @@ LoadResult run_load(const Clients& c, const std::vector<SimWorker*>& workers, co
       answered(static_cast<Call*>(tag));
     }
   };
-  const size_t n = workers.size();
-  const auto slot = n ? std::chrono::duration_cast<Clock::duration>(plan.period) / static_cast<int64_t>(n) : Clock::duration::zero();
-  const auto get_every = plan.gets_per_second > 0
-                             ? std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / plan.gets_per_second))
-                             : Clock::duration::max();
-  int64_t beat_k = 0, get_k = 0;  // the next of each, counted from its start
-  for (;;) {
-    const Clock::time_point beat_due =
-        n ? plan.start + plan.period * (beat_k / static_cast<int64_t>(n)) + slot * (beat_k % static_cast<int64_t>(n))
-          : Clock::time_point::max();
-    const Clock::time_point get_due =
-        plan.gets_per_second > 0 ? plan.gets_from + get_every * get_k : Clock::time_point::max();
-    const bool beats_left = beat_due < plan.end, gets_left = get_due < plan.gets_to;
-    if (!beats_left && !gets_left) break;
-    const bool is_beat = beats_left && (!gets_left || beat_due <= get_due);
-    const Clock::time_point due = is_beat ? beat_due : get_due;
+  const int64_t n = static_cast<int64_t>(workers.size());
+  if (n == 0) return out;
+  const auto slot = std::chrono::duration_cast<Clock::duration>(plan.period) / n;
+  for (int64_t k = 0;; ++k) {  // the k-th beat: worker k % n, round k / n
+    const Clock::time_point due = plan.start + plan.period * (k / n) + slot * (k % n);
+    if (due >= plan.end) break;
     collect_until(due);
     const double lag = ms_between(due, Clock::now());
-    if (is_beat) {
-      const size_t i = static_cast<size_t>(beat_k % static_cast<int64_t>(n));
-      ++beat_k;
-      SimWorker& w = *workers[i];
-      if (w.stopped.load()) continue;
-      auto* call = new Call;
-      rpc::prepare_call(call->ctx, c.worker, milliseconds(2000));
-      call->beat.set_name(w.name);
-      call->beat.set_incarnation(w.incarnation);
-      call->due = due;
-      call->worker = &w;
-      call->measured = due >= plan.measure_from;
-      call->lag_ms = lag;
-      call->beat_reader = worker_stubs[w.channel % worker_stubs.size()]->PrepareAsyncHeartbeat(&call->ctx, call->beat, &cq);
-      call->beat_reader->StartCall();
-      call->beat_reader->Finish(&call->beat_resp, &call->status, call);
-    } else {
-      const size_t ch = 2 + static_cast<size_t>(get_k % 8);
-      ++get_k;
-      auto* call = new Call;
-      rpc::prepare_call(call->ctx, c.admin, milliseconds(5000));
-      call->get.set_id(plan.get_id);
-      call->due = due;
-      call->get_reader = job_stubs[ch % job_stubs.size()]->PrepareAsyncGetJob(&call->ctx, call->get, &cq);
-      call->get_reader->StartCall();
-      call->get_reader->Finish(&call->get_resp, &call->status, call);
-    }
+    SimWorker& w = *workers[static_cast<size_t>(k % n)];
+    if (w.stopped.load()) continue;
+    auto* call = new Call;
+    rpc::prepare_call(call->ctx, c.worker, milliseconds(2000));
+    call->beat.set_name(w.name);
+    call->beat.set_incarnation(w.incarnation);
+    call->due = due;
+    call->worker = &w;
+    call->measured = due >= plan.measure_from;
+    call->lag_ms = lag;
+    call->reader = stubs[w.channel % stubs.size()]->PrepareAsyncHeartbeat(&call->ctx, call->beat, &cq);
+    call->reader->StartCall();
+    call->reader->Finish(&call->beat_resp, &call->status, call);
     ++in_flight;
   }
   while (in_flight > 0) {  // every answer, then the queue may go (each call has a deadline)
@@ -444,12 +403,78 @@ LoadResult run_load(const Clients& c, const std::vector<SimWorker*>& workers, co
   return out;
 }
 
+// GetJob calls of `id` at `per_second` in [from, to), on channels 2..9: one thread sends each
+// at its time, another takes the answers as they arrive (CompletionQueue::Next, which waits
+// without a deadline). A loop doing both, as run_load does, waits in AsyncNext until the next
+// send, and gRPC rounds that deadline up to a whole millisecond: at one get a millisecond,
+// which leaves the loop idle between sends, it sent them 0.58 ms late at the median (p99
+// 1.45 ms), and the Get row carried that. The sender's timer slack is 1 us (Linux's default
+// is 50 us), so that its sleep ends when asked.
+struct GetLoad {
+  std::vector<double> ms;              // each get's latency from its scheduled send
+  std::vector<double> send_lag_ms;     // how late the generator sent it, same order
+  std::vector<Clock::time_point> due;  // its scheduled send, same order
+  int64_t ok = 0;
+};
+
+GetLoad run_gets(const Clients& c, double per_second, Clock::time_point from, Clock::time_point to,
+                 const std::string& id) {
+  std::vector<std::unique_ptr<v1::JobService::Stub>> stubs;
+  for (const auto& ch : c.channels) stubs.push_back(v1::JobService::NewStub(ch));
+  const auto every = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / per_second));
+  int64_t total = 0;  // how many fall in [from, to)
+  while (from + every * total < to) ++total;
+  struct Call {
+    grpc::ClientContext ctx;
+    grpc::Status status;
+    Clock::time_point due;
+    double lag_ms = 0;
+    v1::GetJobRequest req;
+    v1::JobStatus resp;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<v1::JobStatus>> reader;
+  };
+  grpc::CompletionQueue cq;
+  std::thread sender([&] {
+    ::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+    for (int64_t k = 0; k < total; ++k) {
+      const Clock::time_point due = from + every * k;
+      std::this_thread::sleep_until(due);
+      auto* call = new Call;
+      call->lag_ms = ms_between(due, Clock::now());
+      call->due = due;
+      rpc::prepare_call(call->ctx, c.admin, milliseconds(5000));
+      call->req.set_id(id);
+      call->reader = stubs[(2 + static_cast<size_t>(k % 8)) % stubs.size()]->PrepareAsyncGetJob(&call->ctx, call->req, &cq);
+      call->reader->StartCall();
+      call->reader->Finish(&call->resp, &call->status, call);
+    }
+  });
+  GetLoad out;
+  for (int64_t got = 0; got < total; ++got) {  // each call has a deadline, so each answers
+    void* tag = nullptr;
+    bool ok = false;
+    if (!cq.Next(&tag, &ok)) break;
+    const auto done = Clock::now();
+    std::unique_ptr<Call> call(static_cast<Call*>(tag));
+    out.ok += call->status.ok();
+    out.ms.push_back(ms_between(call->due, done));
+    out.send_lag_ms.push_back(call->lag_ms);
+    out.due.push_back(call->due);
+  }
+  sender.join();
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) delete static_cast<Call*>(tag);
+  return out;
+}
+
 HeartbeatLoad run_heartbeats(const Clients& c, std::vector<std::unique_ptr<SimWorker>>& workers, milliseconds period,
                              Clock::time_point start, Clock::time_point measure_from, Clock::time_point end) {
   // kLoops threads, each with workers t, t + kLoops, ... on a queue of its own (offset by a
   // fraction of a slot), so that one loop's backlog does not delay the others' sends.
   constexpr size_t kLoops = 2;
-  std::vector<LoadResult> parts(kLoops);
+  std::vector<HeartbeatLoad> parts(kLoops);
   std::vector<std::thread> loops;
   for (size_t t = 0; t < kLoops; ++t) {
     std::vector<SimWorker*> mine;
@@ -464,13 +489,13 @@ HeartbeatLoad run_heartbeats(const Clients& c, std::vector<std::unique_ptr<SimWo
   }
   HeartbeatLoad all;
   for (std::thread& th : loops) th.join();
-  for (LoadResult& p : parts) {
-    all.sent += p.beats.sent;
-    all.failed += p.beats.failed;
-    if (all.first_error.empty()) all.first_error = p.beats.first_error;
-    all.latencies_ms.insert(all.latencies_ms.end(), p.beats.latencies_ms.begin(), p.beats.latencies_ms.end());
-    all.due.insert(all.due.end(), p.beats.due.begin(), p.beats.due.end());
-    all.send_lag_ms.insert(all.send_lag_ms.end(), p.beats.send_lag_ms.begin(), p.beats.send_lag_ms.end());
+  for (HeartbeatLoad& p : parts) {
+    all.sent += p.sent;
+    all.failed += p.failed;
+    if (all.first_error.empty()) all.first_error = p.first_error;
+    all.latencies_ms.insert(all.latencies_ms.end(), p.latencies_ms.begin(), p.latencies_ms.end());
+    all.due.insert(all.due.end(), p.due.begin(), p.due.end());
+    all.send_lag_ms.insert(all.send_lag_ms.end(), p.send_lag_ms.begin(), p.send_lag_ms.end());
   }
   return all;
 }
@@ -695,7 +720,7 @@ int run_bench(const Args& a) {
   const auto start = Clock::now() + milliseconds(200);
   const auto measure_from = start + milliseconds(3000);
   const auto end = measure_from + milliseconds(static_cast<int64_t>(a.seconds * 1000));
-  std::vector<double> submit_ms, get_ms;
+  std::vector<double> submit_ms, submit_lag_ms, get_ms;
   std::set<std::string> acked;
   std::mutex acked_mu;
   std::atomic<int> submit_fail{0};
@@ -705,11 +730,13 @@ int run_bench(const Args& a) {
   say("open-loop load: " + std::to_string(a.workers) + " workers x 2 Hz heartbeats, 100 submits/s, 1,000 gets/s, " +
       std::to_string(static_cast<int>(a.seconds)) + " s measured");
   std::thread submitter([&] {
+    ::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);  // as run_gets' sender
     auto stub = v1::JobService::NewStub(c.channel(1));
     for (int i = 0;; ++i) {
       const auto due = measure_from + milliseconds(10) * i;
       if (due >= end) return;
       std::this_thread::sleep_until(due);
+      submit_lag_ms.push_back(ms_between(due, Clock::now()));
       grpc::ClientContext ctx;
       rpc::prepare_call(ctx, c.admin, milliseconds(5000));
       v1::SubmitJobRequest req;
@@ -726,24 +753,19 @@ int run_bench(const Args& a) {
       }
     }
   });
-  // 1,000 gets/s from a thread of their own, so that they do not wait behind the heartbeats' sends.
-  const std::vector<SimWorker*> no_workers;
-  LoadPlan get_plan;
-  get_plan.gets_per_second = 1000;
-  get_plan.gets_from = measure_from;
-  get_plan.gets_to = end;
-  LoadResult load;
-  std::thread getter([&] { load = run_load(c, no_workers, get_plan); });
+  // 1,000 gets/s from threads of their own, so that they do not wait behind the heartbeats' sends.
+  GetLoad load;
+  std::thread getter([&] { load = run_gets(c, 1000, measure_from, end, "j-000001"); });
   const HeartbeatLoad hb = run_heartbeats(c, sims, period, start, measure_from, end);
   getter.join();
-  get_ms = load.get_ms;
+  get_ms = load.ms;
   submitter.join();
   if (!a.latency_trace.empty()) {  // "KIND SCHEDULED_MS LATENCY_MS", scheduled from the window's start
     std::ofstream trace(a.latency_trace);
     for (size_t i = 0; i < hb.latencies_ms.size(); ++i)
       trace << "heartbeat " << ms_between(measure_from, hb.due[i]) << ' ' << hb.latencies_ms[i] << '\n';
-    for (size_t i = 0; i < load.get_ms.size(); ++i)
-      trace << "get " << ms_between(measure_from, load.get_due[i]) << ' ' << load.get_ms[i] << '\n';
+    for (size_t i = 0; i < load.ms.size(); ++i)
+      trace << "get " << ms_between(measure_from, load.due[i]) << ' ' << load.ms[i] << '\n';
     for (size_t i = 0; i < submit_ms.size(); ++i) trace << "submit " << 10.0 * static_cast<double>(i) << ' ' << submit_ms[i] << '\n';
     if (!trace) say("cannot write --latency-trace " + a.latency_trace);
   }
@@ -773,9 +795,7 @@ int run_bench(const Args& a) {
   out["heartbeats"]["p50_over_null_rpc"] = hbq.p50 / std::max(1e-9, out["baselines"]["null_rpc"]["p50_ms"].get<double>());
   // The generator's own share of each heartbeat's latency: how late it sent it (AsyncNext
   // wakes on whole milliseconds, and a busy loop sends late).
-  std::vector<double> from_send_ms(hb.latencies_ms.size());
-  for (size_t i = 0; i < from_send_ms.size(); ++i) from_send_ms[i] = hb.latencies_ms[i] - hb.send_lag_ms[i];
-  const Quantiles lagq = quantiles(hb.send_lag_ms), from_sendq = quantiles(from_send_ms);
+  const Quantiles lagq = quantiles(hb.send_lag_ms), from_sendq = quantiles(minus(hb.latencies_ms, hb.send_lag_ms));
   out["heartbeats"]["generator_send_lag"] = to_json(lagq);
   out["heartbeats"]["from_actual_send"] = to_json(from_sendq);
   out["heartbeats"]["cpu_steal_share"] = steal_share;  // of the machine's CPU time during the load
@@ -783,7 +803,14 @@ int run_bench(const Args& a) {
   out["submit"] = to_json(sq);
   out["submit"]["failed"] = submit_fail.load();
   out["submit"]["p50_over_sqlite_commit"] = sq.p50 / std::max(1e-9, commit.p50);
+  const Quantiles submit_lagq = quantiles(submit_lag_ms), submit_from_sendq = quantiles(minus(submit_ms, submit_lag_ms));
+  out["submit"]["generator_send_lag"] = to_json(submit_lagq);
+  out["submit"]["from_actual_send"] = to_json(submit_from_sendq);
   out["get"] = to_json(gq);
+  const Quantiles get_lagq = quantiles(load.send_lag_ms), get_from_sendq = quantiles(minus(load.ms, load.send_lag_ms));
+  out["get"]["failed"] = static_cast<int64_t>(load.ms.size()) - load.ok;
+  out["get"]["generator_send_lag"] = to_json(get_lagq);
+  out["get"]["from_actual_send"] = to_json(get_from_sendq);
   out["get"]["p50_over_null_rpc"] = gq.p50 / std::max(1e-9, out["baselines"]["null_rpc"]["p50_ms"].get<double>());
 
   // Coordinator CPU per request (control-plane-notes.md §5, "efficiency figures"): stable
@@ -821,14 +848,10 @@ int run_bench(const Args& a) {
   const auto beats_from = Clock::now();
   const auto hb_from = beats_from + milliseconds(500), submit_from = hb_from + phase, get_from = submit_from + phase,
              beats_to = get_from + phase + milliseconds(500);
-  LoadPlan cpu_get_plan;
-  cpu_get_plan.gets_per_second = 1000;
-  cpu_get_plan.gets_from = get_from;
-  cpu_get_plan.gets_to = get_from + phase;
-  LoadResult cpu_load;
+  GetLoad cpu_load;
   // Heartbeats measured from beats_to: latencies are not this part's figures.
   std::thread beats([&] { (void)run_heartbeats(c, sims, period, beats_from, beats_to, beats_to); });
-  std::thread gets([&] { cpu_load = run_load(c, no_workers, cpu_get_plan); });
+  std::thread gets([&] { cpu_load = run_gets(c, 1000, get_from, get_from + phase, "j-000001"); });
   const CpuPhase hb_cpu = cpu_phase(hb_from, submit_from, [&](Clock::time_point, Clock::time_point) {
     return static_cast<int64_t>(double(sims.size()) * 1000.0 / double(period.count()) * kCpuPhaseSeconds);
   });
@@ -852,7 +875,7 @@ int run_bench(const Args& a) {
   CpuPhase get_cpu = cpu_phase(get_from, get_from + phase, [](Clock::time_point, Clock::time_point) { return int64_t{0}; });
   beats.join();
   gets.join();
-  get_cpu.calls = cpu_load.gets_ok;  // sent by the load's thread in that window
+  get_cpu.calls = cpu_load.ok;  // sent by run_gets in that window
   // Per call: what the phase used beyond its base (idle, or idle plus the heartbeats).
   auto us_per_call = [](const CpuPhase& p, double base_cores) {
     return p.calls > 0 ? std::max(0.0, p.cpu - base_cores * p.seconds) / double(p.calls) * 1e6 : 0.0;
@@ -1033,7 +1056,11 @@ int run_bench(const Args& a) {
                "CPU steal during the load", 100.0 * steal_share);
   std::snprintf(note, sizeof(note), "p50 = %.1fx the commit", sq.p50 / std::max(1e-9, commit.p50));
   row("SubmitJob at 100/s under heartbeat load", sq, note);
+  row("  of which the generator's send lag", submit_lagq, "");
+  row("  from the actual send", submit_from_sendq, "");
   row("GetJob at 1,000/s under heartbeat load", gq, "");
+  row("  of which the generator's send lag", get_lagq, "");
+  row("  from the actual send", get_from_sendq, "");
   row("scheduling pass 1,000 jobs x 500 workers", sched, "decision only");
   std::fprintf(stderr, "%-44s %10.1f us/call (%lld calls)\n", "coordinator CPU per heartbeat", hb_us,
                static_cast<long long>(hb_cpu.calls));

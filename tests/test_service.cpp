@@ -717,8 +717,17 @@ TEST(Service, ControlPlaneBenchSendsItsWholeScheduleAndKeepsTheInvariants) {
   EXPECT_GT(j["heartbeats"]["from_actual_send"].value("p50_ms", 0.0), 0.0);
   EXPECT_LE(j["heartbeats"]["from_actual_send"].value("max_ms", 1e9), j["heartbeats"].value("max_ms", 0.0));
   EXPECT_EQ(j["get"].value("n", 0), 1000);
+  EXPECT_EQ(j["get"].value("failed", -1), 0);
   EXPECT_EQ(j["submit"].value("n", 0), 100);
   EXPECT_EQ(j["submit"].value("failed", -1), 0);
+  for (const char* kind : {"get", "submit"}) {  // each call's send lag, and its latency less that
+    const nlohmann::json& k = j[kind];
+    EXPECT_EQ(k["generator_send_lag"].value("n", 0), k.value("n", -1)) << kind;
+    EXPECT_GE(k["generator_send_lag"].value("p50_ms", -1.0), 0.0) << kind;
+    EXPECT_EQ(k["from_actual_send"].value("n", 0), k.value("n", -1)) << kind;
+    EXPECT_GT(k["from_actual_send"].value("p50_ms", 0.0), 0.0) << kind;
+    EXPECT_LE(k["from_actual_send"].value("max_ms", 1e9), k.value("max_ms", 0.0)) << kind;
+  }
   EXPECT_EQ(j["cpu_per_request"].value("gets", 0), 5000);
   EXPECT_EQ(j["cpu_per_request"].value("submits", 0), 500);
   EXPECT_EQ(j["detection"].value("detected", 0), 1);
