@@ -132,6 +132,26 @@ std::string cpu_model() {
   return "unknown";
 }
 
+// How an idle CPU of this machine waits: the cpuidle driver and, under haltpoll, how long
+// it polls before halting. In a VM a halted vCPU wakes through the hypervisor, so without
+// polling (no driver, or guest_halt_poll_ns 0) every wake-up of an idle core costs a VM
+// exit: the unloaded rows (the null RPC, fdatasync) carry it and the loaded ones mostly do not.
+json cpu_idle() {
+  std::string driver = slurp("/sys/devices/system/cpu/cpuidle/current_driver");
+  driver = driver.substr(0, driver.find('\n'));
+  json out = {{"driver", driver.empty() ? "none" : driver}};
+  const std::string poll = slurp("/sys/module/haltpoll/parameters/guest_halt_poll_ns");
+  if (driver == "haltpoll" && !poll.empty()) out["guest_halt_poll_ns"] = std::strtoll(poll.c_str(), nullptr, 10);
+  return out;
+}
+
+std::string cpu_idle_note(const json& idle) {
+  std::string note = "cpuidle " + idle.value("driver", "none");
+  if (idle.contains("guest_halt_poll_ns"))
+    note += ", halt poll " + std::to_string(idle["guest_halt_poll_ns"].get<int64_t>()) + " ns";
+  return note;
+}
+
 std::string filesystem_of(const fs::path& p) {
   // The longest mount point that prefixes the path.
   std::ifstream in("/proc/mounts");
@@ -212,6 +232,7 @@ void start_coordinator(Coordinator& c, const fs::path& dir, const std::string& l
   *exec_at = Clock::now();
   c.pid = ::fork();
   if (c.pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a bench that is killed takes its coordinator along
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(fd, 1);
     ::dup2(fd, 2);
@@ -647,7 +668,8 @@ int run_bench(const Args& a) {
     std::cerr << "bench control-plane: " << at << s << std::endl;
   };
   json out;
-  out["machine"] = {{"nproc", cores}, {"cpu", cpu_model()}, {"filesystem", filesystem_of(dir)}};
+  out["machine"] = {
+      {"nproc", cores}, {"cpu", cpu_model()}, {"filesystem", filesystem_of(dir)}, {"cpu_idle", cpu_idle()}};
   out["pinning"] = {{"coordinator", "core 0 (taskset -c 0)"}, {"load generator", "core " + std::to_string(cores - 1)}};
   pin_to(cores - 1);
   std::ofstream(dir / "admin.token") << "admin-bench-token-0123456789abcdef\n";
@@ -1045,7 +1067,8 @@ int run_bench(const Args& a) {
   char note[160];
   row("baseline fdatasync 4 KiB", fsync, filesystem_of(dir));
   row("baseline SQLite FULL commit (one job)", commit, "");
-  row("baseline null RPC (1 in flight)", null_rpc, "GetJob of an unknown id");
+  row("baseline null RPC (1 in flight)", null_rpc,
+      "GetJob of an unknown id; " + cpu_idle_note(out["machine"]["cpu_idle"]));
   std::snprintf(note, sizeof(note), "%.0f/s scheduled, %d false LOST, coordinator %.2f core, generator %.2f",
                 hb_rate, false_lost, out["heartbeats"]["coordinator_cores_used"].get<double>(),
                 out["heartbeats"]["load_generator_cores_used"].get<double>());

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -735,6 +736,10 @@ TEST(Service, ControlPlaneBenchSendsItsWholeScheduleAndKeepsTheInvariants) {
   EXPECT_EQ(j["restart"].value("acked_submits_missing", -1), 0);
   EXPECT_EQ(j["restart"].value("duplicates", -1), 0);
   EXPECT_EQ(j["restart"].value("workers_lost_by_restart", -1), 0);
+  // How idle cores wait is recorded, as this machine reports it.
+  std::string driver;
+  std::ifstream("/sys/devices/system/cpu/cpuidle/current_driver") >> driver;
+  EXPECT_EQ(j["machine"]["cpu_idle"].value("driver", ""), driver.empty() ? "none" : driver);
   EXPECT_FALSE(fs::exists(dir)) << "the bench leaves its directory behind";
 }
 
