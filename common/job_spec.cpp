@@ -2,7 +2,6 @@
 #include "common/job_spec.h"
 
 #include <sys/stat.h>
-#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cctype>
@@ -17,6 +16,7 @@
 #include <type_traits>
 
 #include "common/input_file.h"
+#include "common/yaml_tree.h"
 
 namespace zenflow {
 namespace {
@@ -45,13 +45,13 @@ std::string quote(const std::string& text) {
 }
 
 // What the user wrote, for the "got ..." part of an error.
-std::string describe(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Scalar:
-      return quote(node.Scalar());
-    case YAML::NodeType::Sequence:
+std::string describe(const yaml::Node& node) {
+  switch (node.type()) {
+    case yaml::Node::Type::kScalar:
+      return quote(node.text());
+    case yaml::Node::Type::kSequence:
       return "a list";
-    case YAML::NodeType::Map:
+    case yaml::Node::Type::kMap:
       return "a mapping";
     default:
       return "an empty value";
@@ -65,14 +65,14 @@ std::string join_names(const std::vector<std::string>& names, const char* sep) {
 }
 
 // Scalar text with an optional leading '+' removed (from_chars does not accept it).
-std::string_view numeric_text(const YAML::Node& node) {
-  std::string_view text = node.Scalar();
+std::string_view numeric_text(const yaml::Node& node) {
+  std::string_view text = node.text();
   if (!text.empty() && text.front() == '+') text.remove_prefix(1);
   return text;
 }
 
-std::optional<double> to_double(const YAML::Node& node) {
-  if (!node.IsScalar()) return std::nullopt;
+std::optional<double> to_double(const yaml::Node& node) {
+  if (!node.is_scalar()) return std::nullopt;
   std::string_view text = numeric_text(node);
   double v = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
@@ -90,9 +90,9 @@ struct ParsedInt {
   int64_t value = 0;
 };
 
-ParsedInt parse_int(const YAML::Node& node) {
+ParsedInt parse_int(const yaml::Node& node) {
   ParsedInt out;
-  if (!node.IsScalar()) return out;
+  if (!node.is_scalar()) return out;
   std::string_view text = numeric_text(node);
   int64_t v = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
@@ -107,35 +107,35 @@ ParsedInt parse_int(const YAML::Node& node) {
   return {true, true, static_cast<int64_t>(*d)};
 }
 
-std::optional<int64_t> to_int(const YAML::Node& node) {
+std::optional<int64_t> to_int(const yaml::Node& node) {
   ParsedInt p = parse_int(node);
   if (!p.integer || !p.fits) return std::nullopt;
   return p.value;
 }
 
-bool is_auto(const YAML::Node& node) { return node.IsScalar() && node.Scalar() == "auto"; }
+bool is_auto(const yaml::Node& node) { return node.is_scalar() && node.text() == "auto"; }
 
 // One YAML mapping of the spec, at `path`, with its set of allowed keys. Construction
 // rejects non-mappings, unknown keys and repeated keys; a null node (`model:` with
 // nothing after it) counts as an empty mapping.
 class Section {
  public:
-  Section(const YAML::Node& node, std::string path, std::vector<std::string> allowed)
+  Section(const yaml::Node& node, std::string path, std::vector<std::string> allowed)
       : path_(std::move(path)) {
-    if (node.IsNull()) return;
-    if (!node.IsMap()) {
+    if (node.is_null()) return;
+    if (!node.is_map()) {
       throw SpecError(path_.empty() ? "<root>" : path_, "must be a mapping, got " + describe(node));
     }
-    for (const auto& item : node) {
-      if (!item.first.IsScalar()) {
+    for (std::size_t i = 0; i < node.size(); ++i) {
+      if (!node.key(i).is_scalar()) {
         throw SpecError(path_.empty() ? "<root>" : path_,
-                        "keys must be plain names, got " + describe(item.first));
+                        "keys must be plain names, got " + describe(node.key(i)));
       }
-      const std::string& key = item.first.Scalar();
+      const std::string& key = node.key(i).text();
       if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
         throw SpecError(key_path(key), "unknown key (allowed: " + join_names(allowed, ", ") + ")");
       }
-      if (!fields_.emplace(key, item.second).second) {
+      if (!fields_.emplace(key, &node.value(i)).second) {
         throw SpecError(key_path(key), "key appears more than once");
       }
     }
@@ -144,20 +144,21 @@ class Section {
   // The value under `key`, or nullptr when the key is absent (or, if `null_ok`, written
   // with no value). A key written with no value is an error otherwise: it is more
   // likely a slip than a request for the default.
-  const YAML::Node* find(const std::string& key, bool null_ok = false) const {
+  const yaml::Node* find(const std::string& key, bool null_ok = false) const {
     auto it = fields_.find(key);
     if (it == fields_.end()) return nullptr;
-    if (it->second.IsNull()) {
+    if (it->second->is_null()) {
       if (null_ok) return nullptr;
       fail(key, "has no value (omit the key to get the default)");
     }
-    return &it->second;
+    return it->second;
   }
 
   // The value under `key` as a node (null when absent), for nested sections.
-  YAML::Node child(const std::string& key) const {
+  const yaml::Node& child(const std::string& key) const {
+    static const yaml::Node absent;
     auto it = fields_.find(key);
-    return it == fields_.end() ? YAML::Node() : it->second;
+    return it == fields_.end() ? absent : *it->second;
   }
 
   std::string key_path(const std::string& key) const { return join_key(path_, key); }
@@ -169,7 +170,7 @@ class Section {
 
  private:
   std::string path_;
-  std::map<std::string, YAML::Node> fields_;
+  std::map<std::string, const yaml::Node*> fields_;  // into the tree, which outlives it
 };
 
 // Allowed numeric interval; infinite ends are unbounded.
@@ -198,9 +199,9 @@ Range at_least(double lo) { return Range{lo, true}; }
 Range above(double lo) { return Range{lo, false}; }
 Range closed(double lo, double hi) { return Range{lo, true, hi, true}; }
 
-void check_range(const Section& s, const std::string& key, const YAML::Node& node, double v,
+void check_range(const Section& s, const std::string& key, const yaml::Node& node, double v,
                  const Range& range) {
-  if (!range.contains(v)) s.fail(key, "must be " + range.text() + ", got " + node.Scalar());
+  if (!range.contains(v)) s.fail(key, "must be " + range.text() + ", got " + node.text());
 }
 
 // Closed integer interval, in int64 (a double loses exactness near 2^63). Every integer
@@ -219,20 +220,20 @@ constexpr int64_t kMaxCoreId = 65535;
 constexpr std::size_t kMaxPathBytes = 4096;  // PATH_MAX on Linux
 constexpr std::size_t kMaxNameChars = 128;
 
-int64_t int_value(const Section& s, const std::string& key, const YAML::Node& node,
+int64_t int_value(const Section& s, const std::string& key, const yaml::Node& node,
                   const IntRange& range) {
   const ParsedInt v = parse_int(node);
   if (!v.integer) s.fail(key, "must be an integer, got " + describe(node));
-  if (!range.contains(v)) s.fail(key, "must be " + range.text() + ", got " + node.Scalar());
+  if (!range.contains(v)) s.fail(key, "must be " + range.text() + ", got " + node.text());
   return v.value;
 }
 
 void read_int(const Section& s, const std::string& key, int64_t& out, const IntRange& range) {
-  if (const YAML::Node* node = s.find(key)) out = int_value(s, key, *node, range);
+  if (const yaml::Node* node = s.find(key)) out = int_value(s, key, *node, range);
 }
 
 void read_number(const Section& s, const std::string& key, double& out, const Range& range = {}) {
-  const YAML::Node* node = s.find(key);
+  const yaml::Node* node = s.find(key);
   if (!node) return;
   std::optional<double> v = to_double(*node);
   if (!v) s.fail(key, "must be a finite number, got " + describe(*node));
@@ -240,9 +241,9 @@ void read_number(const Section& s, const std::string& key, double& out, const Ra
   out = *v;
 }
 
-bool bool_value(const Section& s, const std::string& key, const YAML::Node& node) {
-  if (node.IsScalar()) {
-    const std::string& t = node.Scalar();
+bool bool_value(const Section& s, const std::string& key, const yaml::Node& node) {
+  if (node.is_scalar()) {
+    const std::string& t = node.text();
     if (t == "true" || t == "True" || t == "TRUE") return true;
     if (t == "false" || t == "False" || t == "FALSE") return false;
   }
@@ -250,36 +251,36 @@ bool bool_value(const Section& s, const std::string& key, const YAML::Node& node
 }
 
 void read_bool(const Section& s, const std::string& key, bool& out) {
-  if (const YAML::Node* node = s.find(key)) out = bool_value(s, key, *node);
+  if (const yaml::Node* node = s.find(key)) out = bool_value(s, key, *node);
 }
 
 // `optional` strings accept a key with no value, meaning "not given".
 void read_string(const Section& s, const std::string& key, std::string& out,
                  bool optional = false, std::size_t max_bytes = kMaxPathBytes) {
-  const YAML::Node* node = s.find(key, optional);
+  const yaml::Node* node = s.find(key, optional);
   if (!node) return;
-  if (!node->IsScalar()) s.fail(key, "must be a string, got " + describe(*node));
-  if (node->Scalar().size() > max_bytes) {
+  if (!node->is_scalar()) s.fail(key, "must be a string, got " + describe(*node));
+  if (node->text().size() > max_bytes) {
     s.fail(key, "must be at most " + std::to_string(max_bytes) + " bytes, got " + describe(*node));
   }
-  out = node->Scalar();
+  out = node->text();
 }
 
 void read_choice(const Section& s, const std::string& key, std::string& out,
                  const std::vector<std::string>& choices) {
-  const YAML::Node* node = s.find(key);
+  const yaml::Node* node = s.find(key);
   if (!node) return;
-  if (!node->IsScalar() ||
-      std::find(choices.begin(), choices.end(), node->Scalar()) == choices.end()) {
+  if (!node->is_scalar() ||
+      std::find(choices.begin(), choices.end(), node->text()) == choices.end()) {
     s.fail(key, "must be one of " + join_names(choices, ", ") + "; got " + describe(*node));
   }
-  out = node->Scalar();
+  out = node->text();
 }
 
 // "auto" or an integer in `range`.
 void read_int_or_auto(const Section& s, const std::string& key, bool& is_auto_out, int64_t& out,
                       const IntRange& range) {
-  const YAML::Node* node = s.find(key);
+  const yaml::Node* node = s.find(key);
   if (!node) return;
   if (is_auto(*node)) {
     is_auto_out = true;
@@ -289,7 +290,7 @@ void read_int_or_auto(const Section& s, const std::string& key, bool& is_auto_ou
   const ParsedInt v = parse_int(*node);
   if (!range.contains(v)) {
     s.fail(key, "must be \"auto\" or an integer " + range.text() + ", got " +
-                    (v.integer ? node->Scalar() : describe(*node)));
+                    (v.integer ? node->text() : describe(*node)));
   }
   is_auto_out = false;
   out = v.value;
@@ -321,7 +322,7 @@ bool is_integer_model_key(const std::string& key) {
          kIntegerModelKeys.end();
 }
 
-void read_model(const YAML::Node& node, ModelSpec& m, const std::string& base_dir) {
+void read_model(const yaml::Node& node, ModelSpec& m, const std::string& base_dir) {
   Section s(node, "model", {"arch", "from", "config"});
   read_choice(s, "arch", m.arch, {"llama", "gpt2"});
   read_string(s, "from", m.from, true);
@@ -334,7 +335,7 @@ void read_model(const YAML::Node& node, ModelSpec& m, const std::string& base_di
   Section c(s.child("config"), "model.config", config_keys);
   m.config.clear();
   for (const std::string& key : config_keys) {
-    const YAML::Node* v = c.find(key);
+    const yaml::Node* v = c.find(key);
     if (!v) continue;
     if (is_integer_model_key(key)) {
       m.config[key] = static_cast<double>(int_value(c, key, *v, {1, kModelKeyMax.at(key)}));
@@ -367,7 +368,7 @@ void read_model(const YAML::Node& node, ModelSpec& m, const std::string& base_di
   }
 }
 
-void read_data(const YAML::Node& node, DataSpec& d, const std::string& base_dir) {
+void read_data(const yaml::Node& node, DataSpec& d, const std::string& base_dir) {
   Section s(node, "data", {"train", "val", "format", "tokenizer", "val_fraction"});
   read_string(s, "train", d.train, true);
   if (d.train.empty()) s.fail("train", "required (a file or directory of training data)");
@@ -381,7 +382,7 @@ void read_data(const YAML::Node& node, DataSpec& d, const std::string& base_dir)
   if (d.tokenizer != "byte") d.tokenizer = resolve_path(base_dir, d.tokenizer);
 }
 
-void read_train(const YAML::Node& node, TrainSpec& t) {
+void read_train(const yaml::Node& node, TrainSpec& t) {
   Section s(node, "train",
             {"steps", "micro_batch", "grad_accum", "seq_len", "lr", "schedule", "warmup_steps",
              "min_lr_ratio", "weight_decay", "grad_clip", "seed", "eval_every", "eval_batches",
@@ -414,7 +415,7 @@ void read_train(const YAML::Node& node, TrainSpec& t) {
   read_int(s, "compute_threads", t.compute_threads, {0, kMaxCores});
 }
 
-void read_zenflow(const YAML::Node& node, ZenflowSpec& z) {
+void read_zenflow(const yaml::Node& node, ZenflowSpec& z) {
   Section s(node, "optimizer.zenflow",
             {"topk_ratio", "select_strategy", "select_interval", "update_interval",
              "full_warm_up_rounds", "overlap_step", "importance", "reselect_threshold",
@@ -441,11 +442,11 @@ void read_zenflow(const YAML::Node& node, ZenflowSpec& z) {
 }
 
 // A list of strings, or one string holding a comma-separated list.
-std::vector<std::string> string_list(const Section& s, const std::string& key, const YAML::Node& node) {
+std::vector<std::string> string_list(const Section& s, const std::string& key, const yaml::Node& node) {
   std::vector<std::string> out;
-  if (node.IsScalar()) {
+  if (node.is_scalar()) {
     std::string item;
-    for (char c : node.Scalar() + ",") {
+    for (char c : node.text() + ",") {
       if (c == ',') {
         out.push_back(item);
         item.clear();
@@ -454,10 +455,10 @@ std::vector<std::string> string_list(const Section& s, const std::string& key, c
       }
     }
     if (out.size() == 1 && out[0].empty()) out.clear();
-  } else if (node.IsSequence()) {
+  } else if (node.is_sequence()) {
     for (std::size_t i = 0; i < node.size(); ++i) {
-      if (!node[i].IsScalar()) s.fail(key, "items must be strings, got " + describe(node[i]) + " (item " + std::to_string(i) + ")");
-      out.push_back(node[i].Scalar());
+      if (!node.item(i).is_scalar()) s.fail(key, "items must be strings, got " + describe(node.item(i)) + " (item " + std::to_string(i) + ")");
+      out.push_back(node.item(i).text());
     }
   } else {
     s.fail(key, "must be a list, got " + describe(node));
@@ -466,7 +467,7 @@ std::vector<std::string> string_list(const Section& s, const std::string& key, c
 }
 
 void read_addresses(const Section& s, HostSpec& h) {
-  const YAML::Node* node = s.find("addresses", true);
+  const yaml::Node* node = s.find("addresses", true);
   if (!node) return;
   h.addresses = string_list(s, "addresses", *node);
   if (h.addresses.size() > 1024) s.fail("addresses", "must list at most 1024 nodes, got " + std::to_string(h.addresses.size()));
@@ -487,7 +488,7 @@ void read_addresses(const Section& s, HostSpec& h) {
 }
 
 void read_on_node_loss(const Section& s, HostSpec& h) {
-  const YAML::Node* node = s.find("on_node_loss");
+  const yaml::Node* node = s.find("on_node_loss");
   if (!node) return;
   std::vector<std::string> steps = string_list(s, "on_node_loss", *node);
   const std::vector<std::string> known = {"spare", "in_process", "fail"};
@@ -503,17 +504,17 @@ void read_on_node_loss(const Section& s, HostSpec& h) {
   h.on_node_loss = std::move(steps);
 }
 
-void read_host(const YAML::Node& node, HostSpec& h, const std::string& base_dir) {
+void read_host(const yaml::Node& node, HostSpec& h, const std::string& base_dir) {
   Section s(node, "optimizer.host", {"threads", "reserved_cores", "nodes", "addresses", "token_file", "on_node_loss",
                                      "huge_pages"});
   read_int_or_auto(s, "threads", h.threads_auto, h.threads, {1, kMaxCores});
-  if (const YAML::Node* cores = s.find("reserved_cores")) {
+  if (const yaml::Node* cores = s.find("reserved_cores")) {
     if (is_auto(*cores)) {
       h.reserved_cores_auto = true;
       h.reserved_cores.clear();
     } else {
       const std::string expected = "must be \"auto\" or a non-empty list of core ids";
-      if (!cores->IsSequence() || cores->size() == 0) {
+      if (!cores->is_sequence() || cores->size() == 0) {
         s.fail("reserved_cores", expected + ", got " + describe(*cores));
       }
       if (cores->size() > static_cast<std::size_t>(kMaxCores)) {
@@ -523,7 +524,7 @@ void read_host(const YAML::Node& node, HostSpec& h, const std::string& base_dir)
       std::vector<int> ids;
       std::set<int64_t> seen;
       for (std::size_t i = 0; i < cores->size(); ++i) {
-        const YAML::Node item = (*cores)[i];
+        const yaml::Node& item = cores->item(i);
         const ParsedInt parsed = parse_int(item);
         // Out of int64 is out of range, not "not an integer".
         const std::optional<int64_t> id =
@@ -534,7 +535,7 @@ void read_host(const YAML::Node& node, HostSpec& h, const std::string& base_dir)
         }
         if (*id < 0 || *id > kMaxCoreId) {
           s.fail("reserved_cores", "core ids must be in [0, " + std::to_string(kMaxCoreId) +
-                                       "], got " + item.Scalar() + where);
+                                       "], got " + item.text() + where);
         }
         if (!seen.insert(*id).second) {
           s.fail("reserved_cores", "core id " + std::to_string(*id) + " appears twice" + where);
@@ -556,7 +557,7 @@ void read_host(const YAML::Node& node, HostSpec& h, const std::string& base_dir)
   read_bool(s, "huge_pages", h.huge_pages);
 }
 
-void read_optimizer(const YAML::Node& node, OptimizerSpec& o, const std::string& base_dir) {
+void read_optimizer(const yaml::Node& node, OptimizerSpec& o, const std::string& base_dir) {
   Section s(node, "optimizer", {"mode", "beta1", "beta2", "eps", "zenflow", "host"});
   read_choice(s, "mode", o.mode, {"zenflow", "offload", "device"});
   read_number(s, "beta1", o.beta1, Range{0, true, 1, false});
@@ -566,11 +567,11 @@ void read_optimizer(const YAML::Node& node, OptimizerSpec& o, const std::string&
   read_host(s.child("host"), o.host, base_dir);
 }
 
-void read_resources(const YAML::Node& node, ResourcesSpec& r) {
+void read_resources(const yaml::Node& node, ResourcesSpec& r) {
   Section s(node, "resources", {"workers", "gpus_per_worker", "host_memory_gb", "priority", "max_restarts"});
   read_int(s, "workers", r.workers, {1, kMaxCores});
   read_int(s, "gpus_per_worker", r.gpus_per_worker, {0, 64});
-  if (const YAML::Node* mem = s.find("host_memory_gb")) {
+  if (const yaml::Node* mem = s.find("host_memory_gb")) {
     if (is_auto(*mem)) {
       r.host_memory_gb_auto = true;
       r.host_memory_gb = 0;
@@ -586,7 +587,7 @@ void read_resources(const YAML::Node& node, ResourcesSpec& r) {
   read_int(s, "max_restarts", r.max_restarts, {0, 1000});
 }
 
-void read_checkpoint(const YAML::Node& node, CheckpointSpec& c, const std::string& name,
+void read_checkpoint(const yaml::Node& node, CheckpointSpec& c, const std::string& name,
                      const std::string& base_dir) {
   Section s(node, "checkpoint", {"dir", "every_steps", "keep"});
   read_string(s, "dir", c.dir, true);
@@ -596,7 +597,7 @@ void read_checkpoint(const YAML::Node& node, CheckpointSpec& c, const std::strin
   read_int(s, "keep", c.keep, {1, kMillion});
 }
 
-void read_cost(const YAML::Node& node, CostSpec& c) {
+void read_cost(const yaml::Node& node, CostSpec& c) {
   Section s(node, "cost", {"instance_type", "usd_per_hour"});
   read_string(s, "instance_type", c.instance_type, true, kMaxNameChars);
   if (s.find("usd_per_hour", true)) {
@@ -673,16 +674,16 @@ void check_checkpoint_dir(const CheckpointSpec& c, const std::string& name, cons
   }
 }
 
-JobSpec validate(const YAML::Node& root, const std::string& base_dir, SpecSite site) {
+JobSpec validate(const yaml::Node& root, const std::string& base_dir, SpecSite site) {
   Section s(root, "",
             {"name", "model", "data", "train", "optimizer", "resources", "checkpoint", "cost"});
   JobSpec spec;
-  const YAML::Node* name = s.find("name", true);
+  const yaml::Node* name = s.find("name", true);
   if (!name) s.fail("name", std::string("required (") + kNameRule + ")");
-  if (!name->IsScalar() || !valid_name(name->Scalar())) {
+  if (!name->is_scalar() || !valid_name(name->text())) {
     s.fail("name", std::string("must be ") + kNameRule + "; got " + describe(*name));
   }
-  spec.name = name->Scalar();
+  spec.name = name->text();
   read_model(s.child("model"), spec.model, base_dir);
   read_data(s.child("data"), spec.data, base_dir);
   read_train(s.child("train"), spec.train);
@@ -703,14 +704,8 @@ JobSpec validate(const YAML::Node& root, const std::string& base_dir, SpecSite s
   return spec;
 }
 
-std::string yaml_error(const YAML::Exception& e) {
-  if (e.mark.is_null()) return e.msg;
-  return "line " + std::to_string(e.mark.line + 1) + ", column " +
-         std::to_string(e.mark.column + 1) + ": " + e.msg;
-}
-
 // Applies one "a.b.c=value" override to `root`, creating missing intermediate mappings.
-void apply_override(YAML::Node& root, const std::string& assignment) {
+void apply_override(yaml::Node& root, const std::string& assignment) {
   const std::size_t eq = assignment.find('=');
   std::vector<std::string> keys;
   if (eq != std::string::npos) {
@@ -733,45 +728,40 @@ void apply_override(YAML::Node& root, const std::string& assignment) {
                     "expected KEY.PATH=VALUE (e.g. train.steps=100), got '" + assignment + "'");
   }
   const std::string key_path = assignment.substr(0, eq);
-  YAML::Node value;
+  yaml::Node value;
   try {
-    value = YAML::Load(assignment.substr(eq + 1));
-  } catch (const YAML::Exception& e) {
-    throw SpecError(
-        key_path, "cannot parse --set value '" + assignment.substr(eq + 1) + "': " + yaml_error(e));
+    value = yaml::parse(assignment.substr(eq + 1));
+  } catch (const yaml::ParseError& e) {
+    throw SpecError(key_path, "cannot parse --set value '" + assignment.substr(eq + 1) + "': " + e.what());
   }
 
-  if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
-  YAML::Node current;
-  current.reset(root);  // reset(), not operator=, which would rewrite the node in place
+  if (root.is_null()) root = yaml::Node::map();
+  yaml::Node* current = &root;
   std::string prefix;
   for (std::size_t i = 0; i + 1 < keys.size(); ++i) {
-    if (!current.IsMap()) {
+    if (!current->is_map()) {
       throw SpecError(prefix.empty() ? "<root>" : prefix,
-                      "cannot set '" + key_path + "': not a mapping, got " + describe(current));
+                      "cannot set '" + key_path + "': not a mapping, got " + describe(*current));
     }
     prefix = join_key(prefix, keys[i]);
-    YAML::Node next = current[keys[i]];
-    if (!next.IsDefined() || next.IsNull()) {
-      current[keys[i]] = YAML::Node(YAML::NodeType::Map);
-      next.reset(current[keys[i]]);
-    }
-    current.reset(next);
+    yaml::Node& next = current->set(keys[i]);
+    if (next.is_null()) next = yaml::Node::map();
+    current = &next;
   }
-  if (!current.IsMap()) {
+  if (!current->is_map()) {
     throw SpecError(prefix.empty() ? "<root>" : prefix,
-                    "cannot set '" + key_path + "': not a mapping, got " + describe(current));
+                    "cannot set '" + key_path + "': not a mapping, got " + describe(*current));
   }
-  current[keys.back()] = value;
+  current->set(keys.back()) = std::move(value);
 }
 
 JobSpec parse_from(const std::string& yaml_text, const std::vector<std::string>& overrides,
                    const std::string& base_dir, const std::string& source, SpecSite site = SpecSite::kRunsHere) {
-  YAML::Node root;
+  yaml::Node root;
   try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    throw SpecError(source, yaml_error(e));
+    root = yaml::parse(yaml_text);
+  } catch (const yaml::ParseError& e) {
+    throw SpecError(source, e.what());
   }
   for (const std::string& o : overrides) apply_override(root, o);
   return validate(root, base_dir, site);

@@ -179,7 +179,7 @@ struct JobSpec {
 // unknown key is rejected by validation like any unknown key; one without '=' or with an
 // empty path segment throws SpecError("--set", ...). `base_dir` resolves relative paths
 // (lexically: "." + "data/x" gives "data/x"). YAML syntax errors throw
-// SpecError("<yaml>", "line L, column C: <yaml-cpp message>").
+// SpecError("<yaml>", "line L, column C: <libyaml's message>").
 JobSpec parse_job_spec(const std::string& yaml_text, const std::vector<std::string>& overrides = {},
                        const std::string& base_dir = ".");
 
