@@ -9,7 +9,8 @@
 set -euo pipefail
 
 packages=(
-  libyaml-cpp-dev libyaml-cpp0.7  # job spec parsing (zenflow_common); .so loaded at run time
+  libyaml-dev libyaml-0-2         # job spec parsing (zenflow_common); .so loaded at run time
+  libyaml-cpp-dev libyaml-cpp0.7  # pricing catalog and profiles (zenflow_common)
   nlohmann-json3-dev              # header-only JSON
   libcli11-dev                    # header-only CLI parsing (zenflow CLI)
   libcivetweb-dev libcivetweb1    # /metrics HTTP server (zenflow_metrics); .so loaded at run time

@@ -5,7 +5,7 @@
 # made here by scripts/fetch-gpu-debs.sh). Phases, each with its own time limit inside
 # an overall budget of ZENFLOW_GPU_CHECK_BUDGET seconds (default 570, under 10 minutes):
 #   env        environment facts (GPU, cores, torch, nvcc, cmake)
-#   deps       extracts .debs/*.deb (yaml-cpp, nlohmann-json, CLI11, GoogleTest) into a prefix
+#   deps       extracts .debs/*.deb (libyaml, yaml-cpp, nlohmann-json, CLI11, GoogleTest) into a prefix
 #   configure  cmake: ZENFLOW_SERVICES=OFF, ZENFLOW_CUDA=ON, ZENFLOW_REPORT=OFF (no uPlot
 #              there), LibTorch from the PyTorch wheel
 #   build      ninja with every core
