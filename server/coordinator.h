@@ -64,6 +64,9 @@ struct CoordinatorOptions {
   std::chrono::milliseconds restart_grace{8000};  // fresh lease for known workers after a restart
   std::chrono::milliseconds preemption_min_runtime{60'000};
   std::chrono::milliseconds tick{100};  // lease checks and scheduling passes
+  // How long the thread that submits a lone job may wait for its commit (step_aside()):
+  // 0 never waits. The default is a few ordinary commits; a slower one goes on without it.
+  std::chrono::microseconds submit_step_aside{2000};
   bool backfill = true;
   bool preemption = true;
   std::function<void(const std::string&)> log;  // one line each; default: stderr
@@ -116,11 +119,17 @@ class Coordinator {
   // failed).
   using SubmitAnswer = std::function<void(const grpc::Status&, const v1::SubmitJobResponse&)>;
   // Checks and queues the submit for the committer, and returns: it never waits for a
-  // commit (the gRPC hot path serves SubmitJob without a thread per call). A spec longer
+  // commit longer than options.submit_step_aside (the gRPC hot path serves SubmitJob
+  // without a thread per call), and only for a lone submit (step_aside()). A spec longer
   // than kInlineSpecBytes is copied and parsed on the intake thread instead: parsing 1 MiB
-  // takes ~40 ms, which on the hot path would hold up every heartbeat behind it.
+  // takes 4-25 ms (comments to a long list), which on the hot path would hold up every
+  // heartbeat behind it.
   void submit_async(const v1::SubmitJobRequest& req, SubmitAnswer answer);
-  static constexpr size_t kInlineSpecBytes = 16 << 10;  // ~0.6 ms of parsing
+  static constexpr size_t kInlineSpecBytes = 16 << 10;  // 0.1-0.6 ms of parsing
+  // The submitting thread steps aside for lone submits' commits (step_aside()) for at most
+  // this share of its time, with up to kStepAsideSaved of it saved up.
+  static constexpr double kStepAsideShare = 0.1;
+  static constexpr std::chrono::milliseconds kStepAsideSaved{20};
   static constexpr size_t kMaxIntakeQueue = 64;         // large specs waiting: 64 MiB at most
   // submit_async, blocking until answered.
   grpc::Status submit(const v1::SubmitJobRequest& req, v1::SubmitJobResponse* resp);
@@ -213,6 +222,7 @@ class Coordinator {
     // Submits of the same request_id that arrived meanwhile (a client's retry): run again
     // once this one is done, they get its job, or try anew if its commit failed.
     std::vector<std::function<void()>> retries;
+    bool answered = false;  // by the committer, guarded by mu_ (admit_submit may wait for it)
   };
 
   int64_t now_ms() const;
@@ -248,6 +258,7 @@ class Coordinator {
   void parse_large_submits();  // the intake thread
   // submit_async's checks, on the calling thread.
   void admit_submit(const v1::SubmitJobRequest& req, SubmitAnswer answer);
+  void step_aside(const PendingSubmit& p);
   void load();
   grpc::Status parse_submitted(const v1::SubmitJobRequest& req, JobSpec* spec, std::string* yaml) const;
 
@@ -288,6 +299,11 @@ class Coordinator {
   std::map<std::string, std::shared_ptr<PendingSubmit>> pending_requests_;
   std::map<std::string, std::shared_ptr<PendingSubmit>> pending_jobs_;
   std::condition_variable submits_queued_;  // the committer waits for submit_queue_
+  std::condition_variable submits_answered_;  // admit_submit waits for its submit (below)
+  // How long the submitting thread may still step aside for the committer (refilled at
+  // kStepAsideShare of wall time, up to kStepAsideSaved), and when it was refilled.
+  std::chrono::nanoseconds step_aside_budget_{kStepAsideSaved};
+  std::chrono::steady_clock::time_point step_aside_refilled_ = std::chrono::steady_clock::now();
   std::mutex store_mu_;                     // serializes store_ (taken after mu_)
   // Large submits waiting to be parsed (submit_async); intake_mu_ is never held with mu_.
   struct Intake {

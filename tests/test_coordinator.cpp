@@ -150,6 +150,97 @@ TEST(Coordinator, SameRequestIdAtOnceMakesOneJob) {
   EXPECT_EQ(rids.size(), static_cast<size_t>(kRounds));
 }
 
+// A store whose commits take `delay` longer: a slow disk.
+class SlowStore : public Store {
+ public:
+  SlowStore(std::unique_ptr<Store> inner, std::chrono::milliseconds delay) : inner_(std::move(inner)), delay_(delay) {}
+  void commit(const StoreBatch& batch) override {
+    std::this_thread::sleep_for(delay_);
+    inner_->commit(batch);
+  }
+  std::vector<JobRecord> load_jobs() override { return inner_->load_jobs(); }
+  std::vector<WorkerRecord> load_workers() override { return inner_->load_workers(); }
+  std::string read_log(const std::string& job_id, int64_t offset, int64_t max_bytes) override {
+    return inner_->read_log(job_id, offset, max_bytes);
+  }
+  int64_t log_size(const std::string& job_id) override { return inner_->log_size(job_id); }
+  std::map<std::pair<std::string, int64_t>, int64_t> attempt_log_sizes() override {
+    return inner_->attempt_log_sizes();
+  }
+  std::optional<ProfileRecord> load_profile(const std::string& job_id) override {
+    return inner_->load_profile(job_id);
+  }
+  int schema_version() override { return inner_->schema_version(); }
+
+ private:
+  std::unique_ptr<Store> inner_;
+  std::chrono::milliseconds delay_;
+};
+
+// One submit_async's answer: when it came, and on which thread.
+struct SubmitAnswerProbe {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  grpc::Status status;
+  std::string id;
+  std::thread::id thread;
+  Coordinator::SubmitAnswer callback() {
+    return [this](const grpc::Status& s, const v1::SubmitJobResponse& r) {
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+      status = s;
+      id = r.job().id();
+      thread = std::this_thread::get_id();
+      cv.notify_all();
+    };
+  }
+  bool answered() {
+    std::lock_guard<std::mutex> lock(mu);
+    return done;
+  }
+  bool wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(30), [&] { return done; });
+  }
+};
+
+// A lone submit's caller (the gRPC serving thread) waits for its commit and answer, so
+// that the committer gets the core; the committer still answers it.
+TEST(Coordinator, ALoneSubmitsCallerStepsAsideUntilItIsAnswered) {
+  TestDir dir;
+  CoordinatorOptions o;
+  o.log = [](const std::string&) {};
+  o.submit_step_aside = std::chrono::seconds(20);  // longer than any commit here
+  Coordinator c(open_sqlite_store(dir.db()), o);
+  for (int i = 0; i < 5; ++i) {
+    SubmitAnswerProbe probe;
+    c.submit_async(submit_request(dir, "alone-" + std::to_string(i), ""), probe.callback());
+    EXPECT_TRUE(probe.answered()) << "submit " << i << ": the caller went on before its job was committed";
+    ASSERT_TRUE(probe.wait());
+    EXPECT_TRUE(probe.status.ok()) << describe(probe.status);
+    EXPECT_NE(probe.thread, std::this_thread::get_id()) << "answered by the caller, not the committer";
+  }
+}
+
+// However slow the disk, the caller goes back to serving after submit_step_aside, and
+// the job is answered once committed.
+TEST(Coordinator, ASlowCommitHoldsTheSubmittingThreadOnlyBriefly) {
+  TestDir dir;
+  CoordinatorOptions o;
+  o.log = [](const std::string&) {};
+  o.submit_step_aside = std::chrono::milliseconds(20);
+  Coordinator c(std::make_unique<SlowStore>(open_sqlite_store(dir.db()), std::chrono::milliseconds(1500)), o);
+  SubmitAnswerProbe probe;
+  c.submit_async(submit_request(dir, "slow", "rid-slow"), probe.callback());
+  EXPECT_FALSE(probe.answered()) << "the caller waited out a 1.5 s commit";
+  ASSERT_TRUE(probe.wait());
+  ASSERT_TRUE(probe.status.ok()) << describe(probe.status);
+  v1::JobStatus got;
+  EXPECT_TRUE(c.get(probe.id, &got).ok());
+  EXPECT_EQ(got.name(), "slow");
+}
+
 // `spec` padded with a comment to exactly `bytes`.
 std::string padded(std::string spec, size_t bytes) {
   spec += "#" + std::string(bytes - spec.size() - 2, 'x') + "\n";
