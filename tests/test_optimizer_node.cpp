@@ -9,7 +9,10 @@
 //    is caught by the ping; a stale epoch, a wrong token and a session larger than the
 //    node's --memory-limit are refused with errors naming why.
 //  * The payload codecs reject truncated, malformed and out-of-range descriptors (fuzzed).
+//  * The backend's threads run on the host cores it is given, not the training thread's.
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,12 +21,15 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/support/process.h"
 #include "tests/support/thread_collectives.h"
 #include "worker/checkpoint.h"
+#include "worker/engine/host_thread_pool.h"
 #include "worker/engine/zenflow_optimizer.h"
 #include "worker/transport/optimizer_protocol.h"
 #include "worker/transport/remote_host_optimizer.h"
@@ -495,6 +501,61 @@ TEST(OptimizerNode, RefusesAWrongTokenAndAStateOverItsMemoryLimit) {
     EXPECT_NE(m.find("20971520 bytes"), std::string::npos) << m;  // 5 arrays x 4 B x 2^20
     EXPECT_NE(m.find("--memory-limit is 0.00 GiB (1048576 bytes)"), std::string::npos) << m;
   }
+}
+
+// This process's threads (/proc/self/task), their names and the cores each may run on.
+std::set<pid_t> thread_ids() {
+  std::set<pid_t> ids;
+  for (const auto& e : fs::directory_iterator("/proc/self/task")) ids.insert(std::stoi(e.path().filename()));
+  return ids;
+}
+
+std::string thread_name(pid_t tid) {
+  std::string name = zenflow::test_support::read_file("/proc/self/task/" + std::to_string(tid) + "/comm");
+  while (!name.empty() && name.back() == '\n') name.pop_back();
+  return name;
+}
+
+std::vector<int> cores_of(pid_t tid) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cores;
+  if (sched_getaffinity(tid, sizeof(set), &set) != 0) return cores;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cores.push_back(c);
+  return cores;
+}
+
+// Every thread the backend starts (its transport's, UCX's own, the sender, the watchdog)
+// runs on the cores it is given, the host optimizer's reserved ones: on the training
+// thread's, the copies of the gradient stream took its core (bench offload, bf16, a node on
+// loopback: compute +20%, step +17%). The training thread keeps its own cores.
+TEST(OptimizerNode, BackendThreadsRunOnTheHostCoresAndTheCallerKeepsItsOwn) {
+  const std::vector<int> cores = zenflow::engine::available_cores();
+  if (cores.size() < 2) GTEST_SKIP() << "needs two cores";
+  use_tls("tcp");
+  const std::vector<std::string> nodes = shared_nodes("tcp");
+  std::thread training([&] {  // as trainer.cpp pins it
+    ASSERT_EQ(zenflow::engine::pin_current_thread({cores[0]}), "");
+    const std::set<pid_t> before = thread_ids();
+    auto opts = remote({nodes[0]}, "pinned");
+    opts.cores = {cores[1]};
+    auto backend = zenflow::transport::make_remote_host_optimizer(opts, layout_of(1000));
+    std::set<std::string> names;
+    for (pid_t t : thread_ids()) {
+      if (before.count(t)) continue;
+      names.insert(thread_name(t));
+      EXPECT_EQ(cores_of(t), std::vector<int>{cores[1]}) << "thread " << thread_name(t);
+    }
+    for (const char* want : {"zf-transport", "zf-node-send", "zf-node-watch"})
+      EXPECT_EQ(names.count(want), 1u) << want << " not among the backend's new threads";
+    EXPECT_EQ(cores_of(gettid()), std::vector<int>{cores[0]}) << "the training thread was moved";
+    std::vector<float> buf(1000, 2.5f), back(1000, 0.0f);
+    backend->write(zenflow::engine::HostBuf::kMaster, 0, 1000, buf.data());
+    backend->read(zenflow::engine::HostBuf::kMaster, 0, 1000, back.data());
+    EXPECT_EQ(back, buf);
+  });
+  training.join();
 }
 
 TEST(OptimizerNode, SlicesCutAtSegmentsAndBalance) {

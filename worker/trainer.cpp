@@ -9,7 +9,6 @@
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>
 #include <malloc.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -105,8 +104,10 @@ engine::EngineOptions engine_options(const JobSpec& spec) {
 
 // The host optimizer backend of optimizer.host.addresses (empty: in-process). Each rank
 // opens its own sessions; the epoch (this process's start, in microseconds) fences the
-// sessions of an earlier attempt of the same rank out of the nodes.
-engine::HostOptimizerFactory host_backend(const JobSpec& spec) {
+// sessions of an earlier attempt of the same rank out of the nodes. The backend's threads
+// (sends, receives and their copies) run on `host_cores`, which the in-process host
+// optimizer would have used, not on the training thread's.
+engine::HostOptimizerFactory host_backend(const JobSpec& spec, const std::vector<int>& host_cores) {
   const HostSpec& h = spec.optimizer.host;
   if (h.addresses.empty()) return {};
 #ifndef ZENFLOW_HAVE_TRANSPORT
@@ -120,6 +121,7 @@ engine::HostOptimizerFactory host_backend(const JobSpec& spec) {
     o.token = token;
   }
   o.job = spec.name + "@" + spec.checkpoint.dir;
+  o.cores = host_cores;
   o.epoch = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
   return [o](const engine::HostStateLayout& layout) { return transport::make_remote_host_optimizer(o, layout); };
@@ -161,12 +163,6 @@ CorePlan plan_cores(const JobSpec& spec, bool needs_host, const distributed::Loc
   return plan;
 }
 
-void pin_current_thread(const std::vector<int>& cores) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (int c : cores) CPU_SET(c, &set);
-  sched_setaffinity(0, sizeof(set), &set);
-}
 
 double evaluate(model::CausalLM& lm, const std::shared_ptr<model::TokenDataset>& val, int64_t micro_batch,
                 int64_t batches, const at::Device& device) {
@@ -351,7 +347,7 @@ class TrainingRun {
     const int64_t compute_threads = spec_.train.compute_threads > 0
                                         ? spec_.train.compute_threads
                                         : static_cast<int64_t>(cores_.compute.size());
-    pin_current_thread(cores_.compute);
+    engine::pin_current_thread(cores_.compute);  // cores this process has: nothing to report
     at::set_num_threads(static_cast<int>(compute_threads));
     sum_.compute_threads = compute_threads;
     sum_.host_threads = needs_host ? static_cast<int64_t>(cores_.host.size()) : 0;
@@ -465,7 +461,7 @@ class TrainingRun {
     engine::EngineOptions eo = engine_options(spec_);
     eo.host_threads = static_cast<int>(std::max<size_t>(1, cores_.host.size()));
     eo.host_cores = cores_.host;
-    eo.host_backend = host_backend(spec_);
+    eo.host_backend = host_backend(spec_, cores_.host);
     if (comm_) collectives_ = std::make_unique<distributed::EngineCollectives>(*comm_);
     opt_.emplace(params_, eo, &clock_, collectives_.get());
     // The reducer averages the parameters the engine does not exchange itself.

@@ -106,19 +106,9 @@ struct HostThreadPool::Impl {
   }
 
   void worker_main(int index) {
-    std::string pin_error;
-    if (!cores.empty()) {
-      const int core = cores[static_cast<size_t>(index) % cores.size()];
-      cpu_set_t set;
-      CPU_ZERO(&set);
-      if (core < 0 || core >= CPU_SETSIZE) {
-        pin_error = "core " + std::to_string(core) + " is out of range";
-      } else {
-        CPU_SET(core, &set);
-        const int rc = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-        if (rc != 0) pin_error = "core " + std::to_string(core) + ": " + std::strerror(rc);
-      }
-    }
+    const std::string pin_error =
+        cores.empty() ? std::string()
+                      : pin_current_thread({cores[static_cast<size_t>(index) % cores.size()]});
     const std::string name = "zf-host-" + std::to_string(index);
     pthread_setname_np(pthread_self(), name.c_str());
     {
@@ -338,6 +328,38 @@ HostBuffer& HostBuffer::operator=(HostBuffer&& o) noexcept {
   }
   return *this;
 }
+
+std::string pin_current_thread(const std::vector<int>& cores) {
+  if (cores.empty()) return "";
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int core : cores) {
+    if (core < 0 || core >= CPU_SETSIZE) return "core " + std::to_string(core) + " is out of range";
+    CPU_SET(core, &set);
+  }
+  const int rc = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  if (rc == 0) return "";
+  std::string which = cores.size() == 1 ? "core " : "cores ";
+  for (size_t i = 0; i < cores.size(); ++i) which += (i ? "," : "") + std::to_string(cores[i]);
+  return which + ": " + std::strerror(rc);
+}
+
+ScopedCores::ScopedCores(const std::vector<int>& cores) {
+  if (cores.empty()) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (const int rc = pthread_getaffinity_np(pthread_self(), sizeof(set), &set); rc != 0) {
+    error_ = std::string("reading this thread's cores: ") + std::strerror(rc);
+    return;
+  }
+  std::vector<int> had;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) had.push_back(c);
+  error_ = pin_current_thread(cores);
+  if (error_.empty()) saved_ = std::move(had);
+}
+
+ScopedCores::~ScopedCores() { pin_current_thread(saved_); }
 
 std::vector<int> available_cores() {
   cpu_set_t set;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace zenflow::engine {
@@ -82,5 +83,27 @@ class HostBuffer {
 
 // Cores available to this process (sched_getaffinity), ascending.
 std::vector<int> available_cores();
+
+// Pins the calling thread to `cores` (it may run on any of them); an empty `cores` leaves
+// it as it is. Returns "" or why it could not ("core 9 is out of range", the OS's error).
+// Threads it starts afterwards inherit the pinning.
+std::string pin_current_thread(const std::vector<int>& cores);
+
+// Pins the calling thread to `cores` for this object's lifetime, then back to the cores it
+// had. Threads started meanwhile keep `cores` (a thread inherits its creator's): the way
+// to put every thread of a component, a library's own included, on given cores. Empty
+// `cores` changes nothing; error() says why pinning failed ("" when it did not).
+class ScopedCores {
+ public:
+  explicit ScopedCores(const std::vector<int>& cores);
+  ~ScopedCores();
+  ScopedCores(const ScopedCores&) = delete;
+  ScopedCores& operator=(const ScopedCores&) = delete;
+  const std::string& error() const { return error_; }
+
+ private:
+  std::vector<int> saved_;  // empty: nothing to restore
+  std::string error_;
+};
 
 }  // namespace zenflow::engine

@@ -1,10 +1,13 @@
 // Remote host optimizer: jobs and host state on zenflow-optimizer nodes (see the header).
 #include "worker/transport/remote_host_optimizer.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -15,6 +18,7 @@
 #include <thread>
 
 #include "worker/engine/host_isa.h"
+#include "worker/engine/host_thread_pool.h"
 #include "worker/engine/stall_clock.h"
 #include "worker/transport/optimizer_protocol.h"
 #include "worker/transport/transport.h"
@@ -119,6 +123,13 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
  public:
   RemoteHostOptimizer(const RemoteHostOptions& o, const engine::HostStateLayout& layout) : opt_(o), layout_(layout) {
     if (o.addresses.empty()) throw std::invalid_argument("remote host optimizer: no node addresses");
+    // Every thread this backend starts, UCX's own included, runs on the host cores.
+    const engine::ScopedCores on_host_cores(o.cores);
+    if (!on_host_cores.error().empty())
+      std::fprintf(stderr,
+                   "zenflow: remote host optimizer: cannot run its threads on %s; they share the "
+                   "training thread's cores\n",
+                   on_host_cores.error().c_str());
     TransportOptions to;
     to.name = "worker rank " + std::to_string(layout.rank);
     tr_ = Transport::create(to);
@@ -133,6 +144,8 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
     for (size_t k = 0; k < nodes_.size(); ++k) open(k);
     sender_ = std::thread([this] { run_sender(); });
     watchdog_ = std::thread([this] { run_watchdog(); });
+    pthread_setname_np(sender_.native_handle(), "zf-node-send");
+    pthread_setname_np(watchdog_.native_handle(), "zf-node-watch");
   }
 
   ~RemoteHostOptimizer() override {

@@ -36,6 +36,10 @@ struct RemoteHostOptions {
   std::string token;
   std::string job = "zenflow";
   uint64_t epoch = 1;                  // the job's attempt; nodes refuse older ones
+  // Cores for this backend's threads (transport, sender, watchdog): the host optimizer's
+  // reserved cores, so that the copies of the gradient stream stay off the training
+  // thread's. Empty: the creating thread's.
+  std::vector<int> cores;
   uint64_t chunk_bytes = 8u << 20;
   double connect_timeout_s = 10;
   double ping_interval_s = 1;

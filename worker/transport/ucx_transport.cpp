@@ -7,6 +7,7 @@
 // ucp_ep_create returns before the peer has been reached.
 #include <netdb.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <ucp/api/ucp.h>
 
@@ -381,6 +382,7 @@ UcxTransport::UcxTransport(const TransportOptions& options) : options_(options) 
   }
   queue_->worker = worker_;
   thread_ = std::thread([this] { progress_loop(); });
+  pthread_setname_np(thread_.native_handle(), "zf-transport");
 }
 
 UcxTransport::~UcxTransport() {
