@@ -8,6 +8,7 @@
 // first landed chunk after warm-up to the last and reports bytes/time as JSON on a pipe
 // (send completion is not arrival: openucx/ucx #10184). zenflow and perftest runs alternate,
 // so a drifting machine affects both; every child runs under a deadline and is killed by PID.
+// --same-core puts both ends of both on core 0, as a node sharing its worker's host core.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -56,6 +57,9 @@ struct TransportBenchArgs {
   // no limit, -O 0) while 16 matches it.
   int inflight = 16;
   double timeout_s = 180;  // per run
+  // Sender and receiver (and perftest's two ends) on one core, as a node sharing the
+  // worker's host core: what a spinning progress loop costs a peer that needs the core.
+  bool same_core = false;
   // Hidden: the receiver child.
   int receive_fd = -1;
   int warmup = 0;
@@ -268,7 +272,7 @@ transport::TransportOptions bench_options(const char* name) {
 
 int run_receiver(const TransportBenchArgs& a) {
   const size_t chunk = parse_bytes(a.chunks.at(0));
-  pin_to_core(1);
+  pin_to_core(a.same_core ? 0 : 1);
   // Everything the handlers touch is declared before the Transport, so it outlives the
   // progress thread (joined when `t` is destroyed, first).
   std::vector<unsigned char> landing(chunk * kLandingSlots);
@@ -343,14 +347,15 @@ struct ZenflowRun {
 };
 
 ZenflowRun run_zenflow(const std::string& self, const std::string& tls, size_t chunk, int messages,
-                       int warmup, double seconds, int inflight, double timeout_s, unsigned char* source,
-                       Transport& sender) {
+                       int warmup, double seconds, int inflight, double timeout_s, bool same_core,
+                       unsigned char* source, Transport& sender) {
   int report[2];
   if (pipe(report) != 0) throw std::runtime_error("bench transport: pipe failed");
   const Clock::time_point deadline = after_seconds(timeout_s);
   std::vector<std::string> args = {
       self, "bench",   "transport",           "--receive-fd", std::to_string(report[1]), "--tls",
       tls,  "--chunk", std::to_string(chunk), "--timeout",    std::to_string(timeout_s)};
+  if (same_core) args.push_back("--same-core");
   ChildProcess child(args, /*capture_stdout=*/false, /*quiet=*/false, report[1]);
   ::close(report[1]);
   struct FdCloser {
@@ -427,11 +432,13 @@ ZenflowRun run_zenflow(const std::string& self, const std::string& tls, size_t c
 // ---- One ucx_perftest run ------------------------------------------------------------------
 
 // The last "Final:" line's overall bandwidth (MiB/s), as GB/s; < 0 if it did not run.
-double run_perftest(size_t chunk, int messages, int warmup, double timeout_s, std::string* note) {
+double run_perftest(size_t chunk, int messages, int warmup, double timeout_s, bool same_core,
+                    std::string* note) {
   const Clock::time_point deadline = after_seconds(timeout_s);
   for (int attempt = 0; attempt < 3; ++attempt) {
     const std::string port = std::to_string(free_port());
-    ChildProcess server({"ucx_perftest", "-p", port, "-c", "1"}, /*capture_stdout=*/false, /*quiet=*/true);
+    ChildProcess server({"ucx_perftest", "-p", port, "-c", same_core ? "0" : "1"}, /*capture_stdout=*/false,
+                        /*quiet=*/true);
     std::this_thread::sleep_for(std::chrono::milliseconds(300 + 300 * attempt));
     ChildProcess client(
         {"ucx_perftest", "127.0.0.1", "-p", port, "-t", "ucp_am_bw", "-s", std::to_string(chunk), "-n",
@@ -478,6 +485,7 @@ int run_transport_bench(const TransportBenchArgs& a, const CommandContext& ctx) 
   bool all_ok = true;
   for (const std::string& tls : a.tls) {
     set_ucx_env(tls);  // before the sender's Transport: UCX reads it at context creation
+    if (a.same_core) pin_to_core(0);  // before it: its threads inherit the core
     auto sender = Transport::create(bench_options("bench sender"));
     for (const std::string& chunk_text : a.chunks) {
       const size_t chunk = parse_bytes(chunk_text);
@@ -499,18 +507,18 @@ int run_transport_bench(const TransportBenchArgs& a, const CommandContext& ctx) 
         for (int r = 0; r < a.repeats; ++r) {
           pin_to_core(0);
           const ZenflowRun z = run_zenflow(self, tls, chunk, messages, warmup, a.seconds, a.inflight,
-                                           a.timeout_s, source.data(), *sender);
-          unpin();
+                                           a.timeout_s, a.same_core, source.data(), *sender);
+          if (!a.same_core) unpin();
           zf.push_back(z.gb_per_s);
           counts.push_back(z.messages);
           entry["transports"] = z.transports;
           // In --seconds mode perftest moves as many chunks as zenflow just did.
           const int n = a.seconds > 0 ? static_cast<int>(std::max<int64_t>(z.messages, 1)) : messages;
-          const double p = run_perftest(chunk, n, warmup, a.timeout_s, &note);
+          const double p = run_perftest(chunk, n, warmup, a.timeout_s, a.same_core, &note);
           if (p > 0) pt.push_back(p);
         }
       } catch (const std::exception& e) {
-        unpin();
+        if (!a.same_core) unpin();
         entry["error"] = e.what();
         all_ok = false;
       }
@@ -530,7 +538,9 @@ int run_transport_bench(const TransportBenchArgs& a, const CommandContext& ctx) 
   out["inflight"] = a.inflight;
   out["repeats"] = a.repeats;
   out["mode"] = a.seconds > 0 ? "seconds" : "messages";
-  out["perftest"] = "ucx_perftest -t ucp_am_bw -e (PEER), server -c 1, client -c 0; overall MiB/s as GB/s";
+  out["same_core"] = a.same_core;
+  out["perftest"] = std::string("ucx_perftest -t ucp_am_bw -e (PEER), server -c ") +
+                    (a.same_core ? "0" : "1") + ", client -c 0; overall MiB/s as GB/s";
   out["results"] = results;
   std::cout << out.dump(2) << std::endl;
   (void)ctx;
@@ -554,6 +564,7 @@ const CommandRegistrar kTransportBench(65, [](CommandContext& ctx) {
   cmd->add_option("--inflight", args->inflight, "Sends outstanding at once (credits)")
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--timeout", args->timeout_s, "Deadline per run, seconds")->check(CLI::Range(1.0, 3600.0));
+  cmd->add_flag("--same-core", args->same_core, "Sender and receiver (and perftest's ends) on one core");
   cmd->add_option("--receive-fd", args->receive_fd, "internal: run as the receiver, reporting on this fd")
       ->group("");
   CommandContext* context = &ctx;

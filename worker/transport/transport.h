@@ -13,8 +13,9 @@
 // Threads: send() and close() are safe from any thread (they queue to the progress
 // thread and wake it with ucp_worker_signal). Handlers run on the progress thread and
 // must not block: hand work to another thread. The progress thread spins about
-// `spin_us` after the last event, then sleeps on the UCX worker's event fd (an idle
-// transport uses no CPU). It is named "zf-transport".
+// `spin_us` after the last event, yielding the core at every turn (a peer that shares
+// the core runs at once), then sleeps on the UCX worker's event fd (an idle transport
+// uses no CPU). It is named "zf-transport".
 //
 // Failure: endpoints use UCP_ERR_HANDLING_MODE_PEER; a peer that dies or closes fails
 // every pending send with its error and calls on_error once; nothing is delivered after.

@@ -8,6 +8,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <ucp/api/ucp.h>
 
@@ -437,9 +438,16 @@ void UcxTransport::progress_loop() {
       last_event = now;
       continue;
     }
-    if (now - last_event < spin) continue;
-    const ucs_status_t s = ucp_worker_arm(worker_);
-    if (s == UCS_ERR_BUSY) continue;  // events arrived since the last progress
+    // Spinning, or events arrived since the last progress (busy): progress again, but let
+    // a peer that shares this core (a node on the same machine) run first. A spin that
+    // kept the core held every fragment of a transfer up for a whole spin, or until the
+    // scheduler preempted it: a 1 MiB round trip over shared memory took 16 ms instead
+    // of 0.2 ms. With nothing else to run on the core, sched_yield returns at once.
+    const ucs_status_t s = now - last_event < spin ? UCS_ERR_BUSY : ucp_worker_arm(worker_);
+    if (s == UCS_ERR_BUSY) {
+      sched_yield();
+      continue;
+    }
     {
       // A command posted before the arm signalled an unarmed worker: do not sleep on it.
       std::lock_guard<std::mutex> lock(queue_->mu);
