@@ -731,7 +731,9 @@ TEST(Service, ControlPlaneBenchSendsItsWholeScheduleAndKeepsTheInvariants) {
   }
   EXPECT_EQ(j["cpu_per_request"].value("gets", 0), 5000);
   EXPECT_EQ(j["cpu_per_request"].value("submits", 0), 500);
+  EXPECT_EQ(j["detection"].value("trials", 0), 1);
   EXPECT_EQ(j["detection"].value("detected", 0), 1);
+  EXPECT_EQ(j["restart"].value("workers", 0), 49);  // the live ones: 50 less the stopped one
   EXPECT_EQ(j["restart"].value("acked_submits", 0), 100);
   EXPECT_EQ(j["restart"].value("acked_submits_missing", -1), 0);
   EXPECT_EQ(j["restart"].value("duplicates", -1), 0);
