@@ -118,7 +118,6 @@ engine::StepJob window_job(int64_t n, const std::vector<uint16_t>& grad, std::ve
 int run_node_bench(const NodeBenchOptions& o) {
   setenv("UCX_TLS", o.tls == "sm" ? "sm,tcp" : o.tls.c_str(), 1);
   setenv("UCX_NET_DEVICES", "lo", 1);
-  setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1);
   if (o.tls == "sm") setenv("UCX_TCP_PUT_ENABLE", "n", 1);
   const std::vector<int> cores = engine::available_cores();
   const int core = cores.empty() ? 0 : cores.back();

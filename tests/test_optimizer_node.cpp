@@ -55,7 +55,6 @@ void use_tls(const std::string& tls) {
   ::setenv("UCX_TLS", tls == "sm" ? "sm,tcp" : tls.c_str(), 1);
   ::setenv("UCX_NET_DEVICES", "lo", 1);
   ::unsetenv("UCX_TCP_PUT_ENABLE");
-  ::setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1);
 }
 
 // This process's scratch directory (the token, the node tests' runs), removed at exit.

@@ -790,7 +790,6 @@ TEST(Service, OptimizerNodeRegistersWithItsAddressAndIsLostWhenKilled) {
 TEST(Service, OptimizerNodesAreAssignedWithTheJobAndALostOneIsReplacedByASpare) {
   ::setenv("UCX_TLS", "tcp", 1);
   ::setenv("UCX_NET_DEVICES", "lo", 1);
-  ::setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1);
   Cluster c("node-spare");
   c.start_coordinator();
   c.start_worker("w1");
