@@ -11,6 +11,7 @@
 #include "common/remove_tree.h"
 #include "common/job_spec.h"
 #include "worker/checkpoint.h"
+#include "worker/engine/host_thread_pool.h"
 #include "worker/run_reporter.h"
 #include "worker/trainer.h"
 
@@ -205,6 +206,35 @@ TEST(Trainer, AutocastIsIgnoredOnTheCpu) {
   ASSERT_EQ(plain.losses.size(), cast.losses.size());
   for (size_t i = 0; i < plain.losses.size(); ++i) EXPECT_DOUBLE_EQ(plain.losses[i], cast.losses[i]);
   EXPECT_THROW(parse_job_spec("name: x\ndata: {train: /tmp}\ntrain: {autocast: fp8}\n"), SpecError);
+  zenflow::remove_tree(dir);
+}
+
+// A run pins the calling thread to its compute cores only while it lasts: the caller's next
+// run (bench offload's next mode, a run resuming in-process after losing its optimizer node)
+// plans from every core again, instead of putting compute and host optimizer on the one
+// core the previous run left it.
+TEST(Trainer, ARunGivesTheCallingThreadItsCoresBack) {
+  const std::vector<int> before = engine::available_cores();
+  if (before.size() < 2) GTEST_SKIP() << "needs two cores";
+  struct CoresAtStart : RecordingReporter {
+    std::vector<int> cores;
+    void on_start(int64_t start_step, int64_t total_steps) noexcept override {
+      cores = engine::available_cores();
+      RecordingReporter::on_start(start_step, total_steps);
+    }
+  } during;
+  const std::string dir = temp_dir("cores");
+  JobSpec spec = tiny_spec(dir, "");  // host: {threads: 1}: the last core is the host's
+  spec.train.steps = 2;
+  RunOptions o = quiet();
+  o.write_checkpoints = false;
+  o.resume = false;
+  o.reporter = &during;
+  for (int run = 0; run < 2; ++run) {
+    run_training(spec, o);
+    EXPECT_EQ(during.cores, std::vector<int>(before.begin(), before.end() - 1)) << "run " << run;
+    EXPECT_EQ(engine::available_cores(), before) << "after run " << run;
+  }
   zenflow::remove_tree(dir);
 }
 

@@ -347,7 +347,8 @@ class TrainingRun {
     const int64_t compute_threads = spec_.train.compute_threads > 0
                                         ? spec_.train.compute_threads
                                         : static_cast<int64_t>(cores_.compute.size());
-    engine::pin_current_thread(cores_.compute);  // cores this process has: nothing to report
+    // Until the run ends: the caller's next run plans from all the cores it had.
+    on_compute_cores_.emplace(cores_.compute);
     at::set_num_threads(static_cast<int>(compute_threads));
     sum_.compute_threads = compute_threads;
     sum_.host_threads = needs_host ? static_cast<int64_t>(cores_.host.size()) : 0;
@@ -870,6 +871,7 @@ class TrainingRun {
   bool use_autocast_ = false;
   at::ScalarType autocast_dtype_ = at::kBFloat16;
   CorePlan cores_;
+  std::optional<engine::ScopedCores> on_compute_cores_;  // this thread, while the run lasts
   // join_ranks
   std::unique_ptr<distributed::Communicator> comm_;
   int64_t world_ = 1;
