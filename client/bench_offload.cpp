@@ -1,10 +1,15 @@
 // `zenflow bench offload`: device vs offload vs zenflow on the same model, data and host
-// kernels, in one process; one JSON object per mode, then a comparison object.
+// kernels, in one process; one JSON object per mode, then a comparison object. With
+// --vs-node, each host-optimizer mode also runs against a zenflow-optimizer node on this
+// machine, in-process and node runs alternating: the step time a node adds.
+#include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -15,7 +20,11 @@
 #include "client/commands.h"
 #include "client/report.h"
 #include "common/job_spec.h"
+#include "worker/engine/host_thread_pool.h"
 #include "worker/trainer.h"
+#if ZENFLOW_HAVE_SERVICES
+#include "client/local_node.h"
+#endif
 #if ZENFLOW_HAVE_METRICS
 #include "common/metrics/exposition.h"
 #include "common/metrics/http_server.h"
@@ -97,16 +106,13 @@ struct BenchArgs {
   bool json = false;
   bool metrics = false;     // each mode also with metrics on, as under `zenflow run --metrics-port`
   int64_t metrics_pairs = 2;  // off/on runs per mode, alternating
+  std::string vs_node;        // tcp | sm: also against a local zenflow-optimizer node
+  int64_t node_pairs = 3;     // in-process/node runs per mode, alternating
 };
 
-#if ZENFLOW_HAVE_METRICS
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+double median(const std::vector<double>& v) { return percentile(v, 0.5); }
 
+#if ZENFLOW_HAVE_METRICS
 // What `zenflow run --metrics-port` adds to a run: a registry, RunMetrics fed every step,
 // the /metrics server, and here a scrape every second (Prometheus's default is 15 s).
 class MetricsOn {
@@ -186,6 +192,104 @@ nlohmann::json mode_json(const RunSummary& s) {
   return j;
 }
 
+#if ZENFLOW_HAVE_SERVICES
+// Of a run's accounted time (compute, device optimizer, every stall), the share the training
+// thread waited for the host optimizer's window step and for the network.
+double exposed_host_share(const RunSummary& s) {
+  const engine::StepTimes& t = s.totals;
+  double all = t.compute_seconds + t.device_optimizer_seconds;
+  for (double x : t.stall_seconds) all += x;
+  const double host = t.stall_seconds[static_cast<int>(engine::StallCause::kHostOptimizer)] +
+                      t.stall_seconds[static_cast<int>(engine::StallCause::kNetwork)];
+  return all > 0 ? host / all : 0;
+}
+
+// `spec` in-process and against a zenflow-optimizer node on this machine, `a.node_pairs`
+// pairs whose order alternates (pair 0: in-process first, where `first` is that run), so
+// that a drift of the machine's speed falls on both. The node process runs only on the
+// cores the in-process host optimizer had, with as many threads: the resources are the
+// same, only where the host state lives and how the gradients reach it differ.
+nlohmann::json compare_with_node(const BenchArgs& a, const JobSpec& spec, const RunOptions& opts,
+                                 const RunSummary& first) {
+  setenv("UCX_TLS", a.vs_node == "sm" ? "sm,tcp" : "tcp", 1);  // before any Transport, the node's too
+  setenv("UCX_NET_DEVICES", "lo", 0);
+  std::vector<int> cores = spec.optimizer.host.reserved_cores;
+  if (spec.optimizer.host.reserved_cores_auto) {  // trainer.cpp's plan: the last cores
+    const std::vector<int> all = engine::available_cores();
+    const size_t n = std::min(all.size(), static_cast<size_t>(std::max<int64_t>(1, first.host_threads)));
+    cores.assign(all.end() - static_cast<long>(n), all.end());
+  }
+  std::string core_list;
+  for (int c : cores) core_list += (core_list.empty() ? "" : ",") + std::to_string(c);
+  const std::filesystem::path scratch = std::filesystem::temp_directory_path();
+  const LocalOptimizerNode node(scratch, {"--threads", std::to_string(std::max<int64_t>(1, first.host_threads)),
+                                          "--cores", core_list},
+                                cores);
+  JobSpec remote = spec;
+  remote.optimizer.host.addresses = {node.address()};
+  std::cerr << "bench offload: " << spec.optimizer.mode << " against a node at " << node.address() << " (UCX_TLS="
+            << getenv("UCX_TLS") << ", cores " << core_list << "), " << a.node_pairs << " pairs\n";
+
+  std::vector<RunSummary> in_process = {first}, with_node;
+  for (int64_t pair = 0; pair < a.node_pairs; ++pair) {
+    const bool node_first = pair % 2 == 1;
+    for (int k = 0; k < 2; ++k) {
+      const bool on_node = (k == 0) == node_first;
+      if (pair == 0 && !on_node) continue;  // `first`
+      std::cerr << "bench offload: " << spec.optimizer.mode << (on_node ? " with the node" : " in-process")
+                << " (pair " << pair + 1 << ")\n";
+      RunSummary s = run_training(on_node ? remote : spec, opts);
+      nlohmann::json j = mode_json(s);
+      j["preset"] = a.preset;
+      j["pair"] = pair + 1;
+      if (a.json) std::cout << j.dump() << std::endl;
+      (on_node ? with_node : in_process).push_back(std::move(s));
+    }
+  }
+  auto each = [](const std::vector<RunSummary>& runs, auto field) {
+    std::vector<double> v;
+    for (const RunSummary& r : runs) v.push_back(field(r));
+    return v;
+  };
+  const auto step = [](const RunSummary& r) { return r.step_seconds_median; };
+  const std::vector<double> local_steps = each(in_process, step), node_steps = each(with_node, step);
+  std::vector<double> per_pair;
+  for (size_t i = 0; i < node_steps.size(); ++i) per_pair.push_back(node_steps[i] / local_steps[i] - 1);
+  bool same_loss = true;
+  for (const auto* runs : {&in_process, &with_node})
+    for (const RunSummary& r : *runs) same_loss &= r.final_loss == first.final_loss;
+  const RunSummary& last = with_node.back();
+  const double steps = static_cast<double>(std::max<size_t>(1, last.step_seconds.size()));
+  nlohmann::json v = {
+      {"transport", a.vs_node},
+      {"ucx_tls", getenv("UCX_TLS")},
+      {"node_cores", cores},
+      {"pairs", a.node_pairs},
+      {"step_seconds_median", {{"in_process", local_steps}, {"node", node_steps}}},
+      {"added_step_time", median(node_steps) / median(local_steps) - 1},
+      {"added_step_time_per_pair", per_pair},
+      {"exposed_host_and_network_share",
+       {{"in_process", median(each(in_process, exposed_host_share))},
+        {"node", median(each(with_node, exposed_host_share))}}},
+      {"host_state_bytes", {{"in_process", first.host_state_bytes}, {"node", last.host_state_bytes}}},
+      {"network_bytes_per_step",
+       {{"sent", static_cast<double>(last.network_bytes_sent) / steps},
+        {"received", static_cast<double>(last.network_bytes_received) / steps}}},
+      {"same_final_loss", same_loss}};
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "bench offload: %s with a node over %s: step %+.1f%% (medians %.4f s vs %.4f s in-process), exposed "
+                "host_optimizer + network %.1f%% vs %.1f%%, final losses %s\n",
+                spec.optimizer.mode.c_str(), a.vs_node.c_str(), 100 * v["added_step_time"].get<double>(),
+                median(node_steps), median(local_steps),
+                100 * v["exposed_host_and_network_share"]["node"].get<double>(),
+                100 * v["exposed_host_and_network_share"]["in_process"].get<double>(),
+                same_loss ? "identical" : "DIFFER");
+  std::cerr << line;
+  return v;
+}
+#endif
+
 int run_bench(const BenchArgs& a) {
   auto it = presets().find(a.preset);
   if (it == presets().end()) {
@@ -223,6 +327,13 @@ int run_bench(const BenchArgs& a) {
   std::map<std::string, RunSummary> results;
   std::map<std::string, int64_t> bytes_per_elem;
   nlohmann::json metrics_overhead = nlohmann::json::object();
+#if !ZENFLOW_HAVE_SERVICES
+  if (!a.vs_node.empty()) {
+    std::cerr << "zenflow bench offload: --vs-node: this build has no UCX transport (built with ZENFLOW_SERVICES=OFF)\n";
+    return kExitBadInput;
+  }
+#endif
+  nlohmann::json vs_node = nlohmann::json::object();
 #if !ZENFLOW_HAVE_METRICS
   if (a.metrics) {
     std::cerr << "zenflow bench offload: --metrics: this build has no metrics (civetweb was not found)\n";
@@ -256,6 +367,14 @@ int run_bench(const BenchArgs& a) {
       print_summary_table(std::cout, spec, s);
     }
     results[mode] = s;
+#if ZENFLOW_HAVE_SERVICES
+    if (!a.vs_node.empty() && mode != "device") {
+      vs_node[mode] = compare_with_node(a, spec, opts, s);
+      if (a.json)
+        std::cout << nlohmann::json({{"preset", a.preset}, {"mode", mode}, {"vs_node", vs_node[mode]}}).dump()
+                  << std::endl;
+    }
+#endif
 #if ZENFLOW_HAVE_METRICS
     if (!a.metrics) continue;
     // Off and on alternate, so that a drift of the machine's speed falls on both.
@@ -328,6 +447,7 @@ int run_bench(const BenchArgs& a) {
     }
   }
   if (a.metrics) cmp["metrics_overhead"] = metrics_overhead;
+  if (!vs_node.empty()) cmp["vs_node"] = vs_node;
   std::cout << cmp.dump() << std::endl;
   return kExitOk;
 }
@@ -347,6 +467,12 @@ CommandRegistrar reg(60, [](CommandContext& ctx) {
                 "Also run each mode with metrics on, as under `zenflow run --metrics-port` (registry, "
                 "per-step updates, /metrics server, a scrape a second): median step time off vs on");
   cmd->add_option("--metrics-pairs", args->metrics_pairs, "--metrics: off/on runs per mode, alternating (default 2)")
+      ->check(CLI::Range(int64_t{1}, int64_t{100}));
+  cmd->add_option("--vs-node", args->vs_node,
+                  "Also run each host-optimizer mode against a zenflow-optimizer node on this machine, over "
+                  "UCX tcp (lo) or sm, pinned to the cores the in-process host optimizer had")
+      ->check(CLI::IsMember({"tcp", "sm"}));
+  cmd->add_option("--node-pairs", args->node_pairs, "--vs-node: in-process/node runs per mode, alternating (default 3)")
       ->check(CLI::Range(int64_t{1}, int64_t{100}));
   cmd->callback([args, &ctx] { ctx.exit_code = run_bench(*args); });
 });

@@ -6,9 +6,6 @@
 // gradients, bf16 output, as a bf16 model's boundary), pinned to the same core. The node's
 // figure is the seconds it reports for the step (DONE); the round trip adds sending the
 // gradient and receiving the parameters. Medians of --repeats after one warm-up.
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +20,7 @@
 #include <vector>
 
 #include "client/commands.h"
+#include "client/local_node.h"
 #include "worker/engine/host_optimizer.h"
 #include "worker/engine/host_thread_pool.h"
 #include "worker/engine/stall_clock.h"
@@ -61,42 +59,6 @@ int64_t cpu_ticks(pid_t pid) {
   }
   return utime + stime;
 }
-
-// The node process: started from the zenflow-optimizer beside this binary; killed by PID.
-class NodeProcess {
- public:
-  NodeProcess(int threads, int core, const fs::path& dir) {
-    const fs::path exe = fs::read_symlink("/proc/self/exe").parent_path() / "zenflow-optimizer";
-    const fs::path port_file = dir / "node.port";
-    const std::string th = std::to_string(threads), cores = std::to_string(core);
-    pid_ = fork();
-    if (pid_ == 0) {
-      const int null = open("/dev/null", O_WRONLY);
-      dup2(null, 1);
-      execl(exe.c_str(), exe.c_str(), "--listen", "127.0.0.1:0", "--port-file", port_file.c_str(), "--threads",
-            th.c_str(), "--cores", cores.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    for (int i = 0; i < 200 && !fs::exists(port_file); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (!fs::exists(port_file)) throw std::runtime_error("bench: " + exe.string() + " did not start");
-    std::ifstream in(port_file);
-    int port = 0;
-    in >> port;
-    address_ = "127.0.0.1:" + std::to_string(port);
-  }
-  ~NodeProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  pid_t pid() const { return pid_; }
-  const std::string& address() const { return address_; }
-
- private:
-  pid_t pid_ = -1;
-  std::string address_;
-};
 
 engine::StepJob window_job(int64_t n, const std::vector<uint16_t>& grad, std::vector<uint16_t>& out) {
   engine::StepJob job;
@@ -146,7 +108,7 @@ int run_node_bench(const NodeBenchOptions& o) {
       if (r > 0) local_s.push_back(w->run_seconds());
     }
   }
-  NodeProcess node(o.threads, core, dir);
+  LocalOptimizerNode node(dir, {"--threads", std::to_string(o.threads), "--cores", std::to_string(core)});
   {
     transport::RemoteHostOptions ro;
     ro.addresses = {node.address()};
