@@ -14,6 +14,8 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -22,6 +24,7 @@
 #include <memory>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -668,6 +671,48 @@ std::vector<std::string> on_node(std::vector<std::string> args, const std::strin
     args.push_back(s);
   }
   return args;
+}
+
+// `zenflow bench offload --vs-node` at a small size: it starts its own node on the host
+// optimizer's core, runs the alternating in-process/node pairs it is asked for, every final
+// loss identical, and reports what each kept on the worker and sent per step.
+TEST(OptimizerNodeRun, BenchOffloadAgainstANodeRunsItsPairsWithIdenticalLosses) {
+  const fs::path dir = temp_dir() / "bench-vs-node";
+  fs::create_directories(dir);
+  Process bench({std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow", "bench", "offload", "--preset", "small-batch",
+                 "--modes", "zenflow", "--steps", "6", "--set", "model.config.hidden_size=128", "--set",
+                 "model.config.intermediate_size=344", "--set", "train.dtype=bfloat16", "--vs-node", "tcp",
+                 "--node-pairs", "2", "--json"},
+                dir / "bench.log");
+  ASSERT_EQ(bench.wait_exit(std::chrono::seconds(300)), 0) << bench.output();
+  std::istringstream lines(bench.output());
+  nlohmann::json vs;
+  int in_process_runs = 0, node_runs = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] != '{') continue;  // progress on stderr
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("vs_node") && j.value("mode", "") == "zenflow") vs = j["vs_node"];  // not the comparison's
+    if (j.contains("host_backend")) ++(j["host_backend"] == "in-process" ? in_process_runs : node_runs);
+  }
+  ASSERT_TRUE(vs.is_object()) << bench.output();
+  EXPECT_EQ(in_process_runs, 2);
+  EXPECT_EQ(node_runs, 2);
+  EXPECT_EQ(vs["pairs"], 2);
+  EXPECT_EQ(vs["ucx_tls"], "tcp");
+  for (const char* side : {"in_process", "node"}) {
+    ASSERT_EQ(vs["step_seconds_median"][side].size(), 2u) << side;
+    for (const auto& t : vs["step_seconds_median"][side]) EXPECT_GT(t.get<double>(), 0.0) << side;
+  }
+  EXPECT_EQ(vs["added_step_time_per_pair"].size(), 2u);
+  EXPECT_TRUE(vs["same_final_loss"].get<bool>()) << vs.dump();
+  // In-process: master, m, v and two accumulators (20 B per element) and 12 B of staging; the
+  // worker keeps only the 2 B bf16 output buffer with a node.
+  const int64_t local = vs["host_state_bytes"]["in_process"], remote = vs["host_state_bytes"]["node"];
+  EXPECT_GT(remote, 0);
+  EXPECT_EQ(local, 16 * remote) << vs.dump();
+  EXPECT_GT(vs["network_bytes_per_step"]["sent"].get<double>(), 0.0);
+  const std::vector<int> cores = zenflow::engine::available_cores();
+  EXPECT_EQ(vs["node_cores"], nlohmann::json(std::vector<int>{cores.back()}));
 }
 
 // `zenflow run` with a node that is SIGKILLed after the step-8 checkpoint: the run names
