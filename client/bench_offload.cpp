@@ -4,7 +4,6 @@
 // machine, in-process and node runs alternating: the step time a node adds.
 #include <stdlib.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -222,13 +221,14 @@ nlohmann::json compare_with_node(const BenchArgs& a, const JobSpec& spec, const 
   std::string core_list;
   for (int c : cores) core_list += (core_list.empty() ? "" : ",") + std::to_string(c);
   const std::filesystem::path scratch = std::filesystem::temp_directory_path();
-  const LocalOptimizerNode node(scratch, {"--threads", std::to_string(std::max<int64_t>(1, first.host_threads)),
-                                          "--cores", core_list},
-                                cores);
+  const LocalOptimizerNode node(
+      scratch, {"--threads", std::to_string(std::max<int64_t>(1, first.host_threads)), "--cores", core_list},
+      cores);
   JobSpec remote = spec;
   remote.optimizer.host.addresses = {node.address()};
-  std::cerr << "bench offload: " << spec.optimizer.mode << " against a node at " << node.address() << " (UCX_TLS="
-            << getenv("UCX_TLS") << ", cores " << core_list << "), " << a.node_pairs << " pairs\n";
+  std::cerr << "bench offload: " << spec.optimizer.mode << " against a node at " << node.address()
+            << " (UCX_TLS=" << getenv("UCX_TLS") << ", cores " << core_list << "), " << a.node_pairs
+            << " pairs\n";
 
   std::vector<RunSummary> in_process = {first}, with_node;
   for (int64_t pair = 0; pair < a.node_pairs; ++pair) {
@@ -277,14 +277,15 @@ nlohmann::json compare_with_node(const BenchArgs& a, const JobSpec& spec, const 
         {"received", static_cast<double>(last.network_bytes_received) / steps}}},
       {"same_final_loss", same_loss}};
   char line[256];
-  std::snprintf(line, sizeof line,
-                "bench offload: %s with a node over %s: step %+.1f%% (medians %.4f s vs %.4f s in-process), exposed "
-                "host_optimizer + network %.1f%% vs %.1f%%, final losses %s\n",
-                spec.optimizer.mode.c_str(), a.vs_node.c_str(), 100 * v["added_step_time"].get<double>(),
-                median(node_steps), median(local_steps),
-                100 * v["exposed_host_and_network_share"]["node"].get<double>(),
-                100 * v["exposed_host_and_network_share"]["in_process"].get<double>(),
-                same_loss ? "identical" : "DIFFER");
+  std::snprintf(
+      line, sizeof line,
+      "bench offload: %s with a node over %s: step %+.1f%% (medians %.4f s vs %.4f s in-process), exposed "
+      "host_optimizer + network %.1f%% vs %.1f%%, final losses %s\n",
+      spec.optimizer.mode.c_str(), a.vs_node.c_str(), 100 * v["added_step_time"].get<double>(),
+      median(node_steps), median(local_steps),
+      100 * v["exposed_host_and_network_share"]["node"].get<double>(),
+      100 * v["exposed_host_and_network_share"]["in_process"].get<double>(),
+      same_loss ? "identical" : "DIFFER");
   std::cerr << line;
   return v;
 }
@@ -329,7 +330,8 @@ int run_bench(const BenchArgs& a) {
   nlohmann::json metrics_overhead = nlohmann::json::object();
 #if !ZENFLOW_HAVE_SERVICES
   if (!a.vs_node.empty()) {
-    std::cerr << "zenflow bench offload: --vs-node: this build has no UCX transport (built with ZENFLOW_SERVICES=OFF)\n";
+    std::cerr << "zenflow bench offload: --vs-node: this build has no UCX transport (built with "
+                 "ZENFLOW_SERVICES=OFF)\n";
     return kExitBadInput;
   }
 #endif
@@ -472,7 +474,8 @@ CommandRegistrar reg(60, [](CommandContext& ctx) {
                   "Also run each host-optimizer mode against a zenflow-optimizer node on this machine, over "
                   "UCX tcp (lo) or sm, pinned to the cores the in-process host optimizer had")
       ->check(CLI::IsMember({"tcp", "sm"}));
-  cmd->add_option("--node-pairs", args->node_pairs, "--vs-node: in-process/node runs per mode, alternating (default 3)")
+  cmd->add_option("--node-pairs", args->node_pairs,
+                  "--vs-node: in-process/node runs per mode, alternating (default 3)")
       ->check(CLI::Range(int64_t{1}, int64_t{100}));
   cmd->callback([args, &ctx] { ctx.exit_code = run_bench(*args); });
 });

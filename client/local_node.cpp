@@ -21,7 +21,8 @@ LocalOptimizerNode::LocalOptimizerNode(const fs::path& scratch, const std::vecto
   const fs::path exe = fs::read_symlink("/proc/self/exe").parent_path() / "zenflow-optimizer";
   const fs::path port_file = scratch / ("node-" + std::to_string(::getpid()) + ".port");
   fs::remove(port_file);
-  std::vector<std::string> argv = {exe.string(), "--listen", "127.0.0.1:0", "--port-file", port_file.string()};
+  std::vector<std::string> argv = {exe.string(), "--listen", "127.0.0.1:0", "--port-file",
+                                   port_file.string()};
   argv.insert(argv.end(), args.begin(), args.end());
   std::vector<char*> cargv;
   for (auto& a : argv) cargv.push_back(a.data());

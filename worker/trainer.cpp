@@ -163,7 +163,6 @@ CorePlan plan_cores(const JobSpec& spec, bool needs_host, const distributed::Loc
   return plan;
 }
 
-
 double evaluate(model::CausalLM& lm, const std::shared_ptr<model::TokenDataset>& val, int64_t micro_batch,
                 int64_t batches, const at::Device& device) {
   if (!val || val->size() == 0) return -1;
