@@ -305,7 +305,17 @@ TEST(Coordinator, LargeSpecsAreParsedOffTheSubmittingThread) {
 // Every submit is answered exactly once and the store holds exactly the accepted ones.
 TEST(Coordinator, QueuedLargeSpecsAreBoundedAndEachAnsweredOnceAtShutdown) {
   TestDir dir;
-  constexpr int kSubmits = 80;
+  // The submits must outrun the intake thread by more than the queue holds. A 1 MiB spec
+  // takes it ~6 ms (parse and commit), a submit here ~0.1 ms (a copy): the intake thread
+  // would have to parse 96 specs, or the submitting thread stall for ~0.6 s, before the
+  // queue of 64 fills. (With 80 submits and the specs built in the loop, CI once saw the
+  // queue never fill: the loop had been descheduled long enough.)
+  constexpr int kSubmits = 160;
+  std::vector<v1::SubmitJobRequest> requests;
+  for (int i = 0; i < kSubmits; ++i) {
+    requests.push_back(submit_request(dir, "big-" + std::to_string(i), ""));
+    requests.back().set_spec_yaml(padded(requests.back().spec_yaml(), 1u << 20));
+  }
   std::mutex mu;
   std::map<int, int> answers;  // submit -> times answered
   std::map<int, grpc::Status> status;
@@ -313,8 +323,7 @@ TEST(Coordinator, QueuedLargeSpecsAreBoundedAndEachAnsweredOnceAtShutdown) {
   {
     auto c = open_coordinator(dir.db());
     for (int i = 0; i < kSubmits; ++i) {
-      v1::SubmitJobRequest req = submit_request(dir, "big-" + std::to_string(i), "");
-      req.set_spec_yaml(padded(req.spec_yaml(), 1u << 20));
+      const auto& req = requests[static_cast<size_t>(i)];
       c->submit_async(req, [&, i](const grpc::Status& s, const v1::SubmitJobResponse& r) {
         std::lock_guard<std::mutex> lock(mu);
         ++answers[i];
@@ -322,7 +331,8 @@ TEST(Coordinator, QueuedLargeSpecsAreBoundedAndEachAnsweredOnceAtShutdown) {
         if (s.ok()) created[r.job().id()] = i;
       });
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a few parsed and committed
+    // A few parsed and committed, most of the 64 still queued (~0.4 s of parsing).
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }  // shutdown with the rest still queued
   std::lock_guard<std::mutex> lock(mu);
   ASSERT_EQ(answers.size(), static_cast<size_t>(kSubmits));
