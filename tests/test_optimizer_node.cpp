@@ -433,6 +433,37 @@ TEST(OptimizerNode, KilledNodeFailsTheStepNamingItWithinFiveSeconds) {
   }
 }
 
+// check_host_backend(): how a rank whose collective failed (its peer lost the node first
+// and left) learns that its own node is gone too. A live node passes; a killed one is named
+// (HostBackendLost), as the next step would name it; SIGSTOPped, it is caught by the ping.
+TEST(OptimizerNode, CheckingTheHostBackendNamesALostNodeAndPassesALiveOne) {
+  OwnNode o("tcp", "check");
+  for (int t = 0; t < 6; ++t) {  // mid-window, a host step in flight
+    feed(o.params, t, 0);
+    o.engine->step({1e-2, 0});
+  }
+  EXPECT_NO_THROW(o.engine->check_host_backend());
+  o.node->process().signal(SIGSTOP);
+  try {
+    o.engine->check_host_backend();
+    FAIL() << "a stopped node passed the check";
+  } catch (const zenflow::engine::HostBackendLost& e) {
+    EXPECT_EQ(e.node(), o.node->address()) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no answer to pings"), std::string::npos) << e.what();
+  }
+  o.node->process().signal(SIGCONT);
+  o.node->process().kill(SIGKILL);
+  EXPECT_THROW(o.engine->check_host_backend(), zenflow::engine::HostBackendLost);
+
+  std::vector<at::Tensor> params = model_params(at::kFloat);  // in-process: nothing to lose
+  auto local = engine_for(params, engine_options(4, true), nullptr);
+  for (int t = 0; t < 6; ++t) {
+    feed(params, t, 0);
+    local->step({1e-2, 0});
+  }
+  EXPECT_NO_THROW(local->check_host_backend());
+}
+
 TEST(OptimizerNode, StoppedNodeIsCaughtByThePing) {
   OwnNode o("tcp", "sigstop");
   for (int t = 0; t < 3; ++t) {

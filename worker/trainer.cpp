@@ -303,10 +303,17 @@ class TrainingRun {
     build_model();
     build_data();
     build_optimizer();
-    resume();
-    begin_training();
-    train_steps();
-    finish();
+    try {
+      resume();
+      begin_training();
+      train_steps();
+      finish();
+    } catch (const engine::HostBackendLost&) {
+      throw;
+    } catch (...) {
+      blame_a_lost_node();
+      throw;
+    }
     summarize();
     if (options_.reporter) options_.reporter->on_finish(sum_.steps, sum_.interrupted);
     return std::move(sum_);
@@ -378,6 +385,21 @@ class TrainingRun {
         std::snprintf(waiting, sizeof waiting, "%g", wait_s);
         log(busy.substr(0, busy.rfind("; ")) + "; waiting up to " + waiting + " s for it to be released");
       });
+    }
+  }
+
+  // After a failure: when a collective failed and this rank's optimizer node is gone as
+  // well, the peer rank that left the group most likely lost the same node first and is
+  // resuming without it (run_command's on_node_loss); this rank must resume with it, so the
+  // lost node is the error (HostBackendLost). Returns when it is not.
+  void blame_a_lost_node() {
+    if (!comm_ || !comm_->failed() || !opt_ || spec_.optimizer.host.addresses.empty()) return;
+    try {
+      opt_->check_host_backend();
+    } catch (const engine::HostBackendLost&) {
+      throw;
+    } catch (const std::exception&) {
+      // Not a lost node: the collective's failure is the error.
     }
   }
 

@@ -1709,6 +1709,12 @@ int64_t ZenFlowOptimizer::split_elements() const { return impl_->capacity_all; }
 int ZenFlowOptimizer::world_size() const { return impl_->world; }
 const HostOptimizer* ZenFlowOptimizer::host_optimizer() const { return impl_->host.get(); }
 
+void ZenFlowOptimizer::check_host_backend() {
+  if (!impl_->host || impl_->capacity == 0) return;
+  float master = 0;
+  impl_->host->read(HostBuf::kMaster, 0, 1, &master);
+}
+
 std::vector<int64_t> ZenFlowOptimizer::owned_host_columns(const std::string& name) const {
   for (auto& s : impl_->split)
     if (impl_->params[s.index].name == name) return s.own().cols;

@@ -165,6 +165,13 @@ class ZenFlowOptimizer {
   // so the weights reflect every gradient seen. Call before evaluation or export.
   void finish();
 
+  // Asks the host backend whether the state it holds is still there (a read of one
+  // element; a remote backend asks its node, waiting at most until it would declare the
+  // node lost): throws HostBackendLost naming the node when it is gone, else returns.
+  // For after a failure elsewhere whose cause may be a lost node, e.g. a collective that
+  // failed because a peer rank lost the same node first and left the group.
+  void check_host_backend();
+
   // Engine state (semantics §7), valid at any step: waits for in-flight host work
   // (without applying it, so the trajectory is unchanged) and returns named CPU
   // tensors. load_state() restores it into an optimizer built with the same
