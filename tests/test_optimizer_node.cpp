@@ -591,6 +591,81 @@ TEST(OptimizerNode, BackendThreadsRunOnTheHostCoresAndTheCallerKeepsItsOwn) {
   training.join();
 }
 
+// Column batches (a re-selection's moves, sent before any is waited for) over blocks of
+// both nodes and two arrays leave the state as the in-process backend's and read back the
+// same; a batch with a bad block throws once the blocks posted before it are done.
+TEST(OptimizerNode, ColumnBatchesMoveLikeTheInProcessBackend) {
+  use_tls("tcp");
+  using zenflow::engine::ColumnBlock;
+  using zenflow::engine::HostBuf;
+  const int64_t rows = 48, width = 40, matrix = rows * width;
+  zenflow::engine::HostStateLayout l = layout_of(2 * matrix);
+  l.segments = {0, matrix};  // one matrix per node
+  ASSERT_EQ(zenflow::transport::slice_bounds(l, 2), (std::vector<int64_t>{0, matrix, 2 * matrix}));
+  auto remote_backend =
+      zenflow::transport::make_remote_host_optimizer(remote(shared_nodes("tcp"), "columns"), l);
+  zenflow::engine::InProcessHostOptions in_opts;
+  auto local_backend = zenflow::engine::make_in_process_host_optimizer(in_opts, l);
+
+  std::vector<float> init(static_cast<size_t>(2 * matrix));
+  for (size_t i = 0; i < init.size(); ++i) init[i] = 0.25f * static_cast<float>(i) - 7.0f;
+  const std::vector<int64_t> cols0 = {1, 5, 6, 17, 39}, cols1 = {0, 2, 38};
+  const HostBuf bufs[2] = {HostBuf::kMaster, HostBuf::kV};
+  auto blocks = [&](std::vector<std::vector<float>>& data) {
+    std::vector<ColumnBlock> out;
+    for (int b = 0; b < 2; ++b)
+      for (int m = 0; m < 2; ++m) {
+        const std::vector<int64_t>& cols = m == 0 ? cols0 : cols1;
+        data.emplace_back(static_cast<size_t>(rows) * cols.size());
+        out.push_back(ColumnBlock{bufs[b], m * matrix, rows, width, cols, data.back().data()});
+      }
+    return out;
+  };
+  std::vector<std::vector<float>> written;
+  written.reserve(4);
+  const std::vector<ColumnBlock> writes = blocks(written);
+  for (size_t k = 0; k < written.size(); ++k)
+    for (size_t i = 0; i < written[k].size(); ++i) written[k][i] = -1.0f - static_cast<float>(k * 1000 + i);
+
+  std::vector<float> remote_state[2], local_state[2];
+  for (auto* backend : {remote_backend.get(), local_backend.get()}) {
+    for (HostBuf b : bufs)
+      for (int64_t m = 0; m < 2; ++m) backend->write(b, m * matrix, matrix, init.data() + m * matrix);
+    backend->scatter_columns(writes);
+    auto& state = backend == remote_backend.get() ? remote_state : local_state;
+    for (int b = 0; b < 2; ++b) {
+      state[b].resize(init.size());
+      for (int64_t m = 0; m < 2; ++m)
+        backend->read(bufs[b], m * matrix, matrix, state[b].data() + m * matrix);
+    }
+  }
+  for (int b = 0; b < 2; ++b) {
+    EXPECT_EQ(remote_state[b], local_state[b]) << "array " << b;
+    // Row 3, column 17 of matrix 0 is the 4th of cols0; column 2 of matrix 1 the 2nd of cols1.
+    EXPECT_EQ(remote_state[b][3 * width + 17], written[static_cast<size_t>(2 * b)][3 * cols0.size() + 3]);
+    EXPECT_EQ(remote_state[b][matrix + 7 * width + 2],
+              written[static_cast<size_t>(2 * b + 1)][7 * cols1.size() + 1]);
+    EXPECT_EQ(remote_state[b][3 * width + 16], init[3 * width + 16]) << "a column outside the batch moved";
+  }
+
+  std::vector<std::vector<float>> got;
+  got.reserve(4);
+  remote_backend->gather_columns(blocks(got));
+  EXPECT_EQ(got, written) << "columns read back are not those written";
+
+  std::vector<std::vector<float>> partial;
+  partial.reserve(4);
+  std::vector<ColumnBlock> bad = blocks(partial);
+  bad[1].offset = 2 * matrix;  // past the state's end
+  try {
+    remote_backend->gather_columns(bad);
+    FAIL() << "a block outside the host state was accepted";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("outside the host state"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(partial[0], written[0]) << "the block posted before the bad one was not complete when it threw";
+}
+
 TEST(OptimizerNode, SlicesCutAtSegmentsAndBalance) {
   zenflow::engine::HostStateLayout l = layout_of(100);
   l.segments = {0, 10, 30, 55, 80};

@@ -135,15 +135,15 @@ class InProcessHostOptimizer : public HostOptimizer {
     check_range(b, offset, n);
     std::memcpy(buf(b) + offset, src, static_cast<size_t>(n) * sizeof(float));
   }
-  void gather_columns(HostBuf b, int64_t offset, int64_t rows, int64_t width, const std::vector<int64_t>& cols,
-                      float* dst) override {
-    check_columns(b, offset, rows, width, cols);
-    host_gather_columns(buf(b) + offset, rows, width, cols, dst);
+  void gather_columns(const std::vector<ColumnBlock>& blocks) override {
+    for (const ColumnBlock& c : blocks) check_columns(c.buf, c.offset, c.rows, c.width, c.cols);
+    for (const ColumnBlock& c : blocks)
+      host_gather_columns(buf(c.buf) + c.offset, c.rows, c.width, c.cols, c.data);
   }
-  void scatter_columns(HostBuf b, int64_t offset, int64_t rows, int64_t width, const std::vector<int64_t>& cols,
-                       const float* src) override {
-    check_columns(b, offset, rows, width, cols);
-    host_scatter_columns(buf(b) + offset, rows, width, cols, src);
+  void scatter_columns(const std::vector<ColumnBlock>& blocks) override {
+    for (const ColumnBlock& c : blocks) check_columns(c.buf, c.offset, c.rows, c.width, c.cols);
+    for (const ColumnBlock& c : blocks)
+      host_scatter_columns(buf(c.buf) + c.offset, c.rows, c.width, c.cols, c.data);
   }
   float* local_data(HostBuf b) override { return buf(b); }
   int64_t resident_state_bytes() const override {

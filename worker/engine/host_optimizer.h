@@ -142,6 +142,15 @@ struct StepJob {
   std::function<void()> before;
 };
 
+// Columns `cols` of the row-major [rows, width] matrix at `offset` of host array `buf`,
+// and the caller's [rows, cols.size()] array they are gathered into or scattered from.
+struct ColumnBlock {
+  HostBuf buf = HostBuf::kMaster;
+  int64_t offset = 0, rows = 0, width = 0;
+  std::vector<int64_t> cols;
+  float* data = nullptr;
+};
+
 class HostOptimizer {
  public:
   virtual ~HostOptimizer() = default;
@@ -164,12 +173,12 @@ class HostOptimizer {
   // Errors (a remote node lost) are thrown as std::runtime_error naming the backend.
   virtual void read(HostBuf b, int64_t offset, int64_t n, float* dst) = 0;
   virtual void write(HostBuf b, int64_t offset, int64_t n, const float* src) = 0;
-  // Columns `cols` of the row-major [rows, width] matrix at `offset`: gathered into
-  // dst[rows, cols.size()], or scattered from src[rows, cols.size()].
-  virtual void gather_columns(HostBuf b, int64_t offset, int64_t rows, int64_t width,
-                              const std::vector<int64_t>& cols, float* dst) = 0;
-  virtual void scatter_columns(HostBuf b, int64_t offset, int64_t rows, int64_t width,
-                               const std::vector<int64_t>& cols, const float* src) = 0;
+  // Columns of host matrices (ColumnBlock), gathered into or scattered from each block's
+  // data. A remote backend sends every block before it waits for any, so that a
+  // re-selection's moves cost one round trip, not one per matrix and array; it returns
+  // (or throws the first error) only once no block's data is still in use.
+  virtual void gather_columns(const std::vector<ColumnBlock>& blocks) = 0;
+  virtual void scatter_columns(const std::vector<ColumnBlock>& blocks) = 0;
   // The array itself when it lives in this process (the in-process backend), else null:
   // the engine then reads and writes in place instead of through copies.
   virtual float* local_data(HostBuf) { return nullptr; }

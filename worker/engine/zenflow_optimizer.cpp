@@ -275,24 +275,50 @@ struct ZenFlowOptimizer::Impl {
     if (host->local_data(b)) return;
     host->write(b, s.host_offset, t.numel(), t.data_ptr<float>());
   }
+  // Column moves of host arrays, made together: a remote backend sends a batch's blocks
+  // before it waits for any (one round trip for a re-selection, not one per matrix and
+  // array); in-process they are made at once. A batch holds gathers or scatters, carried
+  // out by gather() or scatter().
+  struct ColumnBatch {
+    std::vector<ColumnBlock> blocks;
+    std::vector<at::Tensor> staging;                      // CPU float32, alive until carried out
+    std::vector<std::pair<at::Tensor, at::Tensor>> into;  // gathers: staging -> destination
+  };
   // Columns `idx` (CPU int64, positions in this rank's packed columns of s) of host array b
-  // into dst [out, idx.numel()], and back.
-  void host_gather(HostBuf b, const SplitParam& s, const at::Tensor& idx, const at::Tensor& dst) const {
+  // into dst [out, idx.numel()] (any device and type), once the batch is gathered.
+  void host_gather(HostBuf b, const SplitParam& s, const at::Tensor& idx, const at::Tensor& dst,
+                   ColumnBatch& batch) const {
     if (host->local_data(b)) {
       device_ops::gather_columns(host_view(b, s), idx, dst);
       return;
     }
-    at::Tensor t = at::empty({s.out, idx.numel()}, at::kFloat);
-    host->gather_columns(b, s.host_offset, s.out, s.n_own(), to_vector(idx), t.data_ptr<float>());
-    dst.copy_(t);
+    const bool direct = dst.device().is_cpu() && dst.scalar_type() == at::kFloat && dst.is_contiguous();
+    at::Tensor t = direct ? dst : at::empty({s.out, idx.numel()}, at::kFloat);
+    batch.blocks.push_back(
+        ColumnBlock{b, s.host_offset, s.out, s.n_own(), to_vector(idx), t.data_ptr<float>()});
+    batch.staging.push_back(t);
+    if (!direct) batch.into.emplace_back(t, dst);
   }
-  void host_scatter(HostBuf b, const SplitParam& s, const at::Tensor& idx, const at::Tensor& src) const {
+  // src [out, idx.numel()] into those columns, once the batch is scattered.
+  void host_scatter(HostBuf b, const SplitParam& s, const at::Tensor& idx, const at::Tensor& src,
+                    ColumnBatch& batch) const {
     if (host->local_data(b)) {
       device_ops::scatter_columns(host_view(b, s), idx, src);
       return;
     }
     const at::Tensor t = src.to(at::kCPU).to(at::kFloat).contiguous();
-    host->scatter_columns(b, s.host_offset, s.out, s.n_own(), to_vector(idx), t.data_ptr<float>());
+    batch.blocks.push_back(
+        ColumnBlock{b, s.host_offset, s.out, s.n_own(), to_vector(idx), t.data_ptr<float>()});
+    batch.staging.push_back(t);
+  }
+  void gather(ColumnBatch& batch) const {
+    if (!batch.blocks.empty()) host->gather_columns(batch.blocks);
+    for (auto& [t, dst] : batch.into) dst.copy_(t);
+    batch = ColumnBatch{};
+  }
+  void scatter(ColumnBatch& batch) const {
+    if (!batch.blocks.empty()) host->scatter_columns(batch.blocks);
+    batch = ColumnBatch{};
   }
   static constexpr HostBuf kStateBufs[3] = {HostBuf::kMaster, HostBuf::kM, HostBuf::kV};
   // Staging buffers hold only host-owned columns, packed over all parameters, rank by
@@ -789,12 +815,14 @@ struct ZenFlowOptimizer::Impl {
   // low-precision output, which the next H2D copies.
   void apply_slot_fixes() {
     const int buf = inflight && inflight->work ? inflight->buffer : -1;
+    ColumnBatch batch;
     for (auto& f : slot_fixes) {
       SplitParam& sp = split[f.split_index];
-      for (int i = 0; i < 3; ++i) host_scatter(kStateBufs[i], sp, f.slots, f.state[i]);
+      for (int i = 0; i < 3; ++i) host_scatter(kStateBufs[i], sp, f.slots, f.state[i], batch);
       if (buf >= 0 && split_dtype != at::kFloat)
         device_ops::scatter_columns(own_view(param_out[buf], sp), f.slots, f.weights);
     }
+    scatter(batch);
     slot_fixes.clear();
   }
 
@@ -915,15 +943,13 @@ struct ZenFlowOptimizer::Impl {
       if (!epos.empty()) {
         at::Tensor eidx = index_tensor(epos, at::kCPU);
         const bool every = static_cast<int64_t>(epos.size()) == n_enter;
-        at::Tensor tmp = every ? at::Tensor() : at::empty({s.out, static_cast<int64_t>(epos.size())}, f32cpu);
-        for (int i = 0; i < 3; ++i) {
-          if (every) {
-            host_gather(kStateBufs[i], s, eidx, all[i]);
-          } else {
-            host_gather(kStateBufs[i], s, eidx, tmp);
-            all[i].index_copy_(1, index_tensor(eslot, at::kCPU), tmp);
-          }
-        }
+        at::Tensor tmp =
+            every ? at::Tensor() : at::empty({3, s.out, static_cast<int64_t>(epos.size())}, f32cpu);
+        ColumnBatch batch;
+        for (int i = 0; i < 3; ++i) host_gather(kStateBufs[i], s, eidx, every ? all[i] : tmp[i], batch);
+        gather(batch);
+        if (!every)
+          for (int i = 0; i < 3; ++i) all[i].index_copy_(1, index_tensor(eslot, at::kCPU), tmp[i]);
       }
       all = all.to(device);
       if (partitioned()) coll->allreduce_sum_(all, CollectiveTraffic::kParameters);
@@ -970,7 +996,9 @@ struct ZenFlowOptimizer::Impl {
           if (split_dtype != at::kFloat) f.weights = s.w2d.index_select(1, index_tensor(leaving_own, device)).to(at::kCPU).contiguous();
           slot_fixes.push_back(std::move(f));
         } else {
-          for (int i = 0; i < 3; ++i) host_scatter(kStateBufs[i], s, sidx, leave_state[i]);
+          ColumnBatch batch;
+          for (int i = 0; i < 3; ++i) host_scatter(kStateBufs[i], s, sidx, leave_state[i], batch);
+          scatter(batch);
         }
       }
     } else {
@@ -1080,42 +1108,57 @@ struct ZenFlowOptimizer::Impl {
     span.end(TimeKind::kDeviceOptimizer);
   }
 
+  // What enter_window_step reads from the host for one matrix: the entering columns this
+  // rank owns, their slots among `entering`, and their pre-step master, m, v and (windows
+  // of several steps) window accumulator, [4, out, n] on the CPU once `batch` is gathered.
+  // All matrices' reads go in one batch: one round trip to a remote backend.
+  struct EnterReads {
+    std::vector<int64_t> epos, eslot, ecols;  // position in this rank's host columns, slot, column
+    at::Tensor state;
+  };
+  EnterReads read_entering(const SplitParam& s, const std::vector<int64_t>& entering, int64_t len, int parity,
+                           ColumnBatch& batch) const {
+    EnterReads r;
+    std::vector<int64_t> host_pos(static_cast<size_t>(s.in), -1);
+    for (size_t q = 0; q < s.own().cols.size(); ++q)
+      host_pos[static_cast<size_t>(s.own().cols[q])] = static_cast<int64_t>(q);
+    for (size_t e = 0; e < entering.size(); ++e) {
+      if (host_pos[static_cast<size_t>(entering[e])] < 0) continue;
+      r.epos.push_back(host_pos[static_cast<size_t>(entering[e])]);
+      r.eslot.push_back(static_cast<int64_t>(e));
+      r.ecols.push_back(entering[e]);
+    }
+    if (r.epos.empty()) return r;
+    const at::Tensor pos_cpu = index_tensor(r.epos, at::kCPU);
+    r.state = at::empty({len > 1 ? 4 : 3, s.out, static_cast<int64_t>(r.epos.size())}, at::kFloat);
+    for (int i = 0; i < 3; ++i) host_gather(kStateBufs[i], s, pos_cpu, r.state[i], batch);
+    if (len > 1) host_gather(acc_buffer(parity), s, pos_cpu, r.state[3], batch);
+    return r;
+  }
+
   // This window's host step for the columns about to enter the device, run on the device
   // (the same AdamW formula, bit for bit; the host updater's step count and learning
   // rate) before the window is handed over: returns their updated [3, out, n_entering]
-  // master, m, v. Reads their pre-step state and window accumulator from the host (the
-  // window's accumulate jobs must be done) and their last gradient from the device: `g`
-  // with one rank, this rank's reduce-scattered `shard` with several (whose owners
-  // compute; the result is all-reduced).
-  at::Tensor enter_window_step(SplitParam& s, const std::vector<int64_t>& entering, const std::vector<at::Tensor>& g,
-                               const at::Tensor& shard, int64_t len, int parity, const AdamWCoeffs& c) {
+  // master, m, v. Takes their pre-step state and window accumulator from `r` (read from
+  // the host once the window's accumulate jobs were done) and their last gradient from
+  // the device: `g` with one rank, this rank's reduce-scattered `shard` with several
+  // (whose owners compute; the result is all-reduced).
+  at::Tensor enter_window_step(SplitParam& s, const std::vector<int64_t>& entering, const EnterReads& r,
+                               const std::vector<at::Tensor>& g, const at::Tensor& shard, int64_t len,
+                               const AdamWCoeffs& c) {
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
     const int64_t n_enter = static_cast<int64_t>(entering.size());
     at::Tensor all = at::zeros({3, s.out, n_enter}, f32);
-    std::vector<int64_t> host_pos(static_cast<size_t>(s.in), -1);
-    for (size_t q = 0; q < s.own().cols.size(); ++q) host_pos[static_cast<size_t>(s.own().cols[q])] = static_cast<int64_t>(q);
-    std::vector<int64_t> epos, eslot, ecols;
-    for (size_t e = 0; e < entering.size(); ++e) {
-      if (host_pos[static_cast<size_t>(entering[e])] < 0) continue;
-      epos.push_back(host_pos[static_cast<size_t>(entering[e])]);
-      eslot.push_back(static_cast<int64_t>(e));
-      ecols.push_back(entering[e]);
-    }
-    if (!epos.empty()) {
-      const int64_t n = static_cast<int64_t>(epos.size());
-      const at::Tensor pos_cpu = index_tensor(epos, at::kCPU);
-      auto from_host = [&](HostBuf b) {
-        at::Tensor t = at::empty({s.out, n}, at::kFloat);
-        host_gather(b, s, pos_cpu, t);
-        return t.to(device);
-      };
-      at::Tensor w = from_host(HostBuf::kMaster), mm = from_host(HostBuf::kM), vv = from_host(HostBuf::kV);
-      at::Tensor last = partitioned() ? own_view(shard, s).index_select(1, index_tensor(epos, device))
-                                      : g[s.index].view({s.out, s.in}).index_select(1, index_tensor(ecols, device));
+    if (r.state.defined()) {
+      const at::Tensor state = r.state.to(device);
+      at::Tensor w = state[0], mm = state[1], vv = state[2];
+      at::Tensor last = partitioned()
+                            ? own_view(shard, s).index_select(1, index_tensor(r.epos, device))
+                            : g[s.index].view({s.out, s.in}).index_select(1, index_tensor(r.ecols, device));
       at::Tensor grad = last.to(at::kFloat);
-      if (len > 1) grad = from_host(acc_buffer(parity)).add_(grad);  // (acc + last) * (1/len), as the host kernel
+      if (len > 1) grad = state[3].add_(grad);  // (acc + last) * (1/len), as the host kernel
       device_ops::dense_adamw(w, grad.contiguous(), at::Tensor(), mm, vv, c, 1.0f / static_cast<float>(len));
-      const at::Tensor slot_idx = index_tensor(eslot, device);
+      const at::Tensor slot_idx = index_tensor(r.eslot, device);
       all[0].index_copy_(1, slot_idx, w);
       all[1].index_copy_(1, slot_idx, mm);
       all[2].index_copy_(1, slot_idx, vv);
@@ -1434,9 +1477,15 @@ struct ZenFlowOptimizer::Impl {
       if (plan.changed) {
         for (auto& w : window_accs) wait_for(StallCause::kHostOptimizer, w);
         ClockSpan span = clock_span();
+        std::vector<EnterReads> reads(split.size());
+        ColumnBatch batch;
         for (size_t i = 0; i < split.size(); ++i)
           if (!plan.entering[i].empty())
-            plan.ready[i] = enter_window_step(split[i], plan.entering[i], g, synced.shard, len, parity,
+            reads[i] = read_entering(split[i], plan.entering[i], len, parity, batch);
+        gather(batch);
+        for (size_t i = 0; i < split.size(); ++i)
+          if (!plan.entering[i].empty())
+            plan.ready[i] = enter_window_step(split[i], plan.entering[i], reads[i], g, synced.shard, len,
                                               coeffs(ctx.lr, split[i].weight_decay, host_step));
         span.end(TimeKind::kDeviceOptimizer);
       }

@@ -90,6 +90,16 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   std::vector<std::pair<size_t, std::unique_ptr<char[]>>> free_;
 };
 
+// A state transfer's columns (StateDesc with `columns` set) of host array b, with data at `data`.
+engine::ColumnBlock column_block(engine::HostBuf b, const transport::StateDesc& d, float* data) {
+  return engine::ColumnBlock{b,
+                             static_cast<int64_t>(d.offset),
+                             static_cast<int64_t>(d.rows),
+                             static_cast<int64_t>(d.width),
+                             d.cols,
+                             data};
+}
+
 // An op being received: its descriptor and the bytes that follow it.
 struct Op {
   WireHeader h;
@@ -567,10 +577,9 @@ void Session::run_op(const std::shared_ptr<Op>& op) {
   const auto b = static_cast<engine::HostBuf>(h.aux);
   const transport::StateDesc& d = op->state;
   if (h.type == MsgType::kStateWrite) {
-    const float* src = reinterpret_cast<const float*>(op->data());
+    float* const src = reinterpret_cast<float*>(op->data());
     if (d.columns)
-      local_->scatter_columns(b, static_cast<int64_t>(d.offset), static_cast<int64_t>(d.rows),
-                              static_cast<int64_t>(d.width), d.cols, src);
+      local_->scatter_columns({column_block(b, d, src)});
     else
       local_->write(b, static_cast<int64_t>(d.offset), static_cast<int64_t>(d.n), src);
     send_reply(MsgType::kData, h.seq, {}, 4, nullptr, -1);
@@ -580,8 +589,7 @@ void Session::run_op(const std::shared_ptr<Op>& op) {
   std::shared_ptr<char> out = pool_->take(d.n * sizeof(float));  // every element written below
   float* const dst = reinterpret_cast<float*>(out.get());
   if (d.columns)
-    local_->gather_columns(b, static_cast<int64_t>(d.offset), static_cast<int64_t>(d.rows),
-                           static_cast<int64_t>(d.width), d.cols, dst);
+    local_->gather_columns({column_block(b, d, dst)});
   else
     local_->read(b, static_cast<int64_t>(d.offset), static_cast<int64_t>(d.n), dst);
   send_reply(MsgType::kData, h.seq, {{out.get(), d.n}}, 4, out, -1);

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <future>
 #include <map>
@@ -267,15 +268,11 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
     d.n = static_cast<uint64_t>(n);
     transfer(MsgType::kStateWrite, b, offset, n, d, nullptr, reinterpret_cast<const char*>(src));
   }
-  void gather_columns(engine::HostBuf b, int64_t offset, int64_t rows, int64_t width, const std::vector<int64_t>& cols,
-                      float* dst) override {
-    StateDesc d = column_desc(offset, rows, width, cols);
-    transfer(MsgType::kStateRead, b, offset, rows * width, d, reinterpret_cast<char*>(dst), nullptr);
+  void gather_columns(const std::vector<engine::ColumnBlock>& blocks) override {
+    transfer_columns(MsgType::kStateRead, blocks);
   }
-  void scatter_columns(engine::HostBuf b, int64_t offset, int64_t rows, int64_t width, const std::vector<int64_t>& cols,
-                       const float* src) override {
-    StateDesc d = column_desc(offset, rows, width, cols);
-    transfer(MsgType::kStateWrite, b, offset, rows * width, d, nullptr, reinterpret_cast<const char*>(src));
+  void scatter_columns(const std::vector<engine::ColumnBlock>& blocks) override {
+    transfer_columns(MsgType::kStateWrite, blocks);
   }
   int64_t resident_state_bytes() const override { return 0; }
   int64_t network_bytes_sent() const override {
@@ -412,6 +409,39 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
 
   void transfer(MsgType type, engine::HostBuf b, int64_t offset, int64_t extent, const StateDesc& d, char* dst,
                 const char* src) {
+    start_transfer(type, b, offset, extent, d, dst, src)->wait();
+  }
+
+  // Every block's transfer is posted before any is waited for (each node answers them in
+  // order, credits permitting), then all are waited for, even after one failed: until
+  // then the node may still write into or read from a block's data.
+  void transfer_columns(MsgType type, const std::vector<engine::ColumnBlock>& blocks) {
+    std::vector<std::shared_ptr<RemoteWork>> works;
+    works.reserve(blocks.size());
+    std::exception_ptr first;
+    for (const engine::ColumnBlock& c : blocks) {
+      try {
+        const StateDesc d = column_desc(c.offset, c.rows, c.width, c.cols);
+        works.push_back(start_transfer(type, c.buf, c.offset, c.rows * c.width, d,
+                                       reinterpret_cast<char*>(c.data),
+                                       reinterpret_cast<const char*>(c.data)));
+      } catch (...) {
+        first = std::current_exception();
+        break;
+      }
+    }
+    for (const auto& w : works) {
+      try {
+        w->wait();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
+  }
+
+  std::shared_ptr<RemoteWork> start_transfer(MsgType type, engine::HostBuf b, int64_t offset, int64_t extent,
+                                             const StateDesc& d, char* dst, const char* src) {
     const size_t k = node_of(offset, extent);
     Node& n = *nodes_[k];
     StateDesc local = d;
@@ -427,7 +457,7 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
     if (type == MsgType::kStateWrite) add_chunks(per[k], MsgType::kData, 0, src, d.n, 4);
     else targets[k].emplace_back(dst, d.n);
     post(work, {}, std::move(per), std::move(targets), 4);
-    work->wait();
+    return work;
   }
 
   void run_sender() {
