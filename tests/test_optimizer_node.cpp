@@ -666,6 +666,67 @@ TEST(OptimizerNode, ColumnBatchesMoveLikeTheInProcessBackend) {
   EXPECT_EQ(partial[0], written[0]) << "the block posted before the bad one was not complete when it threw";
 }
 
+// A re-pack (a re-selection's new host layout) made by the node, which receives only the
+// appended columns, leaves the arrays as the in-process backend's and as a re-pack made
+// out of place: narrowing (the first selection: columns leave, none arrive) and widening
+// (more columns arrive than leave, so that rows move up in memory).
+TEST(OptimizerNode, RepackOnTheNodeMatchesTheInProcessBackend) {
+  use_tls("tcp");
+  const int64_t rows = 37, width = 50, capacity = rows * 64;
+  const zenflow::engine::HostStateLayout l = layout_of(2 * capacity);
+  auto remote_backend =
+      zenflow::transport::make_remote_host_optimizer(remote({shared_nodes("tcp")[0]}, "repack"), l);
+  zenflow::engine::InProcessHostOptions in_opts;
+  auto local_backend = zenflow::engine::make_in_process_host_optimizer(in_opts, l);
+  std::vector<float> init(static_cast<size_t>(capacity));
+  for (size_t i = 0; i < init.size(); ++i) init[i] = static_cast<float>(i) * 0.5f + 1.0f;
+
+  struct Case {
+    std::vector<int64_t> src;
+    int64_t appended;
+  };
+  std::vector<int64_t> narrow, widen;
+  for (int64_t c = width - 1; c >= 0; c -= 3) narrow.push_back(c);              // 17 columns, reversed
+  for (int64_t c = 0; c < width; c += 2) widen.push_back(c);                    // 25 kept ...
+  for (int64_t a = 0; a < 30; ++a) widen.insert(widen.begin() + a, width + a);  // ... and 30 arrive
+  for (const Case& k : {Case{narrow, 0}, Case{widen, 30}}) {
+    std::vector<float> appended(static_cast<size_t>(rows * k.appended));
+    for (size_t i = 0; i < appended.size(); ++i) appended[i] = -static_cast<float>(i) - 0.25f;
+    const int64_t n = static_cast<int64_t>(k.src.size());
+    std::vector<float> expected(static_cast<size_t>(rows * n));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t c = k.src[static_cast<size_t>(j)];
+        expected[static_cast<size_t>(r * n + j)] =
+            c < width ? init[static_cast<size_t>(r * width + c)]
+                      : appended[static_cast<size_t>(r * k.appended + c - width)];
+      }
+    for (auto* backend : {remote_backend.get(), local_backend.get()}) {
+      const std::string which = backend == local_backend.get() ? "in-process" : "node";
+      backend->write(zenflow::engine::HostBuf::kM, capacity, capacity, init.data());
+      backend->repack_columns(zenflow::engine::HostBuf::kM, capacity, rows, width, k.src, appended.data(),
+                              k.appended);
+      std::vector<float> got(expected.size());
+      backend->read(zenflow::engine::HostBuf::kM, capacity, rows * n, got.data());
+      EXPECT_EQ(got, expected) << which << ", " << n << " columns from " << width << " + " << k.appended;
+      std::vector<float> before(static_cast<size_t>(capacity));
+      backend->read(zenflow::engine::HostBuf::kM, 0, capacity, before.data());
+      EXPECT_EQ(before, std::vector<float>(before.size(), 0.0f))
+          << which << ": the matrix before it was touched";
+    }
+  }
+  const std::vector<int64_t> outside = {0, width + 1};
+  std::vector<float> one(static_cast<size_t>(rows));
+  try {
+    remote_backend->repack_columns(zenflow::engine::HostBuf::kM, capacity, rows, width, outside, one.data(),
+                                   1);
+    FAIL() << "a re-pack column past the appended ones was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("column 51 outside a matrix 51 wide"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(OptimizerNode, SlicesCutAtSegmentsAndBalance) {
   zenflow::engine::HostStateLayout l = layout_of(100);
   l.segments = {0, 10, 30, 55, 80};
@@ -725,12 +786,45 @@ TEST(OptimizerProtocol, RoundTripsAndRejectsBadDescriptors) {
   s.n = 3;
   const std::string col_out = encode_state(s);
   EXPECT_THROW(decode_state(col_out.data(), col_out.size(), 100), WireError);
+  // A re-pack of the [3, 4] matrix at 8 into [3, 5], with 2 appended columns (n = 3 x 2).
+  StateDesc rp;
+  rp.columns = 2;
+  rp.offset = 8;
+  rp.rows = 3;
+  rp.width = 4;
+  rp.cols = {5, 0, 3, 4, 1};
+  rp.n = 6;
+  const std::string rpb = encode_state(rp);
+  EXPECT_EQ(decode_state(rpb.data(), rpb.size(), 23).cols, rp.cols);  // 8 + 3 x 5 = 23
+  auto repack_error = [&](StateDesc bad, uint64_t elements) {
+    const std::string b = encode_state(bad);
+    try {
+      decode_state(b.data(), b.size(), elements);
+    } catch (const WireError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(repack_error(rp, 22).find("re-packed matrix [8, +15) outside"), std::string::npos)
+      << repack_error(rp, 22);
+  StateDesc wide = rp;
+  wide.cols = {6, 0};
+  EXPECT_NE(repack_error(wide, 100).find("column 6 outside a matrix 6 wide"), std::string::npos);
+  StateDesc ragged = rp;
+  ragged.n = 7;
+  EXPECT_NE(repack_error(ragged, 100).find("not a multiple of the 3 rows"), std::string::npos);
+  StateDesc many = rp;
+  many.n = 18;  // 6 appended columns for 5 re-packed ones
+  EXPECT_NE(repack_error(many, 100).find("6 appended columns for 5"), std::string::npos);
+  StateDesc mode3 = rp;
+  mode3.columns = 3;
+  EXPECT_NE(repack_error(mode3, 100).find("mode 3"), std::string::npos);
 
   // Fuzz: random mutations of valid payloads never crash and never pass out-of-range spans.
   std::mt19937_64 rng(7);
   int accepted = 0;
   for (int i = 0; i < 100000; ++i) {
-    std::string m = (i % 3 == 0) ? hb : (i % 3 == 1 ? op : sb);
+    std::string m = (i % 3 == 0) ? hb : (i % 3 == 1 ? op : (i % 2 == 0 ? sb : rpb));
     const int flips = 1 + static_cast<int>(rng() % 4);
     for (int f = 0; f < flips; ++f) m[rng() % m.size()] = static_cast<char>(rng());
     if (rng() % 5 == 0) m.resize(rng() % (m.size() + 1));
@@ -742,6 +836,9 @@ TEST(OptimizerProtocol, RoundTripsAndRejectsBadDescriptors) {
       } else {
         const StateDesc st = decode_state(m.data(), m.size(), 100);
         ASSERT_LE(st.offset + (st.columns ? st.rows * st.width : st.n), 100u);
+        if (st.columns == 2) {
+          ASSERT_LE(st.offset + st.rows * st.cols.size(), 100u);
+        }
       }
       ++accepted;
     } catch (const WireError&) {

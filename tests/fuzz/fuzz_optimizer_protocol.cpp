@@ -108,11 +108,22 @@ void fuzz_payload(uint8_t which, uint64_t elements, const uint8_t* data, size_t 
         if (d.columns == 0) {
           check(d.offset <= elements && d.n <= elements - d.offset, "a state range outside the session was accepted");
         } else {
+          check(d.columns <= 2, "an unknown state mode was accepted");
           check(d.width == 0 || d.rows <= elements / d.width, "a matrix larger than the session was accepted");
           check(d.offset <= elements && d.rows * d.width <= elements - d.offset,
                 "a matrix outside the session was accepted");
-          check(d.n == d.rows * d.cols.size(), "a column read whose length is not rows x columns");
-          for (int64_t c : d.cols) check(c >= 0 && static_cast<uint64_t>(c) < d.width, "a column outside its matrix");
+          uint64_t bound = d.width;
+          if (d.columns == 1) {
+            check(d.n == d.rows * d.cols.size(), "a column read whose length is not rows x columns");
+          } else {  // a re-pack: its result and its appended columns fit too
+            check(d.rows > 0 && d.n % d.rows == 0 && d.n / d.rows <= d.cols.size(),
+                  "a re-pack whose appended columns are not [rows, at most its columns]");
+            check(d.cols.size() <= elements / d.rows && d.rows * d.cols.size() <= elements - d.offset,
+                  "a re-packed matrix outside the session was accepted");
+            bound += d.n / d.rows;
+          }
+          for (int64_t c : d.cols)
+            check(c >= 0 && static_cast<uint64_t>(c) < bound, "a column outside its matrix");
         }
         const std::string e = encode_state(d);
         const StateDesc d2 = decode_state(e.data(), e.size(), elements);
@@ -168,6 +179,10 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   cols.width = 16;
   cols.cols = {0, 3, 15};
   cols.n = 12;
+  StateDesc repack = cols;  // [4, 16] -> [4, 4], one appended column
+  repack.columns = 2;
+  repack.cols = {16, 0, 3, 15};
+  repack.n = 4;
   const std::string payload = "0123456789abcdef";
   WireHeader hd = make_header(MsgType::kGrad, 3, 1, 7);
   hd.offset = 32;
@@ -183,6 +198,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   write_seed(dir, "step", 4, encode_op(op, true));
   write_seed(dir, "state-range", 5, encode_state(range));
   write_seed(dir, "state-columns", 5, encode_state(cols));
+  write_seed(dir, "state-repack", 5, encode_state(repack));
   return 0;
 }
 

@@ -145,6 +145,18 @@ class InProcessHostOptimizer : public HostOptimizer {
     for (const ColumnBlock& c : blocks)
       host_scatter_columns(buf(c.buf) + c.offset, c.rows, c.width, c.cols, c.data);
   }
+  void repack_columns(HostBuf b, int64_t offset, int64_t rows, int64_t width, const std::vector<int64_t>& src,
+                      const float* appended, int64_t n_appended) override {
+    if (n_appended < 0) throw std::out_of_range("host state: negative number of appended columns");
+    check_columns(b, offset, rows, width, {});
+    check_range(b, offset, rows * static_cast<int64_t>(src.size()));
+    for (int64_t c : src)
+      if (c < 0 || c >= width + n_appended)
+        throw std::out_of_range("host state: re-pack column " + std::to_string(c) + " outside a matrix " +
+                                std::to_string(width) + " wide with " + std::to_string(n_appended) +
+                                " appended");
+    host_repack_columns(buf(b) + offset, rows, width, src, appended, n_appended);
+  }
   float* local_data(HostBuf b) override { return buf(b); }
   int64_t resident_state_bytes() const override {
     return static_cast<int64_t>(kNumHostBufs) * layout_.elements * static_cast<int64_t>(sizeof(float));
@@ -340,6 +352,23 @@ void host_scatter_columns(float* matrix, int64_t rows, int64_t width, const std:
     const float* in = src + r * n;
     for (int64_t j = 0; j < n; ++j) row[cols[static_cast<size_t>(j)]] = in[j];
   }
+}
+
+void host_repack_columns(float* matrix, int64_t rows, int64_t width, const std::vector<int64_t>& src,
+                         const float* appended, int64_t n_appended) {
+  const int64_t n = static_cast<int64_t>(src.size());
+  std::vector<float> row(static_cast<size_t>(width + n_appended));
+  auto one = [&](int64_t r) {
+    std::copy_n(matrix + r * width, width, row.begin());
+    if (n_appended > 0) std::copy_n(appended + r * n_appended, n_appended, row.begin() + width);
+    float* out = matrix + r * n;
+    for (int64_t j = 0; j < n; ++j) out[j] = row[static_cast<size_t>(src[static_cast<size_t>(j)])];
+  };
+  // Row r is written to [r * n, (r + 1) * n) and read from [r * width, (r + 1) * width).
+  if (n <= width)
+    for (int64_t r = 0; r < rows; ++r) one(r);
+  else
+    for (int64_t r = rows - 1; r >= 0; --r) one(r);
 }
 
 std::unique_ptr<HostOptimizer> make_in_process_host_optimizer(const InProcessHostOptions& options,

@@ -179,6 +179,12 @@ class HostOptimizer {
   // (or throws the first error) only once no block's data is still in use.
   virtual void gather_columns(const std::vector<ColumnBlock>& blocks) = 0;
   virtual void scatter_columns(const std::vector<ColumnBlock>& blocks) = 0;
+  // Re-packs the row-major [rows, width] matrix at `offset` in place: it becomes [rows,
+  // src.size()], column j taken from column src[j] of [the matrix | appended], appended
+  // being the caller's [rows, n_appended] (a re-selection's columns leaving the device). A
+  // remote backend sends only the appended columns: the matrix never crosses the network.
+  virtual void repack_columns(HostBuf b, int64_t offset, int64_t rows, int64_t width,
+                              const std::vector<int64_t>& src, const float* appended, int64_t n_appended) = 0;
   // The array itself when it lives in this process (the in-process backend), else null:
   // the engine then reads and writes in place instead of through copies.
   virtual float* local_data(HostBuf) { return nullptr; }
@@ -219,5 +225,9 @@ void host_gather_columns(const float* matrix, int64_t rows, int64_t width, const
                          float* dst);
 void host_scatter_columns(float* matrix, int64_t rows, int64_t width, const std::vector<int64_t>& cols,
                           const float* src);
+// repack_columns on an array: row by row through a one-row copy, in the order in which no
+// row is overwritten before it was read (ascending when the matrix narrows, else descending).
+void host_repack_columns(float* matrix, int64_t rows, int64_t width, const std::vector<int64_t>& src,
+                         const float* appended, int64_t n_appended);
 
 }  // namespace zenflow::engine

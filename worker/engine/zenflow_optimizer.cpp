@@ -1014,17 +1014,24 @@ struct ZenFlowOptimizer::Impl {
           src.push_back(n_old + static_cast<int64_t>(l));
         }
       }
-      at::Tensor sidx = index_tensor(src, at::kCPU);
-      const int64_t width = n_old + n_leave;
-      if (scratch.size() < s.out * width) scratch = HostBuffer(capacity_max, nullptr, opt.huge_pages);
-      at::Tensor combined = at::from_blob(scratch.data(), {s.out, width}, at::kFloat);
-      const int64_t n_new = static_cast<int64_t>(new_own.size());
-      for (int i = 0; i < 3; ++i) {
-        combined.narrow(1, 0, n_old).copy_(host_matrix(kStateBufs[i], s, n_old, true));
-        if (n_leave > 0) combined.narrow(1, n_old, n_leave).copy_(leave_state[i]);
-        at::Tensor repacked = host_matrix(kStateBufs[i], s, n_new, false);
-        gather_columns(combined, sidx, repacked);
-        host_commit(kStateBufs[i], s, repacked);
+      if (!host->local_data(HostBuf::kMaster)) {
+        // A remote backend re-packs its own arrays: only the leaving columns travel.
+        for (int i = 0; i < 3; ++i) {
+          const at::Tensor leaving = n_leave > 0 ? leave_state[i] : at::empty({s.out, 0}, f32cpu);
+          host->repack_columns(kStateBufs[i], s.host_offset, s.out, n_old, src, leaving.data_ptr<float>(),
+                               n_leave);
+        }
+      } else {
+        at::Tensor sidx = index_tensor(src, at::kCPU);
+        const int64_t width = n_old + n_leave;
+        if (scratch.size() < s.out * width) scratch = HostBuffer(capacity_max, nullptr, opt.huge_pages);
+        at::Tensor combined = at::from_blob(scratch.data(), {s.out, width}, at::kFloat);
+        const int64_t n_new = static_cast<int64_t>(new_own.size());
+        for (int i = 0; i < 3; ++i) {
+          combined.narrow(1, 0, n_old).copy_(host_view(kStateBufs[i], s));
+          if (n_leave > 0) combined.narrow(1, n_old, n_leave).copy_(leave_state[i]);
+          gather_columns(combined, sidx, host_matrix(kStateBufs[i], s, n_new, false));
+        }
       }
     }
     s.sel_cpu = new_sel;

@@ -576,9 +576,13 @@ void Session::run_op(const std::shared_ptr<Op>& op) {
   local_->drain();
   const auto b = static_cast<engine::HostBuf>(h.aux);
   const transport::StateDesc& d = op->state;
+  if (d.columns == 2 && h.type != MsgType::kStateWrite) throw WireError("wire: a re-pack in a state read");
   if (h.type == MsgType::kStateWrite) {
     float* const src = reinterpret_cast<float*>(op->data());
-    if (d.columns)
+    if (d.columns == 2)
+      local_->repack_columns(b, static_cast<int64_t>(d.offset), static_cast<int64_t>(d.rows),
+                             static_cast<int64_t>(d.width), d.cols, src, static_cast<int64_t>(d.n / d.rows));
+    else if (d.columns == 1)
       local_->scatter_columns({column_block(b, d, src)});
     else
       local_->write(b, static_cast<int64_t>(d.offset), static_cast<int64_t>(d.n), src);

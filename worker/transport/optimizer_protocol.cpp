@@ -217,23 +217,43 @@ StateDesc decode_state(const void* data, size_t len, uint64_t elements) {
   d.rows = r.u64("rows");
   d.width = r.u64("width");
   const uint64_t nc = r.u64("column count");
-  if (d.columns > 1) r.fail("mode " + std::to_string(d.columns) + " (0 range, 1 columns)");
+  if (d.columns > 2) r.fail("mode " + std::to_string(d.columns) + " (0 range, 1 columns, 2 re-pack)");
   if (nc > (len - 44) / 8 || nc * 8 != len - 44)
     r.fail(std::to_string(nc) + " columns need " + std::to_string(44 + nc * 8) + " bytes, got " + std::to_string(len));
   d.cols.resize(nc);
-  for (int64_t& c : d.cols) {
-    c = static_cast<int64_t>(r.u64("column"));
-    if (c < 0 || static_cast<uint64_t>(c) >= d.width)
-      r.fail("column " + std::to_string(c) + " outside a matrix " + std::to_string(d.width) + " wide");
-  }
+  for (int64_t& c : d.cols) c = static_cast<int64_t>(r.u64("column"));
   r.done();
   if (d.columns == 0) {
+    for (int64_t c : d.cols)
+      if (static_cast<uint64_t>(c) >= d.width)
+        r.fail("column " + std::to_string(static_cast<uint64_t>(c)) + " outside a matrix " +
+               std::to_string(d.width) + " wide");
     check_extent(r, "range", d.offset, d.n, elements);
-  } else {
-    if (d.width != 0 && d.rows > elements / d.width) r.fail("matrix " + std::to_string(d.rows) + " x " + std::to_string(d.width) + " too large");
-    check_extent(r, "matrix", d.offset, d.rows * d.width, elements);
-    if (d.n != d.rows * nc) r.fail("length " + std::to_string(d.n) + " is not rows x columns = " + std::to_string(d.rows * nc));
+    return d;
   }
+  if (d.width != 0 && d.rows > elements / d.width)
+    r.fail("matrix " + std::to_string(d.rows) + " x " + std::to_string(d.width) + " too large");
+  check_extent(r, "matrix", d.offset, d.rows * d.width, elements);
+  uint64_t bound = d.width;  // columns are below it
+  if (d.columns == 1) {
+    if (d.n != d.rows * nc) r.fail("length " + std::to_string(d.n) + " is not rows x columns = " + std::to_string(d.rows * nc));
+  } else {
+    if (d.rows == 0) r.fail("a re-pack of 0 rows");
+    if (d.n % d.rows != 0)
+      r.fail("length " + std::to_string(d.n) + " is not a multiple of the " + std::to_string(d.rows) +
+             " rows");
+    if (d.n / d.rows > nc)
+      r.fail(std::to_string(d.n / d.rows) + " appended columns for " + std::to_string(nc) +
+             " re-packed ones");
+    if (nc != 0 && d.rows > elements / nc)
+      r.fail("re-packed matrix " + std::to_string(d.rows) + " x " + std::to_string(nc) + " too large");
+    check_extent(r, "re-packed matrix", d.offset, d.rows * nc, elements);
+    bound += d.n / d.rows;  // the appended columns
+  }
+  for (int64_t c : d.cols)
+    if (static_cast<uint64_t>(c) >= bound)
+      r.fail("column " + std::to_string(static_cast<uint64_t>(c)) + " outside a matrix " +
+             std::to_string(bound) + " wide");
   return d;
 }
 

@@ -66,9 +66,12 @@ struct OpDesc {
 };
 
 struct StateDesc {
-  uint32_t columns = 0;  // 0: the range [offset, offset + n); 1: columns of a matrix
+  // 0: the range [offset, offset + n); 1: columns `cols` of a [rows, width] matrix;
+  // 2 (writes only): a re-pack of that matrix (HostOptimizer::repack_columns), `cols` its
+  // source columns, the data its appended columns, [rows, n / rows].
+  uint32_t columns = 0;
   uint64_t offset = 0;
-  uint64_t n = 0;  // range length; for columns: rows * cols.size() (the data's length)
+  uint64_t n = 0;  // the data's length: the range's; rows * cols.size(); rows * appended
   uint64_t rows = 0, width = 0;
   std::vector<int64_t> cols;
 };

@@ -274,6 +274,14 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
   void scatter_columns(const std::vector<engine::ColumnBlock>& blocks) override {
     transfer_columns(MsgType::kStateWrite, blocks);
   }
+  void repack_columns(engine::HostBuf b, int64_t offset, int64_t rows, int64_t width,
+                      const std::vector<int64_t>& src, const float* appended, int64_t n_appended) override {
+    StateDesc d = column_desc(offset, rows, width, src);
+    d.columns = 2;
+    d.n = static_cast<uint64_t>(rows * n_appended);
+    const int64_t extent = rows * std::max<int64_t>(width, static_cast<int64_t>(src.size()));
+    transfer(MsgType::kStateWrite, b, offset, extent, d, nullptr, reinterpret_cast<const char*>(appended));
+  }
   int64_t resident_state_bytes() const override { return 0; }
   int64_t network_bytes_sent() const override {
     int64_t s = 0;
