@@ -178,7 +178,7 @@ TEST(Wire, DecodeRejectsMalformedHeadersNamingTheField) {
   bad = h;
   bad.version = 7;
   encode(bad, b);
-  EXPECT_EQ(decode_error(b, 64, 0), "wire: version 7 (this build speaks 1)");
+  EXPECT_EQ(decode_error(b, 64, 0), "wire: version 7 (this build speaks " + std::to_string(kWireVersion) + ")");
 
   for (uint16_t t : {0, 16, 99, 65535}) {
     bad = h;

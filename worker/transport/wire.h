@@ -16,7 +16,9 @@
 namespace zenflow::transport {
 
 constexpr uint32_t kWireMagic = 0x504f465au;  // "ZFOP" little-endian
-constexpr uint16_t kWireVersion = 1;
+// 2: STATE descriptors gained mode 2 (a node-side re-pack); ends of different versions
+// refuse each other at the first message instead of failing at a re-selection.
+constexpr uint16_t kWireVersion = 2;
 constexpr size_t kWireHeaderBytes = 64;
 
 enum class MsgType : uint16_t {
