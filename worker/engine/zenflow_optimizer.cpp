@@ -210,8 +210,6 @@ struct ZenFlowOptimizer::Impl {
   std::unique_ptr<InFlight> inflight;
   std::vector<SlotFix> slot_fixes;  // for the in-flight step's layout change (see SlotFix)
   double last_lr = 0;
-  HostBuffer scratch;        // re-pack buffer for migrations, sized for the largest matrix
-  int64_t capacity_max = 0;  // largest matrix range this rank owns (elements)
   int64_t capacity_all = 0;  // split elements of all ranks
 
   bool zenflow() const { return opt.mode == OptimizerMode::kZenFlow; }
@@ -461,7 +459,6 @@ struct ZenFlowOptimizer::Impl {
         const int64_t cols = s.range_hi[static_cast<size_t>(me)] - s.range_lo[static_cast<size_t>(me)];
         s.host_offset = capacity;
         capacity += s.out * cols;
-        capacity_max = std::max(capacity_max, s.out * cols);
       }
       HostStateLayout layout;
       layout.elements = capacity;
@@ -877,8 +874,8 @@ struct ZenFlowOptimizer::Impl {
 
   // Moves master/m/v of columns whose owner changes (§3 "one set of moments per
   // column"): only entering and leaving columns cross between device and host; the host
-  // arrays are re-packed in place through a reused scratch buffer (no per-call
-  // allocation of model-sized memory). Requires no host work in flight and no open window.
+  // arrays are re-packed in place by the backend (HostOptimizer::repack_columns, one row
+  // at a time: no model-sized copy). Requires no host work in flight and no open window.
   // Several ranks: a leaving column goes to the rank whose range holds it (the device
   // state is replicated, so that is a local copy); an entering column's state is
   // all-reduced from its owner (every other rank contributes zeros) to every rank.
@@ -888,7 +885,6 @@ struct ZenFlowOptimizer::Impl {
   // their slots when it is done (SlotFix; requires slot-for-slot orders).
   void migrate(SplitParam& s, const std::vector<int64_t>& new_sel, const at::Tensor& enter_ready = at::Tensor(),
                bool defer_host = false) {
-    using device_ops::gather_columns;
     using device_ops::scatter_columns;
     if (new_sel == s.sel_cpu) return;
     const auto f32cpu = at::TensorOptions().dtype(at::kFloat);
@@ -1014,24 +1010,10 @@ struct ZenFlowOptimizer::Impl {
           src.push_back(n_old + static_cast<int64_t>(l));
         }
       }
-      if (!host->local_data(HostBuf::kMaster)) {
-        // A remote backend re-packs its own arrays: only the leaving columns travel.
-        for (int i = 0; i < 3; ++i) {
-          const at::Tensor leaving = n_leave > 0 ? leave_state[i] : at::empty({s.out, 0}, f32cpu);
-          host->repack_columns(kStateBufs[i], s.host_offset, s.out, n_old, src, leaving.data_ptr<float>(),
-                               n_leave);
-        }
-      } else {
-        at::Tensor sidx = index_tensor(src, at::kCPU);
-        const int64_t width = n_old + n_leave;
-        if (scratch.size() < s.out * width) scratch = HostBuffer(capacity_max, nullptr, opt.huge_pages);
-        at::Tensor combined = at::from_blob(scratch.data(), {s.out, width}, at::kFloat);
-        const int64_t n_new = static_cast<int64_t>(new_own.size());
-        for (int i = 0; i < 3; ++i) {
-          combined.narrow(1, 0, n_old).copy_(host_view(kStateBufs[i], s));
-          if (n_leave > 0) combined.narrow(1, n_old, n_leave).copy_(leave_state[i]);
-          gather_columns(combined, sidx, host_matrix(kStateBufs[i], s, n_new, false));
-        }
+      // The backend re-packs its own arrays (a remote one: only the leaving columns travel).
+      for (int i = 0; i < 3; ++i) {
+        const at::Tensor leaving = n_leave > 0 ? leave_state[i] : at::empty({s.out, 0}, f32cpu);
+        host->repack_columns(kStateBufs[i], s.host_offset, s.out, n_old, src, leaving.data_ptr<float>(), n_leave);
       }
     }
     s.sel_cpu = new_sel;
