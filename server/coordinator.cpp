@@ -84,7 +84,9 @@ const Status kShuttingDown{StatusCode::UNAVAILABLE, "coordinator is shutting dow
 }  // namespace
 
 Coordinator::Coordinator(std::unique_ptr<Store> store, CoordinatorOptions options)
-    : store_(std::move(store)), options_(std::move(options)) {
+    : store_(std::move(store)),
+      options_(std::move(options)),
+      step_aside_budget_(options_.submit_step_aside_saved) {
   load();
   ticker_ = std::thread([this] { ticker(); });
   intake_thread_ = std::thread([this] { parse_large_submits(); });
@@ -547,7 +549,8 @@ void Coordinator::step_aside(const PendingSubmit& p) {
   std::unique_lock<std::mutex> lock(mu_);
   const auto now = steady_clock::now();
   const auto earned = std::chrono::duration_cast<std::chrono::nanoseconds>((now - step_aside_refilled_) * kStepAsideShare);
-  step_aside_budget_ = std::min<std::chrono::nanoseconds>(step_aside_budget_ + earned, kStepAsideSaved);
+  step_aside_budget_ =
+      std::min<std::chrono::nanoseconds>(step_aside_budget_ + earned, options_.submit_step_aside_saved);
   step_aside_refilled_ = now;
   if (step_aside_budget_.count() <= 0) return;  // one wait may overdraw it
   submits_answered_.wait_for(lock, options_.submit_step_aside, [&] { return p.answered; });

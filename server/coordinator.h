@@ -67,6 +67,9 @@ struct CoordinatorOptions {
   // How long the thread that submits a lone job may wait for its commit (step_aside()):
   // 0 never waits. The default is a few ordinary commits; a slower one goes on without it.
   std::chrono::microseconds submit_step_aside{2000};
+  // Those waits take at most Coordinator::kStepAsideShare of the thread's time, with up to
+  // this much saved up: a run of slow commits spends it, and then submits go on at once.
+  std::chrono::milliseconds submit_step_aside_saved{20};
   bool backfill = true;
   bool preemption = true;
   std::function<void(const std::string&)> log;  // one line each; default: stderr
@@ -127,9 +130,8 @@ class Coordinator {
   void submit_async(const v1::SubmitJobRequest& req, SubmitAnswer answer);
   static constexpr size_t kInlineSpecBytes = 16 << 10;  // 0.1-0.6 ms of parsing
   // The submitting thread steps aside for lone submits' commits (step_aside()) for at most
-  // this share of its time, with up to kStepAsideSaved of it saved up.
+  // this share of its time, with up to options.submit_step_aside_saved of it saved up.
   static constexpr double kStepAsideShare = 0.1;
-  static constexpr std::chrono::milliseconds kStepAsideSaved{20};
   static constexpr size_t kMaxIntakeQueue = 64;         // large specs waiting: 64 MiB at most
   // submit_async, blocking until answered.
   grpc::Status submit(const v1::SubmitJobRequest& req, v1::SubmitJobResponse* resp);
@@ -301,8 +303,9 @@ class Coordinator {
   std::condition_variable submits_queued_;  // the committer waits for submit_queue_
   std::condition_variable submits_answered_;  // admit_submit waits for its submit (below)
   // How long the submitting thread may still step aside for the committer (refilled at
-  // kStepAsideShare of wall time, up to kStepAsideSaved), and when it was refilled.
-  std::chrono::nanoseconds step_aside_budget_{kStepAsideSaved};
+  // kStepAsideShare of wall time, up to options_.submit_step_aside_saved), and when it
+  // was refilled.
+  std::chrono::nanoseconds step_aside_budget_;
   std::chrono::steady_clock::time_point step_aside_refilled_ = std::chrono::steady_clock::now();
   std::mutex store_mu_;                     // serializes store_ (taken after mu_)
   // Large submits waiting to be parsed (submit_async); intake_mu_ is never held with mu_.

@@ -212,6 +212,7 @@ TEST(Coordinator, ALoneSubmitsCallerStepsAsideUntilItIsAnswered) {
   CoordinatorOptions o;
   o.log = [](const std::string&) {};
   o.submit_step_aside = std::chrono::seconds(20);  // longer than any commit here
+  o.submit_step_aside_saved = std::chrono::seconds(600);  // and five of them, however slow the disk
   Coordinator c(open_sqlite_store(dir.db()), o);
   for (int i = 0; i < 5; ++i) {
     SubmitAnswerProbe probe;
@@ -221,6 +222,31 @@ TEST(Coordinator, ALoneSubmitsCallerStepsAsideUntilItIsAnswered) {
     EXPECT_TRUE(probe.status.ok()) << describe(probe.status);
     EXPECT_NE(probe.thread, std::this_thread::get_id()) << "answered by the caller, not the committer";
   }
+}
+
+// A run of slow commits spends the caller's saved step-aside time (each wait takes 80 ms,
+// ten times what 80 ms of serving earns back), and then the caller goes on at once: it
+// waits for at most kStepAsideShare of its time, not for every commit.
+TEST(Coordinator, SlowCommitsSpendTheStepAsideBudget) {
+  TestDir dir;
+  CoordinatorOptions o;
+  o.log = [](const std::string&) {};
+  o.submit_step_aside = std::chrono::seconds(20);
+  o.submit_step_aside_saved = std::chrono::milliseconds(100);
+  Coordinator c(std::make_unique<SlowStore>(open_sqlite_store(dir.db()), std::chrono::milliseconds(80)), o);
+  std::vector<bool> waited;
+  for (int i = 0; i < 8; ++i) {
+    SubmitAnswerProbe probe;
+    c.submit_async(submit_request(dir, "budget-" + std::to_string(i), ""), probe.callback());
+    waited.push_back(probe.answered());
+    ASSERT_TRUE(probe.wait());
+    ASSERT_TRUE(probe.status.ok()) << describe(probe.status);
+  }
+  EXPECT_TRUE(waited[0]) << "the first submit, with 100 ms saved, did not wait for its 80 ms commit";
+  // Each wait spends >= 80 ms and earns back a tenth of the time since the last: after
+  // two, the 100 ms saved are gone unless the test thread idled ~600 ms between submits.
+  EXPECT_NE(std::count(waited.begin(), waited.end(), false), 0) << "the caller waited for all 8 slow commits";
+  EXPECT_FALSE(waited[2] && waited[3] && waited[4]) << "three waits in a row after the budget ran out";
 }
 
 // However slow the disk, the caller goes back to serving after submit_step_aside, and
