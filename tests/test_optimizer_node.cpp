@@ -251,13 +251,13 @@ TEST_P(RemoteEqualsInProcess, WeightsEveryStepAndStateAtTheEnd) {
     rem->finish();
     expect_same_params(ref_p, rem_p, "after finish");
     EXPECT_EQ(rem->host_memory_bytes().master, 0) << "the worker holds no host state";
-    // Host staging: one low-precision output buffer (none for fp32 weights, whose master is
-    // read back; their all-gather's packed master with several ranks); no gradient copy
-    // (the CPU device's staging is sent in place: no ring).
+    // Host staging: one output buffer in the weights' dtype, into which each step's result
+    // comes back: bf16, or fp32 weights' master with several ranks (the packed copy that
+    // the all-gather sends; one rank reads the master at the boundary and holds none); no
+    // gradient copy (the CPU device's staging is sent in place: no ring).
     const int64_t elements = ref->host_memory_bytes().master / 4;
-    const int64_t out_bytes = c.dtype == at::kFloat ? 0 : 2 * elements;
-    const int64_t pack_bytes = c.dtype == at::kFloat && c.world > 1 ? 4 * elements : 0;
-    EXPECT_EQ(rem->host_memory_bytes().transfer_buffers, out_bytes + pack_bytes);
+    const int64_t out_bytes = c.dtype == at::kFloat ? (c.world > 1 ? 4 * elements : 0) : 2 * elements;
+    EXPECT_EQ(rem->host_memory_bytes().transfer_buffers, out_bytes);
     EXPECT_GT(rem->host_optimizer()->network_bytes_sent(), 0);
     EXPECT_GT(rem->host_optimizer()->network_bytes_received(), 0);
   });
@@ -727,6 +727,71 @@ TEST(OptimizerNode, RepackOnTheNodeMatchesTheInProcessBackend) {
   }
 }
 
+// A step's fp32 output (StepJob::Span::master_out, fp32 weights with nodes) is the updated
+// master, sent back with the step: the same bits on a node as in-process and as the
+// master read afterwards; bf16 outputs in the same job are refused before anything runs.
+TEST(OptimizerNode, AStepSendsItsUpdatedMasterBack) {
+  using zenflow::engine::HostBuf;
+  use_tls("tcp");
+  const int64_t n = 3000;  // two spans, the second without an output
+  const zenflow::engine::HostStateLayout l = layout_of(2 * n);
+  auto remote_backend =
+      zenflow::transport::make_remote_host_optimizer(remote({shared_nodes("tcp")[0]}, "master-out"), l);
+  zenflow::engine::InProcessHostOptions in_opts;
+  auto local_backend = zenflow::engine::make_in_process_host_optimizer(in_opts, l);
+  std::vector<float> init(static_cast<size_t>(2 * n)), grad(static_cast<size_t>(2 * n));
+  for (size_t i = 0; i < init.size(); ++i) {
+    init[i] = 0.01f * static_cast<float>(i % 97) - 0.3f;
+    grad[i] = 0.002f * static_cast<float>(i % 13) - 0.01f;
+  }
+  zenflow::engine::AdamWParams p;
+  p.lr = 1e-2f;
+  p.weight_decay = 0.1f;
+  // Step `step` over both spans, with the outputs given (the first span's fp32, the second's bf16).
+  auto job = [&](int step, float* master_out, uint16_t* half_out) {
+    zenflow::engine::StepJob j;
+    for (int k = 0; k < 2; ++k) {
+      zenflow::engine::StepJob::Span sp;
+      sp.offset = k * n;
+      sp.n = n;
+      sp.grad = zenflow::engine::GradRef::f32(grad.data() + k * n);
+      sp.coeffs = zenflow::engine::AdamWCoeffs::make(p, step);
+      if (k == 0) sp.master_out = master_out;
+      if (k == 1) sp.half_out = half_out;
+      j.spans.push_back(sp);
+    }
+    return j;
+  };
+  std::vector<float> outs[2], masters[2];
+  for (int which = 0; which < 2; ++which) {
+    zenflow::engine::HostOptimizer& b = which == 0 ? *local_backend : *remote_backend;
+    b.write(HostBuf::kMaster, 0, 2 * n, init.data());
+    outs[which].assign(static_cast<size_t>(n), -1.0f);
+    for (int step = 1; step <= 2; ++step) b.submit(job(step, outs[which].data(), nullptr))->wait();
+    masters[which].resize(static_cast<size_t>(2 * n));
+    b.read(HostBuf::kMaster, 0, 2 * n, masters[which].data());
+    EXPECT_EQ(std::vector<float>(masters[which].begin(), masters[which].begin() + n), outs[which])
+        << (which == 0 ? "in-process" : "node") << ": the output is not the updated master";
+    EXPECT_NE(masters[which], init) << "the step did not run";
+  }
+  EXPECT_EQ(outs[0], outs[1]) << "a node's fp32 output differs from the in-process backend's";
+  EXPECT_EQ(masters[0], masters[1]);
+
+  std::vector<uint16_t> half(static_cast<size_t>(n));
+  zenflow::engine::StepJob mixed = job(3, outs[1].data(), half.data());
+  try {
+    remote_backend->submit(mixed);
+    FAIL() << "fp32 and bf16 outputs in one job were accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("fp32 and low-precision outputs in one job"), std::string::npos)
+        << e.what();
+  }
+  remote_backend->drain();
+  std::vector<float> after(static_cast<size_t>(2 * n));
+  remote_backend->read(HostBuf::kMaster, 0, 2 * n, after.data());
+  EXPECT_EQ(after, masters[1]) << "the refused job ran";
+}
+
 TEST(OptimizerNode, SlicesCutAtSegmentsAndBalance) {
   zenflow::engine::HostStateLayout l = layout_of(100);
   l.segments = {0, 10, 30, 55, 80};
@@ -771,6 +836,37 @@ TEST(OptimizerProtocol, RoundTripsAndRejectsBadDescriptors) {
   }
   const std::string acc = encode_op(d, false);
   EXPECT_THROW(decode_op(acc.data(), acc.size(), false, 100), WireError) << "an accumulate span needs a gradient";
+  // Output kinds: fp32 master copies (4 bytes) are one step's outputs, or bf16 (2); never
+  // both, and no kind past kOutMaster.
+  OpDesc masters;
+  masters.spans.push_back({10, 20, 1, kOutMaster, {}});
+  masters.spans.push_back({40, 5, kGradNone, kOutNone, {}});
+  masters.spans.push_back({60, 5, 1, kOutMaster, {}});
+  const std::string mo = encode_op(masters, true);
+  const OpDesc mback = decode_op(mo.data(), mo.size(), true, 100);
+  EXPECT_EQ(mback.spans[0].out_kind, kOutMaster);
+  EXPECT_EQ(mback.spans[1].out_kind, kOutNone);
+  EXPECT_EQ(out_kind_bytes(kOutMaster), 4u);
+  EXPECT_EQ(out_kind_bytes(1), 2u);
+  EXPECT_EQ(out_kind_bytes(kOutNone), 0u);
+  EXPECT_THROW(out_kind_bytes(kOutMaster + 1), WireError);
+  masters.spans[2].out_kind = 1;  // bf16
+  const std::string mixed = encode_op(masters, true);
+  try {
+    decode_op(mixed.data(), mixed.size(), true, 100);
+    FAIL() << "a step with fp32 and bf16 outputs was accepted";
+  } catch (const WireError& e) {
+    EXPECT_NE(std::string(e.what()).find("outputs of 4 and 2 bytes in one step"), std::string::npos)
+        << e.what();
+  }
+  masters.spans[2].out_kind = kOutMaster + 1;
+  const std::string unknown = encode_op(masters, true);
+  try {
+    decode_op(unknown.data(), unknown.size(), true, 100);
+    FAIL() << "output kind 4 was accepted";
+  } catch (const WireError& e) {
+    EXPECT_NE(std::string(e.what()).find("output kind 4"), std::string::npos) << e.what();
+  }
 
   StateDesc s;
   s.columns = 1;

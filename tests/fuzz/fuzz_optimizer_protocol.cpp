@@ -36,7 +36,8 @@ bool same(const OpDesc& a, const OpDesc& b, bool step) {
   for (size_t i = 0; i < a.spans.size(); ++i) {
     const OpSpan &x = a.spans[i], &y = b.spans[i];
     if (x.offset != y.offset || x.n != y.n || x.grad_type != y.grad_type) return false;
-    if (step && (x.half_kind != y.half_kind || std::memcmp(&x.coeffs, &y.coeffs, sizeof x.coeffs) != 0)) return false;
+    if (step && (x.out_kind != y.out_kind || std::memcmp(&x.coeffs, &y.coeffs, sizeof x.coeffs) != 0))
+      return false;
   }
   return true;
 }
@@ -97,8 +98,13 @@ void fuzz_payload(uint8_t which, uint64_t elements, const uint8_t* data, size_t 
       case 3: {
         const bool step = which % 5 == 3;
         const OpDesc d = decode_op(data, size, step, elements);
-        for (const OpSpan& s : d.spans)
+        size_t out_bytes = 0;
+        for (const OpSpan& s : d.spans) {
           check(s.offset <= elements && s.n <= elements - s.offset, "a span outside the session was accepted");
+          const size_t b = out_kind_bytes(s.out_kind);  // throws for an unknown kind: not accepted
+          check(b == 0 || out_bytes == 0 || b == out_bytes, "a step with outputs of two sizes was accepted");
+          if (b != 0) out_bytes = b;
+        }
         const std::string e = encode_op(d, step);
         check(same(decode_op(e.data(), e.size(), step, elements), d, step), "an op did not survive its round trip");
         break;
@@ -166,9 +172,11 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   a.offset = 16;
   a.n = 100;
   a.grad_type = 1;
-  a.half_kind = 1;
+  a.out_kind = 1;
   op.spans = {a, a};
   op.spans[1].offset = 1000;
+  OpDesc master_op = op;  // fp32 weights: the master comes back
+  for (OpSpan& s : master_op.spans) s.out_kind = kOutMaster;
   StateDesc range;
   range.offset = 8;
   range.n = 64;
@@ -196,6 +204,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   write_seed(dir, "welcome", 2, encode_welcome(w));
   write_seed(dir, "accumulate", 3, encode_op(op, false));
   write_seed(dir, "step", 4, encode_op(op, true));
+  write_seed(dir, "step-master", 4, encode_op(master_op, true));
   write_seed(dir, "state-range", 5, encode_state(range));
   write_seed(dir, "state-columns", 5, encode_state(cols));
   write_seed(dir, "state-repack", 5, encode_state(repack));

@@ -246,6 +246,7 @@ class InProcessHostOptimizer : public HostOptimizer {
       FlatSpans flat;
       for (const auto& s : job.spans) {
         check_range(HostBuf::kMaster, s.offset, s.n);
+        if (s.half_out && s.master_out) throw std::invalid_argument("host step: a span with two outputs");
         flat.add(s.n);
       }
       const float* acc = job.acc >= 0 ? buf(static_cast<HostBuf>(job.acc)) : nullptr;
@@ -281,6 +282,8 @@ class InProcessHostOptimizer : public HostOptimizer {
               part.grad = s.grad.offset(b);
               adamw_step(part, s.coeffs, c->job->grad_scale);
             }
+            if (s.master_out)
+              std::memcpy(s.master_out + b, part.p, static_cast<size_t>(part.n) * sizeof(float));
           });
         });
         run_pending_accumulates();

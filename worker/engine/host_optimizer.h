@@ -122,8 +122,10 @@ struct AccumulateJob {
 // when `acc` is set too (gradient = (acc + grad) * grad_scale); or with the accumulator
 // alone as the gradient (has_grad() false: flushing an open window). Each span carries
 // its own coefficients (weight decay differs between parameters). `half_out` (caller's
-// memory, may be null) receives the low-precision copy of the updated master; it is
-// complete when the job's wait() returns.
+// memory, may be null) receives the low-precision copy of the updated master, or
+// `master_out` an fp32 copy (fp32 weights with a remote backend, whose master is on
+// another machine: the copy comes back with the step instead of being read at the
+// boundary); either is complete when the job's wait() returns. At most one is set.
 struct StepJob {
   struct Span {
     int64_t offset = 0;
@@ -131,6 +133,7 @@ struct StepJob {
     GradRef grad;  // with `source`: only the type
     uint16_t* half_out = nullptr;
     HalfKind half_kind = HalfKind::kBF16;
+    float* master_out = nullptr;
     AdamWCoeffs coeffs;
     int64_t source_offset = -1;
     bool has_grad() const { return grad.data != nullptr || source_offset >= 0; }

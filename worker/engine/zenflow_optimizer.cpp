@@ -171,6 +171,15 @@ struct ZenFlowOptimizer::Impl {
   int stream_slot = 0;
   // The param_out buffer a window's host step writes: one per parity, or the one.
   int out_index(int parity) const { return streaming ? 0 : parity; }
+  // Host steps write a copy of their result into param_out: low-precision weights, and
+  // fp32 weights with a streaming backend where the worker holds a packed fp32 copy of
+  // its columns anyway (the H2D source on CUDA, the all-gather's with several ranks):
+  // param_out[0] is that copy, and the master comes back into it with the step, during
+  // the next window, instead of being read from the nodes at the boundary. (One rank on
+  // the CPU device reads it at the boundary and holds no copy.)
+  bool out_copy() const {
+    return split_dtype != at::kFloat || (streaming && (partitioned() || device.is_cuda()));
+  }
   // Transfers: dedicated copy streams on CUDA, plain copies on the CPU. Device-side
   // staging (CUDA only) lets the D2H of step t overlap step t+1's compute.
   std::unique_ptr<DeviceStreams> streams;
@@ -483,16 +492,15 @@ struct ZenFlowOptimizer::Impl {
           ring[b] = streams->alloc_host({capacity}, split_dtype);
           last_grad[b] = streams->alloc_host({capacity}, split_dtype);
         }
-        if (split_dtype != at::kFloat && (b == 0 || !streaming))
-          param_out[b] = streams->alloc_host({capacity}, split_dtype);
+        if (out_copy() && (b == 0 || !streaming)) param_out[b] = streams->alloc_host({capacity}, split_dtype);
         // Device-side staging: the all-rank layout (the reduce-scatter's input with W > 1;
         // what a streaming backend reads with one rank).
         if (device.is_cuda() || (partitioned() && b == 0) || (streaming && !partitioned()))
           dev_stage[b] = at::empty({capacity_all}, at::TensorOptions().dtype(split_dtype).device(device));
       }
       if (device.is_cuda()) dev_h2d = at::empty({capacity}, at::TensorOptions().dtype(split_dtype).device(device));
-      // Streaming with low-precision weights packs the master into the one param_out.
-      if ((partitioned() && !(streaming && split_dtype != at::kFloat)) || (device.is_cuda() && split_dtype == at::kFloat))
+      // Streaming packs the master (after a restore) into the one param_out.
+      if (!(streaming && out_copy()) && (partitioned() || (device.is_cuda() && split_dtype == at::kFloat)))
         pack_out = streams->alloc_host({capacity}, split_dtype);
       // The host owns every column until the first selection (warm-up = offload).
       for (auto& s : split) {
@@ -645,8 +653,8 @@ struct ZenFlowOptimizer::Impl {
 
   // --- H2D: updated host-owned columns back into the device weights ---
   // The buffer a host result is copied from: param_out[out_buffer] holds the host step's
-  // low-precision output; -1 is the fp32 master (fp32 weights, or after a restore).
-  int result_buffer(int out_buffer) const { return split_dtype != at::kFloat && out_buffer >= 0 ? out_buffer : -1; }
+  // output (out_copy()); -1 is the fp32 master (fp32 weights in-process, or after a restore).
+  int result_buffer(int out_buffer) const { return out_copy() && out_buffer >= 0 ? out_buffer : -1; }
 
   // CUDA: starts the H2D of a host result (result_buffer's numbering) into dev_h2d, on the
   // copy stream; the apply that follows makes the compute stream wait for it.
@@ -766,7 +774,9 @@ struct ZenFlowOptimizer::Impl {
       } else if (last.defined()) {
         sp.grad = grad_ref(last, s.local_offset);
       }  // else: the accumulator alone
-      if (split_dtype != at::kFloat) {
+      if (split_dtype == at::kFloat && out_copy()) {
+        sp.master_out = param_out[out_buffer].data_ptr<float>() + s.local_offset;
+      } else if (split_dtype != at::kFloat) {
         sp.half_out = reinterpret_cast<uint16_t*>(param_out[out_buffer].data_ptr()) + s.local_offset;
         sp.half_kind = split_dtype == at::kBFloat16 ? HalfKind::kBF16 : HalfKind::kFP16;
       }
@@ -816,7 +826,7 @@ struct ZenFlowOptimizer::Impl {
     for (auto& f : slot_fixes) {
       SplitParam& sp = split[f.split_index];
       for (int i = 0; i < 3; ++i) host_scatter(kStateBufs[i], sp, f.slots, f.state[i], batch);
-      if (buf >= 0 && split_dtype != at::kFloat)
+      if (buf >= 0 && out_copy())
         device_ops::scatter_columns(own_view(param_out[buf], sp), f.slots, f.weights);
     }
     scatter(batch);
@@ -989,7 +999,8 @@ struct ZenFlowOptimizer::Impl {
           f.split_index = static_cast<size_t>(&s - split.data());
           f.slots = sidx;
           for (int i = 0; i < 3; ++i) f.state[i] = leave_state[i];
-          if (split_dtype != at::kFloat) f.weights = s.w2d.index_select(1, index_tensor(leaving_own, device)).to(at::kCPU).contiguous();
+          if (out_copy())
+            f.weights = s.w2d.index_select(1, index_tensor(leaving_own, device)).to(at::kCPU).contiguous();
           slot_fixes.push_back(std::move(f));
         } else {
           ColumnBatch batch;
@@ -1087,7 +1098,7 @@ struct ZenFlowOptimizer::Impl {
       for (size_t i = 0; i < split.size(); ++i)
         if (!plan->fresh[i].empty()) migrate(split[i], plan->fresh[i], plan->ready[i], in_flight && slot_for_slot);
       relayout();
-      if (in_flight && !slot_for_slot && split_dtype != at::kFloat) repack_param_out(inflight->buffer, old_cols, old_offset);
+      if (in_flight && !slot_for_slot && out_copy()) repack_param_out(inflight->buffer, old_cols, old_offset);
       ++reselections;
     }
     steps_since_selection = 0;

@@ -148,8 +148,9 @@ class Session : public std::enable_shared_from_this<Session> {
     uint64_t seq = 0;
     std::shared_ptr<engine::HostWork> work;
     std::shared_ptr<Op> op;
-    std::shared_ptr<char> half;                   // STEP: low-precision output, spans packed (uint16)
-    std::vector<uint64_t> half_at;                // STEP: each span's element offset in `half`
+    std::shared_ptr<char> out;     // STEP: the spans' outputs, packed
+    std::vector<uint64_t> out_at;  // STEP: each span's element offset in `out`
+    size_t out_bytes = 0;          // STEP: bytes per output element (0: none)
   };
   struct CompletionQueue {
     std::deque<Completion> q;
@@ -542,23 +543,26 @@ void Session::run_op(const std::shared_ptr<Op>& op) {
     engine::StepJob job;
     job.acc = h.aux == 0 ? -1 : static_cast<int>(h.aux) - 1;
     job.grad_scale = h.scale;
-    Completion c{h.seq, nullptr, op, nullptr, {}};
-    uint64_t half_n = 0;
-    for (const auto& sp : op->desc.spans) {
-      c.half_at.push_back(half_n);
-      if (sp.half_kind != 0) half_n += sp.n;
+    Completion c{h.seq, nullptr, op, nullptr, {}, 0};
+    uint64_t out_n = 0;
+    for (const auto& sp : op->desc.spans) {  // one element size per step (decode_op)
+      c.out_at.push_back(out_n);
+      if (sp.out_kind != transport::kOutNone) out_n += sp.n;
+      c.out_bytes = std::max(c.out_bytes, transport::out_kind_bytes(sp.out_kind));
     }
-    c.half = pool_->take(half_n * sizeof(uint16_t));
-    uint16_t* const half = reinterpret_cast<uint16_t*>(c.half.get());
+    c.out = pool_->take(out_n * c.out_bytes);  // never null: it marks a step's completion
     for (size_t i = 0; i < op->desc.spans.size(); ++i) {
       const auto& sp = op->desc.spans[i];
       engine::StepJob::Span s;
       s.offset = static_cast<int64_t>(sp.offset);
       s.n = static_cast<int64_t>(sp.n);
       if (sp.grad_type != transport::kGradNone) s.grad = grad_of(i);
-      if (sp.half_kind != 0) {
-        s.half_out = half + c.half_at[i];
-        s.half_kind = static_cast<engine::HalfKind>(sp.half_kind - 1);
+      char* const out = c.out.get() + c.out_at[i] * c.out_bytes;
+      if (sp.out_kind == transport::kOutMaster) {
+        s.master_out = reinterpret_cast<float*>(out);
+      } else if (sp.out_kind != transport::kOutNone) {
+        s.half_out = reinterpret_cast<uint16_t*>(out);
+        s.half_kind = static_cast<engine::HalfKind>(sp.out_kind - 1);
       }
       s.coeffs = sp.coeffs;
       job.spans.push_back(s);
@@ -659,15 +663,16 @@ void Session::run_completions(CompletionQueue& cq) {
     const float seconds = static_cast<float>(c.work->run_seconds());
     if (node_.opt.on_step && seconds >= 0) node_.opt.on_step(seconds);
     std::vector<std::pair<const char*, uint64_t>> parts;
-    if (c.half) {
+    if (c.out) {
       for (size_t i = 0; i < c.op->desc.spans.size(); ++i) {
         const auto& sp = c.op->desc.spans[i];
         // PARAMS messages name their span; spans without output send nothing.
-        parts.emplace_back(c.half.get() + c.half_at[i] * sizeof(uint16_t), sp.half_kind ? sp.n : 0);
+        parts.emplace_back(c.out.get() + c.out_at[i] * c.out_bytes,
+                           sp.out_kind != transport::kOutNone ? sp.n : 0);
       }
     }
-    send_reply(MsgType::kParams, c.seq, parts, 2, c.half, seconds);
-    if (c.half) node_.fault_point("between", std::chrono::milliseconds(100));  // a window step's DONE
+    send_reply(MsgType::kParams, c.seq, parts, c.out_bytes != 0 ? c.out_bytes : 2, c.out, seconds);
+    if (c.out) node_.fault_point("between", std::chrono::milliseconds(100));  // a window step's DONE
   }
 }
 

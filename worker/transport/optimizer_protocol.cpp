@@ -152,6 +152,20 @@ Welcome decode_welcome(const void* data, size_t len) {
   return x;
 }
 
+size_t out_kind_bytes(uint32_t kind) {
+  switch (kind) {
+    case kOutNone:
+      return 0;
+    case 1 + static_cast<uint32_t>(engine::HalfKind::kBF16):
+    case 1 + static_cast<uint32_t>(engine::HalfKind::kFP16):
+      return 2;
+    case kOutMaster:
+      return 4;
+    default:
+      throw WireError("wire: output kind " + std::to_string(kind));
+  }
+}
+
 std::string encode_op(const OpDesc& d, bool step) {
   Writer w;
   w.u64(d.spans.size());
@@ -160,7 +174,7 @@ std::string encode_op(const OpDesc& d, bool step) {
     w.u64(s.n);
     w.u32(s.grad_type);
     if (step) {
-      w.u32(s.half_kind);
+      w.u32(s.out_kind);
       const engine::AdamWCoeffs& c = s.coeffs;
       for (float f : {c.beta1, c.beta2, c.one_minus_beta1, c.one_minus_beta2, c.decay, c.step_size, c.inv_sqrt_bc2, c.eps})
         w.f32(f);
@@ -177,6 +191,7 @@ OpDesc decode_op(const void* data, size_t len, bool step, uint64_t elements) {
   const size_t per = step ? 8 + 8 + 4 + 4 + 32 : 8 + 8 + 4;
   if (n * per != len - 8) r.fail(std::to_string(n) + " spans need " + std::to_string(8 + n * per) + " bytes, got " + std::to_string(len));
   d.spans.resize(n);
+  size_t out_bytes = 0;  // of the step's outputs
   for (OpSpan& s : d.spans) {
     s.offset = r.u64("span offset");
     s.n = r.u64("span length");
@@ -185,8 +200,13 @@ OpDesc decode_op(const void* data, size_t len, bool step, uint64_t elements) {
     if (s.grad_type != kGradNone) grad_type_bytes(s.grad_type);
     else if (!step) r.fail("an accumulate span without a gradient");
     if (step) {
-      s.half_kind = r.u32("half kind");
-      if (s.half_kind > 2) r.fail("half kind " + std::to_string(s.half_kind));
+      s.out_kind = r.u32("output kind");
+      if (s.out_kind > kOutMaster) r.fail("output kind " + std::to_string(s.out_kind));
+      const size_t bytes = out_kind_bytes(s.out_kind);
+      if (bytes != 0 && out_bytes != 0 && bytes != out_bytes)
+        r.fail("outputs of " + std::to_string(out_bytes) + " and " + std::to_string(bytes) +
+               " bytes in one step");
+      if (bytes != 0) out_bytes = bytes;
       engine::AdamWCoeffs& c = s.coeffs;
       for (float* f : {&c.beta1, &c.beta2, &c.one_minus_beta1, &c.one_minus_beta2, &c.decay, &c.step_size, &c.inv_sqrt_bc2, &c.eps})
         *f = r.f32("coefficient");

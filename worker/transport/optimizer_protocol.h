@@ -7,7 +7,7 @@
 // the in-process backend has: accumulates may overtake a running step. Messages:
 //   HELLO{Hello} -> WELCOME{Welcome} | ERROR
 //   ACCUMULATE{OpDesc} + GRAD per span chunk        -> DONE
-//   STEP{OpDesc} + GRAD per span chunk with a grad   -> PARAMS per span chunk with half output, DONE
+//   STEP{OpDesc} + GRAD per span chunk with a grad   -> PARAMS per span chunk with an output, DONE
 //   STATE_READ{StateDesc}                             -> DATA chunks, DONE
 //   STATE_WRITE{StateDesc} + DATA chunks              -> DONE
 //   PING -> PONG;  BYE
@@ -29,6 +29,15 @@
 namespace zenflow::transport {
 
 constexpr uint32_t kGradNone = 0xffffffffu;  // OpSpan::grad_type: the span has no gradient data
+
+// OpSpan::out_kind: a step span's output, sent back in PARAMS as the step completes:
+// none, the updated master in low precision (1 + engine::HalfKind: bf16, fp16), or the
+// updated master itself (fp32 weights). The spans of one STEP with an output all have
+// outputs of one element size (decode_op checks it).
+constexpr uint32_t kOutNone = 0;
+constexpr uint32_t kOutMaster = 3;
+// Bytes per element of an output kind (0 for none); throws WireError for an unknown one.
+size_t out_kind_bytes(uint32_t kind);
 
 struct Hello {
   std::string token;   // the job's optimizer-node token (compared in constant time)
@@ -55,7 +64,7 @@ struct OpSpan {
   uint64_t offset = 0;  // into the session's arrays
   uint64_t n = 0;
   uint32_t grad_type = kGradNone;  // engine::GradRef::Type, or kGradNone
-  uint32_t half_kind = 0;          // 0: no low-precision output; 1 + engine::HalfKind
+  uint32_t out_kind = kOutNone;    // steps only: what PARAMS carry back for the span
   engine::AdamWCoeffs coeffs;      // steps only
 };
 

@@ -206,6 +206,15 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
   }
 
   std::shared_ptr<engine::HostWork> submit(engine::StepJob job) override {
+    size_t out_bytes = 0;  // of the outputs (PARAMS elements), one size per job
+    for (const auto& s : job.spans) {
+      if (s.half_out && s.master_out)
+        throw std::invalid_argument("remote host step: a span with two outputs");
+      const size_t bytes = s.master_out ? sizeof(float) : s.half_out ? sizeof(uint16_t) : 0;
+      if (bytes != 0 && out_bytes != 0 && bytes != out_bytes)
+        throw std::invalid_argument("remote host step: fp32 and low-precision outputs in one job");
+      if (bytes != 0) out_bytes = bytes;
+    }
     auto work = start_work();
     std::vector<std::vector<Message>> per(nodes_.size());
     std::vector<std::vector<std::pair<char*, uint64_t>>> targets(nodes_.size());
@@ -217,11 +226,13 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
       o.offset = static_cast<uint64_t>(s.offset - nodes_[k]->begin);
       o.n = static_cast<uint64_t>(s.n);
       o.grad_type = s.has_grad() ? static_cast<uint32_t>(s.grad.type) : kGradNone;
-      o.half_kind = s.half_out ? 1 + static_cast<uint32_t>(s.half_kind) : 0;
+      o.out_kind = s.master_out ? kOutMaster : s.half_out ? 1 + static_cast<uint32_t>(s.half_kind) : kOutNone;
       o.coeffs = s.coeffs;
       descs[k].spans.push_back(o);
       spans[k].push_back(&s);
-      targets[k].emplace_back(reinterpret_cast<char*>(s.half_out), s.half_out ? o.n : 0);
+      char* const out =
+          s.master_out ? reinterpret_cast<char*>(s.master_out) : reinterpret_cast<char*>(s.half_out);
+      targets[k].emplace_back(out, out ? o.n : 0);
     }
     for (size_t k = 0; k < nodes_.size(); ++k) {
       if (descs[k].spans.empty()) continue;
@@ -237,7 +248,7 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
                           static_cast<uint64_t>(spans[k][i]->n), grad_type_bytes(descs[k].spans[i].grad_type));
     }
     job.source.reset();
-    post(work, std::move(job.before), std::move(per), std::move(targets), 2);
+    post(work, std::move(job.before), std::move(per), std::move(targets), out_bytes == 0 ? 2 : out_bytes);
     return work;
   }
 

@@ -18,7 +18,8 @@ namespace zenflow::transport {
 constexpr uint32_t kWireMagic = 0x504f465au;  // "ZFOP" little-endian
 // 2: STATE descriptors gained mode 2 (a node-side re-pack); ends of different versions
 // refuse each other at the first message instead of failing at a re-selection.
-constexpr uint16_t kWireVersion = 2;
+// 3: a step span's output may be the fp32 master (OpSpan::out_kind kOutMaster).
+constexpr uint16_t kWireVersion = 3;
 constexpr size_t kWireHeaderBytes = 64;
 
 enum class MsgType : uint16_t {
@@ -28,7 +29,7 @@ enum class MsgType : uint16_t {
   kAccumulate = 4,   // W->N: an accumulate op (payload: op descriptor)
   kStep = 5,         // W->N: a step op (payload: op descriptor)
   kGrad = 6,         // W->N: gradient data for op `seq`: span `aux`, elements [offset, offset + count)
-  kParams = 7,       // N->W: low-precision output of step `seq`: span `aux`, [offset, offset + count)
+  kParams = 7,       // N->W: output of step `seq` (OpSpan::out_kind): span `aux`, [offset, offset + count)
   kDone = 8,         // N->W: op `seq` completed; scale = seconds it ran (negative: unknown)
   kStateRead = 9,    // W->N: read a state range or columns (payload: state descriptor)
   kStateWrite = 10,  // W->N: write a state range or columns (payload: descriptor, then kData)
