@@ -792,6 +792,45 @@ TEST(OptimizerNode, AStepSendsItsUpdatedMasterBack) {
   EXPECT_EQ(after, masters[1]) << "the refused job ran";
 }
 
+// Reads started together (start_read: the engine's boundary apply with one rank and fp32
+// weights) all land, waited for in any order, on a node as in-process; a read outside the
+// state throws from start_read or its wait, and the reads started before it still land.
+TEST(OptimizerNode, StartedReadsLandWhateverOrderTheyAreWaitedIn) {
+  using zenflow::engine::HostBuf;
+  use_tls("tcp");
+  const int64_t n = 5000;
+  const zenflow::engine::HostStateLayout l = layout_of(3 * n);
+  auto remote_backend =
+      zenflow::transport::make_remote_host_optimizer(remote({shared_nodes("tcp")[0]}, "start-read"), l);
+  zenflow::engine::InProcessHostOptions in_opts;
+  auto local_backend = zenflow::engine::make_in_process_host_optimizer(in_opts, l);
+  std::vector<float> init(static_cast<size_t>(3 * n));
+  for (size_t i = 0; i < init.size(); ++i) init[i] = static_cast<float>(i) * 0.125f - 3.0f;
+  for (auto* b : {local_backend.get(), remote_backend.get()}) {
+    const std::string which = b == local_backend.get() ? "in-process" : "node";
+    b->write(HostBuf::kV, 0, 3 * n, init.data());
+    std::vector<std::vector<float>> got(3, std::vector<float>(static_cast<size_t>(n), -1.0f));
+    std::vector<std::shared_ptr<zenflow::engine::HostWork>> works;
+    for (int64_t k = 0; k < 3; ++k) works.push_back(b->start_read(HostBuf::kV, k * n, n, got[k].data()));
+    for (int64_t k = 2; k >= 0; --k) {
+      works[k]->wait();
+      EXPECT_EQ(got[k], std::vector<float>(init.begin() + k * n, init.begin() + (k + 1) * n))
+          << which << " " << k;
+    }
+    std::vector<float> first(static_cast<size_t>(n), -1.0f), bad(static_cast<size_t>(n));
+    auto ok = b->start_read(HostBuf::kV, 0, n, first.data());
+    try {
+      b->start_read(HostBuf::kV, 2 * n + 1, n, bad.data())->wait();
+      FAIL() << which << ": a read past the state was accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("[10001, +5000)"), std::string::npos) << which << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("15000"), std::string::npos) << which << ": " << e.what();
+    }
+    ok->wait();
+    EXPECT_EQ(first, std::vector<float>(init.begin(), init.begin() + n)) << which;
+  }
+}
+
 TEST(OptimizerNode, SlicesCutAtSegmentsAndBalance) {
   zenflow::engine::HostStateLayout l = layout_of(100);
   l.segments = {0, 10, 30, 55, 80};

@@ -326,6 +326,13 @@ class InProcessHostOptimizer : public HostOptimizer {
 
 }  // namespace
 
+std::shared_ptr<HostWork> HostOptimizer::start_read(HostBuf b, int64_t offset, int64_t n, float* dst) {
+  auto done = std::make_shared<Completion>();
+  read(b, offset, n, dst);
+  done->finish(nullptr);
+  return done;
+}
+
 const char* host_buf_name(HostBuf b) {
   switch (b) {
     case HostBuf::kMaster: return "master";

@@ -176,6 +176,11 @@ class HostOptimizer {
   // Errors (a remote node lost) are thrown as std::runtime_error naming the backend.
   virtual void read(HostBuf b, int64_t offset, int64_t n, float* dst) = 0;
   virtual void write(HostBuf b, int64_t offset, int64_t n, const float* src) = 0;
+  // read(), started: dst holds the data once the returned work's wait() has returned (it
+  // throws what read() would), and the caller keeps dst alive until then, even after an
+  // error. A remote backend posts it and returns, so that reads started together overlap
+  // each other and the caller's work; the base class reads at once.
+  virtual std::shared_ptr<HostWork> start_read(HostBuf b, int64_t offset, int64_t n, float* dst);
   // Columns of host matrices (ColumnBlock), gathered into or scattered from each block's
   // data. A remote backend sends every block before it waits for any, so that a
   // re-selection's moves cost one round trip, not one per matrix and array; it returns

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <map>
 #include <numeric>
 #include <sstream>
@@ -694,7 +695,9 @@ struct ZenFlowOptimizer::Impl {
       return;
     }
     ClockSpan span = clock_span();
-    if (!device.is_cuda()) {
+    if (!device.is_cuda() && buffer < 0 && !host->local_data(HostBuf::kMaster)) {
+      apply_remote_master();
+    } else if (!device.is_cuda()) {
       for (auto& s : split) {
         if (s.n_own() == 0) continue;
         device_ops::scatter_columns(s.w2d, s.own().idx,
@@ -707,6 +710,49 @@ struct ZenFlowOptimizer::Impl {
         if (s.n_own() > 0) device_ops::scatter_columns(s.w2d, s.own().idx, own_view(dev_h2d, s));
     }
     span.end(TimeKind::kStall, StallCause::kTransferH2D);
+  }
+
+  // The CPU device's weights from a master on other machines (one rank, fp32 weights: no
+  // packed copy, out_copy()): each matrix's host-owned columns are read into a temporary
+  // and scattered into the weights as they land, with up to kApplyReadBytes of reads in
+  // flight, so the nodes' copies and the network overlap the scatters and the round trips
+  // overlap each other (a read per matrix, one at a time, was the boundary's cost).
+  static constexpr int64_t kApplyReadBytes = 64 << 20;
+  void apply_remote_master() {
+    struct Read {
+      const SplitParam* s;
+      at::Tensor t;
+      std::shared_ptr<HostWork> work;
+    };
+    std::deque<Read> reads;
+    int64_t in_flight = 0;
+    auto apply_oldest = [&] {
+      const Read r = std::move(reads.front());
+      reads.pop_front();
+      in_flight -= static_cast<int64_t>(r.t.nbytes());
+      r.work->wait();
+      device_ops::scatter_columns(r.s->w2d, r.s->own().idx, r.t);
+    };
+    try {
+      for (const auto& s : split) {
+        if (s.n_own() == 0) continue;
+        const int64_t bytes = s.out * s.n_own() * static_cast<int64_t>(sizeof(float));
+        while (!reads.empty() && in_flight + bytes > kApplyReadBytes) apply_oldest();
+        at::Tensor t = at::empty({s.out, s.n_own()}, at::kFloat);
+        reads.push_back(
+            {&s, t, host->start_read(HostBuf::kMaster, s.host_offset, t.numel(), t.data_ptr<float>())});
+        in_flight += bytes;
+      }
+      while (!reads.empty()) apply_oldest();
+    } catch (...) {
+      for (const Read& r : reads) {  // their targets stay alive until no node writes them
+        try {
+          r.work->wait();
+        } catch (...) {
+        }
+      }
+      throw;
+    }
   }
 
   // The host result to copy, packed in pinned memory: param_out[out_buffer] (the host

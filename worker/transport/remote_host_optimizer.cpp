@@ -268,10 +268,14 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
   }
 
   void read(engine::HostBuf b, int64_t offset, int64_t n, float* dst) override {
+    start_read(b, offset, n, dst)->wait();
+  }
+  std::shared_ptr<engine::HostWork> start_read(engine::HostBuf b, int64_t offset, int64_t n,
+                                               float* dst) override {
     StateDesc d;
     d.offset = static_cast<uint64_t>(offset);
     d.n = static_cast<uint64_t>(n);
-    transfer(MsgType::kStateRead, b, offset, n, d, reinterpret_cast<char*>(dst), nullptr);
+    return start_transfer(MsgType::kStateRead, b, offset, n, d, reinterpret_cast<char*>(dst), nullptr);
   }
   void write(engine::HostBuf b, int64_t offset, int64_t n, const float* src) override {
     StateDesc d;
