@@ -18,10 +18,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <set>
 #include <sstream>
@@ -32,10 +35,12 @@
 #include "tests/support/process.h"
 #include "tests/support/thread_collectives.h"
 #include "worker/checkpoint.h"
+#include "worker/engine/host_isa.h"
 #include "worker/engine/host_thread_pool.h"
 #include "worker/engine/zenflow_optimizer.h"
 #include "worker/transport/optimizer_protocol.h"
 #include "worker/transport/remote_host_optimizer.h"
+#include "worker/transport/transport.h"
 
 namespace {
 
@@ -791,6 +796,275 @@ TEST(OptimizerNode, AStepSendsItsUpdatedMasterBack) {
   remote_backend->read(HostBuf::kMaster, 0, 2 * n, after.data());
   EXPECT_EQ(after, masters[1]) << "the refused job ran";
 }
+
+// StepJob::after_chunk (what a node streams its PARAMS from): the in-process backend
+// reports each chunk of a step in order, covering every element once, and when it does,
+// the outputs of every element up to the chunk's end are final and none after it is
+// written yet. A callback that throws fails the job; the remote backend refuses one.
+TEST(OptimizerNode, InProcessStepsReportEachChunkOnceItsOutputsAreWritten) {
+  const int64_t total = 10000;
+  const int64_t spans[3][2] = {{0, 3000}, {3000, 1500}, {4500, 5500}};  // the middle one has no output
+  zenflow::engine::InProcessHostOptions o;
+  o.chunk_elements = 2048;  // 5 chunks, two of them across span boundaries
+  const zenflow::engine::HostStateLayout l = layout_of(total);
+  std::vector<float> grad(static_cast<size_t>(total));
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = 0.003f * static_cast<float>(i % 29) - 0.04f;
+  const uint16_t kUnwritten = 0xffff;  // a NaN: AdamW never writes it
+  auto job = [&](std::vector<uint16_t>& out) {
+    out.assign(static_cast<size_t>(total), kUnwritten);
+    zenflow::engine::StepJob j;
+    zenflow::engine::AdamWParams p;
+    p.lr = 1e-2f;
+    for (const auto& sp : spans) {
+      zenflow::engine::StepJob::Span s;
+      s.offset = sp[0];
+      s.n = sp[1];
+      s.grad = zenflow::engine::GradRef::f32(grad.data() + sp[0]);
+      s.coeffs = zenflow::engine::AdamWCoeffs::make(p, 1);
+      if (sp[0] != 3000) s.half_out = out.data() + sp[0];  // flat order = array order here
+      j.spans.push_back(s);
+    }
+    return j;
+  };
+  std::vector<uint16_t> expected, out;
+  zenflow::engine::make_in_process_host_optimizer(o, l)->submit(job(expected))->wait();
+  for (int64_t i = 3000; i < 4500; ++i) ASSERT_EQ(expected[static_cast<size_t>(i)], kUnwritten);
+  ASSERT_EQ(std::count(expected.begin(), expected.end(), kUnwritten), 1500)
+      << "the reference step wrote nothing";
+
+  auto backend = zenflow::engine::make_in_process_host_optimizer(o, l);
+  zenflow::engine::StepJob j = job(out);
+  std::vector<std::pair<int64_t, int64_t>> seen;
+  std::vector<std::string> wrong;
+  j.after_chunk = [&](int64_t lo, int64_t hi) {
+    seen.emplace_back(lo, hi);
+    for (int64_t i = 0; i < total; ++i) {
+      const bool done = i < hi;
+      const uint16_t want = done ? expected[static_cast<size_t>(i)] : kUnwritten;
+      if (out[static_cast<size_t>(i)] != want) {
+        wrong.push_back("at chunk [" + std::to_string(lo) + ", " + std::to_string(hi) + "), element " +
+                        std::to_string(i) + (done ? " is not final" : " is written already"));
+        return;
+      }
+    }
+  };
+  backend->submit(std::move(j))->wait();
+  EXPECT_TRUE(wrong.empty()) << wrong.front();
+  const std::vector<std::pair<int64_t, int64_t>> chunks = {
+      {0, 2048}, {2048, 4096}, {4096, 6144}, {6144, 8192}, {8192, 10000}};
+  EXPECT_EQ(seen, chunks);
+  EXPECT_EQ(out, expected);
+
+  zenflow::engine::StepJob failing = job(out);
+  int calls = 0;
+  failing.after_chunk = [&](int64_t, int64_t hi) {
+    if (++calls == 2) throw std::runtime_error("the stream's channel is gone at " + std::to_string(hi));
+  };
+  try {
+    backend->submit(std::move(failing))->wait();
+    FAIL() << "a step whose after_chunk threw succeeded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()), "the stream's channel is gone at 4096");
+  }
+  EXPECT_EQ(calls, 2) << "the step went on after its callback threw";
+
+  use_tls("tcp");
+  auto remote_backend =
+      zenflow::transport::make_remote_host_optimizer(remote({shared_nodes("tcp")[0]}, "after-chunk"), l);
+  zenflow::engine::StepJob refused = job(out);
+  refused.after_chunk = [](int64_t, int64_t) {};
+  try {
+    remote_backend->submit(std::move(refused));
+    FAIL() << "the remote backend took a job with after_chunk";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("after_chunk"), std::string::npos) << e.what();
+  }
+}
+
+// A node streams a window step's PARAMS back as its chunks finish, not after the whole
+// step (reference/ucx-optimizer-nodes.md, 4.7): a raw session whose step spans eight of the
+// node's 1M-element chunks (spans across chunk boundaries, one without an output) gets
+// PARAMS before the step's COMPUTED, in several flushes, every output equal to the
+// in-process backend's and every element sent exactly once; then DONE counts the bytes.
+class StreamedStep : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(StreamedStep, AWindowStepStreamsItsParamsWhileItRuns) {
+  namespace tr = zenflow::transport;
+  const std::string tls = GetParam();
+  use_tls(tls);
+  const uint64_t total = 8u << 20;
+  const uint64_t spans[3][2] = {{0, 2500000}, {2500000, 700000}, {3200000, total - 3200000}};
+  std::vector<uint16_t> grad(total);
+  for (size_t i = 0; i < grad.size(); ++i)
+    grad[i] = zenflow::engine::float_to_bf16(0.002f * static_cast<float>(i % 31) - 0.03f);
+  zenflow::engine::AdamWParams p;
+  p.lr = 1e-3f;
+  p.weight_decay = 0.1f;
+
+  // The reference: the same step in-process, from the same (zero) state.
+  std::vector<uint16_t> expected(total, 0);
+  {
+    zenflow::engine::InProcessHostOptions o;
+    auto local = zenflow::engine::make_in_process_host_optimizer(o, layout_of(static_cast<int64_t>(total)));
+    zenflow::engine::StepJob j;
+    for (const auto& sp : spans) {
+      zenflow::engine::StepJob::Span s;
+      s.offset = static_cast<int64_t>(sp[0]);
+      s.n = static_cast<int64_t>(sp[1]);
+      s.grad = zenflow::engine::GradRef::bf16(grad.data() + sp[0]);
+      s.coeffs = zenflow::engine::AdamWCoeffs::make(p, 1);
+      if (sp[0] != 2500000) s.half_out = expected.data() + sp[0];
+      j.spans.push_back(s);
+    }
+    local->submit(std::move(j))->wait();
+  }
+
+  Node node(tls, "stream-" + tls);
+  auto transport = tr::Transport::create({});
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::pair<tr::MsgType, uint64_t>> arrivals;  // type, op
+  std::vector<uint16_t> got(total, 0);
+  std::vector<uint8_t> times_sent(total, 0);
+  uint64_t done_count = 0, params_bytes = 0;
+  bool welcomed = false;
+  int dones = 0;
+  std::string error;
+  tr::ChannelHandler h;
+  h.on_message = [&](const void* header, size_t hlen, void* data, size_t len) {
+    std::lock_guard<std::mutex> lock(mu);
+    try {
+      const tr::WireHeader w = tr::decode(header, hlen, len, {}, data);
+      arrivals.emplace_back(w.type, w.seq);
+      if (w.type == tr::MsgType::kWelcome) welcomed = true;
+      if (w.type == tr::MsgType::kError) error = std::string(static_cast<char*>(data), len);
+      if (w.type == tr::MsgType::kDone) {
+        ++dones;
+        if (w.seq == 1) done_count = w.count;
+      }
+      if (w.type == tr::MsgType::kParams) {
+        if (w.aux >= 3 || w.offset + w.count > spans[w.aux][1] || len != w.count * 2)
+          throw std::runtime_error("PARAMS outside the step's spans");
+        const uint64_t at = spans[w.aux][0] + w.offset;  // span aux's element offset
+        std::memcpy(got.data() + at, data, len);
+        for (uint64_t i = at; i < at + w.count; ++i) ++times_sent[i];
+        params_bytes += len;
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    cv.notify_all();
+  };
+  h.on_error = [&](const std::string& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    error = "channel: " + e;
+    cv.notify_all();
+  };
+  const auto [host, port] = tr::parse_address(node.address());
+  std::shared_ptr<tr::Channel> ch = transport->connect(host, port, h);
+  std::vector<std::shared_ptr<std::string>> keep;
+  auto send = [&](tr::WireHeader w, const void* data, size_t len) {
+    w.payload_bytes = static_cast<uint32_t>(len);
+    unsigned char buf[tr::kWireHeaderBytes];
+    tr::encode(w, buf);
+    ch->send(buf, sizeof buf, data, len, {});
+  };
+  auto send_body = [&](tr::WireHeader w, std::string body) {
+    keep.push_back(std::make_shared<std::string>(std::move(body)));
+    send(w, keep.back()->data(), keep.back()->size());
+  };
+  tr::Hello hello;
+  hello.token = kToken;
+  hello.job = "stream";
+  hello.elements = total;
+  hello.chunk_bytes = 1u << 20;  // flushes of >= 1 MiB: one per 1M-element chunk of bf16 outputs
+  hello.huge_pages = 0;
+  hello.host_isa = zenflow::engine::host_isa_name(zenflow::engine::active_host_isa());
+  send_body(tr::make_header(tr::MsgType::kHello, 1, 0), tr::encode_hello(hello));
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(20), [&] { return welcomed || !error.empty(); }));
+    ASSERT_TRUE(error.empty()) << error;
+  }
+  tr::OpDesc desc;
+  for (const auto& sp : spans) {
+    tr::OpSpan o;
+    o.offset = sp[0];
+    o.n = sp[1];
+    o.grad_type = static_cast<uint32_t>(zenflow::engine::GradRef::Type::kBF16);
+    o.out_kind =
+        sp[0] == 2500000 ? tr::kOutNone : 1 + static_cast<uint32_t>(zenflow::engine::HalfKind::kBF16);
+    o.coeffs = zenflow::engine::AdamWCoeffs::make(p, 1);
+    desc.spans.push_back(o);
+  }
+  tr::WireHeader step = tr::make_header(tr::MsgType::kStep, 1, 0, 1);
+  step.scale = 1.0f;
+  send_body(step, tr::encode_op(desc, true));
+  const uint64_t grad_chunk = 512u << 10;  // elements per GRAD message (1 MiB)
+  for (uint32_t k = 0; k < 3; ++k)
+    for (uint64_t off = 0; off < spans[k][1]; off += grad_chunk) {
+      tr::WireHeader g = tr::make_header(tr::MsgType::kGrad, 1, 0, 1);
+      g.aux = k;
+      g.offset = off;
+      g.count = std::min(grad_chunk, spans[k][1] - off);
+      send(g, grad.data() + spans[k][0] + off, g.count * sizeof(uint16_t));
+    }
+  // The marker: an ACCUMULATE (op 2) whose gradient goes out once the first PARAMS has
+  // landed. Accumulates run between a step's chunks, so its DONE comes before the step's
+  // COMPUTED exactly when that PARAMS left while the step still had chunks to run. Sent
+  // after the whole step, the first PARAMS would come after COMPUTED, and so would the DONE.
+  tr::OpDesc acc_desc;
+  acc_desc.spans.emplace_back();
+  acc_desc.spans.back().n = 64;
+  acc_desc.spans.back().grad_type = static_cast<uint32_t>(zenflow::engine::GradRef::Type::kBF16);
+  tr::WireHeader acc = tr::make_header(tr::MsgType::kAccumulate, 1, 0, 2);
+  acc.aux = static_cast<uint32_t>(zenflow::engine::HostBuf::kAcc0);
+  acc.scale = 1.0f;
+  send_body(acc, tr::encode_op(acc_desc, false));
+  auto landed = [&](tr::MsgType type, uint64_t op) {
+    return std::find(arrivals.begin(), arrivals.end(), std::make_pair(type, op)) != arrivals.end();
+  };
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] {
+      return landed(tr::MsgType::kParams, 1) || !error.empty();
+    })) << "no PARAMS within 60 s";
+    ASSERT_TRUE(error.empty()) << error;
+  }
+  tr::WireHeader acc_grad = tr::make_header(tr::MsgType::kGrad, 1, 0, 2);
+  acc_grad.count = 64;
+  send(acc_grad, grad.data(), 64 * sizeof(uint16_t));
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return dones == 2 || !error.empty(); }))
+        << "no DONE for both ops within 60 s";
+    ASSERT_TRUE(error.empty()) << error;
+  }
+  ch->close(false);
+  const uint64_t out_elems = total - spans[1][1];
+  EXPECT_EQ(done_count, out_elems * 2);
+  EXPECT_EQ(params_bytes, out_elems * 2);
+  const auto at = [&](tr::MsgType type, uint64_t op) {
+    return std::find(arrivals.begin(), arrivals.end(), std::make_pair(type, op)) - arrivals.begin();
+  };
+  EXPECT_LT(at(tr::MsgType::kDone, 2), at(tr::MsgType::kComputed, 1))
+      << "the accumulate sent on the first PARAMS ran after the step: its outputs were not streamed";
+  EXPECT_GE(std::count_if(arrivals.begin(), arrivals.end(),
+                          [](const auto& a) { return a.first == tr::MsgType::kParams; }),
+            8)
+      << "fewer messages than the step's flushes";
+  for (uint64_t i = 0; i < total; ++i) {
+    const bool has_out = i < spans[1][0] || i >= spans[2][0];
+    ASSERT_EQ(times_sent[i], has_out ? 1 : 0)
+        << "element " << i << " was sent " << int(times_sent[i]) << " times";
+    if (has_out) {
+      ASSERT_EQ(got[i], expected[i]) << "element " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(OptimizerNode, StreamedStep, ::testing::Values("tcp", "sm"),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 // Reads started together (start_read: the engine's boundary apply with one rank and fp32
 // weights) all land, waited for in any order, on a node as in-process; a read outside the

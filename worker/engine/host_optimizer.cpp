@@ -286,6 +286,7 @@ class InProcessHostOptimizer : public HostOptimizer {
               std::memcpy(s.master_out + b, part.p, static_cast<size_t>(part.n) * sizeof(float));
           });
         });
+        if (job.after_chunk) job.after_chunk(c0, c1);
         run_pending_accumulates();
       }
       ran = sw.seconds();

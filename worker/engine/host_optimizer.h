@@ -143,6 +143,12 @@ struct StepJob {
   int acc = -1;  // the window accumulator (a HostBuf value), or -1
   float grad_scale = 1.0f;
   std::function<void()> before;
+  // In-process backend only (an optimizer node streams each finished chunk's outputs back
+  // while the rest of the step runs; others refuse a job that sets it): called on the
+  // backend's thread, in order, after each chunk of the step with the finished range
+  // [lo, hi) of the spans' elements laid end to end; every output of those elements is
+  // written. It must not block; an exception it throws fails the job.
+  std::function<void(int64_t lo, int64_t hi)> after_chunk;
 };
 
 // Columns `cols` of the row-major [rows, width] matrix at `offset` of host array `buf`,

@@ -113,6 +113,106 @@ struct Op {
   bool ready() const { return received == bytes; }
 };
 
+// One op's reply: kind (DATA or PARAMS) messages of at most chunk_elems elements each,
+// then DONE{seq, count = bytes sent, scale = seconds} once every one of them has been
+// sent and the reply is closed (send completions come in any order; the worker places
+// each message by span and offset). `keep` holds the memory sent from until then.
+class Reply : public std::enable_shared_from_this<Reply> {
+ public:
+  Reply(std::shared_ptr<Channel> ch, WireHeader proto, MsgType kind, size_t elem_bytes, uint64_t chunk_elems,
+        std::shared_ptr<void> keep)
+      : ch_(std::move(ch)),
+        proto_(proto),
+        kind_(kind),
+        elem_bytes_(elem_bytes),
+        chunk_elems_(std::max<uint64_t>(1, chunk_elems)),
+        keep_(std::move(keep)) {}
+
+  // Elements [offset, offset + n) of reply span `span`, read from `data`. One thread at a
+  // time, before close().
+  void send(uint32_t span, uint64_t offset, const char* data, uint64_t n) {
+    for (uint64_t off = 0; off < n; off += chunk_elems_) {
+      const uint64_t k = std::min(chunk_elems_, n - off);
+      WireHeader m = proto_;
+      m.type = kind_;
+      m.aux = span;
+      m.offset = offset + off;
+      m.count = k;
+      m.payload_bytes = static_cast<uint32_t>(k * elem_bytes_);
+      bytes_ += k * elem_bytes_;
+      ++left_;
+      unsigned char buf[transport::kWireHeaderBytes];
+      transport::encode(m, buf);
+      ch_->send(buf, sizeof buf, data + off * elem_bytes_, k * elem_bytes_,
+                [self = shared_from_this()](bool ok, const std::string&) {
+                  if (ok) self->release();  // a failed send fails the channel: the worker sees on_error
+                });
+    }
+  }
+  // No more sends: DONE leaves once those in flight have completed.
+  void close(float seconds) {
+    seconds_ = seconds;
+    release();
+  }
+
+ private:
+  void release() {
+    if (--left_ != 0) return;
+    WireHeader d = proto_;
+    d.type = MsgType::kDone;
+    d.count = bytes_;
+    d.scale = seconds_;
+    unsigned char buf[transport::kWireHeaderBytes];
+    transport::encode(d, buf);
+    ch_->send(buf, sizeof buf, nullptr, 0, {});
+  }
+
+  std::shared_ptr<Channel> ch_;
+  WireHeader proto_;  // epoch, session and seq
+  MsgType kind_;
+  size_t elem_bytes_;
+  uint64_t chunk_elems_;
+  std::shared_ptr<void> keep_;
+  std::atomic<int64_t> left_{1};  // sends in flight, plus one until close()
+  uint64_t bytes_ = 0;            // written before the sends they count (and close) release
+  float seconds_ = -1;
+};
+
+// A window step's outputs, streamed while the step runs (StepJob::after_chunk, on the
+// host optimizer's thread): the finished elements' outputs leave once at least
+// `flush_bytes` of them are waiting, and the rest with the last chunk, so that the return
+// transfer overlaps the AdamW of the chunks after them instead of following the whole step.
+struct StepStream {
+  std::shared_ptr<Reply> reply;
+  std::vector<uint64_t> starts, sizes;  // each span's first element, end to end, and count
+  std::vector<const char*> out;         // each span's output (null: none)
+  size_t elem_bytes = 0;
+  uint64_t total = 0, flush_bytes = 0;
+  uint64_t sent_to = 0;  // elements [0, sent_to) are sent
+  size_t span = 0;       // the span holding element sent_to
+
+  void finished(int64_t lo, int64_t hi) {
+    (void)lo;  // chunks finish in order: [sent_to, hi) is done
+    const uint64_t done = static_cast<uint64_t>(hi);
+    if (done > total || done < sent_to) throw std::logic_error("a step chunk out of order");
+    if (done < total && waiting_bytes(done) < flush_bytes) return;
+    for (; span < sizes.size() && starts[span] < done; ++span) {
+      const uint64_t b = std::max(sent_to, starts[span]) - starts[span];
+      const uint64_t e = std::min(done, starts[span] + sizes[span]) - starts[span];
+      if (out[span] && e > b) reply->send(static_cast<uint32_t>(span), b, out[span] + b * elem_bytes, e - b);
+      if (starts[span] + sizes[span] > done) break;  // this span goes on in the next chunk
+    }
+    sent_to = done;
+  }
+  // Output bytes of the elements [sent_to, done).
+  uint64_t waiting_bytes(uint64_t done) const {
+    uint64_t n = 0;
+    for (size_t i = span; i < sizes.size() && starts[i] < done; ++i)
+      if (out[i]) n += std::min(done, starts[i] + sizes[i]) - std::max(sent_to, starts[i]);
+    return n * elem_bytes;
+  }
+};
+
 }  // namespace
 
 std::string session_key(const transport::Hello& h) { return h.job + "#" + std::to_string(h.rank); }
@@ -148,9 +248,7 @@ class Session : public std::enable_shared_from_this<Session> {
     uint64_t seq = 0;
     std::shared_ptr<engine::HostWork> work;
     std::shared_ptr<Op> op;
-    std::shared_ptr<char> out;     // STEP: the spans' outputs, packed
-    std::vector<uint64_t> out_at;  // STEP: each span's element offset in `out`
-    size_t out_bytes = 0;          // STEP: bytes per output element (0: none)
+    std::shared_ptr<Reply> reply;  // STEP: its PARAMS, streamed while it runs
   };
   struct CompletionQueue {
     std::deque<Completion> q;
@@ -532,7 +630,7 @@ void Session::run_op(const std::shared_ptr<Op>& op) {
     for (size_t i = 0; i < op->desc.spans.size(); ++i)
       job.spans.push_back({static_cast<int64_t>(op->desc.spans[i].offset), grad_of(i),
                            static_cast<int64_t>(op->desc.spans[i].n)});
-    Completion c{h.seq, local_->submit(std::move(job)), op, nullptr, {}};
+    Completion c{h.seq, local_->submit(std::move(job)), op, nullptr};
     std::lock_guard<std::mutex> lock(mu_);
     acc_done_.q.push_back(std::move(c));
     done_cv_.notify_all();
@@ -543,33 +641,46 @@ void Session::run_op(const std::shared_ptr<Op>& op) {
     engine::StepJob job;
     job.acc = h.aux == 0 ? -1 : static_cast<int>(h.aux) - 1;
     job.grad_scale = h.scale;
-    Completion c{h.seq, nullptr, op, nullptr, {}, 0};
+    auto stream = std::make_shared<StepStream>();
     uint64_t out_n = 0;
     for (const auto& sp : op->desc.spans) {  // one element size per step (decode_op)
-      c.out_at.push_back(out_n);
+      stream->elem_bytes = std::max(stream->elem_bytes, transport::out_kind_bytes(sp.out_kind));
       if (sp.out_kind != transport::kOutNone) out_n += sp.n;
-      c.out_bytes = std::max(c.out_bytes, transport::out_kind_bytes(sp.out_kind));
     }
-    c.out = pool_->take(out_n * c.out_bytes);  // never null: it marks a step's completion
+    const size_t elem_bytes = stream->elem_bytes != 0 ? stream->elem_bytes : 2;
+    std::shared_ptr<char> out = pool_->take(out_n * elem_bytes);
+    stream->reply =
+        std::make_shared<Reply>(ch_, transport::make_header(MsgType::kParams, epoch_, id_, h.seq),
+                                MsgType::kParams, elem_bytes, hello_.chunk_bytes / elem_bytes, out);
+    stream->flush_bytes = hello_.chunk_bytes;
+    uint64_t out_at = 0;
     for (size_t i = 0; i < op->desc.spans.size(); ++i) {
       const auto& sp = op->desc.spans[i];
       engine::StepJob::Span s;
       s.offset = static_cast<int64_t>(sp.offset);
       s.n = static_cast<int64_t>(sp.n);
       if (sp.grad_type != transport::kGradNone) s.grad = grad_of(i);
-      char* const out = c.out.get() + c.out_at[i] * c.out_bytes;
+      char* const o = out.get() + out_at * elem_bytes;
       if (sp.out_kind == transport::kOutMaster) {
-        s.master_out = reinterpret_cast<float*>(out);
+        s.master_out = reinterpret_cast<float*>(o);
       } else if (sp.out_kind != transport::kOutNone) {
-        s.half_out = reinterpret_cast<uint16_t*>(out);
+        s.half_out = reinterpret_cast<uint16_t*>(o);
         s.half_kind = static_cast<engine::HalfKind>(sp.out_kind - 1);
       }
+      // PARAMS messages name their span; spans without output send nothing.
+      stream->starts.push_back(stream->total);
+      stream->sizes.push_back(sp.n);
+      stream->out.push_back(sp.out_kind != transport::kOutNone ? o : nullptr);
+      stream->total += sp.n;
+      if (sp.out_kind != transport::kOutNone) out_at += sp.n;
       s.coeffs = sp.coeffs;
       job.spans.push_back(s);
     }
     if (job.acc < 0)
       for (const auto& s : job.spans)
         if (s.grad.data == nullptr) throw std::runtime_error("a step span with neither gradient nor accumulator");
+    job.after_chunk = [stream](int64_t lo, int64_t hi) { stream->finished(lo, hi); };
+    Completion c{h.seq, nullptr, op, stream->reply};
     c.work = local_->submit(std::move(job));
     std::lock_guard<std::mutex> lock(mu_);
     step_done_.q.push_back(std::move(c));
@@ -607,41 +718,11 @@ void Session::send_reply(MsgType kind, uint64_t seq, const std::vector<std::pair
                          size_t elem_bytes, std::shared_ptr<void> keep, float seconds) {
   // COMPUTED first (eager): from here on, what the worker waits for is the network.
   send(transport::make_header(MsgType::kComputed, epoch_, id_, seq), nullptr, 0);
-  const uint64_t chunk = std::max<uint64_t>(1, hello_.chunk_bytes / elem_bytes);
-  struct Pending {
-    std::atomic<int64_t> left{1};
-    uint64_t bytes = 0;
-  };
-  auto pending = std::make_shared<Pending>();
-  std::weak_ptr<Session> self = weak_from_this();
-  const uint64_t epoch = epoch_;
-  const uint32_t id = id_;
-  std::shared_ptr<Channel> ch = ch_;
-  auto finish = [pending, self, seq, seconds, epoch, id, ch, keep]() {
-    if (--pending->left != 0) return;
-    WireHeader d = transport::make_header(MsgType::kDone, epoch, id, seq);
-    d.count = pending->bytes;
-    d.scale = seconds;
-    unsigned char buf[transport::kWireHeaderBytes];
-    transport::encode(d, buf);
-    ch->send(buf, sizeof buf, nullptr, 0, {});
-  };
-  for (size_t i = 0; i < parts.size(); ++i) {
-    for (uint64_t off = 0; off < parts[i].second; off += chunk) {
-      const uint64_t n = std::min(chunk, parts[i].second - off);
-      WireHeader m = transport::make_header(kind, epoch_, id_, seq);
-      m.aux = static_cast<uint32_t>(i);
-      m.offset = off;
-      m.count = n;
-      m.payload_bytes = static_cast<uint32_t>(n * elem_bytes);
-      pending->bytes += n * elem_bytes;
-      ++pending->left;
-      send(m, parts[i].first + off * elem_bytes, n * elem_bytes, [finish](bool ok, const std::string&) {
-        if (ok) finish();  // a failed send fails the channel: the worker sees on_error
-      });
-    }
-  }
-  finish();
+  auto reply = std::make_shared<Reply>(ch_, transport::make_header(kind, epoch_, id_, seq), kind, elem_bytes,
+                                       hello_.chunk_bytes / elem_bytes, std::move(keep));
+  for (size_t i = 0; i < parts.size(); ++i)
+    reply->send(static_cast<uint32_t>(i), 0, parts[i].first, parts[i].second);
+  reply->close(seconds);
 }
 
 void Session::run_completions(CompletionQueue& cq) {
@@ -662,17 +743,15 @@ void Session::run_completions(CompletionQueue& cq) {
     }
     const float seconds = static_cast<float>(c.work->run_seconds());
     if (node_.opt.on_step && seconds >= 0) node_.opt.on_step(seconds);
-    std::vector<std::pair<const char*, uint64_t>> parts;
-    if (c.out) {
-      for (size_t i = 0; i < c.op->desc.spans.size(); ++i) {
-        const auto& sp = c.op->desc.spans[i];
-        // PARAMS messages name their span; spans without output send nothing.
-        parts.emplace_back(c.out.get() + c.out_at[i] * c.out_bytes,
-                           sp.out_kind != transport::kOutNone ? sp.n : 0);
-      }
+    if (!c.reply) {
+      send_reply(MsgType::kData, c.seq, {}, 2, nullptr, seconds);  // an accumulate: DONE alone
+      continue;
     }
-    send_reply(MsgType::kParams, c.seq, parts, c.out_bytes != 0 ? c.out_bytes : 2, c.out, seconds);
-    if (c.out) node_.fault_point("between", std::chrono::milliseconds(100));  // a window step's DONE
+    // A step: its outputs left as its chunks finished (StepStream); what the worker still
+    // waits for is their transfer.
+    send(transport::make_header(MsgType::kComputed, epoch_, id_, c.seq), nullptr, 0);
+    c.reply->close(seconds);
+    node_.fault_point("between", std::chrono::milliseconds(100));  // a window step's DONE
   }
 }
 

@@ -7,7 +7,9 @@
 // the in-process backend has: accumulates may overtake a running step. Messages:
 //   HELLO{Hello} -> WELCOME{Welcome} | ERROR
 //   ACCUMULATE{OpDesc} + GRAD per span chunk        -> DONE
-//   STEP{OpDesc} + GRAD per span chunk with a grad   -> PARAMS per span chunk with an output, DONE
+//   STEP{OpDesc} + GRAD per span chunk with a grad   -> PARAMS per span chunk with an output
+//                                                       (each as soon as its AdamW is done),
+//                                                       COMPUTED, DONE
 //   STATE_READ{StateDesc}                             -> DATA chunks, DONE
 //   STATE_WRITE{StateDesc} + DATA chunks              -> DONE
 //   PING -> PONG;  BYE
@@ -30,7 +32,7 @@ namespace zenflow::transport {
 
 constexpr uint32_t kGradNone = 0xffffffffu;  // OpSpan::grad_type: the span has no gradient data
 
-// OpSpan::out_kind: a step span's output, sent back in PARAMS as the step completes:
+// OpSpan::out_kind: a step span's output, sent back in PARAMS as the step runs:
 // none, the updated master in low precision (1 + engine::HalfKind: bf16, fp16), or the
 // updated master itself (fp32 weights). The spans of one STEP with an output all have
 // outputs of one element size (decode_op checks it).

@@ -206,6 +206,8 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
   }
 
   std::shared_ptr<engine::HostWork> submit(engine::StepJob job) override {
+    if (job.after_chunk)
+      throw std::invalid_argument("remote host step: after_chunk is the in-process backend's");
     size_t out_bytes = 0;  // of the outputs (PARAMS elements), one size per job
     for (const auto& s : job.spans) {
       if (s.half_out && s.master_out)

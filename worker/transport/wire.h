@@ -37,7 +37,8 @@ enum class MsgType : uint16_t {
   kPing = 12,        // both: liveness; offset = sender's monotonic microseconds
   kPong = 13,        // both: answer to kPing (offset echoed)
   kBye = 14,         // W->N: the session ends; the node frees its state
-  kComputed = 15,    // N->W: op `seq`'s kernels are done; its reply data and DONE follow
+  kComputed = 15,    // N->W: op `seq`'s kernels are done; the rest of its reply data (a
+                     // step's PARAMS leave as its chunks finish) and DONE follow
 };
 constexpr uint16_t kMaxMsgType = 15;
 
