@@ -711,6 +711,8 @@ TEST(Service, ControlPlaneBenchSendsItsWholeScheduleAndKeepsTheInvariants) {
   EXPECT_EQ(j["heartbeats"].value("n", 0), 100) << j["heartbeats"].dump();
   EXPECT_EQ(j["heartbeats"].value("failed", -1), 0);
   EXPECT_EQ(j["heartbeats"].value("false_lost", -1), 0);
+  EXPECT_EQ(j["heartbeats"].value("lost_after_generator_gap", -1), 0);
+  EXPECT_GT(j["heartbeats"].value("registration_seconds", 0.0), 0.0);
   EXPECT_EQ(j["heartbeats"]["generator_send_lag"].value("n", 0), 100);
   EXPECT_GE(j["heartbeats"]["generator_send_lag"].value("p50_ms", -1.0), 0.0);
   EXPECT_LE(j["heartbeats"]["generator_send_lag"].value("p50_ms", 1e9), j["heartbeats"].value("p50_ms", 0.0));
