@@ -73,6 +73,10 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
+// The coordinator's lease in every phase (--lease-ms): detection is timed against it, and a
+// simulated worker the generator left this long without a send may rightly be LOST.
+constexpr milliseconds kLease{4000};
+
 struct Args {
   std::string dir;  // default: a directory under the current one (a real disk, not tmpfs)
   int workers = 5000;
@@ -220,10 +224,26 @@ struct Coordinator {
 void start_coordinator(Coordinator& c, const fs::path& dir, const std::string& listen, bool tls, int log_index,
                        Clock::time_point* exec_at) {
   const std::string bin = (fs::read_symlink("/proc/self/exe").parent_path() / "zenflow-coordinator").string();
-  std::vector<std::string> args = {"taskset", "-c", "0", bin, "--listen", listen, "--db", (dir / "coordinator.db").string(),
-                                   "--admin-token-file", (dir / "admin.token").string(), "--worker-token-file",
-                                   (dir / "worker.token").string(), "--admin-rate-limit", "0",
-                                   "--heartbeat-interval-ms", "500", "--lease-ms", "4000", "--restart-grace-ms", "8000"};
+  std::vector<std::string> args = {"taskset",
+                                   "-c",
+                                   "0",
+                                   bin,
+                                   "--listen",
+                                   listen,
+                                   "--db",
+                                   (dir / "coordinator.db").string(),
+                                   "--admin-token-file",
+                                   (dir / "admin.token").string(),
+                                   "--worker-token-file",
+                                   (dir / "worker.token").string(),
+                                   "--admin-rate-limit",
+                                   "0",
+                                   "--heartbeat-interval-ms",
+                                   "500",
+                                   "--lease-ms",
+                                   std::to_string(kLease.count()),
+                                   "--restart-grace-ms",
+                                   "8000"};
   if (tls) args.insert(args.end(), {"--tls-cert", (dir / "server.pem").string(), "--tls-key", (dir / "server.key").string()});
   const fs::path log = dir / ("coordinator-" + std::to_string(log_index) + ".log");
   std::vector<char*> argv;
@@ -818,7 +838,7 @@ int run_bench(const Args& a) {
   {
     std::map<std::string, const SimWorker*> by_name;
     for (const auto& w : sims) by_name[w->name] = w.get();
-    const int64_t lease_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(milliseconds(4000)).count();
+    const int64_t lease_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(kLease).count();
     for (const auto& [name, state] : worker_states(c)) {
       if (state != "LOST") continue;
       auto it = by_name.find(name);
@@ -1012,7 +1032,7 @@ int run_bench(const Args& a) {
     out["detection"] = to_json(quantiles(detect_ms));
     out["detection"]["trials"] = victims.size();
     out["detection"]["detected"] = seen.size();
-    out["detection"]["lease_ms"] = 4000;
+    out["detection"]["lease_ms"] = kLease.count();
   }
 
   // Restarts: SIGKILL, restart on the same DB and port, SERVING and re-attach times.

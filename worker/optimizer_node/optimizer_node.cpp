@@ -641,13 +641,15 @@ void Session::run_op(const std::shared_ptr<Op>& op) {
     engine::StepJob job;
     job.acc = h.aux == 0 ? -1 : static_cast<int>(h.aux) - 1;
     job.grad_scale = h.scale;
-    auto stream = std::make_shared<StepStream>();
+    size_t out_bytes = 0;  // one element size per step (decode_op)
     uint64_t out_n = 0;
-    for (const auto& sp : op->desc.spans) {  // one element size per step (decode_op)
-      stream->elem_bytes = std::max(stream->elem_bytes, transport::out_kind_bytes(sp.out_kind));
+    for (const auto& sp : op->desc.spans) {
+      out_bytes = std::max(out_bytes, transport::out_kind_bytes(sp.out_kind));
       if (sp.out_kind != transport::kOutNone) out_n += sp.n;
     }
-    const size_t elem_bytes = stream->elem_bytes != 0 ? stream->elem_bytes : 2;
+    const size_t elem_bytes = out_bytes != 0 ? out_bytes : 2;
+    auto stream = std::make_shared<StepStream>();
+    stream->elem_bytes = elem_bytes;
     std::shared_ptr<char> out = pool_->take(out_n * elem_bytes);
     stream->reply =
         std::make_shared<Reply>(ch_, transport::make_header(MsgType::kParams, epoch_, id_, h.seq),
