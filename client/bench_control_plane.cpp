@@ -25,6 +25,7 @@
 //                 (every acknowledged submit present, a retried request_id returns the same job,
 //                 no worker declared LOST because of the coordinator's downtime)
 // Prints one JSON object (stdout) and a table (stderr). Figures, never assertions.
+#include <fcntl.h>
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 #include <sched.h>
@@ -32,7 +33,6 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -41,6 +41,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -86,6 +87,8 @@ struct Args {
   int stored_jobs = 10000;  // the database the coordinator starts on (T5)
   int stored_queued = 1000;
   bool tls = true;
+  std::string heartbeat_rpc =
+      "stream";               // how the simulated workers beat: "stream" (as zenflow-worker) or "unary"
   std::string latency_trace;  // when set: every measured call's (kind, scheduled ms, latency ms)
 };
 
@@ -277,6 +280,7 @@ struct Clients {
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   std::string admin, worker;
   rpc::ChannelOptions co;
+  bool unary_heartbeats = false;  // simulated workers beat by Heartbeat calls, not HeartbeatStream
   std::shared_ptr<grpc::Channel> channel(size_t i) const { return channels[i % channels.size()]; }
 };
 
@@ -369,6 +373,29 @@ struct LoadPlan {
   Clock::time_point start, measure_from, end;  // sent in [start, end), measured from measure_from
 };
 
+// Takes the events of `cq` (on_event(tag, ok)) until `until`. gRPC rounds a wait's deadline
+// up to a whole millisecond, so a wait is started only while `until` is ahead. Once it has
+// passed, at most one event already there is taken, with a poll that does not block, and the
+// caller's send goes out: a blocking wait there would hold every late send up to another
+// millisecond, and draining every answer first would starve the sends while answers keep
+// arriving.
+template <class OnEvent>
+void collect_until(grpc::CompletionQueue& cq, Clock::time_point until, OnEvent&& on_event) {
+  for (;;) {
+    void* tag = nullptr;
+    bool ok = false;
+    const Clock::duration left = until - Clock::now();
+    if (left <= Clock::duration::zero()) {
+      if (cq.AsyncNext(&tag, &ok, gpr_inf_past(GPR_CLOCK_MONOTONIC)) == grpc::CompletionQueue::GOT_EVENT)
+        on_event(tag, ok);
+      return;
+    }
+    if (cq.AsyncNext(&tag, &ok, std::chrono::system_clock::now() + left) != grpc::CompletionQueue::GOT_EVENT)
+      return;
+    on_event(tag, ok);
+  }
+}
+
 HeartbeatLoad run_load(const Clients& c, const std::vector<SimWorker*>& workers, const LoadPlan& plan) {
   HeartbeatLoad out;
   std::vector<std::unique_ptr<v1::WorkerService::Stub>> stubs;
@@ -400,32 +427,13 @@ HeartbeatLoad run_load(const Clients& c, const std::vector<SimWorker*>& workers,
     }
     delete call;
   };
-  // Collects answers until `until`. gRPC rounds a wait's deadline up to a whole millisecond,
-  // so a wait is started only while `until` is ahead. Once it has passed, at most one answer
-  // already there is taken, with a poll that does not block, and the send goes out: a
-  // blocking wait there would hold every late send up to another millisecond, and draining
-  // every answer first would starve the sends while answers keep arriving.
-  auto collect_until = [&](Clock::time_point until) {
-    for (;;) {
-      void* tag = nullptr;
-      bool ok = false;
-      const Clock::duration left = until - Clock::now();
-      if (left <= Clock::duration::zero()) {
-        if (cq.AsyncNext(&tag, &ok, gpr_inf_past(GPR_CLOCK_MONOTONIC)) == grpc::CompletionQueue::GOT_EVENT)
-          answered(static_cast<Call*>(tag));
-        return;
-      }
-      if (cq.AsyncNext(&tag, &ok, std::chrono::system_clock::now() + left) != grpc::CompletionQueue::GOT_EVENT) return;
-      answered(static_cast<Call*>(tag));
-    }
-  };
   const int64_t n = static_cast<int64_t>(workers.size());
   if (n == 0) return out;
   const auto slot = std::chrono::duration_cast<Clock::duration>(plan.period) / n;
   for (int64_t k = 0;; ++k) {  // the k-th beat: worker k % n, round k / n
     const Clock::time_point due = plan.start + plan.period * (k / n) + slot * (k % n);
     if (due >= plan.end) break;
-    collect_until(due);
+    collect_until(cq, due, [&](void* tag, bool) { answered(static_cast<Call*>(tag)); });
     const double lag = ms_between(due, Clock::now());
     SimWorker& w = *workers[static_cast<size_t>(k % n)];
     if (w.stopped.load()) continue;
@@ -453,6 +461,183 @@ HeartbeatLoad run_load(const Clients& c, const std::vector<SimWorker*>& workers,
   void* tag = nullptr;
   bool ok = false;
   while (cq.Next(&tag, &ok)) answered(static_cast<Call*>(tag));
+  return out;
+}
+
+// The same load as run_load, on HeartbeatStream as zenflow-worker sends it: each worker
+// opens its stream first (all before the first beat), then sends each beat at its time as a
+// Write with the Read of its answer, both tagged with the stream. A beat whose predecessor
+// is still unanswered waits for it (a stream has one write and one read in flight), and its
+// latency still counts from its own scheduled time. At the end each stream is closed the
+// way an agent that stops closes it (WritesDone, Finish): a broken stream would cut the
+// worker's lease.
+HeartbeatLoad run_stream_load(const Clients& c, const std::vector<SimWorker*>& workers,
+                              const LoadPlan& plan) {
+  HeartbeatLoad out;
+  std::vector<std::unique_ptr<v1::WorkerService::Stub>> stubs;
+  for (const auto& ch : c.channels) stubs.push_back(v1::WorkerService::NewStub(ch));
+  grpc::CompletionQueue cq;
+  struct Stream;
+  enum Kind { kStart, kWrite, kRead, kWritesDone, kFinish };
+  struct Op {
+    Stream* stream;
+    Kind kind;
+  };
+  struct Beat {
+    Clock::time_point due;
+    double lag_ms = 0;
+    bool measured = false;
+  };
+  struct Stream {
+    SimWorker* worker = nullptr;
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientAsyncReaderWriter<v1::HeartbeatRequest, v1::HeartbeatResponse>> rw;
+    Op ops[5];
+    v1::HeartbeatRequest beat;
+    v1::HeartbeatResponse answer;
+    grpc::Status status;
+    bool open = false, broken = false, busy = false;
+    bool cancelled = false, finishing = false;  // at the end: cancelled, Finish called
+    int outstanding = 0;                        // operations in flight
+    Beat current;
+    std::deque<Beat> waiting;  // due while the previous beat was unanswered
+  };
+  const size_t n = workers.size();
+  if (n == 0) return out;
+  std::vector<std::unique_ptr<Stream>> streams;
+  int64_t outstanding = 0;
+  auto start_op = [&](Stream& st, Kind k) {
+    ++st.outstanding;
+    ++outstanding;
+    return static_cast<void*>(&st.ops[k]);
+  };
+  for (SimWorker* w : workers) {
+    auto st = std::make_unique<Stream>();
+    st->worker = w;
+    for (int k = 0; k < 5; ++k) st->ops[k] = {st.get(), static_cast<Kind>(k)};
+    st->ctx.AddMetadata("authorization", "Bearer " + c.worker);
+    st->beat.set_name(w->name);
+    st->beat.set_incarnation(w->incarnation);
+    st->rw = stubs[w->channel % stubs.size()]->PrepareAsyncHeartbeatStream(&st->ctx, &cq);
+    st->rw->StartCall(start_op(*st, kStart));
+    streams.push_back(std::move(st));
+  }
+  auto finish_if_idle = [&](Stream& st) {
+    if (!st.cancelled || st.finishing || st.outstanding > 0) return;
+    st.finishing = true;
+    st.rw->Finish(&st.status, start_op(st, kFinish));
+  };
+  auto fail = [&](Stream& st, const std::string& why) {
+    if (!st.broken && out.first_error.empty()) out.first_error = why;
+    st.broken = true;
+  };
+  auto send = [&](Stream& st, const Beat& b) {
+    st.current = b;
+    st.busy = true;
+    st.worker->sent(Clock::now());
+    st.rw->Write(st.beat, start_op(st, kWrite));
+    st.rw->Read(&st.answer, start_op(st, kRead));
+  };
+  auto count = [&](const Beat& b, bool ok, Clock::time_point done) {
+    if (!b.measured) return;
+    ++out.sent;
+    out.failed += !ok;
+    out.latencies_ms.push_back(ms_between(b.due, done));
+    out.due.push_back(b.due);
+    out.send_lag_ms.push_back(b.lag_ms);
+  };
+  auto completed = [&](void* tag, bool ok) {
+    const auto done = Clock::now();
+    Op& op = *static_cast<Op*>(tag);
+    Stream& st = *op.stream;
+    --st.outstanding;
+    --outstanding;
+    switch (op.kind) {
+      case kStart:
+        if (ok) {
+          st.open = true;
+        } else {
+          fail(st, "heartbeat stream did not start");
+        }
+        break;
+      case kWrite:
+        if (!ok) fail(st, "heartbeat stream broke (write)");
+        break;
+      case kRead:
+        st.busy = false;
+        if (ok) {
+          st.worker->last_ok_ns.store(done.time_since_epoch().count());
+        } else {
+          fail(st, "heartbeat stream broke (read)");
+        }
+        count(st.current, ok, done);
+        if (!st.broken && !st.waiting.empty()) {
+          Beat b = st.waiting.front();
+          st.waiting.pop_front();
+          send(st, b);
+        }
+        break;
+      case kWritesDone:
+        st.finishing = true;
+        st.rw->Finish(&st.status, start_op(st, kFinish));
+        break;
+      case kFinish:
+        break;
+    }
+    finish_if_idle(st);
+  };
+  const auto slot = std::chrono::duration_cast<Clock::duration>(plan.period) / static_cast<int64_t>(n);
+  for (int64_t k = 0;; ++k) {  // the k-th beat: worker k % n, round k / n
+    const int64_t nn = static_cast<int64_t>(n);
+    const Clock::time_point due = plan.start + plan.period * (k / nn) + slot * (k % nn);
+    if (due >= plan.end) break;
+    collect_until(cq, due, completed);
+    Stream& st = *streams[static_cast<size_t>(k % nn)];
+    if (st.worker->stopped.load()) continue;
+    Beat b;
+    b.due = due;
+    b.lag_ms = ms_between(due, Clock::now());
+    b.measured = due >= plan.measure_from;
+    if (st.broken) {
+      count(b, false, Clock::now());
+    } else if (!st.open || st.busy) {
+      st.waiting.push_back(b);
+    } else {
+      send(st, b);
+    }
+  }
+  // Every answer (bounded: a beat unanswered after 5 s ends its stream), then close.
+  const auto give_up = Clock::now() + std::chrono::seconds(5);
+  auto busy = [&] {
+    return std::any_of(streams.begin(), streams.end(),
+                       [](const auto& st) { return !st->broken && (st->busy || !st->waiting.empty()); });
+  };
+  while (busy() && Clock::now() < give_up) collect_until(cq, Clock::now() + milliseconds(5), completed);
+  // A stream that is broken or stuck is cancelled and finished once its operations are back;
+  // a healthy one is closed from its side first (kWritesDone, then kFinish).
+  for (auto& st : streams) {
+    for (const Beat& b : st->waiting) count(b, false, Clock::now());
+    st->waiting.clear();
+    if (st->open && !st->broken && !st->busy) {
+      st->rw->WritesDone(start_op(*st, kWritesDone));
+      continue;
+    }
+    if (!st->broken) fail(*st, "heartbeat unanswered for 5 s");
+    st->ctx.TryCancel();
+    st->cancelled = true;
+    finish_if_idle(*st);
+  }
+  while (outstanding > 0) {
+    void* tag = nullptr;
+    bool ok = false;
+    if (!cq.Next(&tag, &ok)) break;
+    completed(tag, ok);
+  }
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) {
+  }
   return out;
 }
 
@@ -538,7 +723,9 @@ HeartbeatLoad run_heartbeats(const Clients& c, std::vector<std::unique_ptr<SimWo
                              static_cast<int64_t>(kLoops * std::max<size_t>(1, mine.size()));
     plan.measure_from = measure_from;
     plan.end = end;
-    loops.emplace_back([&c, &parts, t, mine = std::move(mine), plan] { parts[t] = run_load(c, mine, plan); });
+    loops.emplace_back([&c, &parts, t, mine = std::move(mine), plan] {
+      parts[t] = c.unary_heartbeats ? run_load(c, mine, plan) : run_stream_load(c, mine, plan);
+    });
   }
   HeartbeatLoad all;
   for (std::thread& th : loops) th.join();
@@ -737,6 +924,7 @@ int run_bench(const Args& a) {
   Clock::time_point exec_at;
   start_coordinator(coord, dir, "127.0.0.1:0", tls, 0, &exec_at);
   Clients c = connect_clients(coord.address, dir, a.channels, tls);
+  c.unary_heartbeats = a.heartbeat_rpc == "unary";
   Quantiles null_rpc;
   {
     std::vector<double> v;
@@ -852,6 +1040,8 @@ int run_bench(const Args& a) {
   const double hb_rate = double(hb.sent) / a.seconds;
   out["heartbeats"] = to_json(hbq);
   out["heartbeats"]["per_second"] = hb_rate;
+  out["heartbeats"]["rpc"] =
+      c.unary_heartbeats ? "Heartbeat (a unary call each)" : "HeartbeatStream (one stream per worker)";
   out["heartbeats"]["failed"] = hb.failed;
   if (hb.failed) {
     out["heartbeats"]["first_error"] = hb.first_error;
@@ -1149,7 +1339,9 @@ int run_bench(const Args& a) {
   std::snprintf(note, sizeof(note), "%.0f/s scheduled, %d false LOST, coordinator %.2f core, generator %.2f",
                 hb_rate, false_lost, out["heartbeats"]["coordinator_cores_used"].get<double>(),
                 out["heartbeats"]["load_generator_cores_used"].get<double>());
-  row("heartbeats (" + std::to_string(a.workers) + " workers, 2 Hz)", hbq, note);
+  row("heartbeats (" + std::to_string(a.workers) + " workers, 2 Hz, " +
+          (c.unary_heartbeats ? "unary" : "streams") + ")",
+      hbq, note);
   row("  of which the generator's send lag", lagq, "how late it sent them (included above)");
   row("  from the actual send", from_sendq, "each one's latency less its send lag");
   std::fprintf(stderr, "%-44s %10.2f %%  (the hypervisor's share of this VM's CPU time during the load)\n",
@@ -1193,6 +1385,10 @@ CommandRegistrar reg(120, [](CommandContext& ctx) {
       ->check(CLI::Range(0, 1000000));
   cmd->add_option("--stored-queued", a->stored_queued, "How many of them are queued")->check(CLI::Range(0, 1000000));
   cmd->add_flag("!--no-tls", a->tls, "Plaintext (rows are labelled tls=false)");
+  cmd->add_option(
+         "--heartbeat-rpc", a->heartbeat_rpc,
+         "How simulated workers beat: stream (HeartbeatStream, as zenflow-worker does) or unary (Heartbeat)")
+      ->check(CLI::IsMember({"stream", "unary"}));
   cmd->add_option("--latency-trace", a->latency_trace,
                   "Write every measured heartbeat, get and submit (KIND SCHEDULED_MS LATENCY_MS) to this file");
   cmd->callback([a, &ctx] {

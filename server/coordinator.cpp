@@ -881,6 +881,7 @@ Status Coordinator::register_worker(const v1::RegisterWorkerRequest& req, v1::Re
     w.lease->lost = false;
     w.lease->deadline_ms = now + options_.lease.count();
     w.lease->last_heartbeat_ms = now;
+    w.lease->stream_broken_ms = 0;
     ++w.lease->assignment_revision;
   }
   next_lease_expiry_ms_ = std::min(next_lease_expiry_ms_, now + options_.lease.count());
@@ -922,9 +923,12 @@ Coordinator::Job* Coordinator::current_attempt(const std::string& job_id, int64_
   return nullptr;
 }
 
-Status Coordinator::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) {
+Status Coordinator::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp, int64_t stream) {
   resp->set_heartbeat_interval_ms(options_.heartbeat_interval.count());
   resp->set_lease_ms(options_.lease.count());
+  if (stream != 0 && req.attempts_size() > 0)
+    return {StatusCode::INVALID_ARGUMENT,
+            "attempts: a beat on the heartbeat stream carries none (report attempts with Heartbeat)"};
   if (req.attempts_size() == 0) {
     // Nearly every heartbeat: renew the lease, touching nothing else (no mu_).
     Lease* lease = nullptr;
@@ -941,6 +945,8 @@ Status Coordinator::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResp
     const int64_t now = now_ms();
     lease->deadline_ms = now + options_.lease.count();
     lease->last_heartbeat_ms = now;
+    lease->stream_broken_ms = 0;
+    if (stream != 0) lease->pulse_stream = stream;
     resp->set_assignment_revision(lease->assignment_revision);
     return Status::OK;
   }
@@ -953,6 +959,7 @@ Status Coordinator::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResp
     const int64_t now = now_ms();
     w->lease->deadline_ms = now + options_.lease.count();
     w->lease->last_heartbeat_ms = now;
+    w->lease->stream_broken_ms = 0;
   }
   StoreBatch batch;
   for (const v1::AttemptReport& r : req.attempts()) {
@@ -970,6 +977,28 @@ Status Coordinator::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResp
   commit(batch);
   resp->set_assignment_revision(w->lease->assignment_revision);
   return Status::OK;
+}
+
+void Coordinator::heartbeat_stream_broken(const std::string& name, int64_t incarnation, int64_t stream) {
+  Lease* lease = nullptr;
+  {
+    std::shared_lock<std::shared_mutex> table_lock(leases_mu_);
+    auto it = leases_.find(name);
+    if (it != leases_.end()) lease = it->second;
+  }
+  if (!lease) return;
+  int64_t deadline = 0;
+  {
+    std::lock_guard<std::mutex> lease_lock(lease->mu);
+    // A stream the worker already replaced (its new one beat first) cuts nothing.
+    if (lease->incarnation != incarnation || lease->lost || lease->pulse_stream != stream) return;
+    const int64_t now = now_ms();
+    lease->deadline_ms = std::min(lease->deadline_ms, now + options_.heartbeat_interval.count());
+    lease->stream_broken_ms = now;
+    deadline = lease->deadline_ms;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  next_lease_expiry_ms_ = std::min(next_lease_expiry_ms_, deadline);
 }
 
 Status Coordinator::fetch_assignments(const v1::FetchAssignmentsRequest& req, v1::FetchAssignmentsResponse* resp) {
@@ -1353,7 +1382,7 @@ void Coordinator::check_leases(StoreBatch& batch) {
   int64_t next = INT64_MAX;
   for (auto& [name, w] : workers_) {
     if (w.rec.state == "LOST") continue;
-    int64_t last_heartbeat = 0;
+    int64_t last_heartbeat = 0, stream_broken = 0;
     {
       // Decided under the lease's lock: a heartbeat renews it before, or is refused after.
       std::lock_guard<std::mutex> lease_lock(w.lease->mu);
@@ -1363,10 +1392,15 @@ void Coordinator::check_leases(StoreBatch& batch) {
       }
       w.lease->lost = true;
       last_heartbeat = w.lease->last_heartbeat_ms;
+      stream_broken = w.lease->stream_broken_ms;
     }
     lose_worker(w,
-                "no heartbeat for " + std::to_string(now - last_heartbeat) + " ms (lease " +
-                    std::to_string(options_.lease.count()) + " ms)",
+                stream_broken > 0
+                    ? "its heartbeat stream broke " + std::to_string(now - stream_broken) +
+                          " ms ago (connection closed) and no heartbeat followed within the interval (" +
+                          std::to_string(options_.heartbeat_interval.count()) + " ms)"
+                    : "no heartbeat for " + std::to_string(now - last_heartbeat) + " ms (lease " +
+                          std::to_string(options_.lease.count()) + " ms)",
                 batch);
   }
   next_lease_expiry_ms_ = next;

@@ -154,7 +154,13 @@ class Coordinator {
 
   // --- WorkerService ---
   grpc::Status register_worker(const v1::RegisterWorkerRequest& req, v1::RegisterWorkerResponse* resp);
-  grpc::Status heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp);
+  // `stream`: the HeartbeatStream the beat came on (an id the service gives each stream,
+  // > 0), or 0 for a unary Heartbeat. A streamed beat must carry no attempts.
+  grpc::Status heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp, int64_t stream = 0);
+  // Heartbeat stream `stream` of (name, incarnation) broke without the worker closing it:
+  // when it carried the worker's latest streamed beat, the lease is cut to one heartbeat
+  // interval from now (a live worker opens a new stream and beats at once).
+  void heartbeat_stream_broken(const std::string& name, int64_t incarnation, int64_t stream);
   grpc::Status fetch_assignments(const v1::FetchAssignmentsRequest& req, v1::FetchAssignmentsResponse* resp);
   grpc::Status report_progress(const v1::ReportProgressRequest& req);
   grpc::Status report_event(const v1::ReportEventRequest& req);
@@ -200,14 +206,16 @@ class Coordinator {
   // What a heartbeat reads and writes, under its own mutex rather than mu_, so that the
   // thousands of heartbeats a second never wait for a scheduling pass or a commit.
   // incarnation, lost and assignment_revision change only with mu_ held too (a reader
-  // holding mu_ needs no lease lock for them); deadline_ms and last_heartbeat_ms change
-  // under the lease's mutex alone.
+  // holding mu_ needs no lease lock for them); deadline_ms, last_heartbeat_ms, pulse_stream
+  // and stream_broken_ms change under the lease's mutex alone.
   struct Lease {
     std::mutex mu;
     int64_t incarnation = 0;
     bool lost = false;  // rec.state == "LOST"
     int64_t deadline_ms = 0;
     int64_t last_heartbeat_ms = 0;
+    int64_t pulse_stream = 0;      // the heartbeat stream of the latest streamed beat
+    int64_t stream_broken_ms = 0;  // when that stream broke, cutting the lease (0: it did not)
     int64_t assignment_revision = 1;
   };
   struct Worker {

@@ -1,12 +1,11 @@
 // The coordinator's gRPC services: thin classes that authenticate every call (rpc.h),
 // rate-limit the admin API per client address, and hand the request to Coordinator.
 //
-// The calls that come by the thousand per second and take microseconds (Heartbeat,
-// ReportProgress, GetJob) are asynchronous methods, served by HotPathServer: one thread that
-// drives one completion queue, reading each request and answering it in place. SubmitJob is
-// one too: checked on that thread, answered by the store's committer once durable, so that
-// no thread waits out a commit. (The sync
-// server spawns and reaps threads under such load, which cost 2.5x the handlers themselves
+// The calls that come by the thousand per second and take microseconds (Heartbeat and the
+// beats of HeartbeatStream, ReportProgress, GetJob) are asynchronous methods, served by HotPathServer: one
+// thread that drives one completion queue, reading each request and answering it in place. SubmitJob is one
+// too: checked on that thread, answered by the store's committer once durable, so that no thread waits out a
+// commit. (The sync server spawns and reaps threads under such load, which cost 2.5x the handlers themselves
 // at 10,000 heartbeats/s; gRPC 1.51's callback API runs handlers on at least two "nexting"
 // threads that hand every call between them: 3 context switches per call, a third of the
 // coordinator's CPU at that rate.) Every other call is synchronous, on the server's thread
@@ -55,8 +54,9 @@ class RateLimiter {
 
 using JobServiceBase =
     v1::JobService::WithAsyncMethod_GetJob<v1::JobService::WithAsyncMethod_SubmitJob<v1::JobService::Service>>;
-using WorkerServiceBase = v1::WorkerService::WithAsyncMethod_Heartbeat<
-    v1::WorkerService::WithAsyncMethod_ReportProgress<v1::WorkerService::Service>>;
+using WorkerServiceBase =
+    v1::WorkerService::WithAsyncMethod_Heartbeat<v1::WorkerService::WithAsyncMethod_HeartbeatStream<
+        v1::WorkerService::WithAsyncMethod_ReportProgress<v1::WorkerService::Service>>>;
 
 class JobServiceImpl final : public JobServiceBase {
  public:
@@ -95,6 +95,12 @@ class WorkerServiceImpl final : public WorkerServiceBase {
   // The asynchronous methods' handlers (HotPathServer calls them).
   grpc::Status heartbeat(const grpc::ServerContext& ctx, const v1::HeartbeatRequest& req,
                          v1::HeartbeatResponse* resp);
+  // One beat on heartbeat stream `stream` (> 0, unique per stream); `first`: the stream's
+  // first, whose caller is checked (the stream's token does not change after).
+  grpc::Status stream_beat(const grpc::ServerContext& ctx, bool first, const v1::HeartbeatRequest& req,
+                           v1::HeartbeatResponse* resp, int64_t stream);
+  // The stream whose last beat was `last` broke without the worker closing it.
+  void stream_broken(const v1::HeartbeatRequest& last, int64_t stream);
   grpc::Status report_progress(const grpc::ServerContext& ctx, const v1::ReportProgressRequest& req);
   grpc::Status ReportEvent(grpc::ServerContext*, const v1::ReportEventRequest*, v1::ReportEventResponse*) override;
   grpc::Status UploadLogs(grpc::ServerContext*, const v1::UploadLogsRequest*, v1::UploadLogsResponse*) override;
@@ -133,9 +139,9 @@ class HealthService final : public grpc::health::v1::Health::Service {
   int64_t version_ = 0;  // + 1 on every change
 };
 
-// Serves the services' asynchronous methods (GetJob, SubmitJob, Heartbeat, ReportProgress) from one
-// thread and one completion queue, keeping `kOutstanding` requests of each method armed
-// so that a burst finds a call waiting. Lifecycle, in main's order:
+// Serves the services' asynchronous methods (GetJob, SubmitJob, Heartbeat, HeartbeatStream,
+// ReportProgress) from one thread and one completion queue, keeping `kOutstanding` requests
+// of each method armed so that a burst finds a call waiting. Lifecycle, in main's order:
 //   HotPathServer hot(builder, jobs, workers);  // before BuildAndStart: adds the queue
 //   server = builder.BuildAndStart(); hot.start();
 //   ... server->Shutdown(deadline); hot.stop();  // (the destructor stops too)

@@ -518,6 +518,64 @@ TEST(Coordinator, HeartbeatRenewsOnlyTheCurrentIncarnation) {
   EXPECT_TRUE(c.heartbeat(hb, &resp).ok());
 }
 
+// HeartbeatStream's lease cut: a broken stream that carried the worker's latest streamed
+// beat cuts its lease to one interval, and the LOST reason says so; one the worker already
+// replaced, or a unary beat's worker, keeps the whole lease.
+TEST(Coordinator, ABrokenHeartbeatStreamCutsTheLeaseOnlyWhenItWasTheLatest) {
+  TestDir dir;
+  std::vector<std::string> lines;
+  std::mutex lines_mu;
+  CoordinatorOptions o;
+  o.log = [&](const std::string& l) {
+    std::lock_guard<std::mutex> lock(lines_mu);
+    lines.push_back(l);
+  };
+  o.lease = std::chrono::milliseconds(3000);
+  o.heartbeat_interval = std::chrono::milliseconds(100);
+  o.tick = std::chrono::milliseconds(10);
+  Coordinator c(open_sqlite_store(dir.db()), o);
+  auto state_of = [&](const std::string& name) {
+    v1::ListWorkersResponse workers;
+    c.list_workers(&workers);
+    for (const v1::WorkerStatus& w : workers.workers())
+      if (w.name() == name) return w.state();
+    return v1::WorkerState{};
+  };
+  v1::RegisterWorkerResponse ra, rb;
+  ASSERT_TRUE(c.register_worker(trainer("a", 29500), &ra).ok());
+  ASSERT_TRUE(c.register_worker(trainer("b", 29501), &rb).ok());
+  v1::HeartbeatRequest a, b;
+  a.set_name("a");
+  a.set_incarnation(ra.incarnation());
+  b.set_name("b");
+  b.set_incarnation(rb.incarnation());
+  v1::HeartbeatResponse resp;
+  ASSERT_TRUE(c.heartbeat(a, &resp, /*stream=*/7).ok());
+  ASSERT_TRUE(c.heartbeat(a, &resp, /*stream=*/8).ok());  // a moved to stream 8
+  ASSERT_TRUE(c.heartbeat(b, &resp, /*stream=*/9).ok());
+  a.add_attempts()->set_job_id("j-1");
+  EXPECT_EQ(c.heartbeat(a, &resp, 8).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  a.clear_attempts();
+  c.heartbeat_stream_broken("a", ra.incarnation(), 7);      // replaced: nothing
+  c.heartbeat_stream_broken("b", rb.incarnation() + 1, 9);  // another incarnation: nothing
+  const auto t0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // 5 intervals
+  c.tick_now();
+  EXPECT_EQ(state_of("a"), v1::READY);
+  EXPECT_EQ(state_of("b"), v1::READY);
+  c.heartbeat_stream_broken("b", rb.incarnation(), 9);
+  for (int i = 0; i < 200 && state_of("b") != v1::LOST; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(state_of("b"), v1::LOST);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(2500));  // before its lease
+  EXPECT_EQ(state_of("a"), v1::READY);
+  std::lock_guard<std::mutex> lock(lines_mu);
+  bool said = false;
+  for (const std::string& l : lines)
+    said |= l.find("worker b LOST: its heartbeat stream broke") != std::string::npos;
+  EXPECT_TRUE(said);
+}
+
 TEST(Coordinator, JobSkippedAsUnplaceableStartsWhenATrainerJoins) {
   TestDir dir;
   auto c = open_coordinator(dir.db());

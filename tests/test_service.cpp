@@ -2,8 +2,8 @@
 // as real processes on 127.0.0.1 (tests/support/service_cluster.h), training tiny jobs on
 // the CPU. Each test bounds every wait and stops every process it started.
 #include <google/protobuf/descriptor.h>
-#include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 
+#include "common/rpc/heartbeat_stream.h"
 #include "common/rpc/rpc.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
@@ -144,8 +145,13 @@ TEST(Service, KilledWorkerAgentJobResumesFromItsCheckpointElsewhere) {
   c.worker(victim).signal(SIGKILL);
   // Its ranks die with it (PDEATHSIG / the lease pipe), within seconds.
   EXPECT_TRUE(wait_until([&] { return pids_with_cmdline(victim_dir).empty(); }, 5s));
-  // LOST within the lease (4 s) plus a tick.
+  // LOST within the lease (4 s) plus a tick; in fact one heartbeat interval after its
+  // heartbeat stream broke with the agent's connection.
   EXPECT_TRUE(wait_until([&] { return worker_state(c, victim) == "LOST"; }, 6s));
+  EXPECT_NE(
+      read_file(c.dir() / "coordinator-1.log").find("worker " + victim + " LOST: its heartbeat stream broke"),
+      std::string::npos)
+      << read_file(c.dir() / "coordinator-1.log");
   ASSERT_TRUE(c.wait_state(id, "SUCCEEDED", 180s)) << c.status(id).dump() << logs_of(c, id);
   const nlohmann::json st = c.status(id);
   EXPECT_EQ(i64(st, "restarts", 0), 1);
@@ -378,6 +384,105 @@ TEST(Service, HigherPriorityJobPreemptsAndTheVictimResumes) {
   EXPECT_GE(i64(st, "resumed_from_step", 0), 100);
 }
 
+// WorkerService.HeartbeatStream, against a coordinator with a 500 ms interval and a 4 s
+// lease: beats on a stream keep a lease past its length; a beat with attempts is refused
+// naming the field; a stale incarnation is fenced; a stream that breaks (here cancelled by
+// its client, as a dead process's closed connection does) loses its worker one interval
+// later, saying so; a stream closed from the worker's side first does not; and a stream the
+// worker already replaced cuts nothing when it breaks.
+TEST(Service, HeartbeatStreamKeepsLeasesAndABrokenOneLosesItsWorkerAfterOneInterval) {
+  Cluster c("hb-stream");
+  c.start_coordinator();
+  auto stub = v1::WorkerService::NewStub(rpc::make_channel(c.address()));
+  auto register_as = [&](const std::string& name) {
+    v1::RegisterWorkerRequest req;
+    req.set_name(name);
+    req.set_role(v1::OPTIMIZER);  // no rendezvous ports needed
+    req.mutable_resources()->set_host_memory_bytes(int64_t{1} << 30);
+    req.mutable_resources()->set_physical_cores(1);
+    v1::RegisterWorkerResponse resp;
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, c.worker_token(), 5s);
+    EXPECT_TRUE(stub->RegisterWorker(&ctx, req, &resp).ok()) << name;
+    return resp.incarnation();
+  };
+  auto beat_of = [](const std::string& name, int64_t incarnation) {
+    v1::HeartbeatRequest b;
+    b.set_name(name);
+    b.set_incarnation(incarnation);
+    return b;
+  };
+  const int64_t a = register_as("a"), b = register_as("b"), k = register_as("k");
+  // A raw stream, to break it: its client cancels it.
+  struct Raw {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReaderWriter<v1::HeartbeatRequest, v1::HeartbeatResponse>> rw;
+    bool beat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) {
+      return rw->Write(req) && rw->Read(resp);
+    }
+    void break_it() {
+      ctx.TryCancel();
+      (void)rw->Finish();
+    }
+  };
+  auto open_raw = [&](Raw& r) {
+    rpc::prepare_call(r.ctx, c.worker_token(), 120s);
+    r.rw = stub->HeartbeatStream(&r.ctx);
+  };
+  Raw ra, rk;
+  open_raw(ra);
+  open_raw(rk);
+  rpc::HeartbeatStream sb(*stub, c.worker_token());
+  v1::HeartbeatResponse resp;
+  for (int round = 0; round < 12; ++round) {  // 6 s: past the 4 s lease
+    ASSERT_TRUE(ra.beat(beat_of("a", a), &resp));
+    ASSERT_TRUE(rk.beat(beat_of("k", k), &resp));
+    ASSERT_TRUE(sb.beat(beat_of("b", b), &resp, 2s).ok());
+    EXPECT_EQ(resp.heartbeat_interval_ms(), 500);
+    EXPECT_EQ(resp.lease_ms(), 4000);
+    std::this_thread::sleep_for(500ms);
+  }
+  EXPECT_TRUE(sb.open());
+  for (const char* w : {"a", "b", "k"}) EXPECT_EQ(worker_state(c, w), "READY") << w;
+
+  {  // attempts go by Heartbeat; a stale incarnation is fenced
+    rpc::HeartbeatStream other(*stub, c.worker_token());
+    v1::HeartbeatRequest with_attempts = beat_of("a", a);
+    with_attempts.add_attempts()->set_job_id("j-000001");
+    const grpc::Status s = other.beat(with_attempts, &resp, 2s);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find("attempts"), std::string::npos) << s.error_message();
+    EXPECT_FALSE(other.open());
+    EXPECT_EQ(other.beat(beat_of("a", a + 100), &resp, 2s).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
+  }
+
+  // k's beats move to a new stream, whereupon its old one breaks; b closes its only stream
+  // from its side; a's only stream breaks. Then all three are silent.
+  rpc::HeartbeatStream sk(*stub, c.worker_token());
+  ASSERT_TRUE(sk.beat(beat_of("k", k), &resp, 2s).ok());
+  ASSERT_TRUE(sb.beat(beat_of("b", b), &resp, 2s).ok());
+  ASSERT_TRUE(ra.beat(beat_of("a", a), &resp));
+  const auto broke = std::chrono::steady_clock::now();
+  rk.break_it();
+  sb.close();
+  ra.break_it();
+  // a: LOST one interval (500 ms) after the break, long before its lease (4 s) would end.
+  EXPECT_TRUE(wait_until([&] { return worker_state(c, "a") == "LOST"; }, 3s));
+  EXPECT_LT(std::chrono::steady_clock::now() - broke, 3s);
+  // b and k, silent as long, keep their leases (a cut would have lost them by now)...
+  std::this_thread::sleep_until(broke + 2s);
+  EXPECT_EQ(worker_state(c, "k"), "READY");
+  EXPECT_EQ(worker_state(c, "b"), "READY");
+  // ...until those run out.
+  EXPECT_TRUE(
+      wait_until([&] { return worker_state(c, "b") == "LOST" && worker_state(c, "k") == "LOST"; }, 6s));
+  const std::string log = read_file(c.dir() / "coordinator-1.log");
+  EXPECT_NE(log.find("worker a LOST: its heartbeat stream broke"), std::string::npos) << log;
+  EXPECT_NE(log.find("worker b LOST: no heartbeat for"), std::string::npos) << log;
+  EXPECT_NE(log.find("worker k LOST: no heartbeat for"), std::string::npos) << log;
+}
+
 // --- security ---
 
 enum class Who { kNone, kWrong, kWorker, kAdmin };
@@ -436,6 +541,17 @@ std::map<std::string, grpc::StatusCode> call_everything(const Cluster& c, Who wh
   v1::HeartbeatRequest hb;
   hb.set_name("ghost");
   unary("Heartbeat", workers.get(), &v1::WorkerService::Stub::Heartbeat, hb, v1::HeartbeatResponse{});
+  {  // a bidi stream: one beat, then the stream's final status
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, token, 5s);
+    auto beats = workers->HeartbeatStream(&ctx);
+    beats->Write(hb);
+    beats->WritesDone();
+    v1::HeartbeatResponse ignored;
+    while (beats->Read(&ignored)) {
+    }
+    out["HeartbeatStream"] = beats->Finish().error_code();
+  }
   v1::FetchAssignmentsRequest fetch;
   fetch.set_name("ghost");
   unary("FetchAssignments", workers.get(), &v1::WorkerService::Stub::FetchAssignments, fetch,

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "common/rpc/heartbeat_stream.h"
 #include "common/rpc/rpc.h"
 #include "common/version.h"
 #include "zenflow/v1/workers.grpc.pb.h"
@@ -27,6 +28,7 @@ void CoordinatorLink::run() {
   co.ca_file = o_.ca_file;
   co.keepalive = true;
   auto stub = v1::WorkerService::NewStub(rpc::make_channel(o_.coordinator, co));
+  rpc::HeartbeatStream beats(*stub, o_.token);  // a dead node's stream breaks: LOST after one interval
   std::string last_error;
   auto log_once = [&](const std::string& msg) {
     if (msg == last_error) return;
@@ -67,9 +69,7 @@ void CoordinatorLink::run() {
     req.set_name(o_.name);
     req.set_incarnation(incarnation_);
     v1::HeartbeatResponse resp;
-    grpc::ClientContext ctx;
-    rpc::prepare_call(ctx, o_.token, milliseconds(std::max<int64_t>(2000, 2 * interval_ms)));
-    const grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
+    const grpc::Status s = beats.beat(req, &resp, milliseconds(std::max<int64_t>(2000, 2 * interval_ms)));
     if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
       const std::string why = "the coordinator no longer leases incarnation " + std::to_string(incarnation_.load()) +
                               " of optimizer node " + o_.name + " (declared LOST)";
