@@ -140,13 +140,14 @@ void print_status(const v1::JobStatus& j) {
   if (j.resumed_from_step() > 0) row("resumed from:", "step " + std::to_string(j.resumed_from_step()));
   std::snprintf(buf, sizeof(buf), "%.4f", j.last_loss());
   if (j.step() > 0) row("loss:", buf);
-  if (j.state() == v1::RUNNING) {
+  // Running: now; ended: as its last attempt last reported them.
+  if (j.state() == v1::RUNNING || (finished(j.state()) && j.tokens_per_second() > 0)) {
     std::snprintf(buf, sizeof(buf), "%.0f", j.tokens_per_second());
     row("tokens/s:", buf);
     std::snprintf(buf, sizeof(buf), "%.1f%%", 100 * j.stall_share());
     row("stall share:", buf);
-    row("eta:", duration_text(j.eta_seconds()));
   }
+  if (j.state() == v1::RUNNING) row("eta:", duration_text(j.eta_seconds()));
   row("placement:", join(j.placement()));
   row("attempt:", std::to_string(j.attempt()));
   row("restarts:", std::to_string(j.restarts()));
@@ -361,7 +362,8 @@ int jobs_verb(Remote& r, const std::vector<std::string>& states, int limit) {
     std::snprintf(prog, sizeof(prog), "%.0f%%", j.progress_percent());
     if (j.step() > 0) std::snprintf(loss, sizeof(loss), "%.4f", j.last_loss());
     else std::snprintf(loss, sizeof(loss), "-");
-    if (j.state() == v1::RUNNING) std::snprintf(tps, sizeof(tps), "%.0f", j.tokens_per_second());
+    if (j.state() == v1::RUNNING || (finished(j.state()) && j.tokens_per_second() > 0))
+      std::snprintf(tps, sizeof(tps), "%.0f", j.tokens_per_second());
     else std::snprintf(tps, sizeof(tps), "-");
     std::printf("%-10s %-20s %-10s %6s %-13s %8s %9s %7s %-16s %4lld %10s %8s %10s %8s\n", j.id().c_str(),
                 j.name().substr(0, 20).c_str(), state_name(j.state()).c_str(), prog, step, loss, tps,

@@ -318,16 +318,18 @@ void Coordinator::fill_status(const Job& j, v1::JobStatus* out) const {
   out->set_total_steps(r.total_steps);
   out->set_progress_percent(r.total_steps > 0 ? 100.0 * double(r.step) / double(r.total_steps) : 0);
   out->set_eta_seconds(active(r.state) ? j.eta_seconds : (r.state == kSucceeded ? 0 : -1));
-  out->set_tokens_per_second(active(r.state) ? j.tokens_per_second : 0);
+  // While it runs, and once it ended: its last attempt's rate (queued or preempted: none).
+  out->set_tokens_per_second(queued(r.state) ? 0 : r.tokens_per_second);
   out->set_last_loss(r.last_loss);
-  out->set_stall_share(j.stall_share);
+  out->set_stall_share(r.stall_share);
   out->set_restarts(r.restarts);
   out->set_attempt(r.attempt);
   out->set_last_error(r.last_error);
   for (const std::string& w : r.placement) out->add_placement(w);
   for (const std::string& n : r.node_placement) out->add_optimizer_nodes(n);
-  const CostFigures cost = cost_figures(r.usd_per_hour, r.cost_usd, active(r.state) ? r.start_time_ms : 0, now_ms(),
-                                        j.stall_share, r.step, j.tokens_per_step, r.usd_lost_to_restarts);
+  const CostFigures cost =
+      cost_figures(r.usd_per_hour, r.cost_usd, active(r.state) ? r.start_time_ms : 0, now_ms(), r.stall_share,
+                   r.step, r.tokens_per_step, r.usd_lost_to_restarts);
   out->set_cost_usd(cost.usd);
   out->set_usd_per_hour(r.usd_per_hour);
   out->set_price_source(r.price_source);
@@ -782,8 +784,9 @@ ClusterSnapshot Coordinator::snapshot() const {
       if (j.rec.state == kRunning) out.slots_busy[kind] += j.demand.slots;
     }
     if (terminal(j.rec.state) && now - j.rec.end_time_ms > kEndedShownMs) continue;
-    const CostFigures cost = cost_figures(j.rec.usd_per_hour, j.rec.cost_usd, active(j.rec.state) ? j.rec.start_time_ms : 0,
-                                          now, j.stall_share, j.rec.step, j.tokens_per_step, j.rec.usd_lost_to_restarts);
+    const CostFigures cost =
+        cost_figures(j.rec.usd_per_hour, j.rec.cost_usd, active(j.rec.state) ? j.rec.start_time_ms : 0, now,
+                     j.rec.stall_share, j.rec.step, j.rec.tokens_per_step, j.rec.usd_lost_to_restarts);
     ClusterSnapshot::JobFigures f;
     f.id = id;
     f.state = j.rec.state;
@@ -1075,13 +1078,13 @@ Status Coordinator::report_progress(const v1::ReportProgressRequest& req) {
   j->rec.resumed_from_step = req.start_step();
   j->step_seconds = req.step_seconds();
   if (req.tokens_per_step() > 0) {
-    j->tokens_per_step = static_cast<double>(req.tokens_per_step());
+    j->rec.tokens_per_step = static_cast<double>(req.tokens_per_step());
   } else if (req.tokens_per_second() > 0 && req.step_seconds() > 0) {  // an older trainer: estimated
-    j->tokens_per_step = req.tokens_per_second() * req.step_seconds();
+    j->rec.tokens_per_step = req.tokens_per_second() * req.step_seconds();
   }
   j->rec.last_loss = req.loss();
-  j->tokens_per_second = req.tokens_per_second();
-  j->stall_share = req.stall_share();
+  j->rec.tokens_per_second = req.tokens_per_second();
+  j->rec.stall_share = req.stall_share();
   j->eta_seconds = req.eta_seconds();
   ++j->rec.revision;
   j->progress_dirty = true;
@@ -1274,8 +1277,8 @@ void Coordinator::end_attempt(Job& j, StoreBatch& batch) {
   const std::string stop = j.rec.stop_reason;
   release_attempt(j);
   j.rec.stop_reason.clear();
-  j.rec.exit_code = failed ? failed->exit_code : 0;
-  j.tokens_per_second = 0;
+  j.rec.exit_code =
+      failed ? failed->exit_code : 0;  // (its last rate and stall share stay: the ended attempt's)
   j.eta_seconds = -1;
   schedule_dirty_ = true;
   if (!failed) {
@@ -1314,7 +1317,7 @@ void Coordinator::end_attempt(Job& j, StoreBatch& batch) {
 void Coordinator::requeue_or_fail(Job& j, const std::string& reason, StoreBatch& batch) {
   release_attempt(j);
   j.rec.stop_reason.clear();
-  j.tokens_per_second = 0;
+  j.rec.tokens_per_second = 0;  // the next attempt's, once it reports
   j.eta_seconds = -1;
   schedule_dirty_ = true;
   const int64_t max = j.rec.max_restarts;

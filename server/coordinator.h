@@ -190,11 +190,8 @@ class Coordinator {
     std::vector<Member> members;  // current attempt (empty when not placed)
     std::vector<std::string> reserved_workers;
     std::string waiting_reason;
-    double tokens_per_second = 0;
-    double stall_share = 0;
     double eta_seconds = -1;
     double step_seconds = 0;     // of the latest progress report
-    double tokens_per_step = 0;  // reported by the trainer (0: unknown)
     bool progressed = false;     // the current attempt has reported progress (restart loss taken)
     int64_t queued_since_ms = 0; // submit or requeue: the queue wait starts here
     int64_t last_persist_ms = 0;

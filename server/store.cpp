@@ -131,6 +131,12 @@ CREATE TABLE profiles (
   received_ms INTEGER NOT NULL
 ) STRICT;
 )sql"},
+    {4, R"sql(
+-- The trainer's last reported figures, kept past the attempt (doubles as bits).
+ALTER TABLE jobs ADD COLUMN stall_share_bits INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN tokens_per_second_bits INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN tokens_per_step_bits INTEGER NOT NULL DEFAULT 0;
+)sql"},
 };
 
 constexpr int kBusyTimeoutMs = 5000;  // only a reader such as the sqlite3 shell can hold a lock
@@ -143,7 +149,8 @@ constexpr const char* kJobColumns[] = {
     "host_memory_bytes_per_worker", "step", "total_steps", "resumed_from_step", "last_loss_bits",
     "cost_usd_bits", "last_error", "stop_reason", "exit_code", "revision", "checkpoint_dir", "device", "workers",
     "gpus_per_worker", "max_restarts", "usd_per_hour_bits", "price_source", "usd_lost_to_restarts_bits",
-    "optimizer_nodes", "node_memory_bytes", "node_placement"};
+    "optimizer_nodes", "node_memory_bytes", "node_placement", "stall_share_bits", "tokens_per_second_bits",
+    "tokens_per_step_bits"};
 constexpr const char* kWorkerColumns[] = {
     "name", "role", "resources", "address", "rendezvous_ports", "incarnation", "registered_ms", "state"};
 // clang-format on
@@ -589,7 +596,10 @@ void SqliteStore::write_job(const JobRecord& j) {
                     b.integer(double_bits(j.usd_lost_to_restarts)),
                     b.integer(j.optimizer_nodes),
                     b.integer(j.node_memory_bytes),
-                    b.text(node_placement)};
+                    b.text(node_placement),
+                    b.integer(double_bits(j.stall_share)),
+                    b.integer(double_bits(j.tokens_per_second)),
+                    b.integer(double_bits(j.tokens_per_step))};
   static_assert(std::size(rc) == std::size(kJobColumns), "write_job binds every jobs column");
   const std::string doing = "writing job " + quoted(j.id) +
                             (j.request_id.empty() ? "" : " (request_id " + quoted(j.request_id) + ")");
@@ -697,6 +707,9 @@ JobRecord SqliteStore::read_job(sqlite3_stmt* s) const {
   if (!decode_names(nodes, j.node_placement))
     throw StoreError("database " + path_ + ": job " + quoted(j.id) + " has a malformed node placement " +
                      quoted(nodes));
+  j.stall_share = bits_double(r.integer());
+  j.tokens_per_second = bits_double(r.integer());
+  j.tokens_per_step = bits_double(r.integer());
   return j;
 }
 
@@ -811,8 +824,12 @@ auto fields(const WorkerRecord& w) {
 // a NaN loss included (NaN != NaN as a double).
 bool JobRecord::operator==(const JobRecord& o) const {
   return fields(*this) == fields(o) && double_bits(last_loss) == double_bits(o.last_loss) &&
-         double_bits(cost_usd) == double_bits(o.cost_usd) && double_bits(usd_per_hour) == double_bits(o.usd_per_hour) &&
-         double_bits(usd_lost_to_restarts) == double_bits(o.usd_lost_to_restarts);
+         double_bits(cost_usd) == double_bits(o.cost_usd) &&
+         double_bits(usd_per_hour) == double_bits(o.usd_per_hour) &&
+         double_bits(usd_lost_to_restarts) == double_bits(o.usd_lost_to_restarts) &&
+         double_bits(stall_share) == double_bits(o.stall_share) &&
+         double_bits(tokens_per_second) == double_bits(o.tokens_per_second) &&
+         double_bits(tokens_per_step) == double_bits(o.tokens_per_step);
 }
 
 bool WorkerRecord::operator==(const WorkerRecord& o) const { return fields(*this) == fields(o); }

@@ -78,6 +78,12 @@ struct JobRecord {
   int64_t optimizer_nodes = 0;
   int64_t node_memory_bytes = 0;
   std::vector<std::string> node_placement;
+  // The trainer's figures as last reported (ReportProgress), kept past the attempt and a
+  // coordinator restart: a finished job still shows them, and the stall share and tokens per
+  // step price its usd_lost_to_stalls and tokens.
+  double stall_share = 0;
+  double tokens_per_second = 0;
+  double tokens_per_step = 0;  // the global batch's tokens (0: unknown)
   bool operator==(const JobRecord& o) const;
 };
 

@@ -576,6 +576,61 @@ TEST(Coordinator, ABrokenHeartbeatStreamCutsTheLeaseOnlyWhenItWasTheLatest) {
   EXPECT_TRUE(said);
 }
 
+// A finished job keeps the throughput and stall share its trainer last reported, and what
+// they price (stall dollars, tokens), across a coordinator restart.
+TEST(Coordinator, AFinishedJobKeepsItsLastRateAndStallShareAcrossARestart) {
+  TestDir dir;
+  v1::JobStatus done;
+  std::string id;
+  {
+    auto c = open_coordinator(dir.db());
+    v1::RegisterWorkerResponse reg;
+    ASSERT_TRUE(c->register_worker(trainer("w1", 29500), &reg).ok());
+    v1::SubmitJobRequest req = submit_request(dir, "priced", "");
+    req.set_spec_yaml(req.spec_yaml() + "cost: {usd_per_hour: 3.6}\n");
+    v1::SubmitJobResponse sub;
+    ASSERT_TRUE(c->submit(req, &sub).ok());
+    id = sub.job().id();
+    c->tick_now();
+    v1::ReportProgressRequest p;
+    p.set_name("w1");
+    p.set_incarnation(reg.incarnation());
+    p.mutable_attempt()->set_job_id(id);
+    p.mutable_attempt()->set_attempt(1);
+    p.set_step(3);
+    p.set_total_steps(3);
+    p.set_tokens_per_second(1234.5);
+    p.set_stall_share(0.25);
+    p.set_step_seconds(0.05);
+    p.set_tokens_per_step(64);
+    ASSERT_TRUE(c->report_progress(p).ok());
+    v1::ReportEventRequest ev;
+    ev.set_name("w1");
+    ev.set_incarnation(reg.incarnation());
+    ev.mutable_attempt()->set_job_id(id);
+    ev.mutable_attempt()->set_attempt(1);
+    ev.mutable_attempt()->set_exited(true);
+    ASSERT_TRUE(c->report_event(ev).ok());
+    ASSERT_TRUE(c->get(id, &done).ok());
+  }
+  EXPECT_EQ(done.state(), v1::SUCCEEDED);
+  EXPECT_EQ(done.tokens_per_second(), 1234.5);
+  EXPECT_EQ(done.stall_share(), 0.25);
+  EXPECT_GT(done.cost_usd(), 0);
+  EXPECT_DOUBLE_EQ(done.usd_lost_to_stalls(), 0.25 * done.cost_usd());
+  EXPECT_EQ(done.tokens(), 3 * 64);
+  auto again = open_coordinator(dir.db());
+  v1::JobStatus after;
+  ASSERT_TRUE(again->get(id, &after).ok());
+  EXPECT_EQ(after.state(), v1::SUCCEEDED);
+  EXPECT_EQ(after.tokens_per_second(), 1234.5);
+  EXPECT_EQ(after.stall_share(), 0.25);
+  EXPECT_EQ(after.cost_usd(), done.cost_usd());
+  EXPECT_EQ(after.usd_lost_to_stalls(), done.usd_lost_to_stalls());
+  EXPECT_EQ(after.tokens(), 3 * 64);
+  EXPECT_EQ(after.usd_per_1m_tokens(), done.usd_per_1m_tokens());
+}
+
 TEST(Coordinator, JobSkippedAsUnplaceableStartsWhenATrainerJoins) {
   TestDir dir;
   auto c = open_coordinator(dir.db());

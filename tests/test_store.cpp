@@ -104,6 +104,9 @@ JobRecord full_job(const std::string& id) {
   j.optimizer_nodes = 2;
   j.node_memory_bytes = int64_t{96} << 30;
   j.node_placement = {"opt-1", "opt,2" + odd_bytes()};
+  j.stall_share = 0.133;
+  j.tokens_per_second = std::nan("");  // bits kept
+  j.tokens_per_step = 4096;
   return j;
 }
 
@@ -197,8 +200,11 @@ TEST(Store, RecordEqualityLooksAtEveryField) {
       [](JobRecord& r) { r.usd_lost_to_restarts = 0.0; },  // -0.0 -> 0.0: other bits
       [](JobRecord& r) { r.optimizer_nodes++; },
       [](JobRecord& r) { r.node_memory_bytes++; },
-      [](JobRecord& r) { r.node_placement.pop_back(); }};
-  EXPECT_EQ(job_changes.size(), 36u);  // one per JobRecord field
+      [](JobRecord& r) { r.node_placement.pop_back(); },
+      [](JobRecord& r) { r.stall_share = 0.1; },
+      [](JobRecord& r) { r.tokens_per_second = 1; },
+      [](JobRecord& r) { r.tokens_per_step = 1; }};
+  EXPECT_EQ(job_changes.size(), 39u);  // one per JobRecord field
   EXPECT_TRUE(j == full_job("j-1"));
   for (size_t i = 0; i < job_changes.size(); ++i) {
     JobRecord changed = j;
@@ -599,9 +605,10 @@ TEST(Store, SchemaOneDatabaseMigratesKeepingItsJobs) {
   {
     sqlite3* raw = nullptr;
     ASSERT_EQ(sqlite3_open_v2(dir.db().c_str(), &raw, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
-    for (const char* column : {"checkpoint_dir", "device", "workers", "gpus_per_worker", "max_restarts",
-                               "usd_per_hour_bits", "price_source", "usd_lost_to_restarts_bits", "optimizer_nodes",
-                               "node_memory_bytes", "node_placement"}) {
+    for (const char* column :
+         {"checkpoint_dir", "device", "workers", "gpus_per_worker", "max_restarts", "usd_per_hour_bits",
+          "price_source", "usd_lost_to_restarts_bits", "optimizer_nodes", "node_memory_bytes",
+          "node_placement", "stall_share_bits", "tokens_per_second_bits", "tokens_per_step_bits"}) {
       const std::string sql = std::string("ALTER TABLE jobs DROP COLUMN ") + column;
       ASSERT_EQ(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
     }
@@ -622,6 +629,7 @@ TEST(Store, SchemaOneDatabaseMigratesKeepingItsJobs) {
   want.usd_lost_to_restarts = 0;
   want.optimizer_nodes = want.node_memory_bytes = 0;
   want.node_placement.clear();
+  want.stall_share = want.tokens_per_second = want.tokens_per_step = 0;
   EXPECT_TRUE(jobs[0] == want);
 }
 
