@@ -1,16 +1,16 @@
 #include "server/coordinator.h"
 
-#include "server/job_cost.h"
-
 #include <algorithm>
-#include <future>
 #include <cstdio>
 #include <filesystem>
+#include <future>
 #include <iostream>
+#include <random>
 #include <sstream>
 
 #include "common/advisor/job_profile.h"
 #include "common/rpc/rpc.h"
+#include "server/job_cost.h"
 
 namespace zenflow::server {
 namespace {
@@ -86,7 +86,9 @@ const Status kShuttingDown{StatusCode::UNAVAILABLE, "coordinator is shutting dow
 Coordinator::Coordinator(std::unique_ptr<Store> store, CoordinatorOptions options)
     : store_(std::move(store)),
       options_(std::move(options)),
-      step_aside_budget_(options_.submit_step_aside_saved) {
+      step_aside_budget_(options_.submit_step_aside_saved),
+      boot_((uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() ^
+            static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count())) {
   load();
   ticker_ = std::thread([this] { ticker(); });
   intake_thread_ = std::thread([this] { parse_large_submits(); });
@@ -929,6 +931,7 @@ Coordinator::Job* Coordinator::current_attempt(const std::string& job_id, int64_
 Status Coordinator::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp, int64_t stream) {
   resp->set_heartbeat_interval_ms(options_.heartbeat_interval.count());
   resp->set_lease_ms(options_.lease.count());
+  resp->set_coordinator_boot(boot_);
   if (stream != 0 && req.attempts_size() > 0)
     return {StatusCode::INVALID_ARGUMENT,
             "attempts: a beat on the heartbeat stream carries none (report attempts with Heartbeat)"};

@@ -157,6 +157,8 @@ class Coordinator {
   // `stream`: the HeartbeatStream the beat came on (an id the service gives each stream,
   // > 0), or 0 for a unary Heartbeat. A streamed beat must carry no attempts.
   grpc::Status heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp, int64_t stream = 0);
+  // Random, new at every start (HeartbeatResponse.coordinator_boot).
+  uint64_t boot() const { return boot_; }
   // Heartbeat stream `stream` of (name, incarnation) broke without the worker closing it:
   // when it carried the worker's latest streamed beat, the lease is cut to one heartbeat
   // interval from now (a live worker opens a new stream and beats at once).
@@ -322,6 +324,7 @@ class Coordinator {
   std::condition_variable intake_cv_;
   std::deque<Intake> intake_;
   bool intake_stopping_ = false;
+  const uint64_t boot_;
   std::thread ticker_;
   std::thread intake_thread_;
   std::thread committer_;

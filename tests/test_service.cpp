@@ -20,6 +20,7 @@
 #include "common/rpc/rpc.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
+#include "tests/support/http_client.h"
 #include "tests/support/service_cluster.h"
 #include "tests/support/shell.h"
 #include "tests/support/tiny_job.h"
@@ -207,6 +208,16 @@ TEST(Service, PausedWorkerIsFencedAndItsStaleAttemptEnds) {
   EXPECT_DOUBLE_EQ(c.status(id).value("last_loss", 0.0), reference_loss(c, spec));
 }
 
+// How many `method` calls the coordinator's /metrics counts (zenflow_rpc_duration_seconds);
+// -1 when it cannot be scraped.
+int64_t rpc_count(int metrics_port, const std::string& method) {
+  const auto [status, body] = test_support::http_get(metrics_port, "/metrics");
+  if (status != 200) return -1;
+  const std::string key = "zenflow_rpc_duration_seconds_count{method=\"" + method + "\"} ";
+  const size_t at = body.find(key);
+  return at == std::string::npos ? -1 : std::stoll(body.substr(at + key.size()));
+}
+
 TEST(Service, CoordinatorSigkillDoesNotRestartRunningJobs) {
   Cluster c("restart");
   c.start_coordinator();
@@ -240,6 +251,44 @@ TEST(Service, CoordinatorSigkillDoesNotRestartRunningJobs) {
   ASSERT_EQ(c.cli("jobs --json", &jobs), 0);
   EXPECT_EQ(nlohmann::json::parse(jobs)["jobs"].size(), 1u);  // no duplicate
   EXPECT_DOUBLE_EQ(st.value("last_loss", 0.0), reference_loss(c, spec));
+}
+
+// While its job runs, a worker keeps its lease by HeartbeatStream beats alone, with no
+// unary Heartbeat (the attempt's start, once taken, is not reported again); a restarted
+// coordinator (another boot) gets the running attempt reported once more, then none again.
+TEST(Service, ARunningWorkerBeatsOnItsStreamAloneAndReportsItsAttemptAgainAfterARestart) {
+  const int metrics_port = test_support::free_port();
+  test_support::ClusterOptions o;
+  o.coordinator_flags = {"--metrics-port", std::to_string(metrics_port)};
+  Cluster c("stream-only", o);
+  c.start_coordinator();
+  c.start_worker("w1");
+  const std::string id = c.submit(write_job(c, "long", 100000, 0));
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(wait_until([&] { return step_of(c, id) >= 5; }, 120s)) << c.status(id).dump();
+  // Calls over 2 s of the running job (beats every 500 ms).
+  auto calls_over_2s = [&] {
+    const int64_t unary0 = rpc_count(metrics_port, "Heartbeat"),
+                  beats0 = rpc_count(metrics_port, "HeartbeatStream");
+    std::this_thread::sleep_for(2s);
+    return std::make_pair(rpc_count(metrics_port, "Heartbeat") - unary0,
+                          rpc_count(metrics_port, "HeartbeatStream") - beats0);
+  };
+  auto [unary, beats] = calls_over_2s();
+  EXPECT_EQ(unary, 0);
+  EXPECT_GE(beats, 2);
+  c.coordinator().kill(SIGKILL);
+  std::this_thread::sleep_for(1500ms);
+  c.start_coordinator();
+  EXPECT_TRUE(wait_until([&] { return rpc_count(metrics_port, "Heartbeat") >= 1; }, 10s));
+  EXPECT_EQ(c.state(id), "RUNNING");  // the report was the running attempt's, not an exit's
+  std::tie(unary, beats) = calls_over_2s();
+  EXPECT_EQ(unary, 0);
+  EXPECT_GE(beats, 2);
+  EXPECT_EQ(c.state(id), "RUNNING");
+  EXPECT_EQ(i64(c.status(id), "attempt", 0), 1);
+  ASSERT_EQ(c.cli("cancel " + id), 0);
+  EXPECT_TRUE(c.wait_state(id, "CANCELLED", 30s)) << c.status(id).dump();
 }
 
 // `zenflow advise JOB_ID`: the agent runs rank 0 with --profile-if-possible and uploads the

@@ -130,6 +130,9 @@ struct Attempt {
   std::string message;
   bool exit_reported = false;  // the coordinator acknowledged it
   bool started_reported = false;
+  // The coordinator (boot Impl::acked_boot) took it as started: not reported again until it
+  // exits or the coordinator restarts.
+  bool start_acked = false;
   Clock::time_point first_failure{};
   // Output: every byte goes to output.log; pending holds what the coordinator lacks.
   std::ofstream log_file;
@@ -170,6 +173,8 @@ struct Agent::Impl {
   std::atomic<int64_t> interval_ms{1000};
   std::atomic<int64_t> lease_ms{4000};
   std::atomic<int64_t> last_ok_ns{Clock::now().time_since_epoch().count()};  // last accepted heartbeat
+  std::atomic<uint64_t> coordinator_boot{0};  // of the last accepted heartbeat (pulse or report)
+  uint64_t acked_boot = 0;                    // the boot the attempts' start_acked hold for (main thread)
   milliseconds heartbeat_interval() const { return milliseconds(interval_ms.load()); }
   Clock::time_point next_heartbeat{};
   // The ranks' leases are renewed by a thread of their own, so that RPCs to a coordinator
@@ -321,6 +326,7 @@ void Agent::Impl::pulse_loop() {
       if (!s.ok()) metrics->heartbeat_failures.inc();
       if (s.ok()) {
         last_ok_ns.store(Clock::now().time_since_epoch().count());
+        coordinator_boot.store(resp.coordinator_boot());
         interval_ms.store(std::max<int64_t>(50, resp.heartbeat_interval_ms()));
       } else if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
         std::lock_guard<std::mutex> lock(mu);
@@ -336,31 +342,44 @@ void Agent::Impl::pulse_loop() {
   }
 }
 
-// The attempts' states (started, exited with a code), repeated until acknowledged; only
-// when there is something to report (the pulse keeps the lease).
+// The attempts' states, each repeated until the coordinator took it: a start until a report
+// of it was accepted (again after the coordinator restarted: it may have lost a gang's
+// starts), an exit until acknowledged. Only when there is something to report: the pulse
+// keeps the lease, so a worker whose jobs run makes no call here.
 void Agent::Impl::heartbeat() {
   int64_t inc;
   {
     std::lock_guard<std::mutex> lock(mu);
     inc = incarnation;
   }
+  if (const uint64_t boot = coordinator_boot.load(); boot != acked_boot) {
+    for (auto& [key, at] : attempts) at.start_acked = false;
+    acked_boot = boot;
+  }
   v1::HeartbeatRequest req;
   req.set_name(o.name);
   req.set_incarnation(inc);
   for (const auto& [key, at] : attempts)
-    if (!at.exit_reported && (!at.exited || at.pending.empty())) fill_report(at, req.add_attempts());
+    if (!at.exit_reported && (at.exited ? at.pending.empty() : !at.start_acked))
+      fill_report(at, req.add_attempts());
   grpc::Status s;
   v1::HeartbeatResponse resp;
   if (req.attempts_size() > 0) s = call(&v1::WorkerService::Stub::Heartbeat, req, &resp, std::min(heartbeat_interval(), kRpcDeadline));
-  if (s.ok()) {
-    if (req.attempts_size() > 0) last_ok_ns.store(Clock::now().time_since_epoch().count());
-    if (Clock::now() - Clock::time_point(Clock::duration(last_ok_ns.load())) < milliseconds(lease_ms.load()))
-      disconnected_stop = false;
+  if (req.attempts_size() > 0 && s.ok()) {
+    last_ok_ns.store(Clock::now().time_since_epoch().count());
+    if (resp.coordinator_boot() != acked_boot) {  // restarted since: what it took is from now on
+      for (auto& [key, at] : attempts) at.start_acked = false;
+      acked_boot = resp.coordinator_boot();
+      coordinator_boot.store(acked_boot);
+    }
+    for (const v1::AttemptReport& r : req.attempts()) {
+      auto it = attempts.find({r.job_id(), r.attempt()});
+      if (it != attempts.end() && !r.exited()) it->second.start_acked = true;
+    }
     for (const v1::AttemptRef& ack : resp.acknowledged()) {
       auto it = attempts.find({ack.job_id(), ack.attempt()});
       if (it != attempts.end() && it->second.exited) it->second.exit_reported = true;
     }
-    return;
   }
   if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
     std::lock_guard<std::mutex> lock(mu);
@@ -368,7 +387,9 @@ void Agent::Impl::heartbeat() {
     log_line("coordinator refused heartbeat: " + s.error_message());
     return;
   }
+  // Whether the coordinator is away: since its last accepted beat, the pulse's or this call's.
   const auto away = Clock::now() - Clock::time_point(Clock::duration(last_ok_ns.load()));
+  if (away < milliseconds(lease_ms.load())) disconnected_stop = false;
   const bool running = std::any_of(attempts.begin(), attempts.end(), [](const auto& kv) { return !kv.second.exited; });
   if (away > o.disconnected_grace && !disconnected_stop && running) {
     disconnected_stop = true;
@@ -554,6 +575,7 @@ void Agent::Impl::start_attempt(const v1::Assignment& a) {
   fill_report(placed, ev.mutable_attempt());
   v1::ReportEventResponse ignored;
   placed.started_reported = call(&v1::WorkerService::Stub::ReportEvent, ev, &ignored).ok();
+  placed.start_acked = placed.started_reported;  // (a restart of the coordinator since resets it)
 }
 
 void Agent::Impl::reconcile() {
