@@ -592,6 +592,8 @@ TEST(Coordinator, AFinishedJobKeepsItsLastRateAndStallShareAcrossARestart) {
     ASSERT_TRUE(c->submit(req, &sub).ok());
     id = sub.job().id();
     c->tick_now();
+    // Held for a while (its cost is the time it holds the worker, at the rate).
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
     v1::ReportProgressRequest p;
     p.set_name("w1");
     p.set_incarnation(reg.incarnation());
