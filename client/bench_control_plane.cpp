@@ -314,6 +314,10 @@ struct SimWorker {
   size_t channel = 0;  // its connection: index % channels
   int64_t incarnation = 0;
   std::atomic<bool> stopped{false};
+  // Set: its stream is to break (cancelled, as a dead process's closed connection breaks it),
+  // at its next beat; broken_ns says when it did (streams only).
+  std::atomic<bool> drop{false};
+  std::atomic<int64_t> broken_ns{0};
   std::atomic<int64_t> last_ok_ns{0};
   // When the generator last sent for it (its registration, then each beat), and the longest
   // it went without sending: a gap of a lease less one beat period or more is the
@@ -594,7 +598,14 @@ HeartbeatLoad run_stream_load(const Clients& c, const std::vector<SimWorker*>& w
     if (due >= plan.end) break;
     collect_until(cq, due, completed);
     Stream& st = *streams[static_cast<size_t>(k % nn)];
-    if (st.worker->stopped.load()) continue;
+    if (st.worker->drop.load() && !st.cancelled) {  // the worker "dies": its stream breaks
+      st.ctx.TryCancel();
+      st.cancelled = true;
+      st.broken = true;
+      st.worker->broken_ns.store(Clock::now().time_since_epoch().count());
+      finish_if_idle(st);
+    }
+    if (st.worker->stopped.load() || st.cancelled) continue;
     Beat b;
     b.due = due;
     b.lag_ms = ms_between(due, Clock::now());
@@ -1176,8 +1187,9 @@ int run_bench(const Args& a) {
   // Detection: `trials` workers stop at random moments while the others keep beating. The
   // victims are live ones: a worker the load already had declared LOST (a false LOST, on an
   // overloaded machine) has nothing left to detect, and its last good heartbeat is old.
-  say("failure detection: " + std::to_string(a.trials) + " workers stop heartbeating");
-  std::vector<double> detect_ms;
+  say("failure detection: " + std::to_string(a.trials) + " workers stop heartbeating" +
+      (c.unary_heartbeats ? "" : ", " + std::to_string(a.trials) + " more have their stream break"));
+  std::vector<double> detect_ms, broken_ms;
   {
     std::mt19937_64 rng(11);
     const auto states = worker_states(c);
@@ -1185,14 +1197,19 @@ int run_bench(const Args& a) {
       const auto it = states.find(w.name);
       return it != states.end() && it->second != "LOST";
     };
-    std::vector<size_t> victims;
-    for (int i = 0; i < a.trials; ++i) {
-      size_t v = static_cast<size_t>(i) * (sims.size() / a.trials);
+    // Victims: `trials` that stop beating (a paused worker: its stream stays open) and, on
+    // streams, `trials` more whose stream breaks (a dead one: its connection closes).
+    const bool breaks = !c.unary_heartbeats;
+    const int kinds = breaks ? 2 : 1;
+    std::vector<size_t> victims, broken;
+    for (int i = 0; i < a.trials * kinds; ++i) {
+      size_t v = static_cast<size_t>(i) * (sims.size() / static_cast<size_t>(a.trials * kinds));
       while (v < sims.size() && !is_live(*sims[v])) ++v;  // the next live one
-      if (v < sims.size() && (victims.empty() || v > victims.back())) victims.push_back(v);
+      if (v < sims.size() && (victims.empty() || v > victims.back()) && (broken.empty() || v > broken.back()))
+        (i % kinds == 0 ? victims : broken).push_back(v);
     }
-    if (victims.size() < static_cast<size_t>(a.trials))
-      say("detection: only " + std::to_string(victims.size()) + " live workers to stop");
+    if (victims.size() + broken.size() < static_cast<size_t>(a.trials * kinds))
+      say("detection: only " + std::to_string(victims.size() + broken.size()) + " live workers to stop");
     const auto t_start = Clock::now() + milliseconds(100);
     const auto t_end = t_start + milliseconds(12000);
     std::thread beats([&] {
@@ -1200,23 +1217,36 @@ int run_bench(const Args& a) {
       if (!l.first_error.empty()) say("detection: a heartbeat failed: " + l.first_error);
     });
     std::thread stopper([&] {
-      for (size_t v : victims) {
-        std::this_thread::sleep_until(t_start + milliseconds(500 + static_cast<int64_t>(rng() % 2000)));
-        sims[v]->stopped.store(true);
-      }
-    });
-    std::map<size_t, double> seen;
-    while (Clock::now() < t_end && seen.size() < victims.size()) {
-      const auto states = worker_states(c);
-      const auto now = Clock::now();
-      for (size_t v : victims) {
-        if (seen.count(v) || !sims[v]->stopped.load()) continue;
-        auto it = states.find(sims[v]->name);
-        if (it != states.end() && it->second == "LOST") {
-          const Clock::time_point last(Clock::duration(sims[v]->last_ok_ns.load()));
-          seen[v] = ms_between(last, now);
+      std::vector<std::pair<Clock::time_point, size_t>> when;  // (time, victim; broken ones + sims.size())
+      for (size_t v : victims)
+        when.emplace_back(t_start + milliseconds(500 + static_cast<int64_t>(rng() % 2000)), v);
+      for (size_t v : broken)
+        when.emplace_back(t_start + milliseconds(500 + static_cast<int64_t>(rng() % 2000)), v + sims.size());
+      std::sort(when.begin(), when.end());
+      for (const auto& [t, v] : when) {
+        std::this_thread::sleep_until(t);
+        if (v < sims.size()) {
+          sims[v]->stopped.store(true);
+        } else {
+          sims[v - sims.size()]->drop.store(true);
         }
       }
+    });
+    // From its last answered beat (stopped) or from its stream's break (broken) to LOST.
+    std::map<size_t, double> seen, seen_broken;
+    while (Clock::now() < t_end && seen.size() + seen_broken.size() < victims.size() + broken.size()) {
+      const auto states = worker_states(c);
+      const auto now = Clock::now();
+      auto lost = [&](size_t v) {
+        auto it = states.find(sims[v]->name);
+        return it != states.end() && it->second == "LOST";
+      };
+      for (size_t v : victims)
+        if (!seen.count(v) && sims[v]->stopped.load() && lost(v))
+          seen[v] = ms_between(Clock::time_point(Clock::duration(sims[v]->last_ok_ns.load())), now);
+      for (size_t v : broken)
+        if (!seen_broken.count(v) && sims[v]->broken_ns.load() > 0 && lost(v))
+          seen_broken[v] = ms_between(Clock::time_point(Clock::duration(sims[v]->broken_ns.load())), now);
       std::this_thread::sleep_for(milliseconds(100));  // ListWorkers of every worker, 10/s
     }
     stopper.join();
@@ -1226,6 +1256,15 @@ int run_bench(const Args& a) {
     out["detection"]["trials"] = victims.size();
     out["detection"]["detected"] = seen.size();
     out["detection"]["lease_ms"] = kLease.count();
+    if (breaks) {
+      for (const auto& [v, ms] : seen_broken) broken_ms.push_back(ms);
+      out["detection_stream_broken"] = to_json(quantiles(broken_ms));
+      out["detection_stream_broken"]["trials"] = broken.size();
+      out["detection_stream_broken"]["detected"] = seen_broken.size();
+      out["detection_stream_broken"]["interval_ms"] = period.count();
+      out["detection_stream_broken"]["what"] =
+          "a worker's HeartbeatStream breaks (its process died) -> LOST, polled every 100 ms";
+    }
   }
 
   // Restarts: SIGKILL, restart on the same DB and port, SERVING and re-attach times.
@@ -1366,6 +1405,10 @@ int run_bench(const Args& a) {
   std::fprintf(stderr, "%-44s %10.3f cores\n", "coordinator idle", idle_cores);
   row("worker stops -> LOST (lease 4 s)", quantiles(detect_ms),
       std::to_string(detect_ms.size()) + " of " + out["detection"]["trials"].dump());
+  if (out.contains("detection_stream_broken"))
+    row("worker's stream breaks -> LOST", quantiles(broken_ms),
+        std::to_string(broken_ms.size()) + " of " + out["detection_stream_broken"]["trials"].dump() +
+            " (heartbeat interval 500 ms; polled every 100 ms)");
   row("coordinator SIGKILL -> SERVING", quantiles(serving_ms), "from exec");
   std::snprintf(note, sizeof(note), "%zu workers; missing %d, duplicates %d, lost %d", live.size(), missing, duplicates,
                 lost_after_restart);

@@ -900,7 +900,13 @@ TEST(Service, ControlPlaneBenchSendsItsWholeScheduleAndKeepsTheInvariants) {
   EXPECT_EQ(j["cpu_per_request"].value("submits", 0), 500);
   EXPECT_EQ(j["detection"].value("trials", 0), 1);
   EXPECT_EQ(j["detection"].value("detected", 0), 1);
-  EXPECT_EQ(j["restart"].value("workers", 0), 49);  // the live ones: 50 less the stopped one
+  // The simulated workers beat on streams; one whose stream broke was LOST before any lease
+  // (4 s) could have run out: one interval (500 ms) after the break.
+  EXPECT_NE(j["heartbeats"].value("rpc", "").find("HeartbeatStream"), std::string::npos);
+  EXPECT_EQ(j["detection_stream_broken"].value("trials", 0), 1);
+  EXPECT_EQ(j["detection_stream_broken"].value("detected", 0), 1);
+  EXPECT_LT(j["detection_stream_broken"].value("max_ms", 1e9), 4000.0);
+  EXPECT_EQ(j["restart"].value("workers", 0), 48);  // the live ones: 50 less the stopped and the broken one
   EXPECT_EQ(j["restart"].value("acked_submits", 0), 100);
   EXPECT_EQ(j["restart"].value("acked_submits_missing", -1), 0);
   EXPECT_EQ(j["restart"].value("duplicates", -1), 0);
