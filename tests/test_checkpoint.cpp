@@ -20,6 +20,7 @@
 #include "common/job_spec.h"
 #include "common/remove_tree.h"
 #include "tests/support/dir_lock_holder.h"
+#include "tests/support/scratch.h"
 #include "tests/support/shell.h"
 #include "worker/checkpoint.h"
 
@@ -34,7 +35,7 @@ fs::path scratch(const std::string& name) {
   const fs::path d = fs::temp_directory_path() / ("zenflow-ckpt-" + name + "-" + std::to_string(::getpid()));
   zenflow::remove_tree(d);
   fs::create_directories(d);
-  return d;
+  return zenflow::test_support::removed_at_exit(d);
 }
 
 zenflow::CheckpointContents contents(float scale) {

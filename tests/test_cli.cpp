@@ -1,11 +1,5 @@
 // The zenflow binary: exit codes and messages for bad specs, --json output of run.
 #include <gtest/gtest.h>
-
-#include "common/remove_tree.h"
-#include "tests/support/tiny_job.h"
-#include "worker/checkpoint.h"
-#include "worker/model/safetensors.h"
-#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,8 +8,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
+
+#include "common/remove_tree.h"
+#include "tests/support/scratch.h"
+#include "tests/support/tiny_job.h"
+#include "worker/checkpoint.h"
+#include "worker/model/safetensors.h"
 
 namespace fs = std::filesystem;
 
@@ -38,7 +39,8 @@ Result run(const std::string& args) {
 }
 
 std::string write_file(const std::string& name, const std::string& text) {
-  fs::path p = fs::temp_directory_path() / ("zenflow-cli-" + std::to_string(::getpid()));
+  const fs::path p = zenflow::test_support::removed_at_exit(fs::temp_directory_path() /
+                                                            ("zenflow-cli-" + std::to_string(::getpid())));
   fs::create_directories(p);
   std::ofstream(p / name) << text;
   return (p / name).string();

@@ -1,10 +1,6 @@
 // The pricing catalog (deploy/pricing.yaml, common/pricing.h), the cost arithmetic, and
 // the cost that `zenflow run` reports.
-#include "tests/support/tiny_job.h"
-#include "common/pricing.h"
-
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,7 +9,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
+
+#include "common/pricing.h"
+#include "tests/support/scratch.h"
+#include "tests/support/tiny_job.h"
 
 namespace fs = std::filesystem;
 using zenflow::PricingCatalog;
@@ -224,7 +225,8 @@ Output sh(const std::string& cmd) {
 }
 
 std::string tiny_spec() {
-  const fs::path dir = fs::temp_directory_path() / ("zenflow-pricing-" + std::to_string(::getpid()));
+  const fs::path dir = zenflow::test_support::removed_at_exit(
+      fs::temp_directory_path() / ("zenflow-pricing-" + std::to_string(::getpid())));
   fs::create_directories(dir);
   std::ofstream(dir / "tiny.yaml") << kTiny;
   return (dir / "tiny.yaml").string();

@@ -21,6 +21,7 @@
 
 #include "common/remove_tree.h"
 #include "tests/support/dir_lock_holder.h"
+#include "tests/support/scratch.h"
 #include "tests/support/shell.h"
 #include "tests/support/tiny_job.h"
 #include "worker/checkpoint.h"
@@ -45,7 +46,7 @@ fs::path scratch(const std::string& name) {
   const fs::path d = fs::temp_directory_path() / ("zenflow-rank-" + name + "-" + std::to_string(::getpid()));
   zenflow::remove_tree(d);
   fs::create_directories(d);
-  return d;
+  return zenflow::test_support::removed_at_exit(d);
 }
 
 // The tiny CLI job with its checkpoints in `dir`/ckpt.
