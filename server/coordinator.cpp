@@ -884,9 +884,7 @@ Status Coordinator::register_worker(const v1::RegisterWorkerRequest& req, v1::Re
     std::lock_guard<std::mutex> lease_lock(w.lease->mu);
     w.lease->incarnation = w.rec.incarnation;
     w.lease->lost = false;
-    w.lease->deadline_ms = now + options_.lease.count();
-    w.lease->last_heartbeat_ms = now;
-    w.lease->stream_broken_ms = 0;
+    renew(*w.lease, now);
     ++w.lease->assignment_revision;
   }
   next_lease_expiry_ms_ = std::min(next_lease_expiry_ms_, now + options_.lease.count());
@@ -937,21 +935,13 @@ Status Coordinator::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResp
             "attempts: a beat on the heartbeat stream carries none (report attempts with Heartbeat)"};
   if (req.attempts_size() == 0) {
     // Nearly every heartbeat: renew the lease, touching nothing else (no mu_).
-    Lease* lease = nullptr;
-    {
-      std::shared_lock<std::shared_mutex> table_lock(leases_mu_);
-      auto it = leases_.find(req.name());
-      if (it != leases_.end()) lease = it->second;
-    }
+    Lease* lease = lease_of(req.name());
     if (!lease)
       return {StatusCode::FAILED_PRECONDITION, "worker " + req.name() + " is not registered; register again"};
     std::lock_guard<std::mutex> lease_lock(lease->mu);
     if (lease->incarnation != req.incarnation() || lease->lost)
       return not_leased(req.name(), req.incarnation(), *lease);
-    const int64_t now = now_ms();
-    lease->deadline_ms = now + options_.lease.count();
-    lease->last_heartbeat_ms = now;
-    lease->stream_broken_ms = 0;
+    renew(*lease, now_ms());
     if (stream != 0) lease->pulse_stream = stream;
     resp->set_assignment_revision(lease->assignment_revision);
     return Status::OK;
@@ -962,10 +952,7 @@ Status Coordinator::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResp
   if (!w) return st;
   {
     std::lock_guard<std::mutex> lease_lock(w->lease->mu);
-    const int64_t now = now_ms();
-    w->lease->deadline_ms = now + options_.lease.count();
-    w->lease->last_heartbeat_ms = now;
-    w->lease->stream_broken_ms = 0;
+    renew(*w->lease, now_ms());
   }
   StoreBatch batch;
   for (const v1::AttemptReport& r : req.attempts()) {
@@ -985,13 +972,20 @@ Status Coordinator::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResp
   return Status::OK;
 }
 
+Coordinator::Lease* Coordinator::lease_of(const std::string& name) {
+  std::shared_lock<std::shared_mutex> table_lock(leases_mu_);
+  auto it = leases_.find(name);
+  return it == leases_.end() ? nullptr : it->second;
+}
+
+void Coordinator::renew(Lease& lease, int64_t now) const {
+  lease.deadline_ms = now + options_.lease.count();
+  lease.last_heartbeat_ms = now;
+  lease.stream_broken_ms = 0;
+}
+
 void Coordinator::heartbeat_stream_broken(const std::string& name, int64_t incarnation, int64_t stream) {
-  Lease* lease = nullptr;
-  {
-    std::shared_lock<std::shared_mutex> table_lock(leases_mu_);
-    auto it = leases_.find(name);
-    if (it != leases_.end()) lease = it->second;
-  }
+  Lease* lease = lease_of(name);
   if (!lease) return;
   int64_t deadline = 0;
   {

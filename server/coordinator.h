@@ -259,6 +259,9 @@ class Coordinator {
   void requeue_or_fail(Job& j, const std::string& reason, StoreBatch& batch);
   void lose_worker(Worker& w, const std::string& why, StoreBatch& batch);
   void check_leases(StoreBatch& batch);
+  Lease* lease_of(const std::string& name);  // null: never registered (no mu_ needed)
+  // A beat (or a registration) at `now`: the lease runs a full term again. Under the lease's mutex.
+  void renew(Lease& lease, int64_t now) const;
   void run_schedule(StoreBatch& batch);
   void persist_progress(StoreBatch& batch);
   void tick_locked();

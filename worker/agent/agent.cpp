@@ -129,7 +129,6 @@ struct Attempt {
   int exit_code = 0;
   std::string message;
   bool exit_reported = false;  // the coordinator acknowledged it
-  bool started_reported = false;
   // The coordinator (boot Impl::acked_boot) took it as started: not reported again until it
   // exits or the coordinator restarts.
   bool start_acked = false;
@@ -175,6 +174,12 @@ struct Agent::Impl {
   std::atomic<int64_t> last_ok_ns{Clock::now().time_since_epoch().count()};  // last accepted heartbeat
   std::atomic<uint64_t> coordinator_boot{0};  // of the last accepted heartbeat (pulse or report)
   uint64_t acked_boot = 0;                    // the boot the attempts' start_acked hold for (main thread)
+  // A coordinator boot other than acked_boot: it restarted, and knows of no start yet.
+  void adopt_boot(uint64_t boot) {
+    if (boot == acked_boot) return;
+    for (auto& [key, at] : attempts) at.start_acked = false;
+    acked_boot = boot;
+  }
   milliseconds heartbeat_interval() const { return milliseconds(interval_ms.load()); }
   Clock::time_point next_heartbeat{};
   // The ranks' leases are renewed by a thread of their own, so that RPCs to a coordinator
@@ -352,10 +357,7 @@ void Agent::Impl::heartbeat() {
     std::lock_guard<std::mutex> lock(mu);
     inc = incarnation;
   }
-  if (const uint64_t boot = coordinator_boot.load(); boot != acked_boot) {
-    for (auto& [key, at] : attempts) at.start_acked = false;
-    acked_boot = boot;
-  }
+  adopt_boot(coordinator_boot.load());
   v1::HeartbeatRequest req;
   req.set_name(o.name);
   req.set_incarnation(inc);
@@ -367,11 +369,8 @@ void Agent::Impl::heartbeat() {
   if (req.attempts_size() > 0) s = call(&v1::WorkerService::Stub::Heartbeat, req, &resp, std::min(heartbeat_interval(), kRpcDeadline));
   if (req.attempts_size() > 0 && s.ok()) {
     last_ok_ns.store(Clock::now().time_since_epoch().count());
-    if (resp.coordinator_boot() != acked_boot) {  // restarted since: what it took is from now on
-      for (auto& [key, at] : attempts) at.start_acked = false;
-      acked_boot = resp.coordinator_boot();
-      coordinator_boot.store(acked_boot);
-    }
+    adopt_boot(resp.coordinator_boot());  // restarted since: what it takes counts from now on
+    coordinator_boot.store(acked_boot);
     for (const v1::AttemptReport& r : req.attempts()) {
       auto it = attempts.find({r.job_id(), r.attempt()});
       if (it != attempts.end() && !r.exited()) it->second.start_acked = true;
@@ -574,8 +573,8 @@ void Agent::Impl::start_attempt(const v1::Assignment& a) {
   }
   fill_report(placed, ev.mutable_attempt());
   v1::ReportEventResponse ignored;
-  placed.started_reported = call(&v1::WorkerService::Stub::ReportEvent, ev, &ignored).ok();
-  placed.start_acked = placed.started_reported;  // (a restart of the coordinator since resets it)
+  placed.start_acked =
+      call(&v1::WorkerService::Stub::ReportEvent, ev, &ignored).ok();  // (a restart since resets it)
 }
 
 void Agent::Impl::reconcile() {
