@@ -586,6 +586,79 @@ int64_t raw_user_version(const std::string& db, int64_t set_to = -1) {
   return version;
 }
 
+// The indexes a schema declares (not SQLite's own for primary keys), by name.
+std::vector<std::string> index_names(const std::string& db) {
+  sqlite3* raw = nullptr;
+  EXPECT_EQ(sqlite3_open_v2(db.c_str(), &raw, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  sqlite3_stmt* s = nullptr;
+  EXPECT_EQ(sqlite3_prepare_v2(
+                raw, "SELECT name FROM sqlite_schema WHERE type = 'index' AND sql IS NOT NULL ORDER BY name",
+                -1, &s, nullptr),
+            SQLITE_OK)
+      << sqlite3_errmsg(raw);
+  std::vector<std::string> names;
+  while (sqlite3_step(s) == SQLITE_ROW)
+    names.emplace_back(reinterpret_cast<const char*>(sqlite3_column_text(s, 0)));
+  sqlite3_finalize(s);
+  sqlite3_close(raw);
+  return names;
+}
+
+// Pages in the write-ahead log: each commit appends a frame (header + page) per page it
+// changed, and nothing checkpoints it below SQLite's 1,000-page threshold.
+int64_t wal_frames(const std::string& db) {
+  std::ifstream wal(db + "-wal", std::ios::binary);
+  unsigned char header[32] = {};
+  if (!wal.read(reinterpret_cast<char*>(header), sizeof header)) return 0;
+  const int64_t page =
+      (int64_t{header[8]} << 24) | (int64_t{header[9]} << 16) | (header[10] << 8) | header[11];
+  wal.seekg(0, std::ios::end);
+  return (static_cast<int64_t>(wal.tellg()) - 32) / (24 + page);
+}
+
+// What a commit costs is the pages it syncs. A transition or progress write of a job that
+// exists changes its row's page and no index page (the request_id entry is written at
+// submit, and only again when a job's request_id really changes).
+TEST(Store, AJobUpdateWritesOnlyItsRowsPage) {
+  StoreDir dir;
+  auto store = open_sqlite_store(dir.db());
+  std::vector<JobRecord> jobs;
+  for (int i = 0; i < 40; ++i) {  // several leaves of the table and of both indexes
+    jobs.push_back(full_job("j-" + std::to_string(100 + i)));
+    jobs.back().request_id = "req-" + std::to_string(100 + i);
+    jobs.back().submit_seq = i;
+  }
+  store->commit({jobs, {}, {}, {}});
+  JobRecord j = jobs[17];
+  for (const char* state : {"STARTING", "RUNNING"}) {
+    j.state = state;
+    ++j.step;
+    ++j.revision;
+    const int64_t before = wal_frames(dir.db());
+    store->commit({{j}, {}, {}, {}});
+    EXPECT_EQ(wal_frames(dir.db()) - before, 1) << state;
+  }
+  // A changed request_id is still written (the row and its index entries).
+  j.request_id = "req-renamed";
+  const int64_t before = wal_frames(dir.db());
+  store->commit({{j}, {}, {}, {}});
+  EXPECT_GE(wal_frames(dir.db()) - before, 2);
+  std::vector<JobRecord> want = jobs;
+  want[17] = j;
+  EXPECT_TRUE(store->load_jobs() == want);
+  // And the old key is free, the new one taken.
+  JobRecord other = full_job("j-200");
+  other.request_id = "req-117";
+  other.submit_seq = 99;
+  store->commit({{other}, {}, {}, {}});
+  other.id = "j-201";
+  other.request_id = "req-renamed";
+  EXPECT_NE(error_of([&] {
+              store->commit({{other}, {}, {}, {}});
+            }).find("UNIQUE constraint failed: jobs.request_id"),
+            std::string::npos);
+}
+
 TEST(Store, FreshDatabaseIsAtTheCurrentSchemaVersion) {
   StoreDir dir;
   EXPECT_GE(sqlite_schema_version(), 1);
@@ -613,11 +686,16 @@ TEST(Store, SchemaOneDatabaseMigratesKeepingItsJobs) {
       ASSERT_EQ(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
     }
     ASSERT_EQ(sqlite3_exec(raw, "DROP TABLE profiles", nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
+    ASSERT_EQ(sqlite3_exec(raw, "CREATE INDEX jobs_by_state ON jobs (state)", nullptr, nullptr, nullptr),
+              SQLITE_OK)
+        << sqlite3_errmsg(raw);  // schema 1 had it; schema 5 drops it
     sqlite3_close(raw);
   }
   ASSERT_EQ(raw_user_version(dir.db(), 1), 1);
+  EXPECT_EQ(index_names(dir.db()), (std::vector<std::string>{"jobs_by_request_id", "jobs_by_state"}));
   auto store = open_sqlite_store(dir.db());
   EXPECT_EQ(store->schema_version(), sqlite_schema_version());
+  EXPECT_EQ(index_names(dir.db()), std::vector<std::string>{"jobs_by_request_id"});
   const std::vector<JobRecord> jobs = store->load_jobs();
   ASSERT_EQ(jobs.size(), 1u);
   JobRecord want = full_job("j-1");
