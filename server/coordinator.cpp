@@ -113,7 +113,7 @@ void Coordinator::shutdown() {
   }
   changed_.notify_all();
   intake_cv_.notify_all();       // the intake thread answers what is queued (refused), then stops
-  submits_queued_.notify_all();  // the committer commits what is queued, then stops
+  submits_queued_.notify_all();  // the committer commits what is queued (submits, registrations), then stops
 }
 
 int64_t Coordinator::now_ms() const {
@@ -568,23 +568,34 @@ void Coordinator::step_aside(const PendingSubmit& p) {
 void Coordinator::commit_submits() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    submits_queued_.wait(lock, [&] { return stopping_ || !submit_queue_.empty(); });
-    if (submit_queue_.empty()) return;  // stopping, and every submit answered
+    submits_queued_.wait(lock,
+                         [&] { return stopping_ || !submit_queue_.empty() || !registration_queue_.empty(); });
+    if (submit_queue_.empty() && registration_queue_.empty()) return;  // stopping, and every call answered
     std::vector<std::shared_ptr<PendingSubmit>> group;
     group.swap(submit_queue_);
+    std::vector<std::shared_ptr<PendingRegistration>> registrations;
+    registrations.swap(registration_queue_);
     lock.unlock();
     StoreBatch batch;
     for (const auto& p : group) {
       batch.jobs.insert(batch.jobs.end(), p->batch.jobs.begin(), p->batch.jobs.end());
       batch.logs.insert(batch.logs.end(), p->batch.logs.begin(), p->batch.logs.end());
     }
-    Status status = Status::OK;
+    for (const auto& r : registrations) batch.workers.push_back(r->rec);
+    Status status = Status::OK, registered = Status::OK;
     try {
       timed_commit(batch);
     } catch (const StoreError& e) {
       status = {StatusCode::UNAVAILABLE, std::string("job store write failed: ") + e.what()};
+      registered = {StatusCode::UNAVAILABLE, std::string("worker store write failed: ") + e.what()};
     }
     lock.lock();
+    const int64_t now = now_ms();
+    for (const auto& r : registrations) {
+      if (registered.ok()) enter_worker(r->rec, r->resources, now);
+      registering_.erase(r->rec.name);
+    }
+    for (const auto& r : registrations) r->committed.set_value(registered);
     for (const auto& p : group) {
       const JobRecord& r = p->batch.jobs[0];
       const std::string id = r.id;
@@ -844,28 +855,75 @@ Status Coordinator::register_worker(const v1::RegisterWorkerRequest& req, v1::Re
   if (req.role() != v1::OPTIMIZER &&
       req.rendezvous_ports_size() < std::max<int>(res.gpus_size(), static_cast<int>(res.cpu_slots())))
     return bad("rendezvous_ports: one per slot needed");
-  std::lock_guard<std::mutex> lock(mu_);
-  const int64_t now = now_ms();
-  StoreBatch batch;
-  auto it = workers_.find(name);
-  if (it != workers_.end()) {
-    Worker& old = it->second;
-    int64_t deadline = 0, last_heartbeat = 0;
-    {
-      std::lock_guard<std::mutex> lease_lock(old.lease->mu);
-      deadline = old.lease->deadline_ms;
-      last_heartbeat = old.lease->last_heartbeat_ms;
-    }
-    if (old.rec.state != "LOST" && deadline > now && last_heartbeat > 0)
+  std::shared_ptr<PendingRegistration> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return kShuttingDown;
+    if (registering_.count(name))
       return {StatusCode::ALREADY_EXISTS,
-              "worker " + name + " is registered and its lease runs " + std::to_string(deadline - now) +
-                  " ms more; another agent with this name? (retry after the lease)"};
-    // A new incarnation: the old one's training processes died with its agent.
-    if (old.rec.state != "LOST") lose_worker(old, "re-registered (the agent restarted)", batch);
+              "worker " + name +
+                  " is being registered by another call; another agent with this name? (retry in a second)"};
+    const int64_t now = now_ms();
+    auto it = workers_.find(name);
+    if (it != workers_.end() && it->second.rec.state != "LOST") {
+      Worker& old = it->second;
+      int64_t deadline = 0, last_heartbeat = 0;
+      {
+        std::lock_guard<std::mutex> lease_lock(old.lease->mu);
+        deadline = old.lease->deadline_ms;
+        last_heartbeat = old.lease->last_heartbeat_ms;
+      }
+      if (deadline > now && last_heartbeat > 0)
+        return {StatusCode::ALREADY_EXISTS,
+                "worker " + name + " is registered and its lease runs " + std::to_string(deadline - now) +
+                    " ms more; another agent with this name? (retry after the lease)"};
+      // A new incarnation of a worker not yet found LOST: the old one's training processes
+      // died with its agent. Its attempts end in the same transaction as the new record.
+      StoreBatch batch;
+      lose_worker(old, "re-registered (the agent restarted)", batch);
+      const WorkerRecord rec = registration_record(req, now);
+      enter_worker(rec, res, now);
+      batch.workers.push_back(rec);
+      commit(batch);
+      resp->set_incarnation(rec.incarnation);
+    } else {
+      // New, or LOST: nothing else changes with it, so it waits for the committer's next
+      // transaction like a submit, without holding the lock through the sync.
+      pending = std::make_shared<PendingRegistration>();
+      pending->rec = registration_record(req, now);
+      pending->resources = res;
+      registering_.insert(name);
+      registration_queue_.push_back(pending);
+      resp->set_incarnation(pending->rec.incarnation);
+    }
   }
+  if (pending != nullptr) {
+    submits_queued_.notify_one();
+    if (Status s = pending->committed.get_future().get(); !s.ok()) return s;
+  }
+  resp->set_heartbeat_interval_ms(options_.heartbeat_interval.count());
+  resp->set_lease_ms(options_.lease.count());
+  return Status::OK;
+}
+
+WorkerRecord Coordinator::registration_record(const v1::RegisterWorkerRequest& req, int64_t now) {
+  WorkerRecord rec;
+  rec.name = req.name();
+  rec.role = req.role() == v1::OPTIMIZER ? "OPTIMIZER" : "TRAINER";
+  req.resources().SerializeToString(&rec.resources);
+  rec.address = req.address().empty() ? "127.0.0.1" : req.address();
+  rec.rendezvous_ports.assign(req.rendezvous_ports().begin(), req.rendezvous_ports().end());
+  rec.incarnation = next_incarnation_++;  // a failed commit leaves a gap, never a reuse
+  rec.registered_ms = now;
+  rec.state = "READY";
+  return rec;
+}
+
+void Coordinator::enter_worker(const WorkerRecord& rec, const v1::WorkerResources& resources, int64_t now) {
+  const std::string& name = rec.name;
   Worker& w = workers_[name];
-  w.rec.name = name;
-  w.rec.role = req.role() == v1::OPTIMIZER ? "OPTIMIZER" : "TRAINER";
+  w.rec = rec;
+  w.resources = resources;
   if (w.rec.role == "TRAINER") {
     trainers_[name] = &w;
     optimizers_.erase(name);
@@ -873,13 +931,6 @@ Status Coordinator::register_worker(const v1::RegisterWorkerRequest& req, v1::Re
     optimizers_[name] = &w;
     trainers_.erase(name);
   }
-  w.resources = res;
-  w.resources.SerializeToString(&w.rec.resources);
-  w.rec.address = req.address().empty() ? "127.0.0.1" : req.address();
-  w.rec.rendezvous_ports.assign(req.rendezvous_ports().begin(), req.rendezvous_ports().end());
-  w.rec.incarnation = next_incarnation_++;
-  w.rec.registered_ms = now;
-  w.rec.state = "READY";
   {
     std::lock_guard<std::mutex> lease_lock(w.lease->mu);
     w.lease->incarnation = w.rec.incarnation;
@@ -893,17 +944,12 @@ Status Coordinator::register_worker(const v1::RegisterWorkerRequest& req, v1::Re
     leases_[name] = w.lease.get();
   }
   ++generation_;
-  batch.workers.push_back(w.rec);
-  commit(batch);
-  resp->set_incarnation(w.rec.incarnation);
-  resp->set_heartbeat_interval_ms(options_.heartbeat_interval.count());
-  resp->set_lease_ms(options_.lease.count());
   log("worker " + name + " registered (incarnation " + std::to_string(w.rec.incarnation) + ", " +
-      (res.gpus_size() ? std::to_string(res.gpus_size()) + " GPUs" : std::to_string(res.cpu_slots()) + " CPU slots") +
+      (resources.gpus_size() ? std::to_string(resources.gpus_size()) + " GPUs"
+                             : std::to_string(resources.cpu_slots()) + " CPU slots") +
       ")");
   schedule_dirty_ = true;
   changed_.notify_all();
-  return Status::OK;
 }
 
 Coordinator::Job* Coordinator::current_attempt(const std::string& job_id, int64_t attempt, const std::string& worker,

@@ -11,6 +11,9 @@
 // durable, and its job is visible (get, list, scheduling) only from then on. request_id
 // stays exactly-once while a submit is in flight: a second submit with the same request_id
 // is answered after the first, with its job (or, if the first failed, tries anew).
+// Registrations of new (or LOST) workers go through the same committer: a worker is
+// placed on only once its record is durable, and a registration storm (thousands of
+// agents starting, or coming back after a partition) holds the lock for no fsync.
 //
 // Jobs: QUEUED → STARTING → RUNNING → SUCCEEDED | FAILED | CANCELLED; RUNNING → (asked to
 // checkpoint) → PREEMPTED, which queues like QUEUED and resumes from the checkpoint; a lost
@@ -38,6 +41,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -234,6 +238,14 @@ class Coordinator {
     bool answered = false;  // by the committer, guarded by mu_ (admit_submit may wait for it)
   };
 
+  // A registration between its checks and its commit (register_worker, commit_submits):
+  // the worker enters the state once its record is durable. One per name at a time.
+  struct PendingRegistration {
+    WorkerRecord rec;
+    v1::WorkerResources resources;
+    std::promise<grpc::Status> committed;
+  };
+
   int64_t now_ms() const;
   void log(const std::string& line) const;
   bool terminal(const std::string& state) const;
@@ -258,6 +270,10 @@ class Coordinator {
   void end_attempt(Job& j, StoreBatch& batch);
   void requeue_or_fail(Job& j, const std::string& reason, StoreBatch& batch);
   void lose_worker(Worker& w, const std::string& why, StoreBatch& batch);
+  // The record a registration writes (a new incarnation), and the worker entering the
+  // state with it: its lease, its role's index, a scheduling pass. Under mu_.
+  WorkerRecord registration_record(const v1::RegisterWorkerRequest& req, int64_t now);
+  void enter_worker(const WorkerRecord& rec, const v1::WorkerResources& resources, int64_t now);
   void check_leases(StoreBatch& batch);
   Lease* lease_of(const std::string& name);  // null: never registered (no mu_ needed)
   // A beat (or a registration) at `now`: the lease runs a full term again. Under the lease's mutex.
@@ -310,7 +326,10 @@ class Coordinator {
   std::vector<std::shared_ptr<PendingSubmit>> submit_queue_;
   std::map<std::string, std::shared_ptr<PendingSubmit>> pending_requests_;
   std::map<std::string, std::shared_ptr<PendingSubmit>> pending_jobs_;
-  std::condition_variable submits_queued_;  // the committer waits for submit_queue_
+  // Registrations waiting for the committer, and the names being registered.
+  std::vector<std::shared_ptr<PendingRegistration>> registration_queue_;
+  std::set<std::string> registering_;
+  std::condition_variable submits_queued_;    // the committer waits for submit_queue_ and registration_queue_
   std::condition_variable submits_answered_;  // admit_submit waits for its submit (below)
   // How long the submitting thread may still step aside for the committer (refilled at
   // kStepAsideShare of wall time, up to options_.submit_step_aside_saved), and when it

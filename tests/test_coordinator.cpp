@@ -14,6 +14,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -150,12 +152,13 @@ TEST(Coordinator, SameRequestIdAtOnceMakesOneJob) {
   EXPECT_EQ(rids.size(), static_cast<size_t>(kRounds));
 }
 
-// A store whose commits take `delay` longer: a slow disk.
-class SlowStore : public Store {
+// A store that calls `before` ahead of every commit (which may wait, or throw StoreError).
+class HookedStore : public Store {
  public:
-  SlowStore(std::unique_ptr<Store> inner, std::chrono::milliseconds delay) : inner_(std::move(inner)), delay_(delay) {}
+  HookedStore(std::unique_ptr<Store> inner, std::function<void(const StoreBatch&)> before)
+      : inner_(std::move(inner)), before_(std::move(before)) {}
   void commit(const StoreBatch& batch) override {
-    std::this_thread::sleep_for(delay_);
+    before_(batch);
     inner_->commit(batch);
   }
   std::vector<JobRecord> load_jobs() override { return inner_->load_jobs(); }
@@ -174,8 +177,14 @@ class SlowStore : public Store {
 
  private:
   std::unique_ptr<Store> inner_;
-  std::chrono::milliseconds delay_;
+  std::function<void(const StoreBatch&)> before_;
 };
+
+// A slow disk: every commit takes `delay` longer.
+std::unique_ptr<Store> slow_store(std::unique_ptr<Store> inner, std::chrono::milliseconds delay) {
+  return std::make_unique<HookedStore>(std::move(inner),
+                                       [delay](const StoreBatch&) { std::this_thread::sleep_for(delay); });
+}
 
 // One submit_async's answer: when it came, and on which thread.
 struct SubmitAnswerProbe {
@@ -233,7 +242,7 @@ TEST(Coordinator, SlowCommitsSpendTheStepAsideBudget) {
   o.log = [](const std::string&) {};
   o.submit_step_aside = std::chrono::seconds(20);
   o.submit_step_aside_saved = std::chrono::milliseconds(100);
-  Coordinator c(std::make_unique<SlowStore>(open_sqlite_store(dir.db()), std::chrono::milliseconds(80)), o);
+  Coordinator c(slow_store(open_sqlite_store(dir.db()), std::chrono::milliseconds(80)), o);
   std::vector<bool> waited;
   for (int i = 0; i < 8; ++i) {
     SubmitAnswerProbe probe;
@@ -256,7 +265,7 @@ TEST(Coordinator, ASlowCommitHoldsTheSubmittingThreadOnlyBriefly) {
   CoordinatorOptions o;
   o.log = [](const std::string&) {};
   o.submit_step_aside = std::chrono::milliseconds(20);
-  Coordinator c(std::make_unique<SlowStore>(open_sqlite_store(dir.db()), std::chrono::milliseconds(1500)), o);
+  Coordinator c(slow_store(open_sqlite_store(dir.db()), std::chrono::milliseconds(1500)), o);
   SubmitAnswerProbe probe;
   c.submit_async(submit_request(dir, "slow", "rid-slow"), probe.callback());
   EXPECT_FALSE(probe.answered()) << "the caller waited out a 1.5 s commit";
@@ -468,6 +477,116 @@ v1::RegisterWorkerRequest trainer(const std::string& name, int port) {
   req.mutable_resources()->set_physical_cores(4);
   req.add_rendezvous_ports(port);
   return req;
+}
+
+// Registrations are group-committed like submits: while a registration's record is being
+// synced the coordinator's lock is free (other calls are answered), the worker is not yet
+// listed or placed on, a second registration of its name is refused, and the registrations
+// that arrive meanwhile share the next transaction. A failed write refuses them, enters
+// none, and a retry registers them.
+TEST(Coordinator, RegistrationsAreGroupCommittedOutsideTheLock) {
+  TestDir dir;
+  CoordinatorOptions o;
+  o.log = [](const std::string&) {};
+  std::mutex mu;
+  std::condition_variable cv;
+  bool gate_open = false, first_waiting = false;
+  int fail_next = 0;
+  std::vector<size_t> worker_commits;  // workers per commit that has any
+  auto hook = [&](const StoreBatch& b) {
+    if (b.workers.empty()) return;
+    std::unique_lock<std::mutex> lock(mu);
+    worker_commits.push_back(b.workers.size());
+    first_waiting = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return gate_open; });
+    if (fail_next > 0) {
+      --fail_next;
+      throw StoreError("disk full (test)");
+    }
+  };
+  auto c = std::make_unique<Coordinator>(std::make_unique<HookedStore>(open_sqlite_store(dir.db()), hook), o);
+  auto open_gate = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    gate_open = true;
+    cv.notify_all();
+  };
+  auto listed = [&] {
+    v1::ListWorkersResponse workers;
+    c->list_workers(&workers);
+    std::set<std::string> names;
+    for (const v1::WorkerStatus& w : workers.workers()) names.insert(w.name());
+    return names;
+  };
+
+  constexpr int kWorkers = 16;
+  std::vector<grpc::Status> status(kWorkers);
+  std::vector<v1::RegisterWorkerResponse> resp(kWorkers);
+  std::vector<std::thread> pool;
+  auto register_one = [&](int i) {
+    pool.emplace_back([&, i] {
+      status[static_cast<size_t>(i)] =
+          c->register_worker(trainer("w-" + std::to_string(i), 29500 + i), &resp[static_cast<size_t>(i)]);
+    });
+  };
+  register_one(0);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return first_waiting; }));
+  }
+  // w-0's record is being synced. The lock is free: a list is answered (bounded, so that a
+  // coordinator that held the lock fails here instead of hanging the test).
+  auto during = std::async(std::launch::async, listed);
+  if (during.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    open_gate();
+    for (std::thread& t : pool) t.join();
+    FAIL() << "list_workers waited for a registration's commit: the registration held the lock";
+  }
+  EXPECT_TRUE(during.get().empty()) << "w-0 was listed before its record was durable";
+  v1::RegisterWorkerResponse twin;
+  const grpc::Status dup = c->register_worker(trainer("w-0", 29600), &twin);
+  EXPECT_EQ(dup.error_code(), grpc::StatusCode::ALREADY_EXISTS) << describe(dup);
+  EXPECT_NE(dup.error_message().find("being registered"), std::string::npos) << dup.error_message();
+  for (int i = 1; i < kWorkers; ++i) register_one(i);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let them queue behind w-0
+  open_gate();
+  for (std::thread& t : pool) t.join();
+  pool.clear();
+  std::set<int64_t> incarnations;
+  for (int i = 0; i < kWorkers; ++i) {
+    ASSERT_TRUE(status[static_cast<size_t>(i)].ok()) << i << ": " << describe(status[static_cast<size_t>(i)]);
+    incarnations.insert(resp[static_cast<size_t>(i)].incarnation());
+    EXPECT_EQ(resp[static_cast<size_t>(i)].lease_ms(), o.lease.count());
+  }
+  EXPECT_EQ(incarnations.size(), static_cast<size_t>(kWorkers));
+  EXPECT_EQ(listed().size(), static_cast<size_t>(kWorkers));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(worker_commits.front(), 1u);
+    EXPECT_LT(worker_commits.size(), static_cast<size_t>(kWorkers)) << "no two registrations shared a commit";
+    size_t total = 0;
+    for (size_t n : worker_commits) total += n;
+    EXPECT_EQ(total, static_cast<size_t>(kWorkers));
+    fail_next = 1;
+  }
+  // A failed write: refused, not entered; the retry gets a new incarnation.
+  v1::RegisterWorkerResponse late;
+  const grpc::Status failed = c->register_worker(trainer("late", 29700), &late);
+  EXPECT_EQ(failed.error_code(), grpc::StatusCode::UNAVAILABLE) << describe(failed);
+  EXPECT_NE(failed.error_message().find("worker store write failed: disk full (test)"), std::string::npos)
+      << failed.error_message();
+  EXPECT_EQ(listed().count("late"), 0u);
+  ASSERT_TRUE(c->register_worker(trainer("late", 29700), &late).ok());
+  EXPECT_EQ(listed().count("late"), 1u);
+  EXPECT_EQ(incarnations.count(late.incarnation()), 0u);
+  // Every acknowledged registration is in the store, with its incarnation.
+  c.reset();
+  std::map<std::string, int64_t> stored;
+  for (const WorkerRecord& w : open_sqlite_store(dir.db())->load_workers()) stored[w.name] = w.incarnation;
+  ASSERT_EQ(stored.size(), static_cast<size_t>(kWorkers + 1));
+  for (int i = 0; i < kWorkers; ++i)
+    EXPECT_EQ(stored["w-" + std::to_string(i)], resp[static_cast<size_t>(i)].incarnation()) << i;
+  EXPECT_EQ(stored["late"], late.incarnation());
 }
 
 TEST(Coordinator, HeartbeatRenewsOnlyTheCurrentIncarnation) {
