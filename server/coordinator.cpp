@@ -281,6 +281,7 @@ void Coordinator::persist(Job& j, StoreBatch& batch) {
   track_live(j);
   j.last_persist_ms = now_ms();
   j.progress_dirty = false;
+  progress_dirty_jobs_.erase(&j);
   batch.jobs.push_back(j.rec);
   changed_.notify_all();
 }
@@ -1133,6 +1134,7 @@ Status Coordinator::report_progress(const v1::ReportProgressRequest& req) {
   j->eta_seconds = req.eta_seconds();
   ++j->rec.revision;
   j->progress_dirty = true;
+  progress_dirty_jobs_.insert(j);
   changed_.notify_all();
   commit(batch);
   return Status::OK;
@@ -1532,8 +1534,13 @@ void Coordinator::run_schedule(StoreBatch& batch) {
     const int64_t at = so.now_ms + options_.preemption_min_runtime.count();
     if (next_preemptable_ms_ < 0 || at < next_preemptable_ms_) next_preemptable_ms_ = at;
   }
-  for (auto& [id, j] : live_) j->reserved_workers.clear();
-  for (const scheduler::Reservation& r : d.reservations) jobs_.at(r.job_id).reserved_workers = r.worker_ids;
+  for (Job* j : reserved_jobs_) j->reserved_workers.clear();
+  reserved_jobs_.clear();
+  for (const scheduler::Reservation& r : d.reservations) {
+    Job& j = jobs_.at(r.job_id);
+    j.reserved_workers = r.worker_ids;
+    reserved_jobs_.push_back(&j);
+  }
   for (const scheduler::WaitingJob& w : d.waiting) {
     Job& j = jobs_.at(w.job_id);
     j.waiting_reason = w.reason;
@@ -1596,9 +1603,9 @@ void Coordinator::run_schedule(StoreBatch& batch) {
 
 void Coordinator::persist_progress(StoreBatch& batch) {
   const int64_t now = now_ms();
-  std::vector<Job*> due;  // persist() may change live_
-  for (const auto& [id, j] : live_)
-    if (j->progress_dirty && now - j->last_persist_ms >= kProgressPersistMs) due.push_back(j);
+  std::vector<Job*> due;  // persist() changes progress_dirty_jobs_
+  for (Job* j : progress_dirty_jobs_)
+    if (now - j->last_persist_ms >= kProgressPersistMs) due.push_back(j);
   for (Job* j : due) persist(*j, batch);
 }
 

@@ -5,6 +5,7 @@
 #include <google/protobuf/descriptor.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sqlite3.h>  // to read the store beside a running coordinator
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -750,6 +751,78 @@ TEST(Coordinator, AFinishedJobKeepsItsLastRateAndStallShareAcrossARestart) {
   EXPECT_EQ(after.usd_lost_to_stalls(), done.usd_lost_to_stalls());
   EXPECT_EQ(after.tokens(), 3 * 64);
   EXPECT_EQ(after.usd_per_1m_tokens(), done.usd_per_1m_tokens());
+}
+
+// Progress reaches the store without a transition: a running job's reported step is
+// written by a tick once it is kProgressPersistMs (2 s) old, for every job that reported,
+// and not before. (Ticks visit only the jobs with unwritten progress.)
+TEST(Coordinator, ReportedProgressIsWrittenByATickAfterTwoSeconds) {
+  TestDir dir;
+  std::vector<std::string> ids;
+  {
+    auto c = open_coordinator(dir.db());
+    std::vector<v1::RegisterWorkerResponse> regs(2);
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(
+          c->register_worker(trainer("w" + std::to_string(i), 29500 + i), &regs[static_cast<size_t>(i)])
+              .ok());
+      v1::SubmitJobResponse sub;
+      v1::SubmitJobRequest req = submit_request(dir, "progress-" + std::to_string(i), "");
+      req.add_set("train.steps=100");
+      ASSERT_TRUE(c->submit(req, &sub).ok()) << req.spec_yaml();
+      ids.push_back(sub.job().id());
+    }
+    v1::SubmitJobResponse idle;  // queued behind them, never reporting
+    ASSERT_TRUE(c->submit(submit_request(dir, "idle", ""), &idle).ok());
+    c->tick_now();
+    auto report = [&](int i, int64_t step) {
+      v1::JobStatus st;
+      EXPECT_TRUE(c->get(ids[static_cast<size_t>(i)], &st).ok());
+      ASSERT_EQ(st.placement_size(), 1);
+      const int w = st.placement(0) == "w0" ? 0 : 1;
+      v1::ReportProgressRequest p;
+      p.set_name(st.placement(0));
+      p.set_incarnation(regs[static_cast<size_t>(w)].incarnation());
+      p.mutable_attempt()->set_job_id(ids[static_cast<size_t>(i)]);
+      p.mutable_attempt()->set_attempt(1);
+      p.set_step(step);
+      p.set_total_steps(st.total_steps());
+      p.set_step_seconds(0.01);
+      const grpc::Status s = c->report_progress(p);
+      ASSERT_TRUE(s.ok()) << describe(s);
+    };
+    report(0, 1);  // the first report starts the attempt: a transition, written at once
+    report(1, 1);
+    report(0, 7);
+    report(1, 9);
+    c->tick_now();
+    // Read beside the running coordinator (WAL readers do not block it).
+    auto stored_step = [&](const std::string& id) {
+      sqlite3* raw = nullptr;
+      int64_t step = -1;
+      if (sqlite3_open_v2(dir.db().c_str(), &raw, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
+        sqlite3_stmt* q = nullptr;
+        if (sqlite3_prepare_v2(raw, "SELECT step FROM jobs WHERE id = ?1", -1, &q, nullptr) == SQLITE_OK) {
+          sqlite3_bind_text(q, 1, id.c_str(), -1, SQLITE_TRANSIENT);
+          if (sqlite3_step(q) == SQLITE_ROW) step = sqlite3_column_int64(q, 0);
+        }
+        sqlite3_finalize(q);
+      }
+      sqlite3_close(raw);
+      return step;
+    };
+    EXPECT_EQ(stored_step(ids[0]), 0);  // as the start wrote it: progress waits its 2 s
+    EXPECT_EQ(stored_step(ids[1]), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+    c->tick_now();
+    EXPECT_EQ(stored_step(ids[0]), 7);
+    EXPECT_EQ(stored_step(ids[1]), 9);
+    EXPECT_EQ(stored_step(idle.job().id()), 0);
+  }
+  std::map<std::string, int64_t> steps;
+  for (const JobRecord& r : open_sqlite_store(dir.db())->load_jobs()) steps[r.id] = r.step;
+  EXPECT_EQ(steps[ids[0]], 7);
+  EXPECT_EQ(steps[ids[1]], 9);
 }
 
 TEST(Coordinator, JobSkippedAsUnplaceableStartsWhenATrainerJoins) {
