@@ -1557,11 +1557,12 @@ void Coordinator::run_schedule(StoreBatch& batch) {
   for (const scheduler::Assignment& a : d.assignments) {
     Job& j = jobs_.at(a.job_id);
     // Rank 0's worker holds one rendezvous port per slot; take one no other live job uses.
+    // (live_, not jobs_: a placement must not walk every job that ever ended.)
     const Worker& host = workers_.at(a.worker_ids[0]);
     std::set<int64_t> used;
-    for (const auto& [id, other] : jobs_)
-      if (active(other.rec.state) && !other.members.empty() && other.members[0].worker == host.rec.name)
-        used.insert(other.rec.master_port);
+    for (const auto& [id, other] : live_)
+      if (active(other->rec.state) && !other->members.empty() && other->members[0].worker == host.rec.name)
+        used.insert(other->rec.master_port);
     int64_t port = 0;
     for (int64_t p : host.rec.rendezvous_ports)
       if (!used.count(p)) {

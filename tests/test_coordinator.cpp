@@ -696,6 +696,17 @@ TEST(Coordinator, ABrokenHeartbeatStreamCutsTheLeaseOnlyWhenItWasTheLatest) {
   EXPECT_TRUE(said);
 }
 
+// The report that attempt 1 of `job_id` on `worker` exited (0: it succeeded).
+v1::ReportEventRequest exited(const std::string& worker, int64_t incarnation, const std::string& job_id) {
+  v1::ReportEventRequest ev;
+  ev.set_name(worker);
+  ev.set_incarnation(incarnation);
+  ev.mutable_attempt()->set_job_id(job_id);
+  ev.mutable_attempt()->set_attempt(1);
+  ev.mutable_attempt()->set_exited(true);
+  return ev;
+}
+
 // A finished job keeps the throughput and stall share its trainer last reported, and what
 // they price (stall dollars, tokens), across a coordinator restart.
 TEST(Coordinator, AFinishedJobKeepsItsLastRateAndStallShareAcrossARestart) {
@@ -726,13 +737,7 @@ TEST(Coordinator, AFinishedJobKeepsItsLastRateAndStallShareAcrossARestart) {
     p.set_step_seconds(0.05);
     p.set_tokens_per_step(64);
     ASSERT_TRUE(c->report_progress(p).ok());
-    v1::ReportEventRequest ev;
-    ev.set_name("w1");
-    ev.set_incarnation(reg.incarnation());
-    ev.mutable_attempt()->set_job_id(id);
-    ev.mutable_attempt()->set_attempt(1);
-    ev.mutable_attempt()->set_exited(true);
-    ASSERT_TRUE(c->report_event(ev).ok());
+    ASSERT_TRUE(c->report_event(exited("w1", reg.incarnation(), id)).ok());
     ASSERT_TRUE(c->get(id, &done).ok());
   }
   EXPECT_EQ(done.state(), v1::SUCCEEDED);
@@ -823,6 +828,57 @@ TEST(Coordinator, ReportedProgressIsWrittenByATickAfterTwoSeconds) {
   for (const JobRecord& r : open_sqlite_store(dir.db())->load_jobs()) steps[r.id] = r.step;
   EXPECT_EQ(steps[ids[0]], 7);
   EXPECT_EQ(steps[ids[1]], 9);
+}
+
+// Rank 0's worker holds a rendezvous port per slot: two jobs running there at once get
+// different ports, and a port comes free when its job ends (many ended jobs later).
+TEST(Coordinator, JobsOnOneWorkerGetDistinctRendezvousPortsAndEndedOnesFreeTheirs) {
+  TestDir dir;
+  auto c = open_coordinator(dir.db());
+  v1::RegisterWorkerRequest two = trainer("w", 29500);
+  two.mutable_resources()->set_cpu_slots(2);
+  two.add_rendezvous_ports(29501);
+  v1::RegisterWorkerResponse reg;
+  ASSERT_TRUE(c->register_worker(two, &reg).ok());
+  auto ports = [&] {
+    v1::FetchAssignmentsRequest req;
+    req.set_name("w");
+    req.set_incarnation(reg.incarnation());
+    v1::FetchAssignmentsResponse resp;
+    EXPECT_TRUE(c->fetch_assignments(req, &resp).ok());
+    std::map<std::string, int32_t> by_job;
+    for (const v1::Assignment& a : resp.assignments())
+      if (a.action() == v1::Assignment::RUN) by_job[a.job_id()] = a.master_port();
+    return by_job;
+  };
+  auto finish = [&](const std::string& id) {
+    ASSERT_TRUE(c->report_event(exited("w", reg.incarnation(), id)).ok());
+  };
+  std::string held;  // a job that keeps running throughout
+  for (int round = 0; round < 6; ++round) {
+    v1::SubmitJobResponse sub;
+    ASSERT_TRUE(c->submit(submit_request(dir, "r" + std::to_string(round), ""), &sub).ok());
+    c->tick_now();
+    const std::map<std::string, int32_t> now = ports();
+    ASSERT_EQ(now.size(), held.empty() ? 1u : 2u) << round;
+    ASSERT_EQ(now.count(sub.job().id()), 1u) << round;
+    const std::set<int32_t> distinct = [&] {
+      std::set<int32_t> d;
+      for (const auto& [id, port] : now) d.insert(port);
+      return d;
+    }();
+    EXPECT_EQ(distinct.size(), now.size()) << round;
+    for (int32_t port : distinct) EXPECT_TRUE(port == 29500 || port == 29501) << port;
+    if (held.empty()) {
+      held = sub.job().id();
+    } else {
+      finish(sub.job().id());  // its port is free for the next round's job
+      c->tick_now();
+    }
+  }
+  v1::JobStatus st;
+  ASSERT_TRUE(c->get(held, &st).ok());
+  EXPECT_EQ(st.state(), v1::STARTING);
 }
 
 TEST(Coordinator, JobSkippedAsUnplaceableStartsWhenATrainerJoins) {
