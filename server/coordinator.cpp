@@ -272,8 +272,11 @@ void Coordinator::timed_commit(const StoreBatch& batch) {
 void Coordinator::track_live(Job& j) {
   if (terminal(j.rec.state)) {
     live_.erase(j.rec.id);
+    candidates_.erase(&j);
+    stable_.erase(&j);
   } else {
     live_[j.rec.id] = &j;
+    if (!stable_.count(&j)) candidates_.insert(&j);
   }
 }
 
@@ -1477,9 +1480,13 @@ void Coordinator::run_schedule(StoreBatch& batch) {
     v.labels.insert(w.resources.labels().begin(), w.resources.labels().end());
     views.push_back(std::move(v));
   }
+  if (generation_ != stable_generation_ && !stable_.empty()) {  // something changed: all of them again
+    candidates_.insert(stable_.begin(), stable_.end());
+    stable_.clear();
+  }
   std::vector<scheduler::JobView> jobs;
-  jobs.reserve(live_.size());
-  for (const auto& [id, live] : live_) {
+  jobs.reserve(candidates_.size());
+  for (const Job* live : candidates_) {
     const Job& j = *live;
     if (!queued(j.rec.state) && !active(j.rec.state)) continue;
     // A queued job the pass would skip (rule 8: stable since this generation, holding no
@@ -1487,7 +1494,7 @@ void Coordinator::run_schedule(StoreBatch& batch) {
     // more than the decision, under the lock the heartbeats' thread also takes.
     if (queued(j.rec.state) && j.unplaceable_generation == generation_ && j.reserved_workers.empty()) continue;
     scheduler::JobView v;
-    v.id = id;
+    v.id = j.rec.id;
     v.priority = j.rec.priority;
     v.submit_seq = j.rec.submit_seq;
     v.workers = j.rec.workers;
@@ -1528,6 +1535,10 @@ void Coordinator::run_schedule(StoreBatch& batch) {
   so.backfill = options_.backfill;
   so.preemption = options_.preemption;
   so.generation = generation_;  // applying the decision below changes it (touch())
+  // In id order, as a walk of live_ gave them: the decision does not depend on the order
+  // of its input (scheduler.h), and the same input gives the same decision regardless.
+  std::sort(jobs.begin(), jobs.end(),
+            [](const scheduler::JobView& a, const scheduler::JobView& b) { return a.id < b.id; });
   const scheduler::ScheduleDecision d = scheduler::schedule(views, jobs, so, nodes);
   next_preemptable_ms_ = d.next_preemptable_ms;
   if (!d.assignments.empty() && options_.preemption) {  // the jobs placed below are victims from then
@@ -1545,7 +1556,12 @@ void Coordinator::run_schedule(StoreBatch& batch) {
     Job& j = jobs_.at(w.job_id);
     j.waiting_reason = w.reason;
     j.unplaceable_generation = w.stable ? so.generation : -1;
+    if (w.stable && j.reserved_workers.empty()) {
+      candidates_.erase(&j);
+      stable_.insert(&j);
+    }
   }
+  stable_generation_ = so.generation;
   for (const scheduler::Preemption& p : d.preemptions) {
     Job& victim = jobs_.at(p.victim_job_id);
     victim.rec.stop_reason = std::string(kStopPreempt) + " for job " + p.preemptor_job_id + " (priority " +

@@ -305,6 +305,13 @@ class Coordinator {
   // erases, so the pointers stay valid.
   std::set<Job*> progress_dirty_jobs_;
   std::vector<Job*> reserved_jobs_;
+  // What a scheduling pass looks at: live_ less the queued jobs that the pass at
+  // stable_generation_ found stable (scheduler.h, rule 8), which wait in stable_ until the
+  // generation changes (every transition changes it). A long queue that cannot be placed
+  // is then neither visited nor copied by the passes that new submits make due.
+  std::set<Job*> candidates_;
+  std::set<Job*> stable_;
+  int64_t stable_generation_ = -1;
   // TRAINER workers, the ones a scheduling pass places on (kept by register_worker, load).
   std::map<std::string, Worker*> trainers_;
   // OPTIMIZER workers (zenflow-optimizer nodes), the ones a pass gives jobs (rule 9); kept likewise.

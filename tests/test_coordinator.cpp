@@ -881,6 +881,48 @@ TEST(Coordinator, JobsOnOneWorkerGetDistinctRendezvousPortsAndEndedOnesFreeTheir
   EXPECT_EQ(st.state(), v1::STARTING);
 }
 
+// Passes skip a queue they found stable until something changes; what changes meanwhile
+// still counts: a job cancelled while stable never starts, the others start in queue
+// order (priority, then submit order) as workers come.
+TEST(Coordinator, AStableQueueIsSkippedUntilTheClusterChangesAndACancelledJobNeverStarts) {
+  TestDir dir;
+  auto c = open_coordinator(dir.db());
+  std::vector<std::string> ids;
+  for (int i = 0; i < 4; ++i) {
+    v1::SubmitJobRequest req = submit_request(dir, "q" + std::to_string(i), "");
+    if (i == 3) req.add_set("resources.priority=5");  // submitted last, runs first
+    v1::SubmitJobResponse sub;
+    ASSERT_TRUE(c->submit(req, &sub).ok());
+    ids.push_back(sub.job().id());
+    c->tick_now();  // each pass finds the queue stable (no trainer)
+  }
+  auto state = [&](const std::string& id) {
+    v1::JobStatus st;
+    EXPECT_TRUE(c->get(id, &st).ok());
+    return st.state();
+  };
+  v1::JobStatus cancelled;
+  ASSERT_TRUE(c->cancel(ids[1], &cancelled).ok());
+  c->tick_now();
+  EXPECT_EQ(state(ids[1]), v1::CANCELLED);
+  v1::RegisterWorkerResponse reg;
+  ASSERT_TRUE(c->register_worker(trainer("w", 29500), &reg).ok());
+  std::vector<std::string> started;
+  for (int round = 0; round < 3; ++round) {
+    c->tick_now();
+    std::string running;
+    for (const std::string& id : ids)
+      if (state(id) == v1::STARTING) running = id;
+    ASSERT_FALSE(running.empty()) << "round " << round;
+    started.push_back(running);
+    ASSERT_TRUE(c->report_event(exited("w", reg.incarnation(), running)).ok());
+  }
+  EXPECT_EQ(started, (std::vector<std::string>{ids[3], ids[0], ids[2]}));
+  c->tick_now();
+  EXPECT_EQ(state(ids[1]), v1::CANCELLED);
+  for (const std::string& id : {ids[0], ids[2], ids[3]}) EXPECT_EQ(state(id), v1::SUCCEEDED) << id;
+}
+
 TEST(Coordinator, JobSkippedAsUnplaceableStartsWhenATrainerJoins) {
   TestDir dir;
   auto c = open_coordinator(dir.db());
