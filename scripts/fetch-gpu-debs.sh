@@ -14,6 +14,7 @@ packages=(
   nlohmann-json3-dev              # header-only JSON
   libcli11-dev                    # header-only CLI parsing (zenflow CLI)
   libcivetweb-dev libcivetweb1    # /metrics HTTP server (zenflow_metrics); .so loaded at run time
+  libsqlite3-dev libsqlite3-0     # the coordinator's store (server/), built in every configuration
   libgtest-dev libgmock-dev       # tests (static libraries + CMake config)
 )
 

@@ -1,5 +1,6 @@
 // Preflight tests: exact parameter counts, the engine's host memory, refusal of oversized jobs, warnings,
 // dtype errors, model.arch vs model.from.
+#include <c10/core/GradMode.h>  // c10::NoGradGuard
 #include <gtest/gtest.h>
 #include <unistd.h>
 

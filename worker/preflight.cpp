@@ -2,6 +2,7 @@
 #include "worker/preflight.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>  // c10::AutoGradMode: ATen.h stopped bringing it in LibTorch 2.11
 #include <torch/version.h>
 
 #include <algorithm>
