@@ -299,6 +299,10 @@ advisor::JobProfile build_job_profile(const JobSpec& spec, const RunSummary& sum
       const double s = time_median(device, 5, [&] { (void)at::mm(a, b); });
       p.probes.gemm_gflops[t] = 2.0 * static_cast<double>(rows * hidden * 4 * hidden) / s / 1e9;
     }
+    at::Tensor a2 = at::randn({2 * rows, hidden}, opts);
+    const double s2 = time_median(device, 5, [&] { (void)at::mm(a2, b); });
+    p.probes.gemm_gflops_twice_the_tokens =
+        2.0 * static_cast<double>(2 * rows * hidden * 4 * hidden) / s2 / 1e9;
     at::set_num_threads(compute_threads);
   }
   // The GEMM share of compute: 6 x GEMM parameters (all but the input embedding) x tokens.

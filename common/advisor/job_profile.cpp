@@ -182,6 +182,8 @@ std::string JobProfile::to_yaml() const {
   e << YAML::EndMap;
   e << YAML::Key << "probes" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "gemm_gflops" << YAML::Value << YAML::Flow << probes.gemm_gflops;
+  if (probes.gemm_gflops_twice_the_tokens > 0)
+    e << YAML::Key << "gemm_gflops_twice_the_tokens" << YAML::Value << probes.gemm_gflops_twice_the_tokens;
   e << YAML::Key << "device_adamw_elements_per_second" << YAML::Value
     << probes.device_adamw_elements_per_second;
   e << YAML::Key << "d2h_gbps" << YAML::Value << probes.d2h_gbps;
@@ -283,6 +285,10 @@ JobProfile JobProfile::parse(const std::string& text, const std::string& origin)
   p.step.host_step_seconds = s.has("host_step_seconds") ? s.num("host_step_seconds") : -1;  // optional
   const Reader pr = r.child("probes");
   p.probes.gemm_gflops = pr.int_map("gemm_gflops");
+  if (pr.has("gemm_gflops_twice_the_tokens")) {  // optional: older profiles lack it
+    p.probes.gemm_gflops_twice_the_tokens = pr.num("gemm_gflops_twice_the_tokens");
+    if (p.probes.gemm_gflops_twice_the_tokens <= 0) pr.fail("gemm_gflops_twice_the_tokens", "must be > 0");
+  }
   p.probes.device_adamw_elements_per_second = pr.num("device_adamw_elements_per_second");
   p.probes.d2h_gbps = pr.num("d2h_gbps");
   p.probes.h2d_gbps = pr.num("h2d_gbps");

@@ -85,6 +85,10 @@ struct StepProfile {
 
 struct Probes {
   std::map<int64_t, double> gemm_gflops;  // compute threads -> GFLOP/s at the job's shapes
+  // The same GEMM with twice a micro-batch's tokens, at the job's compute threads: how the
+  // rate grows with the tokens (a few tokens stream the weights; many are bound by the
+  // arithmetic). 0: not probed (older profiles).
+  double gemm_gflops_twice_the_tokens = 0;
   double device_adamw_elements_per_second = 0;
   double d2h_gbps = 0, h2d_gbps = 0;                        // the engine's copy path, one direction
   double device_memory_gbps = 0;                            // streaming bandwidth of the device
