@@ -889,8 +889,11 @@ double cpu_seconds_of(pid_t pid) {
 
 int run_bench(const Args& a) {
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  const fs::path dir = a.dir.empty() ? fs::current_path() / ("zenflow-bench-control-plane-" + std::to_string(::getpid()))
-                                     : fs::path(a.dir);
+  // A directory of its own inside --dir (default: the current one), removed at the end:
+  // nothing of the user's in --dir is touched.
+  const fs::path dir = (a.dir.empty() ? fs::current_path() : fs::path(a.dir)) /
+                       ("zenflow-bench-control-plane-" + std::to_string(::getpid()));
+  if (fs::exists(dir)) throw std::runtime_error(dir.string() + " already exists");
   fs::create_directories(dir);
   const auto bench_start = Clock::now();
   auto say = [&bench_start](const std::string& s) {
@@ -1422,7 +1425,10 @@ int run_bench(const Args& a) {
 CommandRegistrar reg(120, [](CommandContext& ctx) {
   auto a = std::make_shared<Args>();
   CLI::App* cmd = ctx.bench->add_subcommand("control-plane", "Coordinator heartbeats, submits, scheduling, detection and restart");
-  cmd->add_option("--dir", a->dir, "Working directory (a real disk; default: under the current directory)");
+  cmd->add_option(
+      "--dir", a->dir,
+      "Where to work (a real disk; default: the current directory), in a subdirectory of its own that is "
+      "removed at the end");
   cmd->add_option("--workers", a->workers, "Simulated workers")->check(CLI::Range(1, 100000));
   cmd->add_option("--seconds", a->seconds, "Measured seconds of the open-loop load")->check(CLI::Range(1.0, 600.0));
   cmd->add_option("--trials", a->trials, "Detection and restart trials")->check(CLI::Range(1, 1000));
