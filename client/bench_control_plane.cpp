@@ -1182,6 +1182,39 @@ int run_bench(const Args& a) {
        "coordinator CPU-seconds (utime + stime) per request: a heartbeat beyond idle, a submit or "
        "a get beyond the heartbeat load"}};
 
+  // ListJobs: every page of 100, newest first, following the tokens, all jobs and the
+  // queued ones; each call timed (no other load: the heartbeats have stopped).
+  say("ListJobs: every page of 100, all jobs and the queued ones");
+  for (const bool only_queued : {false, true}) {
+    auto stub = v1::JobService::NewStub(c.channel(0));
+    std::vector<double> page_ms;
+    int64_t listed = 0;
+    std::string token;
+    for (int pages = 0; pages < 100000; ++pages) {
+      grpc::ClientContext ctx;
+      rpc::prepare_call(ctx, c.admin, milliseconds(10000));
+      v1::ListJobsRequest req;
+      req.set_page_size(100);
+      req.set_page_token(token);
+      if (only_queued) req.add_states(v1::QUEUED);
+      v1::ListJobsResponse resp;
+      const auto t0 = Clock::now();
+      const grpc::Status st = stub->ListJobs(&ctx, req, &resp);
+      page_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      if (!st.ok()) {
+        say("ListJobs failed: " + st.error_message());
+        break;
+      }
+      listed += resp.jobs_size();
+      token = resp.next_page_token();
+      if (token.empty()) break;
+    }
+    json& row = out["list_jobs"][only_queued ? "queued" : "all"];
+    row = to_json(quantiles(page_ms));
+    row["jobs"] = listed;
+    row["pages"] = page_ms.size();
+  }
+
   say("scheduling pass: 1,000 queued jobs x 500 workers");
   const Quantiles sched = schedule_pass(1000, 500, 50);
   out["schedule_1000x500"] = to_json(sched);
@@ -1398,6 +1431,13 @@ int run_bench(const Args& a) {
   row("GetJob at 1,000/s under heartbeat load", gq, "");
   row("  of which the generator's send lag", get_lagq, "");
   row("  from the actual send", get_from_sendq, "");
+  for (const char* which : {"all", "queued"}) {
+    const json& l = out["list_jobs"][which];
+    std::snprintf(note, sizeof(note), "%lld jobs in %lld pages, no other load",
+                  static_cast<long long>(l.value("jobs", 0)), static_cast<long long>(l.value("pages", 0)));
+    row(std::string("ListJobs page of 100, ") + (which[0] == 'a' ? "all jobs" : "state QUEUED"),
+        Quantiles{l.value("p50_ms", 0.0), l.value("p99_ms", 0.0), l.value("max_ms", 0.0)}, note);
+  }
   row("scheduling pass 1,000 jobs x 500 workers", sched, "decision only");
   std::fprintf(stderr, "%-44s %10.1f us/call (%lld calls)\n", "coordinator CPU per heartbeat", hb_us,
                static_cast<long long>(hb_cpu.calls));
