@@ -177,7 +177,7 @@ void Coordinator::load() {
     }
     if (!j.rec.request_id.empty()) by_request_[j.rec.request_id] = j.rec.id;
     if (!terminal(j.rec.state)) checkpoint_owner_[j.rec.checkpoint_dir] = j.rec.id;
-    track_live(jobs_.emplace(j.rec.id, std::move(j)).first->second);
+    add_job(std::move(j));
   }
   commit(upgraded);
   for (WorkerRecord& rec : store_->load_workers()) {
@@ -267,6 +267,13 @@ void Coordinator::timed_commit(const StoreBatch& batch) {
   if (ms >= 100)
     log("slow store commit: " + std::to_string(ms) + " ms for " + std::to_string(batch.jobs.size()) + " jobs, " +
         std::to_string(batch.workers.size()) + " workers, " + std::to_string(batch.logs.size()) + " log appends");
+}
+
+void Coordinator::add_job(Job&& j) {
+  const int64_t seq = j.rec.submit_seq;
+  Job& added = jobs_.emplace(j.rec.id, std::move(j)).first->second;
+  by_seq_[seq] = &added;
+  track_live(added);
 }
 
 void Coordinator::track_live(Job& j) {
@@ -609,7 +616,7 @@ void Coordinator::commit_submits() {
         for (const LogAppend& a : p->batch.logs) log_size += static_cast<int64_t>(a.data.size());
         log_bytes_[id] = log_size;
         if (log_size > 0) stream_bytes_[{id, 0}] = log_size;
-        track_live(jobs_.emplace(id, std::move(p->job)).first->second);
+        add_job(std::move(p->job));
         log("job " + id + " (" + r.name + ") submitted");
       } else if (auto owner = checkpoint_owner_.find(r.checkpoint_dir);
                  owner != checkpoint_owner_.end() && owner->second == id) {
@@ -669,14 +676,11 @@ Status Coordinator::list(const v1::ListJobsRequest& req, v1::ListJobsResponse* r
   std::set<std::string> states;
   for (int s : req.states()) states.insert(v1::JobState_Name(static_cast<v1::JobState>(s)));
   std::lock_guard<std::mutex> lock(mu_);
+  // Newest first, from below the token: the page, and whether one more job follows it.
   std::vector<const Job*> order;
-  order.reserve(jobs_.size());
-  for (const auto& [id, j] : jobs_)
-    if (j.rec.submit_seq < before && (states.empty() || states.count(j.rec.state))) order.push_back(&j);
-  // Newest first; only the page (and the one after it, for the token) needs ordering.
-  const size_t want = std::min(order.size(), static_cast<size_t>(page) + 1);
-  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(want), order.end(),
-                    [](const Job* a, const Job* b) { return a->rec.submit_seq > b->rec.submit_seq; });
+  for (auto it = std::make_reverse_iterator(by_seq_.lower_bound(before));
+       it != by_seq_.rend() && order.size() <= static_cast<size_t>(page); ++it)
+    if (states.empty() || states.count(it->second->rec.state)) order.push_back(it->second);
   for (size_t i = 0; i < order.size() && i < static_cast<size_t>(page); ++i)
     fill_status(*order[i], resp->add_jobs());
   if (order.size() > static_cast<size_t>(page))

@@ -254,6 +254,7 @@ class Coordinator {
   static void set_demand(Job& j);
   void release_attempt(Job& j);  // the attempt ends: charge its held time, free its workers
   void track_live(Job& j);       // live_ follows the job's state
+  void add_job(Job&& j);         // into jobs_, by_seq_ and (while not terminal) live_
   void commit(StoreBatch& batch);  // fail-stop: exits the process when the store write fails
   void timed_commit(const StoreBatch& batch);  // store_->commit, logging a slow one
   void touch(Job& j, StoreBatch& batch);    // revision + 1, then persist
@@ -295,6 +296,9 @@ class Coordinator {
   mutable std::mutex mu_;
   std::condition_variable changed_;
   std::map<std::string, Job> jobs_;          // by id
+  // The same jobs by submit order (JobRecord::submit_seq, unique): ListJobs pages from its
+  // token down this index instead of collecting and sorting every job on every page.
+  std::map<int64_t, const Job*> by_seq_;
   // The jobs not yet terminal (queued or with an attempt), which every tick and scheduling
   // pass looks at: a few among the thousands kept. Kept by persist() (every transition goes
   // through it), submit() and load().

@@ -112,6 +112,80 @@ TEST(Coordinator, ConcurrentSubmitsAreEachStoredOnce) {
   EXPECT_EQ(stored_ids, acked);
 }
 
+// ListJobs: newest first, pages chained by their tokens with no job twice or missing, a
+// state filter applied before paging, the same listing after a restart (the order is
+// rebuilt from the store), and bad paging arguments refused with their names.
+TEST(Coordinator, ListJobsPagesNewestFirstWithAStateFilterAndAfterARestart) {
+  TestDir dir;
+  constexpr int kJobs = 25;
+  std::vector<std::string> ids, cancelled;  // in submit order
+  {
+    auto c = open_coordinator(dir.db());
+    for (int i = 0; i < kJobs; ++i) {
+      v1::SubmitJobResponse resp;
+      ASSERT_TRUE(c->submit(submit_request(dir, "list-" + std::to_string(i), ""), &resp).ok());
+      ids.push_back(resp.job().id());
+    }
+    for (int i = 0; i < kJobs; i += 3) {  // no workers: the rest stay QUEUED
+      v1::JobStatus out;
+      ASSERT_TRUE(c->cancel(ids[static_cast<size_t>(i)], &out).ok());
+      cancelled.push_back(ids[static_cast<size_t>(i)]);
+    }
+  }
+  std::vector<std::string> queued;
+  for (const std::string& id : ids)
+    if (std::find(cancelled.begin(), cancelled.end(), id) == cancelled.end()) queued.push_back(id);
+  auto newest_first = [](std::vector<std::string> v) {
+    std::reverse(v.begin(), v.end());
+    return v;
+  };
+  // Every page of `size`, following the tokens; the pages' sizes go to *sizes.
+  auto list_all = [](Coordinator& c, int size, std::vector<v1::JobState> states, std::vector<int>* sizes) {
+    std::vector<std::string> got;
+    std::string token;
+    for (int pages = 0; pages < 100; ++pages) {
+      v1::ListJobsRequest req;
+      req.set_page_size(size);
+      req.set_page_token(token);
+      for (v1::JobState s : states) req.add_states(s);
+      v1::ListJobsResponse resp;
+      const grpc::Status st = c.list(req, &resp);
+      EXPECT_TRUE(st.ok()) << describe(st);
+      sizes->push_back(resp.jobs_size());
+      for (const v1::JobStatus& j : resp.jobs()) got.push_back(j.id());
+      token = resp.next_page_token();
+      if (token.empty()) break;
+    }
+    return got;
+  };
+  for (int restart = 0; restart < 2; ++restart) {
+    auto c = open_coordinator(dir.db());
+    std::vector<int> sizes;
+    EXPECT_EQ(list_all(*c, 7, {}, &sizes), newest_first(ids)) << "restart " << restart;
+    EXPECT_EQ(sizes, (std::vector<int>{7, 7, 7, 4}));
+    sizes.clear();
+    EXPECT_EQ(list_all(*c, 3, {v1::CANCELLED}, &sizes), newest_first(cancelled));
+    EXPECT_EQ(sizes, (std::vector<int>{3, 3, 3}));  // 9 cancelled: the last full page has no token
+    sizes.clear();
+    EXPECT_EQ(list_all(*c, 100, {v1::QUEUED, v1::CANCELLED}, &sizes), newest_first(ids));
+    EXPECT_EQ(list_all(*c, 5, {v1::QUEUED}, &sizes), newest_first(queued));
+    sizes.clear();
+    EXPECT_TRUE(list_all(*c, 10, {v1::RUNNING}, &sizes).empty());
+    EXPECT_EQ(sizes, std::vector<int>{0});
+    v1::ListJobsRequest bad;
+    v1::ListJobsResponse resp;
+    bad.set_page_token("12x");
+    grpc::Status st = c->list(bad, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(st.error_message().find("page_token"), std::string::npos) << st.error_message();
+    bad.clear_page_token();
+    bad.set_page_size(1001);
+    st = c->list(bad, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(st.error_message().find("page_size"), std::string::npos) << st.error_message();
+  }
+}
+
 TEST(Coordinator, SameRequestIdAtOnceMakesOneJob) {
   TestDir dir;
   auto c = open_coordinator(dir.db());
