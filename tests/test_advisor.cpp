@@ -401,6 +401,34 @@ TEST(AdvisorPublished, ReproducesDeepSpeedQwen15BCoreBinding) {
   EXPECT_LT(t["zenflow"], t["offload"]);
 }
 
+// A GPU profile predicts itself on its own GPU: the local instance (the profile's probes,
+// measured at the job's shapes, far below the datasheet) and a catalog row of the same
+// model both reproduce the measured step within 2%. The model once set the profile GPU's
+// datasheet against the local instance's probe, and the H200 check's calibration came out
+// +20%; here (probe 180 of the datasheet's 312 TFLOP/s) the compute came out 1.6x.
+TEST(AdvisorModel, AGpuProfilePredictsItselfOnItsOwnGpu) {
+  JobProfile p = qwen_profile();
+  p.step.steps_measured = 10;
+  p.probes.gemm_gflops = {{16, 180000}};  // job-shaped GEMM: 180 TFLOP/s
+  p.probes.device_memory_gbps = 1300;
+  p.probes.d2h_gbps = p.probes.h2d_gbps = 20;
+  p.probes.device_adamw_elements_per_second = 4e10;
+  p.probes.host_adam_elements_per_second = {{16, 0.5e9}};
+  InstancePrice one_a100 = two_a100_row();
+  one_a100.gpu_count = 1;
+  for (const Instance& in : {local_instance(p, nullptr), instance_from_catalog(one_a100, "2026-12-01")}) {
+    const Prediction self = predict(p, in, scenario_of(p), p.run.steps);
+    EXPECT_NEAR(self.compute_seconds, p.step.compute_seconds, 0.02 * p.step.compute_seconds) << in.name;
+    EXPECT_NEAR(self.step_seconds, p.step.step_seconds, 0.02 * p.step.step_seconds) << in.name;
+  }
+  // Another model is still scaled by the two datasheets: an H100's 989 against 312 TFLOP/s.
+  InstancePrice h100 = one_a100;
+  h100.gpu_model = "H100-SXM";
+  const Prediction faster =
+      predict(p, instance_from_catalog(h100, "2026-12-01"), scenario_of(p), p.run.steps);
+  EXPECT_LT(faster.compute_seconds, 0.5 * p.step.compute_seconds);
+}
+
 PricingCatalog shipped_catalog() {
   return PricingCatalog::load(std::string(ZENFLOW_SOURCE_DIR) + "/deploy/pricing.yaml");
 }

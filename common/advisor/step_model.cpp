@@ -124,11 +124,23 @@ Terms raw_terms(Context& c) {
                                               gemm_rate(p.probes.gemm_gflops, std::max<int64_t>(1, ct)) +
                                           (1 - fg) * rest);
   } else if (c.same_device) {
+    // The profile's GPU against the instance's, like with like: both datasheets where both
+    // models are known (the same model: 1). Else the profile GPU's datasheet against the
+    // instance's figure. The local instance's figures are the profile's probes, measured at
+    // the job's shapes, far below a datasheet: set against the datasheet they scaled the
+    // profile's own compute up (the H200 check's calibration came out +20%).
     const GpuSpec* g = spec_for_device_name(p.measured_on.gpu);
-    const double p_ref = g ? g->peak_bf16_tflops : in.peak_tflops.value;
-    const double hbm_ref = g ? g->hbm_gbps : in.hbm_gbps.value;
-    t.compute = p.step.compute_seconds * (fg * f / f_ref / gemm_rate_growth * p_ref / in.peak_tflops.value +
-                                          (1 - fg) * rest * hbm_ref / in.hbm_gbps.value);
+    const GpuSpec* gi = spec_for_device_name(in.gpu_model);
+    double peak_ratio = 1, hbm_ratio = 1;
+    if (g && gi) {
+      peak_ratio = g->peak_bf16_tflops / gi->peak_bf16_tflops;
+      hbm_ratio = g->hbm_gbps / gi->hbm_gbps;
+    } else if (g) {
+      peak_ratio = g->peak_bf16_tflops / in.peak_tflops.value;
+      hbm_ratio = g->hbm_gbps / in.hbm_gbps.value;
+    }
+    t.compute = p.step.compute_seconds *
+                (fg * f / f_ref / gemm_rate_growth * peak_ratio + (1 - fg) * rest * hbm_ratio);
     note(c, "peak_bf16_tflops", in.peak_tflops);
     note(c, "hbm_gbps", in.hbm_gbps);
   } else {
