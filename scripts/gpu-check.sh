@@ -19,9 +19,10 @@
 #              device, offload and zenflow (zenflow run --profile), and the advisor scored:
 #              calibrated on the zenflow profile, it predicts the other two (advise.json)
 # A failed phase does not stop later ones (unless they need what it should have made);
-# the script exits 1 if any phase failed. Logs and JSON go to $OUT (./gpu-check-out when
-# OUT is unset): summary.txt, build.log, ctest.log, kernels.log, bench.log,
-# bench-offload.json, host-adam.json.
+# the script exits 1 if any phase failed. Results go to $OUT (./gpu-check-out when OUT is
+# unset): summary.txt, bench-offload.json, host-adam.json, and gpu-check-logs.tar.gz with
+# the rest (build.log, ctest.log, kernels.log, bench.log, verify.log, advise.log, advise/,
+# verify/ less their checkpoints).
 set -uo pipefail
 
 ROOT="$(pwd)"
@@ -322,7 +323,18 @@ else
 fi
 
 # ---- summary -------------------------------------------------------------------------------------
-say "total $(($(date +%s) - START))s; logs in $OUT"
+# The device tool brings back at most 8 files, 2 folders down: on 2026-12-04 verify.log and
+# every file of advise/ stayed behind. Everything but the summary and the two bench JSONs
+# goes into one archive (checkpoints left out: a step-* folder holds a whole model).
+pack_logs() {
+  local keep='summary.txt|bench-offload.json|host-adam.json|gpu-check-logs.tar.gz' rest
+  mapfile -t rest < <(cd "$OUT" && ls -A | grep -vxE "$keep")
+  ((${#rest[@]})) || return 0
+  tar -C "$OUT" --exclude='step-*' --exclude='.zenflow.lock' -czf "$OUT/gpu-check-logs.tar.gz" -- "${rest[@]}" &&
+    (cd "$OUT" && rm -rf -- "${rest[@]}")
+}
+pack_logs || say "could not pack the logs into gpu-check-logs.tar.gz"
+say "total $(($(date +%s) - START))s; summary.txt, bench-offload.json, host-adam.json and gpu-check-logs.tar.gz in $OUT"
 if ((${#FAILED[@]})); then
   say "FAILED phases: ${FAILED[*]}"
   exit 1
