@@ -1431,11 +1431,11 @@ int run_bench(const Args& a) {
   row("GetJob at 1,000/s under heartbeat load", gq, "");
   row("  of which the generator's send lag", get_lagq, "");
   row("  from the actual send", get_from_sendq, "");
-  for (const char* which : {"all", "queued"}) {
-    const json& l = out["list_jobs"][which];
+  for (const auto& [key, what] : {std::pair{"all", "all jobs"}, std::pair{"queued", "state QUEUED"}}) {
+    const json& l = out["list_jobs"][key];
     std::snprintf(note, sizeof(note), "%lld jobs in %lld pages, no other load",
                   static_cast<long long>(l.value("jobs", 0)), static_cast<long long>(l.value("pages", 0)));
-    row(std::string("ListJobs page of 100, ") + (which[0] == 'a' ? "all jobs" : "state QUEUED"),
+    row(std::string("ListJobs page of 100, ") + what,
         Quantiles{l.value("p50_ms", 0.0), l.value("p99_ms", 0.0), l.value("max_ms", 0.0)}, note);
   }
   row("scheduling pass 1,000 jobs x 500 workers", sched, "decision only");

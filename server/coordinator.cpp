@@ -290,7 +290,6 @@ void Coordinator::track_live(Job& j) {
 void Coordinator::persist(Job& j, StoreBatch& batch) {
   track_live(j);
   j.last_persist_ms = now_ms();
-  j.progress_dirty = false;
   progress_dirty_jobs_.erase(&j);
   batch.jobs.push_back(j.rec);
   changed_.notify_all();
@@ -1140,7 +1139,6 @@ Status Coordinator::report_progress(const v1::ReportProgressRequest& req) {
   j->rec.stall_share = req.stall_share();
   j->eta_seconds = req.eta_seconds();
   ++j->rec.revision;
-  j->progress_dirty = true;
   progress_dirty_jobs_.insert(j);
   changed_.notify_all();
   commit(batch);

@@ -201,7 +201,6 @@ class Coordinator {
     bool progressed = false;     // the current attempt has reported progress (restart loss taken)
     int64_t queued_since_ms = 0; // submit or requeue: the queue wait starts here
     int64_t last_persist_ms = 0;
-    bool progress_dirty = false;
     // The generation_ at which a scheduling pass found it stable: it is skipped until
     // the generation changes (scheduler.h, rule 8).
     int64_t unplaceable_generation = -1;
@@ -303,7 +302,7 @@ class Coordinator {
   // pass looks at: a few among the thousands kept. Kept by persist() (every transition goes
   // through it), submit() and load().
   std::map<std::string, Job*> live_;
-  // The jobs with progress_dirty, and those the last pass gave a reservation: what a tick
+  // The jobs with progress not yet written, and those the last pass gave a reservation: what a tick
   // must visit of live_, which a walk of its thousands of queued jobs would cost ~0.2 ms
   // under the lock each time (bench control-plane: 2,000-3,000 live jobs). jobs_ never
   // erases, so the pointers stay valid.
