@@ -227,12 +227,12 @@ TEST_P(RemoteEqualsInProcess, WeightsEveryStepAndStateAtTheEnd) {
   const std::vector<std::string> nodes(all.begin(), all.begin() + c.nodes);
   const std::string job = "grid-" + case_name({c, 0});
   constexpr int64_t kSteps = 14;
+  use_tls(c.tls);  // here, not on the ranks' threads: setenv races with their UCX reading the environment
   zenflow::test_support::run_thread_ranks(c.world, [&](zenflow::test_support::ThreadCollectives& coll, int rank) {
     zenflow::engine::Collectives* group = c.world > 1 ? &coll : nullptr;
     std::vector<at::Tensor> ref_p = model_params(c.dtype), rem_p = model_params(c.dtype);
     EngineOptions ro = engine_options(c.U, c.overlap);
     EngineOptions mo = ro;
-    use_tls(c.tls);
     const auto opts = remote(nodes, job);
     mo.host_backend = [opts](const zenflow::engine::HostStateLayout& l) {
       return zenflow::transport::make_remote_host_optimizer(opts, l);

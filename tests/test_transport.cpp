@@ -439,6 +439,44 @@ TEST_P(TransportTest, ReportsTheTransportsInEffect) {
   EXPECT_FALSE(client_channel_->failed());
 }
 
+// Transport::create keeps its UCX defaults (shared memory's error handling, tcp PUT off) in
+// its own context's config: it never calls setenv, which races with every other thread's
+// getenv. CI saw a process with two ranks' Transports, created at once on two threads,
+// die of SIGSEGV. Here four threads each make a connected pair at once and exchange a
+// message, and the environment is byte for byte what it was.
+TEST_P(TransportTest, TransportsMadeOnManyThreadsAtOnceLeaveTheEnvironmentAlone) {
+  unsetenv("UCX_MM_ERROR_HANDLING");
+  auto environment = [] {
+    std::vector<std::string> out;
+    for (char** e = environ; *e != nullptr; ++e) out.emplace_back(*e);
+    return out;
+  };
+  const std::vector<std::string> before = environment();
+  constexpr int kThreads = 4;
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i)
+    threads.emplace_back([&, i] {
+      try {
+        Inbox server_inbox, client_inbox;  // outlive the transports that call them
+        auto server = Transport::create({});
+        const int port =
+            server->listen("127.0.0.1", 0, [&](std::shared_ptr<Channel>) { return server_inbox.handler(); });
+        auto client = Transport::create({});
+        auto ch = client->connect("127.0.0.1", port, client_inbox.handler(), 10.0);
+        ch->send("hi", 2, nullptr, 0, nullptr);
+        if (!server_inbox.wait_messages(1, 10s)) errors[i] = "no message arrived";
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kThreads; ++i) EXPECT_EQ(errors[i], "") << "thread " << i;
+  EXPECT_TRUE(environment() == before) << "Transport::create changed the process environment";
+  EXPECT_EQ(getenv("UCX_TCP_PUT_ENABLE"), nullptr);
+  EXPECT_EQ(getenv("UCX_MM_ERROR_HANDLING"), nullptr);
+}
+
 TEST_P(TransportTest, EagerMessagesArriveInOrderWithExactBytes) {
   start();
   Completions sent;
@@ -843,7 +881,8 @@ TEST_P(TransportTest, PeerKilledFailsTheChannelWithinFiveSeconds) {
 }
 
 // The lanes UCX chose, from its info log in the child: data really moves over what was asked
-// (sm: shared memory only; without UCX_MM_ERROR_HANDLING it would silently be tcp).
+// (sm: shared memory only; without Transport::create's MM_ERROR_HANDLING=y it would
+// silently be tcp, and with tcp PUT on, tcp would be an active-message lane beside it).
 TEST_P(TransportTest, DataMovesOverTheRequestedTransport) {
   const std::string log_path = testing::TempDir() + "zf_transport_child_" + GetParam() + ".log";
   Child child = start_child_server(log_path);

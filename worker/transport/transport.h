@@ -19,11 +19,13 @@
 //
 // Failure: endpoints use UCP_ERR_HANDLING_MODE_PEER; a peer that dies or closes fails
 // every pending send with its error and calls on_error once; nothing is delivered after.
-// UCX_MM_ERROR_HANDLING=y is set by Transport::create when UCX_TLS may pick shared memory
-// (which needs it in PEER mode), and UCX_TCP_PUT_ENABLE=n when it may pick tcp (UCX 1.13's
-// TCP PUT aborts the process on a peer lost mid-transfer), unless the environment already
-// sets them. Shared memory in client-server mode: UCX 1.13 wires connections up over TCP,
-// so "shared memory" means UCX_TLS=sm,tcp (without TCP PUT no TCP data lane exists).
+// Transport::create sets MM_ERROR_HANDLING=y in its UCX context's config when UCX_TLS may
+// pick shared memory (which needs it in PEER mode), and TCP_PUT_ENABLE=n when it may pick
+// tcp (UCX 1.13's TCP PUT aborts the process on a peer lost mid-transfer), unless the
+// environment sets UCX_MM_ERROR_HANDLING / UCX_TCP_PUT_ENABLE. It never changes the
+// process environment (setenv races with every other thread's getenv), so Transports may
+// be created on several threads at once. Shared memory in client-server mode: UCX 1.13 wires connections up
+// over TCP, so "shared memory" means UCX_TLS=sm,tcp (without TCP PUT no TCP data lane exists).
 //
 // close(false) waits for the channel's sends in flight and says goodbye before the
 // endpoint goes (UCX's own flushing close can drop rendezvous sends); the peer's on_error

@@ -298,20 +298,39 @@ void UcxChannel::post_close(bool force) {
 
 UcxTransport::UcxTransport(const TransportOptions& options) : options_(options) {
   const char* tls = std::getenv("UCX_TLS");
-  // Shared memory refuses PEER error mode without it (UCX 1.13, reference §0).
-  if (may_select(tls, {"all", "sm", "shm", "mm", "posix", "sysv", "xpmem"}))
-    setenv("UCX_MM_ERROR_HANDLING", "y", 0);
-  // UCX 1.13's TCP PUT (the zero-copy lane its rendezvous uses over tcp) aborts the process
-  // when the peer dies mid-transfer (tcp_ep.c:939, `ep->flags & UCT_TCP_EP_FLAG_PUT_TX_WAITING_ACK`):
-  // CI saw a training process die of SIGABRT, instead of resuming, when its node was killed
-  // mid-gradient-stream. Without it the bytes go as active-message fragments, as fast here
-  // (bench transport, tcp, 4 MiB / 64 MiB chunks: 4.67 / 4.14 GB/s with PUT, 4.75 / 4.05 without).
-  if (may_select(tls, {"all", "tcp"})) setenv("UCX_TCP_PUT_ENABLE", "n", 0);
   tls_ = tls && *tls ? tls : "default";
-
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) throw TransportError(options_.name + ": ucp_config_read: " + ucs_status_string(s));
+  // Defaults for this context only, where the environment sets nothing: set on the config,
+  // never with setenv, which is not thread-safe (another thread's getenv, UCX's own reading
+  // of the environment in a second Transport being created, walks an array setenv frees).
+  // UCX 1.13 keeps a name that no UCP option has and applies it to every transport config
+  // that has it, named as in that transport's table: tcp's PUT_ENABLE (its prefix TCP_
+  // left out), the mm sub-table's MM_ERROR_HANDLING (test_transport's lane check and UCX's
+  // "apply UCT configuration" debug line show both applied; "TCP_PUT_ENABLE" is not).
+  auto set_default = [&](const char* name, const char* env, const char* value) {
+    if (std::getenv(env) != nullptr) return;
+    s = ucp_config_modify(config, name, value);
+    if (s != UCS_OK)
+      throw TransportError(options_.name + ": ucp_config_modify " + name + "=" + value + ": " +
+                           ucs_status_string(s));
+  };
+  try {
+    // Shared memory refuses PEER error mode without it (UCX 1.13, reference §0).
+    if (may_select(tls, {"all", "sm", "shm", "mm", "posix", "sysv", "xpmem"}))
+      set_default("MM_ERROR_HANDLING", "UCX_MM_ERROR_HANDLING", "y");
+    // UCX 1.13's TCP PUT (the zero-copy lane its rendezvous uses over tcp) aborts the process
+    // when the peer dies mid-transfer (tcp_ep.c:939, `ep->flags & UCT_TCP_EP_FLAG_PUT_TX_WAITING_ACK`):
+    // CI saw a training process die of SIGABRT, instead of resuming, when its node was killed
+    // mid-gradient-stream. Without it the bytes go as active-message fragments, as fast here
+    // (bench transport, tcp, 4 MiB / 64 MiB chunks: 4.67 / 4.14 GB/s with PUT, 4.75 / 4.05 without).
+    if (may_select(tls, {"all", "tcp"})) set_default("PUT_ENABLE", "UCX_TCP_PUT_ENABLE", "n");
+  } catch (...) {
+    ucp_config_release(config);
+    throw;
+  }
+
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
   params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
