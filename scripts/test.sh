@@ -7,7 +7,8 @@ status=0
 # Test-only tools (prometheus/promtool for the deploy/prometheus tests); a no-op when present.
 # If they cannot be installed the suite still runs (their tests report Skipped) but fails.
 bash scripts/install-deps.sh --test-tools || { echo "test.sh: installing the test tools failed"; status=1; }
-ctest --test-dir build --output-on-failure --timeout 900 -j2 || status=1
+ctest_status=0
+ctest --test-dir build --output-on-failure --timeout 900 -j2 || { status=1; ctest_status=1; }
 # libFuzzer over the optimizer-node protocol's parsers (bounded and seeded: ~30 s).
 bash scripts/fuzz.sh || status=1
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
@@ -35,5 +36,15 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
       -I. -Ibuild-cuda/shim -I/usr/local/cuda/include -isystem /usr/include/torch/csrc/api/include "$f" \
       || { echo "CUDA host-code syntax check failed: $f"; status=1; }
   done
+fi
+# A failed test's output is printed where it ended, in the middle of a long log, which CI
+# keeps only the end of: print the last lines of each failed test's output again, last.
+if [ "$ctest_status" != 0 ] && [ -f build/Testing/Temporary/LastTestsFailed.log ]; then
+  echo "== the tests that failed, again: the last 80 lines of each one's output"
+  while IFS=: read -r number name; do
+    echo "---- $number: $name"
+    awk -v n="$number" '/^[0-9]+\/[0-9]+ Testing: /{keep = ($0 ~ "^" n "/")} keep' \
+      build/Testing/Temporary/LastTest.log | tail -n 80
+  done < build/Testing/Temporary/LastTestsFailed.log
 fi
 exit $status
