@@ -1,5 +1,7 @@
 #include "server/service.h"
 
+#include <pthread.h>
+
 #include <functional>
 
 #include "common/rpc/rpc.h"
@@ -420,6 +422,7 @@ void HotPathServer::start() {
   }
   arm_all();
   thread_ = std::thread([this] { loop(); });
+  pthread_setname_np(thread_.native_handle(), "zf-co-hotpath");
 }
 
 void HotPathServer::arm_all() {
