@@ -21,7 +21,7 @@
 #include "common/job_spec.h"
 #include "worker/engine/host_thread_pool.h"
 #include "worker/trainer.h"
-#if ZENFLOW_HAVE_SERVICES
+#if ZENFLOW_HAVE_UCX
 #include "client/local_node.h"
 #endif
 #if ZENFLOW_HAVE_METRICS
@@ -191,7 +191,7 @@ nlohmann::json mode_json(const RunSummary& s) {
   return j;
 }
 
-#if ZENFLOW_HAVE_SERVICES
+#if ZENFLOW_HAVE_UCX
 // Of a run's accounted time (compute, device optimizer, every stall), the share the training
 // thread waited for the host optimizer's window step and for the network.
 double exposed_host_share(const RunSummary& s) {
@@ -328,10 +328,10 @@ int run_bench(const BenchArgs& a) {
   std::map<std::string, RunSummary> results;
   std::map<std::string, int64_t> bytes_per_elem;
   nlohmann::json metrics_overhead = nlohmann::json::object();
-#if !ZENFLOW_HAVE_SERVICES
+#if !ZENFLOW_HAVE_UCX
   if (!a.vs_node.empty()) {
     std::cerr << "zenflow bench offload: --vs-node: this build has no UCX transport (built with "
-                 "ZENFLOW_SERVICES=OFF)\n";
+                 "ZENFLOW_UCX=OFF)\n";
     return kExitBadInput;
   }
 #endif
@@ -369,7 +369,7 @@ int run_bench(const BenchArgs& a) {
       print_summary_table(std::cout, spec, s);
     }
     results[mode] = s;
-#if ZENFLOW_HAVE_SERVICES
+#if ZENFLOW_HAVE_UCX
     if (!a.vs_node.empty() && mode != "device") {
       vs_node[mode] = compare_with_node(a, spec, opts, s);
       if (a.json)

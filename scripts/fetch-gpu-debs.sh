@@ -16,6 +16,8 @@ packages=(
   libcivetweb-dev libcivetweb1    # /metrics HTTP server (zenflow_metrics); .so loaded at run time
   libsqlite3-dev libsqlite3-0     # the coordinator's store (server/), built in every configuration
   libgtest-dev libgmock-dev       # tests (static libraries + CMake config)
+  libucx0 libucx-dev              # optimizer nodes (ZENFLOW_UCX): transport, zenflow-optimizer, --vs-node
+  libnuma1 libibverbs1 librdmacm1 # what libucx0 loads (its RDMA modules find no device without providers)
 )
 
 dir="${1:-.debs}"

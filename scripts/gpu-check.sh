@@ -5,9 +5,10 @@
 # made here by scripts/fetch-gpu-debs.sh). Phases, each with its own time limit inside
 # an overall budget of ZENFLOW_GPU_CHECK_BUDGET seconds (default 570, under 10 minutes):
 #   env        environment facts (GPU, cores, torch, nvcc, cmake)
-#   deps       extracts .debs/*.deb (libyaml, yaml-cpp, nlohmann-json, CLI11, SQLite, GoogleTest) into a prefix
-#   configure  cmake: ZENFLOW_SERVICES=OFF, ZENFLOW_CUDA=ON, ZENFLOW_REPORT=OFF (no uPlot
-#              there), LibTorch from the PyTorch wheel
+#   deps       extracts .debs/*.deb (libyaml, yaml-cpp, nlohmann-json, CLI11, SQLite, GoogleTest,
+#              UCX) into a prefix
+#   configure  cmake: ZENFLOW_SERVICES=OFF, ZENFLOW_UCX=ON when UCX was extracted,
+#              ZENFLOW_CUDA=ON, ZENFLOW_REPORT=OFF (no uPlot there), LibTorch from the PyTorch wheel
 #   build      ninja with every core
 #   ctest      the engine's test suite with ZENFLOW_TEST_DEVICE=cuda
 #   kernels    the CUDA kernel tests (raw kernels and their tensor wrappers)
@@ -18,6 +19,8 @@
 #   advise     zenflow profile-host (a catalog row of this host), a ~0.3B model profiled in
 #              device, offload and zenflow (zenflow run --profile), and the advisor scored:
 #              calibrated on the zenflow profile, it predicts the other two (advise.json)
+#   nodes      (when the .debs carry UCX: ZENFLOW_UCX=ON) zenflow on the 1B model against a
+#              local zenflow-optimizer over tcp, as `bench offload --vs-node` (nodes.json)
 # A failed phase does not stop later ones (unless they need what it should have made);
 # the script exits 1 if any phase failed. Results go to $OUT (./gpu-check-out when OUT is
 # unset): summary.txt, bench-offload.json, host-adam.json, and gpu-check-logs.tar.gz with
@@ -129,6 +132,12 @@ extract_debs() {
     fi
     echo "extracted $(basename "$f")"
   done
+  # UCX's CMake targets name their prefix outright (set(prefix "/usr")): point it here.
+  local ucx_targets="$PREFIX/usr/lib/x86_64-linux-gnu/cmake/ucx/ucx-targets.cmake"
+  if [[ -f "$ucx_targets" ]]; then
+    sed -i "s|set(prefix \"/usr\")|set(prefix \"$PREFIX/usr\")|" "$ucx_targets" || return 1
+    grep -q "set(prefix \"$PREFIX/usr\")" "$ucx_targets" || { echo "cannot re-point $ucx_targets"; return 1; }
+  fi
 }
 export -f extract_debs
 phase deps 30 "$OUT/build.log" extract_debs
@@ -148,10 +157,16 @@ configure() {
   # else it falls back to the CUDA::nvToolsExt target, which no longer exists.
   local nvtx=()
   [[ -d "$cuda_root/include/nvtx3" ]] && nvtx=(-DUSE_SYSTEM_NVTX=ON "-Dnvtx3_dir=$cuda_root/include")
+  # Optimizer nodes (UCX, no gRPC) when the .debs carry UCX: zenflow-optimizer, its tests
+  # and the nodes phase.
+  local ucx=OFF
+  [[ -f "$PREFIX/usr/lib/x86_64-linux-gnu/cmake/ucx/ucx-config.cmake" ]] && ucx=ON
+  echo "configure: ZENFLOW_UCX=$ucx"
   log=$(mktemp)
   cmake -G Ninja -S "$ROOT" -B "$BUILD" \
     -DCMAKE_BUILD_TYPE=Release \
-    -DZENFLOW_SERVICES=OFF -DZENFLOW_CUDA=ON -DZENFLOW_BENCH=OFF -DZENFLOW_TESTS=ON -DZENFLOW_REPORT=OFF \
+    -DZENFLOW_SERVICES=OFF -DZENFLOW_UCX="$ucx" -DZENFLOW_CUDA=ON -DZENFLOW_BENCH=OFF -DZENFLOW_TESTS=ON \
+    -DZENFLOW_REPORT=OFF \
     -DCUDAToolkit_ROOT="$cuda_root" "${nvtx[@]}" \
     -DCMAKE_PREFIX_PATH="$torch_prefix;$PREFIX/usr;$cuda_root" 2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]}
@@ -320,6 +335,33 @@ if ((CONFIGURED)) && [[ -x "$ZENFLOW" ]]; then
   grep -h "^gpu-check: figure" "$OUT/advise.log" >>"$SUMMARY" 2>/dev/null
 else
   skip advise "no zenflow binary"
+fi
+
+# ---- 9. optimizer nodes on CUDA: the streaming path (pinned gradient ring, PARAMS back) -----------
+# A zenflow-optimizer on this host over tcp loopback, confined to the in-process host
+# optimizer's cores, against in-process zenflow on the same 1B model: the step time the node
+# adds, the exposed host + network share, and whether the final losses are identical.
+bench_nodes() {
+  "$ZENFLOW" bench offload --preset gpu-1b --modes zenflow --steps 20 --vs-node tcp --node-pairs 1 --json \
+    >"$OUT/nodes.json"
+}
+export -f bench_nodes
+if ((CONFIGURED)) && [[ -x "$ZENFLOW" && -x "$BUILD/bin/zenflow-optimizer" ]]; then
+  phase nodes 150 "$OUT/nodes.log" bench_nodes
+  "$PY" - "$OUT/nodes.json" <<'PYEOF' 2>&1 | tee -a "$SUMMARY"
+import json, sys
+try:
+    v = next(d["vs_node"] for d in map(json.loads, filter(str.strip, open(sys.argv[1]))) if "vs_node" in d)
+except (OSError, ValueError, StopIteration) as e:
+    sys.exit(f"gpu-check: figure    nodes: none ({e!r})")
+s, x = v["step_seconds_median"], v["exposed_host_and_network_share"]
+print(f"gpu-check: figure    node step added (tcp loopback)     {100 * v['added_step_time']:+.1f}%   target <= +5%; "
+      f"medians {s['node'][0]:.4f} s vs {s['in_process'][0]:.4f} s in-process")
+print(f"gpu-check: figure    node exposed host+network share    {x['node']:.3f}   target <= 0.10 "
+      f"(in-process {x['in_process']:.3f}); final losses identical: {v['same_final_loss']}")
+PYEOF
+else
+  skip nodes "no zenflow-optimizer (the .debs carry no UCX, or the build failed)"
 fi
 
 # ---- summary -------------------------------------------------------------------------------------

@@ -111,7 +111,8 @@ engine::HostOptimizerFactory host_backend(const JobSpec& spec, const std::vector
   const HostSpec& h = spec.optimizer.host;
   if (h.addresses.empty()) return {};
 #ifndef ZENFLOW_HAVE_TRANSPORT
-  throw std::invalid_argument("optimizer.host.addresses: this build has no UCX transport (built with ZENFLOW_SERVICES=OFF)");
+  throw std::invalid_argument(
+      "optimizer.host.addresses: this build has no UCX transport (built with ZENFLOW_UCX=OFF)");
 #else
   transport::RemoteHostOptions o;
   o.addresses = h.addresses;

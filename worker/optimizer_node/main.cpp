@@ -21,7 +21,9 @@
 #include "common/metrics/registry.h"
 #include "common/rpc/auth.h"
 #include "common/version.h"
+#if ZENFLOW_HAVE_SERVICES
 #include "worker/optimizer_node/coordinator_link.h"
+#endif
 #include "worker/optimizer_node/optimizer_node.h"
 #include "worker/transport/transport.h"
 
@@ -94,6 +96,12 @@ int main(int argc, char** argv) {
     if (!memory_limit.empty()) o.memory_limit = zenflow::optimizer_node::parse_bytes(memory_limit);
     if (!die_at.empty()) std::tie(o.die_at_kind, o.die_at_count) = zenflow::optimizer_node::parse_die_at(die_at);
     if (!token_file.empty()) o.token = zenflow::rpc::read_token_file(token_file);
+#if !ZENFLOW_HAVE_SERVICES
+    if (!coordinator.empty())
+      throw std::invalid_argument(
+          "--coordinator: this build has no gRPC services (ZENFLOW_SERVICES=OFF); give workers this node's "
+          "address in optimizer.host.addresses instead");
+#endif
     // UCX authenticates nobody: beyond loopback, only the session token keeps other jobs out.
     if (o.token.empty() && !zenflow::rpc::is_loopback_host(o.host))
       throw std::invalid_argument("--token-file is required when listening beyond loopback (--listen " + listen + ")");
@@ -158,6 +166,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "zenflow-optimizer: metrics on http://%s:%d/metrics\n", metrics_host.c_str(),
                  metrics_server->port());
   }
+#if ZENFLOW_HAVE_SERVICES
   std::unique_ptr<zenflow::optimizer_node::CoordinatorLink> link;
   if (!coordinator.empty()) {
     zenflow::optimizer_node::CoordinatorLinkOptions lo;
@@ -181,11 +190,14 @@ int main(int argc, char** argv) {
     };
     link = std::make_unique<zenflow::optimizer_node::CoordinatorLink>(lo);
   }
+#endif
   std::printf("zenflow-optimizer: listening on %s:%d\n", o.host.c_str(), port);
   std::fflush(stdout);
   int sig = 0;
   sigwait(&stop_signals, &sig);
+#if ZENFLOW_HAVE_SERVICES
   link.reset();
+#endif
   metrics_server.reset();
   const auto st = node.stats();
   std::fprintf(stderr, "zenflow-optimizer: stopping on signal %d (%d sessions, %lld ops run)\n", sig, st.sessions,
