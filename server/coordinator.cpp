@@ -999,38 +999,51 @@ Status Coordinator::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResp
     Lease* lease = lease_of(req.name());
     if (!lease)
       return {StatusCode::FAILED_PRECONDITION, "worker " + req.name() + " is not registered; register again"};
-    std::lock_guard<std::mutex> lease_lock(lease->mu);
-    if (lease->incarnation != req.incarnation() || lease->lost)
-      return not_leased(req.name(), req.incarnation(), *lease);
-    renew(*lease, now_ms());
-    if (stream != 0) lease->pulse_stream = stream;
-    resp->set_assignment_revision(lease->assignment_revision);
+    {
+      std::lock_guard<std::mutex> lease_lock(lease->mu);
+      if (lease->incarnation != req.incarnation() || lease->lost)
+        return not_leased(req.name(), req.incarnation(), *lease);
+      renew(*lease, now_ms());
+      if (stream != 0) lease->pulse_stream = stream;
+      resp->set_assignment_revision(lease->assignment_revision);
+    }
+    apply_progress(req);
     return Status::OK;
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  Status st;
-  Worker* w = live_worker(req.name(), req.incarnation(), &st);
-  if (!w) return st;
   {
-    std::lock_guard<std::mutex> lease_lock(w->lease->mu);
-    renew(*w->lease, now_ms());
-  }
-  StoreBatch batch;
-  for (const v1::AttemptReport& r : req.attempts()) {
-    int m = -1;
-    Status ignored;
-    Job* j = current_attempt(r.job_id(), r.attempt(), req.name(), &m, &ignored);
-    if (j) apply_attempt_report(*j, m, r, batch);
-    // Ended attempts are acknowledged once recorded, or when they are stale (nothing to record).
-    if (r.exited()) {
-      v1::AttemptRef* a = resp->add_acknowledged();
-      a->set_job_id(r.job_id());
-      a->set_attempt(r.attempt());
+    std::lock_guard<std::mutex> lock(mu_);
+    Status st;
+    Worker* w = live_worker(req.name(), req.incarnation(), &st);
+    if (!w) return st;
+    {
+      std::lock_guard<std::mutex> lease_lock(w->lease->mu);
+      renew(*w->lease, now_ms());
     }
+    StoreBatch batch;
+    for (const v1::AttemptReport& r : req.attempts()) {
+      int m = -1;
+      Status ignored;
+      Job* j = current_attempt(r.job_id(), r.attempt(), req.name(), &m, &ignored);
+      if (j) apply_attempt_report(*j, m, r, batch);
+      // Ended attempts are acknowledged once recorded, or when they are stale (nothing to record).
+      if (r.exited()) {
+        v1::AttemptRef* a = resp->add_acknowledged();
+        a->set_job_id(r.job_id());
+        a->set_attempt(r.attempt());
+      }
+    }
+    commit(batch);
+    resp->set_assignment_revision(w->lease->assignment_revision);
   }
-  commit(batch);
-  resp->set_assignment_revision(w->lease->assignment_revision);
+  apply_progress(req);  // after the attempts: a start reported in this beat is known
   return Status::OK;
+}
+
+// The progress a beat carries, each as ReportProgress takes it; one refused (a stale
+// attempt, a bad step) or of another worker's name or incarnation is skipped.
+void Coordinator::apply_progress(const v1::HeartbeatRequest& req) {
+  for (const v1::ReportProgressRequest& p : req.progress())
+    if (p.name() == req.name() && p.incarnation() == req.incarnation()) (void)report_progress(p);
 }
 
 Coordinator::Lease* Coordinator::lease_of(const std::string& name) {
@@ -1113,6 +1126,9 @@ Status Coordinator::report_progress(const v1::ReportProgressRequest& req) {
   if (!j) return st;
   if (m != 0) return Status::OK;  // rank 0's worker speaks for the job
   if (req.step() < 0 || req.step() > j->rec.total_steps) return bad("step: out of range");
+  // Steps only grow within an attempt: an older report that arrives late (a beat in flight
+  // while the agent sent the final one by ReportProgress) changes nothing.
+  if (j->progressed && req.step() < j->rec.step) return Status::OK;
   StoreBatch batch;
   if (!j->members[0].started) {
     v1::AttemptReport started;

@@ -278,6 +278,7 @@ class Coordinator {
   Lease* lease_of(const std::string& name);  // null: never registered (no mu_ needed)
   // A beat (or a registration) at `now`: the lease runs a full term again. Under the lease's mutex.
   void renew(Lease& lease, int64_t now) const;
+  void apply_progress(const v1::HeartbeatRequest& req);  // the beat's progress entries (takes mu_)
   void run_schedule(StoreBatch& batch);
   void persist_progress(StoreBatch& batch);
   void tick_locked();

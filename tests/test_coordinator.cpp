@@ -904,6 +904,71 @@ TEST(Coordinator, ReportedProgressIsWrittenByATickAfterTwoSeconds) {
   EXPECT_EQ(steps[ids[1]], 9);
 }
 
+// Progress rides on the heartbeat stream (HeartbeatRequest.progress, how the agent sends it):
+// each entry is taken as ReportProgress takes it; one of another incarnation, a stale
+// attempt or a step out of range is skipped, and the beat still renews the lease.
+TEST(Coordinator, ProgressOnAStreamBeatIsTakenAsReportProgressTakesIt) {
+  TestDir dir;
+  auto c = open_coordinator(dir.db());
+  v1::RegisterWorkerResponse reg;
+  ASSERT_TRUE(c->register_worker(trainer("w1", 29500), &reg).ok());
+  v1::SubmitJobRequest req = submit_request(dir, "beats", "");
+  req.add_set("train.steps=100");
+  v1::SubmitJobResponse sub;
+  ASSERT_TRUE(c->submit(req, &sub).ok());
+  const std::string id = sub.job().id();
+  c->tick_now();
+  auto entry = [&](int64_t incarnation, int64_t attempt, int64_t step, double loss) {
+    v1::ReportProgressRequest p;
+    p.set_name("w1");
+    p.set_incarnation(incarnation);
+    p.mutable_attempt()->set_job_id(id);
+    p.mutable_attempt()->set_attempt(attempt);
+    p.set_step(step);
+    p.set_total_steps(100);
+    p.set_loss(loss);
+    p.set_step_seconds(0.01);
+    return p;
+  };
+  auto beat = [&](std::vector<v1::ReportProgressRequest> progress) {
+    v1::HeartbeatRequest hb;
+    hb.set_name("w1");
+    hb.set_incarnation(reg.incarnation());
+    for (auto& p : progress) *hb.add_progress() = std::move(p);
+    v1::HeartbeatResponse resp;
+    return c->heartbeat(hb, &resp, /*stream=*/7);
+  };
+  auto status = [&] {
+    v1::JobStatus st;
+    EXPECT_TRUE(c->get(id, &st).ok());
+    return st;
+  };
+  ASSERT_TRUE(beat({entry(reg.incarnation(), 1, 12, 2.5)}).ok());
+  EXPECT_EQ(status().state(), v1::RUNNING) << "the first progress starts the attempt";
+  EXPECT_EQ(status().step(), 12);
+  EXPECT_EQ(status().last_loss(), 2.5);
+  // Skipped, each: another incarnation, a stale attempt, a step beyond the total. The
+  // beat is still accepted, and the good entry beside them is taken.
+  const grpc::Status s = beat({entry(reg.incarnation() + 1, 1, 50, 9.0), entry(reg.incarnation(), 2, 60, 9.0),
+                               entry(reg.incarnation(), 1, 500, 9.0), entry(reg.incarnation(), 1, 20, 2.25)});
+  ASSERT_TRUE(s.ok()) << describe(s);
+  EXPECT_EQ(status().step(), 20);
+  EXPECT_EQ(status().last_loss(), 2.25);
+  // An older report arriving late (a beat in flight while the final one went by
+  // ReportProgress) changes nothing.
+  ASSERT_TRUE(beat({entry(reg.incarnation(), 1, 15, 7.0)}).ok());
+  EXPECT_EQ(status().step(), 20);
+  EXPECT_EQ(status().last_loss(), 2.25);
+  // A unary Heartbeat (stream 0) takes it the same way.
+  v1::HeartbeatRequest hb;
+  hb.set_name("w1");
+  hb.set_incarnation(reg.incarnation());
+  *hb.add_progress() = entry(reg.incarnation(), 1, 30, 2.0);
+  v1::HeartbeatResponse resp;
+  ASSERT_TRUE(c->heartbeat(hb, &resp).ok());
+  EXPECT_EQ(status().step(), 30);
+}
+
 // Rank 0's worker holds a rendezvous port per slot: two jobs running there at once get
 // different ports, and a port comes free when its job ends (many ended jobs later).
 TEST(Coordinator, JobsOnOneWorkerGetDistinctRendezvousPortsAndEndedOnesFreeTheirs) {

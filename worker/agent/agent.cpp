@@ -187,6 +187,11 @@ struct Agent::Impl {
   // agent, not a slow network. The fds are added and removed under lease_mu.
   std::mutex lease_mu;
   std::set<int> lease_fds;
+  // Progress for the pulse thread to send on its next beat (the latest per attempt; the
+  // main thread queues it, at most every kProgressEvery per attempt, and wakes the pulse).
+  std::mutex progress_mu;
+  std::condition_variable progress_cv;
+  std::map<std::pair<std::string, int64_t>, v1::ReportProgressRequest> progress_out;
   Clock::time_point next_upload{};
   bool disconnected_stop = false;
 
@@ -310,11 +315,18 @@ void Agent::Impl::fill_report(const Attempt& at, v1::AttemptReport* r) const {
 // deadline when the coordinator is slow or away). The beats go on one HeartbeatStream: far
 // cheaper for the coordinator than a call each, and if this process dies the stream breaks
 // and the coordinator declares the worker LOST after one interval instead of the lease.
+//
+// The jobs' progress rides on the same stream: queued by the main thread (report_progress),
+// it goes out at once as a beat of its own, instead of a ReportProgress call per job every
+// 500 ms (at thousands of running jobs, as many calls as the heartbeats were before the
+// stream). A beat that fails keeps its progress for the next, unless newer came meanwhile.
 void Agent::Impl::pulse_loop() {
   rpc::HeartbeatStream pulses(*stub, o.token);
   auto next = Clock::now();
+  bool progress_only = false;  // the last beat went early, for progress: the regular one is still due
+  bool last_ok = true;         // after a failed beat, queued progress waits for the regular one
   while (!stopping->load()) {
-    next += heartbeat_interval();
+    if (!progress_only) next += heartbeat_interval();
     int64_t inc;
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -324,11 +336,25 @@ void Agent::Impl::pulse_loop() {
       v1::HeartbeatRequest req;
       req.set_name(o.name);
       req.set_incarnation(inc);
+      {
+        std::lock_guard<std::mutex> lock(progress_mu);
+        for (auto& [key, p] : progress_out) {
+          p.set_incarnation(inc);
+          *req.add_progress() = std::move(p);
+        }
+        progress_out.clear();
+      }
       v1::HeartbeatResponse resp;
       const auto sent = Clock::now();
       const grpc::Status s = pulses.beat(req, &resp, std::min(heartbeat_interval(), kRpcDeadline));
       metrics->heartbeat_rtt.observe(std::chrono::duration<double>(Clock::now() - sent).count());
       if (!s.ok()) metrics->heartbeat_failures.inc();
+      last_ok = s.ok();
+      if (!s.ok() && req.progress_size() > 0) {
+        std::lock_guard<std::mutex> lock(progress_mu);
+        for (v1::ReportProgressRequest& p : *req.mutable_progress())  // kept unless newer came meanwhile
+          progress_out.try_emplace({p.attempt().job_id(), p.attempt().attempt()}, std::move(p));
+      }
       if (s.ok()) {
         last_ok_ns.store(Clock::now().time_since_epoch().count());
         coordinator_boot.store(resp.coordinator_boot());
@@ -343,7 +369,13 @@ void Agent::Impl::pulse_loop() {
     }
     const auto now = Clock::now();
     if (next < now) next = now;  // late (a slow call): no burst to catch up
-    std::this_thread::sleep_until(next);
+    // Until the next beat is due, or progress is queued (then at once: the main thread
+    // queues each job's at most every kProgressEvery). Queued progress that cannot go (not
+    // registered, fenced, or the last beat failed) waits for the next regular beat.
+    std::unique_lock<std::mutex> lock(progress_mu);
+    progress_only = progress_cv.wait_until(lock, next, [&] {
+      return stopping->load() || (inc != 0 && last_ok && !progress_out.empty());
+    }) && !stopping->load();
   }
 }
 
@@ -362,7 +394,7 @@ void Agent::Impl::heartbeat() {
   req.set_name(o.name);
   req.set_incarnation(inc);
   for (const auto& [key, at] : attempts)
-    if (!at.exit_reported && (at.exited ? at.pending.empty() : !at.start_acked))
+    if (!at.exit_reported && (at.exited ? at.pending.empty() && !at.progress_dirty : !at.start_acked))
       fill_report(at, req.add_attempts());
   grpc::Status s;
   v1::HeartbeatResponse resp;
@@ -836,14 +868,13 @@ void Agent::Impl::report_exit(Attempt& at) {
   if (s.ok() || s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) at.exit_reported = true;
 }
 
+// Queues the attempt's latest progress for the pulse thread's next beat (pulse_loop). An
+// attempt that has exited sends its last progress here, by ReportProgress, before its exit
+// is reported (the coordinator takes no progress of an ended job): what the job ends with.
 void Agent::Impl::report_progress(Attempt& at) {
   const nlohmann::json& p = at.progress;
   v1::ReportProgressRequest req;
-  req.set_name(o.name);
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    req.set_incarnation(incarnation);
-  }
+  req.set_name(o.name);  // the incarnation is the beat's
   req.mutable_attempt()->set_job_id(at.a.job_id());
   req.mutable_attempt()->set_attempt(at.a.attempt());
   req.set_step(p.value("step", int64_t{0}));
@@ -855,9 +886,30 @@ void Agent::Impl::report_progress(Attempt& at) {
   req.set_step_seconds(p.value("step_seconds", 0.0));
   req.set_tokens_per_step(p.value("tokens_per_step", int64_t{0}));
   req.set_start_step(at.start_step);
-  v1::ReportProgressResponse ignored;
   at.progress_sent = Clock::now();
-  if (call(&v1::WorkerService::Stub::ReportProgress, req, &ignored).ok()) at.progress_dirty = false;
+  if (at.exited) {
+    {
+      std::lock_guard<std::mutex> lock(progress_mu);  // superseded (one in flight is older: ignored)
+      progress_out.erase({at.a.job_id(), at.a.attempt()});
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      req.set_incarnation(incarnation);
+    }
+    v1::ReportProgressResponse ignored;
+    const grpc::Status s = call(&v1::WorkerService::Stub::ReportProgress, req, &ignored);
+    // Refused (a stale attempt, a bad report): retrying would not help, and the exit waits for it.
+    if (s.ok() || s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+        s.error_code() == grpc::StatusCode::INVALID_ARGUMENT)
+      at.progress_dirty = false;
+    return;
+  }
+  at.progress_dirty = false;
+  {
+    std::lock_guard<std::mutex> lock(progress_mu);
+    progress_out[{at.a.job_id(), at.a.attempt()}] = std::move(req);
+  }
+  progress_cv.notify_one();
 }
 
 void Agent::Impl::upload_profile(Attempt& at) {
@@ -1004,8 +1056,9 @@ int Agent::run() {
         for (auto& [key, at] : m.attempts) {
           m.upload_logs(at);
           m.upload_profile(at);
-          if (at.progress_dirty && now - at.progress_sent > kProgressEvery) m.report_progress(at);
-          if (at.exited && !at.exit_reported && at.pending.empty()) m.report_exit(at);
+          if (at.progress_dirty && (at.exited || now - at.progress_sent > kProgressEvery))
+            m.report_progress(at);
+          if (at.exited && !at.exit_reported && at.pending.empty() && !at.progress_dirty) m.report_exit(at);
         }
       }
     }
