@@ -359,6 +359,10 @@ print(f"gpu-check: figure    node step added (tcp loopback)     {100 * v['added_
       f"medians {s['node'][0]:.4f} s vs {s['in_process'][0]:.4f} s in-process")
 print(f"gpu-check: figure    node exposed host+network share    {x['node']:.3f}   target <= 0.10 "
       f"(in-process {x['in_process']:.3f}); final losses identical: {v['same_final_loss']}")
+# Loopback tcp moves a few GB/s, less than PCIe: what the node adds here is mostly that.
+b = v.get("network_bytes_per_step", {})
+print(f"gpu-check: figure    node network per step              sent {b.get('sent', 0) / 1e9:.2f} GB, "
+      f"received {b.get('received', 0) / 1e9:.2f} GB (tcp loopback)")
 PYEOF
 else
   skip nodes "no zenflow-optimizer (the .debs carry no UCX, or the build failed)"
