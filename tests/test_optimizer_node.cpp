@@ -15,8 +15,6 @@
 #include <sched.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -27,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <sstream>
@@ -35,6 +34,7 @@
 #include <vector>
 
 #include "tests/support/process.h"
+#include "tests/support/test_device.h"
 #include "tests/support/thread_collectives.h"
 #include "worker/checkpoint.h"
 #include "worker/engine/host_isa.h"
@@ -129,14 +129,10 @@ struct Shape {
 };
 const Shape kModel[] = {{"embed", 20, 40}, {"proj", 32, 24}, {"norm", 20, 0}, {"head", 12, 36}};
 
-// The grid's device: CUDA when ZENFLOW_TEST_DEVICE=cuda and LibTorch sees a GPU (the GPU
-// check: ranks as threads on one GPU, gradients streamed to the nodes through the pinned
-// ring, parameters back through the device-side staging), else the CPU.
-at::Device test_device() {
-  const char* e = std::getenv("ZENFLOW_TEST_DEVICE");
-  if (e != nullptr && std::string(e) == "cuda" && at::hasCUDA()) return at::Device(at::kCUDA, 0);
-  return at::Device(at::kCPU);
-}
+// The grid's device (test_device(): CUDA under ZENFLOW_TEST_DEVICE=cuda, as the GPU check
+// runs it: ranks as threads on one GPU, gradients streamed to the nodes through the pinned
+// ring, parameters back through the device-side staging).
+using zenflow::test_support::test_device;
 
 std::vector<at::Tensor> model_params(at::ScalarType dtype, at::Device device = at::kCPU) {
   std::vector<at::Tensor> ps;

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "tests/support/ranks.h"
+#include "tests/support/test_device.h"
 #include "tests/support/thread_collectives.h"
 #include "worker/distributed/engine_collectives.h"
 #include "worker/engine/zenflow_optimizer.h"
@@ -47,13 +48,9 @@ struct Shape {
 };
 const Shape kShapes[] = {{"w1", 16, 48}, {"w2", 24, 30}, {"bias", 16, 0}, {"tiny", 8, 9}};
 
-// The in-process tests' device: CUDA when ZENFLOW_TEST_DEVICE=cuda and LibTorch sees a
-// GPU (ranks as threads on one GPU), else the CPU. The Gloo tests stay on the CPU.
-at::Device test_device() {
-  const char* e = std::getenv("ZENFLOW_TEST_DEVICE");
-  if (e != nullptr && std::string(e) == "cuda" && at::hasCUDA()) return at::Device(at::kCUDA, 0);
-  return at::Device(at::kCPU);
-}
+// The in-process tests' device (test_device(): CUDA under ZENFLOW_TEST_DEVICE=cuda, ranks
+// as threads on one GPU); the Gloo tests stay on the CPU.
+using zenflow::test_support::test_device;
 
 std::vector<at::Tensor> make_params(at::ScalarType dtype = at::kFloat, at::Device device = at::kCPU) {
   std::vector<at::Tensor> ps;

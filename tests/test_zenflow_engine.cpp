@@ -3,11 +3,10 @@
 // device parameters, bounded staleness, non-finite gradients, resume, Zen-auto bounds and
 // option validation. The step-by-step comparison with an independent reference over a
 // grid of configurations is in test_zenflow_reference.cpp.
-#include <gtest/gtest.h>
-
 #include <ATen/ATen.h>
-#include <c10/core/GradMode.h>
 #include <ATen/Context.h>
+#include <c10/core/GradMode.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
@@ -21,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/test_device.h"
 #include "worker/engine/zenflow_optimizer.h"
 #include "worker/model/causal_lm.h"
 #include "worker/model/llama.h"
@@ -30,12 +30,7 @@ namespace zm = zenflow::model;
 
 namespace {
 
-// CUDA when ZENFLOW_TEST_DEVICE=cuda and LibTorch sees a GPU, else the CPU.
-at::Device test_device() {
-  const char* e = std::getenv("ZENFLOW_TEST_DEVICE");
-  if (e != nullptr && std::string(e) == "cuda" && at::hasCUDA()) return at::Device(at::kCUDA, 0);
-  return at::Device(at::kCPU);
-}
+using zenflow::test_support::test_device;
 
 at::Tensor cpu_copy(const at::Tensor& t) { return t.detach().to(at::kCPU).to(at::kFloat).contiguous().clone(); }
 

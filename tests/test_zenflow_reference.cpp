@@ -13,10 +13,9 @@
 // Compared after every step: every parameter element (to 1e-6 relative), the selected
 // column sets, the step report (boundary, re-selection, staleness) and the engine's
 // counters; after finish(): every parameter element and the counters again.
-#include <gtest/gtest.h>
-
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
@@ -28,18 +27,14 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/test_device.h"
 #include "worker/engine/zenflow_optimizer.h"
 
 namespace ze = zenflow::engine;
 
 namespace {
 
-// CUDA when ZENFLOW_TEST_DEVICE=cuda and LibTorch sees a GPU, else the CPU.
-at::Device test_device() {
-  const char* e = std::getenv("ZENFLOW_TEST_DEVICE");
-  if (e != nullptr && std::string(e) == "cuda" && at::hasCUDA()) return at::Device(at::kCUDA, 0);
-  return at::Device(at::kCPU);
-}
+using zenflow::test_support::test_device;
 
 // ---------------------------------------------------------------------------------
 // The reference.

@@ -146,6 +146,10 @@ struct Attempt {
   // The profile rank 0 wrote (its "profile" report line), until the coordinator holds it.
   std::string profile_yaml;
   std::string lost_optimizer_node;  // rank 0's "node_lost" report line: HOST:PORT
+
+  // Its exit may be reported: the coordinator holds all its output and its last progress
+  // (it takes no progress of an ended job).
+  bool exit_reportable() const { return exited && !exit_reported && pending.empty() && !progress_dirty; }
 };
 
 struct Agent::Impl {
@@ -394,7 +398,7 @@ void Agent::Impl::heartbeat() {
   req.set_name(o.name);
   req.set_incarnation(inc);
   for (const auto& [key, at] : attempts)
-    if (!at.exit_reported && (at.exited ? at.pending.empty() && !at.progress_dirty : !at.start_acked))
+    if (at.exited ? at.exit_reportable() : !at.exit_reported && !at.start_acked)
       fill_report(at, req.add_attempts());
   grpc::Status s;
   v1::HeartbeatResponse resp;
@@ -1058,7 +1062,7 @@ int Agent::run() {
           m.upload_profile(at);
           if (at.progress_dirty && (at.exited || now - at.progress_sent > kProgressEvery))
             m.report_progress(at);
-          if (at.exited && !at.exit_reported && at.pending.empty() && !at.progress_dirty) m.report_exit(at);
+          if (at.exit_reportable()) m.report_exit(at);
         }
       }
     }
