@@ -1344,9 +1344,10 @@ void Coordinator::end_attempt(Job& j, StoreBatch& batch) {
                              batch);
     }
   }
-  const Member* failed = nullptr;
+  // A copy: release_attempt() below clears j.members.
+  std::optional<Member> failed;
   for (const Member& m : j.members)
-    if (m.exit_code != 0 && (!failed || (failed->stopped_by_agent && !m.stopped_by_agent))) failed = &m;
+    if (m.exit_code != 0 && (!failed || (failed->stopped_by_agent && !m.stopped_by_agent))) failed = m;
   const int64_t now = now_ms();
   const std::string stop = j.rec.stop_reason;
   release_attempt(j);

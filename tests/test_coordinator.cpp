@@ -781,6 +781,53 @@ v1::ReportEventRequest exited(const std::string& worker, int64_t incarnation, co
   return ev;
 }
 
+// A failed attempt's cause is what the ranks reported, byte for byte, in memory and after a
+// restart: end_attempt once read the failing member after release_attempt() had cleared
+// the members, storing freed heap bytes as last_error (invalid UTF-8 that broke every
+// ListJobs page holding the job).
+TEST(Coordinator, AFailedAttemptsCauseIsStoredAsTheRanksReportedIt) {
+  TestDir dir;
+  std::string requeued_id, failed_id;
+  const std::string cause(200, 'x');  // long enough to live on the heap, not in the SSO buffer
+  {
+    auto c = open_coordinator(dir.db());
+    v1::RegisterWorkerRequest two = trainer("w1", 29500);
+    two.mutable_resources()->set_cpu_slots(2);
+    two.add_rendezvous_ports(29501);
+    v1::RegisterWorkerResponse reg;
+    ASSERT_TRUE(c->register_worker(two, &reg).ok());
+    for (const char* name : {"requeued", "failed"}) {
+      v1::SubmitJobResponse sub;
+      ASSERT_TRUE(c->submit(submit_request(dir, name, ""), &sub).ok());
+      (std::string(name) == "requeued" ? requeued_id : failed_id) = sub.job().id();
+    }
+    c->tick_now();
+    // Killed by a signal (9): a worker-side failure, requeued. Exit 1: final.
+    for (auto [id, code] : {std::pair<std::string, int>{requeued_id, 137}, {failed_id, 1}}) {
+      v1::ReportEventRequest ev = exited("w1", reg.incarnation(), id);
+      ev.mutable_attempt()->set_exit_code(code);
+      ev.mutable_attempt()->set_message("rank 0 " + cause);
+      ASSERT_TRUE(c->report_event(ev).ok());
+    }
+    v1::JobStatus st;
+    ASSERT_TRUE(c->get(requeued_id, &st).ok());
+    EXPECT_EQ(st.last_error(), "ranks on w1 killed by signal 9: rank 0 " + cause + "; requeued (restart 1 of 3)");
+    ASSERT_TRUE(c->get(failed_id, &st).ok());
+    EXPECT_EQ(st.state(), v1::FAILED);
+    EXPECT_EQ(st.last_error(), "ranks on w1 exited with status 1: rank 0 " + cause);
+  }
+  auto again = open_coordinator(dir.db());
+  v1::ListJobsRequest req;
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(again->list(req, &list).ok());
+  ASSERT_EQ(list.jobs_size(), 2);
+  std::string serialized;
+  EXPECT_TRUE(list.SerializeToString(&serialized));  // fails on invalid UTF-8 in a string field
+  v1::JobStatus st;
+  ASSERT_TRUE(again->get(failed_id, &st).ok());
+  EXPECT_EQ(st.last_error(), "ranks on w1 exited with status 1: rank 0 " + cause);
+}
+
 // A finished job keeps the throughput and stall share its trainer last reported, and what
 // they price (stall dollars, tokens), across a coordinator restart.
 TEST(Coordinator, AFinishedJobKeepsItsLastRateAndStallShareAcrossARestart) {
