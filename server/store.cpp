@@ -21,6 +21,8 @@
 // execs do not keep the database locked after it dies.
 #include "server/store.h"
 
+#include "common/utf8.h"
+
 #include <fcntl.h>
 #include <sqlite3.h>
 #include <sys/file.h>
@@ -144,6 +146,20 @@ ALTER TABLE jobs ADD COLUMN tokens_per_step_bits INTEGER NOT NULL DEFAULT 0;
 -- update 3, now 1 with request_id no longer rewritten (SqliteStore::write_job).
 DROP INDEX jobs_by_state;
 )sql"},
+    {6, R"sql(
+-- No second live attempt: a job whose worker went silent waits for that worker's self-fence
+-- (fence_until_ms); the worker's bound comes with its registration (fence_ms).
+ALTER TABLE jobs ADD COLUMN fence_until_ms INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE workers ADD COLUMN fence_ms INTEGER NOT NULL DEFAULT 0;
+-- resources.hang_timeout (0: auto), sent with every assignment; the job log's cap.
+ALTER TABLE jobs ADD COLUMN hang_timeout INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN log_dropped_bytes INTEGER NOT NULL DEFAULT 0;
+-- A coordinator before this version stored freed heap bytes as a failed job's last_error
+-- (invalid UTF-8, which made every ListJobs page holding the row fail): repaired here.
+UPDATE jobs SET last_error = zenflow_valid_utf8(last_error) WHERE last_error != zenflow_valid_utf8(last_error);
+UPDATE jobs SET stop_reason = zenflow_valid_utf8(stop_reason) WHERE stop_reason != zenflow_valid_utf8(stop_reason);
+UPDATE jobs SET name = zenflow_valid_utf8(name) WHERE name != zenflow_valid_utf8(name);
+)sql"},
 };
 
 constexpr int kBusyTimeoutMs = 5000;  // only a reader such as the sqlite3 shell can hold a lock
@@ -157,9 +173,10 @@ constexpr const char* kJobColumns[] = {
     "cost_usd_bits", "last_error", "stop_reason", "exit_code", "revision", "checkpoint_dir", "device", "workers",
     "gpus_per_worker", "max_restarts", "usd_per_hour_bits", "price_source", "usd_lost_to_restarts_bits",
     "optimizer_nodes", "node_memory_bytes", "node_placement", "stall_share_bits", "tokens_per_second_bits",
-    "tokens_per_step_bits"};
+    "tokens_per_step_bits", "fence_until_ms", "hang_timeout", "log_dropped_bytes"};
 constexpr const char* kWorkerColumns[] = {
-    "name", "role", "resources", "address", "rendezvous_ports", "incarnation", "registered_ms", "state"};
+    "name", "role", "resources", "address", "rendezvous_ports", "incarnation", "registered_ms", "state",
+    "fence_ms"};
 // clang-format on
 
 // INSERT ... ON CONFLICT (key) DO UPDATE: replaces the row with that key and nothing else.
@@ -467,6 +484,18 @@ SqliteStore::SqliteStore(const std::string& path, const SqliteOptions& options)
   if (pragma_integer("foreign_keys") != 1)
     throw StoreError("database " + path_ + ": PRAGMA foreign_keys did not take (SQLite built without them?)");
 
+  // zenflow_valid_utf8(text): the text with invalid UTF-8 replaced (common/utf8.h), for
+  // the migration that repairs rows stored with invalid bytes.
+  check(sqlite3_create_function_v2(
+            db_.get(), "zenflow_valid_utf8", 1, SQLITE_UTF8 | SQLITE_DETERMINISTIC, nullptr,
+            [](sqlite3_context* ctx, int, sqlite3_value** argv) {
+              const auto* p = reinterpret_cast<const char*>(sqlite3_value_text(argv[0]));
+              const std::string fixed =
+                  valid_utf8(std::string_view(p == nullptr ? "" : p, static_cast<size_t>(sqlite3_value_bytes(argv[0]))));
+              sqlite3_result_text(ctx, fixed.data(), static_cast<int>(fixed.size()), SQLITE_TRANSIENT);
+            },
+            nullptr, nullptr, nullptr),
+        "registering zenflow_valid_utf8");
   begin_ = prepare("BEGIN IMMEDIATE");  // takes the write lock now, not at the first write
   commit_ = prepare("COMMIT");
   rollback_ = prepare("ROLLBACK");
@@ -614,7 +643,10 @@ void SqliteStore::write_job(const JobRecord& j) {
                     b.text(node_placement),
                     b.integer(double_bits(j.stall_share)),
                     b.integer(double_bits(j.tokens_per_second)),
-                    b.integer(double_bits(j.tokens_per_step))};
+                    b.integer(double_bits(j.tokens_per_step)),
+                    b.integer(j.fence_until_ms),
+                    b.integer(j.hang_timeout),
+                    b.integer(j.log_dropped_bytes)};
   static_assert(std::size(rc) == std::size(kJobColumns), "write_job binds every jobs column");
   const std::string doing = "writing job " + quoted(j.id) +
                             (j.request_id.empty() ? "" : " (request_id " + quoted(j.request_id) + ")");
@@ -638,8 +670,9 @@ void SqliteStore::write_worker(const WorkerRecord& w) {
   StepScope scope(s);
   Binder b(s);
   const std::string ports = encode_ports(w.rendezvous_ports);
-  const int rc[] = {b.text(w.name), b.text(w.role),           b.blob(w.resources),        b.text(w.address),
-                    b.text(ports),  b.integer(w.incarnation), b.integer(w.registered_ms), b.text(w.state)};
+  const int rc[] = {b.text(w.name),        b.text(w.role),           b.blob(w.resources),
+                    b.text(w.address),     b.text(ports),            b.integer(w.incarnation),
+                    b.integer(w.registered_ms), b.text(w.state),     b.integer(w.fence_ms)};
   static_assert(std::size(rc) == std::size(kWorkerColumns), "write_worker binds every workers column");
   const std::string doing = "writing worker " + quoted(w.name);
   step_write(s, rc, doing);
@@ -737,6 +770,9 @@ JobRecord SqliteStore::read_job(sqlite3_stmt* s) const {
   j.stall_share = bits_double(r.integer());
   j.tokens_per_second = bits_double(r.integer());
   j.tokens_per_step = bits_double(r.integer());
+  j.fence_until_ms = r.integer();
+  j.hang_timeout = r.integer();
+  j.log_dropped_bytes = r.integer();
   return j;
 }
 
@@ -754,6 +790,7 @@ WorkerRecord SqliteStore::read_worker(sqlite3_stmt* s) const {
   w.incarnation = r.integer();
   w.registered_ms = r.integer();
   w.state = r.text();
+  w.fence_ms = r.integer();
   return w;
 }
 
@@ -838,11 +875,11 @@ auto fields(const JobRecord& j) {
                   j.placement, j.master_port, j.host_memory_bytes_per_worker, j.step, j.total_steps,
                   j.resumed_from_step, j.last_error, j.stop_reason, j.exit_code, j.revision, j.checkpoint_dir,
                   j.device, j.workers, j.gpus_per_worker, j.max_restarts, j.price_source, j.optimizer_nodes,
-                  j.node_memory_bytes, j.node_placement);
+                  j.node_memory_bytes, j.node_placement, j.fence_until_ms, j.hang_timeout, j.log_dropped_bytes);
 }
 auto fields(const WorkerRecord& w) {
   return std::tie(w.name, w.role, w.resources, w.address, w.rendezvous_ports, w.incarnation, w.registered_ms,
-                  w.state);
+                  w.state, w.fence_ms);
 }
 
 }  // namespace

@@ -84,6 +84,12 @@ struct JobRecord {
   double stall_share = 0;
   double tokens_per_second = 0;
   double tokens_per_step = 0;  // the global batch's tokens (0: unknown)
+  // No new attempt starts before this wall-clock time: the last attempt ran on a worker that
+  // went silent, whose ranks may run until its self-fence (common/attempt_contract.h) has
+  // passed. 0: none.
+  int64_t fence_until_ms = 0;
+  int64_t hang_timeout = 0;        // resources.hang_timeout in seconds (0: auto)
+  int64_t log_dropped_bytes = 0;   // output not kept once the job's log reached its cap
   bool operator==(const JobRecord& o) const;
 };
 
@@ -96,6 +102,9 @@ struct WorkerRecord {
   int64_t incarnation = 0;  // increases with every registration (unique across workers)
   int64_t registered_ms = 0;
   std::string state = "READY";  // READY | LOST | DRAINING
+  // The agent's self-fence (RegisterWorkerRequest.fence_ms): its ranks have stopped this
+  // long after its last accepted heartbeat was sent. 0: not reported (an older agent).
+  int64_t fence_ms = 0;
   bool operator==(const WorkerRecord& o) const;
 };
 

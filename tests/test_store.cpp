@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "common/remove_tree.h"
+#include "common/utf8.h"
 #include "server/store.h"
 #include "tests/support/disk_dir.h"
 
@@ -107,6 +108,9 @@ JobRecord full_job(const std::string& id) {
   j.stall_share = 0.133;
   j.tokens_per_second = std::nan("");  // bits kept
   j.tokens_per_step = 4096;
+  j.fence_until_ms = 1'700'000'093'000;
+  j.hang_timeout = 45;
+  j.log_dropped_bytes = 123'456;
   return j;
 }
 
@@ -120,6 +124,7 @@ WorkerRecord full_worker(const std::string& name) {
   w.incarnation = 12;
   w.registered_ms = 1'700'000'000'999;
   w.state = "DRAINING";
+  w.fence_ms = 93'000;
   return w;
 }
 
@@ -203,8 +208,11 @@ TEST(Store, RecordEqualityLooksAtEveryField) {
       [](JobRecord& r) { r.node_placement.pop_back(); },
       [](JobRecord& r) { r.stall_share = 0.1; },
       [](JobRecord& r) { r.tokens_per_second = 1; },
-      [](JobRecord& r) { r.tokens_per_step = 1; }};
-  EXPECT_EQ(job_changes.size(), 39u);  // one per JobRecord field
+      [](JobRecord& r) { r.tokens_per_step = 1; },
+      [](JobRecord& r) { ++r.fence_until_ms; },
+      [](JobRecord& r) { ++r.hang_timeout; },
+      [](JobRecord& r) { ++r.log_dropped_bytes; }};
+  EXPECT_EQ(job_changes.size(), 42u);  // one per JobRecord field
   EXPECT_TRUE(j == full_job("j-1"));
   for (size_t i = 0; i < job_changes.size(); ++i) {
     JobRecord changed = j;
@@ -228,7 +236,8 @@ TEST(Store, RecordEqualityLooksAtEveryField) {
       [](WorkerRecord& r) { r.rendezvous_ports.push_back(1); },
       [](WorkerRecord& r) { ++r.incarnation; },
       [](WorkerRecord& r) { ++r.registered_ms; },
-      [](WorkerRecord& r) { r.state = "LOST"; }};
+      [](WorkerRecord& r) { r.state = "LOST"; },
+      [](WorkerRecord& r) { ++r.fence_ms; }};
   EXPECT_TRUE(w == full_worker("w"));
   for (size_t i = 0; i < worker_changes.size(); ++i) {
     WorkerRecord changed = w;
@@ -681,10 +690,13 @@ TEST(Store, SchemaOneDatabaseMigratesKeepingItsJobs) {
     for (const char* column :
          {"checkpoint_dir", "device", "workers", "gpus_per_worker", "max_restarts", "usd_per_hour_bits",
           "price_source", "usd_lost_to_restarts_bits", "optimizer_nodes", "node_memory_bytes",
-          "node_placement", "stall_share_bits", "tokens_per_second_bits", "tokens_per_step_bits"}) {
+          "node_placement", "stall_share_bits", "tokens_per_second_bits", "tokens_per_step_bits",
+          "fence_until_ms", "hang_timeout", "log_dropped_bytes"}) {
       const std::string sql = std::string("ALTER TABLE jobs DROP COLUMN ") + column;
       ASSERT_EQ(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
     }
+    ASSERT_EQ(sqlite3_exec(raw, "ALTER TABLE workers DROP COLUMN fence_ms", nullptr, nullptr, nullptr), SQLITE_OK)
+        << sqlite3_errmsg(raw);
     ASSERT_EQ(sqlite3_exec(raw, "DROP TABLE profiles", nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
     ASSERT_EQ(sqlite3_exec(raw, "CREATE INDEX jobs_by_state ON jobs (state)", nullptr, nullptr, nullptr),
               SQLITE_OK)
@@ -708,7 +720,44 @@ TEST(Store, SchemaOneDatabaseMigratesKeepingItsJobs) {
   want.optimizer_nodes = want.node_memory_bytes = 0;
   want.node_placement.clear();
   want.stall_share = want.tokens_per_second = want.tokens_per_step = 0;
+  want.fence_until_ms = want.hang_timeout = want.log_dropped_bytes = 0;
+  want.last_error = valid_utf8(want.last_error);  // schema 6 repairs invalid UTF-8
+  want.name = valid_utf8(want.name);
   EXPECT_TRUE(jobs[0] == want);
+}
+
+// Schema 6 repairs what a coordinator before it stored as invalid UTF-8 (freed heap bytes as
+// a failed job's last_error made every listing holding the row fail): replaced, the valid
+// rest kept byte for byte, and valid rows left alone.
+TEST(Store, SchemaFiveRowsWithInvalidUtf8AreRepairedByTheMigration) {
+  StoreDir dir;
+  JobRecord broken = full_job("j-1");
+  broken.last_error = std::string("ranks on \xa0\x15\x7f\xff w1: rank 0 exited", 31);
+  broken.stop_reason = "stopping \xc3";
+  JobRecord fine = full_job("j-2");
+  fine.request_id = "req-2";
+  fine.name = "caf\xc3\xa9 \xe2\x82\xac";  // valid: café €
+  fine.last_error = "all good \xf0\x9f\x98\x80";
+  open_sqlite_store(dir.db())->commit({{broken, fine}, {}, {}, {}});
+  ASSERT_EQ(raw_user_version(dir.db(), 5), 5);
+  {
+    sqlite3* raw = nullptr;
+    ASSERT_EQ(sqlite3_open_v2(dir.db().c_str(), &raw, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
+    for (const char* sql : {"ALTER TABLE jobs DROP COLUMN fence_until_ms", "ALTER TABLE jobs DROP COLUMN hang_timeout",
+                            "ALTER TABLE jobs DROP COLUMN log_dropped_bytes",
+                            "ALTER TABLE workers DROP COLUMN fence_ms"})
+      ASSERT_EQ(sqlite3_exec(raw, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
+    sqlite3_close(raw);
+  }
+  const std::vector<JobRecord> jobs = open_sqlite_store(dir.db())->load_jobs();
+  ASSERT_EQ(jobs.size(), 2u);
+  const JobRecord& repaired = jobs[0].id == "j-1" ? jobs[0] : jobs[1];
+  const JobRecord& kept = jobs[0].id == "j-1" ? jobs[1] : jobs[0];
+  EXPECT_EQ(repaired.last_error, "ranks on \xef\xbf\xbd\x15\x7f\xef\xbf\xbd w1: rank 0 exited");
+  EXPECT_EQ(repaired.stop_reason, "stopping \xef\xbf\xbd");
+  EXPECT_TRUE(is_valid_utf8(repaired.name));
+  EXPECT_EQ(kept.name, fine.name);
+  EXPECT_EQ(kept.last_error, fine.last_error);
 }
 
 // Job profiles (zenflow advise JOB_ID): one per job, a later upload replacing the earlier,
