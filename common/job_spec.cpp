@@ -568,7 +568,8 @@ void read_optimizer(const yaml::Node& node, OptimizerSpec& o, const std::string&
 }
 
 void read_resources(const yaml::Node& node, ResourcesSpec& r) {
-  Section s(node, "resources", {"workers", "gpus_per_worker", "host_memory_gb", "priority", "max_restarts"});
+  Section s(node, "resources",
+            {"workers", "gpus_per_worker", "host_memory_gb", "priority", "max_restarts", "hang_timeout"});
   read_int(s, "workers", r.workers, {1, kMaxCores});
   read_int(s, "gpus_per_worker", r.gpus_per_worker, {0, 64});
   if (const yaml::Node* mem = s.find("host_memory_gb")) {
@@ -585,6 +586,10 @@ void read_resources(const yaml::Node& node, ResourcesSpec& r) {
   }
   read_int(s, "priority", r.priority, {-kMillion, kMillion});
   read_int(s, "max_restarts", r.max_restarts, {0, 1000});
+  bool hang_auto = r.hang_timeout == 0;
+  read_int_or_auto(s, "hang_timeout", hang_auto, r.hang_timeout,
+                   {ResourcesSpec::kMinHangTimeoutSeconds, kBillion});
+  if (hang_auto) r.hang_timeout = 0;
 }
 
 void read_checkpoint(const yaml::Node& node, CheckpointSpec& c, const std::string& name,
@@ -1022,6 +1027,11 @@ std::string to_yaml(const JobSpec& spec) {
   str("host_memory_gb", r.host_memory_gb_auto ? "auto" : format_number(r.host_memory_gb));
   integer("priority", r.priority);
   integer("max_restarts", r.max_restarts);
+  if (r.hang_timeout > 0) {
+    integer("hang_timeout", r.hang_timeout);
+  } else {
+    str("hang_timeout", "auto");
+  }
   out.end();
 
   begin("checkpoint");
@@ -1074,9 +1084,9 @@ bool operator==(const OptimizerSpec& a, const OptimizerSpec& b) {
          std::tie(b.mode, b.beta1, b.beta2, b.eps, b.zenflow, b.host);
 }
 bool operator==(const ResourcesSpec& a, const ResourcesSpec& b) {
-  return std::tie(a.workers, a.gpus_per_worker, a.host_memory_gb_auto, a.host_memory_gb, a.priority,
-                  a.max_restarts) == std::tie(b.workers, b.gpus_per_worker, b.host_memory_gb_auto,
-                                              b.host_memory_gb, b.priority, b.max_restarts);
+  return std::tie(a.workers, a.gpus_per_worker, a.host_memory_gb_auto, a.host_memory_gb, a.priority, a.max_restarts,
+                  a.hang_timeout) == std::tie(b.workers, b.gpus_per_worker, b.host_memory_gb_auto, b.host_memory_gb,
+                                              b.priority, b.max_restarts, b.hang_timeout);
 }
 bool operator==(const CheckpointSpec& a, const CheckpointSpec& b) {
   return std::tie(a.dir, a.every_steps, a.keep) == std::tie(b.dir, b.every_steps, b.keep);

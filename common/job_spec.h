@@ -149,6 +149,13 @@ struct ResourcesSpec {
   // Restarts after a lost worker or a crashed rank before the job is FAILED (0 = never
   // restart). Preemption is not a failure and does not count.
   int64_t max_restarts = 3;
+  // An attempt whose progress stops for this many seconds is killed and requeued ("hung at
+  // step N"). "auto" (0 here): the larger of 10 x the attempt's median step time and
+  // kAutoHangTimeoutSeconds. Before the first step the bound is kFirstStepHangFactor times it.
+  int64_t hang_timeout = 0;
+  static constexpr int64_t kMinHangTimeoutSeconds = 30;
+  static constexpr int64_t kAutoHangTimeoutSeconds = 300;
+  static constexpr int64_t kFirstStepHangFactor = 3;
 };
 
 struct CheckpointSpec {

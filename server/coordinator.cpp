@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <future>
 #include <iostream>
@@ -11,7 +12,9 @@
 #include <sstream>
 
 #include "common/advisor/job_profile.h"
+#include "common/attempt_contract.h"
 #include "common/rpc/rpc.h"
+#include "common/utf8.h"
 #include "server/job_cost.h"
 
 namespace zenflow::server {
@@ -35,8 +38,9 @@ constexpr int64_t kProgressPersistMs = 2000;
 constexpr int64_t kRestartRevisionGap = 1 << 20;
 constexpr const char* kStopCancel = "cancelled";
 constexpr const char* kStopPreempt = "preempted";
-constexpr int kExitBadInput = 2;
-constexpr int kExitInterrupted = 130;
+// Job numbers and incarnations are reserved this many at a time (issued_ids.h): one fsync
+// of DB.ids per block.
+constexpr int64_t kIdBlock = 64;
 
 bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
 
@@ -55,9 +59,24 @@ std::string join(const std::vector<std::string>& v, const char* sep = ", ") {
   return out;
 }
 
-std::string exit_text(int code) {
-  if (code > 128 && code < 128 + 65) return "killed by signal " + std::to_string(code - 128);
-  return "exited with status " + std::to_string(code);
+using attempt::exit_text;
+
+bool known_state(const std::string& s) {
+  for (const char* k : {kQueued, kStarting, kRunning, kPreempted, kSucceeded, kFailed, kCancelled})
+    if (s == k) return true;
+  return false;
+}
+
+// What a worker or a rank says, as it may go into a proto string: valid UTF-8, one KiB at most.
+std::string reported_text(const std::string& s) { return valid_utf8(utf8_prefix(s, 1024)); }
+
+std::string utc_time(int64_t ms) {
+  const std::time_t t = static_cast<std::time_t>(ms / 1000);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%H:%M:%S UTC", &tm);
+  return buf;
 }
 
 Status bad(const std::string& what) { return {StatusCode::INVALID_ARGUMENT, what}; }
@@ -123,6 +142,7 @@ void Coordinator::shutdown() {
 }
 
 int64_t Coordinator::now_ms() const {
+  if (options_.clock) return options_.clock();
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
@@ -186,21 +206,53 @@ void Coordinator::load() {
     add_job(std::move(j));
   }
   commit(upgraded);
+  const int64_t stored_next_seq = next_seq_;
+  for (WorkerRecord& rec : store_->load_workers()) {
+    next_incarnation_ = std::max(next_incarnation_, rec.incarnation + 1);
+  }
+  // What was issued before, out of the WAL's reach: never issue below it again.
+  IssuedMarks marks;
+  if (!options_.issued_ids_path.empty()) {
+    issued_ids_ = std::make_unique<IssuedIds>(options_.issued_ids_path);
+    marks = issued_ids_->marks();
+    if (marks.job_seq_issued > stored_next_seq) {
+      char first[32], last[32];
+      std::snprintf(first, sizeof first, "j-%06lld", static_cast<long long>(stored_next_seq));
+      std::snprintf(last, sizeof last, "j-%06lld", static_cast<long long>(marks.job_seq_issued - 1));
+      log("WARNING: the store's newest job is numbered " + std::to_string(stored_next_seq - 1) + ", but " +
+          issued_ids_->path() + " says numbers up to " + std::to_string(marks.job_seq_issued - 1) +
+          " were issued: acknowledged jobs " + first + " to " + last +
+          " may be missing (a truncated WAL, or an older copy of the database?). Their numbers are not "
+          "issued again.");
+    }
+    next_seq_ = std::max(next_seq_, marks.job_seq_ceiling);
+    next_incarnation_ = std::max(next_incarnation_, marks.incarnation_ceiling);
+    marks.starts += 1;
+    marks.job_seq_ceiling = next_seq_;  // reserved at the first submit (issue_job_seq)
+    marks.incarnation_ceiling = next_incarnation_;
+    issued_ids_->write(marks);  // StoreError: the coordinator cannot start (it could reissue ids)
+  }
+  revision_base_ = marks.starts << 32;
   for (WorkerRecord& rec : store_->load_workers()) {
     Worker w;
     w.resources.ParseFromString(rec.resources);
-    next_incarnation_ = std::max(next_incarnation_, rec.incarnation + 1);
     // Every known worker gets a fresh lease: it may be training right now and will
     // re-attach with the incarnation it has.
     w.lease->deadline_ms = now + options_.restart_grace.count();
     w.lease->last_heartbeat_ms = now;  // unknown before the restart; counted from now
     w.lease->incarnation = rec.incarnation;
     w.lease->lost = rec.state == "LOST";
+    // Above any revision the agent holds from before the restart: its long poll returns at
+    // once with the current set, never a stale one.
+    w.lease->assignment_revision = revision_base_ + 1;
     w.rec = std::move(rec);
     Worker& placed = workers_.emplace(w.rec.name, std::move(w)).first->second;
     (placed.rec.role == "TRAINER" ? trainers_ : optimizers_)[placed.rec.name] = &placed;
     leases_[placed.rec.name] = placed.lease.get();
   }
+  StoreBatch repaired;
+  repair_loaded_jobs(repaired);
+  commit(repaired);
   for (const auto& [key, bytes] : store_->attempt_log_sizes()) {
     stream_bytes_[key] = bytes;
   }
@@ -211,6 +263,97 @@ void Coordinator::load() {
       " workers from the store in " + ms(t0, std::chrono::steady_clock::now()) + " ms (" + ms(t0, t1) + " ms reading jobs)");
 }
 
+// Rows this build cannot run as they are, repaired at load and named in the log: a state no
+// job has (failed: nothing can say what it was doing), and an attempt on a worker the store
+// does not know or with no placement (requeued, after the default fence: whatever ran it may
+// still be alive). Loaded silently, they stayed RUNNING forever and cancel did nothing.
+void Coordinator::repair_loaded_jobs(StoreBatch& batch) {
+  const int64_t now = now_ms();
+  std::vector<Job*> unknown_state, orphaned;  // repairs change live_: collect first
+  for (auto& [id, j] : jobs_) {
+    if (!known_state(j.rec.state)) {
+      unknown_state.push_back(&j);
+      continue;
+    }
+    if (!active(j.rec.state)) continue;
+    bool orphan = j.rec.placement.empty();
+    for (const std::string& w : j.rec.placement) {
+      auto it = workers_.find(w);
+      orphan |= it == workers_.end() || it->second.rec.role != "TRAINER";
+    }
+    if (orphan) orphaned.push_back(&j);
+  }
+  for (Job* jp : unknown_state) {
+    Job& j = *jp;
+    const std::string what = "stored state \"" + valid_utf8(j.rec.state) +
+                             "\" is not a job state this coordinator knows; failed when the store was loaded";
+    j.rec.state = kFailed;
+    j.rec.end_time_ms = now;
+    j.rec.last_error = what;
+    log("job " + j.rec.id + ": " + what);
+    append_coordinator_log(j, "job failed: " + what, batch);
+    touch(j, batch);
+  }
+  for (Job* jp : orphaned) {
+    Job& j = *jp;
+    std::string workers;
+    for (const std::string& w : j.rec.placement) workers += (workers.empty() ? "" : ", ") + w;
+    const std::string what = "it was " + j.rec.state +
+                             (workers.empty() ? " with no placement" : " on " + workers + ", unknown to the store");
+    j.rec.fence_until_ms = std::max(j.rec.fence_until_ms, now + options_.default_worker_fence.count());
+    j.fence_worker.clear();
+    log("job " + j.rec.id + ": repaired when the store was loaded: " + what + "; requeued, to start after " +
+        utc_time(j.rec.fence_until_ms));
+    requeue_or_fail(j, "repaired when the store was loaded (" + what + ")", batch);
+  }
+}
+
+std::optional<int64_t> Coordinator::issue_job_seq(std::string* error) {
+  if (issued_ids_ && next_seq_ >= issued_ids_->marks().job_seq_ceiling) {
+    IssuedMarks m = issued_ids_->marks();
+    if (last_issued_seq_ > 0) m.job_seq_issued = std::max(m.job_seq_issued, last_issued_seq_ + 1);
+    m.job_seq_ceiling = next_seq_ + kIdBlock;
+    try {
+      issued_ids_->write(m);
+    } catch (const StoreError& e) {
+      *error = e.what();
+      return std::nullopt;
+    }
+  }
+  last_issued_seq_ = next_seq_;
+  return next_seq_++;
+}
+
+std::optional<int64_t> Coordinator::issue_incarnation(std::string* error) {
+  if (issued_ids_ && next_incarnation_ >= issued_ids_->marks().incarnation_ceiling) {
+    IssuedMarks m = issued_ids_->marks();
+    m.incarnation_ceiling = next_incarnation_ + kIdBlock;
+    try {
+      issued_ids_->write(m);
+    } catch (const StoreError& e) {
+      *error = e.what();
+      return std::nullopt;
+    }
+  }
+  return next_incarnation_++;
+}
+
+// The process did not run for a while (SIGSTOP, a VM pause, a stall in the kernel): no
+// worker could renew its lease meanwhile, so none is found LOST for it; every lease runs
+// again as after a restart.
+void Coordinator::renew_all_leases(const std::string& why) {
+  const int64_t now = now_ms();
+  int64_t renewed = 0;
+  for (auto& [name, w] : workers_) {
+    if (w.rec.state == "LOST") continue;
+    std::lock_guard<std::mutex> lease_lock(w.lease->mu);
+    w.lease->deadline_ms = std::max(w.lease->deadline_ms, now + options_.restart_grace.count());
+    ++renewed;
+  }
+  log(why + ": the leases of " + std::to_string(renewed) + " workers run " +
+      std::to_string(options_.restart_grace.count()) + " ms from now, as after a restart");
+}
+
 // --- helpers ---
 
 void Coordinator::record_spec_facts(const JobSpec& spec, JobRecord* r) {
@@ -219,6 +362,7 @@ void Coordinator::record_spec_facts(const JobSpec& spec, JobRecord* r) {
   r->workers = spec.resources.workers;
   r->gpus_per_worker = spec.resources.gpus_per_worker;
   r->max_restarts = spec.resources.max_restarts;
+  r->hang_timeout = spec.resources.hang_timeout;
   // Nodes the scheduler assigns (rule 9); addresses in the spec need none.
   r->optimizer_nodes = spec.optimizer.host.addresses.empty() ? spec.optimizer.host.nodes : 0;
 }
@@ -528,8 +672,22 @@ void Coordinator::admit_submit(const v1::SubmitJobRequest& req, SubmitAnswer ans
                               "checkpoint.dir " + r.checkpoint_dir + " belongs to job " + owner->second + " (" + state +
                                   "); two live jobs cannot share a checkpoint directory"});
     p->previous_owner = owner->second;
+    // Its ranks may still be alive on a silent worker (a job cancelled or failed while its
+    // worker was cut off): this job's first attempt waits for the same fence.
+    if (pending == pending_jobs_.end()) {
+      const Job& prev = jobs_.at(owner->second);
+      if (prev.rec.fence_until_ms > now_ms()) {
+        r.fence_until_ms = prev.rec.fence_until_ms;
+        j.fence_worker = prev.fence_worker;
+      }
+    }
   }
-  const int64_t seq = next_seq_++;  // a failed commit leaves a gap, never a second job with this id
+  std::string issue_error;
+  const std::optional<int64_t> issued = issue_job_seq(&issue_error);  // a failed commit leaves a gap, never a reuse
+  if (!issued) {
+    return refuse_unlocked({StatusCode::UNAVAILABLE, "cannot reserve a job number: " + issue_error});
+  }
+  const int64_t seq = *issued;
   char id[32];
   std::snprintf(id, sizeof(id), "j-%06lld", static_cast<long long>(seq));
   r.id = id;
@@ -894,9 +1052,12 @@ Status Coordinator::register_worker(const v1::RegisterWorkerRequest& req, v1::Re
                     " ms more; another agent with this name? (retry after the lease)"};
       // A new incarnation of a worker not yet found LOST: the old one's training processes
       // died with its agent. Its attempts end in the same transaction as the new record.
+      std::string issue_error;
+      const std::optional<int64_t> incarnation = issue_incarnation(&issue_error);
+      if (!incarnation) return {StatusCode::UNAVAILABLE, "cannot reserve an incarnation: " + issue_error};
       StoreBatch batch;
-      lose_worker(old, "re-registered (the agent restarted)", batch);
-      const WorkerRecord rec = registration_record(req, now);
+      lose_worker(old, "re-registered (the agent restarted)", /*silent=*/false, batch);
+      const WorkerRecord rec = registration_record(req, now, *incarnation);
       enter_worker(rec, res, now);
       batch.workers.push_back(rec);
       commit(batch);
@@ -904,8 +1065,11 @@ Status Coordinator::register_worker(const v1::RegisterWorkerRequest& req, v1::Re
     } else {
       // New, or LOST: nothing else changes with it, so it waits for the committer's next
       // transaction like a submit, without holding the lock through the sync.
+      std::string issue_error;
+      const std::optional<int64_t> incarnation = issue_incarnation(&issue_error);
+      if (!incarnation) return {StatusCode::UNAVAILABLE, "cannot reserve an incarnation: " + issue_error};
       pending = std::make_shared<PendingRegistration>();
-      pending->rec = registration_record(req, now);
+      pending->rec = registration_record(req, now, *incarnation);
       pending->resources = res;
       registering_.insert(name);
       registration_queue_.push_back(pending);
@@ -921,16 +1085,18 @@ Status Coordinator::register_worker(const v1::RegisterWorkerRequest& req, v1::Re
   return Status::OK;
 }
 
-WorkerRecord Coordinator::registration_record(const v1::RegisterWorkerRequest& req, int64_t now) {
+WorkerRecord Coordinator::registration_record(const v1::RegisterWorkerRequest& req, int64_t now,
+                                              int64_t incarnation) {
   WorkerRecord rec;
   rec.name = req.name();
   rec.role = req.role() == v1::OPTIMIZER ? "OPTIMIZER" : "TRAINER";
   req.resources().SerializeToString(&rec.resources);
   rec.address = req.address().empty() ? "127.0.0.1" : req.address();
   rec.rendezvous_ports.assign(req.rendezvous_ports().begin(), req.rendezvous_ports().end());
-  rec.incarnation = next_incarnation_++;  // a failed commit leaves a gap, never a reuse
+  rec.incarnation = incarnation;  // a failed commit leaves a gap, never a reuse
   rec.registered_ms = now;
   rec.state = "READY";
+  rec.fence_ms = std::max<int64_t>(0, req.fence_ms());
   return rec;
 }
 
@@ -951,8 +1117,17 @@ void Coordinator::enter_worker(const WorkerRecord& rec, const v1::WorkerResource
     w.lease->incarnation = w.rec.incarnation;
     w.lease->lost = false;
     renew(*w.lease, now);
-    ++w.lease->assignment_revision;
+    w.lease->assignment_revision = std::max(w.lease->assignment_revision, revision_base_) + 1;
   }
+  // Registered again: the agent has no rank left of its previous life (a restarted agent's
+  // died with the old one, PR_SET_PDEATHSIG; a fenced one killed its own before registering).
+  // The jobs waiting for its fence need not wait longer.
+  for (const auto& [id, j] : live_)
+    if (j->fence_worker == name && j->rec.fence_until_ms > now) {
+      j->rec.fence_until_ms = 0;
+      j->fence_worker.clear();
+      log("job " + id + ": worker " + name + " registered again; its ranks are gone, the job may start");
+    }
   next_lease_expiry_ms_ = std::min(next_lease_expiry_ms_, now + options_.lease.count());
   if (!leases_.count(name)) {
     std::unique_lock<std::shared_mutex> table_lock(leases_mu_);
@@ -1110,6 +1285,7 @@ Status Coordinator::fetch_assignments(const v1::FetchAssignmentsRequest& req, v1
       a->set_hosts_rendezvous(m == 0);
       a->set_action(j.rec.stop_reason.empty() ? v1::Assignment::RUN : v1::Assignment::STOP);
       a->set_stop_reason(j.rec.stop_reason);
+      a->set_hang_timeout_seconds(j.rec.hang_timeout);
       for (const std::string& node : j.rec.node_placement)
         if (auto n = workers_.find(node); n != workers_.end()) a->add_optimizer_addresses(n->second.rec.address);
     }
@@ -1210,22 +1386,50 @@ Status Coordinator::upload_logs(const v1::UploadLogsRequest& req, v1::UploadLogs
   if (member < 0)
     return {StatusCode::FAILED_PRECONDITION, "attempt " + std::to_string(req.attempt().attempt()) + " of job " +
                                                  j.rec.id + " on " + req.name() + " is not current"};
+  // An ended job's log is closed (the agent reports an exit only once its output is held,
+  // so nothing of it is missing), and so is the output of a member whose exit is recorded.
+  if (terminal(j.rec.state))
+    return {StatusCode::FAILED_PRECONDITION, "job " + j.rec.id + " ended (" + j.rec.state + "); its log is closed"};
   const std::pair<std::string, int64_t> key{j.rec.id, j.rec.attempt * kStreamsPerAttempt + member + 1};
   int64_t& held = stream_bytes_[key];
   const int64_t end = req.offset() + static_cast<int64_t>(req.data().size());
-  if (req.offset() <= held && end > held) {
+  const bool member_exited = static_cast<size_t>(member) < j.members.size() &&
+                             j.members[static_cast<size_t>(member)].worker == req.name() &&
+                             j.members[static_cast<size_t>(member)].exited;
+  if (end > held && !member_exited) {
     StoreBatch batch;
-    batch.logs.push_back(LogAppend{j.rec.id, key.second, held, req.data().substr(static_cast<size_t>(held - req.offset()))});
+    int64_t& size = log_bytes_[j.rec.id];
+    if (size >= options_.max_job_log_bytes) {
+      // Over the cap: counted, not kept. The first drop says so in the log, where it happens.
+      if (j.rec.log_dropped_bytes == 0)
+        append_coordinator_log(j, "the job's log reached its cap of " + std::to_string(options_.max_job_log_bytes) +
+                                      " bytes; later output is dropped (counted; each worker keeps an attempt's "
+                                      "whole output in its work dir)",
+                               batch);
+      j.rec.log_dropped_bytes += end - std::max(held, req.offset());
+      progress_dirty_jobs_.insert(&j);  // the count reaches the store with the next progress write
+    } else {
+      if (req.offset() > held)
+        // Bytes the agent had sent and no longer holds, which this coordinator lost (a store
+        // restored from an older copy): said in the log, and the upload goes on from here.
+        append_coordinator_log(j, std::to_string(req.offset() - held) + " bytes of the output of " + req.name() +
+                                      " were lost by the coordinator's store",
+                               batch);
+      const int64_t from = std::max(held, req.offset());
+      batch.logs.push_back(
+          LogAppend{j.rec.id, key.second, from, req.data().substr(static_cast<size_t>(from - req.offset()))});
+    }
     try {
       timed_commit(batch);
     } catch (const StoreError& e) {
       return {StatusCode::UNAVAILABLE, std::string("log write failed: ") + e.what()};
     }
-    log_bytes_[j.rec.id] += end - held;
+    if (!batch.logs.empty() && batch.logs.back().job_id == j.rec.id && batch.logs.back().attempt == key.second)
+      size += end - std::max(held, req.offset());
     held = end;
     changed_.notify_all();
   }
-  resp->set_next_offset(held);  // a gap (offset > held) makes the agent resend from here
+  resp->set_next_offset(held);
   return Status::OK;
 }
 
@@ -1312,10 +1516,10 @@ void Coordinator::apply_attempt_report(Job& j, int member, const v1::AttemptRepo
   mem.exited = true;
   mem.exit_code = r.exit_code();
   mem.stopped_by_agent = r.stopped_by_agent();
-  mem.message = r.message();
-  mem.lost_optimizer_node = r.lost_optimizer_node();
+  mem.message = reported_text(r.message());
+  mem.lost_optimizer_node = reported_text(r.lost_optimizer_node());
   append_coordinator_log(j, "ranks on " + mem.worker + " " + exit_text(r.exit_code()) +
-                                (r.message().empty() ? "" : ": " + r.message()), batch);
+                                (mem.message.empty() ? "" : ": " + mem.message), batch);
   if (std::all_of(j.members.begin(), j.members.end(), [](const Member& x) { return x.exited; })) {
     end_attempt(j, batch);
     return;
@@ -1339,7 +1543,7 @@ void Coordinator::end_attempt(Job& j, StoreBatch& batch) {
       auto it = workers_.find(node);
       if (it == workers_.end() || it->second.rec.address != m.lost_optimizer_node || it->second.rec.state == "LOST")
         continue;
-      lose_worker(it->second, "job " + j.rec.id + "'s ranks on " + m.worker + " lost it", batch);
+      lose_worker(it->second, "job " + j.rec.id + "'s ranks on " + m.worker + " lost it", /*silent=*/true, batch);
       append_coordinator_log(j, "optimizer node " + node + " (" + m.lost_optimizer_node + ") lost; the job moves to a spare",
                              batch);
     }
@@ -1356,6 +1560,11 @@ void Coordinator::end_attempt(Job& j, StoreBatch& batch) {
       failed ? failed->exit_code : 0;  // (its last rate and stall share stay: the ended attempt's)
   j.eta_seconds = -1;
   schedule_dirty_ = true;
+  if (j.rec.log_dropped_bytes > 0)
+    append_coordinator_log(j, std::to_string(j.rec.log_dropped_bytes) + " bytes of the job's output dropped so far: its log reached its cap of " +
+                                  std::to_string(options_.max_job_log_bytes) +
+                                  " bytes (each worker keeps an attempt's whole output in its work dir)",
+                           batch);
   if (!failed) {
     j.rec.state = kSucceeded;
     j.rec.step = j.rec.total_steps;
@@ -1374,9 +1583,10 @@ void Coordinator::end_attempt(Job& j, StoreBatch& batch) {
   } else {
     const std::string what = "ranks on " + failed->worker + " " + exit_text(failed->exit_code) +
                              (failed->message.empty() ? "" : ": " + failed->message);
-    if (failed->exit_code == kExitBadInput || failed->exit_code == 1 || failed->exit_code == kExitInterrupted) {
-      // Bad input (2) or a training error (1: divergence, a busy checkpoint directory…)
-      // would fail the same way again; so would an attempt interrupted on its own.
+    if (attempt::exit_fails_the_job(failed->exit_code)) {
+      // Bad input (2) or a training error (1: divergence…) would fail the same way again; so
+      // would an attempt interrupted on its own. The worker's faults (74: its work dir, a
+      // checkpoint lock still held) and lost leases or nodes are requeued below.
       j.rec.state = kFailed;
       j.rec.end_time_ms = now;
       j.rec.last_error = what;
@@ -1411,13 +1621,20 @@ void Coordinator::requeue_or_fail(Job& j, const std::string& reason, StoreBatch&
   touch(j, batch);
 }
 
-void Coordinator::lose_worker(Worker& w, const std::string& why, StoreBatch& batch) {
+void Coordinator::lose_worker(Worker& w, const std::string& why, bool silent, StoreBatch& batch) {
   w.rec.state = "LOST";
+  int64_t last_heartbeat = 0;
   {
     std::lock_guard<std::mutex> lease_lock(w.lease->mu);
     w.lease->lost = true;
     ++w.lease->assignment_revision;
+    last_heartbeat = w.lease->last_heartbeat_ms;
   }
+  // A silent worker's agent may be alive and cut off, its ranks training on: they stop by
+  // its self-fence, counted from the last heartbeat it sent (which we received later), plus
+  // a heartbeat interval for the processes to die. No attempt of its jobs starts before.
+  const int64_t fence_ms = w.rec.fence_ms > 0 ? w.rec.fence_ms : options_.default_worker_fence.count();
+  const int64_t fence_until = silent ? last_heartbeat + fence_ms + options_.heartbeat_interval.count() : 0;
   ++workers_lost_;
   ++generation_;
   batch.workers.push_back(w.rec);
@@ -1431,6 +1648,10 @@ void Coordinator::lose_worker(Worker& w, const std::string& why, StoreBatch& bat
     for (const Member& m : j.members) on_it |= m.worker == w.rec.name && !m.exited;
     if (!on_it) continue;
     const std::string reason = "worker " + w.rec.name + " lost (" + why + ")";
+    if (fence_until > j.rec.fence_until_ms) {
+      j.rec.fence_until_ms = fence_until;
+      j.fence_worker = w.rec.name;
+    }
     if (starts_with(j.rec.stop_reason, kStopCancel)) {
       release_attempt(j);
       j.rec.stop_reason.clear();
@@ -1479,7 +1700,7 @@ void Coordinator::check_leases(StoreBatch& batch) {
                           std::to_string(options_.heartbeat_interval.count()) + " ms)"
                     : "no heartbeat for " + std::to_string(now - last_heartbeat) + " ms (lease " +
                           std::to_string(options_.lease.count()) + " ms)",
-                batch);
+                /*silent=*/true, batch);
   }
   next_lease_expiry_ms_ = next;
 }
@@ -1511,9 +1732,22 @@ void Coordinator::run_schedule(StoreBatch& batch) {
   }
   std::vector<scheduler::JobView> jobs;
   jobs.reserve(candidates_.size());
-  for (const Job* live : candidates_) {
-    const Job& j = *live;
+  const int64_t now = now_ms();
+  next_fence_ms_ = 0;
+  for (Job* live : candidates_) {
+    Job& j = *live;
     if (!queued(j.rec.state) && !active(j.rec.state)) continue;
+    if (queued(j.rec.state) && j.rec.fence_until_ms > now) {
+      // Not a candidate until then: the tick that passes the fence makes the next pass.
+      next_fence_ms_ = next_fence_ms_ == 0 ? j.rec.fence_until_ms : std::min(next_fence_ms_, j.rec.fence_until_ms);
+      j.waiting_reason = "waiting until " + utc_time(j.rec.fence_until_ms) + " (" +
+                         std::to_string((j.rec.fence_until_ms - now + 999) / 1000) +
+                         " s) for the ranks of its last attempt to stop: " +
+                         (j.fence_worker.empty() ? std::string("where they ran is not known")
+                                                 : "worker " + j.fence_worker + " went silent") +
+                         ", and a worker cut off from the coordinator stops its ranks only at its self-fence";
+      continue;
+    }
     // A queued job the pass would skip (rule 8: stable since this generation, holding no
     // reservation) is left out here already: the views of thousands of waiting jobs cost
     // more than the decision, under the lock the heartbeats' thread also takes.
@@ -1616,6 +1850,8 @@ void Coordinator::run_schedule(StoreBatch& batch) {
       continue;
     }
     j.rec.master_port = port;
+    j.rec.fence_until_ms = 0;  // passed (a fenced job is no candidate before)
+    j.fence_worker.clear();
     ++j.rec.attempt;
     j.rec.state = kStarting;
     j.rec.placement = a.worker_ids;
@@ -1654,6 +1890,12 @@ void Coordinator::persist_progress(StoreBatch& batch) {
 void Coordinator::tick_locked() {
   StoreBatch batch;
   check_leases(batch);
+  if (next_fence_ms_ > 0 && now_ms() >= next_fence_ms_) {
+    // A queued job's fence passed: it is a candidate again.
+    next_fence_ms_ = 0;
+    ++generation_;
+    schedule_dirty_ = true;
+  }
   if (next_preemptable_ms_ >= 0 && now_ms() >= next_preemptable_ms_) {
     // A running job has become a preemption victim: jobs waiting for one may now preempt.
     next_preemptable_ms_ = -1;
@@ -1685,9 +1927,18 @@ void Coordinator::ticker() {
   std::unique_lock<std::mutex> lock(mu_);
   auto last_pass = std::chrono::steady_clock::now() - kMinPassInterval;
   std::chrono::steady_clock::duration interval = kMinPassInterval;
+  auto last_wake = std::chrono::steady_clock::now();
   while (!stopping_) {
     changed_.wait_for(lock, options_.tick, [&] { return stopping_ || schedule_dirty_; });
     if (stopping_) break;
+    // The ticker wakes at least every options_.tick; a gap of half a lease means the whole
+    // process was stopped (its heartbeat threads too), not the workers.
+    const auto woke = std::chrono::steady_clock::now();
+    if (woke - last_wake > options_.lease / 2)
+      renew_all_leases("the coordinator did not run for " +
+                       std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(woke - last_wake).count()) +
+                       " ms (paused?)");
+    last_wake = woke;
     const auto next = last_pass + interval;
     if (schedule_dirty_ && std::chrono::steady_clock::now() < next) {
       changed_.wait_until(lock, next, [&] { return stopping_; });

@@ -55,6 +55,7 @@
 
 #include "common/job_spec.h"
 #include "common/pricing.h"
+#include "server/issued_ids.h"
 #include "server/scheduler.h"
 #include "server/store.h"
 #include "zenflow/v1/jobs.pb.h"
@@ -67,6 +68,18 @@ struct CoordinatorOptions {
   std::chrono::milliseconds lease{4000};
   std::chrono::milliseconds restart_grace{8000};  // fresh lease for known workers after a restart
   std::chrono::milliseconds preemption_min_runtime{60'000};
+  // The self-fence assumed for a worker that reports none (an older agent, which kept its
+  // ranks for --disconnected-grace 120 s and then up to --stop-grace 60 s more).
+  std::chrono::milliseconds default_worker_fence{185'000};
+  // A job's log (its ranks' output and the coordinator's lines) is kept up to this many
+  // bytes; later output is dropped and counted (JobRecord::log_dropped_bytes).
+  int64_t max_job_log_bytes = int64_t{64} << 20;
+  // DB.ids (issued_ids.h): the job numbers and incarnations issued, out of the WAL's reach.
+  // "": none kept (a coordinator that never restarts on its database, e.g. a test's).
+  std::string issued_ids_path;
+  // The wall clock, in ms since the epoch, that leases, fences and costs are measured on;
+  // null: the system clock. Tests pass their own to move time without sleeping.
+  std::function<int64_t()> clock;
   std::chrono::milliseconds tick{100};  // lease checks and scheduling passes
   // How long the thread that submits a lone job may wait for its commit (step_aside()):
   // 0 never waits. The default is a few ordinary commits; a slower one goes on without it.
@@ -204,6 +217,9 @@ class Coordinator {
     // The generation_ at which a scheduling pass found it stable: it is skipped until
     // the generation changes (scheduler.h, rule 8).
     int64_t unplaceable_generation = -1;
+    // The silent worker whose self-fence rec.fence_until_ms waits for: its registering
+    // again ends the wait (a registered agent has no rank left of its previous life).
+    std::string fence_worker;
   };
   // What a heartbeat reads and writes, under its own mutex rather than mu_, so that the
   // thousands of heartbeats a second never wait for a scheduling pass or a commit.
@@ -218,6 +234,8 @@ class Coordinator {
     int64_t last_heartbeat_ms = 0;
     int64_t pulse_stream = 0;      // the heartbeat stream of the latest streamed beat
     int64_t stream_broken_ms = 0;  // when that stream broke, cutting the lease (0: it did not)
+    // Qualified by the coordinator's start (issued_ids.h): never below one handed out
+    // before a restart.
     int64_t assignment_revision = 1;
   };
   struct Worker {
@@ -269,10 +287,18 @@ class Coordinator {
   void apply_attempt_report(Job& j, int member, const v1::AttemptReport& r, StoreBatch& batch);
   void end_attempt(Job& j, StoreBatch& batch);
   void requeue_or_fail(Job& j, const std::string& reason, StoreBatch& batch);
-  void lose_worker(Worker& w, const std::string& why, StoreBatch& batch);
+  // `silent`: it stopped heartbeating (its agent may be alive and cut off, so its jobs wait
+  // for its self-fence); not silent: it registered again (its old ranks are gone).
+  void lose_worker(Worker& w, const std::string& why, bool silent, StoreBatch& batch);
+  // The next job number / incarnation, reserving a block in issued_ids_ when the last one
+  // is used up; nullopt (with *error) when the reservation cannot be written.
+  std::optional<int64_t> issue_job_seq(std::string* error);
+  std::optional<int64_t> issue_incarnation(std::string* error);
+  void repair_loaded_jobs(StoreBatch& batch);  // rows this build cannot run as they are
+  void renew_all_leases(const std::string& why);  // after a pause of the whole process
   // The record a registration writes (a new incarnation), and the worker entering the
   // state with it: its lease, its role's index, a scheduling pass. Under mu_.
-  WorkerRecord registration_record(const v1::RegisterWorkerRequest& req, int64_t now);
+  WorkerRecord registration_record(const v1::RegisterWorkerRequest& req, int64_t now, int64_t incarnation);
   void enter_worker(const WorkerRecord& rec, const v1::WorkerResources& resources, int64_t now);
   void check_leases(StoreBatch& batch);
   Lease* lease_of(const std::string& name);  // null: never registered (no mu_ needed)
@@ -326,7 +352,11 @@ class Coordinator {
   std::map<std::string, Worker> workers_;    // by name
   std::map<std::pair<std::string, int64_t>, int64_t> stream_bytes_;  // (job, stream) -> bytes held
   std::map<std::string, int64_t> log_bytes_;  // job -> log size
+  std::unique_ptr<IssuedIds> issued_ids_;  // null: none kept (options_.issued_ids_path "")
+  int64_t revision_base_ = 0;              // start << 32: assignment revisions of this start
+  int64_t next_fence_ms_ = 0;              // the earliest fence a queued job waits for (0: none)
   int64_t next_seq_ = 1;
+  int64_t last_issued_seq_ = 0;  // this start's last job number (0: none yet)
   int64_t workers_lost_ = 0;
   int64_t next_incarnation_ = 1;
   bool schedule_dirty_ = true;

@@ -71,6 +71,7 @@ struct Flags {
   std::vector<std::string> pricing;  // catalogs merged over the shipped deploy/pricing.yaml
   int metrics_port = 0;              // 0: no /metrics (as zenflow run and zenflow-worker)
   std::string metrics_host = "127.0.0.1";
+  int64_t max_job_log_mib = 64;
 };
 
 // The shipped catalog (deploy/pricing.yaml of the source tree this binary was built from),
@@ -187,6 +188,8 @@ int run(const Flags& f) {
     co.backfill = !f.no_backfill;
     co.preemption = !f.no_preemption;
     co.catalog = catalog;
+    co.max_job_log_bytes = f.max_job_log_mib << 20;
+    co.issued_ids_path = f.db + ".ids";
     co.on_placed = [&cluster_metrics](double seconds) { cluster_metrics.observe_queue_wait(seconds); };
     co.log = [&](const std::string& line) {
       std::lock_guard<std::mutex> lock(early_mu);
@@ -268,6 +271,10 @@ int run(const Flags& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Under a file-size limit (ulimit -f) a write past it would kill the process with SIGXFSZ,
+  // saying nothing; ignored, the write fails with EFBIG, which the store reports and the
+  // coordinator logs before it stops.
+  std::signal(SIGXFSZ, SIG_IGN);
   Flags f;
   CLI::App app("zenflow-coordinator: schedules fine-tuning jobs on zenflow workers");
   app.set_version_flag("--version", std::string("zenflow-coordinator ") + zenflow::kVersion);
@@ -282,6 +289,9 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-interval-ms", f.heartbeat_interval_ms, "Worker heartbeat interval");
   app.add_option("--lease-ms", f.lease_ms, "A worker without a heartbeat for this long is LOST");
   app.add_option("--restart-grace-ms", f.restart_grace_ms, "Fresh lease for known workers after a restart (0: 2 leases)");
+  app.add_option("--max-job-log-mib", f.max_job_log_mib,
+                 "Keep at most this much of each job's log; later output is dropped and counted")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--preemption-min-runtime", f.preemption_min_runtime_s,
                  "Seconds a job runs before it may be preempted (preemption.min_runtime)");
   app.add_flag("--no-backfill", f.no_backfill, "Start nothing behind a waiting head job");

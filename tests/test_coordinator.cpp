@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sqlite3.h>  // to read the store beside a running coordinator
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1278,6 +1280,375 @@ TEST(CoordinatorMetrics, EveryUnaryRpcIsTimed) {
     if (f.name == "zenflow_rpc_duration_seconds")
       for (const metrics::SeriesSnapshot& s : f.series) counted[s.label_values.at(0)] = s.histogram.count();
   for (const std::string& method : unary) EXPECT_EQ(counted[method], 1u) << method << " is not timed";
+}
+
+
+// --- faults: fences, restarts, repairs, bounded logs (issue 35) ---
+
+constexpr int64_t kT0 = 1'800'000'000'000;  // a wall clock the tests move themselves
+
+// A coordinator on `now` (ms since the epoch), with the default lease (4 s) and interval (1 s).
+std::unique_ptr<Coordinator> clocked_coordinator(const TestDir& dir, std::atomic<int64_t>& now,
+                                                 std::vector<std::string>* lines = nullptr,
+                                                 std::mutex* lines_mu = nullptr) {
+  CoordinatorOptions o;
+  o.clock = [&now] { return now.load(); };
+  o.issued_ids_path = dir.db() + ".ids";
+  o.log = [lines, lines_mu](const std::string& l) {
+    if (!lines) return;
+    std::lock_guard<std::mutex> lock(*lines_mu);
+    lines->push_back(l);
+  };
+  return std::make_unique<Coordinator>(open_sqlite_store(dir.db()), o);
+}
+
+grpc::Status beat(Coordinator& c, const std::string& name, int64_t incarnation) {
+  v1::HeartbeatRequest hb;
+  hb.set_name(name);
+  hb.set_incarnation(incarnation);
+  v1::HeartbeatResponse resp;
+  return c.heartbeat(hb, &resp);
+}
+
+v1::JobStatus status_of(Coordinator& c, const std::string& id) {
+  v1::JobStatus st;
+  EXPECT_TRUE(c.get(id, &st).ok());
+  return st;
+}
+
+// A worker that goes silent may be cut off and training on: its job starts elsewhere only
+// once the worker's self-fence (fence_ms after its last heartbeat, plus an interval) has
+// passed, not when its lease ran out; the wait survives a coordinator restart. Before, the
+// job ran on a second worker 4 s after the first went silent, while the first kept its ranks
+// for 120 s.
+TEST(Coordinator, ASilentWorkersJobStartsElsewhereOnlyAfterItsFenceEvenAcrossARestart) {
+  TestDir dir;
+  std::atomic<int64_t> now{kT0};
+  auto c = clocked_coordinator(dir, now);
+  v1::RegisterWorkerRequest a = trainer("a", 29500);
+  a.set_fence_ms(10'000);
+  v1::RegisterWorkerResponse ra, rb;
+  ASSERT_TRUE(c->register_worker(a, &ra).ok());
+  v1::SubmitJobResponse sub;
+  ASSERT_TRUE(c->submit(submit_request(dir, "fenced", ""), &sub).ok());
+  const std::string id = sub.job().id();
+  c->tick_now();
+  ASSERT_EQ(status_of(*c, id).placement(0), "a");
+  ASSERT_TRUE(c->register_worker(trainer("b", 29501), &rb).ok());
+  // b beats every second; a never again (its last heartbeat: its registration, at kT0).
+  auto advance_to = [&](Coordinator& co, int64_t t) {
+    while (now.load() < t) {
+      ASSERT_TRUE(beat(co, "b", rb.incarnation()).ok());
+      now.store(std::min(t, now.load() + 1000));
+    }
+    ASSERT_TRUE(beat(co, "b", rb.incarnation()).ok());
+    co.tick_now();
+  };
+  advance_to(*c, kT0 + 4500);  // past a's lease
+  v1::JobStatus st = status_of(*c, id);
+  EXPECT_EQ(st.state(), v1::QUEUED);
+  EXPECT_EQ(st.attempt(), 1);
+  EXPECT_NE(st.last_error().find("worker a lost"), std::string::npos) << st.last_error();
+  EXPECT_NE(st.waiting_reason().find("worker a went silent"), std::string::npos) << st.waiting_reason();
+  advance_to(*c, kT0 + 7000);
+  EXPECT_EQ(status_of(*c, id).state(), v1::QUEUED);
+  // A restart keeps the wait (the fence is stored with the job).
+  c.reset();
+  c = clocked_coordinator(dir, now);
+  advance_to(*c, kT0 + 10'999);  // a's fence: kT0 + 10,000, plus the 1 s interval
+  st = status_of(*c, id);
+  EXPECT_EQ(st.state(), v1::QUEUED) << st.waiting_reason();
+  advance_to(*c, kT0 + 11'000);
+  st = status_of(*c, id);
+  EXPECT_EQ(st.state(), v1::STARTING);
+  EXPECT_EQ(st.attempt(), 2);
+  ASSERT_EQ(st.placement_size(), 1);
+  EXPECT_EQ(st.placement(0), "b");
+}
+
+// A silent worker that registers again has no rank left of its previous life (the agent kills
+// every rank before it registers; a restarted agent's died with the old one): its job need
+// not wait for the fence.
+TEST(Coordinator, ASilentWorkerRegisteringAgainEndsTheWaitForItsFence) {
+  TestDir dir;
+  std::atomic<int64_t> now{kT0};
+  auto c = clocked_coordinator(dir, now);
+  v1::RegisterWorkerRequest a = trainer("a", 29500);
+  a.set_fence_ms(60'000);
+  v1::RegisterWorkerResponse ra;
+  ASSERT_TRUE(c->register_worker(a, &ra).ok());
+  v1::SubmitJobResponse sub;
+  ASSERT_TRUE(c->submit(submit_request(dir, "back", ""), &sub).ok());
+  c->tick_now();
+  now.store(kT0 + 4500);
+  c->tick_now();
+  ASSERT_EQ(status_of(*c, sub.job().id()).state(), v1::QUEUED);
+  c->tick_now();
+  EXPECT_EQ(status_of(*c, sub.job().id()).state(), v1::QUEUED) << "waits for a's fence (60 s)";
+  v1::RegisterWorkerResponse again;
+  ASSERT_TRUE(c->register_worker(a, &again).ok());
+  EXPECT_GT(again.incarnation(), ra.incarnation());
+  c->tick_now();
+  const v1::JobStatus st = status_of(*c, sub.job().id());
+  EXPECT_EQ(st.state(), v1::STARTING);
+  EXPECT_EQ(st.attempt(), 2);
+}
+
+// An agent long-polls for assignments after the revision it holds. After a restart the
+// coordinator's revisions are above every one it handed out before, so the poll answers at
+// once with the current set. Before, revisions restarted at 1: the poll waited out its
+// timeout, meanwhile the agent acted on its stale set and ran a finished attempt again.
+TEST(Coordinator, AssignmentRevisionsAfterARestartAreAboveAnyHandedOutBefore) {
+  TestDir dir;
+  std::atomic<int64_t> now{kT0};
+  auto c = clocked_coordinator(dir, now);
+  v1::RegisterWorkerResponse reg;
+  ASSERT_TRUE(c->register_worker(trainer("w", 29500), &reg).ok());
+  auto fetch = [&](Coordinator& co, int64_t after, int64_t wait_ms) {
+    v1::FetchAssignmentsRequest req;
+    req.set_name("w");
+    req.set_incarnation(reg.incarnation());
+    req.set_after_revision(after);
+    req.set_wait_ms(wait_ms);
+    v1::FetchAssignmentsResponse resp;
+    const grpc::Status s = co.fetch_assignments(req, &resp);
+    EXPECT_TRUE(s.ok()) << describe(s);
+    return resp;
+  };
+  int64_t before = fetch(*c, 0, 0).revision();
+  for (int i = 0; i < 5; ++i) {  // a few transitions bump the revision
+    v1::SubmitJobResponse sub;
+    ASSERT_TRUE(c->submit(submit_request(dir, "r" + std::to_string(i), ""), &sub).ok());
+    c->tick_now();
+    ASSERT_TRUE(c->report_event(exited("w", reg.incarnation(), sub.job().id())).ok());
+  }
+  const int64_t last = fetch(*c, before, 0).revision();
+  ASSERT_GT(last, before);
+  c.reset();
+  c = clocked_coordinator(dir, now);
+  ASSERT_TRUE(beat(*c, "w", reg.incarnation()).ok()) << "re-attached with its incarnation";
+  const auto t0 = std::chrono::steady_clock::now();
+  const v1::FetchAssignmentsResponse after = fetch(*c, last, 3000);
+  EXPECT_GT(after.revision(), last);
+  EXPECT_EQ(after.assignments_size(), 0) << "every job ended before the restart";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(2500)) << "it waited out the poll";
+}
+
+// Job numbers are reserved in DB.ids before they are issued. A WAL that lost its tail (here:
+// cut after a SIGKILL) loses acknowledged jobs: the coordinator says so, naming the numbers,
+// and never issues them again. Before, the next submit reused an acknowledged job's id.
+TEST(Coordinator, JobIdsAreNeverReissuedAfterTheWalLostItsTail) {
+  TestDir dir;
+  constexpr int kJobs = 100;
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::atomic<int64_t> now{kT0};
+    auto c = clocked_coordinator(dir, now);
+    for (int i = 0; i < kJobs; ++i) {
+      v1::SubmitJobResponse resp;
+      if (!c->submit(submit_request(dir, "w" + std::to_string(i), ""), &resp).ok()) ::_exit(3);
+    }
+    ::kill(::getpid(), SIGKILL);  // no checkpoint of the WAL into the database at close
+  }
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(child, &wstatus, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(wstatus)) << "status " << wstatus;
+  const std::string wal = dir.db() + "-wal";
+  struct stat st {};
+  ASSERT_EQ(::stat(wal.c_str(), &st), 0);
+  ASSERT_EQ(::truncate(wal.c_str(), st.st_size / 3), 0);
+  std::atomic<int64_t> now{kT0};
+  std::vector<std::string> lines;
+  std::mutex lines_mu;
+  auto c = clocked_coordinator(dir, now, &lines, &lines_mu);
+  v1::ListJobsRequest lr;
+  lr.set_page_size(1000);
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(c->list(lr, &list).ok());
+  ASSERT_LT(list.jobs_size(), kJobs) << "the cut WAL lost nothing: the test proves nothing";
+  bool warned = false;
+  for (const std::string& l : lines)
+    warned |= l.find("may be missing") != std::string::npos && l.find("j-000064") != std::string::npos;
+  EXPECT_TRUE(warned) << "no line names the lost jobs";
+  v1::SubmitJobResponse fresh;
+  ASSERT_TRUE(c->submit(submit_request(dir, "after", ""), &fresh).ok());
+  EXPECT_GT(fresh.job().id(), "j-000100") << "an acknowledged job's number was issued again";
+}
+
+// Rows a coordinator cannot run as they are (a state no job has; an attempt on a worker the
+// store does not know) are repaired at load and named, not loaded silently to stay RUNNING
+// forever; the repaired job can be cancelled.
+TEST(Coordinator, RowsWithAnUnknownStateOrWorkerAreRepairedAtLoadAndNamed) {
+  TestDir dir;
+  std::string ok_spec;
+  {
+    JobRecord weird;
+    weird.id = "j-000001";
+    weird.name = "weird";
+    weird.spec_yaml = to_yaml(parse_job_spec(dir.spec("weird"), {}, ".", SpecSite::kRunsElsewhere));
+    weird.state = "ZOMBIE";
+    weird.submit_seq = 1;
+    weird.revision = 1;
+    weird.workers = weird.gpus_per_worker = 1;
+    weird.max_restarts = 3;
+    weird.checkpoint_dir = dir.path() + "/ckpt-weird";
+    JobRecord orphan = weird;
+    orphan.id = "j-000002";
+    orphan.name = "orphan";
+    orphan.state = "RUNNING";
+    orphan.submit_seq = 2;
+    orphan.attempt = 1;
+    orphan.placement = {"ghost"};
+    orphan.checkpoint_dir = dir.path() + "/ckpt-orphan";
+    StoreBatch b;
+    b.jobs = {weird, orphan};
+    open_sqlite_store(dir.db())->commit(b);
+  }
+  std::atomic<int64_t> now{kT0};
+  std::vector<std::string> lines;
+  std::mutex lines_mu;
+  auto c = clocked_coordinator(dir, now, &lines, &lines_mu);
+  v1::JobStatus weird = status_of(*c, "j-000001");
+  EXPECT_EQ(weird.state(), v1::FAILED);
+  EXPECT_NE(weird.last_error().find("stored state \"ZOMBIE\""), std::string::npos) << weird.last_error();
+  v1::JobStatus orphan = status_of(*c, "j-000002");
+  EXPECT_EQ(orphan.state(), v1::QUEUED);
+  EXPECT_NE(orphan.last_error().find("RUNNING on ghost, unknown to the store"), std::string::npos)
+      << orphan.last_error();
+  int named = 0;
+  for (const std::string& l : lines) named += l.rfind("job j-00000", 0) == 0;
+  EXPECT_EQ(named, 2);
+  v1::JobStatus cancelled;
+  ASSERT_TRUE(c->cancel("j-000002", &cancelled).ok());
+  EXPECT_EQ(cancelled.state(), v1::CANCELLED);
+}
+
+// What a worker reports reaches protobuf strings as valid UTF-8: invalid bytes in a failure
+// message (a rank printing binary) are replaced, and every listing still serializes.
+TEST(Coordinator, InvalidUtf8InAReportedFailureIsStoredValid) {
+  TestDir dir;
+  auto c = open_coordinator(dir.db());
+  v1::RegisterWorkerResponse reg;
+  ASSERT_TRUE(c->register_worker(trainer("w", 29500), &reg).ok());
+  v1::SubmitJobResponse sub;
+  ASSERT_TRUE(c->submit(submit_request(dir, "bytes", ""), &sub).ok());
+  c->tick_now();
+  v1::ReportEventRequest ev = exited("w", reg.incarnation(), sub.job().id());
+  ev.mutable_attempt()->set_exit_code(1);
+  ev.mutable_attempt()->set_message(std::string("rank 0 said \xff\xfe\xc3 then died"));
+  ASSERT_TRUE(c->report_event(ev).ok());
+  const v1::JobStatus st = status_of(*c, sub.job().id());
+  EXPECT_EQ(st.last_error(), "ranks on w exited with status 1: rank 0 said \xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD then died");
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(c->list(v1::ListJobsRequest(), &list).ok());
+  std::string wire;
+  EXPECT_TRUE(list.SerializeToString(&wire));
+}
+
+// A job's log stops at its cap: later output is counted, the log says where it stopped and
+// how much was dropped when the job ends, and an ended job's log takes no more bytes.
+TEST(Coordinator, AJobsLogStopsAtItsCapAndClosesWhenTheJobEnds) {
+  TestDir dir;
+  CoordinatorOptions o;
+  o.log = [](const std::string&) {};
+  o.max_job_log_bytes = 8192;
+  auto c = std::make_unique<Coordinator>(open_sqlite_store(dir.db()), o);
+  v1::RegisterWorkerResponse reg;
+  ASSERT_TRUE(c->register_worker(trainer("w", 29500), &reg).ok());
+  v1::SubmitJobResponse sub;
+  ASSERT_TRUE(c->submit(submit_request(dir, "chatty", ""), &sub).ok());
+  const std::string id = sub.job().id();
+  c->tick_now();
+  const std::string chunk(4096, '#');
+  int64_t offset = 0;
+  for (int i = 0; i < 5; ++i) {
+    v1::UploadLogsRequest up;
+    up.set_name("w");
+    up.set_incarnation(reg.incarnation());
+    up.mutable_attempt()->set_job_id(id);
+    up.mutable_attempt()->set_attempt(1);
+    up.set_offset(offset);
+    up.set_data(chunk);
+    v1::UploadLogsResponse resp;
+    ASSERT_TRUE(c->upload_logs(up, &resp).ok());
+    offset += 4096;
+    EXPECT_EQ(resp.next_offset(), offset) << "dropped bytes are acknowledged too: the agent must not resend them";
+  }
+  ASSERT_TRUE(c->report_event(exited("w", reg.incarnation(), id)).ok());
+  std::string log;
+  bool finished = false;
+  ASSERT_TRUE(c->read_log(id, 0, 1 << 20, std::chrono::milliseconds(0), &log, &finished).ok());
+  EXPECT_TRUE(finished);
+  // Up to the cap (the coordinator's own lines come on top), then none of the rest.
+  EXPECT_EQ(std::count(log.begin(), log.end(), '#'), 8192) << "two chunks fit under the cap, three did not";
+  EXPECT_NE(log.find("reached its cap of 8192 bytes"), std::string::npos);
+  EXPECT_NE(log.find("12288 bytes of the job's output dropped"), std::string::npos) << log.substr(log.rfind('#') + 1);
+  v1::UploadLogsRequest late;
+  late.set_name("w");
+  late.set_incarnation(reg.incarnation());
+  late.mutable_attempt()->set_job_id(id);
+  late.mutable_attempt()->set_attempt(1);
+  late.set_offset(offset);
+  late.set_data("late bytes\n");
+  v1::UploadLogsResponse resp;
+  EXPECT_EQ(c->upload_logs(late, &resp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+// A worker-side failure (74: the agent cannot write its work dir, a checkpoint lock still
+// held) is requeued with its reason and counted against max_restarts, not failed as the job's.
+TEST(Coordinator, AWorkerSideFailureIsRequeuedWithItsReason) {
+  TestDir dir;
+  auto c = open_coordinator(dir.db());
+  v1::RegisterWorkerResponse reg;
+  ASSERT_TRUE(c->register_worker(trainer("w", 29500), &reg).ok());
+  v1::SubmitJobResponse sub;
+  ASSERT_TRUE(c->submit(submit_request(dir, "diskfull", ""), &sub).ok());
+  c->tick_now();
+  v1::ReportEventRequest ev = exited("w", reg.incarnation(), sub.job().id());
+  ev.mutable_attempt()->set_exit_code(74);
+  ev.mutable_attempt()->set_message("the agent cannot write its work dir /w/jobs: No space left on device");
+  ASSERT_TRUE(c->report_event(ev).ok());
+  const v1::JobStatus st = status_of(*c, sub.job().id());
+  EXPECT_EQ(st.state(), v1::QUEUED);
+  EXPECT_EQ(st.restarts(), 1);
+  EXPECT_EQ(st.last_error(),
+            "ranks on w exited with status 74: the agent cannot write its work dir /w/jobs: No space left on device; "
+            "requeued (restart 1 of 3)");
+}
+
+// Under a file-size limit (ulimit -f) the coordinator's first write past it fails with EFBIG,
+// which it reports and stops on (exit 1, naming the error). Before, SIGXFSZ killed it with no
+// word at all.
+TEST(CoordinatorProcess, AFileSizeLimitIsReportedNotASilentSignal) {
+  TestDir dir;
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  const std::string binary = std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow-coordinator";
+  const std::string db = dir.db();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::dup2(out[1], 2);
+    ::close(out[0]);
+    const rlimit small{16 << 10, 16 << 10};  // below the store's first migration
+    ::setrlimit(RLIMIT_FSIZE, &small);
+    ::execl(binary.c_str(), binary.c_str(), "--listen", "127.0.0.1:0", "--db", db.c_str(), nullptr);
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  std::string err;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) > 0;) err.append(buf, static_cast<size_t>(n));
+  ::close(out[0]);
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(child, &wstatus, 0), child);
+  ASSERT_FALSE(WIFSIGNALED(wstatus)) << "killed by signal " << WTERMSIG(wstatus) << "; stderr: " << err;
+  EXPECT_EQ(WEXITSTATUS(wstatus), 1) << err;
+  EXPECT_NE(err.find("zenflow-coordinator: "), std::string::npos) << err;
+  EXPECT_TRUE(err.find("too large") != std::string::npos || err.find("disk I/O error") != std::string::npos ||
+              err.find("File too large") != std::string::npos)
+      << err;
 }
 
 }  // namespace

@@ -417,7 +417,7 @@ optimizer:
             update_interval: 3, full_warm_up_rounds: 0, overlap_step: false, importance: l1,
             reselect_threshold: 0.8, auto_ratio: 0.95, max_update_interval: 9, min_split_numel: 17}
   host: {threads: 2, reserved_cores: [1, 0], nodes: 2, huge_pages: false}
-resources: {workers: 3, gpus_per_worker: 0, host_memory_gb: 12.5, priority: -4}
+resources: {workers: 3, gpus_per_worker: 0, host_memory_gb: 12.5, priority: -4, hang_timeout: 45}
 checkpoint: {dir: /ck, every_steps: 0, keep: 9}
 cost: {instance_type: "yes", usd_per_hour: 32.77}
 )";
@@ -429,6 +429,7 @@ cost: {instance_type: "yes", usd_per_hour: 32.77}
   EXPECT_EQ(b.optimizer.zenflow.topk_ratio, 0.3333333333333333);
   EXPECT_EQ(b.train.seed, 12345678901u);
   EXPECT_EQ(b.model.from, "/m dir/x: y");
+  EXPECT_EQ(b.resources.hang_timeout, 45);
 
   // Defaults and "auto" values survive too, as does a relative base directory.
   JobSpec c = parse_job_spec(kMinimalSpec, {}, "rel/dir");
@@ -560,6 +561,20 @@ TEST(JobSpecBounds, EveryIntegerAcceptsItsBoundAndRejectsOneMore) {
   // warmup_steps may reach steps at the largest steps.
   EXPECT_EQ(parse_job_spec(kMinimalSpec, {"train.steps=1e9", "train.warmup_steps=1e9"}).train.warmup_steps,
             1000000000);
+}
+
+// resources.hang_timeout: "auto" (the default, 0 in the spec) or whole seconds, at least 30
+// (a shorter one would kill healthy attempts during a checkpoint or an evaluation).
+TEST(JobSpecBounds, HangTimeoutIsAutoOrAtLeastThirtySeconds) {
+  EXPECT_EQ(set_error("resources.hang_timeout=auto"), "");
+  EXPECT_EQ(set_error("resources.hang_timeout=30"), "");
+  EXPECT_EQ(set_error("resources.hang_timeout=29"),
+            "resources.hang_timeout: must be \"auto\" or an integer in [30, 1000000000], got 29");
+  EXPECT_EQ(set_error("resources.hang_timeout=1.5"),
+            "resources.hang_timeout: must be \"auto\" or an integer in [30, 1000000000], got '1.5'");
+  EXPECT_EQ(parse_job_spec(kMinimalSpec, {}, ".").resources.hang_timeout, 0);
+  EXPECT_EQ(parse_job_spec(kMinimalSpec, {"resources.hang_timeout=600"}, ".").resources.hang_timeout, 600);
+  EXPECT_NE(to_yaml(parse_job_spec(kMinimalSpec, {}, ".")).find("hang_timeout: auto"), std::string::npos);
 }
 
 TEST(JobSpecBounds, AutoIntegersCoreIdsAndListLengthsAreBounded) {
