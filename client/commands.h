@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "common/attempt_contract.h"
+
 namespace zenflow::cli {
 
 // Set up a subcommand on `app` (the root app, or the `bench` group for bench verbs).
@@ -33,17 +35,15 @@ std::vector<CommandSetup> registered_commands();
 // stack trace in what(); it is left out unless `verbose`.
 std::string error_text(const std::exception& e, bool verbose = false);
 
-// Exit codes shared by all verbs.
-constexpr int kExitOk = 0;
-constexpr int kExitFailure = 1;
-constexpr int kExitBadInput = 2;    // bad job spec, bad flags
-constexpr int kExitInterrupted = 130;
-// The worker agent's lease ended (`zenflow run --lease-fd`): nothing more was committed;
-// EX_TEMPFAIL, the job may run again elsewhere.
-constexpr int kExitLeaseLost = 75;
-// An optimizer node the coordinator assigned was lost (`zenflow run` under an agent): the
-// coordinator declares it LOST and requeues the job onto a spare (on_node_loss: spare).
-constexpr int kExitOptimizerNodeLost = 76;
+// Exit codes shared by all verbs; a rank's are the attempt contract's
+// (common/attempt_contract.h says what each means to the agent and the coordinator).
+constexpr int kExitOk = attempt::kExitOk;
+constexpr int kExitFailure = attempt::kExitFailed;
+constexpr int kExitBadInput = attempt::kExitBadInput;  // bad job spec, bad flags
+constexpr int kExitInterrupted = attempt::kExitInterrupted;
+constexpr int kExitWorkerFault = attempt::kExitWorkerFault;  // checkpoint.dir locked by another run
+constexpr int kExitLeaseLost = attempt::kExitLeaseLost;
+constexpr int kExitOptimizerNodeLost = attempt::kExitNodeLost;
 
 // A coordinator to talk to (service_commands.cpp; in builds with the services): where,
 // the admin token's file and TLS, from the flags or ZENFLOW_COORDINATOR / _TOKEN_FILE /

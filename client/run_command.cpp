@@ -106,6 +106,13 @@ RunSummary train_with_node_loss_policy(JobSpec spec, RunOptions opts, bool rank0
     try {
       return run_training(spec, opts, &g_stop);
     } catch (const engine::HostBackendLost& e) {
+      // Addresses the spec names that cannot be reached when the run starts are the spec's
+      // error, not a node loss (which an in-process fallback would hide). Nodes a coordinator
+      // assigned are its to replace: that stays a node loss.
+      if (e.unreachable_at_start() && !assigned_nodes)
+        throw SpecError("optimizer.host.addresses",
+                        std::string(e.what()) + " (check the address and that the node's transport is enabled, "
+                                                "e.g. UCX_TLS includes tcp)");
       std::string tried;
       for (const std::string& step : spec.optimizer.host.on_node_loss) {
         if (step == "spare") {
@@ -405,7 +412,9 @@ int run(const RunArgs& a) {
   } catch (const std::invalid_argument& e) {
     return fail(kExitBadInput, "invalid job", e.what());
   } catch (const CheckpointDirBusy& e) {
-    return fail(kExitFailure, "error", e.what());
+    // Under an agent: the lock of a predecessor that has not stopped yet (the worker's
+    // problem, requeued); alone: another run of the same directory.
+    return fail(kExitWorkerFault, "error", e.what());
   } catch (const c10::Error& e) {
     const std::string msg = e.what_without_backtrace();
     if (msg.find("can't allocate memory") != std::string::npos || msg.find("out of memory") != std::string::npos)

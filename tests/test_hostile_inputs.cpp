@@ -1111,7 +1111,7 @@ TEST(HostileUserFiles, ConcurrentRunOnLockedDirectory) {
     b.err = suite_root() / "logs" / ("concurrent-" + name + ".err");
     const std::vector<Proc> pb = run_all({b}, 1);
     EXPECT_FALSE(pb[0].timed_out);
-    EXPECT_EQ(pb[0].code, 1) << pb[0].err;
+    EXPECT_EQ(pb[0].code, 74) << pb[0].err;  // attempt::kExitWorkerFault
     EXPECT_TRUE(contains(pb[0].err, "is in use by zenflow pid " + std::to_string(ca.pid) + " on host")) << pb[0].err;
     expect_clean_stderr(pb[0].err);
     // B moved nothing aside: every checkpoint A had when B started is still A's, or was

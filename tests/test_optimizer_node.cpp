@@ -1378,6 +1378,30 @@ TEST(OptimizerNodeRun, LostNodeResumesInProcessFromTheLastCheckpointExactly) {
   EXPECT_TRUE(a == b) << "the resumed run's final weights differ from the reference's";
 }
 
+// An optimizer node named in the spec that cannot be reached when the run starts (a wrong
+// address, a transport the node does not serve) is the spec's error: exit 2 naming
+// optimizer.host.addresses and the transport's reason. Before, the run took it for a lost
+// node and silently trained in-process (on_node_loss), hiding the mistake.
+TEST(OptimizerNodeRun, ANodeUnreachableAtStartIsASpecErrorNamingTheKey) {
+  use_tls("tcp");
+  std::string address;
+  {
+    Node node("tcp", "unreachable");
+    address = node.address();
+    node.process().kill(SIGKILL);
+    node.process().wait_exit(std::chrono::seconds(20));
+  }  // nothing listens on its port now
+  const fs::path dir = temp_dir() / "unreachable";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  Process run(on_node(tiny_run((dir / "ck").string(), {"train.steps=12"}), address), dir / "run.log");
+  EXPECT_EQ(run.wait_exit(std::chrono::seconds(120)), 2) << run.output();
+  const std::string log = run.output();
+  EXPECT_NE(log.find("optimizer.host.addresses: optimizer node " + address), std::string::npos) << log;
+  EXPECT_NE(log.find("cannot connect"), std::string::npos) << log;
+  EXPECT_EQ(log.find("in this process"), std::string::npos) << "it fell back in-process: " << log;
+}
+
 // A worker that is itself paused (SIGSTOP of the whole run for longer than the 5 s loss
 // deadline, as a VM freeze or a debugger would) does not blame its node for the silence
 // it could not hear: the run goes on with the same node and ends with exactly the weights

@@ -37,12 +37,17 @@ class HostThreadPool;
 class HostBackendLost : public std::runtime_error {
  public:
   // `node`: the lost node's HOST:PORT when one is to blame ("" otherwise).
-  explicit HostBackendLost(const std::string& what, std::string node = {})
-      : std::runtime_error(what), node_(std::move(node)) {}
+  // `unreachable_at_start`: the backend never reached it (no connection, no answer to the
+  // session's first message) while it was being made: a wrong address or transport is a
+  // configuration error, not a loss to recover from.
+  explicit HostBackendLost(const std::string& what, std::string node = {}, bool unreachable_at_start = false)
+      : std::runtime_error(what), node_(std::move(node)), unreachable_at_start_(unreachable_at_start) {}
   const std::string& node() const { return node_; }
+  bool unreachable_at_start() const { return unreachable_at_start_; }
 
  private:
   std::string node_;
+  bool unreachable_at_start_ = false;
 };
 
 // Completion handle of one submitted job. Thread safety: wait()/done() from any thread.

@@ -729,7 +729,8 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
     try {
       n.ch = tr_->connect(host, port, handler(n), opt_.connect_timeout_s);
     } catch (const std::exception& e) {
-      throw engine::HostBackendLost("optimizer node " + n.address + " lost: cannot connect: " + e.what(), n.address);
+      throw engine::HostBackendLost("optimizer node " + n.address + " lost: cannot connect: " + e.what(), n.address,
+                                    /*unreachable_at_start=*/true);
     }
     n.last_heard_us = now_us();
     Hello h;
@@ -753,7 +754,7 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
     const double wait_s = opt_.connect_timeout_s + static_cast<double>(h.elements) * 20 / 1e9;
     if (answer.wait_for(std::chrono::duration<double>(wait_s)) != std::future_status::ready) {
       lose(n, "no WELCOME within " + std::to_string(static_cast<int>(wait_s)) + " s");
-      throw engine::HostBackendLost(lost_text(n), n.address);
+      throw engine::HostBackendLost(lost_text(n), n.address, /*unreachable_at_start=*/true);
     }
     const std::string refusal = answer.get();
     if (!refusal.empty()) throw std::runtime_error("optimizer node " + n.address + " refused the session: " + refusal);
