@@ -22,6 +22,7 @@
 #include "common/input_file.h"
 #include "common/job_spec.h"
 #include "common/rpc/rpc.h"
+#include "common/terminal_text.h"
 #include "worker/model/causal_lm.h"
 #include "worker/model/hf_model.h"
 #include "worker/model_factory.h"
@@ -89,7 +90,7 @@ int fail(const Remote& r, const grpc::Status& s) {
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE) hint = " (is a coordinator running at " + r.coordinator + "?)";
   if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED && r.token.empty())
     hint = " (pass --token-file or set ZENFLOW_TOKEN_FILE)";
-  std::cerr << "zenflow: " << rpc::describe(s) << hint << "\n";
+  std::cerr << "zenflow: " << terminal_safe(rpc::describe(s)) << hint << "\n";
   return exit_code_of(s);
 }
 
@@ -122,14 +123,16 @@ std::string age_text(int64_t unix_ms) {
   return duration_text(double(now - unix_ms) / 1000.0);
 }
 
+// Names a worker or the coordinator chose, joined and made safe to print.
 std::string join(const google::protobuf::RepeatedPtrField<std::string>& v) {
   std::string out;
   for (const std::string& s : v) out += (out.empty() ? "" : ",") + s;
-  return out.empty() ? "-" : out;
+  return out.empty() ? "-" : terminal_safe(out);
 }
 
 void print_status(const v1::JobStatus& j) {
-  auto row = [](const char* k, const std::string& v) { std::printf("%-15s %s\n", k, v.c_str()); };
+  // Every value may come from a job's spec, a worker or a rank: printed terminal-safe.
+  auto row = [](const char* k, const std::string& v) { std::printf("%-15s %s\n", k, terminal_safe(v).c_str()); };
   char buf[64];
   row("id:", j.id());
   row("name:", j.name());
@@ -218,7 +221,7 @@ std::string random_request_id() {
   return buf;
 }
 
-int follow_logs(Remote& r, const std::string& id, bool follow, bool quiet_json);
+int follow_logs(Remote& r, const std::string& id, bool follow, bool quiet_json, bool raw = false);
 
 int submit(SubmitArgs& a) {
   JobSpec spec;
@@ -281,8 +284,27 @@ int submit(SubmitArgs& a) {
 
 // Streams the job's log to stdout from offset 0, reconnecting (from the offset reached)
 // when the coordinator restarts, until the job ends (follow) or the log's end (not follow).
-int follow_logs(Remote& r, const std::string& id, bool follow, bool quiet_json) {
+int follow_logs(Remote& r, const std::string& id, bool follow, bool quiet_json, bool raw) {
   int64_t offset = 0;
+  TerminalSafeStream safe;  // the job's bytes, escaped as they come (unless --raw)
+  const auto print = [&](std::string_view bytes) {
+    if (quiet_json) return;
+    if (raw) {
+      std::fwrite(bytes.data(), 1, bytes.size(), stdout);
+    } else {
+      const std::string text = safe.feed(bytes);
+      std::fwrite(text.data(), 1, text.size(), stdout);
+    }
+    std::fflush(stdout);
+  };
+  const auto done = [&](int code) {
+    if (!raw && !quiet_json) {
+      const std::string rest = safe.finish();
+      std::fwrite(rest.data(), 1, rest.size(), stdout);
+      std::fflush(stdout);
+    }
+    return code;
+  };
   auto last_ok = std::chrono::steady_clock::now();
   for (;;) {
     grpc::ClientContext ctx;
@@ -294,17 +316,16 @@ int follow_logs(Remote& r, const std::string& id, bool follow, bool quiet_json) 
     auto reader = r.stub->StreamLogs(&ctx, req);
     v1::LogChunk chunk;
     while (reader->Read(&chunk)) {
-      if (!quiet_json) std::fwrite(chunk.data().data(), 1, chunk.data().size(), stdout);
-      std::fflush(stdout);
+      print(chunk.data());
       offset = chunk.offset() + static_cast<int64_t>(chunk.data().size());
       last_ok = std::chrono::steady_clock::now();
     }
     const grpc::Status s = reader->Finish();
-    if (s.ok()) return kExitOk;
+    if (s.ok()) return done(kExitOk);
     const bool transient = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
                            s.error_code() == grpc::StatusCode::CANCELLED;
     if (!follow || !transient || std::chrono::steady_clock::now() - last_ok > std::chrono::seconds(60))
-      return fail(r, s);
+      return done(fail(r, s));
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // coordinator restarting
   }
 }
@@ -365,8 +386,8 @@ int jobs_verb(Remote& r, const std::vector<std::string>& states, int limit) {
     if (j.state() == v1::RUNNING || (finished(j.state()) && j.tokens_per_second() > 0))
       std::snprintf(tps, sizeof(tps), "%.0f", j.tokens_per_second());
     else std::snprintf(tps, sizeof(tps), "-");
-    std::printf("%-10s %-20s %-10s %6s %-13s %8s %9s %7s %-16s %4lld %10s %8s %10s %8s\n", j.id().c_str(),
-                j.name().substr(0, 20).c_str(), state_name(j.state()).c_str(), prog, step, loss, tps,
+    std::printf("%-10s %-20s %-10s %6s %-13s %8s %9s %7s %-16s %4lld %10s %8s %10s %8s\n", terminal_safe(j.id()).c_str(),
+                terminal_safe(j.name().substr(0, 20)).c_str(), state_name(j.state()).c_str(), prog, step, loss, tps,
                 j.state() == v1::RUNNING ? duration_text(j.eta_seconds()).c_str() : "-", join(j.placement()).c_str(),
                 static_cast<long long>(j.restarts()), cost, per_m, stalls, age_text(j.submit_time_ms()).c_str());
   }
@@ -408,7 +429,7 @@ int watch_verb(Remote& r, const std::string& id) {
                     state_name(j.state()).c_str(), static_cast<long long>(j.step()),
                     static_cast<long long>(j.total_steps()), j.last_loss(), j.tokens_per_second(),
                     duration_text(j.eta_seconds()).c_str(),
-                    j.last_error().empty() ? "" : ("  (" + j.last_error() + ")").c_str());
+                    j.last_error().empty() ? "" : ("  (" + terminal_safe(j.last_error()) + ")").c_str());
         std::fflush(stdout);
       }
     }
@@ -445,11 +466,11 @@ int workers_verb(Remote& r) {
               "HEARTBEAT");
   for (const v1::WorkerStatus& w : resp.workers()) {
     const v1::WorkerResources& res = w.resources();
-    std::string slots = res.gpus_size() > 0 ? std::to_string(res.gpus_size()) + "x " + res.gpus(0).model()
-                                            : std::to_string(res.cpu_slots()) + " cpu";
+    const std::string slots = res.gpus_size() > 0 ? std::to_string(res.gpus_size()) + "x " + terminal_safe(res.gpus(0).model())
+                                                  : std::to_string(res.cpu_slots()) + " cpu";
     char ram[32];
     std::snprintf(ram, sizeof(ram), "%.1f GiB", double(res.host_memory_bytes()) / double(1LL << 30));
-    std::printf("%-16s %-9s %-7s %-22s %9s %6lld %-20s %9s\n", w.name().c_str(), v1::WorkerRole_Name(w.role()).c_str(),
+    std::printf("%-16s %-9s %-7s %-22s %9s %6lld %-20s %9s\n", terminal_safe(w.name()).c_str(), v1::WorkerRole_Name(w.role()).c_str(),
                 v1::WorkerState_Name(w.state()).c_str(), slots.c_str(), ram,
                 static_cast<long long>(res.physical_cores()), join(w.jobs()).c_str(),
                 (age_text(w.last_heartbeat_ms()) + " ago").c_str());
@@ -495,13 +516,17 @@ CommandRegistrar reg(20, [](CommandContext& ctx) {
     auto r = std::make_shared<Remote>();
     auto id = std::make_shared<std::string>();
     auto follow = std::make_shared<bool>(false);
+    auto raw = std::make_shared<bool>(false);
     CLI::App* cmd = ctx.root->add_subcommand("logs", "Print a job's output (every attempt)");
     cmd->add_option("id", *id, "Job id")->required();
     cmd->add_flag("-f,--follow", *follow, "Keep printing until the job ends");
+    cmd->add_flag("--raw", *raw,
+                  "Print the bytes as the ranks wrote them (by default control characters, escape "
+                  "sequences, bidi overrides and invalid UTF-8 are shown escaped, e.g. \\x1b)");
     add_remote_flags(cmd, *r);
-    cmd->callback([r, id, follow, &ctx] {
+    cmd->callback([r, id, follow, raw, &ctx] {
       ctx.exit_code = connect(*r);
-      if (ctx.exit_code == 0) ctx.exit_code = follow_logs(*r, *id, *follow, false);
+      if (ctx.exit_code == 0) ctx.exit_code = follow_logs(*r, *id, *follow, false, *raw);
     });
   }
   {
