@@ -49,6 +49,7 @@ namespace {
 
 std::atomic<int> g_signal{0};
 void on_signal(int sig) { g_signal.store(sig); }
+std::string g_open_files;  // what main() did to the open-files limit, said once listening
 
 struct Flags {
   std::string listen = "127.0.0.1:7070";
@@ -235,6 +236,7 @@ int run(const Flags& f) {
     for (const std::string& line : early_log) std::fprintf(stderr, "zenflow-coordinator: %s\n", line.c_str());
     listening = true;
   }
+  std::fprintf(stderr, "zenflow-coordinator: %s\n", g_open_files.c_str());
   if (health_server) std::fprintf(stderr, "zenflow-coordinator: health on %s:%d (plaintext)\n", listen.host.c_str(), health_port);
   if (metrics_server)
     std::fprintf(stderr, "zenflow-coordinator: metrics on http://%s:%d/metrics\n", metrics_server->host().c_str(),
@@ -275,6 +277,7 @@ int main(int argc, char** argv) {
   // saying nothing; ignored, the write fails with EFBIG, which the store reports and the
   // coordinator logs before it stops.
   std::signal(SIGXFSZ, SIG_IGN);
+  zenflow::rpc::raise_open_files_limit(&g_open_files);
   Flags f;
   CLI::App app("zenflow-coordinator: schedules fine-tuning jobs on zenflow workers");
   app.set_version_flag("--version", std::string("zenflow-coordinator ") + zenflow::kVersion);

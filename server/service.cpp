@@ -210,6 +210,32 @@ bool RateLimiter::allow(const std::string& peer) {
   return true;
 }
 
+StreamGate::Ticket StreamGate::enter(const std::string& client, std::string* why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  int& mine = by_client_[client];
+  if (open_ >= total_ || mine >= per_client_) {
+    *why = open_ >= total_ ? std::to_string(open_) + " streams are open, the most this coordinator serves at once"
+                           : std::to_string(mine) + " streams of this client are open, the most one client may hold";
+    if (mine == 0) by_client_.erase(client);
+    return {};
+  }
+  ++open_;
+  ++mine;
+  return Ticket(this, client);
+}
+
+void StreamGate::release(const std::string& client) {
+  std::lock_guard<std::mutex> lock(mu_);
+  --open_;
+  auto it = by_client_.find(client);
+  if (it != by_client_.end() && --it->second <= 0) by_client_.erase(it);
+}
+
+int StreamGate::open() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return open_;
+}
+
 Status JobServiceImpl::admit(const grpc::ServerContextBase& ctx) {
   if (auth_.has_tokens())
     if (Status s = rpc::check_role(ctx, auth_, rpc::Role::kAdmin); !s.ok()) return s;
@@ -249,6 +275,10 @@ Status JobServiceImpl::CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRe
 Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
                                 grpc::ServerWriter<v1::JobEvent>* writer) {
   if (Status s = admit(*ctx); !s.ok()) return s;
+  std::string why;
+  const StreamGate::Ticket ticket = streams_.enter(peer_address(ctx->peer()), &why);
+  if (!ticket)
+    return {StatusCode::RESOURCE_EXHAUSTED, why + "; close some (zenflow watch / logs -f), or poll GetJob"};
   int64_t after = req->after_revision();
   std::string last_state;
   for (;;) {
@@ -275,6 +305,9 @@ Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequ
 Status JobServiceImpl::StreamLogs(grpc::ServerContext* ctx, const v1::StreamLogsRequest* req,
                                   grpc::ServerWriter<v1::LogChunk>* writer) {
   if (Status s = admit(*ctx); !s.ok()) return s;
+  std::string why;
+  const StreamGate::Ticket ticket = streams_.enter(peer_address(ctx->peer()), &why);
+  if (!ticket) return {StatusCode::RESOURCE_EXHAUSTED, why + "; close some (zenflow watch / logs -f)"};
   int64_t offset = req->offset();
   for (;;) {
     std::string data;

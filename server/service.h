@@ -52,6 +52,41 @@ class RateLimiter {
   std::map<std::string, Bucket> buckets_;
 };
 
+// Caps the WatchJob and StreamLogs streams open at once, in all and per client address:
+// each holds a thread of the server's pool while it lasts, and threads are what every
+// synchronous call (ListJobs, CancelJob, RegisterWorker, FetchAssignments) needs too. A
+// stream past a cap is refused (RESOURCE_EXHAUSTED) instead of starving them.
+class StreamGate {
+ public:
+  StreamGate(int total, int per_client) : total_(total), per_client_(per_client) {}
+  // Held while a stream is open; empty (refused, *why says which cap) when a cap is reached.
+  class Ticket {
+   public:
+    Ticket() = default;
+    Ticket(StreamGate* gate, std::string client) : gate_(gate), client_(std::move(client)) {}
+    Ticket(Ticket&& o) noexcept : gate_(o.gate_), client_(std::move(o.client_)) { o.gate_ = nullptr; }
+    Ticket& operator=(Ticket&&) = delete;
+    ~Ticket() {
+      if (gate_) gate_->release(client_);
+    }
+    explicit operator bool() const { return gate_ != nullptr; }
+
+   private:
+    StreamGate* gate_ = nullptr;
+    std::string client_;
+  };
+  Ticket enter(const std::string& client, std::string* why);
+  int open() const;
+
+ private:
+  void release(const std::string& client);
+  const int total_;
+  const int per_client_;
+  mutable std::mutex mu_;
+  int open_ = 0;
+  std::map<std::string, int> by_client_;
+};
+
 using JobServiceBase =
     v1::JobService::WithAsyncMethod_GetJob<v1::JobService::WithAsyncMethod_SubmitJob<v1::JobService::Service>>;
 using WorkerServiceBase =
@@ -61,6 +96,9 @@ using WorkerServiceBase =
 class JobServiceImpl final : public JobServiceBase {
  public:
   // `metrics` (may be null) times each unary call.
+  // At most this many WatchJob + StreamLogs streams at once, and this many per client address.
+  static constexpr int kMaxStreams = 256;
+  static constexpr int kMaxStreamsPerClient = 64;
   JobServiceImpl(Coordinator& coordinator, const rpc::TokenAuthority& auth, RateLimiter& limiter,
                  const CoordinatorMetrics* metrics = nullptr)
       : c_(coordinator), auth_(auth), limiter_(limiter), metrics_(metrics) {}
@@ -83,6 +121,7 @@ class JobServiceImpl final : public JobServiceBase {
   const rpc::TokenAuthority& auth_;
   RateLimiter& limiter_;
   const CoordinatorMetrics* metrics_;
+  StreamGate streams_{kMaxStreams, kMaxStreamsPerClient};
 };
 
 class WorkerServiceImpl final : public WorkerServiceBase {

@@ -52,6 +52,11 @@ grpc::Status check_call(const TokenAuthority& auth, std::string_view method,
 // Applies the message/metadata limits and keepalive settings to a server.
 void configure_server(grpc::ServerBuilder& builder);
 
+// Raises the soft limit on open files to the hard limit (a server holds a descriptor per
+// connection; gRPC 1.51 stops accepting for good after one EMFILE). Returns the limit now in
+// force (-1 when unreadable); *note says what was done, for the process's first lines.
+int64_t raise_open_files_limit(std::string* note);
+
 // Serves no reflection on this server. Linking libgrpc++_reflection registers its plugin
 // with every ServerBuilder at static initialization; a port that checks no tokens (the
 // health-only port, plaintext off loopback) must not offer it.

@@ -1,0 +1,103 @@
+// The coordinator's resources under a flood from one client, as real processes: streams
+// past their cap are refused at once, the rest of the API keeps answering, and SIGTERM stops
+// the coordinator within its grace whatever is open; its open-files limit is raised.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/rpc/rpc.h"
+#include "server/service.h"
+#include "tests/support/service_cluster.h"
+#include "tests/support/tiny_job.h"
+#include "zenflow/v1/jobs.grpc.pb.h"
+
+namespace zenflow {
+namespace {
+
+namespace fs = std::filesystem;
+using test_support::Cluster;
+
+// 300 WatchJob streams from one client (under its rate limit's burst): the first kMaxStreamsPerClient are served, every one
+// past that is refused with RESOURCE_EXHAUSTED saying why; a unary call still answers within
+// a second meanwhile; SIGTERM then stops the coordinator within its grace. Before, each
+// stream took a thread of its own until the pool ran out ("Server Threadpool Exhausted" for
+// every synchronous call) and SIGTERM hung in grpc_shutdown().
+TEST(CoordinatorLimits, StreamsPastTheCapAreRefusedAndTheRestOfTheApiAnswers) {
+  Cluster c("limits");
+  c.start_coordinator();
+  const fs::path spec = c.dir() / "job.yaml";
+  test_support::write_file(spec, test_support::tiny_job_spec("watched"));
+  const std::string id = c.submit(spec);  // no worker: it stays queued, its watchers wait
+  ASSERT_FALSE(id.empty());
+  auto stub = v1::JobService::NewStub(rpc::make_channel(c.address(), rpc::ChannelOptions{}));
+  constexpr int kStreams = 300;
+  grpc::CompletionQueue cq;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientAsyncReader<v1::JobEvent>>> readers;
+  std::vector<grpc::Status> statuses(kStreams);
+  v1::WatchJobRequest req;
+  req.set_id(id);
+  req.set_after_revision(1'000'000'000);  // nothing to send: every accepted stream just waits
+  for (int i = 0; i < kStreams; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    rpc::prepare_call(*contexts.back(), c.admin_token(), std::chrono::seconds(60));
+    readers.push_back(stub->AsyncWatchJob(contexts.back().get(), req, &cq, reinterpret_cast<void*>(intptr_t{2 * i})));
+  }
+  // Each stream: started (tag 2i), then Finish (tag 2i+1) completes only once it ended.
+  int started = 0, ended = 0, refused = 0;
+  std::string why;
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(30);
+  while (ended < kStreams - server::JobServiceImpl::kMaxStreamsPerClient && std::chrono::system_clock::now() < deadline) {
+    void* tag = nullptr;
+    bool ok = false;
+    if (cq.AsyncNext(&tag, &ok, deadline) != grpc::CompletionQueue::GOT_EVENT) break;
+    const intptr_t t = reinterpret_cast<intptr_t>(tag);
+    const int i = static_cast<int>(t / 2);
+    if (t % 2 == 0) {
+      ++started;
+      readers[static_cast<size_t>(i)]->Finish(&statuses[static_cast<size_t>(i)], reinterpret_cast<void*>(t + 1));
+    } else {
+      ++ended;
+      const grpc::Status& st = statuses[static_cast<size_t>(i)];
+      if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+          st.error_message().find("streams of this client are open") != std::string::npos)
+        ++refused;
+      why = st.error_message();
+    }
+  }
+  EXPECT_EQ(refused, kStreams - server::JobServiceImpl::kMaxStreamsPerClient) << "started " << started << ", ended " << ended;
+  EXPECT_NE(why.find("64 streams of this client are open"), std::string::npos) << why;
+  // A unary call meanwhile.
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(c.state(id), "QUEUED");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+  // SIGTERM with the served streams still open: the coordinator ends them and exits.
+  const auto term = std::chrono::steady_clock::now();
+  c.coordinator().kill(SIGTERM);
+  EXPECT_EQ(c.coordinator().wait_exit(std::chrono::seconds(30)), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - term, std::chrono::seconds(10));
+  for (auto& ctx : contexts) ctx->TryCancel();
+  for (;;) {  // drain what the cancels complete
+    void* tag = nullptr;
+    bool ok = false;
+    if (cq.AsyncNext(&tag, &ok, std::chrono::system_clock::now() + std::chrono::seconds(5)) !=
+        grpc::CompletionQueue::GOT_EVENT)
+      break;
+    const intptr_t t = reinterpret_cast<intptr_t>(tag);
+    if (t % 2 == 0) readers[static_cast<size_t>(t / 2)]->Finish(&statuses[static_cast<size_t>(t / 2)],
+                                                                reinterpret_cast<void*>(t + 1));
+  }
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) {
+  }
+  const std::string log = test_support::read_file(c.dir() / "coordinator-1.log");
+  EXPECT_NE(log.find("zenflow-coordinator: open files: "), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace zenflow
