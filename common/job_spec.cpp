@@ -578,8 +578,9 @@ void read_resources(const yaml::Node& node, ResourcesSpec& r) {
       r.host_memory_gb = 0;
     } else {
       std::optional<double> v = to_double(*mem);
-      if (!v) s.fail("host_memory_gb", "must be \"auto\" or a number > 0, got " + describe(*mem));
-      check_range(s, "host_memory_gb", *mem, *v, above(0));
+      if (!v) s.fail("host_memory_gb", "must be \"auto\" or a number in (0, 1048576], got " + describe(*mem));
+      // Converted to bytes in int64 later: bounded (1 PiB) so the conversion is defined.
+      check_range(s, "host_memory_gb", *mem, *v, Range{0, false, 1 << 20, true});
       r.host_memory_gb_auto = false;
       r.host_memory_gb = *v;
     }

@@ -1437,6 +1437,19 @@ Status Coordinator::upload_profile(const v1::UploadProfileRequest& req) {
   if (req.profile_yaml().size() > rpc::kMaxProfileBytes)
     return bad("profile_yaml: at most " + std::to_string(rpc::kMaxProfileBytes) + " bytes, got " +
                std::to_string(req.profile_yaml().size()));
+  // The caller first: a worker whose lease is gone (or who names a job of another worker)
+  // gets no parse of up to 1 MiB of YAML.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Status st;
+    const Job* jp = uploading_job(req.name(), req.incarnation(), req.attempt().job_id(), &st);
+    if (!jp) return st;
+    if (req.attempt().attempt() != jp->rec.attempt || jp->rec.placement.empty() ||
+        jp->rec.placement[0] != req.name())
+      return {StatusCode::FAILED_PRECONDITION, "attempt " + std::to_string(req.attempt().attempt()) + " of job " +
+                                                   jp->rec.id + " on " + req.name() +
+                                                   " is not the current attempt's rank 0"};
+  }
   // Parsed before it is kept: `zenflow advise JOB_ID` gets a profile it can read, and a
   // malformed one is the uploader's error (outside the lock: parsing is the slow part).
   try {

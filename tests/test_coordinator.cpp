@@ -1617,6 +1617,31 @@ TEST(Coordinator, AWorkerSideFailureIsRequeuedWithItsReason) {
             "requeued (restart 1 of 3)");
 }
 
+// An upload of a profile is checked for its caller (a live incarnation, the current attempt's
+// rank 0) before its up to 1 MiB of YAML is parsed: a stale or foreign caller gets
+// FAILED_PRECONDITION, not a parse (whose error would also tell it the job exists).
+TEST(Coordinator, AProfileFromAStaleCallerIsRefusedBeforeItIsParsed) {
+  TestDir dir;
+  auto c = open_coordinator(dir.db());
+  v1::RegisterWorkerResponse reg;
+  ASSERT_TRUE(c->register_worker(trainer("w", 29500), &reg).ok());
+  v1::SubmitJobResponse sub;
+  ASSERT_TRUE(c->submit(submit_request(dir, "profiled", ""), &sub).ok());
+  c->tick_now();
+  v1::UploadProfileRequest up;
+  up.set_name("w");
+  up.set_incarnation(reg.incarnation() + 1);  // not this worker's
+  up.mutable_attempt()->set_job_id(sub.job().id());
+  up.mutable_attempt()->set_attempt(1);
+  up.set_profile_yaml(std::string(1 << 20, '['));  // not YAML at all
+  EXPECT_EQ(c->upload_profile(up).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  up.set_incarnation(reg.incarnation());
+  up.mutable_attempt()->set_attempt(2);  // not the current attempt
+  EXPECT_EQ(c->upload_profile(up).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  up.mutable_attempt()->set_attempt(1);  // the caller is right: now the YAML is judged
+  EXPECT_EQ(c->upload_profile(up).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 // Under a file-size limit (ulimit -f) the coordinator's first write past it fails with EFBIG,
 // which it reports and stops on (exit 1, naming the error). Before, SIGXFSZ killed it with no
 // word at all.

@@ -287,7 +287,7 @@ TEST(JobSpec, RejectsOtherOutOfRangeAndMistypedValues) {
   expect_error(m + "optimizer: {eps: 0}\n", "optimizer.eps", "must be > 0");
   expect_error(m + "resources: {workers: 0}\n", "resources.workers", "must be in [1, 4096], got 0");
   expect_error(m + "resources: {host_memory_gb: -2}\n", "resources.host_memory_gb",
-               "must be > 0, got -2");
+               "must be in (0, 1048576], got -2");
   expect_error(m + "checkpoint: {keep: 0}\n", "checkpoint.keep", "must be in [1, 1000000], got 0");
   expect_error(m + "cost: {usd_per_hour: -1}\n", "cost.usd_per_hour", "must be >= 0");
   expect_error(m + "train: {steps: 5}\ntrain: {steps: 6}\n", "train", "more than once");
@@ -565,6 +565,14 @@ TEST(JobSpecBounds, EveryIntegerAcceptsItsBoundAndRejectsOneMore) {
 
 // resources.hang_timeout: "auto" (the default, 0 in the spec) or whole seconds, at least 30
 // (a shorter one would kill healthy attempts during a checkpoint or an evaluation).
+// resources.host_memory_gb becomes int64 bytes: 1e300 was accepted, an undefined conversion.
+TEST(JobSpecBounds, HostMemoryIsBoundedSoItsBytesFitAnInteger) {
+  EXPECT_EQ(set_error("resources.host_memory_gb=1048576"), "");
+  EXPECT_EQ(set_error("resources.host_memory_gb=1e300"),
+            "resources.host_memory_gb: must be in (0, 1048576], got 1e300");
+  EXPECT_EQ(set_error("resources.host_memory_gb=0"), "resources.host_memory_gb: must be in (0, 1048576], got 0");
+}
+
 TEST(JobSpecBounds, HangTimeoutIsAutoOrAtLeastThirtySeconds) {
   EXPECT_EQ(set_error("resources.hang_timeout=auto"), "");
   EXPECT_EQ(set_error("resources.hang_timeout=30"), "");

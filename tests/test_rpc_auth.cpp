@@ -1,9 +1,14 @@
 // The token rules every zenflow server applies (common/rpc): token files, constant-time
 // comparison, roles, and the per-call rule the auth processor runs before any handler.
 #include <gtest/gtest.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/rsa.h>
+#include <openssl/x509.h>
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -32,6 +37,54 @@ std::string error_of(const std::string& path) {
     return e.what();
   }
   return "";
+}
+
+// A self-signed certificate and its key, PEM, valid from now + `from_s` to now + `to_s`.
+std::pair<std::string, std::string> certificate(long from_s, long to_s) {
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(EVP_RSA_gen(2048), &EVP_PKEY_free);
+  std::unique_ptr<X509, decltype(&X509_free)> x(X509_new(), &X509_free);
+  X509_set_version(x.get(), 2);
+  ASN1_INTEGER_set(X509_get_serialNumber(x.get()), 1);
+  X509_gmtime_adj(X509_getm_notBefore(x.get()), from_s);
+  X509_gmtime_adj(X509_getm_notAfter(x.get()), to_s);
+  X509_set_pubkey(x.get(), key.get());
+  X509_NAME* name = X509_get_subject_name(x.get());
+  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>("coordinator"), -1, -1,
+                             0);
+  X509_set_issuer_name(x.get(), name);
+  X509_sign(x.get(), key.get(), EVP_sha256());
+  auto pem = [](auto write) {
+    std::unique_ptr<BIO, decltype(&BIO_free)> b(BIO_new(BIO_s_mem()), &BIO_free);
+    write(b.get());
+    char* data = nullptr;
+    const long n = BIO_get_mem_data(b.get(), &data);
+    return std::string(data, static_cast<size_t>(n));
+  };
+  return {pem([&](BIO* b) { PEM_write_bio_X509(b, x.get()); }),
+          pem([&](BIO* b) { PEM_write_bio_PrivateKey(b, key.get(), nullptr, nullptr, 0, nullptr, nullptr); })};
+}
+
+std::string start_error(long from_s, long to_s) {
+  const auto [cert, key] = certificate(from_s, to_s);
+  const fs::path c = write_temp("cert.pem", cert), k = write_temp("key.pem", key);
+  TokenAuthority auth;
+  try {
+    server_security(c.string(), k.string(), "127.0.0.1", auth);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// An expired (or not yet valid) certificate is refused when the server starts, naming the
+// file and the date. Before, it was served without a word and every client then failed.
+TEST(RpcAuth, AnExpiredOrNotYetValidCertificateIsRefusedAtStartWithItsDate) {
+  EXPECT_EQ(start_error(-86400, 86400), "");
+  const std::string expired = start_error(-2 * 86400, -86400);
+  EXPECT_NE(expired.find("cert.pem expired on "), std::string::npos) << expired;
+  EXPECT_NE(expired.find(" GMT"), std::string::npos) << expired;
+  const std::string early = start_error(86400, 2 * 86400);
+  EXPECT_NE(early.find("cert.pem is not valid before "), std::string::npos) << early;
 }
 
 TEST(RpcAuth, TokenFilesAreTrimmedAndChecked) {

@@ -1,5 +1,8 @@
 #include "common/rpc/rpc.h"
 
+#include <openssl/bio.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <sys/resource.h>
 
 #include <cerrno>
@@ -11,6 +14,7 @@
 #include <grpcpp/security/server_credentials.h>
 
 #include <algorithm>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string_view>
@@ -25,6 +29,28 @@ std::string read_pem_file(const std::string& path, const std::string& what) {
   } catch (const InputError& e) {
     throw std::invalid_argument(e.what());
   }
+}
+
+void check_certificate_dates(const std::string& pem, const std::string& path) {
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), &BIO_free);
+  std::unique_ptr<X509, decltype(&X509_free)> cert(
+      bio ? PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr) : nullptr, &X509_free);
+  if (!cert) throw std::invalid_argument("TLS certificate " + path + ": no PEM certificate in it");
+  const auto date = [](const ASN1_TIME* t) {
+    std::unique_ptr<BIO, decltype(&BIO_free)> out(BIO_new(BIO_s_mem()), &BIO_free);
+    ASN1_TIME_print(out.get(), t);
+    char* text = nullptr;
+    const long n = BIO_get_mem_data(out.get(), &text);
+    return std::string(text, n > 0 ? static_cast<size_t>(n) : 0);
+  };
+  const ASN1_TIME* not_after = X509_get0_notAfter(cert.get());
+  const ASN1_TIME* not_before = X509_get0_notBefore(cert.get());
+  if (X509_cmp_current_time(not_after) < 0)
+    throw std::invalid_argument("TLS certificate " + path + " expired on " + date(not_after) +
+                                "; every client would refuse it");
+  if (X509_cmp_current_time(not_before) > 0)
+    throw std::invalid_argument("TLS certificate " + path + " is not valid before " + date(not_before) +
+                                "; every client would refuse it until then");
 }
 
 const char* transport_name(Transport t) {
@@ -88,8 +114,9 @@ ServerSecurity server_security(const std::string& cert_file, const std::string& 
     if (cert_file.empty() || key_file.empty())
       throw std::invalid_argument("--tls-cert and --tls-key go together; only one was given");
     grpc::SslServerCredentialsOptions opts;
-    opts.pem_key_cert_pairs.push_back(
-        {read_pem_file(key_file, "TLS key"), read_pem_file(cert_file, "TLS certificate")});
+    const std::string cert = read_pem_file(cert_file, "TLS certificate");
+    check_certificate_dates(cert, cert_file);  // refused at start, not by every client later
+    opts.pem_key_cert_pairs.push_back({read_pem_file(key_file, "TLS key"), cert});
     out.credentials = grpc::SslServerCredentials(opts);
     out.transport = Transport::kTls;
   } else if (is_loopback_host(host)) {

@@ -52,6 +52,10 @@ grpc::Status check_call(const TokenAuthority& auth, std::string_view method,
 // Applies the message/metadata limits and keepalive settings to a server.
 void configure_server(grpc::ServerBuilder& builder);
 
+// Throws std::invalid_argument naming `path` and the date when the first certificate of the
+// PEM text `pem` has expired or is not valid yet (or when there is none).
+void check_certificate_dates(const std::string& pem, const std::string& path);
+
 // Raises the soft limit on open files to the hard limit (a server holds a descriptor per
 // connection; gRPC 1.51 stops accepting for good after one EMFILE). Returns the limit now in
 // force (-1 when unreadable); *note says what was done, for the process's first lines.
