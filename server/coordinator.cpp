@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -80,6 +81,69 @@ std::string utc_time(int64_t ms) {
 }
 
 Status bad(const std::string& what) { return {StatusCode::INVALID_ARGUMENT, what}; }
+
+// A reported figure outside what any real run produces is refused, never applied: a report
+// is a worker's word, and a worker may be broken or lying.
+Status check_progress(const v1::ReportProgressRequest& r) {
+  const auto in = [](double v, double lo, double hi) { return std::isfinite(v) && v >= lo && v <= hi; };
+  const auto refuse = [](const char* field, double v, const char* range) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.6g", v);
+    return bad(std::string(field) + ": " + text + " is not " + range);
+  };
+  if (!std::isfinite(r.loss())) return refuse("loss", r.loss(), "a finite number");
+  if (!in(r.tokens_per_second(), 0, 1e12)) return refuse("tokens_per_second", r.tokens_per_second(), "in [0, 1e12]");
+  // (A share over 1 by a rounding of the trainer's sums is taken as 1.)
+  if (!in(r.stall_share(), 0, 1.05)) return refuse("stall_share", r.stall_share(), "in [0, 1]");
+  if (!in(r.step_seconds(), 0, 1e7)) return refuse("step_seconds", r.step_seconds(), "in [0, 1e7]");
+  if (!in(r.eta_seconds(), -1, 1e10)) return refuse("eta_seconds", r.eta_seconds(), "in [-1, 1e10]");
+  if (r.tokens_per_step() < 0 || r.tokens_per_step() > int64_t{1} << 40)
+    return refuse("tokens_per_step", static_cast<double>(r.tokens_per_step()), "in [0, 2^40]");
+  if (r.start_step() < 0 || r.start_step() > r.step())
+    return refuse("start_step", static_cast<double>(r.start_step()), "in [0, step]");
+  return Status::OK;
+}
+
+// Text a worker chose that operators will read (a GPU model, a label, an address): valid
+// UTF-8 with no control characters, at most `max` bytes.
+bool printable(const std::string& s, size_t max) {
+  if (s.size() > max || !is_valid_utf8(s)) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7F) return false;
+    if (c == 0xC2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) <= 0x9F) return false;  // C1
+  }
+  return true;
+}
+
+// What a registration offers, checked before anything of it is kept: bounded counts and
+// printable text.
+Status check_resources(const v1::RegisterWorkerRequest& req) {
+  const v1::WorkerResources& res = req.resources();
+  if (res.gpus_size() > 64) return bad("resources.gpus: at most 64, got " + std::to_string(res.gpus_size()));
+  for (const v1::GpuInfo& g : res.gpus()) {
+    if (!printable(g.model(), 128)) return bad("resources.gpus.model: printable, at most 128 bytes");
+    if (g.memory_bytes() < 0 || g.memory_bytes() > (int64_t{16} << 40))
+      return bad("resources.gpus.memory_bytes: in [0, 16 TiB], got " + std::to_string(g.memory_bytes()));
+  }
+  if (res.cpu_slots() > 4096) return bad("resources.cpu_slots: at most 4096, got " + std::to_string(res.cpu_slots()));
+  if (res.physical_cores() > 65536)
+    return bad("resources.physical_cores: at most 65536, got " + std::to_string(res.physical_cores()));
+  if (res.host_memory_bytes() > (int64_t{1} << 50))
+    return bad("resources.host_memory_bytes: at most 1 PiB, got " + std::to_string(res.host_memory_bytes()));
+  if (!printable(res.hostname(), 255)) return bad("resources.hostname: printable, at most 255 bytes");
+  if (res.labels_size() > 64) return bad("resources.labels: at most 64");
+  for (const auto& [k, v] : res.labels())
+    if (!printable(k, 128) || !printable(v, 128) || k.empty())
+      return bad("resources.labels: keys and values printable, at most 128 bytes, keys not empty");
+  if (!printable(req.address(), 255) || req.address().find(' ') != std::string::npos)
+    return bad("address: a host name or IP address, got \"" + valid_utf8(utf8_prefix(req.address(), 64)) + "\"");
+  if (req.rendezvous_ports_size() > 4096) return bad("rendezvous_ports: at most 4096");
+  for (int32_t p : req.rendezvous_ports())
+    if (p < 1 || p > 65535) return bad("rendezvous_ports: each in [1, 65535], got " + std::to_string(p));
+  if (!printable(req.version(), 64)) return bad("version: printable, at most 64 bytes");
+  return Status::OK;
+}
 
 // Paths of a submitted spec must be absolute: the coordinator and the workers do not share
 // the submitter's working directory (zenflow submit resolves them before sending).
@@ -1023,6 +1087,7 @@ Status Coordinator::register_worker(const v1::RegisterWorkerRequest& req, v1::Re
   const v1::WorkerResources& res = req.resources();
   if (res.host_memory_bytes() < 0 || res.physical_cores() < 0 || res.cpu_slots() < 0)
     return bad("resources: negative amounts");
+  if (Status s = check_resources(req); !s.ok()) return s;
   if (req.role() != v1::OPTIMIZER && res.gpus_size() == 0 && res.cpu_slots() == 0)
     return bad("resources: a trainer offers GPUs or CPU slots (--cpu-slots)");
   if (req.role() != v1::OPTIMIZER &&
@@ -1302,6 +1367,10 @@ Status Coordinator::report_progress(const v1::ReportProgressRequest& req) {
   if (!j) return st;
   if (m != 0) return Status::OK;  // rank 0's worker speaks for the job
   if (req.step() < 0 || req.step() > j->rec.total_steps) return bad("step: out of range");
+  if (Status s = check_progress(req); !s.ok()) {
+    log("refused a progress report from " + req.name() + " for job " + j->rec.id + ": " + s.error_message());
+    return s;
+  }
   // Steps only grow within an attempt: an older report that arrives late (a beat in flight
   // while the agent sent the final one by ReportProgress) changes nothing.
   if (j->progressed && req.step() < j->rec.step) return Status::OK;
@@ -1334,7 +1403,7 @@ Status Coordinator::report_progress(const v1::ReportProgressRequest& req) {
   }
   j->rec.last_loss = req.loss();
   j->rec.tokens_per_second = req.tokens_per_second();
-  j->rec.stall_share = req.stall_share();
+  j->rec.stall_share = std::min(1.0, req.stall_share());
   j->eta_seconds = req.eta_seconds();
   ++j->rec.revision;
   progress_dirty_jobs_.insert(j);

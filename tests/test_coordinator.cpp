@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -1640,6 +1642,86 @@ TEST(Coordinator, AProfileFromAStaleCallerIsRefusedBeforeItIsParsed) {
   EXPECT_EQ(c->upload_profile(up).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   up.mutable_attempt()->set_attempt(1);  // the caller is right: now the YAML is judged
   EXPECT_EQ(c->upload_profile(up).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// A worker's progress report is its word: figures no real run produces are refused (named)
+// and never applied. Before, one forged report set a job's loss to NaN, its rate to -1e300 and
+// its stall share to 5500%, and the real reports after it were ignored (steps only grow).
+TEST(Coordinator, AProgressReportWithImpossibleFiguresIsRefusedAndChangesNothing) {
+  TestDir dir;
+  auto c = open_coordinator(dir.db());
+  v1::RegisterWorkerResponse reg;
+  ASSERT_TRUE(c->register_worker(trainer("w", 29500), &reg).ok());
+  v1::SubmitJobRequest sreq = submit_request(dir, "honest", "");
+  sreq.add_set("train.steps=3000");
+  v1::SubmitJobResponse sub;
+  ASSERT_TRUE(c->submit(sreq, &sub).ok());
+  c->tick_now();
+  auto report = [&](int64_t step, auto&& edit) {
+    v1::ReportProgressRequest p;
+    p.set_name("w");
+    p.set_incarnation(reg.incarnation());
+    p.mutable_attempt()->set_job_id(sub.job().id());
+    p.mutable_attempt()->set_attempt(1);
+    p.set_step(step);
+    p.set_total_steps(3000);
+    p.set_loss(2.5);
+    p.set_tokens_per_second(1000);
+    p.set_stall_share(0.1);
+    p.set_step_seconds(0.05);
+    p.set_eta_seconds(100);
+    edit(p);
+    return c->report_progress(p);
+  };
+  ASSERT_TRUE(report(10, [](auto&) {}).ok());
+  const std::vector<std::pair<std::string, std::function<void(v1::ReportProgressRequest&)>>> forged = {
+      {"loss", [](auto& p) { p.set_loss(std::nan("")); }},
+      {"tokens_per_second", [](auto& p) { p.set_tokens_per_second(-1e300); }},
+      {"stall_share", [](auto& p) { p.set_stall_share(55.0); }},
+      {"step_seconds", [](auto& p) { p.set_step_seconds(std::numeric_limits<double>::infinity()); }},
+      {"eta_seconds", [](auto& p) { p.set_eta_seconds(-5); }},
+      {"tokens_per_step", [](auto& p) { p.set_tokens_per_step(-1); }},
+      {"start_step", [](auto& p) { p.set_start_step(-1); }},
+  };
+  for (const auto& [field, edit] : forged) {
+    const grpc::Status s = report(2999, edit);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << field;
+    EXPECT_EQ(s.error_message().rfind(field + ": ", 0), 0u) << s.error_message();
+  }
+  v1::JobStatus st = status_of(*c, sub.job().id());
+  EXPECT_EQ(st.step(), 10) << "a refused report moved the job";
+  EXPECT_EQ(st.last_loss(), 2.5);
+  EXPECT_EQ(st.stall_share(), 0.1);
+  ASSERT_TRUE(report(20, [](auto&) {}).ok()) << "the honest reports after it still count";
+  EXPECT_EQ(status_of(*c, sub.job().id()).step(), 20);
+}
+
+// What a registration offers is bounded and printable before anything of it is kept.
+TEST(Coordinator, ARegistrationWithUnboundedOrUnprintableResourcesIsRefused) {
+  TestDir dir;
+  auto c = open_coordinator(dir.db());
+  const std::vector<std::pair<std::string, std::function<void(v1::RegisterWorkerRequest&)>>> bad_offers = {
+      {"resources.gpus:", [](auto& r) { for (int i = 0; i < 65; ++i) r.mutable_resources()->add_gpus()->set_model("H100"); }},
+      {"resources.gpus.model:", [](auto& r) { r.mutable_resources()->add_gpus()->set_model("H100\x1b[2J"); }},
+      {"resources.cpu_slots:", [](auto& r) { r.mutable_resources()->set_cpu_slots(1 << 20); }},
+      {"resources.host_memory_bytes:", [](auto& r) { r.mutable_resources()->set_host_memory_bytes(int64_t{1} << 60); }},
+      {"resources.labels:", [](auto& r) { (*r.mutable_resources()->mutable_labels())["zone"] = "a\x07"; }},
+      {"address:", [](auto& r) { r.set_address("10.0.0.1 evil"); }},
+      {"rendezvous_ports:", [](auto& r) { r.set_rendezvous_ports(0, 70000); }},
+  };
+  for (const auto& [field, edit] : bad_offers) {
+    v1::RegisterWorkerRequest req = trainer("w", 29500);
+    edit(req);
+    v1::RegisterWorkerResponse resp;
+    const grpc::Status s = c->register_worker(req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << field;
+    EXPECT_EQ(s.error_message().rfind(field, 0), 0u) << s.error_message();
+  }
+  v1::ListWorkersResponse workers;
+  c->list_workers(&workers);
+  EXPECT_EQ(workers.workers_size(), 0);
+  v1::RegisterWorkerResponse ok;
+  EXPECT_TRUE(c->register_worker(trainer("w", 29500), &ok).ok());
 }
 
 // Under a file-size limit (ulimit -f) the coordinator's first write past it fails with EFBIG,
