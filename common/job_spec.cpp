@@ -824,8 +824,65 @@ JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& o
   fs::path dir = fs::absolute(fs::path(path), ec).parent_path();
   if (ec) dir = fs::path(path).parent_path();
   JobSpec spec = parse_from(text, overrides, dir.string(), path);
+  check_allowed_roots(spec, allowed_roots_from_env());  // before any of its paths is looked at
   check_spec_paths(spec);
   return spec;
+}
+
+namespace {
+// `p` absolute, with `.`/`..` and the symlinks of its existing part resolved.
+fs::path resolved(const std::string& p) {
+  std::error_code ec;
+  fs::path out = fs::weakly_canonical(fs::absolute(fs::path(p)), ec);
+  return ec ? fs::absolute(fs::path(p)).lexically_normal() : out;
+}
+bool under(const fs::path& p, const fs::path& root) {
+  auto r = root.begin(), q = p.begin();
+  for (; r != root.end(); ++r, ++q) {
+    if (r->empty()) continue;  // a trailing separator
+    if (q == p.end() || *q != *r) return false;
+  }
+  return true;
+}
+}  // namespace
+
+void check_allowed_roots(const JobSpec& spec, const std::vector<std::string>& roots) {
+  if (roots.empty()) return;
+  std::vector<fs::path> resolved_roots;
+  std::string listed;
+  for (const std::string& r : roots) {
+    resolved_roots.push_back(resolved(r));
+    listed += (listed.empty() ? "" : ", ") + r;
+  }
+  auto check = [&](const char* key, const std::string& path) {
+    if (path.empty()) return;
+    const fs::path p = resolved(path);
+    for (const fs::path& root : resolved_roots)
+      if (under(p, root)) return;
+    throw SpecError(key, path + (p.string() == path ? "" : " (" + p.string() + ")") +
+                             " is outside the directories this worker allows (" + listed +
+                             "; zenflow-worker --allowed-root)");
+  };
+  check("model.from", spec.model.from);
+  check("data.train", spec.data.train);
+  check("data.val", spec.data.val);
+  if (spec.data.tokenizer != "byte") check("data.tokenizer", spec.data.tokenizer);
+  check("checkpoint.dir", spec.checkpoint.dir);
+}
+
+std::vector<std::string> allowed_roots_from_env() {
+  std::vector<std::string> out;
+  const char* env = std::getenv("ZENFLOW_ALLOWED_ROOTS");
+  if (!env) return out;
+  std::string s = env;
+  for (size_t start = 0; start <= s.size();) {
+    const size_t colon = s.find(':', start);
+    const std::string item = s.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    if (!item.empty()) out.push_back(item);
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  return out;
 }
 
 void check_spec_paths(const JobSpec& spec) {

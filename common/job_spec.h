@@ -219,6 +219,15 @@ JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& o
 // Reads only metadata (stat); never opens a file.
 void check_spec_paths(const JobSpec& spec);
 
+// Every path the spec reads or writes (model.from, data.train, data.val, a tokenizer file,
+// checkpoint.dir) lies under one of `roots`, symlinks resolved: a worker runs specs others
+// wrote, and confines them to the directories it was given (zenflow-worker --allowed-root;
+// the agent passes them to its ranks in ZENFLOW_ALLOWED_ROOTS, colon-separated). Throws
+// SpecError naming the key, the path and the roots; opens nothing. No roots: no rule.
+void check_allowed_roots(const JobSpec& spec, const std::vector<std::string>& roots);
+// ZENFLOW_ALLOWED_ROOTS split at ':' (empty entries dropped); none when unset.
+std::vector<std::string> allowed_roots_from_env();
+
 // The spec as block YAML with every field written out (auto values as "auto", an unset
 // cost.usd_per_hour as null, numbers in their shortest exact form; model.arch only when
 // arch_given), for job records and logs. parse_job_spec(to_yaml(s)) == s for any spec

@@ -879,6 +879,54 @@ TEST(JobSpecFile, ASpecInItsOwnCheckpointDirIsRefusedEvenWhenItLooksLikeZenflows
                 run.string() + "); use a subdirectory such as runs/m");
 }
 
+// A worker confines the specs it runs to its allowed roots (zenflow-worker --allowed-root):
+// every path the spec reads or writes, symlinks resolved, before anything is opened. Before,
+// a remote spec's checkpoint.dir: /etc made a worker write /etc/steps.jsonl, and data.train:
+// /etc/shadow was read as training data.
+TEST(JobSpecPaths, PathsOutsideTheWorkersAllowedRootsAreRefusedNamingTheKey) {
+  const fs::path root = fs::temp_directory_path() / ("zenflow-roots-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root / "allowed" / "data");
+  fs::create_directories(root / "elsewhere");
+  fs::create_symlink(root / "elsewhere", root / "allowed" / "escape");  // a way out, inside
+  const std::string allowed = (root / "allowed").string();
+  auto error = [&](const std::string& set) {
+    try {
+      JobSpec spec = parse_job_spec(kMinimalSpec,
+                                    {"checkpoint.dir=" + allowed + "/ck", "data.train=" + allowed + "/data", set},
+                                    "/base", SpecSite::kRunsElsewhere);
+      check_allowed_roots(spec, {allowed, "/usr/share/common-licenses"});
+    } catch (const SpecError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error("data.train=/usr/share/common-licenses"), "");
+  EXPECT_EQ(error("data.train=" + allowed + "/data"), "");
+  EXPECT_EQ(error("checkpoint.dir=" + allowed), "") << "the root itself";
+  EXPECT_EQ(error("data.train=/etc/shadow"),
+            "data.train: /etc/shadow is outside the directories this worker allows (" + allowed +
+                ", /usr/share/common-licenses; zenflow-worker --allowed-root)");
+  EXPECT_EQ(error("checkpoint.dir=/etc").rfind("checkpoint.dir: /etc is outside", 0), 0u);
+  EXPECT_EQ(error("checkpoint.dir=" + allowed + "/../elsewhere/ck").rfind("checkpoint.dir: ", 0), 0u);
+  const std::string escaped = error("checkpoint.dir=" + allowed + "/escape/ck");
+  EXPECT_NE(escaped.find("(" + (root / "elsewhere" / "ck").string() + ") is outside"), std::string::npos) << escaped;
+  EXPECT_EQ(error("data.train=" + allowed + "x/data").rfind("data.train: ", 0), 0u) << "a sibling with the prefix";
+  // Through the environment the agent sets, load_job_spec applies it before checking paths.
+  const fs::path spec_file = root / "allowed" / "job.yaml";
+  std::ofstream(spec_file) << kMinimalSpec << "checkpoint: {dir: /etc}\n";
+  ::setenv("ZENFLOW_ALLOWED_ROOTS", (allowed + "::/usr/share/common-licenses").c_str(), 1);
+  std::string loaded;
+  try {
+    load_job_spec(spec_file.string(), {});
+  } catch (const SpecError& e) {
+    loaded = e.what();
+  }
+  ::unsetenv("ZENFLOW_ALLOWED_ROOTS");
+  EXPECT_EQ(loaded.rfind("checkpoint.dir: /etc is outside", 0), 0u) << loaded;
+  fs::remove_all(root);
+}
+
 TEST(JobSpecArch, ArchGivenRecordsWhetherArchDecidesAndRoundTrips) {
   JobSpec from_only = parse_job_spec("name: m\nmodel: {from: /models/x}\ndata: {train: t}\n", {}, "/base");
   EXPECT_FALSE(from_only.model.arch_given);
