@@ -312,7 +312,7 @@ void Coordinator::load() {
     w.rec = std::move(rec);
     Worker& placed = workers_.emplace(w.rec.name, std::move(w)).first->second;
     (placed.rec.role == "TRAINER" ? trainers_ : optimizers_)[placed.rec.name] = &placed;
-    leases_[placed.rec.name] = placed.lease.get();
+    leases_[placed.rec.name] = placed.lease;
   }
   StoreBatch repaired;
   repair_loaded_jobs(repaired);
@@ -1196,7 +1196,7 @@ void Coordinator::enter_worker(const WorkerRecord& rec, const v1::WorkerResource
   next_lease_expiry_ms_ = std::min(next_lease_expiry_ms_, now + options_.lease.count());
   if (!leases_.count(name)) {
     std::unique_lock<std::shared_mutex> table_lock(leases_mu_);
-    leases_[name] = w.lease.get();
+    leases_[name] = w.lease;
   }
   ++generation_;
   log("worker " + name + " registered (incarnation " + std::to_string(w.rec.incarnation) + ", " +
@@ -1236,7 +1236,7 @@ Status Coordinator::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResp
             "attempts: a beat on the heartbeat stream carries none (report attempts with Heartbeat)"};
   if (req.attempts_size() == 0) {
     // Nearly every heartbeat: renew the lease, touching nothing else (no mu_).
-    Lease* lease = lease_of(req.name());
+    const std::shared_ptr<Lease> lease = lease_of(req.name());
     if (!lease)
       return {StatusCode::FAILED_PRECONDITION, "worker " + req.name() + " is not registered; register again"};
     {
@@ -1286,7 +1286,7 @@ void Coordinator::apply_progress(const v1::HeartbeatRequest& req) {
     if (p.name() == req.name() && p.incarnation() == req.incarnation()) (void)report_progress(p);
 }
 
-Coordinator::Lease* Coordinator::lease_of(const std::string& name) {
+std::shared_ptr<Coordinator::Lease> Coordinator::lease_of(const std::string& name) {
   std::shared_lock<std::shared_mutex> table_lock(leases_mu_);
   auto it = leases_.find(name);
   return it == leases_.end() ? nullptr : it->second;
@@ -1299,7 +1299,7 @@ void Coordinator::renew(Lease& lease, int64_t now) const {
 }
 
 void Coordinator::heartbeat_stream_broken(const std::string& name, int64_t incarnation, int64_t stream) {
-  Lease* lease = lease_of(name);
+  const std::shared_ptr<Lease> lease = lease_of(name);
   if (!lease) return;
   int64_t deadline = 0;
   {
@@ -1989,7 +1989,41 @@ void Coordinator::tick_locked() {
     run_schedule(batch);
   }
   persist_progress(batch);
+  prune_lost_workers(batch);
   commit(batch);
+}
+
+void Coordinator::prune_lost_workers(StoreBatch& batch) {
+  const int64_t now = now_ms();
+  if (now < next_prune_ms_) return;
+  next_prune_ms_ = now + 60'000;  // a walk of the workers a minute is plenty
+  std::set<std::string> busy;  // a member of an attempt that has not ended keeps its worker
+  for (const auto& [id, j] : live_)
+    for (const Member& m : j->members) busy.insert(m.worker);
+  std::vector<std::string> gone;
+  for (const auto& [name, w] : workers_) {
+    if (w.rec.state != "LOST" || busy.count(name) || registering_.count(name)) continue;
+    int64_t last = 0;
+    {
+      std::lock_guard<std::mutex> lease_lock(w.lease->mu);
+      last = w.lease->last_heartbeat_ms;
+    }
+    if (now - last > options_.lost_worker_retention.count()) gone.push_back(name);
+  }
+  if (gone.empty()) return;
+  {
+    std::unique_lock<std::shared_mutex> table_lock(leases_mu_);
+    for (const std::string& name : gone) leases_.erase(name);
+  }
+  for (const std::string& name : gone) {
+    trainers_.erase(name);
+    optimizers_.erase(name);
+    workers_.erase(name);
+    batch.removed_workers.push_back(name);
+  }
+  ++generation_;
+  log("forgot " + std::to_string(gone.size()) + " workers LOST for over " +
+      std::to_string(options_.lost_worker_retention.count() / 1000) + " s: " + join(gone));
 }
 
 void Coordinator::tick_now() {

@@ -71,6 +71,9 @@ struct CoordinatorOptions {
   // The self-fence assumed for a worker that reports none (an older agent, which kept its
   // ranks for --disconnected-grace 120 s and then up to --stop-grace 60 s more).
   std::chrono::milliseconds default_worker_fence{185'000};
+  // A worker LOST (and silent) this long is forgotten: its row, its lease, its line in
+  // ListWorkers. It registers again as a new worker if it comes back.
+  std::chrono::milliseconds lost_worker_retention{24 * 3600 * 1000};
   // A job's log (its ranks' output and the coordinator's lines) is kept up to this many
   // bytes; later output is dropped and counted (JobRecord::log_dropped_bytes).
   int64_t max_job_log_bytes = int64_t{64} << 20;
@@ -241,7 +244,8 @@ class Coordinator {
   struct Worker {
     WorkerRecord rec;
     v1::WorkerResources resources;
-    std::unique_ptr<Lease> lease = std::make_unique<Lease>();
+    // Shared with leases_: a heartbeat holding it outlives the worker's pruning.
+    std::shared_ptr<Lease> lease = std::make_shared<Lease>();
   };
   // A submit between its checks and its commit (submit_async(), commit_submits()).
   struct PendingSubmit {
@@ -301,7 +305,8 @@ class Coordinator {
   WorkerRecord registration_record(const v1::RegisterWorkerRequest& req, int64_t now, int64_t incarnation);
   void enter_worker(const WorkerRecord& rec, const v1::WorkerResources& resources, int64_t now);
   void check_leases(StoreBatch& batch);
-  Lease* lease_of(const std::string& name);  // null: never registered (no mu_ needed)
+  std::shared_ptr<Lease> lease_of(const std::string& name);  // null: not registered (no mu_ needed)
+  void prune_lost_workers(StoreBatch& batch);  // LOST longer than options_.lost_worker_retention
   // A beat (or a registration) at `now`: the lease runs a full term again. Under the lease's mutex.
   void renew(Lease& lease, int64_t now) const;
   void apply_progress(const v1::HeartbeatRequest& req);  // the beat's progress entries (takes mu_)
@@ -366,9 +371,10 @@ class Coordinator {
   int64_t next_preemptable_ms_ = -1;  // of the last decision: the generation changes then
   int64_t next_lease_expiry_ms_ = 0;  // no lease runs out before: check_leases() skips the scan
   bool stopping_ = false;
-  // Workers by name for heartbeats (entries are never removed; the leases live in workers_).
+  // Workers by name for heartbeats (an entry goes when its worker is pruned).
   std::shared_mutex leases_mu_;
-  std::unordered_map<std::string, Lease*> leases_;
+  std::unordered_map<std::string, std::shared_ptr<Lease>> leases_;
+  int64_t next_prune_ms_ = 0;
   // Submits waiting for the committer, and the in-flight ones by request_id and by job id.
   std::vector<std::shared_ptr<PendingSubmit>> submit_queue_;
   std::map<std::string, std::shared_ptr<PendingSubmit>> pending_requests_;

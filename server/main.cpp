@@ -73,6 +73,7 @@ struct Flags {
   int metrics_port = 0;              // 0: no /metrics (as zenflow run and zenflow-worker)
   std::string metrics_host = "127.0.0.1";
   int64_t max_job_log_mib = 64;
+  double lost_worker_retention_hours = 24;
 };
 
 // The shipped catalog (deploy/pricing.yaml of the source tree this binary was built from),
@@ -190,6 +191,7 @@ int run(const Flags& f) {
     co.preemption = !f.no_preemption;
     co.catalog = catalog;
     co.max_job_log_bytes = f.max_job_log_mib << 20;
+    co.lost_worker_retention = std::chrono::milliseconds(static_cast<int64_t>(f.lost_worker_retention_hours * 3.6e6));
     co.issued_ids_path = f.db + ".ids";
     co.on_placed = [&cluster_metrics](double seconds) { cluster_metrics.observe_queue_wait(seconds); };
     co.log = [&](const std::string& line) {
@@ -295,6 +297,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-job-log-mib", f.max_job_log_mib,
                  "Keep at most this much of each job's log; later output is dropped and counted")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--lost-worker-retention-hours", f.lost_worker_retention_hours,
+                 "Forget a worker LOST for this long (its row, its line in `zenflow workers`)")
+      ->check(CLI::Range(0.0, 24.0 * 365));
   app.add_option("--preemption-min-runtime", f.preemption_min_runtime_s,
                  "Seconds a job runs before it may be preempted (preemption.min_runtime)");
   app.add_flag("--no-backfill", f.no_backfill, "Start nothing behind a waiting head job");

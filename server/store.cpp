@@ -441,7 +441,7 @@ class SqliteStore final : public Store {
   Statement begin_, commit_, rollback_;
   Statement upsert_job_, update_job_request_id_, upsert_worker_, insert_log_;
   Statement select_jobs_, select_workers_, select_log_, select_attempt_sizes_;
-  Statement upsert_profile_, select_profile_;
+  Statement upsert_profile_, select_profile_, delete_worker_;
   // Bytes in each job's log, as of the last successful commit: the next append's job_offset.
   std::map<std::string, int64_t> log_sizes_;
 };
@@ -522,6 +522,7 @@ SqliteStore::SqliteStore(const std::string& path, const SqliteOptions& options)
       "INSERT INTO profiles (job_id, attempt, yaml, received_ms) VALUES (?1, ?2, ?3, ?4) ON CONFLICT (job_id) "
       "DO UPDATE SET attempt = excluded.attempt, yaml = excluded.yaml, received_ms = excluded.received_ms");
   select_profile_ = prepare("SELECT job_id, attempt, yaml, received_ms FROM profiles WHERE job_id = ?1");
+  delete_worker_ = prepare("DELETE FROM workers WHERE name = ?1");
   load_log_sizes();
 }
 
@@ -587,6 +588,13 @@ void SqliteStore::commit(const StoreBatch& batch) {
     for (const WorkerRecord& w : batch.workers) write_worker(w);
     for (const LogAppend& l : batch.logs) append_log(l, sizes);
     for (const ProfileRecord& p : batch.profiles) write_profile(p);
+    for (const std::string& name : batch.removed_workers) {
+      sqlite3_stmt* d = delete_worker_.get();
+      StepScope scope(d);
+      Binder b(d);
+      const int rc[] = {b.text(name)};
+      step_write(d, rc, "removing worker " + quoted(name));
+    }
     run(commit_.get(), "committing " + std::to_string(batch.jobs.size()) + " jobs, " +
                            std::to_string(batch.workers.size()) + " workers, " +
                            std::to_string(batch.logs.size()) + " log appends and " +

@@ -133,7 +133,10 @@ struct StoreBatch {
   std::vector<WorkerRecord> workers;    // inserted or replaced by name
   std::vector<LogAppend> logs;          // appended in order
   std::vector<ProfileRecord> profiles;  // inserted or replaced by job id (the job must exist)
-  bool empty() const { return jobs.empty() && workers.empty() && logs.empty() && profiles.empty(); }
+  std::vector<std::string> removed_workers;  // deleted by name (after `workers`)
+  bool empty() const {
+    return jobs.empty() && workers.empty() && logs.empty() && profiles.empty() && removed_workers.empty();
+  }
 };
 
 class Store {

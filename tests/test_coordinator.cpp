@@ -1724,6 +1724,41 @@ TEST(Coordinator, ARegistrationWithUnboundedOrUnprintableResourcesIsRefused) {
   EXPECT_TRUE(c->register_worker(trainer("w", 29500), &ok).ok());
 }
 
+// A worker LOST for longer than the retention is forgotten, in memory and in the store (a
+// coordinator of a cloud where instances come and go kept every one ever seen); one LOST for
+// less is kept, and a forgotten worker that comes back registers as new.
+TEST(Coordinator, WorkersLostLongerThanTheRetentionAreForgotten) {
+  TestDir dir;
+  std::atomic<int64_t> now{kT0};
+  auto c = clocked_coordinator(dir, now);
+  v1::RegisterWorkerResponse old_reg, recent_reg;
+  ASSERT_TRUE(c->register_worker(trainer("old", 29500), &old_reg).ok());
+  now.store(kT0 + 3600'000);
+  ASSERT_TRUE(c->register_worker(trainer("recent", 29501), &recent_reg).ok());
+  now.store(kT0 + 3600'000 + 5000);
+  c->tick_now();  // both LOST now (no heartbeat for over a lease)
+  auto names = [&] {
+    v1::ListWorkersResponse resp;
+    c->list_workers(&resp);
+    std::vector<std::string> out;
+    for (const v1::WorkerStatus& w : resp.workers()) out.push_back(w.name() + ":" + v1::WorkerState_Name(w.state()));
+    return out;
+  };
+  EXPECT_EQ(names(), (std::vector<std::string>{"old:LOST", "recent:LOST"}));
+  now.store(kT0 + 24 * 3600'000 + 1000);  // "old" last beat 24 h + 1 s ago, "recent" 23 h ago
+  c->tick_now();
+  EXPECT_EQ(names(), (std::vector<std::string>{"recent:LOST"}));
+  c.reset();
+  c = clocked_coordinator(dir, now);
+  EXPECT_EQ(names(), (std::vector<std::string>{"recent:LOST"})) << "the store still had it";
+  v1::RegisterWorkerResponse again;
+  ASSERT_TRUE(c->register_worker(trainer("old", 29500), &again).ok());
+  EXPECT_GT(again.incarnation(), recent_reg.incarnation());
+  EXPECT_EQ(names(), (std::vector<std::string>{"old:READY", "recent:LOST"}));
+  EXPECT_TRUE(beat(*c, "old", again.incarnation()).ok());
+  EXPECT_EQ(beat(*c, "old", old_reg.incarnation()).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
 // Under a file-size limit (ulimit -f) the coordinator's first write past it fails with EFBIG,
 // which it reports and stops on (exit 1, naming the error). Before, SIGXFSZ killed it with no
 // word at all.

@@ -281,7 +281,7 @@ TEST(Store, EveryFieldRoundTripsByteForByte) {
   workers[0].resources = random_bytes(rng, 1 << 20);
 
   auto store = open_sqlite_store(dir.db());
-  store->commit({jobs, workers, {}, {}});
+  store->commit({jobs, workers, {}, {}, {}});
   store->commit({});  // an empty batch is no transaction and no error
 
   // load_jobs is by submit_seq; load_workers by name.
@@ -304,7 +304,7 @@ TEST(Store, CommitReplacesJobsByIdAndWorkersByName) {
   StoreDir dir;
   auto store = open_sqlite_store(dir.db());
   const JobRecord first = full_job("j-1");
-  store->commit({{first}, {full_worker("w")}, {}, {}});
+  store->commit({{first}, {full_worker("w")}, {}, {}, {}});
 
   JobRecord second = full_job("j-1");
   second.request_id = "req-other";
@@ -315,17 +315,17 @@ TEST(Store, CommitReplacesJobsByIdAndWorkersByName) {
   WorkerRecord worker = full_worker("w");
   worker.incarnation = 99;
   worker.rendezvous_ports.clear();
-  store->commit({{second}, {worker}, {}, {}});
+  store->commit({{second}, {worker}, {}, {}, {}});
   EXPECT_TRUE(store->load_jobs() == std::vector<JobRecord>{second});
   EXPECT_TRUE(store->load_workers() == std::vector<WorkerRecord>{worker});
 
   // Replacing a job keeps its own request_id without conflicting with itself, and the
   // request_id it dropped is free for another job.
-  store->commit({{second}, {}, {}, {}});
+  store->commit({{second}, {}, {}, {}, {}});
   JobRecord reuse = full_job("j-2");
   reuse.request_id = first.request_id;
   reuse.submit_seq = 50;
-  store->commit({{reuse}, {}, {}, {}});
+  store->commit({{reuse}, {}, {}, {}, {}});
   EXPECT_TRUE(store->load_jobs() == (std::vector<JobRecord>{second, reuse}));
 }
 
@@ -335,7 +335,7 @@ TEST(Store, FailedBatchLeavesNothingBehind) {
   JobRecord a = full_job("j-a");
   a.request_id = "req-a";
   const std::string a_log = "0123456789";
-  store->commit({{a}, {full_worker("w")}, {log_append("j-a", 1, 0, a_log)}, {}});
+  store->commit({{a}, {full_worker("w")}, {log_append("j-a", 1, 0, a_log)}, {}, {}});
   const Snapshot before = snapshot(*store);
 
   JobRecord b = full_job("j-b");
@@ -360,16 +360,16 @@ TEST(Store, FailedBatchLeavesNothingBehind) {
     EXPECT_EQ(store->log_size("j-a"), 10);
     EXPECT_EQ(store->log_size("j-b"), 0);
   };
-  expect_refused({{b, c}, workers, logs, {}}, "writing job \"j-c\" (request_id \"req-a\")",
+  expect_refused({{b, c}, workers, logs, {}, {}}, "writing job \"j-c\" (request_id \"req-a\")",
                  "UNIQUE constraint failed: jobs.request_id");
   // This one fails on its last log append, after the others advanced the batch's log sizes.
   std::vector<LogAppend> bad_logs = logs;
   bad_logs.push_back(log_append("j-missing", 1, 0, "?"));
-  expect_refused({{b}, workers, bad_logs, {}}, "appending 1 bytes to the log of job \"j-missing\" (attempt 1)",
+  expect_refused({{b}, workers, bad_logs, {}, {}}, "appending 1 bytes to the log of job \"j-missing\" (attempt 1)",
                  "FOREIGN KEY constraint failed");
 
   // The next commit works, and its appends start where the last successful commit left off.
-  store->commit({{b}, workers, logs, {}});
+  store->commit({{b}, workers, logs, {}, {}});
   EXPECT_EQ(store->log_size("j-a"), 15);
   EXPECT_EQ(store->read_log("j-a", 0, 100), a_log + "ABCDE");
   EXPECT_EQ(store->read_log("j-b", 0, 100), "xyz");
@@ -391,7 +391,7 @@ TEST(Store, ReopenGivesIdenticalRecords) {
       j.last_loss = std::ldexp(static_cast<double>(rng()), -70);
       WorkerRecord w = full_worker("w-" + std::to_string(i % 3));
       w.incarnation = i;
-      store->commit({{j}, {w}, {log_append(j.id, 1, 0, random_bytes(rng, 10 + i * 100))}, {}});
+      store->commit({{j}, {w}, {log_append(j.id, 1, 0, random_bytes(rng, 10 + i * 100))}, {}, {}});
     }
     written = snapshot(*store);
     EXPECT_EQ(written.jobs.size(), 20u);
@@ -426,7 +426,7 @@ std::string crash_log(int64_t i) {
     for (int64_t i = start; i < start + 100'000; ++i) {
       WorkerRecord w = full_worker("w");
       w.incarnation = i;
-      store->commit({{crash_job(i)}, {w}, {log_append(crash_job(i).id, 1, 0, crash_log(i))}, {}});
+      store->commit({{crash_job(i)}, {w}, {log_append(crash_job(i).id, 1, 0, crash_log(i))}, {}, {}});
       if (::write(ack_fd, &i, sizeof i) != static_cast<ssize_t>(sizeof i)) ::_exit(3);
     }
     ::_exit(0);
@@ -519,7 +519,7 @@ TEST(Store, ReadLogSlicesLikeAString) {
     jobs.back().request_id = "";
     attempt_of[id] = 1;
   }
-  store->commit({jobs, {}, {}, {}});
+  store->commit({jobs, {}, {}, {}, {}});
 
   auto random_length = [&]() -> size_t {
     switch (rng() % 10) {
@@ -637,20 +637,20 @@ TEST(Store, AJobUpdateWritesOnlyItsRowsPage) {
     jobs.back().request_id = "req-" + std::to_string(100 + i);
     jobs.back().submit_seq = i;
   }
-  store->commit({jobs, {}, {}, {}});
+  store->commit({jobs, {}, {}, {}, {}});
   JobRecord j = jobs[17];
   for (const char* state : {"STARTING", "RUNNING"}) {
     j.state = state;
     ++j.step;
     ++j.revision;
     const int64_t before = wal_frames(dir.db());
-    store->commit({{j}, {}, {}, {}});
+    store->commit({{j}, {}, {}, {}, {}});
     EXPECT_EQ(wal_frames(dir.db()) - before, 1) << state;
   }
   // A changed request_id is still written (the row and its index entries).
   j.request_id = "req-renamed";
   const int64_t before = wal_frames(dir.db());
-  store->commit({{j}, {}, {}, {}});
+  store->commit({{j}, {}, {}, {}, {}});
   EXPECT_GE(wal_frames(dir.db()) - before, 2);
   std::vector<JobRecord> want = jobs;
   want[17] = j;
@@ -659,11 +659,11 @@ TEST(Store, AJobUpdateWritesOnlyItsRowsPage) {
   JobRecord other = full_job("j-200");
   other.request_id = "req-117";
   other.submit_seq = 99;
-  store->commit({{other}, {}, {}, {}});
+  store->commit({{other}, {}, {}, {}, {}});
   other.id = "j-201";
   other.request_id = "req-renamed";
   EXPECT_NE(error_of([&] {
-              store->commit({{other}, {}, {}, {}});
+              store->commit({{other}, {}, {}, {}, {}});
             }).find("UNIQUE constraint failed: jobs.request_id"),
             std::string::npos);
 }
@@ -671,7 +671,7 @@ TEST(Store, AJobUpdateWritesOnlyItsRowsPage) {
 TEST(Store, FreshDatabaseIsAtTheCurrentSchemaVersion) {
   StoreDir dir;
   EXPECT_GE(sqlite_schema_version(), 1);
-  open_sqlite_store(dir.db())->commit({{full_job("j-1")}, {}, {}, {}});
+  open_sqlite_store(dir.db())->commit({{full_job("j-1")}, {}, {}, {}, {}});
   EXPECT_EQ(raw_user_version(dir.db()), sqlite_schema_version());
   // Opening again migrates nothing and keeps the data.
   auto store = open_sqlite_store(dir.db());
@@ -683,7 +683,7 @@ TEST(Store, FreshDatabaseIsAtTheCurrentSchemaVersion) {
 // jobs intact and their facts "not recorded" (workers = -1) for the coordinator to fill in.
 TEST(Store, SchemaOneDatabaseMigratesKeepingItsJobs) {
   StoreDir dir;
-  open_sqlite_store(dir.db())->commit({{full_job("j-1")}, {}, {}, {}});
+  open_sqlite_store(dir.db())->commit({{full_job("j-1")}, {}, {}, {}, {}});
   {
     sqlite3* raw = nullptr;
     ASSERT_EQ(sqlite3_open_v2(dir.db().c_str(), &raw, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
@@ -738,7 +738,7 @@ TEST(Store, SchemaFiveRowsWithInvalidUtf8AreRepairedByTheMigration) {
   fine.request_id = "req-2";
   fine.name = "caf\xc3\xa9 \xe2\x82\xac";  // valid: café €
   fine.last_error = "all good \xf0\x9f\x98\x80";
-  open_sqlite_store(dir.db())->commit({{broken, fine}, {}, {}, {}});
+  open_sqlite_store(dir.db())->commit({{broken, fine}, {}, {}, {}, {}});
   ASSERT_EQ(raw_user_version(dir.db(), 5), 5);
   {
     sqlite3* raw = nullptr;
@@ -830,7 +830,7 @@ TEST(Store, FileThatIsNotADatabaseIsRefusedNamingThePath) {
 TEST(Store, SecondOpenIsRefusedWhileTheFirstIsOpen) {
   StoreDir dir;
   auto first = open_sqlite_store(dir.db());
-  first->commit({{full_job("j-1")}, {}, {}, {}});
+  first->commit({{full_job("j-1")}, {}, {}, {}, {}});
   const std::string in_use = "database " + dir.db() + " is in use by another coordinator (" + dir.db() +
                              ".lock is locked by pid " + std::to_string(::getpid()) + ")";
   // flock belongs to the open file description: a second open in this process conflicts too.
@@ -847,7 +847,7 @@ TEST(Store, SecondOpenIsRefusedWhileTheFirstIsOpen) {
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
 
-  first->commit({{full_job("j-2")}, {}, {}, {}});  // the refused opens disturbed nothing
+  first->commit({{full_job("j-2")}, {}, {}, {}, {}});  // the refused opens disturbed nothing
   first.reset();                               // releases the lock
   EXPECT_EQ(open_sqlite_store(dir.db())->load_jobs().size(), 2u);
 }
@@ -885,7 +885,7 @@ TEST(Store, OneJobCommitLatency) {
       JobRecord j = full_job("j-" + std::to_string(i));
       j.submit_seq = i;
       const auto start = std::chrono::steady_clock::now();
-      store->commit({{j}, {}, {}, {}});
+      store->commit({{j}, {}, {}, {}, {}});
       const std::chrono::duration<double, std::micro> took = std::chrono::steady_clock::now() - start;
       if (i >= 10) micros.push_back(took.count());
     }
