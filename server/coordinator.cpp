@@ -1366,6 +1366,16 @@ Status Coordinator::report_progress(const v1::ReportProgressRequest& req) {
   Job* j = current_attempt(req.attempt().job_id(), req.attempt().attempt(), req.name(), &m, &st);
   if (!j) return st;
   if (m != 0) return Status::OK;  // rank 0's worker speaks for the job
+  StoreBatch batch;
+  const Status taken = take_progress(*j, req, batch);
+  commit(batch);
+  return taken;
+}
+
+// Progress of the current attempt from rank 0's worker (a report, a beat's entry, or the last
+// progress an exit carries). Under mu_.
+Status Coordinator::take_progress(Job& job, const v1::ReportProgressRequest& req, StoreBatch& batch) {
+  Job* j = &job;
   if (req.step() < 0 || req.step() > j->rec.total_steps) return bad("step: out of range");
   if (Status s = check_progress(req); !s.ok()) {
     log("refused a progress report from " + req.name() + " for job " + j->rec.id + ": " + s.error_message());
@@ -1374,7 +1384,6 @@ Status Coordinator::report_progress(const v1::ReportProgressRequest& req) {
   // Steps only grow within an attempt: an older report that arrives late (a beat in flight
   // while the agent sent the final one by ReportProgress) changes nothing.
   if (j->progressed && req.step() < j->rec.step) return Status::OK;
-  StoreBatch batch;
   if (!j->members[0].started) {
     v1::AttemptReport started;
     started.set_job_id(j->rec.id);
@@ -1402,13 +1411,15 @@ Status Coordinator::report_progress(const v1::ReportProgressRequest& req) {
     j->rec.tokens_per_step = req.tokens_per_second() * req.step_seconds();
   }
   j->rec.last_loss = req.loss();
-  j->rec.tokens_per_second = req.tokens_per_second();
-  j->rec.stall_share = std::min(1.0, req.stall_share());
+  // A report of the step it resumed at (no step trained yet) keeps the rates of the last one.
+  if (req.step_seconds() > 0 || req.tokens_per_second() > 0) {
+    j->rec.tokens_per_second = req.tokens_per_second();
+    j->rec.stall_share = std::min(1.0, req.stall_share());
+  }
   j->eta_seconds = req.eta_seconds();
   ++j->rec.revision;
   progress_dirty_jobs_.insert(j);
   changed_.notify_all();
-  commit(batch);
   return Status::OK;
 }
 
@@ -1594,6 +1605,13 @@ void Coordinator::apply_attempt_report(Job& j, int member, const v1::AttemptRepo
     return;
   }
   if (mem.exited) return;
+  // The exit of rank 0's worker carries the attempt's last progress: taken first, so the job
+  // ends with its final step and loss even if the report that sent them was lost.
+  if (member == 0 && r.has_last_progress() && r.last_progress().attempt().job_id() == j.rec.id &&
+      r.last_progress().attempt().attempt() == j.rec.attempt) {
+    mem.started = true;
+    (void)take_progress(j, r.last_progress(), batch);  // refused figures: logged, the exit still counts
+  }
   mem.started = true;
   mem.exited = true;
   mem.exit_code = r.exit_code();

@@ -289,6 +289,7 @@ class Coordinator {
   Job* current_attempt(const std::string& job_id, int64_t attempt, const std::string& worker, int* member,
                        grpc::Status* status);
   void apply_attempt_report(Job& j, int member, const v1::AttemptReport& r, StoreBatch& batch);
+  grpc::Status take_progress(Job& j, const v1::ReportProgressRequest& req, StoreBatch& batch);
   void end_attempt(Job& j, StoreBatch& batch);
   void requeue_or_fail(Job& j, const std::string& reason, StoreBatch& batch);
   // `silent`: it stopped heartbeating (its agent may be alive and cut off, so its jobs wait

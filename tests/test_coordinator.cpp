@@ -1759,6 +1759,72 @@ TEST(Coordinator, WorkersLostLongerThanTheRetentionAreForgotten) {
   EXPECT_EQ(beat(*c, "old", old_reg.incarnation()).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 }
 
+// The exit of rank 0's worker carries the attempt's last progress, taken with the exit: a job
+// ends with its final step and loss even when the report that sent them was lost (a partition,
+// a coordinator restart), and an attempt that resumed at the last step and trained none ends
+// with the loss it resumed at. Before, such jobs ended SUCCEEDED with the loss of an earlier
+// step, or 0 (found by tests/chaos, seed 4).
+TEST(Coordinator, AnExitCarriesTheAttemptsLastProgressAndTheJobEndsWithIt) {
+  TestDir dir;
+  auto c = open_coordinator(dir.db());
+  v1::RegisterWorkerResponse reg;
+  ASSERT_TRUE(c->register_worker(trainer("w", 29500), &reg).ok());
+  v1::SubmitJobRequest sreq = submit_request(dir, "final", "");
+  sreq.add_set("train.steps=60");
+  v1::SubmitJobResponse sub;
+  ASSERT_TRUE(c->submit(sreq, &sub).ok());
+  const std::string id = sub.job().id();
+  c->tick_now();
+  auto progress = [&](int64_t step, double loss, int64_t start_step, double step_seconds) {
+    v1::ReportProgressRequest p;
+    p.set_name("w");
+    p.set_incarnation(reg.incarnation());
+    p.mutable_attempt()->set_job_id(id);
+    p.mutable_attempt()->set_attempt(1);
+    p.set_step(step);
+    p.set_total_steps(60);
+    p.set_loss(loss);
+    p.set_start_step(start_step);
+    p.set_step_seconds(step_seconds);
+    p.set_tokens_per_second(step_seconds > 0 ? 640 : 0);
+    p.set_stall_share(step_seconds > 0 ? 0.2 : 0);
+    return p;
+  };
+  ASSERT_TRUE(c->report_progress(progress(10, 5.5, 0, 0.05)).ok());  // the last one that got through
+  v1::ReportEventRequest ev = exited("w", reg.incarnation(), id);
+  *ev.mutable_attempt()->mutable_last_progress() = progress(60, 4.825, 0, 0.05);
+  ASSERT_TRUE(c->report_event(ev).ok());
+  v1::JobStatus st = status_of(*c, id);
+  EXPECT_EQ(st.state(), v1::SUCCEEDED);
+  EXPECT_EQ(st.step(), 60);
+  EXPECT_EQ(st.last_loss(), 4.825);
+  EXPECT_EQ(st.tokens_per_second(), 640);
+
+  // Attempt 2 of a job whose attempt 1 finished unrecorded: it resumes at step 60 and trains
+  // nothing; its exit says where it resumed and with which loss.
+  v1::SubmitJobRequest again = submit_request(dir, "resumed", "");
+  again.add_set("train.steps=60");
+  ASSERT_TRUE(c->submit(again, &sub).ok());
+  const std::string id2 = sub.job().id();
+  c->tick_now();
+  v1::ReportEventRequest lost = exited("w", reg.incarnation(), id2);
+  lost.mutable_attempt()->set_exit_code(137);  // killed: requeued
+  ASSERT_TRUE(c->report_event(lost).ok());
+  c->tick_now();
+  ASSERT_EQ(status_of(*c, id2).attempt(), 2);
+  v1::ReportEventRequest done = exited("w", reg.incarnation(), id2);
+  done.mutable_attempt()->set_attempt(2);
+  v1::ReportProgressRequest resumed = progress(60, 4.825, 60, 0);
+  resumed.mutable_attempt()->set_job_id(id2);
+  resumed.mutable_attempt()->set_attempt(2);
+  *done.mutable_attempt()->mutable_last_progress() = resumed;
+  ASSERT_TRUE(c->report_event(done).ok());
+  st = status_of(*c, id2);
+  EXPECT_EQ(st.state(), v1::SUCCEEDED);
+  EXPECT_EQ(st.last_loss(), 4.825);
+  EXPECT_EQ(st.resumed_from_step(), 60);
+}
+
 // Under a file-size limit (ulimit -f) the coordinator's first write past it fails with EFBIG,
 // which it reports and stops on (exit 1, naming the error). Before, SIGXFSZ killed it with no
 // word at all.

@@ -240,6 +240,7 @@ bool has_step_events(const std::vector<json>& events) {
 TEST(RankReport, LinesAreJsonEventsThatFollowTheRun) {
   const fs::path dir = scratch("report");
   const fs::path spec = job(dir, 12, 4);
+  double first_final_loss = 0;
   for (int64_t total : {12, 16}) {
     SCOPED_TRACE("train.steps " + std::to_string(total));
     RankProcess p;
@@ -292,6 +293,19 @@ TEST(RankReport, LinesAreJsonEventsThatFollowTheRun) {
         resumed |= contains(l.at("line").get<std::string>(),
                             "resumed from " + (dir / "ckpt").string() + "/step-00000012 at step 12");
       EXPECT_TRUE(resumed) << "no \"resumed from\" log line";
+    }
+    if (total == 12) {
+      first_final_loss = steps.back().at("loss").get<double>();
+      EXPECT_TRUE(r.of("resumed").empty()) << "a fresh run resumed nothing";
+    } else {
+      // Right after the start: the step resumed at and its loss, the first run's final one
+      // (so a resumed attempt that trains nothing still says where the job stands).
+      ASSERT_LT(first + 1, r.events.size());
+      const json& at = r.events[first + 1];
+      EXPECT_EQ(at.at("event"), "resumed") << at.dump();
+      EXPECT_EQ(at.at("step").get<int64_t>(), 12);
+      EXPECT_EQ(at.at("total_steps").get<int64_t>(), 16);
+      EXPECT_EQ(at.at("loss").get<double>(), first_final_loss);
     }
   }
   zenflow::remove_tree(dir);

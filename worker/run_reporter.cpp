@@ -13,6 +13,10 @@ namespace zenflow {
 void FanoutReporter::on_start(int64_t start_step, int64_t total_steps) noexcept {
   for (RunReporter* r : reporters_) r->on_start(start_step, total_steps);
 }
+
+void FanoutReporter::on_resumed(int64_t step, int64_t total_steps, double loss) noexcept {
+  for (RunReporter* r : reporters_) r->on_resumed(step, total_steps, loss);
+}
 void FanoutReporter::on_step(const StepProgress& progress) noexcept {
   for (RunReporter* r : reporters_) r->on_step(progress);
 }
@@ -46,6 +50,12 @@ JsonLinesReporter::JsonLinesReporter(int fd, std::chrono::milliseconds min_step_
 
 void JsonLinesReporter::on_start(int64_t start_step, int64_t total_steps) noexcept {
   emit([&] { return Event{{"event", "start"}, {"start_step", start_step}, {"total_steps", total_steps}}; });
+}
+
+void JsonLinesReporter::on_resumed(int64_t step, int64_t total_steps, double loss) noexcept {
+  emit([&] {
+    return Event{{"event", "resumed"}, {"step", step}, {"total_steps", total_steps}, {"loss", number(loss)}};
+  });
 }
 
 void JsonLinesReporter::on_step(const StepProgress& p) noexcept {

@@ -40,6 +40,15 @@ class RunReporter {
   virtual ~RunReporter() = default;
   // start_step: the step resumed from (0 = fresh); total_steps: train.steps.
   virtual void on_start(int64_t start_step, int64_t total_steps) noexcept = 0;
+  // Right after on_start when the run resumed from a checkpoint: the step it resumed at and
+  // the loss that step had, so a reader knows where the job stands even if it trains no
+  // further step (a resume at train.steps, after an attempt that finished but was not
+  // recorded as finished).
+  virtual void on_resumed(int64_t step, int64_t total_steps, double loss) noexcept {
+    (void)step;
+    (void)total_steps;
+    (void)loss;
+  }
   virtual void on_step(const StepProgress& progress) noexcept = 0;
   virtual void on_log(const std::string& line) noexcept = 0;  // without the "zenflow: " prefix
   // `dir` is the committed step directory (checkpoint.dir/step-NNNNNNNN).
@@ -60,6 +69,7 @@ class FanoutReporter : public RunReporter {
   void add(RunReporter* reporter) { reporters_.push_back(reporter); }
 
   void on_start(int64_t start_step, int64_t total_steps) noexcept override;
+  void on_resumed(int64_t step, int64_t total_steps, double loss) noexcept override;
   void on_step(const StepProgress& progress) noexcept override;
   void on_log(const std::string& line) noexcept override;
   void on_checkpoint(int64_t step, const std::string& dir) noexcept override;
@@ -99,6 +109,8 @@ class JsonLinesReporter : public RunReporter {
                              std::chrono::milliseconds min_step_interval = std::chrono::milliseconds(250));
 
   void on_start(int64_t start_step, int64_t total_steps) noexcept override;
+  // {"event":"resumed","step":S,"total_steps":T,"loss":L}
+  void on_resumed(int64_t step, int64_t total_steps, double loss) noexcept override;
   void on_step(const StepProgress& progress) noexcept override;
   void on_log(const std::string& line) noexcept override;
   void on_checkpoint(int64_t step, const std::string& dir) noexcept override;

@@ -646,7 +646,10 @@ class TrainingRun {
       facts.host_total_memory_bytes = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
       options_.observer->on_start(facts);
     }
-    if (options_.reporter) options_.reporter->on_start(step_, spec_.train.steps);
+    if (options_.reporter) {
+      options_.reporter->on_start(step_, spec_.train.steps);
+      if (step_ > 0 && !history_.empty()) options_.reporter->on_resumed(step_, spec_.train.steps, history_.back());
+    }
     skipped_before_ = opt_->skipped_steps();
     first_ = step_;
   }
