@@ -205,6 +205,10 @@ void Coordinator::shutdown() {
   submits_queued_.notify_all();  // the committer commits what is queued (submits, registrations), then stops
 }
 
+int64_t Coordinator::fence_margin_ms() const {
+  return std::max<int64_t>(options_.heartbeat_interval.count(), 2000);
+}
+
 int64_t Coordinator::now_ms() const {
   if (options_.clock) return options_.clock();
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -1683,7 +1687,9 @@ void Coordinator::end_attempt(Job& j, StoreBatch& batch) {
   } else {
     const std::string what = "ranks on " + failed->worker + " " + exit_text(failed->exit_code) +
                              (failed->message.empty() ? "" : ": " + failed->message);
-    if (attempt::exit_fails_the_job(failed->exit_code)) {
+    // An attempt the agent stopped on its own (it is shutting down, or it fenced itself when
+    // cut off) ended for the worker's reason, whatever its status: requeued.
+    if (attempt::exit_fails_the_job(failed->exit_code) && !failed->stopped_by_agent) {
       // Bad input (2) or a training error (1: divergence…) would fail the same way again; so
       // would an attempt interrupted on its own. The worker's faults (74: its work dir, a
       // checkpoint lock still held) and lost leases or nodes are requeued below.
@@ -1732,9 +1738,10 @@ void Coordinator::lose_worker(Worker& w, const std::string& why, bool silent, St
   }
   // A silent worker's agent may be alive and cut off, its ranks training on: they stop by
   // its self-fence, counted from the last heartbeat it sent (which we received later), plus
-  // a heartbeat interval for the processes to die. No attempt of its jobs starts before.
+  // a margin for the processes to die and for the two clocks' rates. No attempt of its jobs
+  // starts before.
   const int64_t fence_ms = w.rec.fence_ms > 0 ? w.rec.fence_ms : options_.default_worker_fence.count();
-  const int64_t fence_until = silent ? last_heartbeat + fence_ms + options_.heartbeat_interval.count() : 0;
+  const int64_t fence_until = silent ? last_heartbeat + fence_ms + fence_margin_ms() : 0;
   ++workers_lost_;
   ++generation_;
   batch.workers.push_back(w.rec);

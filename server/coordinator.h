@@ -268,6 +268,9 @@ class Coordinator {
   };
 
   int64_t now_ms() const;
+  // Added to a silent worker's fence: a heartbeat interval, at least 2 s (a loaded host kills
+  // and reaps processes late; the agent's and the coordinator's clocks run at their own rates).
+  int64_t fence_margin_ms() const;
   void log(const std::string& line) const;
   bool terminal(const std::string& state) const;
   void fill_status(const Job& j, v1::JobStatus* out) const;

@@ -98,7 +98,9 @@ TEST(CliTerminal, LogsAndWorkersPrintNoRawEscapeFromAJobOrAWorker) {
   reg.mutable_resources()->set_host_memory_bytes(int64_t{8} << 30);
   reg.mutable_resources()->set_physical_cores(2);
   v1::GpuInfo* gpu = reg.mutable_resources()->add_gpus();
-  gpu->set_model("H100\x1b]0;pwned\x07\x1b[2J");
+  // Printable enough for the coordinator (it refuses control characters at registration),
+  // not for a terminal: a bidi override reorders what follows it.
+  gpu->set_model("H100\xe2\x80\xae" "evil");
   gpu->set_memory_bytes(int64_t{80} << 30);
   reg.add_rendezvous_ports(29500);
   v1::RegisterWorkerResponse regd;
@@ -142,8 +144,8 @@ TEST(CliTerminal, LogsAndWorkersPrintNoRawEscapeFromAJobOrAWorker) {
   EXPECT_EQ(logs.find("\xc2\x9b"), std::string::npos) << "a raw C1 control reached the terminal";
   EXPECT_EQ(logs.find("\xe2\x80\xae"), std::string::npos) << "a raw bidi override reached the terminal";
   const std::string workers = verb({"workers"});
-  EXPECT_NE(workers.find("H100\\x1b]0;pwned"), std::string::npos) << workers;
-  EXPECT_EQ(workers.find('\x1b'), std::string::npos) << workers;
+  EXPECT_NE(workers.find("H100\\u202eevil"), std::string::npos) << workers;
+  EXPECT_EQ(workers.find("\xe2\x80\xae"), std::string::npos) << "a raw bidi override reached the terminal";
   // Asked for, the bytes come as they are.
   const std::string raw = verb({"logs", id, "--raw"});
   EXPECT_NE(raw.find("before\x1b[2J"), std::string::npos) << raw;

@@ -1357,10 +1357,10 @@ TEST(Coordinator, ASilentWorkersJobStartsElsewhereOnlyAfterItsFenceEvenAcrossARe
   // A restart keeps the wait (the fence is stored with the job).
   c.reset();
   c = clocked_coordinator(dir, now);
-  advance_to(*c, kT0 + 10'999);  // a's fence: kT0 + 10,000, plus the 1 s interval
+  advance_to(*c, kT0 + 11'999);  // a's fence: kT0 + 10,000, plus the 2 s margin
   st = status_of(*c, id);
   EXPECT_EQ(st.state(), v1::QUEUED) << st.waiting_reason();
-  advance_to(*c, kT0 + 11'000);
+  advance_to(*c, kT0 + 12'000);
   st = status_of(*c, id);
   EXPECT_EQ(st.state(), v1::STARTING);
   EXPECT_EQ(st.attempt(), 2);
@@ -1823,6 +1823,27 @@ TEST(Coordinator, AnExitCarriesTheAttemptsLastProgressAndTheJobEndsWithIt) {
   EXPECT_EQ(st.state(), v1::SUCCEEDED);
   EXPECT_EQ(st.last_loss(), 4.825);
   EXPECT_EQ(st.resumed_from_step(), 60);
+}
+
+// An attempt its agent stopped on its own (the agent shutting down, or fencing itself when cut
+// off: SIGTERM, checkpoint, exit 130) ended for the worker's reason: the job is requeued, not
+// failed as if the user had interrupted it.
+TEST(Coordinator, AnAttemptItsAgentStoppedIsRequeuedNotFailed) {
+  TestDir dir;
+  auto c = open_coordinator(dir.db());
+  v1::RegisterWorkerResponse reg;
+  ASSERT_TRUE(c->register_worker(trainer("w", 29500), &reg).ok());
+  v1::SubmitJobResponse sub;
+  ASSERT_TRUE(c->submit(submit_request(dir, "stopped", ""), &sub).ok());
+  c->tick_now();
+  v1::ReportEventRequest ev = exited("w", reg.incarnation(), sub.job().id());
+  ev.mutable_attempt()->set_exit_code(130);
+  ev.mutable_attempt()->set_stopped_by_agent(true);
+  ev.mutable_attempt()->set_message("the agent is shutting down");
+  ASSERT_TRUE(c->report_event(ev).ok());
+  const v1::JobStatus st = status_of(*c, sub.job().id());
+  EXPECT_EQ(st.state(), v1::QUEUED) << st.last_error();
+  EXPECT_EQ(st.restarts(), 1);
 }
 
 // Under a file-size limit (ulimit -f) the coordinator's first write past it fails with EFBIG,

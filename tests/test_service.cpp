@@ -13,8 +13,11 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/rpc/heartbeat_stream.h"
 #include "common/rpc/rpc.h"
@@ -129,11 +132,16 @@ TEST(Service, ThreeJobsOnTwoWorkersAndADataParallelGang) {
   EXPECT_EQ(c.cli("status j-999999"), 3);  // not found
 }
 
+// A worker whose agent may be cut off rather than dead: the coordinator starts its jobs
+// elsewhere only after the agent's self-fence (grace + drain + the ranks' 2 s lease); these
+// keep it to 9 s.
+const std::vector<std::string> kShortFence = {"--disconnected-grace", "5", "--disconnect-drain", "2"};
+
 TEST(Service, KilledWorkerAgentJobResumesFromItsCheckpointElsewhere) {
   Cluster c("kill-worker");
   c.start_coordinator();
-  c.start_worker("w1");
-  c.start_worker("w2");
+  c.start_worker("w1", 1, kShortFence);
+  c.start_worker("w2", 1, kShortFence);
   const fs::path spec = write_job(c, "resume", 3000, 100);
   write_file(spec, read_file(spec) + "cost: {usd_per_hour: 3.6}\n");
   const std::string id = c.submit(spec);
@@ -181,8 +189,8 @@ TEST(Service, KilledWorkerAgentJobResumesFromItsCheckpointElsewhere) {
 TEST(Service, PausedWorkerIsFencedAndItsStaleAttemptEnds) {
   Cluster c("sigstop");
   c.start_coordinator();
-  c.start_worker("w1");
-  c.start_worker("w2");
+  c.start_worker("w1", 1, kShortFence);
+  c.start_worker("w2", 1, kShortFence);
   ASSERT_TRUE(wait_until([&] { return worker_state(c, "w1") == "READY" && worker_state(c, "w2") == "READY"; }, 20s));
   const fs::path spec = write_job(c, "fence", 3000, 100);
   const std::string id = c.submit(spec);  // on w1: equal workers, lowest name first
@@ -370,7 +378,9 @@ TEST(Service, CoordinatorKeepsEachJobsProfileForAdvise) {
     return workers->UploadProfile(&ctx, req, &ignored).error_code();
   };
   EXPECT_EQ(upload("impostor", regd.incarnation(), 1, written), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_EQ(upload("impostor", regd.incarnation(), 1, "zenflow_profile: 1\n"), grpc::StatusCode::INVALID_ARGUMENT);
+  // The caller is checked before the YAML is parsed (no parse of 1 MiB for a stranger); the
+  // size before either.
+  EXPECT_EQ(upload("impostor", regd.incarnation(), 1, "zenflow_profile: 1\n"), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(upload("impostor", regd.incarnation(), 1, std::string(rpc::kMaxProfileBytes + 1, ' ')),
             grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(upload("w1", 12345, 1, written), grpc::StatusCode::FAILED_PRECONDITION);  // not w1's incarnation
@@ -530,6 +540,287 @@ TEST(Service, HeartbeatStreamKeepsLeasesAndABrokenOneLosesItsWorkerAfterOneInter
   EXPECT_NE(log.find("worker a LOST: its heartbeat stream broke"), std::string::npos) << log;
   EXPECT_NE(log.find("worker b LOST: no heartbeat for"), std::string::npos) << log;
   EXPECT_NE(log.find("worker k LOST: no heartbeat for"), std::string::npos) << log;
+}
+
+// --- the agent: never lose, corrupt or double-run a job ---
+
+// The live processes of cluster `c` whose environment names job `id` (ZENFLOW_JOB_ID, which
+// the agent gives each rank; job ids repeat across clusters, so the command line must name
+// the cluster's directory too). A zombie's environment reads empty: it counts as gone.
+std::vector<pid_t> pids_of_job(const Cluster& c, const std::string& id) {
+  const std::string needle = std::string("ZENFLOW_JOB_ID=") + id + '\0';
+  std::vector<pid_t> out;
+  for (pid_t pid : pids_with_cmdline(c.dir().string())) {
+    const std::string env = '\0' + read_file(fs::path("/proc") / std::to_string(pid) / "environ");
+    if (env.find('\0' + needle) != std::string::npos) out.push_back(pid);
+  }
+  return out;
+}
+
+// Whether `sig` was sent to `pid` and not delivered yet (a stopped process keeps it pending).
+bool signal_pending(pid_t pid, int sig) {
+  std::istringstream status(read_file(fs::path("/proc") / std::to_string(pid) / "status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("SigPnd:", 0) != 0 && line.rfind("ShdPnd:", 0) != 0) continue;
+    const uint64_t mask = std::stoull(line.substr(7), nullptr, 16);
+    if (mask & (uint64_t{1} << (sig - 1))) return true;
+  }
+  return false;
+}
+
+int count_of(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + needle.size())) ++n;
+  return n;
+}
+
+// The attempt ends while the coordinator is down; the assignment set the agent fetched
+// before still lists it when the restarted coordinator acknowledges its exit (the agent's
+// long poll may answer only later). The agent must not run the attempt a second time.
+TEST(Service, AFinishedAttemptIsNeverStartedAgainAfterACoordinatorRestart) {
+  Cluster c("no-rerun");
+  c.start_coordinator();
+  c.start_worker("w1");
+  const std::string id = c.submit(write_job(c, "once", 1000, 500));
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(wait_until([&] { return step_of(c, id) >= 1; }, 120s)) << c.status(id).dump();
+  c.coordinator().kill(SIGKILL);
+  ASSERT_TRUE(wait_until([&] { return pids_of_job(c, id).empty(); }, 60s)) << "the job did not end on its own";
+  const fs::path steps = c.dir() / "ckpt-once" / "steps.jsonl";
+  c.start_coordinator();
+  ASSERT_TRUE(c.wait_state(id, "SUCCEEDED", 30s)) << c.status(id).dump() << c.worker("w1").output();
+  const std::string records = read_file(steps);
+  ASSERT_FALSE(records.empty()) << steps;
+  std::this_thread::sleep_for(8s);
+  const std::string log = c.worker("w1").output();
+  EXPECT_EQ(count_of(log, "job " + id + " attempt 1: started ranks"), 1) << log;
+  EXPECT_EQ(count_of(log, "job " + id + " attempt"), count_of(log, "job " + id + " attempt 1:")) << log;
+  EXPECT_TRUE(pids_of_job(c, id).empty());
+  EXPECT_EQ(read_file(steps), records) << "steps.jsonl gained records after the job's end";
+  const nlohmann::json st = c.status(id);
+  EXPECT_EQ(st.value("state", ""), "SUCCEEDED");
+  EXPECT_EQ(i64(st, "attempt", 0), 1);
+  EXPECT_EQ(i64(st, "restarts", -1), 0);
+}
+
+// A work dir that cannot be written (here a full tmpfs) is the worker's fault: the attempt
+// starts nothing and ends with status 74, which the coordinator requeues, saying why. Once
+// there is room again the job runs and succeeds.
+TEST(Service, AFullWorkDirFailsTheAttemptAsTheWorkersFaultAndTheJobIsRequeued) {
+  Cluster c("full-work-dir");
+  const fs::path work = c.dir() / "work-w1";
+  fs::create_directories(work);
+  std::string out;
+  if (test_support::run("mount -t tmpfs -o size=64k zenflow-test " + work.string() + " 2>&1", &out) != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs CAP_SYS_ADMIN): " << out;
+  struct Unmount {
+    fs::path dir;
+    ~Unmount() { test_support::run("umount -l " + dir.string() + " 2>/dev/null"); }
+  } unmount{work};  // before the cluster goes: its processes may still hold files there
+  test_support::run("head -c 1048576 /dev/zero > " + (work / "filler").string() + " 2>/dev/null");
+  ASSERT_GT(fs::file_size(work / "filler"), 0u);
+  c.start_coordinator();
+  c.start_worker("w1");
+  const fs::path spec = write_job(c, "full", 4, 0);
+  std::string text = read_file(spec);
+  text.replace(text.find("max_restarts: 2"), 15, "max_restarts: 1000");
+  write_file(spec, text);
+  const std::string id = c.submit(spec);
+  ASSERT_FALSE(id.empty());
+  nlohmann::json st;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        st = c.status(id);
+        return st.value("last_error", "").find("cannot write its work dir") != std::string::npos;
+      },
+      30s))
+      << st.dump() << c.worker("w1").output();
+  fs::remove(work / "filler");
+  const std::string error = st.value("last_error", "");
+  EXPECT_NE(error.find("ranks on w1 exited with status 74: the agent cannot write its work dir " +
+                       (work / "jobs" / id).string() + "/attempt-"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find(": No space left on device; requeued (restart "), std::string::npos) << error;
+  EXPECT_GE(i64(st, "restarts", 0), 1);
+  EXPECT_EQ(i64(st, "exit_code", 0), 74);
+  ASSERT_TRUE(c.wait_state(id, "SUCCEEDED", 120s)) << c.status(id).dump() << c.worker("w1").output();
+  st = c.status(id);
+  EXPECT_GE(i64(st, "attempt", 0), 2);
+  EXPECT_EQ(i64(st, "step", 0), 4);
+}
+
+// Cut off from the coordinator (SIGSTOP: its connection stays open, it answers nothing), the
+// agent fences itself, counting from the sending of its last accepted heartbeat: SIGTERM to
+// the ranks at --disconnected-grace, SIGKILL at grace + --disconnect-drain, all before the
+// fence_ms it registered with. The rank is frozen too, so that only the agent's signals end
+// it (neither its SIGTERM handler nor its own lease can).
+TEST(Service, AWorkerCutOffFromTheCoordinatorStopsItsRanksByItsFence) {
+  Cluster c("self-fence");
+  c.start_coordinator();
+  c.start_worker("w1", 1, {"--disconnected-grace", "4", "--disconnect-drain", "3"});
+  const std::string id = c.submit(write_job(c, "cut-off", 100000, 0));
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(wait_until([&] { return step_of(c, id) >= 3; }, 120s)) << c.status(id).dump();
+  // Registered before the coordinator's lease (4 s) and interval (500 ms) were known: the
+  // defaults (4 s, 1 s) give a rank lease of 2 s, and the ranks get no longer one.
+  std::smatch m;
+  const std::string registered = c.worker("w1").output();
+  ASSERT_TRUE(std::regex_search(registered, m, std::regex("fence ([0-9]+) ms"))) << registered;
+  const int64_t fence_ms = std::stoll(m[1].str());
+  EXPECT_EQ(fence_ms, 4000 + 3000 + 2000);
+  const std::vector<pid_t> ranks = pids_of_job(c, id);
+  ASSERT_EQ(ranks.size(), 1u);
+  ::kill(ranks[0], SIGSTOP);
+  c.coordinator().signal(SIGSTOP);
+  // The last accepted beat was sent before this, at most one interval (500 ms) and a reply
+  // earlier.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto since_t0 = [&] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  };
+  int64_t term_ms = -1, gone_ms = -1;
+  while (since_t0() < 15000 && gone_ms < 0) {
+    if (term_ms < 0 && signal_pending(ranks[0], SIGTERM)) term_ms = since_t0();
+    if (pids_of_job(c, id).empty()) gone_ms = since_t0();
+    std::this_thread::sleep_for(20ms);
+  }
+  c.coordinator().signal(SIGCONT);
+  const std::string log = c.worker("w1").output();
+  EXPECT_GE(term_ms, 4000 - 700) << log;
+  EXPECT_LE(term_ms, 4000 + 500) << log;
+  EXPECT_GE(gone_ms, 7000 - 700) << log;
+  EXPECT_LT(gone_ms, fence_ms) << log;
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("no heartbeat accepted for ([0-9]+) ms \\(since the last accepted "
+                                                   "one was sent; --disconnected-grace 4000 ms\\): asking every "
+                                                   "job's ranks to checkpoint and stop")))
+      << log;
+  EXPECT_GE(std::stoll(m[1].str()), 4000);
+  EXPECT_LT(std::stoll(m[1].str()), 4500);
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("no heartbeat accepted for ([0-9]+) ms \\(--disconnected-grace \\+ "
+                                                   "--disconnect-drain 7000 ms\\): killing every rank")))
+      << log;
+  EXPECT_GE(std::stoll(m[1].str()), 7000);
+  EXPECT_LT(std::stoll(m[1].str()), 7500);
+}
+
+// resources.hang_timeout: a rank that stops making progress (frozen by SIGSTOP once it has
+// reported steps) is killed after the timeout, and the job is requeued saying at which step
+// it hung; the next attempt resumes and succeeds.
+TEST(Service, AHungRankIsKilledAndTheJobRequeuedWithItsStep) {
+  Cluster c("hang");
+  c.start_coordinator();
+  c.start_worker("w1");
+  const fs::path spec = write_job(c, "hang", 4000, 50);
+  std::string text = read_file(spec);
+  text.replace(text.find("max_restarts: 2"), 15, "max_restarts: 2, hang_timeout: 30");
+  write_file(spec, text);
+  const std::string id = c.submit(spec);
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(wait_until([&] { return step_of(c, id) >= 5; }, 120s)) << c.status(id).dump();
+  const std::vector<pid_t> ranks = pids_of_job(c, id);
+  ASSERT_EQ(ranks.size(), 1u);
+  ::kill(ranks[0], SIGSTOP);
+  const auto stopped = std::chrono::steady_clock::now();
+  nlohmann::json st;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        st = c.status(id);
+        return st.value("last_error", "").find("hung at step") != std::string::npos;
+      },
+      45s))
+      << st.dump() << c.worker("w1").output();
+  const auto waited = std::chrono::steady_clock::now() - stopped;
+  EXPECT_GE(waited, 29s);  // its last progress came at most one report (250 ms) before the stop
+  const std::string error = st.value("last_error", "");
+  std::smatch m;
+  const std::regex hung(
+      "ranks on w1 killed by signal 9: hung at step ([0-9]+): no progress for ([0-9]+) s "
+      "\\(resources.hang_timeout 30 s\\); requeued \\(restart 1 of 2\\)");
+  ASSERT_TRUE(std::regex_search(error, m, hung)) << error;
+  EXPECT_GE(std::stoll(m[1].str()), 5);
+  EXPECT_GE(std::stoll(m[2].str()), 30);
+  EXPECT_LE(std::stoll(m[2].str()), 32);
+  ASSERT_TRUE(c.wait_state(id, "SUCCEEDED", 120s)) << c.status(id).dump() << c.worker("w1").output();
+  st = c.status(id);
+  EXPECT_EQ(i64(st, "attempt", 0), 2);
+  EXPECT_EQ(i64(st, "restarts", -1), 1);
+  EXPECT_EQ(i64(st, "step", 0), 4000);
+}
+
+// --keep-attempt-dirs 2: once the coordinator holds an attempt's exit and output, its
+// directory goes, except the two that ended last; a job's directory goes with its last one.
+TEST(Service, OldAttemptDirectoriesAreRemovedKeepingTheNewestN) {
+  Cluster c("keep-dirs");
+  c.start_coordinator();
+  c.start_worker("w1", 1, {"--keep-attempt-dirs", "2"});
+  std::vector<std::string> ids;
+  for (int i = 0; i < 4; ++i) {  // one after the other: they end in this order
+    ids.push_back(c.submit(write_job(c, "keep" + std::to_string(i), 3, 0)));
+    ASSERT_FALSE(ids.back().empty());
+    ASSERT_TRUE(c.wait_state(ids.back(), "SUCCEEDED", 120s)) << c.status(ids.back()).dump();
+  }
+  const fs::path jobs = c.dir() / "work-w1" / "jobs";
+  auto listing = [&] {
+    std::vector<std::string> out;
+    for (const auto& job : fs::directory_iterator(jobs))
+      for (const auto& attempt : fs::directory_iterator(job.path()))
+        out.push_back(job.path().filename().string() + "/" + attempt.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  const std::vector<std::string> want = {ids[2] + "/attempt-1", ids[3] + "/attempt-1"};
+  EXPECT_TRUE(wait_until([&] { return listing() == want; }, 10s)) << ::testing::PrintToString(listing());
+  EXPECT_FALSE(fs::exists(jobs / ids[0]));
+  EXPECT_FALSE(fs::exists(jobs / ids[1]));
+  EXPECT_NE(read_file(jobs / ids[3] / "attempt-1" / "output.log").find("[rank 0]"), std::string::npos);
+  EXPECT_NE(read_file(jobs / ids[3] / "attempt-1" / "job.yaml").find("name: keep3"), std::string::npos);
+}
+
+// --max-attempt-log-bytes: output.log stops at its cap with one line saying so; the
+// coordinator still gets the whole output.
+TEST(Service, AnAttemptsOutputLogStopsAtItsCapAndTheCoordinatorStillGetsAllOfIt) {
+  Cluster c("log-cap");
+  c.start_coordinator();
+  c.start_worker("w1", 1, {"--max-attempt-log-bytes", "200"});
+  const std::string id = c.submit(write_job(c, "chatty", 4, 0));
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(c.wait_state(id, "SUCCEEDED", 120s)) << c.status(id).dump();
+  const std::string marker =
+      "[zenflow-worker] output.log reached its cap of 200 bytes; later output is only uploaded\n";
+  const std::string local = read_file(c.dir() / "work-w1" / "jobs" / id / "attempt-1" / "output.log");
+  ASSERT_GE(local.size(), marker.size());
+  EXPECT_LE(local.size(), 200 + marker.size());
+  EXPECT_EQ(local.substr(local.size() - marker.size()), marker);
+  EXPECT_EQ(count_of(local, "[zenflow-worker]"), 1);
+  const std::string kept = local.substr(0, local.size() - marker.size());
+  const std::string uploaded = logs_of(c, id);
+  EXPECT_NE(uploaded.find(kept), std::string::npos) << uploaded;
+  EXPECT_GT(count_of(uploaded, "[rank 0]"), count_of(kept, "[rank 0]")) << uploaded;
+  EXPECT_EQ(uploaded.find("[zenflow-worker] output.log reached its cap"), std::string::npos);
+}
+
+// A rank whose last line is not UTF-8 (here a stand-in trainer printing raw bytes): its exit
+// is reported with the bytes replaced by U+FFFD, so the coordinator can parse the report and
+// the job ends, instead of the report being refused and retried forever.
+TEST(Service, ARanksInvalidUtf8OutputStillEndsItsJob) {
+  Cluster c("utf8");
+  c.start_coordinator();
+  const fs::path trainer = c.dir() / "bad-bytes-trainer.sh";
+  write_file(trainer, "#!/bin/sh\nprintf 'loss went \\377\\376 wrong\\n'\nexit 1\n");
+  fs::permissions(trainer, fs::perms::owner_all);
+  test_support::Process worker(
+      {Cluster::bin("zenflow-worker"), "--coordinator", c.address(), "--work-dir", (c.dir() / "work-w1").string(),
+       "--name", "w1", "--cpu-only", "--cpu-slots", "1", "--host-memory-gb", "8", "--physical-cores", "2",
+       "--trainer", trainer.string(), "--token-file", (c.dir() / "worker.token").string()},
+      c.dir() / "worker-w1.log");
+  const std::string id = c.submit(write_job(c, "bytes", 4, 0));
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(c.wait_state(id, "FAILED", 30s)) << c.status(id).dump() << worker.output();
+  const std::string error = c.status(id).value("last_error", "");
+  EXPECT_NE(error.find("rank 0 exited with status 1: loss went \xEF\xBF\xBD\xEF\xBF\xBD wrong"), std::string::npos)
+      << error;
 }
 
 // --- security ---

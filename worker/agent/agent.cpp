@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,17 +14,22 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
 #include <vector>
 
+#include "common/attempt_contract.h"
 #include "common/rpc/heartbeat_stream.h"
+#include "common/utf8.h"
 #include "common/version.h"
+#include "worker/agent/hang_watch.h"
 #include "worker/agent/worker_metrics.h"
 #include "worker/distributed/ports.h"
 #include "zenflow/v1/workers.grpc.pb.h"
@@ -40,18 +46,57 @@ constexpr milliseconds kLeaseRenewEvery{500};
 constexpr milliseconds kUploadEvery{200};
 constexpr milliseconds kProgressEvery{500};
 constexpr size_t kMaxPendingLogBytes = 64u << 20;  // per attempt, while the coordinator is away
-constexpr int kExitLeaseLost = 75;
+constexpr size_t kMaxMessageBytes = 1024;          // an exit's message (AttemptReport.message)
 
 void log_line(const std::string& s) { std::fprintf(stderr, "zenflow-worker: %s\n", s.c_str()); }
 
-std::string exit_text(int code) {
-  if (code > 128 && code < 128 + 65) return "killed by signal " + std::to_string(code - 128);
-  return "exited with status " + std::to_string(code);
+std::string ms_text(milliseconds d) { return std::to_string(d.count()) + " ms"; }
+
+// A string built from a process's output, fit for a proto string field: valid UTF-8 (or the
+// message cannot be parsed at the coordinator) and at most `max_bytes`.
+std::string proto_text(const std::string& s, size_t max_bytes) {
+  return std::string(utf8_prefix(valid_utf8(s), max_bytes));
+}
+
+// A number of a report line; `fallback` when absent or not a number (a diverged loss is null).
+template <class T>
+T number_or(const nlohmann::json& j, const char* key, T fallback) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<T>() : fallback;
 }
 
 void set_nonblocking_cloexec(int fd) {
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+}
+
+// Writes all of `data` to `fd`; false with errno set at the first failing write.
+bool write_all(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, data, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      if (w == 0) errno = EIO;
+      return false;
+    }
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// Writes `path` whole (create, write, flush to the file system, close), checking each step;
+// "" on success, else strerror of the step that failed.
+std::string write_file_checked(const std::string& path, const std::string& data) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return std::strerror(errno);
+  if (!write_all(fd, data.data(), data.size()) || ::fsync(fd) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return std::strerror(e);
+  }
+  if (::close(fd) != 0) return std::strerror(errno);
+  return "";
 }
 
 }  // namespace
@@ -133,8 +178,11 @@ struct Attempt {
   // exits or the coordinator restarts.
   bool start_acked = false;
   Clock::time_point first_failure{};
-  // Output: every byte goes to output.log; pending holds what the coordinator lacks.
-  std::ofstream log_file;
+  // Output: every byte goes to output.log (up to AgentOptions::max_attempt_log_bytes);
+  // pending holds what the coordinator lacks.
+  int log_fd = -1;
+  int64_t log_bytes = 0;  // in output.log
+  bool log_capped = false;
   int64_t uploaded = 0;  // attempt-relative offset the coordinator holds
   std::string pending;   // bytes from `uploaded`
   int64_t dropped = 0;
@@ -146,6 +194,9 @@ struct Attempt {
   // The profile rank 0 wrote (its "profile" report line), until the coordinator holds it.
   std::string profile_yaml;
   std::string lost_optimizer_node;  // rank 0's "node_lost" report line: HOST:PORT
+  // Rank 0's progress against resources.hang_timeout (only where global rank 0 runs).
+  std::optional<HangWatch> hang;
+  std::string hung;  // "hung at step N: …" once the agent killed it for that: its exit's message
 
   // Its exit may be reported: the coordinator holds all its output and its last progress
   // (it takes no progress of an ended job).
@@ -170,12 +221,39 @@ struct Agent::Impl {
   int64_t assignments_revision = 0;
   std::vector<v1::Assignment> desired;
   bool desired_valid = false;
+  Clock::time_point desired_sent{};  // when the FetchAssignments that returned `desired` was sent
 
   std::map<std::pair<std::string, int64_t>, Attempt> attempts;
+  // Per job, the highest attempt this process started (or ended unstarted): no attempt up to
+  // it starts again, whatever an assignment set fetched before its end still lists. Kept
+  // until a set fetched after that attempt's exit was acknowledged no longer lists the job
+  // (the coordinator, which recorded the end, cannot list it again). Main thread.
+  struct StartedJob {
+    int64_t attempt = 0;
+    Clock::time_point exit_acked{};  // zero: not acknowledged yet
+  };
+  std::map<std::string, StartedJob> started;
+  // Directories of ended attempts, oldest first: removed beyond AgentOptions::keep_attempt_dirs.
+  std::deque<std::string> ended_dirs;
   // Set at registration (main thread), read by the pulse thread too.
   std::atomic<int64_t> interval_ms{1000};
   std::atomic<int64_t> lease_ms{4000};
-  std::atomic<int64_t> last_ok_ns{Clock::now().time_since_epoch().count()};  // last accepted heartbeat
+  // The rank lease that this incarnation's fence_ms counts with: no rank gets a longer one
+  // (a later, longer interval must not stretch the fence the coordinator was promised).
+  milliseconds fenced_rank_lease = milliseconds::max();
+  // When the last heartbeat (pulse, unary, or the registration) that the coordinator accepted
+  // was sent: "away" counts from there (attempt_contract.h, fence_after).
+  std::atomic<int64_t> last_ok_ns{Clock::now().time_since_epoch().count()};
+  void accepted(Clock::time_point sent) {
+    const int64_t ns = sent.time_since_epoch().count();
+    int64_t seen = last_ok_ns.load();
+    while (seen < ns && !last_ok_ns.compare_exchange_weak(seen, ns)) {
+    }
+  }
+  milliseconds away() const {
+    return std::chrono::duration_cast<milliseconds>(Clock::now() -
+                                                    Clock::time_point(Clock::duration(last_ok_ns.load())));
+  }
   std::atomic<uint64_t> coordinator_boot{0};  // of the last accepted heartbeat (pulse or report)
   uint64_t acked_boot = 0;                    // the boot the attempts' start_acked hold for (main thread)
   // A coordinator boot other than acked_boot: it restarted, and knows of no start yet.
@@ -197,7 +275,8 @@ struct Agent::Impl {
   std::condition_variable progress_cv;
   std::map<std::pair<std::string, int64_t>, v1::ReportProgressRequest> progress_out;
   Clock::time_point next_upload{};
-  bool disconnected_stop = false;
+  int fence_stage = 0;  // self_fence(): 0 connected, 1 ranks asked to stop, 2 ranks killed
+  std::atomic<bool> leases_withheld{false};  // renew_leases() stopped at the fence
 
   template <class Req, class Resp, class Fn>
   grpc::Status call(Fn fn, const Req& req, Resp* resp, milliseconds deadline = kRpcDeadline) {
@@ -216,15 +295,21 @@ struct Agent::Impl {
   void kill_all(const std::string& why);
   void pump_io(milliseconds timeout);
   void append_output(Attempt& at, Rank& r, const char* data, size_t n);
+  void write_log(Attempt& at, const std::string& lines);
   void on_report_line(Attempt& at, const std::string& line);
   void reap();
   void upload_logs(Attempt& at);
   void report_exit(Attempt& at);
   void report_progress(Attempt& at);
+  v1::ReportProgressRequest progress_request(const Attempt& at) const;
   void upload_profile(Attempt& at);
   void renew_leases();
+  void self_fence();
+  void check_hangs();
   void fill_report(const Attempt& at, v1::AttemptReport* r) const;
+  void exit_acknowledged(Attempt& at);
   void forget_finished();
+  void remove_ended_dirs();
 };
 
 Agent::Agent(AgentOptions options) : impl_(std::make_unique<Impl>()) {
@@ -242,7 +327,12 @@ bool Agent::Impl::register_worker() {
   req.set_address(o.address);
   for (const auto& p : ports) req.add_rendezvous_ports(p->port());
   req.set_version(kVersion);
+  // The lease and interval are the last coordinator's (the defaults before any): the ranks of
+  // this incarnation get no longer a lease than this fence counts with (start_attempt).
+  const milliseconds rank_lease = attempt::rank_lease(milliseconds(lease_ms.load()), heartbeat_interval());
+  req.set_fence_ms(attempt::fence_after(o.disconnected_grace, o.disconnect_drain, rank_lease).count());
   v1::RegisterWorkerResponse resp;
+  const auto sent = Clock::now();
   const grpc::Status s = call(&v1::WorkerService::Stub::RegisterWorker, req, &resp);
   if (!s.ok()) {
     static std::string last;
@@ -263,9 +353,11 @@ bool Agent::Impl::register_worker() {
   metrics->registrations.inc();
   interval_ms.store(std::max<int64_t>(50, resp.heartbeat_interval_ms()));
   lease_ms.store(std::max<int64_t>(resp.lease_ms(), 2 * interval_ms.load()));
-  last_ok_ns.store(Clock::now().time_since_epoch().count());
-  log_line("registered as " + o.name + " (incarnation " + std::to_string(resp.incarnation()) + ", heartbeat " +
-           std::to_string(interval_ms.load()) + " ms, lease " + std::to_string(lease_ms.load()) + " ms)");
+  fenced_rank_lease = rank_lease;
+  accepted(sent);
+  log_line("registered as " + o.name + " (incarnation " + std::to_string(resp.incarnation()) +
+           ", heartbeat " + std::to_string(interval_ms.load()) + " ms, lease " +
+           std::to_string(lease_ms.load()) + " ms, fence " + std::to_string(req.fence_ms()) + " ms)");
   return true;
 }
 
@@ -287,6 +379,7 @@ void Agent::Impl::fetch_loop() {
     req.set_after_revision(after);
     req.set_wait_ms(5000);
     v1::FetchAssignmentsResponse resp;
+    const auto sent = Clock::now();
     const grpc::Status s = call(&v1::WorkerService::Stub::FetchAssignments, req, &resp, milliseconds(8000));
     std::lock_guard<std::mutex> lock(mu);
     if (inc != incarnation) continue;
@@ -294,6 +387,7 @@ void Agent::Impl::fetch_loop() {
       assignments_revision = resp.revision();
       desired.assign(resp.assignments().begin(), resp.assignments().end());
       desired_valid = true;
+      desired_sent = sent;
     } else if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
       fenced = true;
     } else {
@@ -309,9 +403,14 @@ void Agent::Impl::fill_report(const Attempt& at, v1::AttemptReport* r) const {
   r->set_attempt(at.a.attempt());
   r->set_exited(at.exited);
   r->set_exit_code(at.exit_code);
-  r->set_message(at.message);
+  r->set_message(proto_text(at.message, kMaxMessageBytes));
   r->set_stopped_by_agent(at.stopped_by_agent);
-  if (at.exited) r->set_lost_optimizer_node(at.lost_optimizer_node);
+  if (at.exited) r->set_lost_optimizer_node(proto_text(at.lost_optimizer_node, kMaxMessageBytes));
+  // The exit carries the attempt's last progress (rank 0's worker only): the job ends with its
+  // final step and loss even if the report that sent them was lost.
+  if (at.exited && at.a.first_rank() == 0 && at.progress.is_object()) {
+    *r->mutable_last_progress() = progress_request(at);  // (the report's own name and incarnation count)
+  }
 }
 
 // Liveness: an empty heartbeat every interval from a thread of its own, so that the lease
@@ -360,7 +459,7 @@ void Agent::Impl::pulse_loop() {
           progress_out.try_emplace({p.attempt().job_id(), p.attempt().attempt()}, std::move(p));
       }
       if (s.ok()) {
-        last_ok_ns.store(Clock::now().time_since_epoch().count());
+        accepted(sent);
         coordinator_boot.store(resp.coordinator_boot());
         interval_ms.store(std::max<int64_t>(50, resp.heartbeat_interval_ms()));
       } else if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
@@ -402,9 +501,10 @@ void Agent::Impl::heartbeat() {
       fill_report(at, req.add_attempts());
   grpc::Status s;
   v1::HeartbeatResponse resp;
+  const auto sent = Clock::now();
   if (req.attempts_size() > 0) s = call(&v1::WorkerService::Stub::Heartbeat, req, &resp, std::min(heartbeat_interval(), kRpcDeadline));
   if (req.attempts_size() > 0 && s.ok()) {
-    last_ok_ns.store(Clock::now().time_since_epoch().count());
+    accepted(sent);
     adopt_boot(resp.coordinator_boot());  // restarted since: what it takes counts from now on
     coordinator_boot.store(acked_boot);
     for (const v1::AttemptReport& r : req.attempts()) {
@@ -413,29 +513,51 @@ void Agent::Impl::heartbeat() {
     }
     for (const v1::AttemptRef& ack : resp.acknowledged()) {
       auto it = attempts.find({ack.job_id(), ack.attempt()});
-      if (it != attempts.end() && it->second.exited) it->second.exit_reported = true;
+      if (it != attempts.end() && it->second.exited) exit_acknowledged(it->second);
     }
   }
   if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
     std::lock_guard<std::mutex> lock(mu);
     fenced = true;
     log_line("coordinator refused heartbeat: " + s.error_message());
+  }
+}
+
+// The agent's side of the fence (attempt_contract.h): away for disconnected_grace, the ranks
+// checkpoint and stop; away for disconnect_drain more, they are killed (and renew_leases
+// stops, on its own thread). Every attempt running at a stage gets it, also one started
+// after the stage was reached.
+void Agent::Impl::self_fence() {
+  const milliseconds gone = away();
+  const milliseconds fence = o.disconnected_grace + o.disconnect_drain;
+  const int stage = gone >= fence ? 2 : gone >= o.disconnected_grace ? 1 : 0;
+  if (stage == 0) {
+    fence_stage = 0;
     return;
   }
-  // Whether the coordinator is away: since its last accepted beat, the pulse's or this call's.
-  const auto away = Clock::now() - Clock::time_point(Clock::duration(last_ok_ns.load()));
-  if (away < milliseconds(lease_ms.load())) disconnected_stop = false;
-  const bool running = std::any_of(attempts.begin(), attempts.end(), [](const auto& kv) { return !kv.second.exited; });
-  if (away > o.disconnected_grace && !disconnected_stop && running) {
-    disconnected_stop = true;
-    log_line("coordinator unreachable for " +
-             std::to_string(std::chrono::duration_cast<milliseconds>(away).count()) +
-             " ms: asking every job's ranks to checkpoint and stop");
-    for (auto& [key, at] : attempts)
-      if (!at.exited && !at.term) {
-        at.stopped_by_agent = true;
-        signal_attempt(at, SIGTERM);
-      }
+  bool acted = false;
+  for (auto& [key, at] : attempts) {
+    if (at.exited) continue;
+    if (!at.term) {
+      at.stopped_by_agent = true;
+      signal_attempt(at, SIGTERM);
+      acted = true;
+    }
+    if (stage == 2 && !at.killed) {
+      at.stopped_by_agent = true;
+      signal_attempt(at, SIGKILL);
+      acted = true;
+    }
+  }
+  if (!acted || stage <= fence_stage) return;
+  fence_stage = stage;
+  if (stage == 1) {
+    log_line("no heartbeat accepted for " + ms_text(gone) +
+             " (since the last accepted one was sent; --disconnected-grace " + ms_text(o.disconnected_grace) +
+             "): asking every job's ranks to checkpoint and stop");
+  } else {
+    log_line("no heartbeat accepted for " + ms_text(gone) + " (--disconnected-grace + --disconnect-drain " +
+             ms_text(fence) + "): killing every rank and ending their leases");
   }
 }
 
@@ -462,17 +584,39 @@ void Agent::Impl::kill_all(const std::string& why) {
 }
 
 void Agent::Impl::start_attempt(const v1::Assignment& a) {
+  const auto key = std::make_pair(a.job_id(), a.attempt());
+  started[a.job_id()] = StartedJob{a.attempt(), {}};
   Attempt at;
   at.a = a;
   at.dir = o.work_dir + "/jobs/" + a.job_id() + "/attempt-" + std::to_string(a.attempt());
+  // The attempt's files. A work dir that cannot take them (full, read-only, gone) is this
+  // worker's fault, not the job's: nothing starts, and the attempt ends with
+  // kExitWorkerFault, which the coordinator requeues.
   std::error_code ec;
-  fs::create_directories(at.dir, ec);
   const std::string spec = at.dir + "/job.yaml";
-  {
-    std::ofstream f(spec, std::ios::binary | std::ios::trunc);
-    f << a.spec_yaml();
+  std::string cannot;
+  fs::create_directories(at.dir, ec);
+  if (ec) cannot = ec.message();
+  if (cannot.empty()) cannot = write_file_checked(spec, a.spec_yaml());
+  if (cannot.empty()) {
+    at.log_fd = ::open((at.dir + "/output.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    struct stat st {};
+    if (at.log_fd < 0) {
+      cannot = std::strerror(errno);
+    } else if (::fstat(at.log_fd, &st) == 0) {
+      at.log_bytes = st.st_size;  // an earlier incarnation's output of this attempt
+    }
   }
-  at.log_file.open(at.dir + "/output.log", std::ios::binary | std::ios::app);
+  if (!cannot.empty()) {
+    at.exited = true;
+    at.exit_code = attempt::kExitWorkerFault;
+    at.message = "the agent cannot write its work dir " + at.dir + ": " + cannot;
+    log_line("job " + a.job_id() + " attempt " + std::to_string(a.attempt()) + ": " + at.message +
+             "; not started (" + attempt::exit_text(at.exit_code) + ")");
+    auto [it, fresh] = attempts.emplace(key, std::move(at));
+    report_exit(it->second);
+    return;
+  }
   // Local slots: the lowest ones no live attempt holds.
   std::set<int> used;
   for (const auto& [key, other] : attempts)
@@ -482,14 +626,16 @@ void Agent::Impl::start_attempt(const v1::Assignment& a) {
   for (int s = 0; static_cast<int>(at.slots.size()) < a.local_ranks(); ++s) at.slots.push_back(s % std::max<int64_t>(1, slots));
 
   const milliseconds child_lease =
-      std::max(milliseconds(1000), milliseconds(lease_ms.load()) - 2 * heartbeat_interval());
+      std::min(attempt::rank_lease(milliseconds(lease_ms.load()), heartbeat_interval()), fenced_rank_lease);
   const std::string lease_timeout = std::to_string(double(child_lease.count()) / 1000.0);
   std::string failure;
   for (int i = 0; i < a.local_ranks(); ++i) {
     const int rank = a.first_rank() + i;
-    int out[2], lease_pipe[2], report[2] = {-1, -1};
+    int out[2] = {-1, -1}, lease_pipe[2] = {-1, -1}, report[2] = {-1, -1};
     if (::pipe(out) != 0 || ::pipe(lease_pipe) != 0 || (rank == 0 && ::pipe(report) != 0)) {
       failure = std::string("pipe: ") + std::strerror(errno);
+      for (int fd : {out[0], out[1], lease_pipe[0], lease_pipe[1]})
+        if (fd >= 0) ::close(fd);
       break;
     }
     // Everything the child needs, built before fork (only async-signal-safe calls after).
@@ -523,6 +669,16 @@ void Agent::Impl::start_attempt(const v1::Assignment& a) {
       if (std::strncmp(*e, "ZENFLOW_", 8) != 0) env.emplace_back(*e);
     const bool gpus = resources.gpus_size() > 0;
     env.push_back("ZENFLOW_SCHEDULED=1");  // placed by a coordinator (preflight warnings)
+    if (!o.allowed_roots.empty()) {
+      // The rank refuses a spec path outside them before it opens anything (job_spec.h).
+      std::string roots;
+      for (const std::string& r : o.allowed_roots) roots += (roots.empty() ? "" : ":") + r;
+      env.push_back("ZENFLOW_ALLOWED_ROOTS=" + roots);
+    }
+    // Which attempt this process belongs to: for the rank's own records, and for anyone
+    // sampling the processes of a host (tests/chaos checks "never two live attempts").
+    env.push_back("ZENFLOW_JOB_ID=" + a.job_id());
+    env.push_back("ZENFLOW_ATTEMPT=" + std::to_string(a.attempt()));
     env.push_back("ZENFLOW_RANK=" + std::to_string(rank));
     env.push_back("ZENFLOW_WORLD_SIZE=" + std::to_string(a.world_size()));
     env.push_back("ZENFLOW_MASTER_ADDR=" + a.master_addr());
@@ -575,6 +731,7 @@ void Agent::Impl::start_attempt(const v1::Assignment& a) {
     if (report[0] >= 0) {
       set_nonblocking_cloexec(report[0]);
       at.report_fd = report[0];
+      at.hang.emplace(std::chrono::seconds(a.hang_timeout_seconds()), Clock::now());
     }
     if (metrics->serving()) metrics->add_rank(a.job_id(), a.attempt(), rank, port_file);
     Rank r;
@@ -588,17 +745,24 @@ void Agent::Impl::start_attempt(const v1::Assignment& a) {
       lease_fds.insert(lease_pipe[1]);
     }
   }
-  const auto key = std::make_pair(a.job_id(), a.attempt());
   log_line("job " + a.job_id() + " attempt " + std::to_string(a.attempt()) + ": started ranks " +
            std::to_string(a.first_rank()) + ".." + std::to_string(a.first_rank() + a.local_ranks() - 1) + " of " +
            std::to_string(a.world_size()) + (failure.empty() ? "" : " (failed: " + failure + ")"));
   auto [it, fresh] = attempts.emplace(key, std::move(at));
   Attempt& placed = it->second;
   if (!failure.empty()) {
+    // The host's fault (out of fds or processes), not the job's: requeued. Ranks already
+    // started are killed; with none, the attempt has ended here.
     placed.message = "the agent could not start the ranks: " + failure;
-    placed.exit_code = 1;
+    placed.exit_code = attempt::kExitWorkerFault;
     signal_attempt(placed, SIGKILL);
-    for (Rank& r : placed.ranks) r.status = 128 + SIGKILL;
+    if (placed.ranks.empty()) {
+      ::close(placed.log_fd);
+      placed.log_fd = -1;
+      placed.exited = true;
+      report_exit(placed);
+      return;
+    }
   }
   // Tell the coordinator the ranks are up (best effort; the heartbeat repeats it).
   v1::ReportEventRequest ev;
@@ -615,23 +779,32 @@ void Agent::Impl::start_attempt(const v1::Assignment& a) {
 
 void Agent::Impl::reconcile() {
   std::vector<v1::Assignment> want;
+  Clock::time_point sent;
   {
     std::lock_guard<std::mutex> lock(mu);
     if (!desired_valid) return;
     want = desired;
+    sent = desired_sent;
   }
   std::set<std::pair<std::string, int64_t>> wanted;
+  std::set<std::string> listed;
   for (const v1::Assignment& a : want) {
     const auto key = std::make_pair(a.job_id(), a.attempt());
     wanted.insert(key);
+    listed.insert(a.job_id());
     auto it = attempts.find(key);
     if (it == attempts.end()) {
+      // Ended here already (and forgotten), or superseded by a later attempt: a set fetched
+      // before the coordinator recorded that end still lists it.
+      const auto done = started.find(a.job_id());
+      if (done != started.end() && a.attempt() <= done->second.attempt) continue;
       if (a.action() == v1::Assignment::STOP) {
         // Asked to stop before it started here: nothing to checkpoint.
+        started[a.job_id()] = StartedJob{a.attempt(), {}};
         Attempt at;
         at.a = a;
         at.exited = true;
-        at.exit_code = 130;
+        at.exit_code = attempt::kExitInterrupted;
         at.stopped_by_agent = true;
         at.message = "stopped before it started";
         auto [placed, fresh] = attempts.emplace(key, std::move(at));
@@ -656,6 +829,16 @@ void Agent::Impl::reconcile() {
     at.stopped_by_agent = true;
     signal_attempt(at, SIGKILL);
   }
+  // A job the coordinator recorded as ended here and no longer lists, in a set it answered
+  // after that: it cannot be listed again with that attempt.
+  for (auto it = started.begin(); it != started.end();) {
+    const StartedJob& j = it->second;
+    if (j.exit_acked != Clock::time_point{} && j.exit_acked < sent && !listed.count(it->first)) {
+      it = started.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void Agent::Impl::append_output(Attempt& at, Rank& r, const char* data, size_t n) {
@@ -666,7 +849,7 @@ void Agent::Impl::append_output(Attempt& at, Rank& r, const char* data, size_t n
     const std::string line = r.partial.substr(start, nl - start);
     if (!line.empty()) r.last_line = line;
     const std::string out = "[rank " + std::to_string(r.rank) + "] " + line + "\n";
-    if (at.log_file) at.log_file << out;
+    write_log(at, out);
     if (at.pending.size() + out.size() > kMaxPendingLogBytes) {
       at.dropped += static_cast<int64_t>(out.size());
       continue;
@@ -676,20 +859,54 @@ void Agent::Impl::append_output(Attempt& at, Rank& r, const char* data, size_t n
   r.partial.erase(0, start);
 }
 
+// output.log up to its cap, then one line saying so: the disk holds a bounded share of a
+// chatty rank's output; the coordinator still gets all of it (pending). A failed write
+// (a full disk) loses only this copy.
+void Agent::Impl::write_log(Attempt& at, const std::string& lines) {
+  if (at.log_fd < 0 || at.log_capped) return;
+  if (at.log_bytes + static_cast<int64_t>(lines.size()) <= o.max_attempt_log_bytes) {
+    if (write_all(at.log_fd, lines.data(), lines.size())) at.log_bytes += static_cast<int64_t>(lines.size());
+    return;
+  }
+  at.log_capped = true;
+  const std::string marker = "[zenflow-worker] output.log reached its cap of " +
+                             std::to_string(o.max_attempt_log_bytes) +
+                             " bytes; later output is only uploaded\n";
+  if (write_all(at.log_fd, marker.data(), marker.size())) at.log_bytes += static_cast<int64_t>(marker.size());
+}
+
 void Agent::Impl::on_report_line(Attempt& at, const std::string& line) {
   nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return;
-  const std::string ev = j.value("event", "");
+  const auto event = j.find("event");
+  const std::string ev = event != j.end() && event->is_string() ? event->get<std::string>() : "";
   if (ev == "start") {
-    at.start_step = j.value("start_step", int64_t{0});
+    at.start_step = number_or(j, "start_step", int64_t{0});
+  } else if (ev == "resumed") {
+    // Where the attempt stands before its first step (or for good, when it resumed at the
+    // last step): reported like a step with no rates, unless a step came already.
+    if (!at.progress.is_object()) {
+      at.progress = nlohmann::json{{"event", "step"},
+                                   {"step", number_or(j, "step", int64_t{0})},
+                                   {"total_steps", number_or(j, "total_steps", int64_t{0})},
+                                   {"loss", number_or(j, "loss", 0.0)},
+                                   {"eta_seconds", -1.0}};
+      at.progress_dirty = true;
+    }
   } else if (ev == "step") {
+    if (at.hang)
+      at.hang->on_step(number_or(j, "step", int64_t{0}), number_or(j, "step_seconds", 0.0), Clock::now());
     at.progress = std::move(j);
     at.progress_dirty = true;
+  } else if (ev == "checkpoint") {
+    if (at.hang) at.hang->on_checkpoint(Clock::now());
   } else if (ev == "node_lost") {
-    at.lost_optimizer_node = j.value("node", "");
+    const auto node = j.find("node");
+    if (node != j.end() && node->is_string()) at.lost_optimizer_node = node->get<std::string>();
   } else if (ev == "profile") {
     // Read now, while the file is this attempt's (a later attempt writes the same path).
-    const std::string path = j.value("path", "");
+    const auto field = j.find("path");
+    const std::string path = field != j.end() && field->is_string() ? field->get<std::string>() : "";
     std::ifstream f(path, std::ios::binary);
     std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     if (!f.good() && !f.eof()) {
@@ -698,7 +915,7 @@ void Agent::Impl::on_report_line(Attempt& at, const std::string& line) {
       log_line("job " + at.a.job_id() + ": its profile " + path + " is over " +
                std::to_string(rpc::kMaxProfileBytes) + " bytes; not uploaded");
     } else {
-      at.profile_yaml = std::move(text);
+      at.profile_yaml = valid_utf8(text);  // a proto string; a profile is YAML text
     }
   }
 }
@@ -795,18 +1012,22 @@ void Agent::Impl::reap() {
       at.report_fd = -1;
     }
     at.exited = true;
-    at.exit_code = 0;
-    for (const Rank& r : at.ranks)
-      if (r.status != 0) {
-        at.exit_code = r.status;
-        at.message = "rank " + std::to_string(r.rank) + " " + exit_text(r.status) +
-                     (r.last_line.empty() ? "" : ": " + r.last_line);
-        break;
-      }
-    if (at.exit_code == kExitLeaseLost) at.message += " (its lease from the agent ran out)";
+    if (at.exit_code != attempt::kExitWorkerFault) {  // else the start failed: that is its end
+      at.exit_code = 0;
+      for (const Rank& r : at.ranks)
+        if (r.status != 0) {
+          at.exit_code = r.status;
+          at.message = "rank " + std::to_string(r.rank) + " " + attempt::exit_text(r.status) +
+                       (r.last_line.empty() ? "" : ": " + r.last_line);
+          break;
+        }
+    }
+    if (!at.hung.empty() && at.exit_code != 0) at.message = at.hung;  // killed by check_hangs()
+    if (at.exit_code == attempt::kExitLeaseLost) at.message += " (its lease from the agent ran out)";
     if (at.dropped > 0) at.pending += "[zenflow-worker] " + std::to_string(at.dropped) + " bytes of output were "
                                       "dropped while the coordinator was unreachable; see " + at.dir + "/output.log\n";
-    at.log_file.close();
+    if (at.log_fd >= 0) ::close(at.log_fd);
+    at.log_fd = -1;
     log_line("job " + key.first + " attempt " + std::to_string(key.second) + ": " +
              (at.exit_code == 0 ? "ranks exited 0" : at.message));
     if (at.progress_dirty) report_progress(at);
@@ -869,27 +1090,40 @@ void Agent::Impl::report_exit(Attempt& at) {
   v1::ReportEventResponse ignored;
   const grpc::Status s = call(&v1::WorkerService::Stub::ReportEvent, ev, &ignored);
   // FAILED_PRECONDITION: the attempt is no longer current; nothing to record.
-  if (s.ok() || s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) at.exit_reported = true;
+  if (s.ok() || s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) exit_acknowledged(at);
+}
+
+void Agent::Impl::exit_acknowledged(Attempt& at) {
+  at.exit_reported = true;
+  auto it = started.find(at.a.job_id());
+  if (it != started.end() && it->second.attempt == at.a.attempt() && it->second.exit_acked == Clock::time_point{})
+    it->second.exit_acked = Clock::now();
 }
 
 // Queues the attempt's latest progress for the pulse thread's next beat (pulse_loop). An
 // attempt that has exited sends its last progress here, by ReportProgress, before its exit
 // is reported (the coordinator takes no progress of an ended job): what the job ends with.
-void Agent::Impl::report_progress(Attempt& at) {
+// The attempt's latest progress (its last step line, or the step it resumed at) as a report.
+v1::ReportProgressRequest Agent::Impl::progress_request(const Attempt& at) const {
   const nlohmann::json& p = at.progress;
   v1::ReportProgressRequest req;
-  req.set_name(o.name);  // the incarnation is the beat's
+  req.set_name(o.name);  // the incarnation is the beat's (or the call's)
   req.mutable_attempt()->set_job_id(at.a.job_id());
   req.mutable_attempt()->set_attempt(at.a.attempt());
-  req.set_step(p.value("step", int64_t{0}));
-  req.set_total_steps(p.value("total_steps", int64_t{0}));
-  req.set_loss(p.value("loss", 0.0));
-  req.set_tokens_per_second(p.value("tokens_per_second", 0.0));
-  req.set_stall_share(p.value("stall_share", 0.0));
-  req.set_eta_seconds(p.value("eta_seconds", -1.0));
-  req.set_step_seconds(p.value("step_seconds", 0.0));
-  req.set_tokens_per_step(p.value("tokens_per_step", int64_t{0}));
+  req.set_step(number_or(p, "step", int64_t{0}));
+  req.set_total_steps(number_or(p, "total_steps", int64_t{0}));
+  req.set_loss(number_or(p, "loss", 0.0));
+  req.set_tokens_per_second(number_or(p, "tokens_per_second", 0.0));
+  req.set_stall_share(number_or(p, "stall_share", 0.0));
+  req.set_eta_seconds(number_or(p, "eta_seconds", -1.0));
+  req.set_step_seconds(number_or(p, "step_seconds", 0.0));
+  req.set_tokens_per_step(number_or(p, "tokens_per_step", int64_t{0}));
   req.set_start_step(at.start_step);
+  return req;
+}
+
+void Agent::Impl::report_progress(Attempt& at) {
+  v1::ReportProgressRequest req = progress_request(at);
   at.progress_sent = Clock::now();
   if (at.exited) {
     {
@@ -939,20 +1173,64 @@ void Agent::Impl::upload_profile(Attempt& at) {
   }  // otherwise retried at the next upload tick
 }
 
+// On the lease thread. Past the fence (grace + drain without an accepted heartbeat) it
+// renews nothing, whatever the supervisor thread is doing: a rank it could not kill ends
+// itself within its lease (the last term of fence_after).
 void Agent::Impl::renew_leases() {
+  const milliseconds gone = away();
   std::lock_guard<std::mutex> lock(lease_mu);
+  if (gone >= o.disconnected_grace + o.disconnect_drain) {
+    if (!lease_fds.empty() && !leases_withheld.exchange(true))
+      log_line("no heartbeat accepted for " + ms_text(gone) + ": no longer renewing the ranks' leases");
+    return;
+  }
+  leases_withheld.store(false);
   for (int fd : lease_fds)  // nonblocking; a full pipe is still a live lease
     if (::write(fd, "r", 1) == 1) metrics->lease_renewals.inc();
+}
+
+// Kills the ranks of an attempt whose rank 0 made no progress for its hang bound
+// (hang_watch.h); its exit then carries why (reap). One that is already stopping has its
+// own deadline (stop_grace).
+void Agent::Impl::check_hangs() {
+  const auto now = Clock::now();
+  for (auto& [key, at] : attempts) {
+    if (at.exited || !at.hang || at.term || at.killed) continue;
+    const std::optional<HangWatch::Hang> h = at.hang->check(now);
+    if (!h) continue;
+    at.hung = "hung at step " + std::to_string(h->step) + ": no progress for " +
+              std::to_string(std::chrono::duration_cast<std::chrono::seconds>(h->silent).count()) +
+              " s (resources.hang_timeout " + std::to_string(h->timeout.count()) + " s)";
+    log_line("job " + key.first + " attempt " + std::to_string(key.second) + " " + at.hung +
+             ": killing its ranks");
+    signal_attempt(at, SIGKILL);
+  }
 }
 
 void Agent::Impl::forget_finished() {
   for (auto it = attempts.begin(); it != attempts.end();) {
     const Attempt& at = it->second;
     if (at.exited && at.exit_reported && at.pending.empty() && at.profile_yaml.empty()) {
+      if (!at.dir.empty()) ended_dirs.push_back(at.dir);
       it = attempts.erase(it);
     } else {
       ++it;
     }
+  }
+  remove_ended_dirs();
+}
+
+// Keeps the newest keep_attempt_dirs ended attempts' directories (for a look at a recent
+// failure); the coordinator holds everything else of them. A job's directory goes with its
+// last attempt's.
+void Agent::Impl::remove_ended_dirs() {
+  while (ended_dirs.size() > static_cast<size_t>(std::max<int64_t>(0, o.keep_attempt_dirs))) {
+    const fs::path dir = ended_dirs.front();
+    ended_dirs.pop_front();
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    if (ec) log_line("cannot remove " + dir.string() + ": " + ec.message());
+    fs::remove(dir.parent_path(), ec);  // fails while the job has another attempt's directory
   }
 }
 
@@ -971,6 +1249,7 @@ int Agent::run() {
     if (o.work_dir.empty()) throw std::invalid_argument("--work-dir is required");
     fs::create_directories(o.work_dir);
     o.work_dir = fs::canonical(o.work_dir).string();
+    if (!o.allowed_roots.empty()) o.allowed_roots.push_back(o.work_dir);  // where the specs themselves live
     m.resources.set_hostname(o.name);
     m.resources.set_host_memory_bytes(o.host_memory_bytes > 0 ? o.host_memory_bytes : detect_host_memory_bytes());
     m.resources.set_physical_cores(o.physical_cores > 0 ? o.physical_cores : detect_physical_cores());
@@ -1024,7 +1303,7 @@ int Agent::run() {
       log_line("the coordinator refused incarnation " + std::to_string(incarnation) +
                " (declared LOST or replaced); registering again");
       m.kill_all("the coordinator no longer leases this incarnation (it was declared LOST)");
-      for (auto& [key, at] : m.attempts) at.exit_reported = true;  // stale: nothing to report
+      for (auto& [key, at] : m.attempts) m.exit_acknowledged(at);  // stale: nothing to report
       std::lock_guard<std::mutex> lock(m.mu);
       m.incarnation = 0;
       m.fenced = false;
@@ -1048,7 +1327,9 @@ int Agent::run() {
       }
     }
     m.pump_io(milliseconds(50));
+    m.check_hangs();
     m.reap();
+    m.self_fence();
     if (registered) {
       if (now >= m.next_heartbeat) {
         m.next_heartbeat = now + m.heartbeat_interval();

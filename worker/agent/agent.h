@@ -11,12 +11,14 @@
 //     thread, which lives as long as the agent), so a lost worker never keeps writing a
 //     job's checkpoints while the job resumes elsewhere;
 //   - holds a lease from the agent (fd 4; a thread of the agent writes a byte every 500 ms,
-//     whatever its RPCs are doing, so a coordinator that is away never lets it lapse). A paused
-//     agent (SIGSTOP) stops renewing it, and the child exits without committing a
-//     checkpoint before the coordinator's lease on the worker runs out (--lease-timeout is
-//     lease - 2 heartbeat intervals), so a stale attempt never commits;
+//     whatever its RPCs are doing, so a coordinator that is away never lets it lapse until
+//     the agent fences itself, below). A paused agent (SIGSTOP) stops renewing it, and the
+//     child exits without committing a checkpoint before the coordinator's lease on the
+//     worker runs out (--lease-timeout is at most attempt::rank_lease: lease - 2
+//     heartbeat intervals), so a stale attempt never commits;
 //   - reports progress as JSON lines on fd 3 (rank 0 only) and its output on stdout/stderr,
-//     which the agent keeps in work-dir/jobs/JOB/attempt-N/output.log and uploads;
+//     which the agent keeps in work-dir/jobs/JOB/attempt-N/output.log (up to
+//     --max-attempt-log-bytes) and uploads;
 //   - with --metrics-port, serves its metrics on a loopback port of its own, which the
 //     agent's /metrics merges with its own series (worker_metrics.h).
 //
@@ -24,10 +26,23 @@
 // running on it and reconciles (start what is new, SIGTERM what is to STOP — the Ctrl-C
 // path: checkpoint and exit — and SIGKILL what is no longer wanted). Exits are reported
 // at once and repeated in every heartbeat until acknowledged, so a result reached while
-// the coordinator is away is recorded when it returns. While the coordinator is
-// unreachable the ranks keep training (up to --disconnected-grace, then they are asked
-// to checkpoint and stop). A heartbeat refused with FAILED_PRECONDITION (the coordinator
-// declared this incarnation LOST) kills every rank at once and registers again.
+// the coordinator is away is recorded when it returns. An attempt this process started
+// is never started again, whatever a stale assignment set still lists (its number only
+// grows per job). A heartbeat refused with FAILED_PRECONDITION (the coordinator declared
+// this incarnation LOST) kills every rank at once and registers again.
+//
+// Self-fencing (common/attempt_contract.h): "away" is the time since the agent *sent* the
+// last heartbeat the coordinator accepted. While away the ranks keep training; at
+// --disconnected-grace they are asked to checkpoint and stop; at grace + --disconnect-drain
+// every rank's process group is killed and the lease thread stops renewing (it checks the
+// bound itself, so a stuck supervisor cannot keep a lease alive). The agent reports the
+// resulting bound (attempt::fence_after) as RegisterWorkerRequest.fence_ms.
+//
+// The worker's own failures are not the job's: an attempt whose work dir cannot be written
+// starts nothing and ends with attempt::kExitWorkerFault (requeued). Rank 0's progress feeds
+// a HangWatch (hang_watch.h); a hung attempt's ranks are killed and it ends "hung at step
+// N" (requeued). Ended attempts' directories are removed, keeping the newest
+// --keep-attempt-dirs.
 //
 // Thread safety: run() once, from the thread that constructed the Agent; stop() from any
 // thread or a signal handler (it only sets a flag).
@@ -59,10 +74,17 @@ struct AgentOptions {
   int64_t host_memory_bytes = 0;      // 0: MemTotal of /proc/meminfo
   int64_t physical_cores = 0;         // 0: counted from /proc/cpuinfo
   std::map<std::string, std::string> labels;
+  // The directories a job's spec may read or write (model.from, data.*, checkpoint.dir), the
+  // work dir always among them once any is given; empty: not confined (job_spec.h,
+  // check_allowed_roots).
+  std::vector<std::string> allowed_roots;
   std::string trainer;                // the zenflow binary; default: beside this executable
   std::chrono::milliseconds stop_grace{60'000};          // STOP: SIGTERM, then SIGKILL after this
-  std::chrono::milliseconds disconnected_grace{120'000};  // coordinator unreachable: keep training this long
-  std::chrono::milliseconds rank_failure_grace{10'000};   // one rank failed: the others get this long
+  std::chrono::milliseconds disconnected_grace{60'000};  // coordinator unreachable: keep training this long,
+  std::chrono::milliseconds disconnect_drain{30'000};    // then checkpoint and stop this long, then SIGKILL
+  std::chrono::milliseconds rank_failure_grace{10'000};  // one rank failed: the others get this long
+  int64_t keep_attempt_dirs = 5;  // ended attempts' directories kept (the newest); 0: none
+  int64_t max_attempt_log_bytes = int64_t{64} << 20;  // each output.log; later output is only uploaded
   int metrics_port = 0;                 // /metrics and /healthz (worker_metrics.h); 0: off
   std::string metrics_host = "127.0.0.1";
 };

@@ -2,7 +2,8 @@
 // (worker/agent/agent.h).
 //
 //   zenflow-worker --coordinator HOST:PORT --token-file F --work-dir DIR [--name N] [--tls-ca F]
-//                  [--metrics-port P [--metrics-host H]]
+//                  [--metrics-port P [--metrics-host H]] [--disconnected-grace S] [--disconnect-drain S]
+//                  [--keep-attempt-dirs N] [--max-attempt-log-bytes B]
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
@@ -24,7 +25,7 @@ int main(int argc, char** argv) {
   zenflow::agent::AgentOptions o;
   std::string token_file;
   double host_memory_gb = 0;
-  double stop_grace_s = 60, disconnected_grace_s = 120;
+  double stop_grace_s = 60, disconnected_grace_s = 60, disconnect_drain_s = 30;
   CLI::App app("zenflow-worker: runs the fine-tuning jobs a zenflow coordinator assigns to this host");
   app.set_version_flag("--version", std::string("zenflow-worker ") + zenflow::kVersion);
   app.add_option("--coordinator", o.coordinator, "Coordinator HOST:PORT")->required();
@@ -45,10 +46,27 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   std::vector<std::string> labels;
   app.add_option("--label", labels, "KEY=VALUE label for node selectors (repeatable)");
+  app.add_option("--allowed-root", o.allowed_roots,
+                 "A directory job specs may read or write (model.from, data.*, checkpoint.dir); repeatable. "
+                 "Given once, a spec path outside them (and the work dir) is refused, exit 2 naming the key, "
+                 "before anything is opened. Not given: specs are not confined");
   app.add_option("--trainer", o.trainer, "The zenflow binary the ranks run (default: beside this one)");
   app.add_option("--stop-grace", stop_grace_s, "Seconds a stopping job gets to checkpoint before SIGKILL");
   app.add_option("--disconnected-grace", disconnected_grace_s,
-                 "Seconds the ranks keep training while the coordinator is unreachable");
+                 "Seconds the ranks keep training while the coordinator is unreachable (counted from the "
+                 "sending of the last heartbeat it accepted); then they are asked to checkpoint and stop")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--disconnect-drain", disconnect_drain_s,
+                 "Seconds after --disconnected-grace the ranks get to checkpoint and stop; then they are killed "
+                 "and their leases end (the worker's fence, reported to the coordinator)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--keep-attempt-dirs", o.keep_attempt_dirs,
+                 "Directories of ended attempts (spec, output.log) kept under the work dir, the newest; older "
+                 "ones are removed once the coordinator holds their exit and output (0: none)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  app.add_option("--max-attempt-log-bytes", o.max_attempt_log_bytes,
+                 "Cap of each attempt's output.log; later output is only uploaded to the coordinator")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
   app.add_option("--metrics-port", o.metrics_port,
                  "Serve Prometheus /metrics (this agent's series and every rank's it runs, labelled job_id and "
                  "rank) and /healthz on this port (0: off)")
@@ -76,6 +94,7 @@ int main(int argc, char** argv) {
   o.host_memory_bytes = static_cast<int64_t>(host_memory_gb * double(1LL << 30));
   o.stop_grace = std::chrono::milliseconds(static_cast<int64_t>(stop_grace_s * 1000));
   o.disconnected_grace = std::chrono::milliseconds(static_cast<int64_t>(disconnected_grace_s * 1000));
+  o.disconnect_drain = std::chrono::milliseconds(static_cast<int64_t>(disconnect_drain_s * 1000));
   zenflow::agent::Agent agent(std::move(o));
   g_agent = &agent;
   std::signal(SIGTERM, on_signal);
