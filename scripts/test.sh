@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs every test: the CTest suite of ./build, then (when nvcc is present) a build check
-# of the CUDA kernels into ./build-cuda. Exits non-zero if anything fails.
+# Runs every test: the CTest suite of ./build, libFuzzer, the LibTorch-free targets and their
+# tests under ASan + UBSan (scripts/sanitize.sh, ./build-asan), then (when nvcc is present) a
+# build check of the CUDA kernels into ./build-cuda. Exits non-zero if anything fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 status=0
@@ -11,6 +12,10 @@ ctest_status=0
 ctest --test-dir build --output-on-failure --timeout 900 -j2 || { status=1; ctest_status=1; }
 # libFuzzer over the optimizer-node protocol's parsers (bounded and seeded: ~30 s).
 bash scripts/fuzz.sh || status=1
+# ASan + UBSan: the coordinator, agent, optimizer node and transport, and their tests.
+echo "== sanitizers (scripts/sanitize.sh)"
+sanitize_status=0
+bash scripts/sanitize.sh || { status=1; sanitize_status=1; }
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="$PATH:/usr/local/cuda/bin"
   echo "== CUDA build check (nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'))"
@@ -46,5 +51,9 @@ if [ "$ctest_status" != 0 ] && [ -f build/Testing/Temporary/LastTestsFailed.log 
     awk -v n="$number" '/^[0-9]+\/[0-9]+ Testing: /{keep = ($0 ~ "^" n "/")} keep' \
       build/Testing/Temporary/LastTest.log | tail -n 80
   done < build/Testing/Temporary/LastTestsFailed.log
+fi
+# Then the sanitizer run's failed tests and reports (scripts/sanitize.sh printed them too).
+if [ "$sanitize_status" != 0 ] && [ -s build-asan/sanitize-summary.log ]; then
+  cat build-asan/sanitize-summary.log
 fi
 exit $status

@@ -425,9 +425,11 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(server_channel_);
   }
 
+  // The inboxes first: members are destroyed in reverse order, and a transport torn down
+  // fails its endpoints into its inbox's handler (ASan found the inboxes destroyed before).
+  Inbox server_inbox_, client_inbox_;
   std::unique_ptr<Transport> server_, client_;
   int port_ = 0;
-  Inbox server_inbox_, client_inbox_;
   std::shared_ptr<Channel> client_channel_, server_channel_;
 };
 
