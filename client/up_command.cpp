@@ -37,7 +37,9 @@
 #include <vector>
 
 #include "client/commands.h"
+#include "common/rpc/auth.h"
 #include "common/rpc/rpc.h"
+#include "worker/distributed/ports.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "zenflow/v1/jobs.grpc.pb.h"
 
@@ -96,38 +98,7 @@ void write_text_atomically(const fs::path& p, const std::string& text, mode_t mo
   fs::rename(tmp, p);
 }
 
-// 32 random bytes from the kernel as 64 hex characters.
-std::string random_token() {
-  std::ifstream in("/dev/urandom", std::ios::binary);
-  unsigned char b[32];
-  in.read(reinterpret_cast<char*>(b), sizeof b);
-  if (!in) throw std::runtime_error("cannot read /dev/urandom");
-  std::string out;
-  char hex[3];
-  for (unsigned char c : b) {
-    std::snprintf(hex, sizeof hex, "%02x", c);
-    out += hex;
-  }
-  return out;
-}
 
-// A port nothing listens on now (bound to 0 by the kernel, then closed), for the processes
-// whose metrics port cannot be 0. Another process could take it in between; the child then
-// fails to start and says which port.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    if (fd >= 0) ::close(fd);
-    throw std::runtime_error("cannot bind a free port on 127.0.0.1");
-  }
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 // GET http://127.0.0.1:port/path: the status code, 0 when nothing answers within a second.
 int http_status(int port, const std::string& path) {
@@ -385,9 +356,9 @@ int up(const UpArgs& a) {
   }
   const fs::path admin_token = dir / "admin.token", worker_token = dir / "worker.token",
                  optimizer_token = dir / "optimizer.token";
-  write_text_atomically(admin_token, random_token() + "\n", 0600);
-  write_text_atomically(worker_token, random_token() + "\n", 0600);
-  if (a.optimizer_nodes > 0) write_text_atomically(optimizer_token, random_token() + "\n", 0600);
+  write_text_atomically(admin_token, rpc::random_token() + "\n", 0600);
+  write_text_atomically(worker_token, rpc::random_token() + "\n", 0600);
+  if (a.optimizer_nodes > 0) write_text_atomically(optimizer_token, rpc::random_token() + "\n", 0600);
 
   // Ctrl-C and SIGTERM stop the stack; the children restore the defaults before exec.
   struct sigaction sa {};
@@ -405,7 +376,7 @@ int up(const UpArgs& a) {
   try {
     // Every fork happens before the first gRPC call (no gRPC threads exist at fork time).
     Child cc{"coordinator", "coordinator"};
-    cc.metrics_port = free_port();
+    cc.metrics_port = distributed::find_free_port();
     coordinator = &stack.start(
         cc, {coordinator_bin.string(), "--listen", "127.0.0.1:0", "--db", (dir / "coordinator.db").string(),
              "--admin-token-file", admin_token.string(), "--worker-token-file", worker_token.string(),
@@ -422,7 +393,7 @@ int up(const UpArgs& a) {
     const std::string worker_grace = std::to_string(std::max(1.0, a.grace_s / 2));
     for (int i = 1; i <= a.workers; ++i) {
       Child wc{"w" + std::to_string(i), "worker"};
-      wc.metrics_port = free_port();
+      wc.metrics_port = distributed::find_free_port();
       const fs::path work = dir / ("work-" + wc.name);
       workers.push_back(&stack.start(
           wc, {worker_bin.string(), "--coordinator", coordinator->address, "--token-file",
@@ -432,7 +403,7 @@ int up(const UpArgs& a) {
     }
     for (int i = 1; i <= a.optimizer_nodes; ++i) {
       Child nc{"optimizer-" + std::to_string(i), "optimizer"};
-      nc.metrics_port = free_port();
+      nc.metrics_port = distributed::find_free_port();
       const fs::path port_file = dir / (nc.name + ".port");
       // Registered with the coordinator (role optimizer), so `zenflow workers` lists them.
       nodes.push_back(&stack.start(
@@ -449,7 +420,7 @@ int up(const UpArgs& a) {
       const fs::path config = dir / "prometheus" / "prometheus.yml";
       write_text_atomically(config, prometheus_config(coordinator->metrics_port, worker_ports, node_ports), 0644);
       Child pc{"prometheus", "prometheus"};
-      pc.metrics_port = free_port();
+      pc.metrics_port = distributed::find_free_port();
       pc.address = "127.0.0.1:" + std::to_string(pc.metrics_port);
       prometheus = &stack.start(pc, {prometheus_bin, "--config.file=" + config.string(),
                                      "--storage.tsdb.path=" + (dir / "prometheus" / "data").string(),

@@ -1,5 +1,7 @@
 #include "common/rpc/auth.h"
 
+#include <fstream>
+
 #include <arpa/inet.h>
 
 #include <cctype>
@@ -16,6 +18,21 @@ constexpr size_t kMaxTokenChars = 1024;
 constexpr std::string_view kBearer = "Bearer ";
 
 }  // namespace
+
+std::string random_token(size_t bytes) {
+  std::ifstream in("/dev/urandom", std::ios::binary);
+  std::string raw(bytes, '\0');
+  in.read(raw.data(), static_cast<std::streamsize>(bytes));
+  if (!in) throw std::runtime_error("cannot read /dev/urandom");
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * bytes);
+  for (unsigned char c : raw) {
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  }
+  return out;
+}
 
 std::string read_token_file(const std::string& path) {
   std::string text;

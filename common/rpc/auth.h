@@ -18,6 +18,10 @@ namespace zenflow::rpc {
 // 5 characters; a token needs at least 16"). The token itself never appears in a message.
 std::string read_token_file(const std::string& path);
 
+// A new token: `bytes` bytes from the kernel's random source as hex (2 x bytes characters).
+// Throws std::runtime_error when /dev/urandom cannot be read.
+std::string random_token(size_t bytes = 32);
+
 // a == b in time that depends only on the lengths (no early exit on the first difference).
 bool constant_time_equal(std::string_view a, std::string_view b);
 
