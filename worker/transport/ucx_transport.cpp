@@ -23,6 +23,7 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <new>
 #include <string>
@@ -262,6 +263,10 @@ class UcxTransport final : public Transport {
   std::vector<std::unique_ptr<Listener>> listeners_;
   std::map<uintptr_t, MemRegion> regions_;
   std::vector<RecvOp*> pending_rndv_;
+  // The receive start_rndv_receives is handing to ucp_am_recv_data_nbx, and its status when
+  // UCX completed it inside that call (recv_cb ran there). Progress thread only.
+  RecvOp* receiving_ = nullptr;
+  std::optional<ucs_status_t> completed_inside_;
   std::vector<std::shared_ptr<UcxChannel>> awaiting_bye_ack_;
   int64_t requests_in_flight_ = 0;  // sends, receives and closes UCX still owes a callback
   bool shutting_down_ = false;      // no message is delivered, no on_error called
@@ -890,9 +895,19 @@ void UcxTransport::start_rndv_receives() {
       p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
       p.memh = memh;
     }
-    ucs_status_ptr_t req = ucp_am_recv_data_nbx(worker_, r->desc, r->buffer, r->len, &p);
-    r->desc = nullptr;  // UCX owns it now, whatever the outcome
-    if (req == nullptr) {
+    // UCX owns the descriptor once asked, whatever the outcome. It may also complete the
+    // receive inside the call and run recv_cb there (a peer failing at that moment: seen with
+    // sm under ASan, a use after free when recv_cb deleted r): recv_cb then only records the
+    // status, and the receive is finished here, once, whatever the call returned.
+    void* desc = r->desc;
+    r->desc = nullptr;
+    receiving_ = r;
+    completed_inside_.reset();
+    ucs_status_ptr_t req = ucp_am_recv_data_nbx(worker_, desc, r->buffer, r->len, &p);
+    receiving_ = nullptr;
+    if (completed_inside_) {
+      finish_recv(r, *completed_inside_);
+    } else if (req == nullptr) {
       finish_recv(r, UCS_OK);
     } else if (UCS_PTR_IS_ERR(req)) {
       finish_recv(r, UCS_PTR_STATUS(req));
@@ -906,6 +921,10 @@ void UcxTransport::recv_cb(void* request, ucs_status_t status, size_t, void* use
   auto* r = static_cast<RecvOp*>(user_data);
   UcxTransport* t = r->channel->owner;
   ucp_request_free(request);
+  if (t->receiving_ == r) {  // inside ucp_am_recv_data_nbx: start_rndv_receives finishes it
+    t->completed_inside_ = status;
+    return;
+  }
   --t->requests_in_flight_;
   t->finish_recv(r, status);
 }
