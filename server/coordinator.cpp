@@ -1192,7 +1192,7 @@ void Coordinator::enter_worker(const WorkerRecord& rec, const v1::WorkerResource
   // died with the old one, PR_SET_PDEATHSIG; a fenced one killed its own before registering).
   // The jobs waiting for its fence need not wait longer.
   for (const auto& [id, j] : live_)
-    if (j->fence_worker == name && j->rec.fence_until_ms > now) {
+    if (j->rec.fence_until_ms > now && j->fence_worker == name) {  // (the integer first: most jobs wait for none)
       j->rec.fence_until_ms = 0;
       j->fence_worker.clear();
       log("job " + id + ": worker " + name + " registered again; its ranks are gone, the job may start");
