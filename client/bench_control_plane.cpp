@@ -313,6 +313,7 @@ struct SimWorker {
   std::string name;
   size_t channel = 0;  // its connection: index % channels
   int64_t incarnation = 0;
+  std::string session;  // RegisterWorker's: every later call carries it
   std::atomic<bool> stopped{false};
   // Set: its stream is to break (cancelled, as a dead process's closed connection breaks it),
   // at its next beat; broken_ns says when it did (streams only).
@@ -346,6 +347,7 @@ bool register_sim(const Clients& c, size_t channel, SimWorker& w) {
     const grpc::Status s = stub->RegisterWorker(&ctx, req, &resp);
     if (s.ok()) {
       w.incarnation = resp.incarnation();
+      w.session = resp.session();
       w.sent(sent);
       return true;
     }
@@ -444,7 +446,7 @@ HeartbeatLoad run_load(const Clients& c, const std::vector<SimWorker*>& workers,
     if (w.stopped.load()) continue;
     w.sent(Clock::now());
     auto* call = new Call;
-    rpc::prepare_call(call->ctx, c.worker, milliseconds(2000));
+    rpc::prepare_call(call->ctx, c.worker, milliseconds(2000), w.session);
     call->beat.set_name(w.name);
     call->beat.set_incarnation(w.incarnation);
     call->due = due;
@@ -521,6 +523,7 @@ HeartbeatLoad run_stream_load(const Clients& c, const std::vector<SimWorker*>& w
     st->worker = w;
     for (int k = 0; k < 5; ++k) st->ops[k] = {st.get(), static_cast<Kind>(k)};
     st->ctx.AddMetadata("authorization", "Bearer " + c.worker);
+    st->ctx.AddMetadata(rpc::kSessionMetadata, w->session);
     st->beat.set_name(w->name);
     st->beat.set_incarnation(w->incarnation);
     st->rw = stubs[w->channel % stubs.size()]->PrepareAsyncHeartbeatStream(&st->ctx, &cq);
@@ -1343,7 +1346,7 @@ int run_bench(const Args& a) {
         for (size_t i = static_cast<size_t>(t); i < live.size(); i += 16) {
           for (int attempt = 0; attempt < 100; ++attempt) {
             grpc::ClientContext ctx;
-            rpc::prepare_call(ctx, c.worker, milliseconds(1000));
+            rpc::prepare_call(ctx, c.worker, milliseconds(1000), live[i]->session);
             ctx.set_wait_for_ready(true);
             v1::HeartbeatRequest req;
             req.set_name(live[i]->name);

@@ -309,6 +309,7 @@ void Coordinator::load() {
     w.lease->deadline_ms = now + options_.restart_grace.count();
     w.lease->last_heartbeat_ms = now;  // unknown before the restart; counted from now
     w.lease->incarnation = rec.incarnation;
+    w.lease->session_digest = rec.session_digest;
     w.lease->lost = rec.state == "LOST";
     // Above any revision the agent holds from before the restart: its long poll returns at
     // once with the current set, never a stale one.
@@ -1126,7 +1127,7 @@ Status Coordinator::register_worker(const v1::RegisterWorkerRequest& req, v1::Re
       if (!incarnation) return {StatusCode::UNAVAILABLE, "cannot reserve an incarnation: " + issue_error};
       StoreBatch batch;
       lose_worker(old, "re-registered (the agent restarted)", /*silent=*/false, batch);
-      const WorkerRecord rec = registration_record(req, now, *incarnation);
+      const WorkerRecord rec = registration_record(req, now, *incarnation, resp->mutable_session());
       enter_worker(rec, res, now);
       batch.workers.push_back(rec);
       commit(batch);
@@ -1138,7 +1139,7 @@ Status Coordinator::register_worker(const v1::RegisterWorkerRequest& req, v1::Re
       const std::optional<int64_t> incarnation = issue_incarnation(&issue_error);
       if (!incarnation) return {StatusCode::UNAVAILABLE, "cannot reserve an incarnation: " + issue_error};
       pending = std::make_shared<PendingRegistration>();
-      pending->rec = registration_record(req, now, *incarnation);
+      pending->rec = registration_record(req, now, *incarnation, resp->mutable_session());
       pending->resources = res;
       registering_.insert(name);
       registration_queue_.push_back(pending);
@@ -1155,8 +1156,10 @@ Status Coordinator::register_worker(const v1::RegisterWorkerRequest& req, v1::Re
 }
 
 WorkerRecord Coordinator::registration_record(const v1::RegisterWorkerRequest& req, int64_t now,
-                                              int64_t incarnation) {
+                                              int64_t incarnation, std::string* session) {
   WorkerRecord rec;
+  *session = rpc::random_token();  // 256 bits from the kernel: unguessable, unlike the incarnation
+  rec.session_digest = rpc::session_digest(*session);
   rec.name = req.name();
   rec.role = req.role() == v1::OPTIMIZER ? "OPTIMIZER" : "TRAINER";
   req.resources().SerializeToString(&rec.resources);
@@ -1184,6 +1187,7 @@ void Coordinator::enter_worker(const WorkerRecord& rec, const v1::WorkerResource
   {
     std::lock_guard<std::mutex> lease_lock(w.lease->mu);
     w.lease->incarnation = w.rec.incarnation;
+    w.lease->session_digest = w.rec.session_digest;
     w.lease->lost = false;
     renew(*w.lease, now);
     w.lease->assignment_revision = std::max(w.lease->assignment_revision, revision_base_) + 1;
@@ -1288,6 +1292,28 @@ Status Coordinator::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResp
 void Coordinator::apply_progress(const v1::HeartbeatRequest& req) {
   for (const v1::ReportProgressRequest& p : req.progress())
     if (p.name() == req.name() && p.incarnation() == req.incarnation()) (void)report_progress(p);
+}
+
+Status Coordinator::check_session(const std::string& name, int64_t incarnation, std::string_view session) {
+  const std::shared_ptr<Lease> lease = lease_of(name);
+  if (!lease) return {StatusCode::FAILED_PRECONDITION, "worker " + name + " is not registered; register again"};
+  const std::string digest = rpc::session_digest(session);
+  std::lock_guard<std::mutex> lease_lock(lease->mu);
+  // Only the current incarnation's digest is kept: an older incarnation's agent (whatever it
+  // presents) is told to register again, which is what its session would get it anyway.
+  if (lease->incarnation != incarnation) return not_leased(name, incarnation, *lease);
+  if (lease->session_digest.empty())
+    return {StatusCode::FAILED_PRECONDITION,
+            "worker " + name + " incarnation " + std::to_string(incarnation) +
+                " was registered with a coordinator that handed out no sessions; register again"};
+  if (!rpc::constant_time_equal(digest, lease->session_digest))
+    return {StatusCode::UNAUTHENTICATED,
+            session.empty() ? "no worker session (" + std::string(rpc::kSessionMetadata) +
+                                  " metadata): a worker calls with the session RegisterWorker gave it"
+                            : "the worker session is not the one handed to worker " + name + " incarnation " +
+                                  std::to_string(incarnation)};
+  if (lease->lost) return not_leased(name, incarnation, *lease);
+  return Status::OK;
 }
 
 std::shared_ptr<Coordinator::Lease> Coordinator::lease_of(const std::string& name) {

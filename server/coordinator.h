@@ -173,7 +173,14 @@ class Coordinator {
   ClusterSnapshot snapshot() const;
 
   // --- WorkerService ---
+  // A new incarnation, with its session (resp->session) when the registration is accepted.
   grpc::Status register_worker(const v1::RegisterWorkerRequest& req, v1::RegisterWorkerResponse* resp);
+  // Whether `session` is the one handed to incarnation `incarnation` of worker `name`: OK;
+  // UNAUTHENTICATED when it is not (a call with another worker's session, or none);
+  // FAILED_PRECONDITION when that incarnation is no longer leased (or was registered before
+  // sessions existed): the agent registers again. Every WorkerService call but
+  // RegisterWorker is checked with it before its handler runs (server/service.cpp).
+  grpc::Status check_session(const std::string& name, int64_t incarnation, std::string_view session);
   // `stream`: the HeartbeatStream the beat came on (an id the service gives each stream,
   // > 0), or 0 for a unary Heartbeat. A streamed beat must carry no attempts.
   grpc::Status heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp, int64_t stream = 0);
@@ -240,6 +247,7 @@ class Coordinator {
     // Qualified by the coordinator's start (issued_ids.h): never below one handed out
     // before a restart.
     int64_t assignment_revision = 1;
+    std::string session_digest;  // of the incarnation's session (rpc::session_digest)
   };
   struct Worker {
     WorkerRecord rec;
@@ -306,7 +314,9 @@ class Coordinator {
   void renew_all_leases(const std::string& why);  // after a pause of the whole process
   // The record a registration writes (a new incarnation), and the worker entering the
   // state with it: its lease, its role's index, a scheduling pass. Under mu_.
-  WorkerRecord registration_record(const v1::RegisterWorkerRequest& req, int64_t now, int64_t incarnation);
+  // The record of a new incarnation; *session is its session (the record holds its digest).
+  WorkerRecord registration_record(const v1::RegisterWorkerRequest& req, int64_t now, int64_t incarnation,
+                                   std::string* session);
   void enter_worker(const WorkerRecord& rec, const v1::WorkerResources& resources, int64_t now);
   void check_leases(StoreBatch& batch);
   std::shared_ptr<Lease> lease_of(const std::string& name);  // null: not registered (no mu_ needed)

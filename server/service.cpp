@@ -129,7 +129,8 @@ class HeartbeatStreamCall final : public HotPathServer::Call {
         if (!ok) return finish(Status::OK);  // the worker closed its side, or the call died
         {
           lock.unlock();  // the beat itself takes the coordinator's locks, not the queue's
-          const Status s = workers_.stream_beat(ctx_, beats_ == 0, req_, &resp_, id_);
+          const bool check = beats_ == 0 || req_.name() != last_.name() || req_.incarnation() != last_.incarnation();
+          const Status s = workers_.stream_beat(ctx_, check, req_, &resp_, id_);
           lock.lock();
           if (!hot_.open()) {
             lock.unlock();
@@ -346,6 +347,15 @@ Status WorkerServiceImpl::admit(const grpc::ServerContextBase& ctx) const {
   return rpc::check_role(ctx, auth_, rpc::Role::kWorker);
 }
 
+Status WorkerServiceImpl::admit(const grpc::ServerContextBase& ctx, const std::string& name,
+                                int64_t incarnation) const {
+  if (Status s = admit(ctx); !s.ok()) return s;
+  const auto& metadata = ctx.client_metadata();
+  const auto it = metadata.find(rpc::kSessionMetadata);
+  const std::string_view session = it == metadata.end() ? std::string_view() : std::string_view(it->second.data(), it->second.size());
+  return c_.check_session(name, incarnation, session);
+}
+
 Status WorkerServiceImpl::RegisterWorker(grpc::ServerContext* ctx, const v1::RegisterWorkerRequest* req,
                                          v1::RegisterWorkerResponse* resp) {
   return answer(metrics_, "RegisterWorker", admit(*ctx), [&] { return c_.register_worker(*req, resp); });
@@ -353,13 +363,14 @@ Status WorkerServiceImpl::RegisterWorker(grpc::ServerContext* ctx, const v1::Reg
 
 Status WorkerServiceImpl::heartbeat(const grpc::ServerContext& ctx, const v1::HeartbeatRequest& req,
                                     v1::HeartbeatResponse* resp) {
-  return answer(metrics_, "Heartbeat", admit(ctx), [&] { return c_.heartbeat(req, resp); });
+  return answer(metrics_, "Heartbeat", admit(ctx, req.name(), req.incarnation()),
+                [&] { return c_.heartbeat(req, resp); });
 }
 
-Status WorkerServiceImpl::stream_beat(const grpc::ServerContext& ctx, bool first,
+Status WorkerServiceImpl::stream_beat(const grpc::ServerContext& ctx, bool check,
                                       const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp,
                                       int64_t stream) {
-  return answer(metrics_, "HeartbeatStream", first ? admit(ctx) : Status::OK,
+  return answer(metrics_, "HeartbeatStream", check ? admit(ctx, req.name(), req.incarnation()) : Status::OK,
                 [&] { return c_.heartbeat(req, resp, stream); });
 }
 
@@ -369,27 +380,31 @@ void WorkerServiceImpl::stream_broken(const v1::HeartbeatRequest& last, int64_t 
 
 Status WorkerServiceImpl::FetchAssignments(grpc::ServerContext* ctx, const v1::FetchAssignmentsRequest* req,
                                            v1::FetchAssignmentsResponse* resp) {
-  if (Status s = admit(*ctx); !s.ok()) return s;
+  if (Status s = admit(*ctx, req->name(), req->incarnation()); !s.ok()) return s;
   return c_.fetch_assignments(*req, resp);
 }
 
 Status WorkerServiceImpl::report_progress(const grpc::ServerContext& ctx, const v1::ReportProgressRequest& req) {
-  return answer(metrics_, "ReportProgress", admit(ctx), [&] { return c_.report_progress(req); });
+  return answer(metrics_, "ReportProgress", admit(ctx, req.name(), req.incarnation()),
+                [&] { return c_.report_progress(req); });
 }
 
 Status WorkerServiceImpl::ReportEvent(grpc::ServerContext* ctx, const v1::ReportEventRequest* req,
                                       v1::ReportEventResponse*) {
-  return answer(metrics_, "ReportEvent", admit(*ctx), [&] { return c_.report_event(*req); });
+  return answer(metrics_, "ReportEvent", admit(*ctx, req->name(), req->incarnation()),
+                [&] { return c_.report_event(*req); });
 }
 
 Status WorkerServiceImpl::UploadLogs(grpc::ServerContext* ctx, const v1::UploadLogsRequest* req,
                                      v1::UploadLogsResponse* resp) {
-  return answer(metrics_, "UploadLogs", admit(*ctx), [&] { return c_.upload_logs(*req, resp); });
+  return answer(metrics_, "UploadLogs", admit(*ctx, req->name(), req->incarnation()),
+                [&] { return c_.upload_logs(*req, resp); });
 }
 
 Status WorkerServiceImpl::UploadProfile(grpc::ServerContext* ctx, const v1::UploadProfileRequest* req,
                                         v1::UploadProfileResponse*) {
-  return answer(metrics_, "UploadProfile", admit(*ctx), [&] { return c_.upload_profile(*req); });
+  return answer(metrics_, "UploadProfile", admit(*ctx, req->name(), req->incarnation()),
+                [&] { return c_.upload_profile(*req); });
 }
 
 bool HealthService::known(const std::string& service) {

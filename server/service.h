@@ -134,9 +134,11 @@ class WorkerServiceImpl final : public WorkerServiceBase {
   // The asynchronous methods' handlers (HotPathServer calls them).
   grpc::Status heartbeat(const grpc::ServerContext& ctx, const v1::HeartbeatRequest& req,
                          v1::HeartbeatResponse* resp);
-  // One beat on heartbeat stream `stream` (> 0, unique per stream); `first`: the stream's
-  // first, whose caller is checked (the stream's token does not change after).
-  grpc::Status stream_beat(const grpc::ServerContext& ctx, bool first, const v1::HeartbeatRequest& req,
+  // One beat on heartbeat stream `stream` (> 0, unique per stream); `check`: the caller is
+  // checked (token and session), as for the stream's first beat and any beat whose worker or
+  // incarnation differs from the previous one's (a stream's metadata does not change after,
+  // so one identity, once checked, stays checked).
+  grpc::Status stream_beat(const grpc::ServerContext& ctx, bool check, const v1::HeartbeatRequest& req,
                            v1::HeartbeatResponse* resp, int64_t stream);
   // The stream whose last beat was `last` broke without the worker closing it.
   void stream_broken(const v1::HeartbeatRequest& last, int64_t stream);
@@ -149,7 +151,11 @@ class WorkerServiceImpl final : public WorkerServiceBase {
                                 v1::FetchAssignmentsResponse*) override;
 
  private:
+  // The token (when the coordinator has tokens): the join token or the admin token.
   grpc::Status admit(const grpc::ServerContextBase& ctx) const;
+  // The token, then the session of incarnation `incarnation` of worker `name` (every call but
+  // RegisterWorker): whatever the token, a call acts only as the worker whose session it has.
+  grpc::Status admit(const grpc::ServerContextBase& ctx, const std::string& name, int64_t incarnation) const;
   Coordinator& c_;
   const rpc::TokenAuthority& auth_;
   const CoordinatorMetrics* metrics_;

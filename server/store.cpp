@@ -160,6 +160,12 @@ UPDATE jobs SET last_error = zenflow_valid_utf8(last_error) WHERE last_error != 
 UPDATE jobs SET stop_reason = zenflow_valid_utf8(stop_reason) WHERE stop_reason != zenflow_valid_utf8(stop_reason);
 UPDATE jobs SET name = zenflow_valid_utf8(name) WHERE name != zenflow_valid_utf8(name);
 )sql"},
+    {7, R"sql(
+-- A worker's session (RegisterWorkerResponse.session), as its SHA-256: every later
+-- WorkerService call of that incarnation presents the session. Rows from before hold none:
+-- their agents are told to register again.
+ALTER TABLE workers ADD COLUMN session_digest BLOB NOT NULL DEFAULT x'';
+)sql"},
 };
 
 constexpr int kBusyTimeoutMs = 5000;  // only a reader such as the sqlite3 shell can hold a lock
@@ -176,7 +182,7 @@ constexpr const char* kJobColumns[] = {
     "tokens_per_step_bits", "fence_until_ms", "hang_timeout", "log_dropped_bytes"};
 constexpr const char* kWorkerColumns[] = {
     "name", "role", "resources", "address", "rendezvous_ports", "incarnation", "registered_ms", "state",
-    "fence_ms"};
+    "fence_ms", "session_digest"};
 // clang-format on
 
 // INSERT ... ON CONFLICT (key) DO UPDATE: replaces the row with that key and nothing else.
@@ -680,7 +686,8 @@ void SqliteStore::write_worker(const WorkerRecord& w) {
   const std::string ports = encode_ports(w.rendezvous_ports);
   const int rc[] = {b.text(w.name),        b.text(w.role),           b.blob(w.resources),
                     b.text(w.address),     b.text(ports),            b.integer(w.incarnation),
-                    b.integer(w.registered_ms), b.text(w.state),     b.integer(w.fence_ms)};
+                    b.integer(w.registered_ms), b.text(w.state),     b.integer(w.fence_ms),
+                    b.blob(w.session_digest)};
   static_assert(std::size(rc) == std::size(kWorkerColumns), "write_worker binds every workers column");
   const std::string doing = "writing worker " + quoted(w.name);
   step_write(s, rc, doing);
@@ -799,6 +806,7 @@ WorkerRecord SqliteStore::read_worker(sqlite3_stmt* s) const {
   w.registered_ms = r.integer();
   w.state = r.text();
   w.fence_ms = r.integer();
+  w.session_digest = r.blob();
   return w;
 }
 
@@ -887,7 +895,7 @@ auto fields(const JobRecord& j) {
 }
 auto fields(const WorkerRecord& w) {
   return std::tie(w.name, w.role, w.resources, w.address, w.rendezvous_ports, w.incarnation, w.registered_ms,
-                  w.state, w.fence_ms);
+                  w.state, w.fence_ms, w.session_digest);
 }
 
 }  // namespace

@@ -105,6 +105,9 @@ struct WorkerRecord {
   // The agent's self-fence (RegisterWorkerRequest.fence_ms): its ranks have stopped this
   // long after its last accepted heartbeat was sent. 0: not reported (an older agent).
   int64_t fence_ms = 0;
+  // SHA-256 of the session handed out with this incarnation (RegisterWorkerResponse.session;
+  // the session itself is never stored). Empty: registered before sessions existed.
+  std::string session_digest;
   bool operator==(const WorkerRecord& o) const;
 };
 

@@ -86,9 +86,10 @@ TEST(CliTerminal, LogsAndWorkersPrintNoRawEscapeFromAJobOrAWorker) {
   c.start_coordinator();
   // A worker (this test, speaking WorkerService) whose GPU model is hostile.
   auto stub = v1::WorkerService::NewStub(rpc::make_channel(c.address(), rpc::ChannelOptions{}));
+  std::string session;  // RegisterWorker's, for every later call
   auto call = [&](auto fn, const auto& req, auto* resp) {
     grpc::ClientContext ctx;
-    rpc::prepare_call(ctx, c.worker_token(), std::chrono::seconds(10));
+    rpc::prepare_call(ctx, c.worker_token(), std::chrono::seconds(10), session);
     return (stub.get()->*fn)(&ctx, req, resp);
   };
   v1::RegisterWorkerRequest reg;
@@ -105,6 +106,7 @@ TEST(CliTerminal, LogsAndWorkersPrintNoRawEscapeFromAJobOrAWorker) {
   reg.add_rendezvous_ports(29500);
   v1::RegisterWorkerResponse regd;
   ASSERT_TRUE(call(&v1::WorkerService::Stub::RegisterWorker, reg, &regd).ok());
+  session = regd.session();
 
   const fs::path spec = c.dir() / "job.yaml";
   test_support::write_file(spec, test_support::tiny_job_spec("hostile"));

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <map>
@@ -1642,6 +1643,40 @@ TEST(Coordinator, AProfileFromAStaleCallerIsRefusedBeforeItIsParsed) {
   EXPECT_EQ(c->upload_profile(up).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   up.mutable_attempt()->set_attempt(1);  // the caller is right: now the YAML is judged
   EXPECT_EQ(c->upload_profile(up).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// A registration's session proves the caller is that incarnation of that worker: the right
+// one passes, none, another worker's or a guessed one is UNAUTHENTICATED, another incarnation
+// is told to register again; the coordinator keeps only the digest, and a restart (which
+// reads it back from the store) still takes the same session.
+TEST(Coordinator, AWorkerSessionNamesOneIncarnationOfOneWorkerAndSurvivesARestart) {
+  TestDir dir;
+  v1::RegisterWorkerResponse w, v;
+  {
+    auto c = open_coordinator(dir.db());
+    ASSERT_TRUE(c->register_worker(trainer("w", 29500), &w).ok());
+    ASSERT_TRUE(c->register_worker(trainer("v", 29501), &v).ok());
+    EXPECT_EQ(w.session().size(), 64u);
+    EXPECT_NE(w.session(), v.session());
+    EXPECT_TRUE(c->check_session("w", w.incarnation(), w.session()).ok());
+    EXPECT_EQ(c->check_session("w", w.incarnation(), "").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(c->check_session("w", w.incarnation(), v.session()).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    std::string guessed = w.session();
+    guessed.back() = guessed.back() == '0' ? '1' : '0';
+    EXPECT_EQ(c->check_session("w", w.incarnation(), guessed).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(c->check_session("w", v.incarnation(), v.session()).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_EQ(c->check_session("nobody", 1, w.session()).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  // The store holds the digest, never the session itself (the database and its journal).
+  for (const std::string& file : {dir.db(), dir.db() + "-wal"}) {
+    std::ifstream in(file, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(bytes.find(w.session()), std::string::npos) << file;
+  }
+  auto c = open_coordinator(dir.db());
+  EXPECT_TRUE(c->check_session("w", w.incarnation(), w.session()).ok());
+  EXPECT_TRUE(c->check_session("v", v.incarnation(), v.session()).ok());
+  EXPECT_EQ(c->check_session("v", v.incarnation(), w.session()).error_code(), grpc::StatusCode::UNAUTHENTICATED);
 }
 
 // A worker's progress report is its word: figures no real run produces are refused (named)

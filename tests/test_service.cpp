@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -373,7 +374,7 @@ TEST(Service, CoordinatorKeepsEachJobsProfileForAdvise) {
     req.mutable_attempt()->set_attempt(attempt);
     req.set_profile_yaml(yaml);
     grpc::ClientContext ctx;
-    rpc::prepare_call(ctx, c.worker_token(), 5s);
+    rpc::prepare_call(ctx, c.worker_token(), 5s, regd.session());
     v1::UploadProfileResponse ignored;
     return workers->UploadProfile(&ctx, req, &ignored).error_code();
   };
@@ -453,6 +454,7 @@ TEST(Service, HeartbeatStreamKeepsLeasesAndABrokenOneLosesItsWorkerAfterOneInter
   Cluster c("hb-stream");
   c.start_coordinator();
   auto stub = v1::WorkerService::NewStub(rpc::make_channel(c.address()));
+  std::map<std::string, std::string> sessions;  // each worker's, from RegisterWorker
   auto register_as = [&](const std::string& name) {
     v1::RegisterWorkerRequest req;
     req.set_name(name);
@@ -463,6 +465,7 @@ TEST(Service, HeartbeatStreamKeepsLeasesAndABrokenOneLosesItsWorkerAfterOneInter
     grpc::ClientContext ctx;
     rpc::prepare_call(ctx, c.worker_token(), 5s);
     EXPECT_TRUE(stub->RegisterWorker(&ctx, req, &resp).ok()) << name;
+    sessions[name] = resp.session();
     return resp.incarnation();
   };
   auto beat_of = [](const std::string& name, int64_t incarnation) {
@@ -484,14 +487,15 @@ TEST(Service, HeartbeatStreamKeepsLeasesAndABrokenOneLosesItsWorkerAfterOneInter
       (void)rw->Finish();
     }
   };
-  auto open_raw = [&](Raw& r) {
-    rpc::prepare_call(r.ctx, c.worker_token(), 120s);
+  auto open_raw = [&](Raw& r, const std::string& name) {
+    rpc::prepare_call(r.ctx, c.worker_token(), 120s, sessions[name]);
     r.rw = stub->HeartbeatStream(&r.ctx);
   };
   Raw ra, rk;
-  open_raw(ra);
-  open_raw(rk);
+  open_raw(ra, "a");
+  open_raw(rk, "k");
   rpc::HeartbeatStream sb(*stub, c.worker_token());
+  sb.set_session(sessions["b"]);
   v1::HeartbeatResponse resp;
   for (int round = 0; round < 12; ++round) {  // 6 s: past the 4 s lease
     ASSERT_TRUE(ra.beat(beat_of("a", a), &resp));
@@ -506,6 +510,7 @@ TEST(Service, HeartbeatStreamKeepsLeasesAndABrokenOneLosesItsWorkerAfterOneInter
 
   {  // attempts go by Heartbeat; a stale incarnation is fenced
     rpc::HeartbeatStream other(*stub, c.worker_token());
+    other.set_session(sessions["a"]);
     v1::HeartbeatRequest with_attempts = beat_of("a", a);
     with_attempts.add_attempts()->set_job_id("j-000001");
     const grpc::Status s = other.beat(with_attempts, &resp, 2s);
@@ -519,6 +524,7 @@ TEST(Service, HeartbeatStreamKeepsLeasesAndABrokenOneLosesItsWorkerAfterOneInter
   // k's beats move to a new stream, whereupon its old one breaks; b closes its only stream
   // from its side; a's only stream breaks. Then all three are silent.
   rpc::HeartbeatStream sk(*stub, c.worker_token());
+  sk.set_session(sessions["k"]);
   ASSERT_TRUE(sk.beat(beat_of("k", k), &resp, 2s).ok());
   ASSERT_TRUE(sb.beat(beat_of("b", b), &resp, 2s).ok());
   ASSERT_TRUE(ra.beat(beat_of("a", a), &resp));
@@ -825,28 +831,83 @@ TEST(Service, ARanksInvalidUtf8OutputStillEndsItsJob) {
 
 // --- security ---
 
-enum class Who { kNone, kWrong, kWorker, kAdmin };
+// Who calls: no token, a wrong one, the worker join token (alone, with another worker's
+// session, or with the right worker's session), the admin token.
+enum class Who { kNone, kWrong, kWorker, kOtherSession, kSession, kAdmin };
+const char* who_name(Who who) {
+  switch (who) {
+    case Who::kNone: return "no token";
+    case Who::kWrong: return "a wrong token";
+    case Who::kWorker: return "the join token";
+    case Who::kOtherSession: return "the join token and another worker's session";
+    case Who::kSession: return "the join token and the worker's session";
+    case Who::kAdmin: return "the admin token";
+  }
+  return "?";
+}
+
+// The worker every worker-scoped call names, registered with the join token, and the
+// session of another worker (an intruder that registered too).
+struct Victim {
+  std::string name;
+  int64_t incarnation = 0;
+  std::string session, other_session;
+};
+Victim register_victim(const Cluster& c, const rpc::ChannelOptions& co) {
+  auto stub = v1::WorkerService::NewStub(rpc::make_channel(c.address(), co));
+  Victim v;
+  v.name = "victim";
+  for (const char* name : {"victim", "intruder"}) {
+    v1::RegisterWorkerRequest req;
+    req.set_name(name);
+    req.set_role(v1::OPTIMIZER);  // never placed on, no ports needed
+    req.mutable_resources()->set_host_memory_bytes(int64_t{1} << 30);
+    req.mutable_resources()->set_physical_cores(1);
+    v1::RegisterWorkerResponse resp;
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, c.worker_token(), 5s);
+    const grpc::Status s = stub->RegisterWorker(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << name << ": " << rpc::describe(s);
+    EXPECT_EQ(resp.session().size(), 64u) << name;
+    if (std::string(name) == "victim") {
+      v.incarnation = resp.incarnation();
+      v.session = resp.session();
+    } else {
+      v.other_session = resp.session();
+    }
+  }
+  EXPECT_NE(v.session, v.other_session);
+  return v;
+}
 
 std::string token_for(const Cluster& c, Who who) {
   switch (who) {
     case Who::kNone: return "";
     case Who::kWrong: return "definitely-not-the-token-0000";
-    case Who::kWorker: return c.worker_token();
+    case Who::kWorker:
+    case Who::kOtherSession:
+    case Who::kSession: return c.worker_token();
     case Who::kAdmin: return c.admin_token();
   }
   return "";
 }
 
 // Calls every RPC of both services with `who`'s token; returns method -> status code.
-std::map<std::string, grpc::StatusCode> call_everything(const Cluster& c, Who who, const rpc::ChannelOptions& co = {}) {
+// Calls every RPC of both services as `who`; the worker-scoped ones name `victim`. Returns
+// method -> status code.
+std::map<std::string, grpc::StatusCode> call_everything(const Cluster& c, Who who, const Victim& victim,
+                                                        const rpc::ChannelOptions& co = {}) {
   auto channel = rpc::make_channel(c.address(), co);
   auto jobs = v1::JobService::NewStub(channel);
   auto workers = v1::WorkerService::NewStub(channel);
   const std::string token = token_for(c, who);
+  const std::string session = who == Who::kSession        ? victim.session
+                              : who == Who::kOtherSession ? victim.other_session
+                                                          : "";
   std::map<std::string, grpc::StatusCode> out;
   auto unary = [&](const std::string& name, auto stub, auto method, auto req, auto resp) {
     grpc::ClientContext ctx;
-    rpc::prepare_call(ctx, token, 5s);
+    rpc::prepare_call(ctx, token, 5s, session);
     out[name] = ((*stub).*method)(&ctx, req, &resp).error_code();
   };
   v1::SubmitJobRequest submit;
@@ -879,11 +940,12 @@ std::map<std::string, grpc::StatusCode> call_everything(const Cluster& c, Who wh
   v1::RegisterWorkerRequest reg;  // invalid (no name): INVALID_ARGUMENT when authorized
   unary("RegisterWorker", workers.get(), &v1::WorkerService::Stub::RegisterWorker, reg, v1::RegisterWorkerResponse{});
   v1::HeartbeatRequest hb;
-  hb.set_name("ghost");
+  hb.set_name(victim.name);
+  hb.set_incarnation(victim.incarnation);
   unary("Heartbeat", workers.get(), &v1::WorkerService::Stub::Heartbeat, hb, v1::HeartbeatResponse{});
   {  // a bidi stream: one beat, then the stream's final status
     grpc::ClientContext ctx;
-    rpc::prepare_call(ctx, token, 5s);
+    rpc::prepare_call(ctx, token, 5s, session);
     auto beats = workers->HeartbeatStream(&ctx);
     beats->Write(hb);
     beats->WritesDone();
@@ -893,24 +955,29 @@ std::map<std::string, grpc::StatusCode> call_everything(const Cluster& c, Who wh
     out["HeartbeatStream"] = beats->Finish().error_code();
   }
   v1::FetchAssignmentsRequest fetch;
-  fetch.set_name("ghost");
+  fetch.set_name(victim.name);
+  fetch.set_incarnation(victim.incarnation);
   unary("FetchAssignments", workers.get(), &v1::WorkerService::Stub::FetchAssignments, fetch,
         v1::FetchAssignmentsResponse{});
   v1::ReportProgressRequest progress;
-  progress.set_name("ghost");
+  progress.set_name(victim.name);
+  progress.set_incarnation(victim.incarnation);
   unary("ReportProgress", workers.get(), &v1::WorkerService::Stub::ReportProgress, progress,
         v1::ReportProgressResponse{});
   v1::ReportEventRequest event;
-  event.set_name("ghost");
+  event.set_name(victim.name);
+  event.set_incarnation(victim.incarnation);
   unary("ReportEvent", workers.get(), &v1::WorkerService::Stub::ReportEvent, event, v1::ReportEventResponse{});
   v1::UploadLogsRequest upload;
-  upload.set_name("ghost");
+  upload.set_name(victim.name);
+  upload.set_incarnation(victim.incarnation);
   unary("UploadLogs", workers.get(), &v1::WorkerService::Stub::UploadLogs, upload, v1::UploadLogsResponse{});
   v1::GetJobProfileRequest profile;
   profile.set_id("j-nope");
   unary("GetJobProfile", jobs.get(), &v1::JobService::Stub::GetJobProfile, profile, v1::JobProfile{});
   v1::UploadProfileRequest upload_profile;
-  upload_profile.set_name("ghost");
+  upload_profile.set_name(victim.name);
+  upload_profile.set_incarnation(victim.incarnation);
   unary("UploadProfile", workers.get(), &v1::WorkerService::Stub::UploadProfile, upload_profile,
         v1::UploadProfileResponse{});
   // Every method of both services is in the matrix: a new RPC cannot skip it.
@@ -960,15 +1027,24 @@ grpc::StatusCode health(const Cluster& c, const rpc::ChannelOptions& co = {}) {
   return s.error_code();
 }
 
+// The threat model's table (docs/security.md), row by row: every method of both services
+// called as each of Who. JobService needs the admin token; RegisterWorker the join token (or
+// the admin's); every other WorkerService method the session of the worker it names, whatever
+// the token (the admin token is no worker's: it reads jobs through JobService).
 void expect_auth_matrix(const Cluster& c, const rpc::ChannelOptions& co = {}) {
-  for (Who who : {Who::kNone, Who::kWrong, Who::kWorker, Who::kAdmin}) {
-    for (const auto& [method, code] : call_everything(c, who, co)) {
-      SCOPED_TRACE(method + " as " + std::to_string(static_cast<int>(who)));
+  const Victim victim = register_victim(c, co);
+  for (Who who : {Who::kNone, Who::kWrong, Who::kWorker, Who::kOtherSession, Who::kSession, Who::kAdmin}) {
+    const bool join_token = who == Who::kWorker || who == Who::kOtherSession || who == Who::kSession;
+    for (const auto& [method, code] : call_everything(c, who, victim, co)) {
+      SCOPED_TRACE(method + " with " + who_name(who));
       const bool job = is_job_rpc(method);
+      const bool as_worker = !job && method != "RegisterWorker";
       if (who == Who::kNone || who == Who::kWrong) {
         EXPECT_EQ(code, grpc::StatusCode::UNAUTHENTICATED);
-      } else if (who == Who::kWorker && job) {
+      } else if (join_token && job) {
         EXPECT_EQ(code, grpc::StatusCode::PERMISSION_DENIED);
+      } else if (as_worker && who != Who::kSession) {
+        EXPECT_EQ(code, grpc::StatusCode::UNAUTHENTICATED);  // no session, or not this worker's
       } else {
         // Authorized: the application's own answer to a bad or unknown request.
         EXPECT_NE(code, grpc::StatusCode::UNAUTHENTICATED);
@@ -978,7 +1054,7 @@ void expect_auth_matrix(const Cluster& c, const rpc::ChannelOptions& co = {}) {
       }
     }
     // Reflection, too, needs a token (either role); it lists the zenflow services.
-    SCOPED_TRACE("reflection as " + std::to_string(static_cast<int>(who)));
+    SCOPED_TRACE(std::string("reflection with ") + who_name(who));
     std::vector<std::string> services;
     const grpc::StatusCode code = reflect(c.address(), token_for(c, who), co, &services);
     if (who == Who::kNone || who == Who::kWrong) {
@@ -991,6 +1067,175 @@ void expect_auth_matrix(const Cluster& c, const rpc::ChannelOptions& co = {}) {
     }
   }
   EXPECT_EQ(health(c, co), grpc::StatusCode::OK);  // exempt: no token
+}
+
+// The join token is no master key: a worker (this test, speaking WorkerService) runs a job;
+// an intruder holding the join token registers a worker of its own and then tries, as the
+// victim (its name and incarnation, without a session or with its own) and as itself, to read
+// the victim's job spec, forge its progress and its completion, append to its log. Every try
+// is refused, and the job is as the real worker left it. (Before sessions, each succeeded:
+// the incarnation, a small sequential integer, was all that named a worker.)
+TEST(ServiceSecurity, TheJoinTokenCannotActAsAnotherWorkerOrForgeItsJob) {
+  Cluster c("forge");
+  c.start_coordinator();
+  auto stub = v1::WorkerService::NewStub(rpc::make_channel(c.address()));
+  auto register_as = [&](const std::string& name, v1::WorkerRole role) {
+    v1::RegisterWorkerRequest req;
+    req.set_name(name);
+    req.set_role(role);
+    req.mutable_resources()->set_cpu_slots(role == v1::TRAINER ? 1 : 0);
+    req.mutable_resources()->set_host_memory_bytes(int64_t{8} << 30);
+    req.mutable_resources()->set_physical_cores(2);
+    if (role == v1::TRAINER) req.add_rendezvous_ports(29500);
+    v1::RegisterWorkerResponse resp;
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, c.worker_token(), 5s);
+    const grpc::Status s = stub->RegisterWorker(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << name << ": " << rpc::describe(s);
+    return resp;
+  };
+  const v1::RegisterWorkerResponse victim = register_as("w1", v1::TRAINER);
+  const fs::path spec = c.dir() / "job.yaml";
+  test_support::write_file(spec, test_support::tiny_job_spec("forge", 100));
+  const std::string id = c.submit(spec);
+  ASSERT_FALSE(id.empty());
+
+  // Calls as worker `name` (incarnation `inc`) presenting `session`.
+  auto fetch = [&](const std::string& name, int64_t inc, const std::string& session,
+                   v1::FetchAssignmentsResponse* out) {
+    v1::FetchAssignmentsRequest req;
+    req.set_name(name);
+    req.set_incarnation(inc);
+    req.set_wait_ms(2000);
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, c.worker_token(), 5s, session);
+    return stub->FetchAssignments(&ctx, req, out);
+  };
+  v1::FetchAssignmentsResponse assigned;
+  ASSERT_TRUE(test_support::wait_until(
+      [&] { return fetch("w1", victim.incarnation(), victim.session(), &assigned).ok() && assigned.assignments_size() > 0; },
+      20s));
+  const int64_t attempt = assigned.assignments(0).attempt();
+  const int64_t total = i64(c.status(id), "total_steps", 0);
+  ASSERT_GT(total, 20);
+  auto progress = [&](const std::string& name, int64_t inc, const std::string& session, int64_t step, double loss) {
+    v1::ReportProgressRequest req;
+    req.set_name(name);
+    req.set_incarnation(inc);
+    req.mutable_attempt()->set_job_id(id);
+    req.mutable_attempt()->set_attempt(attempt);
+    req.set_step(step);
+    req.set_total_steps(total);
+    req.set_loss(loss);
+    req.set_tokens_per_second(1000);
+    req.set_stall_share(0.1);
+    req.set_step_seconds(0.5);
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, c.worker_token(), 5s, session);
+    v1::ReportProgressResponse ignored;
+    return stub->ReportProgress(&ctx, req, &ignored).error_code();
+  };
+  auto finished = [&](const std::string& name, int64_t inc, const std::string& session) {
+    v1::ReportEventRequest req;
+    req.set_name(name);
+    req.set_incarnation(inc);
+    req.mutable_attempt()->set_job_id(id);
+    req.mutable_attempt()->set_attempt(attempt);
+    req.mutable_attempt()->set_exited(true);
+    req.mutable_attempt()->set_exit_code(0);
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, c.worker_token(), 5s, session);
+    v1::ReportEventResponse ignored;
+    return stub->ReportEvent(&ctx, req, &ignored).error_code();
+  };
+  auto finished_by_heartbeat = [&](const std::string& name, int64_t inc, const std::string& session) {
+    v1::HeartbeatRequest req;
+    req.set_name(name);
+    req.set_incarnation(inc);
+    v1::AttemptReport* r = req.add_attempts();
+    r->set_job_id(id);
+    r->set_attempt(attempt);
+    r->set_exited(true);
+    r->set_exit_code(0);
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, c.worker_token(), 5s, session);
+    v1::HeartbeatResponse ignored;
+    return stub->Heartbeat(&ctx, req, &ignored).error_code();
+  };
+  auto streamed_progress = [&](const std::string& name, int64_t inc, const std::string& session) {
+    v1::HeartbeatRequest beat;
+    beat.set_name(name);
+    beat.set_incarnation(inc);
+    v1::ReportProgressRequest* p = beat.add_progress();
+    p->set_name(name);
+    p->set_incarnation(inc);
+    p->mutable_attempt()->set_job_id(id);
+    p->mutable_attempt()->set_attempt(attempt);
+    p->set_step(total - 1);
+    p->set_total_steps(total);
+    p->set_loss(0.001);
+    rpc::HeartbeatStream beats(*stub, c.worker_token());
+    beats.set_session(session);
+    v1::HeartbeatResponse ignored;
+    return beats.beat(beat, &ignored, 5s).error_code();
+  };
+  auto log_bytes = [&](const std::string& name, int64_t inc, const std::string& session) {
+    v1::UploadLogsRequest req;
+    req.set_name(name);
+    req.set_incarnation(inc);
+    req.mutable_attempt()->set_job_id(id);
+    req.mutable_attempt()->set_attempt(attempt);
+    req.set_offset(0);
+    req.set_data("FORGED LOG LINE\n");
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, c.worker_token(), 5s, session);
+    v1::UploadLogsResponse ignored;
+    return stub->UploadLogs(&ctx, req, &ignored).error_code();
+  };
+
+  // The real worker reports step 10.
+  ASSERT_EQ(progress("w1", victim.incarnation(), victim.session(), 10, 3.25), grpc::StatusCode::OK);
+  const v1::RegisterWorkerResponse intruder = register_as("intruder", v1::OPTIMIZER);
+  ASSERT_NE(intruder.session(), victim.session());
+
+  // As the victim, with no session or with the intruder's own.
+  for (const std::string& session : {std::string(), intruder.session(), std::string(64, '0')}) {
+    SCOPED_TRACE("as w1 presenting a session of " + std::to_string(session.size()) + " characters");
+    v1::FetchAssignmentsResponse stolen;
+    EXPECT_EQ(fetch("w1", victim.incarnation(), session, &stolen).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(stolen.assignments_size(), 0) << "the victim's job spec leaked";
+    EXPECT_EQ(progress("w1", victim.incarnation(), session, total - 1, std::nan("")), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(progress("w1", victim.incarnation(), session, total - 1, 0.001), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(finished("w1", victim.incarnation(), session), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(finished_by_heartbeat("w1", victim.incarnation(), session), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(streamed_progress("w1", victim.incarnation(), session), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(log_bytes("w1", victim.incarnation(), session), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  // Guessing the incarnation gets no further: another incarnation of w1 is not leased.
+  for (int64_t guess = victim.incarnation() - 2; guess <= victim.incarnation() + 2; ++guess) {
+    if (guess == victim.incarnation()) continue;
+    EXPECT_EQ(progress("w1", guess, intruder.session(), total - 1, 0.001), grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  // As itself, with its own session: the attempt is not on it.
+  EXPECT_EQ(progress("intruder", intruder.incarnation(), intruder.session(), total - 1, 0.001),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(finished("intruder", intruder.incarnation(), intruder.session()), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(log_bytes("intruder", intruder.incarnation(), intruder.session()), grpc::StatusCode::FAILED_PRECONDITION);
+  v1::FetchAssignmentsResponse own;
+  ASSERT_TRUE(fetch("intruder", intruder.incarnation(), intruder.session(), &own).ok());
+  EXPECT_EQ(own.assignments_size(), 0);
+
+  // The job is as the real worker left it: running, at step 10, loss 3.25, no forged log.
+  const nlohmann::json st = c.status(id);
+  EXPECT_EQ(st.value("state", ""), "RUNNING") << st.dump();
+  EXPECT_EQ(i64(st, "step", -1), 10) << st.dump();
+  EXPECT_DOUBLE_EQ(st.value("last_loss", 0.0), 3.25) << st.dump();
+  std::string logs;
+  c.cli("logs " + id, &logs);
+  EXPECT_EQ(logs.find("FORGED"), std::string::npos) << logs;
+  // And the real worker goes on.
+  EXPECT_EQ(progress("w1", victim.incarnation(), victim.session(), 11, 3.0), grpc::StatusCode::OK);
+  EXPECT_EQ(i64(c.status(id), "step", -1), 11);
 }
 
 TEST(ServiceSecurity, EveryRpcNeedsTheRightToken) {

@@ -125,6 +125,7 @@ WorkerRecord full_worker(const std::string& name) {
   w.registered_ms = 1'700'000'000'999;
   w.state = "DRAINING";
   w.fence_ms = 93'000;
+  w.session_digest = std::string("\x00\xff\x01 digest", 10) + std::string(22, '\x80');
   return w;
 }
 
@@ -237,7 +238,8 @@ TEST(Store, RecordEqualityLooksAtEveryField) {
       [](WorkerRecord& r) { ++r.incarnation; },
       [](WorkerRecord& r) { ++r.registered_ms; },
       [](WorkerRecord& r) { r.state = "LOST"; },
-      [](WorkerRecord& r) { ++r.fence_ms; }};
+      [](WorkerRecord& r) { ++r.fence_ms; },
+      [](WorkerRecord& r) { r.session_digest[5] ^= 1; }};
   EXPECT_TRUE(w == full_worker("w"));
   for (size_t i = 0; i < worker_changes.size(); ++i) {
     WorkerRecord changed = w;
@@ -695,8 +697,10 @@ TEST(Store, SchemaOneDatabaseMigratesKeepingItsJobs) {
       const std::string sql = std::string("ALTER TABLE jobs DROP COLUMN ") + column;
       ASSERT_EQ(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
     }
-    ASSERT_EQ(sqlite3_exec(raw, "ALTER TABLE workers DROP COLUMN fence_ms", nullptr, nullptr, nullptr), SQLITE_OK)
-        << sqlite3_errmsg(raw);
+    for (const char* column : {"fence_ms", "session_digest"}) {
+      const std::string sql = std::string("ALTER TABLE workers DROP COLUMN ") + column;
+      ASSERT_EQ(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
+    }
     ASSERT_EQ(sqlite3_exec(raw, "DROP TABLE profiles", nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
     ASSERT_EQ(sqlite3_exec(raw, "CREATE INDEX jobs_by_state ON jobs (state)", nullptr, nullptr, nullptr),
               SQLITE_OK)
@@ -726,6 +730,29 @@ TEST(Store, SchemaOneDatabaseMigratesKeepingItsJobs) {
   EXPECT_TRUE(jobs[0] == want);
 }
 
+// Schema 7 adds each worker's session digest: a row a schema-6 coordinator wrote loads with
+// none (the coordinator then tells that worker to register again), the rest unchanged.
+TEST(Store, SchemaSixWorkerRowsLoadWithoutASessionDigest) {
+  StoreDir dir;
+  open_sqlite_store(dir.db())->commit({{}, {full_worker("w1")}, {}, {}, {}});
+  {
+    sqlite3* raw = nullptr;
+    ASSERT_EQ(sqlite3_open_v2(dir.db().c_str(), &raw, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(raw, "ALTER TABLE workers DROP COLUMN session_digest", nullptr, nullptr, nullptr),
+              SQLITE_OK)
+        << sqlite3_errmsg(raw);
+    sqlite3_close(raw);
+  }
+  ASSERT_EQ(raw_user_version(dir.db(), 6), 6);
+  auto store = open_sqlite_store(dir.db());
+  EXPECT_EQ(store->schema_version(), sqlite_schema_version());
+  const std::vector<WorkerRecord> workers = store->load_workers();
+  ASSERT_EQ(workers.size(), 1u);
+  WorkerRecord want = full_worker("w1");
+  want.session_digest.clear();
+  EXPECT_TRUE(workers[0] == want);
+}
+
 // Schema 6 repairs what a coordinator before it stored as invalid UTF-8 (freed heap bytes as
 // a failed job's last_error made every listing holding the row fail): replaced, the valid
 // rest kept byte for byte, and valid rows left alone.
@@ -745,7 +772,8 @@ TEST(Store, SchemaFiveRowsWithInvalidUtf8AreRepairedByTheMigration) {
     ASSERT_EQ(sqlite3_open_v2(dir.db().c_str(), &raw, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
     for (const char* sql : {"ALTER TABLE jobs DROP COLUMN fence_until_ms", "ALTER TABLE jobs DROP COLUMN hang_timeout",
                             "ALTER TABLE jobs DROP COLUMN log_dropped_bytes",
-                            "ALTER TABLE workers DROP COLUMN fence_ms"})
+                            "ALTER TABLE workers DROP COLUMN fence_ms",
+                            "ALTER TABLE workers DROP COLUMN session_digest"})
       ASSERT_EQ(sqlite3_exec(raw, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
     sqlite3_close(raw);
   }

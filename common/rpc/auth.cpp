@@ -3,6 +3,7 @@
 #include <fstream>
 
 #include <arpa/inet.h>
+#include <openssl/sha.h>
 
 #include <cctype>
 #include <stdexcept>
@@ -134,6 +135,13 @@ bool is_loopback_host(const std::string& host) {
   in6_addr v6{};
   if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
   return false;
+}
+
+std::string session_digest(std::string_view session) {
+  std::string digest(SHA256_DIGEST_LENGTH, '\0');
+  SHA256(reinterpret_cast<const unsigned char*>(session.data()), session.size(),
+         reinterpret_cast<unsigned char*>(digest.data()));
+  return digest;
 }
 
 }  // namespace zenflow::rpc

@@ -22,6 +22,13 @@ std::string read_token_file(const std::string& path);
 // Throws std::runtime_error when /dev/urandom cannot be read.
 std::string random_token(size_t bytes = 32);
 
+// A worker's session: the secret RegisterWorker hands one incarnation of one worker (a
+// random_token), which every later WorkerService call of that incarnation carries in this
+// metadata. The join token only registers; the session says which worker is calling.
+inline constexpr char kSessionMetadata[] = "x-zenflow-session";
+// SHA-256 of `session`, 32 raw bytes: all the coordinator keeps of a session.
+std::string session_digest(std::string_view session);
+
 // a == b in time that depends only on the lengths (no early exit on the first difference).
 bool constant_time_equal(std::string_view a, std::string_view b);
 

@@ -60,6 +60,7 @@ grpc::Status HeartbeatStream::beat(const v1::HeartbeatRequest& req, v1::Heartbea
     ctx_ = std::make_unique<grpc::ClientContext>();
     // No deadline: the stream lasts as long as the worker; each beat has its own wait.
     if (!token_.empty()) ctx_->AddMetadata("authorization", "Bearer " + token_);
+    if (!session_.empty()) ctx_->AddMetadata(kSessionMetadata, session_);
     stream_ = stub_.PrepareAsyncHeartbeatStream(ctx_.get(), &cq_);
     stream_->StartCall(op_tag());
     if (Wait w = wait(op_tag(), deadline); w != kDone) return end(w, deadline);
@@ -69,6 +70,12 @@ grpc::Status HeartbeatStream::beat(const v1::HeartbeatRequest& req, v1::Heartbea
   stream_->Read(resp, op_tag());
   if (Wait w = wait(op_tag(), deadline); w != kDone) return end(w, deadline);
   return grpc::Status::OK;
+}
+
+void HeartbeatStream::set_session(const std::string& session) {
+  if (session == session_) return;
+  close();
+  session_ = session;
 }
 
 void HeartbeatStream::close(std::chrono::milliseconds timeout) {

@@ -26,6 +26,9 @@ class HeartbeatStream {
   // the stream is then gone, and the next beat opens a new one.
   grpc::Status beat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp,
                     std::chrono::milliseconds timeout);
+  // The worker session the next stream opens with (RegisterWorkerResponse.session): a new
+  // one (the worker registered again) closes the open stream, whose metadata holds the old.
+  void set_session(const std::string& session);
   // Closes the stream the way a worker that stops on purpose does (its side first), so that
   // the coordinator does not take it for a dead worker. Waits at most `timeout`.
   void close(std::chrono::milliseconds timeout = std::chrono::milliseconds(500));
@@ -38,6 +41,7 @@ class HeartbeatStream {
 
   v1::WorkerService::Stub& stub_;
   std::string token_;
+  std::string session_;
   grpc::CompletionQueue cq_;
   std::unique_ptr<grpc::ClientContext> ctx_;
   std::unique_ptr<grpc::ClientAsyncReaderWriter<v1::HeartbeatRequest, v1::HeartbeatResponse>> stream_;

@@ -224,9 +224,11 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& target, const Cha
   return grpc::CreateCustomChannel(target, creds, args);
 }
 
-void prepare_call(grpc::ClientContext& ctx, const std::string& token, std::chrono::milliseconds deadline) {
+void prepare_call(grpc::ClientContext& ctx, const std::string& token, std::chrono::milliseconds deadline,
+                  const std::string& session) {
   ctx.set_deadline(std::chrono::system_clock::now() + deadline);
   if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+  if (!session.empty()) ctx.AddMetadata(kSessionMetadata, session);
 }
 
 grpc::Status check_role(const grpc::ServerContextBase& ctx, const TokenAuthority& auth, Role needed) {

@@ -75,8 +75,10 @@ struct ChannelOptions {
 // Throws std::invalid_argument naming an unreadable CA file.
 std::shared_ptr<grpc::Channel> make_channel(const std::string& target, const ChannelOptions& options = {});
 
-// Sets the deadline and the bearer token (omitted when empty) on a client call.
-void prepare_call(grpc::ClientContext& ctx, const std::string& token, std::chrono::milliseconds deadline);
+// Sets the deadline, the bearer token and a worker's session (each omitted when empty) on a
+// client call.
+void prepare_call(grpc::ClientContext& ctx, const std::string& token, std::chrono::milliseconds deadline,
+                  const std::string& session = {});
 
 // The server side: OK when the call's token grants `needed` (kAdmin also grants kWorker),
 // UNAUTHENTICATED without a valid token, PERMISSION_DENIED for a worker token on an admin RPC.

@@ -217,6 +217,14 @@ struct Agent::Impl {
   std::mutex mu;
   std::condition_variable cv;
   int64_t incarnation = 0;  // 0: not registered
+  // The incarnation's session (RegisterWorkerResponse.session), sent with every call but
+  // RegisterWorker. Under session_mu of its own: calls are made with or without mu held.
+  mutable std::mutex session_mu;
+  std::string session;
+  std::string current_session() const {
+    std::lock_guard<std::mutex> lock(session_mu);
+    return session;
+  }
   bool fenced = false;      // the coordinator refused this incarnation
   int64_t assignments_revision = 0;
   std::vector<v1::Assignment> desired;
@@ -281,7 +289,7 @@ struct Agent::Impl {
   template <class Req, class Resp, class Fn>
   grpc::Status call(Fn fn, const Req& req, Resp* resp, milliseconds deadline = kRpcDeadline) {
     grpc::ClientContext ctx;
-    rpc::prepare_call(ctx, o.token, deadline);
+    rpc::prepare_call(ctx, o.token, deadline, current_session());
     return (stub.get()->*fn)(&ctx, req, resp);
   }
 
@@ -340,6 +348,10 @@ bool Agent::Impl::register_worker() {
     if (msg != last) log_line(msg + " (retrying)");
     last = msg;
     return false;
+  }
+  {
+    std::lock_guard<std::mutex> session_lock(session_mu);
+    session = resp.session();
   }
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -436,6 +448,7 @@ void Agent::Impl::pulse_loop() {
       inc = fenced ? 0 : incarnation;
     }
     if (inc != 0) {
+      pulses.set_session(current_session());  // a new one after a registration: a new stream
       v1::HeartbeatRequest req;
       req.set_name(o.name);
       req.set_incarnation(inc);

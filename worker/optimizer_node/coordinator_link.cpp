@@ -57,6 +57,7 @@ void CoordinatorLink::run() {
         sleep_for(1000);
         continue;
       }
+      beats.set_session(resp.session());  // every beat of this incarnation carries it
       incarnation_ = resp.incarnation();
       interval_ms = std::max<int64_t>(50, resp.heartbeat_interval_ms());
       last_error.clear();
