@@ -16,6 +16,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -37,6 +38,7 @@
 #include "common/rpc/auth.h"
 #include "common/rpc/rpc.h"
 #include "common/version.h"
+#include "server/accept_guard.h"
 #include "server/coordinator.h"
 #include "server/coordinator_metrics.h"
 #if ZENFLOW_HAVE_REPORT
@@ -256,7 +258,28 @@ int run(const Flags& f) {
 
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
-  while (g_signal.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Out of file descriptors, the listeners shed new connections (server/accept_guard.h):
+  // NOT_SERVING meanwhile, so that a probe sees it, and SERVING again once they accept.
+  bool shedding = false;
+  while (g_signal.load() == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const bool now_shedding = server::accept_guard::exhausted_within(std::chrono::seconds(2));
+    if (now_shedding == shedding) continue;
+    shedding = now_shedding;
+    health.set_serving(!shedding);
+    port_health.set_serving(!shedding);
+    const server::accept_guard::Stats st = server::accept_guard::stats();
+    rlimit lim{};
+    const std::string limit =
+        ::getrlimit(RLIMIT_NOFILE, &lim) == 0 ? "limit " + std::to_string(lim.rlim_cur) : "limit unknown";
+    std::fprintf(stderr, "zenflow-coordinator: %s\n",
+                 shedding ? ("out of file descriptors (" + limit +
+                             "): closing new connections at once, NOT_SERVING until descriptors are free")
+                                .c_str()
+                          : ("file descriptors free again: accepting connections, SERVING (" +
+                             std::to_string(st.shed) + " connections closed for want of descriptors so far)")
+                                .c_str());
+  }
   std::fprintf(stderr, "zenflow-coordinator: signal %d: draining\n", g_signal.load());
   health.set_serving(false);
   port_health.set_serving(false);
@@ -280,6 +303,7 @@ int main(int argc, char** argv) {
   // coordinator logs before it stops.
   std::signal(SIGXFSZ, SIG_IGN);
   zenflow::rpc::raise_open_files_limit(&g_open_files);
+  zenflow::server::accept_guard::install();
   Flags f;
   CLI::App app("zenflow-coordinator: schedules fine-tuning jobs on zenflow workers");
   app.set_version_flag("--version", std::string("zenflow-coordinator ") + zenflow::kVersion);

@@ -1,9 +1,17 @@
 // The coordinator's resources under a flood from one client, as real processes: streams
 // past their cap are refused at once, the rest of the API keeps answering, and SIGTERM stops
 // the coordinator within its grace whatever is open; its open-files limit is raised.
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -97,6 +105,72 @@ TEST(CoordinatorLimits, StreamsPastTheCapAreRefusedAndTheRestOfTheApiAnswers) {
   }
   const std::string log = test_support::read_file(c.dir() / "coordinator-1.log");
   EXPECT_NE(log.find("zenflow-coordinator: open files: "), std::string::npos) << log;
+}
+
+// Idle connections past the coordinator's open-files limit: gRPC 1.51's listener used to stop
+// for good at the first accept4() EMFILE, so that the main port never accepted again, even
+// after the connections closed (the health port kept saying SERVING). Now the connections it
+// cannot hold are closed at once, it says NOT_SERVING meanwhile, and once they are gone the
+// port accepts again. The limit is lowered on the running process (prlimit) to 64 above what
+// it holds; 300 connections then exhaust it.
+TEST(CoordinatorLimits, IdleConnectionsPastTheFileLimitAreShedAndThePortAcceptsOnceTheyClose) {
+  Cluster c("fd-limit");
+  c.start_coordinator();
+  const pid_t pid = c.coordinator().pid();
+  auto open_fds = [&] {
+    std::error_code ec;
+    int n = 0;
+    for (auto it = fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec);
+         !ec && it != fs::directory_iterator(); it.increment(ec))
+      ++n;
+    return n;
+  };
+  const int held = open_fds();
+  ASSERT_GT(held, 0);
+  rlimit lim{};
+  lim.rlim_cur = lim.rlim_max = static_cast<rlim_t>(held + 64);
+  ASSERT_EQ(::prlimit(pid, RLIMIT_NOFILE, &lim, nullptr), 0) << std::strerror(errno);
+  auto answers = [&] {  // a unary call on a connection of its own
+    rpc::ChannelOptions co;
+    co.own_connection = true;
+    auto stub = v1::JobService::NewStub(rpc::make_channel(c.address(), co));
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, c.admin_token(), std::chrono::seconds(1));
+    v1::ListJobsResponse resp;
+    return stub->ListJobs(&ctx, v1::ListJobsRequest{}, &resp).ok();
+  };
+  ASSERT_TRUE(answers());
+
+  const int port = std::stoi(c.address().substr(c.address().rfind(':') + 1));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::vector<int> idle;
+  for (int i = 0; i < 300; ++i) {
+    const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(s, 0);
+    idle.push_back(s);
+    (void)::connect(s, reinterpret_cast<const sockaddr*>(&addr), sizeof addr);  // completes in the backlog
+  }
+  const fs::path log_file = c.dir() / "coordinator-1.log";
+  const bool said_out = test_support::wait_until(
+      [&] { return test_support::read_file(log_file).find("out of file descriptors") != std::string::npos; },
+      std::chrono::seconds(10));
+  EXPECT_TRUE(said_out) << test_support::read_file(log_file);
+  EXPECT_FALSE(answers()) << "a new connection was served with every descriptor taken";
+  for (int s : idle) ::close(s);
+  // Accepting again within seconds of the connections closing (bounded: 10 s of 1 s calls).
+  const auto closed = std::chrono::steady_clock::now();
+  bool again = false;
+  for (int i = 0; i < 10 && !again; ++i) again = answers();
+  EXPECT_TRUE(again) << "the main port never accepted again";
+  EXPECT_LT(std::chrono::steady_clock::now() - closed, std::chrono::seconds(10));
+  EXPECT_TRUE(test_support::wait_until(
+      [&] { return test_support::read_file(log_file).find("file descriptors free again") != std::string::npos; },
+      std::chrono::seconds(10)))
+      << test_support::read_file(log_file);
+  EXPECT_TRUE(c.coordinator().running());
 }
 
 }  // namespace
