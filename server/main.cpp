@@ -328,8 +328,8 @@ int main(int argc, char** argv) {
                  "Seconds a job runs before it may be preempted (preemption.min_runtime)");
   app.add_flag("--no-backfill", f.no_backfill, "Start nothing behind a waiting head job");
   app.add_flag("--no-preemption", f.no_preemption, "Never preempt lower-priority jobs");
-  app.add_option("--admin-rate-limit", f.admin_rate, "Admin requests per second per client address (0: unlimited)");
-  app.add_option("--admin-burst", f.admin_burst, "Admin request burst per client address");
+  app.add_option("--admin-rate-limit", f.admin_rate, "Admin requests per second per caller (a connection; 0: unlimited)");
+  app.add_option("--admin-burst", f.admin_burst, "Admin request burst per caller (a connection)");
   app.add_flag("--synchronous-normal", f.synchronous_normal,
                "SQLite synchronous=NORMAL: survives a coordinator crash, not power loss (benchmarks only)");
   app.add_option("--metrics-port", f.metrics_port, "Serve /metrics and /healthz over HTTP on this port (0: off)")

@@ -240,9 +240,9 @@ int StreamGate::open() const {
 Status JobServiceImpl::admit(const grpc::ServerContextBase& ctx) {
   if (auth_.has_tokens())
     if (Status s = rpc::check_role(ctx, auth_, rpc::Role::kAdmin); !s.ok()) return s;
-  if (!limiter_.allow(peer_address(ctx.peer())))
+  if (!limiter_.allow(ctx.peer()))  // this connection's bucket
     return {StatusCode::RESOURCE_EXHAUSTED,
-            "rate limit: too many requests from this client; retry in a second"};
+            "rate limit: too many requests on this connection; retry in a second"};
   return Status::OK;
 }
 

@@ -34,8 +34,10 @@
 
 namespace zenflow::server {
 
-// A token bucket per client address (the peer's IP, not its port): `rate` requests per
-// second with bursts of `burst`. rate <= 0: unlimited.
+// A token bucket per caller: `rate` requests per second with bursts of `burst`. The caller is
+// the connection (the peer's address and port): every admin holds the same token, and behind
+// NAT or kube-proxy every user has the same address, so a bucket per token or per address
+// would let one script's flood refuse everybody's calls. rate <= 0: unlimited.
 class RateLimiter {
  public:
   RateLimiter(double rate, double burst) : rate_(rate), burst_(burst) {}
