@@ -705,3 +705,25 @@ TEST(TokenizeCommand, PrintsIdsAndDecodes) {
   EXPECT_NE(out.find(fifo.string() + ": is a FIFO, expected a regular file"), std::string::npos) << out;
   fs::remove(fifo);
 }
+
+
+// A tokenizer file that is not JSON (a spec naming /etc/shadow as its tokenizer, say): the
+// error names the file, the position and the reason, never the bytes it read. nlohmann's own
+// message ends "last read: 'root:x...'", which reached the job's log as it was.
+TEST(HfTokenizer, AFileThatIsNotJsonIsRefusedWithoutEchoingItsBytes) {
+  const fs::path dir = scratch_dir() / "not-json";
+  fs::create_directories(dir);
+  const fs::path file = dir / "tokenizer.json";
+  write_text(file, "root:x:0:0:secret-hash:/root:/bin/bash\n");
+  try {
+    load_hf_tokenizer(file.string());
+    FAIL() << "no error";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(file.string() + ": not valid JSON: parse error at line 1, column 1: syntax error while parsing value - invalid literal"), std::string::npos)
+        << what;
+    EXPECT_EQ(what.find("root"), std::string::npos) << what;
+    EXPECT_EQ(what.find("last read"), std::string::npos) << what;
+    EXPECT_EQ(what.find("[json.exception"), std::string::npos) << what;
+  }
+}

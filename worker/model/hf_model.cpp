@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "common/input_file.h"
+#include "common/json_error.h"
 #include "common/remove_tree.h"
 #include "worker/model/safetensors.h"
 
@@ -223,7 +224,7 @@ json read_config(const fs::path& dir) {
   try {
     c = json::parse(text);
   } catch (const json::parse_error& e) {
-    throw std::runtime_error(path.string() + ": not valid JSON: " + e.what());
+    throw std::runtime_error(path.string() + ": not valid JSON: " + json_error_text(e));
   }
   if (!c.is_object()) throw std::runtime_error(path.string() + ": not a JSON object");
   return c;

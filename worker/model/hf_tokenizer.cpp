@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/input_file.h"
+#include "common/json_error.h"
 #include "worker/model/unicode.h"
 
 namespace zenflow::model {
@@ -572,7 +573,7 @@ json read_json(const std::string& path, int64_t max_bytes, const std::string& wh
   try {
     return json::parse(text);
   } catch (const json::parse_error& e) {
-    throw std::runtime_error(path + ": not valid JSON: " + e.what());
+    throw std::runtime_error(path + ": not valid JSON: " + json_error_text(e));
   }
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/input_file.h"
+#include "common/json_error.h"
 #include "worker/model/data_files.h"
 #include "worker/model/dataset.h"
 
@@ -177,7 +178,7 @@ std::shared_ptr<TokenDataset> make_jsonl_dataset(const std::string& path, const 
       try {
         obj = json::parse(line);
       } catch (const json::parse_error& e) {
-        throw std::runtime_error(where + ": not valid JSON: " + e.what());
+        throw std::runtime_error(where + ": not valid JSON: " + json_error_text(e));
       }
       if (!obj.is_object()) throw std::runtime_error(where + ": not a JSON object");
       const bool pc = obj.contains("prompt") || obj.contains("completion");

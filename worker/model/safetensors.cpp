@@ -17,6 +17,7 @@
 #include <stdexcept>
 
 #include "common/input_file.h"
+#include "common/json_error.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian");
 
@@ -140,7 +141,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   try {
     header = json::parse(base + 8, base + data_start);
   } catch (const json::parse_error& e) {
-    fail(path, std::string("header is not valid JSON: ") + e.what());
+    fail(path, "header is not valid JSON: " + json_error_text(e));
   }
   if (!header.is_object()) fail(path, "header is not a JSON object");
 
@@ -291,7 +292,7 @@ SafetensorsIndex::SafetensorsIndex(const std::string& path) {
   try {
     index = json::parse(text);
   } catch (const json::parse_error& e) {
-    fail(path_, std::string("not valid JSON: ") + e.what());
+    fail(path_, "not valid JSON: " + json_error_text(e));
   }
   if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
     fail(path_, "no \"weight_map\" object");
