@@ -20,7 +20,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libtorch-dev libopenblas0-openmp libgloo-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libucx-dev ucx-utils
+  libucx-dev ucx-utils libssl-dev
   libcivetweb-dev libsqlite3-dev
   libyaml-cpp-dev libyaml-dev nlohmann-json3-dev libcli11-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
