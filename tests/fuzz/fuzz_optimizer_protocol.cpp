@@ -158,7 +158,6 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   const char* dir = std::getenv("ZENFLOW_FUZZ_SEEDS");
   if (dir == nullptr) return 0;
   Hello h;
-  h.token = "t0ken";
   h.job = "job-1";
   h.rank = 1;
   h.world = 2;
