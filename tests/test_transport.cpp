@@ -29,7 +29,15 @@
 #include <thread>
 #include <vector>
 
+#include <dirent.h>
+#include <ifaddrs.h>
+
+#include <set>
+#include <sstream>
+
+#include "tests/support/hostile_peer.h"
 #include "tests/support/process.h"
+#include "worker/transport/handshake.h"
 #include "worker/transport/transport.h"
 #include "worker/transport/wire.h"
 
@@ -763,6 +771,185 @@ TEST_P(TransportTest, IdleTransportsUseNoCpu) {
   };
   const double cpu = seconds(after) - seconds(before);
   EXPECT_LT(cpu, 0.04) << "two idle connected transports used " << cpu << " s of CPU in 2 s";
+}
+
+// ---- The listening port: strangers ---------------------------------------------------------
+
+// Runs a client handshake over a raw connection until it ends or the listener closes it.
+void run_raw_client(int port, handshake::ClientHandshake& c) {
+  const int fd = test_support::connect_raw(port);
+  ASSERT_GE(fd, 0);
+  std::string out = c.start();
+  for (int round = 0; round < 8 && c.state() == handshake::State::kRunning; ++round) {
+    if (!out.empty() && !test_support::send_all(fd, out)) break;
+    out.clear();
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 10000) <= 0) break;
+    char buf[8192];
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    out = c.feed(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+}
+
+// Transport::listen's port speaks only the handshake (handshake.h): garbage, truncated and
+// oversized handshakes, a wrong proof, a stall past the deadline and a crowd of silent
+// connections are each dropped without a channel, and a real peer then connects and is
+// served. Before, the port was UCX's own listener, which aborted the process on 16 bytes
+// of 0xff (tcp_sockcm_ep.c:825).
+TEST_P(TransportTest, StrangersOnTheListeningPortAreDroppedAndARealPeerIsServedAfter) {
+  Inbox server_inbox, client_inbox;
+  TransportOptions o;
+  o.name = "server";
+  o.secret = "the-node-token";
+  o.handshake_timeout_s = 1;
+  o.max_handshakes = 8;
+  auto server = Transport::create(o);
+  std::atomic<int> accepted{0};
+  const int port = server->listen("127.0.0.1", 0, [&](std::shared_ptr<Channel>) {
+    ++accepted;
+    return server_inbox.handler();
+  });
+  for (const auto& attack : test_support::garbage_attacks()) {
+    const int fd = test_support::connect_raw(port);
+    ASSERT_GE(fd, 0) << attack.name << ": the listener is gone";
+    test_support::send_all(fd, attack.bytes);  // may fail part way: the listener hung up
+    EXPECT_TRUE(test_support::wait_closed(fd, 10s)) << attack.name << ": the connection was kept";
+    ::close(fd);
+  }
+  // A wrong proof is refused, naming authentication.
+  handshake::ClientHandshake wrong("not-the-token", {std::string(64, 'w'), 42}, handshake::random_nonce());
+  run_raw_client(port, wrong);
+  EXPECT_EQ(wrong.state(), handshake::State::kFailed);
+  EXPECT_TRUE(wrong.authentication_failed()) << wrong.error();
+  EXPECT_NE(wrong.error().find("authentication"), std::string::npos) << wrong.error();
+  // A stall: HELLO, then nothing; closed at the deadline.
+  {
+    const int fd = test_support::connect_raw(port);
+    const handshake::Nonce nonce{};
+    test_support::send_all(fd, handshake::encode_frame(handshake::FrameType::kHello,
+                                                       std::string(nonce.begin(), nonce.end())));
+    std::string got;
+    EXPECT_TRUE(test_support::wait_closed(fd, 10s, &got)) << "a stalled handshake was kept past its deadline";
+    EXPECT_EQ(got.size(), handshake::kFrameHeaderBytes + handshake::kNonceBytes) << "more than a CHALLENGE";
+    ::close(fd);
+  }
+  // A crowd of silent connections, three times the handshakes allowed at once, still open
+  // when the real peer connects: it waits for their deadlines, then is served.
+  std::vector<int> crowd;
+  for (int i = 0; i < 3 * o.max_handshakes; ++i) crowd.push_back(test_support::connect_raw(port));
+  TransportOptions co;
+  co.name = "client";
+  co.secret = "the-node-token";
+  auto client = Transport::create(co);
+  auto ch = client->connect("127.0.0.1", port, client_inbox.handler(), 30.0);
+  for (int fd : crowd)
+    if (fd >= 0) ::close(fd);
+  ch->send("real", 4, nullptr, 0, nullptr);
+  ASSERT_TRUE(server_inbox.wait_messages(1));
+  EXPECT_EQ(server_inbox.messages()[0].header, "real");
+  EXPECT_EQ(accepted.load(), 1) << "a stranger got a channel";
+}
+
+TEST_P(TransportTest, AWrongSecretFailsTheConnectNamingThePeerAndAuthentication) {
+  Inbox server_inbox;
+  TransportOptions o;
+  o.name = "server";
+  o.secret = "the-node-token";
+  auto server = Transport::create(o);
+  std::atomic<int> accepted{0};
+  const int port = server->listen("127.0.0.1", 0, [&](std::shared_ptr<Channel>) {
+    ++accepted;
+    return server_inbox.handler();
+  });
+  for (const std::string secret : {"another-token", ""}) {
+    TransportOptions co;
+    co.name = "client";
+    co.secret = secret;
+    auto client = Transport::create(co);
+    try {
+      client->connect("127.0.0.1", port, {}, 10.0);
+      FAIL() << "a client with secret '" << secret << "' connected";
+    } catch (const AuthenticationError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << m;
+      EXPECT_NE(m.find("authentication"), std::string::npos) << m;
+    }
+  }
+  EXPECT_EQ(accepted.load(), 0);
+}
+
+// The address of every TCP socket this process listens on ("127.0.0.1:PORT").
+std::vector<std::string> listening_sockets() {
+  std::set<std::string> inodes;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(d)) {
+      char link[64] = {};
+      const std::string path = std::string("/proc/self/fd/") + e->d_name;
+      if (readlink(path.c_str(), link, sizeof link - 1) > 0 && std::strncmp(link, "socket:[", 8) == 0)
+        inodes.insert(std::string(link + 8, std::strlen(link) - 9));
+    }
+    closedir(d);
+  }
+  std::vector<std::string> out;
+  for (const char* table : {"/proc/self/net/tcp", "/proc/self/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the column names
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state, queues, timer, retr, uid, timeout, inode;
+      fields >> slot >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
+      if (state != "0A" || !inodes.count(inode)) continue;  // 0A: LISTEN
+      const size_t colon = local.find(':');
+      const std::string hex_ip = local.substr(0, colon);
+      const int port = std::stoi(local.substr(colon + 1), nullptr, 16);
+      std::string ip;
+      if (hex_ip.size() == 8) {  // little-endian IPv4
+        const unsigned v = static_cast<unsigned>(std::stoul(hex_ip, nullptr, 16));
+        ip = std::to_string(v & 0xff) + "." + std::to_string((v >> 8) & 0xff) + "." +
+             std::to_string((v >> 16) & 0xff) + "." + std::to_string(v >> 24);
+      } else {
+        ip = hex_ip == "00000000000000000000000001000000" ? "::1" : "[" + hex_ip + "]";
+      }
+      out.push_back(ip + ":" + std::to_string(port));
+    }
+  }
+  return out;
+}
+
+bool has_non_loopback_ipv4() {
+  ifaddrs* ifs = nullptr;
+  bool found = false;
+  if (getifaddrs(&ifs) != 0) return false;
+  for (ifaddrs* i = ifs; i != nullptr; i = i->ifa_next)
+    if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+        reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr != htonl(INADDR_LOOPBACK))
+      found = true;
+  freeifaddrs(ifs);
+  return found;
+}
+
+// With local_host, UCX's own sockets (tcp's iface listeners) are on that interface only,
+// whatever UCX_NET_DEVICES says; without it, UCX listens on every interface it uses.
+TEST_P(TransportTest, WithALocalHostUcxListensOnItsInterfaceOnly) {
+  unsetenv("UCX_NET_DEVICES");  // SetUp's lo would hide what local_host does
+  if (!has_non_loopback_ipv4()) GTEST_SKIP() << "no interface but lo: nothing to keep UCX off";
+  {
+    auto open = Transport::create({});
+    bool elsewhere = false;
+    for (const auto& a : listening_sockets()) elsewhere |= a.rfind("127.0.0.1:", 0) != 0;
+    EXPECT_TRUE(elsewhere) << "without local_host UCX listened on loopback only: this test checks nothing";
+  }
+  TransportOptions o;
+  o.local_host = "127.0.0.1";
+  auto t = Transport::create(o);
+  const int port = t->listen("127.0.0.1", 0, [](std::shared_ptr<Channel>) { return ChannelHandler{}; });
+  const auto sockets = listening_sockets();
+  EXPECT_NE(std::find(sockets.begin(), sockets.end(), "127.0.0.1:" + std::to_string(port)), sockets.end());
+  for (const auto& a : sockets) EXPECT_EQ(a.rfind("127.0.0.1:", 0), 0u) << "listening on " << a;
+  setenv("UCX_NET_DEVICES", "lo", 1);
 }
 
 // ---- Peer failure: the server in a child process ---------------------------------------------

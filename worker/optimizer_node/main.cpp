@@ -102,7 +102,8 @@ int main(int argc, char** argv) {
           "--coordinator: this build has no gRPC services (ZENFLOW_SERVICES=OFF); give workers this node's "
           "address in optimizer.host.addresses instead");
 #endif
-    // UCX authenticates nobody: beyond loopback, only the session token keeps other jobs out.
+    // Beyond loopback, the token is what the handshake proves: without it, anyone who reaches
+    // the port can open a session.
     if (o.token.empty() && !zenflow::rpc::is_loopback_host(o.host))
       throw std::invalid_argument("--token-file is required when listening beyond loopback (--listen " + listen + ")");
   } catch (const std::invalid_argument& e) {

@@ -1,15 +1,18 @@
 // zenflow-optimizer: a dedicated CPU optimizer node (reference/ucx-optimizer-nodes.md).
 //
-// It listens for UCX connections from workers' remote host optimizers. Each connection
-// that says HELLO with the right token becomes a session holding one slice of one rank's
+// It listens for connections from workers' remote host optimizers: its port speaks the
+// transport's handshake (transport.h), in which both sides prove they know the node's
+// token before any byte reaches UCX, and UCX's own sockets use only the interface of
+// NodeOptions::host. Each authenticated connection that says HELLO becomes a session
+// holding one slice of one rank's
 // host state (master, m, v, two accumulators) and running its jobs with the engine's own
 // in-process host optimizer (same kernels, chunking and order as on the worker) on this
 // node's pinned threads. Sessions are fenced by job epoch: a HELLO for a job with an older
 // epoch than this node has seen is refused, and a newer one ends the older sessions.
 // A session whose state does not fit --memory-limit is refused naming both sizes.
 //
-// Threads: one transport progress thread; per session an op thread and two completion
-// threads. start()/stop()/stats() from any thread.
+// Threads: one transport progress thread and its handshake thread; per session an op
+// thread and two completion threads. start()/stop()/stats() from any thread.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +30,7 @@ struct NodeOptions {
   int threads = 1;            // compute threads per session
   std::vector<int> cores;     // pin them here; empty = unpinned
   int64_t memory_limit = 0;   // bytes of session state; 0 = unlimited
-  std::string token;          // required in every HELLO (empty: any token)
+  std::string token;          // the handshake's secret (empty: only workers without a token)
   uint32_t credits = 4;       // ops with data a worker may have outstanding per session
   std::string name;           // for errors and logs; default HOST:PORT
   // Told the seconds of every window step a session ran (its completion thread; must not

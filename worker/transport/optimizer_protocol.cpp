@@ -95,7 +95,6 @@ size_t grad_type_bytes(uint32_t t) {
 
 std::string encode_hello(const Hello& h) {
   Writer w;
-  w.str(h.token);
   w.str(h.job);
   w.u32(h.rank);
   w.u32(h.world);
@@ -110,7 +109,6 @@ std::string encode_hello(const Hello& h) {
 Hello decode_hello(const void* data, size_t len) {
   Reader r(data, len, "HELLO");
   Hello h;
-  h.token = r.str("token");
   h.job = r.str("job");
   h.rank = r.u32("rank");
   h.world = r.u32("world");

@@ -4,7 +4,9 @@
 // A session is one (job, epoch, rank, node) connection holding one contiguous slice of a
 // rank's host state (HostStateLayout, the five fp32 arrays). Ops carry a sequence number
 // (WireHeader::seq, from 1, no gaps) and the node runs them in that order, with the rule
-// the in-process backend has: accumulates may overtake a running step. Messages:
+// the in-process backend has: accumulates may overtake a running step. The node's token is
+// not in any message: the transport's handshake proved it before the channel existed
+// (transport.h, handshake.h). Messages:
 //   HELLO{Hello} -> WELCOME{Welcome} | ERROR
 //   ACCUMULATE{OpDesc} + GRAD per span chunk        -> DONE
 //   STEP{OpDesc} + GRAD per span chunk with a grad   -> PARAMS per span chunk with an output
@@ -42,7 +44,6 @@ constexpr uint32_t kOutMaster = 3;
 size_t out_kind_bytes(uint32_t kind);
 
 struct Hello {
-  std::string token;   // the job's optimizer-node token (compared in constant time)
   std::string job;     // job id or name
   uint32_t rank = 0;   // data-parallel rank
   uint32_t world = 1;

@@ -133,6 +133,7 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
                    on_host_cores.error().c_str());
     TransportOptions to;
     to.name = "worker rank " + std::to_string(layout.rank);
+    to.secret = o.token;  // proved in the handshake, never sent
     tr_ = Transport::create(to);
     const std::vector<int64_t> bounds = slice_bounds(layout, o.addresses.size());
     for (size_t k = 0; k < o.addresses.size(); ++k) {
@@ -728,13 +729,16 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
     const auto [host, port] = parse_address(n.address);
     try {
       n.ch = tr_->connect(host, port, handler(n), opt_.connect_timeout_s);
+    } catch (const AuthenticationError& e) {
+      // Reached, but the token does not match: a spec or deployment error, not a lost node.
+      throw std::runtime_error("optimizer node " + n.address + " refused the session: " + e.what() +
+                               " (optimizer.host.token_file must hold the node's --token-file)");
     } catch (const std::exception& e) {
       throw engine::HostBackendLost("optimizer node " + n.address + " lost: cannot connect: " + e.what(), n.address,
                                     /*unreachable_at_start=*/true);
     }
     n.last_heard_us = now_us();
     Hello h;
-    h.token = opt_.token;
     h.job = opt_.job;
     h.rank = static_cast<uint32_t>(layout_.rank);
     h.world = static_cast<uint32_t>(layout_.world);

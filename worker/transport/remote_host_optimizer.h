@@ -33,7 +33,7 @@ namespace zenflow::transport {
 
 struct RemoteHostOptions {
   std::vector<std::string> addresses;  // HOST:PORT, one node per slice
-  std::string token;
+  std::string token;                   // the nodes' --token-file: the handshake's secret
   std::string job = "zenflow";
   uint64_t epoch = 1;                  // the job's attempt; nodes refuse older ones
   // Cores for this backend's threads (transport, sender, watchdog): the host optimizer's
@@ -48,7 +48,7 @@ struct RemoteHostOptions {
 
 // Connects to every node and opens this rank's sessions; throws engine::HostBackendLost
 // naming a node that cannot be reached, std::runtime_error naming one that refused the
-// session (wrong token, stale epoch, not enough memory) and why.
+// session (authentication failed: a wrong token; stale epoch, not enough memory) and why.
 std::unique_ptr<engine::HostOptimizer> make_remote_host_optimizer(const RemoteHostOptions& options,
                                                                   const engine::HostStateLayout& layout);
 

@@ -10,12 +10,31 @@
 // in the order the rendezvous completed — which is not always the order they were sent:
 // protocols name what they expect (counts, sequence numbers), never trust arrival order.
 //
+// Connections: listen()'s port is not UCX's. It is a plain TCP socket of this transport
+// that speaks only the handshake of handshake.h: framed, every length bounded, a deadline
+// per connection and a cap on those in progress, and mutual HMAC-SHA256 challenge-response
+// over TransportOptions::secret (which never crosses the wire). Only a peer that proved
+// the secret gets this side's UCX worker address, and only then does this side create a
+// UCX endpoint, from the peer's worker address (UCP_EP_PARAM_FIELD_REMOTE_ADDRESS): no
+// byte from an unauthenticated peer reaches UCX through listen()'s port. UCX's sockaddr
+// connection manager (ucp_listener, which aborted the process on 16 bytes of 0xff) is not
+// used. Each channel is two endpoints, one created by each side, and every message
+// carries the receiving side's channel id (a random 64-bit number exchanged in the
+// handshake) in front of its header: that, not the endpoint, says which channel it is on.
+//
+// What the handshake does not protect: after it, messages go over UCX in clear and
+// unauthenticated (anyone on the path can read them, or inject with a channel id seen on
+// the wire); and UCX's own transports keep listening sockets of their own (tcp: one per
+// interface in use; TransportOptions::local_host limits them to one interface). UCX 1.13's
+// tcp socket aborts the process on a crafted connection request (docs/security.md).
+//
 // Threads: send() and close() are safe from any thread (they queue to the progress
 // thread and wake it with ucp_worker_signal). Handlers run on the progress thread and
 // must not block: hand work to another thread. The progress thread spins about
 // `spin_us` after the last event, yielding the core at every turn (a peer that shares
 // the core runs at once), then sleeps on the UCX worker's event fd (an idle transport
-// uses no CPU). It is named "zf-transport".
+// uses no CPU). It is named "zf-transport"; a listening transport has a second thread,
+// "zf-handshake", for its handshakes.
 //
 // Failure: endpoints use UCP_ERR_HANDLING_MODE_PEER; a peer that dies or closes fails
 // every pending send with its error and calls on_error once; nothing is delivered after.
@@ -24,15 +43,15 @@
 // tcp (UCX 1.13's TCP PUT aborts the process on a peer lost mid-transfer), unless the
 // environment sets UCX_MM_ERROR_HANDLING / UCX_TCP_PUT_ENABLE. It never changes the
 // process environment (setenv races with every other thread's getenv), so Transports may
-// be created on several threads at once. Shared memory in client-server mode: UCX 1.13 wires connections up
-// over TCP, so "shared memory" means UCX_TLS=sm,tcp (without TCP PUT no TCP data lane exists).
+// be created on several threads at once.
 //
 // close(false) waits for the channel's sends in flight and says goodbye before the
 // endpoint goes (UCX's own flushing close can drop rendezvous sends); the peer's on_error
 // then reads "closed by the peer".
 //
 // Errors: create/listen/connect throw TransportError naming what failed (address,
-// UCX status string).
+// UCX status string); connect throws AuthenticationError when the peer does not know this
+// side's secret or refused this side's proof of it.
 #pragma once
 
 #include <cstddef>
@@ -49,6 +68,12 @@ class TransportError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The handshake's proof of the shared secret failed, on either side.
+class AuthenticationError : public TransportError {
+ public:
+  using TransportError::TransportError;
+};
+
 constexpr size_t kMaxHeaderBytes = 256;
 
 struct TransportOptions {
@@ -58,6 +83,20 @@ struct TransportOptions {
   int spin_us = 20;
   // A name for logs and errors ("worker rank 0", "optimizer node 127.0.0.1:4000").
   std::string name = "zenflow";
+  // The secret both ends of a connection prove they know in the handshake (its HMAC key;
+  // never sent). Empty is a key like any other: it connects only to peers whose secret is
+  // empty too.
+  std::string secret;
+  // Not empty and not a wildcard (0.0.0.0, ::): UCX's network transports use only the
+  // interface that holds this address (and RDMA devices, which listen on no socket), so
+  // UCX's own sockets listen nowhere else. It overrides UCX_NET_DEVICES. Throws
+  // TransportError from create when no interface holds it.
+  std::string local_host;
+  // listen(): a handshake not finished this long after its connection was accepted is
+  // dropped, and at most max_handshakes run at once (more wait in the kernel's backlog).
+  // An authenticated peer then has this long to send its first UCX message.
+  double handshake_timeout_s = 5;
+  int max_handshakes = 64;
 };
 
 // Bytes moved, counted when a send completes / a payload has landed.
@@ -106,14 +145,17 @@ class Transport {
   static std::unique_ptr<Transport> create(const TransportOptions& options);
   virtual ~Transport() = default;  // closes every channel (force) and joins the progress thread
 
-  // Listens on host:port (0 = a free port); returns the port bound. Each accepted
-  // connection becomes a Channel handed to `accept`, which returns its handler (run on
-  // the progress thread before any message of that channel is delivered).
+  // Listens on host:port (0 = a free port) for the handshake; returns the port bound. Each
+  // authenticated connection becomes a Channel handed to `accept` once the peer's first UCX
+  // message arrived; `accept` returns its handler (run on the progress thread before any
+  // message of that channel is delivered). One listen per transport.
   using Accept = std::function<ChannelHandler(std::shared_ptr<Channel>)>;
   virtual int listen(const std::string& host, int port, Accept accept) = 0;
 
-  // Connects to host:port; throws TransportError when no connection is made within
-  // timeout_s (naming the address and the UCX error).
+  // Runs the handshake with host:port, then connects over UCX; throws TransportError when
+  // no connection is made within timeout_s (naming the address and what failed), and
+  // AuthenticationError when either side's proof of the secret failed. Connects of one
+  // transport run one at a time.
   virtual std::shared_ptr<Channel> connect(const std::string& host, int port, ChannelHandler handler,
                                            double timeout_s = 10.0) = 0;
 

@@ -1,10 +1,14 @@
 // UCX transport (transport.h): one UCP context and worker, driven by one progress thread.
 //
 // Every UCX call runs on the progress thread; other threads queue Commands and wake it
-// with ucp_worker_signal. Channels map 1:1 to UCP endpoints in PEER error mode; an AM's
-// reply endpoint (UCP_AM_SEND_FLAG_REPLY on every send) tells which channel it came on.
-// connect() confirms the connection with an internal HELLO/WELCOME AM pair, since
-// ucp_ep_create returns before the peer has been reached.
+// with ucp_worker_signal. A channel is this side's UCP endpoint (PEER error mode), created
+// from the worker address the handshake (handshake_listener.h) brought, and the id this
+// side receives it on: every AM starts with the receiver's 8-byte channel id, which maps it
+// to its channel. connect() confirms the connection with an internal HELLO/WELCOME AM pair,
+// since ucp_ep_create returns before the peer has been reached; the listening side hands
+// the channel to `accept` when that HELLO arrives.
+#include <dirent.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
@@ -23,18 +27,22 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
-#include <optional>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "worker/transport/handshake_listener.h"
 #include "worker/transport/transport.h"
 
 namespace zenflow::transport {
 namespace {
+
+// In front of every AM's header: the receiving side's id of the channel (little-endian).
+constexpr size_t kChannelIdBytes = 8;
 
 constexpr unsigned kUserAm = 1;     // application messages
 constexpr unsigned kHelloAm = 2;    // client -> server: is the connection up?
@@ -89,34 +97,62 @@ bool may_select(const char* tls, std::initializer_list<const char*> names) {
   return false;
 }
 
-std::string address_text(const sockaddr* sa, socklen_t len) {
-  char host[NI_MAXHOST] = "?", serv[NI_MAXSERV] = "?";
-  getnameinfo(sa, len, host, sizeof host, serv, sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV);
-  const bool v6 = sa->sa_family == AF_INET6;
-  return (v6 ? "[" : "") + std::string(host) + (v6 ? "]:" : ":") + serv;
+void put_channel_id(unsigned char* p, uint64_t id) {
+  for (size_t i = 0; i < kChannelIdBytes; ++i) p[i] = static_cast<unsigned char>(id >> (8 * i));
 }
 
-sockaddr_storage resolve(const std::string& host, int port, bool passive, socklen_t* len, const char* what) {
+// The UCX device list that keeps UCX's network transports on the interface holding `host`
+// (plus every RDMA port: they open no socket, and leaving them out would leave an
+// InfiniBand node on IPoIB). "" for a wildcard host: every device. Throws naming the host
+// when no interface holds it.
+std::string net_devices_for(const std::string& host, const std::string& name) {
+  if (host.empty() || host == "0.0.0.0" || host == "::" || host == "*") return "";
   addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = passive ? AI_PASSIVE : 0;
   addrinfo* res = nullptr;
-  const std::string serv = std::to_string(port);
-  const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), serv.c_str(), &hints, &res);
-  if (rc != 0 || res == nullptr)
-    throw TransportError(std::string(what) + " " + host + ":" + serv + ": cannot resolve the host (" +
-                         gai_strerror(rc) + ")");
-  sockaddr_storage ss{};
-  std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
-  *len = res->ai_addrlen;
+  if (const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res); rc != 0 || res == nullptr)
+    throw TransportError(name + ": local host " + host + ": cannot resolve it (" + gai_strerror(rc) + ")");
+  auto same = [](const sockaddr* a, const sockaddr* b) {
+    if (a->sa_family != b->sa_family) return false;
+    if (a->sa_family == AF_INET)
+      return reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr ==
+             reinterpret_cast<const sockaddr_in*>(b)->sin_addr.s_addr;
+    return a->sa_family == AF_INET6 &&
+           std::memcmp(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr,
+                       &reinterpret_cast<const sockaddr_in6*>(b)->sin6_addr, 16) == 0;
+  };
+  std::vector<std::string> devices;
+  ifaddrs* ifs = nullptr;
+  if (getifaddrs(&ifs) == 0) {
+    for (ifaddrs* i = ifs; i != nullptr; i = i->ifa_next)
+      for (addrinfo* r = res; i->ifa_addr != nullptr && r != nullptr; r = r->ai_next)
+        if (same(i->ifa_addr, r->ai_addr) &&
+            std::find(devices.begin(), devices.end(), i->ifa_name) == devices.end())
+          devices.push_back(i->ifa_name);
+    freeifaddrs(ifs);
+  }
   freeaddrinfo(res);
-  return ss;
+  if (devices.empty()) throw TransportError(name + ": no network interface holds the address of " + host);
+  if (DIR* d = opendir("/sys/class/infiniband")) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      const std::string ports_dir = std::string("/sys/class/infiniband/") + e->d_name + "/ports";
+      if (DIR* pd = opendir(ports_dir.c_str())) {
+        while (dirent* q = readdir(pd))
+          if (q->d_name[0] != '.') devices.push_back(std::string(e->d_name) + ":" + q->d_name);
+        closedir(pd);
+      }
+    }
+    closedir(d);
+  }
+  std::string out;
+  for (const auto& dev : devices) out += (out.empty() ? "" : ",") + dev;
+  return out;
 }
 
 struct SendOp {
   std::shared_ptr<UcxChannel> channel;
-  unsigned char header[kMaxHeaderBytes];
+  unsigned char header[kChannelIdBytes + kMaxHeaderBytes];  // the peer's channel id, then the caller's
   size_t header_len = 0;
   const void* data = nullptr;
   size_t len = 0;
@@ -181,17 +217,19 @@ class UcxChannel final : public Channel, public std::enable_shared_from_this<Ucx
   std::string error_text;  // why sends fail once failed_
   ChannelHandler handler;
   std::shared_ptr<std::promise<std::string>> connecting;  // client: until WELCOME or error
+  // Listening side: authenticated, without an endpoint yet, waiting for the peer's HELLO
+  // (then its endpoint is created from peer_address and it is handed to accept) until the
+  // deadline (then forgotten).
+  bool awaiting_accept = false;
+  std::string peer_address;
+  std::chrono::steady_clock::time_point accept_deadline;
+  uint64_t rx_id = 0;  // on this side's messages from the peer
+  uint64_t tx_id = 0;  // on this side's messages to the peer
 
  private:
   std::shared_ptr<CommandQueue> queue_;
   const std::string peer_;
   std::atomic<int64_t> bytes_sent_{0}, bytes_received_{0}, messages_sent_{0}, messages_received_{0};
-};
-
-struct Listener {
-  UcxTransport* transport = nullptr;
-  Transport::Accept accept;
-  ucp_listener_h handle = nullptr;
 };
 
 struct MemRegion {
@@ -231,9 +269,13 @@ class UcxTransport final : public Transport {
   void complete_send(SendOp* op, bool ok, const std::string& error);
   void finish_recv(RecvOp* r, ucs_status_t status);
   void on_bye(const std::shared_ptr<UcxChannel>& ch);
-  static void send_control(ucp_ep_h ep, unsigned id);
-  void accept_connection(Listener* l, ucp_conn_request_h request);
-  std::shared_ptr<UcxChannel> channel_of(const ucp_am_recv_param_t* param);
+  static void send_control(const UcxChannel& ch, unsigned id);
+  // Listener thread: a peer that proved the secret gets a channel awaiting its HELLO.
+  bool admit(const handshake::Endpoint& peer, uint64_t own_channel, const std::string& from);
+  void on_hello(const std::shared_ptr<UcxChannel>& ch);
+  bool create_ep(UcxChannel& ch, const std::string& peer_address);
+  void forget(ucp_ep_h ep);
+  std::shared_ptr<UcxChannel> channel_of(const void* header, size_t header_len);
   ucp_mem_h memh_for(const void* p, size_t len) const;
   ucs_status_t on_user_am(const void* header, size_t header_len, void* data, size_t len,
                           const ucp_am_recv_param_t* param);
@@ -244,11 +286,16 @@ class UcxTransport final : public Transport {
   static void send_cb(void* request, ucs_status_t status, void* user_data);
   static void recv_cb(void* request, ucs_status_t status, size_t length, void* user_data);
   static void err_cb(void* arg, ucp_ep_h ep, ucs_status_t status);
-  static void conn_cb(ucp_conn_request_h request, void* arg);
   static void close_cb(void* request, ucs_status_t status, void* user_data);
 
   const TransportOptions options_;
   std::string tls_;
+  std::string address_;  // this worker's UCX address, sent to authenticated peers
+  std::unique_ptr<HandshakeListener> listener_;
+  Accept accept_;  // called on the progress thread only
+  // UCX pairs the endpoints two workers create to each other in the order they were
+  // created: one connect at a time keeps each pair one channel's two ends.
+  std::mutex connect_mu_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int efd_ = -1;
@@ -260,7 +307,8 @@ class UcxTransport final : public Transport {
 
   // Progress-thread state.
   std::unordered_map<ucp_ep_h, std::shared_ptr<UcxChannel>> channels_;
-  std::vector<std::unique_ptr<Listener>> listeners_;
+  std::unordered_map<uint64_t, std::shared_ptr<UcxChannel>> by_id_;  // by rx_id
+  std::vector<std::shared_ptr<UcxChannel>> awaiting_accept_;
   std::map<uintptr_t, MemRegion> regions_;
   std::vector<RecvOp*> pending_rndv_;
   // The receive start_rndv_receives is handing to ucp_am_recv_data_nbx, and its status when
@@ -280,7 +328,8 @@ void UcxChannel::send(const void* header, size_t header_len, const void* data, s
                          " bytes exceeds " + std::to_string(kMaxHeaderBytes));
   auto* op = new SendOp;
   op->channel = shared_from_this();
-  if (header_len) std::memcpy(op->header, header, header_len);
+  if (header_len)
+    std::memcpy(op->header + kChannelIdBytes, header, header_len);  // the id: on the progress thread
   op->header_len = header_len;
   op->data = len ? data : nullptr;
   op->len = len;
@@ -331,6 +380,16 @@ UcxTransport::UcxTransport(const TransportOptions& options) : options_(options) 
     // mid-gradient-stream. Without it the bytes go as active-message fragments, as fast here
     // (bench transport, tcp, 4 MiB / 64 MiB chunks: 4.67 / 4.14 GB/s with PUT, 4.75 / 4.05 without).
     if (may_select(tls, {"all", "tcp"})) set_default("PUT_ENABLE", "UCX_TCP_PUT_ENABLE", "n");
+    // A peer process that dies is seen by a failing socket over tcp, but over shared memory
+    // only by UCX's keepalive (it checks the peer's process), every 20 s by default.
+    set_default("KEEPALIVE_INTERVAL", "UCX_KEEPALIVE_INTERVAL", "1s");
+    // UCX's tcp transport listens on every interface it uses: only the one given.
+    if (const std::string devices = net_devices_for(options_.local_host, options_.name); !devices.empty()) {
+      s = ucp_config_modify(config, "NET_DEVICES", devices.c_str());
+      if (s != UCS_OK)
+        throw TransportError(options_.name + ": ucp_config_modify NET_DEVICES=" + devices + ": " +
+                             ucs_status_string(s));
+    }
   } catch (...) {
     ucp_config_release(config);
     throw;
@@ -365,15 +424,18 @@ UcxTransport::UcxTransport(const TransportOptions& options) : options_(options) 
         };
         break;
       case kHelloAm:
-        hp.cb = [](void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t* param) {
-          if (auto ch = static_cast<UcxTransport*>(arg)->channel_of(param); ch && !ch->ep_closing)
-            send_control(ch->ep, kWelcomeAm);
+        hp.cb = [](void* arg, const void* header, size_t header_len, void*, size_t,
+                   const ucp_am_recv_param_t*) {
+          auto* t = static_cast<UcxTransport*>(arg);
+          if (auto ch = t->channel_of(header, header_len)) t->on_hello(ch);
           return UCS_OK;
         };
         break;
       case kWelcomeAm:
-        hp.cb = [](void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t* param) {
-          if (auto ch = static_cast<UcxTransport*>(arg)->channel_of(param); ch && ch->connecting) {
+        hp.cb = [](void* arg, const void* header, size_t header_len, void*, size_t,
+                   const ucp_am_recv_param_t*) {
+          if (auto ch = static_cast<UcxTransport*>(arg)->channel_of(header, header_len);
+              ch && ch->connecting) {
             ch->connecting->set_value("");
             ch->connecting.reset();
           }
@@ -381,15 +443,17 @@ UcxTransport::UcxTransport(const TransportOptions& options) : options_(options) 
         };
         break;
       case kByeAm:
-        hp.cb = [](void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t* param) {
-          if (auto ch = static_cast<UcxTransport*>(arg)->channel_of(param))
+        hp.cb = [](void* arg, const void* header, size_t header_len, void*, size_t,
+                   const ucp_am_recv_param_t*) {
+          if (auto ch = static_cast<UcxTransport*>(arg)->channel_of(header, header_len))
             static_cast<UcxTransport*>(arg)->on_bye(ch);
           return UCS_OK;
         };
         break;
       default:  // kByeAckAm
-        hp.cb = [](void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t* param) {
-          if (auto ch = static_cast<UcxTransport*>(arg)->channel_of(param);
+        hp.cb = [](void* arg, const void* header, size_t header_len, void*, size_t,
+                   const ucp_am_recv_param_t*) {
+          if (auto ch = static_cast<UcxTransport*>(arg)->channel_of(header, header_len);
               ch && ch->bye_sent && !ch->bye_done) {
             ch->bye_done = true;
             ch->post_close(/*force=*/false);  // not from inside UCX's callback
@@ -400,10 +464,21 @@ UcxTransport::UcxTransport(const TransportOptions& options) : options_(options) 
     }
     s = ucp_worker_set_am_recv_handler(worker_, &hp);
   }
+  ucp_address_t* address = nullptr;
+  size_t address_len = 0;
+  if (s == UCS_OK) s = ucp_worker_get_address(worker_, &address, &address_len);
+  if (s == UCS_OK) {
+    address_.assign(reinterpret_cast<const char*>(address), address_len);
+    ucp_worker_release_address(worker_, address);
+    if (address_len > handshake::kMaxAddressBytes) s = UCS_ERR_EXCEEDS_LIMIT;
+  }
   if (s != UCS_OK) {
     if (worker_) ucp_worker_destroy(worker_);
     ucp_cleanup(context_);
-    throw TransportError(options_.name + ": UCX worker setup: " + ucs_status_string(s));
+    throw TransportError(options_.name + ": UCX worker setup: " + ucs_status_string(s) +
+                         (address_len > handshake::kMaxAddressBytes
+                              ? " (a worker address of " + std::to_string(address_len) + " bytes)"
+                              : ""));
   }
   queue_->worker = worker_;
   thread_ = std::thread([this] { progress_loop(); });
@@ -411,6 +486,7 @@ UcxTransport::UcxTransport(const TransportOptions& options) : options_(options) 
 }
 
 UcxTransport::~UcxTransport() {
+  listener_.reset();  // no more channels are admitted
   stop_ = true;
   {
     std::lock_guard<std::mutex> lock(queue_->mu);
@@ -458,6 +534,20 @@ void UcxTransport::progress_loop() {
         ++i;
       }
     }
+    for (size_t i = 0; i < awaiting_accept_.size();) {
+      auto ch = awaiting_accept_[i];
+      if (ch->awaiting_accept && now < ch->accept_deadline) {
+        ++i;
+        continue;
+      }
+      awaiting_accept_.erase(awaiting_accept_.begin() + static_cast<long>(i));
+      if (ch->awaiting_accept) {  // authenticated, but its UCX connection never came up
+        ch->awaiting_accept = false;
+        by_id_.erase(ch->rx_id);
+        log("connection from " + ch->peer() + ": no UCX message within " +
+            std::to_string(options_.handshake_timeout_s) + " s of the handshake; dropped");
+      }
+    }
     if (worked) {
       last_event = now;
       continue;
@@ -498,12 +588,16 @@ void UcxTransport::shutdown_on_progress_thread() {
   pending_rndv_.clear();
   std::vector<std::shared_ptr<UcxChannel>> all;
   for (auto& kv : channels_) all.push_back(kv.second);
+  // A peer over shared memory has nothing that fails when this worker goes while its
+  // process lives on (its keepalive checks the process): tell it, then force the close.
+  for (auto& ch : all)
+    if (!ch->failed_ && !ch->ep_closing) send_control(*ch, kByeAm);
+  for (int i = 0; i < 16; ++i) ucp_worker_progress(worker_);
   for (auto& ch : all) {
     ch->close_requested = true;
     close_ep(ch, /*force=*/true);
   }
-  for (auto& l : listeners_) ucp_listener_destroy(l->handle);
-  listeners_.clear();
+  awaiting_accept_.clear();
   const auto deadline = std::chrono::steady_clock::now() + kShutdownWait;
   while ((requests_in_flight_ > 0 || !channels_.empty()) && std::chrono::steady_clock::now() < deadline) {
     drain_commands();
@@ -535,75 +629,88 @@ T UcxTransport::run_on_progress_thread(std::function<T(UcxTransport&)> fn, const
 // ---- Listen and connect -----------------------------------------------------------------
 
 int UcxTransport::listen(const std::string& host, int port, Accept accept) {
-  socklen_t len = 0;
-  const sockaddr_storage addr = resolve(host, port, /*passive=*/true, &len, "listen on");
-  const std::string where = host + ":" + std::to_string(port);
-  return run_on_progress_thread<int>(
-      [addr, len, where, accept](UcxTransport& t) {
-        auto l = std::make_unique<Listener>();
-        l->transport = &t;
-        l->accept = accept;
-        ucp_listener_params_t p{};
-        p.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-        p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
-        p.sockaddr.addrlen = len;
-        p.conn_handler.cb = conn_cb;
-        p.conn_handler.arg = l.get();
-        ucs_status_t s = ucp_listener_create(t.worker_, &p, &l->handle);
-        if (s != UCS_OK) throw TransportError("listen on " + where + ": " + ucs_status_string(s));
-        ucp_listener_attr_t attr{};
-        attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-        s = ucp_listener_query(l->handle, &attr);
-        if (s != UCS_OK) {
-          ucp_listener_destroy(l->handle);
-          throw TransportError("listen on " + where + ": ucp_listener_query: " + ucs_status_string(s));
-        }
-        const auto* sa = reinterpret_cast<const sockaddr*>(&attr.sockaddr);
-        const int bound = sa->sa_family == AF_INET6
-                              ? ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port)
-                              : ntohs(reinterpret_cast<const sockaddr_in*>(sa)->sin_port);
-        t.listeners_.push_back(std::move(l));
-        return bound;
-      },
-      "listen");
+  if (listener_) throw TransportError(options_.name + ": listen: this transport listens already");
+  accept_ = std::move(accept);  // read on the progress thread only after a channel was admitted
+  ListenerOptions lo;
+  lo.secret = options_.secret;
+  lo.address = address_;
+  lo.timeout_s = options_.handshake_timeout_s;
+  lo.max_in_progress = options_.max_handshakes;
+  lo.name = options_.name;
+  listener_ = std::make_unique<HandshakeListener>(
+      host, port, lo, [this](const handshake::Endpoint& peer, uint64_t own, const std::string& from) {
+        return admit(peer, own, from);
+      });
+  return listener_->port();
 }
 
-void UcxTransport::conn_cb(ucp_conn_request_h request, void* arg) {
-  auto* l = static_cast<Listener*>(arg);
-  l->transport->accept_connection(l, request);
-}
-
-void UcxTransport::accept_connection(Listener* l, ucp_conn_request_h request) {
-  if (shutting_down_) {
-    ucp_listener_reject(l->handle, request);
-    return;
-  }
-  ucp_conn_request_attr_t attr{};
-  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
-  std::string peer = "?";
-  if (ucp_conn_request_query(request, &attr) == UCS_OK)
-    peer = address_text(reinterpret_cast<const sockaddr*>(&attr.client_address), sizeof attr.client_address);
-  auto ch = std::make_shared<UcxChannel>(this, queue_, peer);
+bool UcxTransport::create_ep(UcxChannel& ch, const std::string& peer_address) {
   ucp_ep_params_t p{};
-  p.field_mask =
-      UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  p.conn_request = request;
+  p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                 UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  p.address = reinterpret_cast<const ucp_address_t*>(peer_address.data());
   p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   p.err_handler.cb = err_cb;
-  p.err_handler.arg = ch.get();
-  const ucs_status_t s = ucp_ep_create(worker_, &p, &ch->ep);
+  p.err_handler.arg = &ch;
+  const ucs_status_t s = ucp_ep_create(worker_, &p, &ch.ep);
   if (s != UCS_OK) {
-    log("accept from " + peer + ": ucp_ep_create: " + ucs_status_string(s));
-    return;  // UCX rejects the request when the endpoint cannot be created
+    ch.ep = nullptr;
+    ch.failed_ = true;
+    ch.error_text = "channel to " + ch.peer() + ": ucp_ep_create: " + ucs_status_string(s);
+    return false;
   }
-  channels_[ch->ep] = ch;
-  try {
-    ch->handler = l->accept(ch);
-  } catch (const std::exception& e) {
-    log("accept from " + peer + " threw: " + e.what() + "; closing it");
-    ch->close_requested = true;
-    close_ep(ch, /*force=*/true);
+  channels_[ch.ep] = ch.shared_from_this();
+  by_id_[ch.rx_id] = channels_[ch.ep];
+  return true;
+}
+
+bool UcxTransport::admit(const handshake::Endpoint& peer, uint64_t own_channel, const std::string& from) {
+  auto ch = std::make_shared<UcxChannel>(this, queue_, from);
+  ch->rx_id = own_channel;
+  ch->tx_id = peer.channel;
+  auto created = std::make_shared<std::promise<bool>>();
+  auto future = created->get_future();
+  ch->peer_address = peer.address;
+  // Its endpoint waits for the peer's HELLO: created after the peer's endpoint reached this
+  // worker, it is the one UCX made for it (UCX pairs the endpoints two workers create to
+  // each other in the order they were created), and an authenticated peer that never
+  // comes leaves nothing in UCX behind.
+  const bool posted = queue_->post([ch, created](UcxTransport& t) {
+    if (t.shutting_down_) {
+      created->set_value(false);
+      return;
+    }
+    t.by_id_[ch->rx_id] = ch;
+    ch->awaiting_accept = true;
+    ch->accept_deadline =
+        std::chrono::steady_clock::now() +
+        std::chrono::microseconds(static_cast<int64_t>(t.options_.handshake_timeout_s * 1e6));
+    t.awaiting_accept_.push_back(ch);
+    created->set_value(true);
+  });
+  // Before ACCEPT goes out, so that the peer's HELLO finds the channel.
+  return posted && future.get();
+}
+
+void UcxTransport::on_hello(const std::shared_ptr<UcxChannel>& ch) {
+  if (ch->awaiting_accept) {
+    ch->awaiting_accept = false;  // the progress loop drops it from awaiting_accept_
+    const std::string address = std::move(ch->peer_address);
+    if (!create_ep(*ch, address)) {
+      by_id_.erase(ch->rx_id);
+      log("accept from " + ch->peer() + ": " + ch->error_text);
+      return;
+    }
+    try {
+      ch->handler = accept_(ch);
+    } catch (const std::exception& e) {
+      log("accept from " + ch->peer() + " threw: " + e.what() + "; closing it");
+      ch->close_requested = true;
+      close_ep(ch, /*force=*/true);
+      return;
+    }
   }
+  if (!ch->ep_closing) send_control(*ch, kWelcomeAm);
 }
 
 std::shared_ptr<Channel> UcxTransport::connect(const std::string& host, int port, ChannelHandler handler,
@@ -612,38 +719,37 @@ std::shared_ptr<Channel> UcxTransport::connect(const std::string& host, int port
   if (on_progress_thread())
     throw TransportError("connect to " + where +
                          ": called from a handler (it would block the progress thread)");
-  socklen_t len = 0;
-  const sockaddr_storage addr = resolve(host, port, /*passive=*/false, &len, "connect to");
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::microseconds(static_cast<int64_t>(std::max(0.0, timeout_s) * 1e6));
+  std::lock_guard<std::mutex> one_at_a_time(connect_mu_);
   auto ch = std::make_shared<UcxChannel>(this, queue_, where);
   ch->handler = std::move(handler);
+  ch->rx_id = handshake::random_channel_id();
+  handshake::Endpoint peer;
+  try {
+    peer = client_handshake(host, port, options_.secret, {address_, ch->rx_id}, timeout_s);
+  } catch (const AuthenticationError& e) {
+    throw AuthenticationError(std::string(e.what()) + " (" + options_.name + ")");
+  } catch (const TransportError& e) {
+    throw TransportError(std::string(e.what()) + " (" + options_.name + ")");
+  }
+  ch->tx_id = peer.channel;
   auto answer = std::make_shared<std::promise<std::string>>();
   auto future = answer->get_future();
-  const bool posted = queue_->post([ch, answer, addr, len](UcxTransport& t) {
-    ucp_ep_params_t p{};
-    p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                   UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
-    p.sockaddr.addrlen = len;
-    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    p.err_handler.cb = err_cb;
-    p.err_handler.arg = ch.get();
-    const ucs_status_t s = ucp_ep_create(t.worker_, &p, &ch->ep);
-    if (s != UCS_OK) {
-      ch->ep = nullptr;
-      ch->failed_ = true;
-      answer->set_value(std::string("ucp_ep_create: ") + ucs_status_string(s));
+  // The endpoint is created before connect_mu_ is released (the command runs while this
+  // thread waits for its answer), which keeps UCX's pairing in order.
+  const bool posted = queue_->post([ch, answer, address = peer.address](UcxTransport& t) {
+    if (!t.create_ep(*ch, address)) {
+      answer->set_value(ch->error_text);
       return;
     }
-    t.channels_[ch->ep] = ch;
     ch->connecting = answer;
-    send_control(ch->ep, kHelloAm);  // WELCOME (or err_cb) answers the connect
+    send_control(*ch, kHelloAm);  // WELCOME (or err_cb) answers the connect
   });
   if (!posted) throw TransportError("connect to " + where + ": the transport is shutting down");
-  const auto wait = std::chrono::duration<double>(timeout_s < 0 ? 0 : timeout_s);
   std::string error;
-  if (future.wait_for(wait) != std::future_status::ready) {
-    error = "no answer within " + std::to_string(timeout_s) + " s";
+  if (future.wait_until(deadline) != std::future_status::ready) {
+    error = "no answer over UCX within " + std::to_string(timeout_s) + " s of the handshake";
   } else {
     error = future.get();
   }
@@ -700,7 +806,7 @@ void UcxTransport::close_ep(const std::shared_ptr<UcxChannel>& ch, bool force) {
   if (!force && !ch->bye_sent) {
     ch->bye_sent = true;
     ch->bye_deadline = std::chrono::steady_clock::now() + kByeWait;
-    send_control(ch->ep, kByeAm);
+    send_control(*ch, kByeAm);
     awaiting_bye_ack_.push_back(ch);
     return;  // the BYE_ACK handler (or the deadline) closes it
   }
@@ -721,20 +827,45 @@ void UcxTransport::close_ep(const std::shared_ptr<UcxChannel>& ch, bool force) {
     return;  // close_cb erases the channel
   }
   delete closing;
-  channels_.erase(ch->ep);
+  forget(ch->ep);
 }
 
-void UcxTransport::send_control(ucp_ep_h ep, unsigned id) {
+void UcxTransport::forget(ucp_ep_h ep) {
+  auto it = channels_.find(ep);
+  if (it == channels_.end()) return;
+  by_id_.erase(it->second->rx_id);
+  channels_.erase(it);
+}
+
+void UcxTransport::send_control(const UcxChannel& ch, unsigned id) {
+  // The header must outlive the send (1.13 has no UCP_AM_SEND_FLAG_COPY_HEADER, and a send
+  // queued until the endpoint is connected reads it later): freed by the callback.
+  auto* header = new unsigned char[kChannelIdBytes];
+  put_channel_id(header, ch.tx_id);
   ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
-  ucs_status_ptr_t r = ucp_am_send_nbx(ep, id, nullptr, 0, nullptr, 0, &p);
-  if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);  // UCX releases it when it completes
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.flags = UCP_AM_SEND_FLAG_EAGER;
+  p.cb.send = [](void* request, ucs_status_t, void* user_data) {
+    delete[] static_cast<unsigned char*>(user_data);
+    ucp_request_free(request);
+  };
+  p.user_data = header;
+  ucs_status_ptr_t r = ucp_am_send_nbx(ch.ep, id, header, kChannelIdBytes, nullptr, 0, &p);
+  if (!UCS_PTR_IS_PTR(r)) delete[] header;  // done (or failed) already: no callback
 }
 
 // The peer closes: everything it sent before has been handled (same endpoint, in order).
 void UcxTransport::on_bye(const std::shared_ptr<UcxChannel>& ch) {
-  if (!ch->close_issued) send_control(ch->ep, kByeAckAm);
+  if (!ch->close_issued) {
+    send_control(*ch, kByeAckAm);
+    // This side's endpoint is its own (the peer's close does not close it): close it after
+    // the BYE_ACK, without a BYE of its own.
+    ch->bye_sent = ch->bye_done = true;
+    if (!ch->ep_closing) {
+      ch->ep_closing = true;
+      ch->post_close(/*force=*/false);
+    }
+  }
   ch->failed_ = true;
   if (ch->error_text.empty()) ch->error_text = "channel to " + ch->peer() + " was closed by the peer";
   if (ch->close_requested || ch->error_reported) return;
@@ -746,14 +877,13 @@ void UcxTransport::on_bye(const std::shared_ptr<UcxChannel>& ch) {
       log("on_error for " + ch->peer() + " threw: " + e.what());
     }
   }
-  // The peer's close of the endpoint then fails it here (err_cb), which closes this side.
 }
 
 void UcxTransport::close_cb(void* request, ucs_status_t, void* user_data) {
   auto* closing = static_cast<std::pair<UcxTransport*, ucp_ep_h>*>(user_data);
   UcxTransport* t = closing->first;
   --t->requests_in_flight_;
-  t->channels_.erase(closing->second);
+  t->forget(closing->second);
   delete closing;
   ucp_request_free(request);
 }
@@ -780,7 +910,7 @@ void UcxTransport::submit(SendOp* op) {
   p.cb.send = send_cb;
   p.user_data = op;
   const bool rndv = op->len > 0 && op->len >= options_.rndv_bytes;
-  p.flags = UCP_AM_SEND_FLAG_REPLY | (rndv ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER);
+  p.flags = rndv ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER;
   if (op->len > 0) {
     if (ucp_mem_h memh = memh_for(op->data, op->len)) {
       p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
@@ -788,8 +918,9 @@ void UcxTransport::submit(SendOp* op) {
     }
   }
   // 1.13 has no UCP_AM_SEND_FLAG_COPY_HEADER: op->header lives until the callback.
-  ucs_status_ptr_t r = ucp_am_send_nbx(ch.ep, kUserAm, op->header_len ? op->header : nullptr, op->header_len,
-                                       op->data, op->len, &p);
+  put_channel_id(op->header, ch.tx_id);
+  ucs_status_ptr_t r =
+      ucp_am_send_nbx(ch.ep, kUserAm, op->header, kChannelIdBytes + op->header_len, op->data, op->len, &p);
   if (r == nullptr) {
     complete_send(op, true, "");
   } else if (UCS_PTR_IS_ERR(r)) {
@@ -829,18 +960,24 @@ void UcxTransport::complete_send(SendOp* op, bool ok, const std::string& error) 
 
 // ---- Receives ------------------------------------------------------------------------
 
-std::shared_ptr<UcxChannel> UcxTransport::channel_of(const ucp_am_recv_param_t* param) {
-  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return nullptr;
-  auto it = channels_.find(param->reply_ep);
-  return it == channels_.end() ? nullptr : it->second;
+std::shared_ptr<UcxChannel> UcxTransport::channel_of(const void* header, size_t header_len) {
+  if (header_len < kChannelIdBytes) return nullptr;
+  uint64_t id = 0;
+  for (size_t i = 0; i < kChannelIdBytes; ++i)
+    id |= uint64_t{static_cast<const unsigned char*>(header)[i]} << (8 * i);
+  auto it = by_id_.find(id);
+  return it == by_id_.end() ? nullptr : it->second;
 }
 
-ucs_status_t UcxTransport::on_user_am(const void* header, size_t header_len, void* data, size_t len,
+ucs_status_t UcxTransport::on_user_am(const void* full_header, size_t full_len, void* data, size_t len,
                                       const ucp_am_recv_param_t* param) {
   const bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
-  std::shared_ptr<UcxChannel> ch = channel_of(param);
-  if (!ch || ch->failed_ || ch->close_requested || shutting_down_ || header_len > kMaxHeaderBytes)
+  std::shared_ptr<UcxChannel> ch = channel_of(full_header, full_len);
+  if (!ch || ch->awaiting_accept || ch->failed_ || ch->close_requested || shutting_down_ ||
+      full_len - kChannelIdBytes > kMaxHeaderBytes)
     return rndv ? UCS_ERR_CANCELED : UCS_OK;  // dropped; a dropped rendezvous fails the sender's send
+  const void* header = static_cast<const unsigned char*>(full_header) + kChannelIdBytes;
+  const size_t header_len = full_len - kChannelIdBytes;
   const ChannelHandler& h = ch->handler;
   void* dst = nullptr;
   if (len > 0 && h.place) {

@@ -51,7 +51,7 @@ enum : uint32_t {
 enum class ErrorCode : uint32_t {
   kNone = 0,
   kBadMessage = 1,     // a header or payload the receiver rejected
-  kUnauthorized = 2,   // wrong token
+  kUnauthorized = 2,   // wrong token (no longer sent: the transport handshake proves the token)
   kStaleEpoch = 3,     // job_epoch older than the node has seen for that job
   kNoMemory = 4,       // the session's state does not fit the node's --memory-limit
   kBadLayout = 5,      // offsets/counts outside the session's state
