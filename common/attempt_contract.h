@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <string>
 
 namespace zenflow::attempt {
@@ -61,6 +62,16 @@ inline std::chrono::milliseconds fence_after(std::chrono::milliseconds disconnec
                                              std::chrono::milliseconds drain,
                                              std::chrono::milliseconds rank_lease_timeout) {
   return disconnected_grace + drain + rank_lease_timeout;
+}
+
+// The environment an agent gives a rank of an attempt placed with optimizer nodes: the
+// attempt's node credential (Assignment.node_secret) and the key it is proved under
+// ("JOB_ID/ATTEMPT"). The rank proves it in the nodes' handshake instead of a token of its
+// spec's; only the nodes the coordinator placed with the attempt hold it.
+inline constexpr char kNodeKeyEnv[] = "ZENFLOW_NODE_KEY";
+inline constexpr char kNodeSecretEnv[] = "ZENFLOW_NODE_SECRET";
+inline std::string node_key(const std::string& job_id, int64_t attempt) {
+  return job_id + "/" + std::to_string(attempt);
 }
 
 }  // namespace zenflow::attempt

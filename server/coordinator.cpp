@@ -322,6 +322,7 @@ void Coordinator::load() {
   StoreBatch repaired;
   repair_loaded_jobs(repaired);
   commit(repaired);
+  for (const auto& [name, node] : optimizers_) refresh_grants(name);  // the placed attempts' secrets
   for (const auto& [key, bytes] : store_->attempt_log_sizes()) {
     stream_bytes_[key] = bytes;
   }
@@ -440,6 +441,7 @@ void Coordinator::release_attempt(Job& j) {
   if (!j.members.empty() && j.rec.start_time_ms > 0) j.rec.cost_usd += held_usd(j.rec.usd_per_hour, j.rec.start_time_ms, now_ms());
   bump_workers_of(j);
   j.members.clear();
+  for (const std::string& node : j.rec.node_placement) refresh_grants(node);  // the attempt's grant ends
   j.queued_since_ms = now_ms();
 }
 
@@ -528,7 +530,22 @@ void Coordinator::bump_workers_of(const Job& j) {
     auto it = workers_.find(name);
     if (it != workers_.end()) bump_assignments(it->second);
   }
+  for (const std::string& node : j.rec.node_placement) refresh_grants(node);
   changed_.notify_all();
+}
+
+void Coordinator::refresh_grants(const std::string& node) {
+  auto w = workers_.find(node);
+  if (w == workers_.end()) return;
+  std::map<std::string, std::string> grants;
+  for (const auto& [id, j] : live_) {
+    if (j->members.empty() || j->rec.node_secret.empty()) continue;  // no placed attempt
+    const auto& nodes = j->rec.node_placement;
+    if (std::find(nodes.begin(), nodes.end(), node) != nodes.end())
+      grants[attempt::node_key(id, j->rec.attempt)] = j->rec.node_secret;
+  }
+  std::lock_guard<std::mutex> lease_lock(w->second.lease->mu);
+  w->second.lease->grants = std::move(grants);
 }
 
 void Coordinator::append_coordinator_log(Job& j, const std::string& line, StoreBatch& batch) {
@@ -1254,6 +1271,11 @@ Status Coordinator::heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResp
       renew(*lease, now_ms());
       if (stream != 0) lease->pulse_stream = stream;
       resp->set_assignment_revision(lease->assignment_revision);
+      for (const auto& [key, secret] : lease->grants) {
+        v1::NodeGrant* g = resp->add_node_grants();
+        g->set_key(key);
+        g->set_secret(secret);
+      }
     }
     apply_progress(req);
     return Status::OK;
@@ -1383,6 +1405,7 @@ Status Coordinator::fetch_assignments(const v1::FetchAssignmentsRequest& req, v1
       a->set_hang_timeout_seconds(j.rec.hang_timeout);
       for (const std::string& node : j.rec.node_placement)
         if (auto n = workers_.find(node); n != workers_.end()) a->add_optimizer_addresses(n->second.rec.address);
+      if (!j.rec.node_placement.empty()) a->set_node_secret(j.rec.node_secret);
     }
   }
   return Status::OK;
@@ -1989,6 +2012,9 @@ void Coordinator::run_schedule(StoreBatch& batch) {
     j.rec.state = kStarting;
     j.rec.placement = a.worker_ids;
     j.rec.node_placement = a.node_ids;
+    // A secret of the attempt's own for its nodes: the ranks prove it, the nodes hold it
+    // while the attempt is placed (refresh_grants, from bump_workers_of below).
+    j.rec.node_secret = a.node_ids.empty() ? "" : rpc::random_token();
     j.rec.start_time_ms = now_ms();
     if (options_.on_placed && j.queued_since_ms > 0)
       options_.on_placed(static_cast<double>(j.rec.start_time_ms - j.queued_since_ms) / 1000.0);

@@ -248,6 +248,9 @@ class Coordinator {
     // before a restart.
     int64_t assignment_revision = 1;
     std::string session_digest;  // of the incarnation's session (rpc::session_digest)
+    // An optimizer node's: "JOB_ID/ATTEMPT" -> secret of the attempts placed on it now
+    // (HeartbeatResponse.node_grants), kept by refresh_grants() with mu_ held.
+    std::map<std::string, std::string> grants;
   };
   struct Worker {
     WorkerRecord rec;
@@ -292,6 +295,9 @@ class Coordinator {
   void touch(Job& j, StoreBatch& batch);    // revision + 1, then persist
   void persist(Job& j, StoreBatch& batch);  // add the record to the batch, wake watchers
   void bump_workers_of(const Job& j);
+  // Recomputes the node grants of `node` (an optimizer worker's name) from the placed jobs
+  // (mu_ held), for its next heartbeat.
+  void refresh_grants(const std::string& node);
   static void bump_assignments(Worker& w);  // assignment_revision + 1 (mu_ held)
   static grpc::Status not_leased(const std::string& name, int64_t incarnation, const Lease& lease);
   void append_coordinator_log(Job& j, const std::string& line, StoreBatch& batch);

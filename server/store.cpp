@@ -165,6 +165,10 @@ UPDATE jobs SET name = zenflow_valid_utf8(name) WHERE name != zenflow_valid_utf8
 -- WorkerService call of that incarnation presents the session. Rows from before hold none:
 -- their agents are told to register again.
 ALTER TABLE workers ADD COLUMN session_digest BLOB NOT NULL DEFAULT x'';
+-- The current attempt's secret for its optimizer nodes (Assignment.node_secret): handed to
+-- the nodes and the agents again after a restart. Rows from before hold none: their attempts
+-- get one when they are placed again.
+ALTER TABLE jobs ADD COLUMN node_secret TEXT NOT NULL DEFAULT '';
 )sql"},
 };
 
@@ -179,7 +183,7 @@ constexpr const char* kJobColumns[] = {
     "cost_usd_bits", "last_error", "stop_reason", "exit_code", "revision", "checkpoint_dir", "device", "workers",
     "gpus_per_worker", "max_restarts", "usd_per_hour_bits", "price_source", "usd_lost_to_restarts_bits",
     "optimizer_nodes", "node_memory_bytes", "node_placement", "stall_share_bits", "tokens_per_second_bits",
-    "tokens_per_step_bits", "fence_until_ms", "hang_timeout", "log_dropped_bytes"};
+    "tokens_per_step_bits", "fence_until_ms", "hang_timeout", "log_dropped_bytes", "node_secret"};
 constexpr const char* kWorkerColumns[] = {
     "name", "role", "resources", "address", "rendezvous_ports", "incarnation", "registered_ms", "state",
     "fence_ms", "session_digest"};
@@ -660,7 +664,8 @@ void SqliteStore::write_job(const JobRecord& j) {
                     b.integer(double_bits(j.tokens_per_step)),
                     b.integer(j.fence_until_ms),
                     b.integer(j.hang_timeout),
-                    b.integer(j.log_dropped_bytes)};
+                    b.integer(j.log_dropped_bytes),
+                    b.text(j.node_secret)};
   static_assert(std::size(rc) == std::size(kJobColumns), "write_job binds every jobs column");
   const std::string doing = "writing job " + quoted(j.id) +
                             (j.request_id.empty() ? "" : " (request_id " + quoted(j.request_id) + ")");
@@ -788,6 +793,7 @@ JobRecord SqliteStore::read_job(sqlite3_stmt* s) const {
   j.fence_until_ms = r.integer();
   j.hang_timeout = r.integer();
   j.log_dropped_bytes = r.integer();
+  j.node_secret = r.text();
   return j;
 }
 
@@ -891,7 +897,8 @@ auto fields(const JobRecord& j) {
                   j.placement, j.master_port, j.host_memory_bytes_per_worker, j.step, j.total_steps,
                   j.resumed_from_step, j.last_error, j.stop_reason, j.exit_code, j.revision, j.checkpoint_dir,
                   j.device, j.workers, j.gpus_per_worker, j.max_restarts, j.price_source, j.optimizer_nodes,
-                  j.node_memory_bytes, j.node_placement, j.fence_until_ms, j.hang_timeout, j.log_dropped_bytes);
+                  j.node_memory_bytes, j.node_placement, j.fence_until_ms, j.hang_timeout, j.log_dropped_bytes,
+                  j.node_secret);
 }
 auto fields(const WorkerRecord& w) {
   return std::tie(w.name, w.role, w.resources, w.address, w.rendezvous_ports, w.incarnation, w.registered_ms,

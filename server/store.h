@@ -90,6 +90,9 @@ struct JobRecord {
   int64_t fence_until_ms = 0;
   int64_t hang_timeout = 0;        // resources.hang_timeout in seconds (0: auto)
   int64_t log_dropped_bytes = 0;   // output not kept once the job's log reached its cap
+  // The current attempt's secret for its optimizer nodes (Assignment.node_secret); "" when
+  // it has none. Kept in clear: the coordinator hands it out again after a restart.
+  std::string node_secret;
   bool operator==(const JobRecord& o) const;
 };
 

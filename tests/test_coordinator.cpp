@@ -1679,6 +1679,98 @@ TEST(Coordinator, AWorkerSessionNamesOneIncarnationOfOneWorkerAndSurvivesARestar
   EXPECT_EQ(c->check_session("v", v.incarnation(), w.session()).error_code(), grpc::StatusCode::UNAUTHENTICATED);
 }
 
+// optimizer.host.nodes: each attempt gets a secret of its own for its nodes. The agent gets it
+// with the assignment; the node placed with the attempt gets it (and only it) with its
+// heartbeats, under the key "JOB_ID/ATTEMPT"; another node gets nothing; once the attempt
+// ends its grant is gone, and the next attempt's secret is another. After a restart the
+// coordinator hands out the same secret for the attempt that goes on.
+TEST(Coordinator, EachAttemptGetsANodeSecretOnlyItsNodesHold) {
+  TestDir dir;
+  auto node = [](const std::string& name, const std::string& address) {
+    v1::RegisterWorkerRequest req;
+    req.set_name(name);
+    req.set_role(v1::OPTIMIZER);
+    req.set_address(address);
+    req.mutable_resources()->set_host_memory_bytes(int64_t{64} << 30);
+    req.mutable_resources()->set_physical_cores(4);
+    return req;
+  };
+  v1::RegisterWorkerResponse w, n1, n2;
+  std::string id, first_secret, placed_node;
+  auto grants_of = [](Coordinator& c, const std::string& name, const v1::RegisterWorkerResponse& reg) {
+    v1::HeartbeatRequest hb;
+    hb.set_name(name);
+    hb.set_incarnation(reg.incarnation());
+    v1::HeartbeatResponse resp;
+    EXPECT_TRUE(c.heartbeat(hb, &resp).ok());
+    std::map<std::string, std::string> out;
+    for (const v1::NodeGrant& g : resp.node_grants()) out[g.key()] = g.secret();
+    return out;
+  };
+  auto assignment = [&](Coordinator& c) {
+    v1::FetchAssignmentsRequest f;
+    f.set_name("w");
+    f.set_incarnation(w.incarnation());
+    v1::FetchAssignmentsResponse resp;
+    EXPECT_TRUE(c.fetch_assignments(f, &resp).ok());
+    return resp.assignments_size() > 0 ? resp.assignments(0) : v1::Assignment{};
+  };
+  {
+    auto c = open_coordinator(dir.db());
+    ASSERT_TRUE(c->register_worker(trainer("w", 29500), &w).ok());
+    ASSERT_TRUE(c->register_worker(node("n1", "127.0.0.1:7001"), &n1).ok());
+    ASSERT_TRUE(c->register_worker(node("n2", "127.0.0.1:7002"), &n2).ok());
+    v1::SubmitJobRequest req = submit_request(dir, "noded", "");
+    req.add_set("optimizer.host.nodes=1");
+    v1::SubmitJobResponse sub;
+    ASSERT_TRUE(c->submit(req, &sub).ok()) << sub.DebugString();
+    id = sub.job().id();
+    c->tick_now();
+    const v1::Assignment a = assignment(*c);
+    ASSERT_EQ(a.job_id(), id);
+    ASSERT_EQ(a.optimizer_addresses_size(), 1);
+    first_secret = a.node_secret();
+    EXPECT_EQ(first_secret.size(), 64u);
+    placed_node = a.optimizer_addresses(0) == "127.0.0.1:7001" ? "n1" : "n2";
+    const std::string idle_node = placed_node == "n1" ? "n2" : "n1";
+    const std::string key = id + "/" + std::to_string(a.attempt());
+    EXPECT_EQ(grants_of(*c, placed_node, placed_node == "n1" ? n1 : n2),
+              (std::map<std::string, std::string>{{key, first_secret}}));
+    EXPECT_TRUE(grants_of(*c, idle_node, idle_node == "n1" ? n1 : n2).empty());
+    EXPECT_TRUE(grants_of(*c, "w", w).empty());  // a trainer holds none
+  }
+  {  // restarted: the attempt goes on with the same secret, and its node gets it again
+    auto c = open_coordinator(dir.db());
+    const v1::Assignment a = assignment(*c);
+    EXPECT_EQ(a.node_secret(), first_secret);
+    EXPECT_EQ(grants_of(*c, placed_node, placed_node == "n1" ? n1 : n2).size(), 1u);
+    // The attempt ends (cancelled): its grant is gone.
+    v1::JobStatus st;
+    ASSERT_TRUE(c->cancel(id, &st).ok());
+    v1::ReportEventRequest ev;
+    ev.set_name("w");
+    ev.set_incarnation(w.incarnation());
+    ev.mutable_attempt()->set_job_id(id);
+    ev.mutable_attempt()->set_attempt(a.attempt());
+    ev.mutable_attempt()->set_exited(true);
+    ev.mutable_attempt()->set_exit_code(130);
+    ev.mutable_attempt()->set_stopped_by_agent(true);
+    ASSERT_TRUE(c->report_event(ev).ok());
+    c->tick_now();
+    EXPECT_TRUE(grants_of(*c, placed_node, placed_node == "n1" ? n1 : n2).empty());
+    // A new job's attempt gets another secret.
+    v1::SubmitJobRequest req = submit_request(dir, "noded-2", "");
+    req.add_set("optimizer.host.nodes=1");
+    v1::SubmitJobResponse sub;
+    ASSERT_TRUE(c->submit(req, &sub).ok());
+    c->tick_now();
+    const v1::Assignment b = assignment(*c);
+    ASSERT_EQ(b.job_id(), sub.job().id());
+    EXPECT_EQ(b.node_secret().size(), 64u);
+    EXPECT_NE(b.node_secret(), first_secret);
+  }
+}
+
 // A worker's progress report is its word: figures no real run produces are refused (named)
 // and never applied. Before, one forged report set a job's loss to NaN, its rate to -1e300 and
 // its stall share to 5500%, and the real reports after it were ignored (steps only grow).

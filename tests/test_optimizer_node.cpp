@@ -535,7 +535,7 @@ TEST(OptimizerNode, GarbageAtItsPortLeavesTheNodeServingARealSession) {
   }
   {  // a wrong proof: the node answers REFUSE and closes
     const int fd = ts::connect_raw(port);
-    hs::ClientHandshake wrong("not-the-token", {std::string(100, 'x'), 7}, hs::random_nonce());
+    hs::ClientHandshake wrong("not-the-token", "", {std::string(100, 'x'), 7}, hs::random_nonce());
     std::string out = wrong.start();
     for (int round = 0; round < 4 && wrong.state() == hs::State::kRunning; ++round) {
       ts::send_all(fd, out);

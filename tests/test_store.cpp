@@ -111,6 +111,7 @@ JobRecord full_job(const std::string& id) {
   j.fence_until_ms = 1'700'000'093'000;
   j.hang_timeout = 45;
   j.log_dropped_bytes = 123'456;
+  j.node_secret = "0123456789abcdef";
   return j;
 }
 
@@ -212,8 +213,9 @@ TEST(Store, RecordEqualityLooksAtEveryField) {
       [](JobRecord& r) { r.tokens_per_step = 1; },
       [](JobRecord& r) { ++r.fence_until_ms; },
       [](JobRecord& r) { ++r.hang_timeout; },
-      [](JobRecord& r) { ++r.log_dropped_bytes; }};
-  EXPECT_EQ(job_changes.size(), 42u);  // one per JobRecord field
+      [](JobRecord& r) { ++r.log_dropped_bytes; },
+      [](JobRecord& r) { r.node_secret += "x"; }};
+  EXPECT_EQ(job_changes.size(), 43u);  // one per JobRecord field
   EXPECT_TRUE(j == full_job("j-1"));
   for (size_t i = 0; i < job_changes.size(); ++i) {
     JobRecord changed = j;
@@ -693,7 +695,7 @@ TEST(Store, SchemaOneDatabaseMigratesKeepingItsJobs) {
          {"checkpoint_dir", "device", "workers", "gpus_per_worker", "max_restarts", "usd_per_hour_bits",
           "price_source", "usd_lost_to_restarts_bits", "optimizer_nodes", "node_memory_bytes",
           "node_placement", "stall_share_bits", "tokens_per_second_bits", "tokens_per_step_bits",
-          "fence_until_ms", "hang_timeout", "log_dropped_bytes"}) {
+          "fence_until_ms", "hang_timeout", "log_dropped_bytes", "node_secret"}) {
       const std::string sql = std::string("ALTER TABLE jobs DROP COLUMN ") + column;
       ASSERT_EQ(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
     }
@@ -725,6 +727,7 @@ TEST(Store, SchemaOneDatabaseMigratesKeepingItsJobs) {
   want.node_placement.clear();
   want.stall_share = want.tokens_per_second = want.tokens_per_step = 0;
   want.fence_until_ms = want.hang_timeout = want.log_dropped_bytes = 0;
+  want.node_secret.clear();
   want.last_error = valid_utf8(want.last_error);  // schema 6 repairs invalid UTF-8
   want.name = valid_utf8(want.name);
   EXPECT_TRUE(jobs[0] == want);
@@ -738,9 +741,8 @@ TEST(Store, SchemaSixWorkerRowsLoadWithoutASessionDigest) {
   {
     sqlite3* raw = nullptr;
     ASSERT_EQ(sqlite3_open_v2(dir.db().c_str(), &raw, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
-    ASSERT_EQ(sqlite3_exec(raw, "ALTER TABLE workers DROP COLUMN session_digest", nullptr, nullptr, nullptr),
-              SQLITE_OK)
-        << sqlite3_errmsg(raw);
+    for (const char* sql : {"ALTER TABLE workers DROP COLUMN session_digest", "ALTER TABLE jobs DROP COLUMN node_secret"})
+      ASSERT_EQ(sqlite3_exec(raw, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
     sqlite3_close(raw);
   }
   ASSERT_EQ(raw_user_version(dir.db(), 6), 6);
@@ -773,7 +775,7 @@ TEST(Store, SchemaFiveRowsWithInvalidUtf8AreRepairedByTheMigration) {
     for (const char* sql : {"ALTER TABLE jobs DROP COLUMN fence_until_ms", "ALTER TABLE jobs DROP COLUMN hang_timeout",
                             "ALTER TABLE jobs DROP COLUMN log_dropped_bytes",
                             "ALTER TABLE workers DROP COLUMN fence_ms",
-                            "ALTER TABLE workers DROP COLUMN session_digest"})
+                            "ALTER TABLE workers DROP COLUMN session_digest", "ALTER TABLE jobs DROP COLUMN node_secret"})
       ASSERT_EQ(sqlite3_exec(raw, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
     sqlite3_close(raw);
   }

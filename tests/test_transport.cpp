@@ -24,6 +24,7 @@
 #include <fstream>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -819,7 +820,7 @@ TEST_P(TransportTest, StrangersOnTheListeningPortAreDroppedAndARealPeerIsServedA
     ::close(fd);
   }
   // A wrong proof is refused, naming authentication.
-  handshake::ClientHandshake wrong("not-the-token", {std::string(64, 'w'), 42}, handshake::random_nonce());
+  handshake::ClientHandshake wrong("not-the-token", "", {std::string(64, 'w'), 42}, handshake::random_nonce());
   run_raw_client(port, wrong);
   EXPECT_EQ(wrong.state(), handshake::State::kFailed);
   EXPECT_TRUE(wrong.authentication_failed()) << wrong.error();
@@ -828,8 +829,7 @@ TEST_P(TransportTest, StrangersOnTheListeningPortAreDroppedAndARealPeerIsServedA
   {
     const int fd = test_support::connect_raw(port);
     const handshake::Nonce nonce{};
-    test_support::send_all(fd, handshake::encode_frame(handshake::FrameType::kHello,
-                                                       std::string(nonce.begin(), nonce.end())));
+    test_support::send_all(fd, handshake::encode_frame(handshake::FrameType::kHello, handshake::encode_hello(nonce, "")));
     std::string got;
     EXPECT_TRUE(test_support::wait_closed(fd, 10s, &got)) << "a stalled handshake was kept past its deadline";
     EXPECT_EQ(got.size(), handshake::kFrameHeaderBytes + handshake::kNonceBytes) << "more than a CHALLENGE";
@@ -878,6 +878,50 @@ TEST_P(TransportTest, AWrongSecretFailsTheConnectNamingThePeerAndAuthentication)
     }
   }
   EXPECT_EQ(accepted.load(), 0);
+}
+
+// A node that holds one secret per job attempt (a coordinator's grants): a client proves the
+// secret of the key it names, and connects only with the right pair; a key the node holds
+// nothing for is refused at once, naming it; another key's secret is refused too. So a rank
+// reaches only the nodes its job was granted on, each with its attempt's secret.
+TEST_P(TransportTest, ANodeWithPerKeySecretsConnectsOnlyTheKeyAndSecretItHolds) {
+  Inbox server_inbox;
+  TransportOptions o;
+  o.name = "server";
+  o.secret_for = [](const std::string& key) -> std::optional<std::string> {
+    if (key == "j-000001/1") return std::string("secret-of-attempt-1");
+    if (key == "j-000002/3") return std::string("secret-of-job-2");
+    return std::nullopt;
+  };
+  auto server = Transport::create(o);
+  std::atomic<int> accepted{0};
+  const int port = server->listen("127.0.0.1", 0, [&](std::shared_ptr<Channel>) {
+    ++accepted;
+    return server_inbox.handler();
+  });
+  auto connect_as = [&](const std::string& key, const std::string& secret) -> std::string {
+    TransportOptions co;
+    co.name = "client";
+    co.key = key;
+    co.secret = secret;
+    auto client = Transport::create(co);
+    try {
+      client->connect("127.0.0.1", port, {}, 10.0)->close();
+      return "connected";
+    } catch (const AuthenticationError& e) {
+      return e.what();
+    }
+  };
+  EXPECT_EQ(connect_as("j-000001/1", "secret-of-attempt-1"), "connected");
+  EXPECT_EQ(accepted.load(), 1);
+  const std::string other_secret = connect_as("j-000001/1", "secret-of-job-2");
+  EXPECT_NE(other_secret.find("authentication failed"), std::string::npos) << other_secret;
+  const std::string unknown = connect_as("j-000001/2", "secret-of-attempt-1");  // a later attempt, not granted
+  EXPECT_NE(unknown.find("no secret for key 'j-000001/2'"), std::string::npos) << unknown;
+  const std::string own_token = connect_as("", "secret-of-attempt-1");  // the node's own key: none here
+  EXPECT_NE(own_token.find("no secret for key ''"), std::string::npos) << own_token;
+  EXPECT_EQ(connect_as("j-000002/3", "secret-of-job-2"), "connected");
+  EXPECT_EQ(accepted.load(), 2);
 }
 
 // The address of every TCP socket this process listens on ("127.0.0.1:PORT").

@@ -21,6 +21,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/attempt_contract.h"
 #include "common/input_file.h"
 #include "worker/checkpoint.h"
 #include "worker/distributed/communicator.h"
@@ -120,6 +121,14 @@ engine::HostOptimizerFactory host_backend(const JobSpec& spec, const std::vector
     std::string token = read_regular_file(h.token_file, 4096, "optimizer.host.token_file");
     while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
     o.token = token;
+  }
+  // Placed by a coordinator with its nodes: the attempt's own secret, which only those nodes
+  // hold, instead of a token every job shares (the agent sets both; attempt_contract.h).
+  const char* key = std::getenv(attempt::kNodeKeyEnv);
+  const char* secret = std::getenv(attempt::kNodeSecretEnv);
+  if (key != nullptr && secret != nullptr && *secret != '\0') {
+    o.key = key;
+    o.token = secret;
   }
   o.job = spec.name + "@" + spec.checkpoint.dir;
   o.cores = host_cores;

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "worker/transport/handshake.h"
@@ -59,25 +60,40 @@ void check_frames(const std::string& out) {
 }
 
 // The node against the bytes, fed in chunks of `chunk`.
+// The node's secrets: its own token (key "") and one job attempt's grant.
+const char kGrantKey[] = "j-000001/1";
+const char kGrantSecret[] = "fuzz-grant-secret";
+std::optional<std::string> node_secret_for(const std::string& key) {
+  if (key.empty()) return std::string(kSecret);
+  if (key == kGrantKey) return std::string(kGrantSecret);
+  return std::nullopt;
+}
+
 void fuzz_server(const uint8_t* data, size_t size, size_t chunk) {
-  ServerHandshake s(kSecret, kNode, fixed_nonce(1));
+  ServerHandshake s(node_secret_for, kNode, fixed_nonce(1));
   for (size_t at = 0; at < size && s.state() == State::kRunning; at += chunk) {
     const std::string out = s.feed(data + at, std::min(chunk, size - at));
     check_frames(out);
   }
   if (s.state() == State::kAccepted) {
-    // Only a HELLO and a PROOF whose mac is the secret's over that HELLO's nonce and the
-    // node's get here: recompute it from the input's first two frames.
-    check(size >= 2 * kFrameHeaderBytes + kNonceBytes, "accepted without a HELLO and a PROOF");
+    // Only a HELLO naming a key the node holds and a PROOF whose mac is that key's secret's
+    // over the HELLO's nonce and the node's get here: recompute it from the first two frames.
+    check(size >= 2 * kFrameHeaderBytes + kNonceBytes + 1, "accepted without a HELLO and a PROOF");
+    const FrameHeader hello = decode_frame_header(data);
     Nonce client_nonce{};
-    std::memcpy(client_nonce.data(), data + kFrameHeaderBytes, kNonceBytes);
-    const uint8_t* proof = data + kFrameHeaderBytes + kNonceBytes;
+    std::string key;
+    decode_hello(std::string(reinterpret_cast<const char*>(data) + kFrameHeaderBytes, hello.body_bytes),
+                 &client_nonce, &key);
+    check(key == s.key(), "accepted under another key");
+    const std::optional<std::string> secret = node_secret_for(key);
+    check(secret.has_value(), "accepted a key the node holds no secret for");
+    const uint8_t* proof = data + kFrameHeaderBytes + hello.body_bytes;
     const FrameHeader h = decode_frame_header(proof);
     Mac mac{};
     Endpoint client;
     decode_proof(std::string(reinterpret_cast<const char*>(proof) + kFrameHeaderBytes, h.body_bytes), &mac,
                  &client);
-    check(same_mac(mac, client_mac(kSecret, client_nonce, fixed_nonce(1), client)), "accepted a wrong mac");
+    check(same_mac(mac, client_mac(*secret, key, client_nonce, fixed_nonce(1), client)), "accepted a wrong mac");
     check(client.address == s.peer().address && client.channel == s.peer().channel,
           "accepted another endpoint");
   }
@@ -86,7 +102,7 @@ void fuzz_server(const uint8_t* data, size_t size, size_t chunk) {
 
 // A client against the bytes.
 void fuzz_client(const uint8_t* data, size_t size, size_t chunk) {
-  ClientHandshake c(kSecret, kWorker, fixed_nonce(2));
+  ClientHandshake c(kGrantSecret, kGrantKey, kWorker, fixed_nonce(2));
   check_frames(c.start());
   for (size_t at = 0; at < size && c.state() == State::kRunning; at += chunk)
     check_frames(c.feed(data + at, std::min(chunk, size - at)));
@@ -101,8 +117,8 @@ void fuzz_client(const uint8_t* data, size_t size, size_t chunk) {
 void fuzz_pair(const uint8_t* data, size_t size, size_t chunk) {
   const std::string a(reinterpret_cast<const char*>(data), size / 2);
   const std::string b(reinterpret_cast<const char*>(data) + size / 2, size - size / 2);
-  ClientHandshake c(a, kWorker, fixed_nonce(3));
-  ServerHandshake s(b, kNode, fixed_nonce(4));
+  ClientHandshake c(a, "", kWorker, fixed_nonce(3));
+  ServerHandshake s(only_secret(b), kNode, fixed_nonce(4));
   std::string to_server = c.start(), to_client;
   for (int round = 0; round < 8 && (!to_server.empty() || !to_client.empty()); ++round) {
     for (size_t at = 0; at < to_server.size(); at += chunk)
@@ -144,17 +160,23 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   const char* dir = std::getenv("ZENFLOW_FUZZ_SEEDS");
   if (dir == nullptr) return 0;
   const Nonce worker_nonce = fixed_nonce(9), node_nonce = fixed_nonce(1);
-  const Mac cm = client_mac(kSecret, worker_nonce, node_nonce, kWorker);
-  const std::string client_side =
-      encode_frame(FrameType::kHello, std::string(worker_nonce.begin(), worker_nonce.end())) +
-      encode_frame(FrameType::kProof, encode_proof(cm, kWorker));
+  const Mac cm = client_mac(kSecret, "", worker_nonce, node_nonce, kWorker);
+  const std::string client_side = encode_frame(FrameType::kHello, encode_hello(worker_nonce, "")) +
+                                  encode_frame(FrameType::kProof, encode_proof(cm, kWorker));
   write_seed(dir, "client-side", 0, client_side);
+  const Mac gm = client_mac(kGrantSecret, kGrantKey, worker_nonce, node_nonce, kWorker);
+  write_seed(dir, "client-side-grant", 0,
+             encode_frame(FrameType::kHello, encode_hello(worker_nonce, kGrantKey)) +
+                 encode_frame(FrameType::kProof, encode_proof(gm, kWorker)));
+  write_seed(dir, "client-side-unknown-key", 0,
+             encode_frame(FrameType::kHello, encode_hello(worker_nonce, "j-000002/1")) +
+                 encode_frame(FrameType::kProof, encode_proof(gm, kWorker)));
   const Nonce client_nonce = fixed_nonce(2);
-  const Mac wm = client_mac(kSecret, client_nonce, node_nonce, kWorker);
+  const Mac wm = client_mac(kGrantSecret, kGrantKey, client_nonce, node_nonce, kWorker);
   const std::string node_side =
       encode_frame(FrameType::kChallenge, std::string(node_nonce.begin(), node_nonce.end())) +
       encode_frame(FrameType::kAccept,
-                   encode_proof(server_mac(kSecret, client_nonce, node_nonce, wm, kNode), kNode));
+                   encode_proof(server_mac(kGrantSecret, kGrantKey, client_nonce, node_nonce, wm, kNode), kNode));
   write_seed(dir, "node-side", 1, node_side);
   write_seed(dir, "refuse", 1, encode_frame(FrameType::kRefuse, "authentication failed"));
   write_seed(dir, "pair-equal", 2, "secretsecret");

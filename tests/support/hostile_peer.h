@@ -72,7 +72,7 @@ inline std::vector<Attack> garbage_attacks() {
   std::string random(4096, '\0');
   for (char& c : random) c = static_cast<char>(rng());
   const hs::Nonce nonce{};
-  const std::string hello = hs::encode_frame(hs::FrameType::kHello, std::string(nonce.begin(), nonce.end()));
+  const std::string hello = hs::encode_frame(hs::FrameType::kHello, hs::encode_hello(nonce, ""));
   std::string oversized = hs::encode_frame(hs::FrameType::kProof, "");
   for (int i = 8; i < 12; ++i) oversized[i] = '\xff';  // a body of 4 GiB announced
   std::string bad_version = hello;

@@ -697,6 +697,10 @@ void Agent::Impl::start_attempt(const v1::Assignment& a) {
     env.push_back("ZENFLOW_MASTER_ADDR=" + a.master_addr());
     env.push_back("ZENFLOW_MASTER_PORT=" + std::to_string(a.master_port()));
     env.push_back("ZENFLOW_LOCAL_ADDR=" + o.address);
+    if (!a.node_secret().empty()) {  // its nodes' credential for this attempt (attempt_contract.h)
+      env.push_back(std::string(attempt::kNodeKeyEnv) + "=" + attempt::node_key(a.job_id(), a.attempt()));
+      env.push_back(std::string(attempt::kNodeSecretEnv) + "=" + a.node_secret());
+    }
     // The slot picks the GPU and this rank's slice of the host's cores.
     env.push_back("ZENFLOW_LOCAL_RANK=" + std::to_string(at.slots[static_cast<size_t>(i)]));
     env.push_back("ZENFLOW_LOCAL_WORLD_SIZE=" + std::to_string(std::max<int64_t>(1, slots)));

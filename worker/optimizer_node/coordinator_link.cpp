@@ -36,6 +36,7 @@ void CoordinatorLink::run() {
     std::fprintf(stderr, "zenflow-optimizer: %s\n", msg.c_str());
   };
   int64_t interval_ms = 1000;
+  std::map<std::string, std::string> granted;  // the last grants handed to on_grants
   auto sleep_for = [&](int64_t ms) {
     for (int64_t slept = 0; slept < ms && !stop_; slept += 20) std::this_thread::sleep_for(milliseconds(20));
   };
@@ -71,11 +72,21 @@ void CoordinatorLink::run() {
     req.set_incarnation(incarnation_);
     v1::HeartbeatResponse resp;
     const grpc::Status s = beats.beat(req, &resp, milliseconds(std::max<int64_t>(2000, 2 * interval_ms)));
+    if (s.ok() && o_.on_grants) {
+      std::map<std::string, std::string> grants;
+      for (const v1::NodeGrant& g : resp.node_grants()) grants[g.key()] = g.secret();
+      if (grants != granted) {
+        granted = grants;
+        o_.on_grants(std::move(grants));
+      }
+    }
     if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
       const std::string why = "the coordinator no longer leases incarnation " + std::to_string(incarnation_.load()) +
                               " of optimizer node " + o_.name + " (declared LOST)";
       log_once(why + ": dropping every session, registering again");
       if (o_.on_fenced) o_.on_fenced(why);
+      if (o_.on_grants && !granted.empty()) o_.on_grants({});  // the jobs moved on: their secrets open nothing
+      granted.clear();
       incarnation_ = 0;
     } else if (!s.ok()) {
       log_once("heartbeat to " + o_.coordinator + ": " + rpc::describe(s));

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -27,6 +28,10 @@ struct CoordinatorLinkOptions {
   // Called on the link's thread when the coordinator no longer leases this incarnation
   // (it declared the node LOST): the node drops every session before registering again.
   std::function<void(const std::string& why)> on_fenced;
+  // Called on the link's thread with the job attempts' secrets the coordinator placed on this
+  // node ("JOB_ID/ATTEMPT" -> secret), the whole set, whenever it changes; an empty set
+  // when the node is fenced.
+  std::function<void(std::map<std::string, std::string> grants)> on_grants;
 };
 
 class CoordinatorLink {

@@ -11,7 +11,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <unistd.h>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <fstream>
 #include <string>
 #include <tuple>
@@ -132,6 +135,15 @@ int main(int argc, char** argv) {
   registry.counter("zenflow_optimizer_sessions_refused_total", "Sessions refused (token, epoch, memory)");
   registry.counter("zenflow_optimizer_ops_total", "Jobs and state transfers run");
   registry.counter("zenflow_network_bytes_total", "Bytes this node moved over UCX", {"direction", "transport"});
+  // The job attempts' secrets a coordinator placed on this node (its heartbeats bring them).
+  std::mutex grants_mu;
+  std::map<std::string, std::string> grants;
+  o.grant_for = [&](const std::string& key) -> std::optional<std::string> {
+    std::lock_guard<std::mutex> lock(grants_mu);
+    const auto it = grants.find(key);
+    if (it == grants.end()) return std::nullopt;
+    return it->second;
+  };
   zenflow::optimizer_node::OptimizerNode node(o);
   int port = 0;
   try {
@@ -188,6 +200,10 @@ int main(int argc, char** argv) {
     lo.on_fenced = [&node](const std::string& why) {
       const int n = node.drop_all_sessions(why);
       if (n > 0) std::fprintf(stderr, "zenflow-optimizer: dropped %d sessions: %s\n", n, why.c_str());
+    };
+    lo.on_grants = [&](std::map<std::string, std::string> now) {
+      std::lock_guard<std::mutex> lock(grants_mu);
+      grants = std::move(now);
     };
     link = std::make_unique<zenflow::optimizer_node::CoordinatorLink>(lo);
   }

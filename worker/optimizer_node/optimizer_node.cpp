@@ -11,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -786,7 +787,12 @@ int OptimizerNode::start() {
   Impl& i = *impl_;
   transport::TransportOptions to;
   to.name = "optimizer node";
-  to.secret = i.opt.token;
+  // Key "": the node's own token (--token-file; workers given its address in their spec).
+  // Any other key: a coordinator's grant of one job attempt placed on this node.
+  to.secret_for = [token = i.opt.token, grant_for = i.opt.grant_for](const std::string& key) -> std::optional<std::string> {
+    if (key.empty()) return token;
+    return grant_for ? grant_for(key) : std::nullopt;
+  };
   to.local_host = i.opt.host;  // UCX's own sockets on this interface only
   i.tr = transport::Transport::create(to);
   i.reaper = std::thread([&i] {

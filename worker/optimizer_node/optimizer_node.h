@@ -2,7 +2,8 @@
 //
 // It listens for connections from workers' remote host optimizers: its port speaks the
 // transport's handshake (transport.h), in which both sides prove they know the node's
-// token before any byte reaches UCX, and UCX's own sockets use only the interface of
+// token, or the secret of a job attempt a coordinator placed on it, before any byte
+// reaches UCX, and UCX's own sockets use only the interface of
 // NodeOptions::host. Each authenticated connection that says HELLO becomes a session
 // holding one slice of one rank's
 // host state (master, m, v, two accumulators) and running its jobs with the engine's own
@@ -18,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +33,10 @@ struct NodeOptions {
   std::vector<int> cores;     // pin them here; empty = unpinned
   int64_t memory_limit = 0;   // bytes of session state; 0 = unlimited
   std::string token;          // the handshake's secret (empty: only workers without a token)
+  // The secret of a coordinator's grant ("JOB_ID/ATTEMPT" -> the attempt's node secret),
+  // nullopt when this node holds none for the key: a worker proving it is that attempt's
+  // rank. Called on the handshake's thread. Unset: only the token (key "") is accepted.
+  std::function<std::optional<std::string>(const std::string& key)> grant_for;
   uint32_t credits = 4;       // ops with data a worker may have outstanding per session
   std::string name;           // for errors and logs; default HOST:PORT
   // Told the seconds of every window step a session ran (its completion thread; must not

@@ -74,6 +74,9 @@ std::string frame_name(FrameType t) {
   return "?";
 }
 
+// What a mac covers of the key: its length, then its bytes.
+std::string key_bytes(const std::string& key) { return std::string(1, static_cast<char>(key.size())) + key; }
+
 Nonce nonce_of(const std::string& body, const char* what) {
   if (body.size() != kNonceBytes)
     throw HandshakeError(std::string("handshake: ") + what + " of " + std::to_string(body.size()) +
@@ -129,6 +132,35 @@ FrameHeader decode_frame_header(const void* data) {
   return {static_cast<FrameType>(type), len};
 }
 
+std::string encode_hello(const Nonce& nonce, const std::string& key) {
+  if (key.size() > kMaxKeyBytes) throw HandshakeError("handshake: key of " + std::to_string(key.size()) + " bytes");
+  std::string out(nonce.begin(), nonce.end());
+  return out + key_bytes(key);
+}
+
+void decode_hello(const std::string& body, Nonce* nonce, std::string* key) {
+  if (body.size() < kNonceBytes + 1)
+    throw HandshakeError("handshake: HELLO of " + std::to_string(body.size()) + " bytes is truncated");
+  std::memcpy(nonce->data(), body.data(), kNonceBytes);
+  const size_t len = static_cast<uint8_t>(body[kNonceBytes]);
+  if (len > kMaxKeyBytes)
+    throw HandshakeError("handshake: key length " + std::to_string(len) + " (at most " + std::to_string(kMaxKeyBytes) +
+                         ")");
+  if (body.size() != kNonceBytes + 1 + len)
+    throw HandshakeError("handshake: key length " + std::to_string(len) + " but " +
+                         std::to_string(body.size() - kNonceBytes - 1) + " bytes follow");
+  key->assign(body, kNonceBytes + 1, len);
+  for (char c : *key)
+    if (c < 0x21 || c > 0x7e) throw HandshakeError("handshake: the key holds a byte that is not printable ASCII");
+}
+
+SecretFor only_secret(std::string secret) {
+  return [secret = std::move(secret)](const std::string& key) -> std::optional<std::string> {
+    if (!key.empty()) return std::nullopt;
+    return secret;
+  };
+}
+
 std::string encode_proof(const Mac& mac, const Endpoint& e) {
   std::string out;
   append(out, mac);
@@ -153,17 +185,17 @@ void decode_proof(const std::string& body, Mac* mac, Endpoint* e) {
   e->address.assign(body, fixed, len);
 }
 
-Mac client_mac(const std::string& secret, const Nonce& client_nonce, const Nonce& server_nonce,
-               const Endpoint& client) {
-  std::string m = kClientLabel;
+Mac client_mac(const std::string& secret, const std::string& key, const Nonce& client_nonce,
+               const Nonce& server_nonce, const Endpoint& client) {
+  std::string m = std::string(kClientLabel) + key_bytes(key);
   append(m, client_nonce);
   append(m, server_nonce);
   return hmac(secret, m + endpoint_bytes(client));
 }
 
-Mac server_mac(const std::string& secret, const Nonce& client_nonce, const Nonce& server_nonce,
-               const Mac& client_mac, const Endpoint& server) {
-  std::string m = kServerLabel;
+Mac server_mac(const std::string& secret, const std::string& key, const Nonce& client_nonce,
+               const Nonce& server_nonce, const Mac& client_mac, const Endpoint& server) {
+  std::string m = std::string(kServerLabel) + key_bytes(key);
   append(m, client_nonce);
   append(m, server_nonce);
   append(m, client_mac);
@@ -198,8 +230,8 @@ void FrameReader::clear() {
 
 // ---- ServerHandshake ---------------------------------------------------------------------
 
-ServerHandshake::ServerHandshake(std::string secret, Endpoint local, const Nonce& server_nonce)
-    : secret_(std::move(secret)), local_(std::move(local)), server_nonce_(server_nonce) {}
+ServerHandshake::ServerHandshake(SecretFor secret_for, Endpoint local, const Nonce& server_nonce)
+    : secret_for_(std::move(secret_for)), local_(std::move(local)), server_nonce_(server_nonce) {}
 
 std::string ServerHandshake::feed(const void* data, size_t len) {
   std::string out;
@@ -223,8 +255,17 @@ std::string ServerHandshake::on_frame() {
   reader_.clear();
   if (!have_hello_) {
     if (type != FrameType::kHello) throw HandshakeError("handshake: " + frame_name(type) + " before HELLO");
-    client_nonce_ = nonce_of(body, "HELLO");
+    decode_hello(body, &client_nonce_, &key_);
     have_hello_ = true;
+    std::optional<std::string> secret = secret_for_ ? secret_for_(key_) : std::nullopt;
+    if (!secret) {
+      // Named at once (the key is printable ASCII): a rank that reached a node its job was
+      // not assigned to, or a node whose coordinator has not granted the attempt yet.
+      auth_failed_ = true;
+      const std::string why = "authentication failed: this side holds no secret for key '" + key_ + "'";
+      return fail(why) + encode_frame(FrameType::kRefuse, why);
+    }
+    secret_ = std::move(*secret);
     return encode_frame(FrameType::kChallenge, std::string(server_nonce_.begin(), server_nonce_.end()));
   }
   if (type != FrameType::kProof)
@@ -232,7 +273,7 @@ std::string ServerHandshake::on_frame() {
   Mac mac{};
   Endpoint client;
   decode_proof(body, &mac, &client);
-  const Mac want = client_mac(secret_, client_nonce_, server_nonce_, client);
+  const Mac want = client_mac(secret_, key_, client_nonce_, server_nonce_, client);
   if (!same_mac(mac, want)) {
     auth_failed_ = true;
     const std::string why = "authentication failed: the client's proof does not match this side's secret";
@@ -241,7 +282,7 @@ std::string ServerHandshake::on_frame() {
   peer_ = std::move(client);
   state_ = State::kAccepted;
   return encode_frame(FrameType::kAccept,
-                      encode_proof(server_mac(secret_, client_nonce_, server_nonce_, mac, local_), local_));
+                      encode_proof(server_mac(secret_, key_, client_nonce_, server_nonce_, mac, local_), local_));
 }
 
 std::string ServerHandshake::fail(const std::string& why) {
@@ -252,12 +293,10 @@ std::string ServerHandshake::fail(const std::string& why) {
 
 // ---- ClientHandshake ---------------------------------------------------------------------
 
-ClientHandshake::ClientHandshake(std::string secret, Endpoint local, const Nonce& client_nonce)
-    : secret_(std::move(secret)), local_(std::move(local)), client_nonce_(client_nonce) {}
+ClientHandshake::ClientHandshake(std::string secret, std::string key, Endpoint local, const Nonce& client_nonce)
+    : secret_(std::move(secret)), key_(std::move(key)), local_(std::move(local)), client_nonce_(client_nonce) {}
 
-std::string ClientHandshake::start() {
-  return encode_frame(FrameType::kHello, std::string(client_nonce_.begin(), client_nonce_.end()));
-}
+std::string ClientHandshake::start() { return encode_frame(FrameType::kHello, encode_hello(client_nonce_, key_)); }
 
 std::string ClientHandshake::feed(const void* data, size_t len) {
   std::string out;
@@ -291,7 +330,7 @@ std::string ClientHandshake::on_frame() {
       throw HandshakeError("handshake: " + frame_name(type) + " before CHALLENGE");
     server_nonce_ = nonce_of(body, "CHALLENGE");
     have_challenge_ = true;
-    sent_mac_ = client_mac(secret_, client_nonce_, server_nonce_, local_);
+    sent_mac_ = client_mac(secret_, key_, client_nonce_, server_nonce_, local_);
     return encode_frame(FrameType::kProof, encode_proof(sent_mac_, local_));
   }
   if (type != FrameType::kAccept)
@@ -299,7 +338,7 @@ std::string ClientHandshake::on_frame() {
   Mac mac{};
   Endpoint server;
   decode_proof(body, &mac, &server);
-  if (!same_mac(mac, server_mac(secret_, client_nonce_, server_nonce_, sent_mac_, server)))
+  if (!same_mac(mac, server_mac(secret_, key_, client_nonce_, server_nonce_, sent_mac_, server)))
     return fail("authentication failed: the peer's proof does not match this side's secret", true);
   peer_ = std::move(server);
   state_ = State::kAccepted;

@@ -5,17 +5,22 @@
 //
 // Frame: "ZFNH" | version u16 | type u8 | flags u8 (0) | body length u32 | body; integers
 // little-endian; a body is at most kMaxBodyBytes, checked before it is read.
-//   client -> server  HELLO      client nonce (32 bytes)
+//   client -> server  HELLO      client nonce (32 bytes) | key length u8 | key
 //   server -> client  CHALLENGE  server nonce (32 bytes)
 //   client -> server  PROOF      mac (32) | channel id u64 | address length u32 | address
 //   server -> client  ACCEPT     mac (32) | channel id u64 | address length u32 | address
 //                  or REFUSE     reason (text, at most kMaxReasonBytes)
-// The address is the sender's UCX worker address (at most kMaxAddressBytes); the channel id
-// is what the other side puts on every message of the channel it sends to the sender.
-//   client mac = HMAC-SHA256(SHA-256(secret), "zenflow handshake v1 client" | client nonce |
-//                            server nonce | PROOF body after the mac)
-//   server mac = HMAC-SHA256(SHA-256(secret), "zenflow handshake v1 server" | client nonce |
-//                            server nonce | client mac | ACCEPT body after the mac)
+// The key names the secret the client proves (at most kMaxKeyBytes of printable ASCII, ""
+// for a node's own token): a node assigned to jobs by a coordinator holds one secret per job
+// attempt ("JOB_ID/ATTEMPT", server/coordinator.h node grants), and a key it holds no secret
+// for is refused at once, saying so. The address is the sender's UCX worker address (at most
+// kMaxAddressBytes); the channel id is what the other side puts on every message of the
+// channel it sends to the sender.
+//   client mac = HMAC-SHA256(SHA-256(secret), "zenflow handshake v1 client" | key length u8 |
+//                            key | client nonce | server nonce | PROOF body after the mac)
+//   server mac = HMAC-SHA256(SHA-256(secret), "zenflow handshake v1 server" | key length u8 |
+//                            key | client nonce | server nonce | client mac | ACCEPT body
+//                            after the mac)
 // Each side proves it knows the secret over the other's fresh nonce, and the macs cover the
 // addresses and ids, so nobody without the secret gets either side to create a UCX
 // endpoint, and the secret never crosses the wire. A wrong client mac is answered with
@@ -27,6 +32,8 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -39,6 +46,7 @@ constexpr size_t kNonceBytes = 32;
 constexpr size_t kMacBytes = 32;
 constexpr size_t kMaxAddressBytes = 4096;  // a UCX worker address is a few hundred bytes
 constexpr size_t kMaxReasonBytes = 200;
+constexpr size_t kMaxKeyBytes = 128;
 constexpr size_t kMaxBodyBytes = kMacBytes + 8 + 4 + kMaxAddressBytes;
 
 enum class FrameType : uint8_t { kHello = 1, kChallenge = 2, kProof = 3, kAccept = 4, kRefuse = 5 };
@@ -73,15 +81,25 @@ struct FrameHeader {
 // version, type, flags, length over kMaxBodyBytes).
 FrameHeader decode_frame_header(const void* data);
 
+// HELLO's body. The key: printable ASCII, at most kMaxKeyBytes; decode throws
+// HandshakeError naming the field (nonce size, key length, key bytes, trailing bytes).
+std::string encode_hello(const Nonce& nonce, const std::string& key);
+void decode_hello(const std::string& body, Nonce* nonce, std::string* key);
+
+// The secret a listening side holds for a key; nullopt: none (the client is refused).
+using SecretFor = std::function<std::optional<std::string>(const std::string& key)>;
+// One secret for every key (a Transport's own TransportOptions::secret): "" only.
+SecretFor only_secret(std::string secret);
+
 // PROOF and ACCEPT bodies.
 std::string encode_proof(const Mac& mac, const Endpoint& e);
 // Throws HandshakeError naming the field (truncated, address length, trailing bytes).
 void decode_proof(const std::string& body, Mac* mac, Endpoint* e);
 
-Mac client_mac(const std::string& secret, const Nonce& client_nonce, const Nonce& server_nonce,
-               const Endpoint& client);
-Mac server_mac(const std::string& secret, const Nonce& client_nonce, const Nonce& server_nonce,
-               const Mac& client_mac, const Endpoint& server);
+Mac client_mac(const std::string& secret, const std::string& key, const Nonce& client_nonce,
+               const Nonce& server_nonce, const Endpoint& client);
+Mac server_mac(const std::string& secret, const std::string& key, const Nonce& client_nonce,
+               const Nonce& server_nonce, const Mac& client_mac, const Endpoint& server);
 bool same_mac(const Mac& a, const Mac& b);  // in constant time
 
 // Collects one frame from a byte stream, never holding more than one frame's bytes.
@@ -111,18 +129,20 @@ enum class State { kRunning, kAccepted, kFailed };
 // once it is not kRunning it takes no more bytes (more is an error only while running).
 class ServerHandshake {
  public:
-  ServerHandshake(std::string secret, Endpoint local, const Nonce& server_nonce);
+  ServerHandshake(SecretFor secret_for, Endpoint local, const Nonce& server_nonce);
   std::string feed(const void* data, size_t len);
   State state() const { return state_; }
   const std::string& error() const { return error_; }
   bool authentication_failed() const { return auth_failed_; }
   const Endpoint& peer() const { return peer_; }  // once kAccepted
+  const std::string& key() const { return key_; }  // the HELLO's, once it came
 
  private:
   std::string on_frame();
   std::string fail(const std::string& why);
 
-  std::string secret_;
+  SecretFor secret_for_;
+  std::string secret_, key_;
   Endpoint local_;
   Nonce server_nonce_, client_nonce_{};
   bool have_hello_ = false;
@@ -136,7 +156,7 @@ class ServerHandshake {
 // The connecting side. start() returns HELLO; feed() returns PROOF after the CHALLENGE.
 class ClientHandshake {
  public:
-  ClientHandshake(std::string secret, Endpoint local, const Nonce& client_nonce);
+  ClientHandshake(std::string secret, std::string key, Endpoint local, const Nonce& client_nonce);
   std::string start();
   std::string feed(const void* data, size_t len);
   State state() const { return state_; }
@@ -148,7 +168,7 @@ class ClientHandshake {
   std::string on_frame();
   std::string fail(const std::string& why, bool auth = false);
 
-  std::string secret_;
+  std::string secret_, key_;
   Endpoint local_;
   Nonce client_nonce_, server_nonce_{};
   Mac sent_mac_{};

@@ -126,7 +126,7 @@ struct HandshakeListener::Impl {
       conns.push_back(
           Conn{fd, address_text(reinterpret_cast<sockaddr*>(&ss), len),
                Clock::now() + std::chrono::microseconds(static_cast<int64_t>(opt.timeout_s * 1e6)),
-               handshake::ServerHandshake(opt.secret, {opt.address, id}, handshake::random_nonce()), id, "",
+               handshake::ServerHandshake(opt.secret_for, {opt.address, id}, handshake::random_nonce()), id, "",
                false});
     }
   }
@@ -240,7 +240,7 @@ HandshakeListener::~HandshakeListener() {
 int HandshakeListener::port() const { return impl_->port; }
 
 handshake::Endpoint client_handshake(const std::string& host, int port, const std::string& secret,
-                                     const handshake::Endpoint& local, double timeout_s) {
+                                     const std::string& key, const handshake::Endpoint& local, double timeout_s) {
   const std::string where = host + ":" + std::to_string(port);
   const auto deadline =
       Clock::now() + std::chrono::microseconds(static_cast<int64_t>(std::max(0.0, timeout_s) * 1e6));
@@ -275,7 +275,10 @@ handshake::Endpoint client_handshake(const std::string& host, int port, const st
     ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen);
     if (err != 0) throw TransportError("connect to " + where + ": " + std::strerror(err));
   }
-  handshake::ClientHandshake hs(secret, local, handshake::random_nonce());
+  if (key.size() > handshake::kMaxKeyBytes)
+    throw TransportError("connect to " + where + ": key of " + std::to_string(key.size()) + " bytes (at most " +
+                         std::to_string(handshake::kMaxKeyBytes) + ")");
+  handshake::ClientHandshake hs(secret, key, local, handshake::random_nonce());
   std::string out = hs.start();
   while (hs.state() == State::kRunning) {
     while (!out.empty()) {

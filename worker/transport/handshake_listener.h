@@ -19,7 +19,7 @@
 namespace zenflow::transport {
 
 struct ListenerOptions {
-  std::string secret;
+  handshake::SecretFor secret_for;  // the secret held for a client's key
   std::string address;  // this side's UCX worker address
   double timeout_s = 5;
   int max_in_progress = 64;
@@ -49,11 +49,11 @@ class HandshakeListener {
   std::unique_ptr<Impl> impl_;
 };
 
-// The connecting side over a fresh TCP connection to host:port, all within timeout_s;
-// returns the peer's endpoint. Throws AuthenticationError (transport.h) when either side's
+// The connecting side over a fresh TCP connection to host:port, all within timeout_s,
+// proving `secret` under the name `key`; returns the peer's endpoint. Throws AuthenticationError (transport.h) when either side's
 // proof of the secret failed, TransportError for anything else (no connection, malformed
 // answer, timeout), naming the address.
 handshake::Endpoint client_handshake(const std::string& host, int port, const std::string& secret,
-                                     const handshake::Endpoint& local, double timeout_s);
+                                     const std::string& key, const handshake::Endpoint& local, double timeout_s);
 
 }  // namespace zenflow::transport

@@ -134,6 +134,7 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
     TransportOptions to;
     to.name = "worker rank " + std::to_string(layout.rank);
     to.secret = o.token;  // proved in the handshake, never sent
+    to.key = o.key;
     tr_ = Transport::create(to);
     const std::vector<int64_t> bounds = slice_bounds(layout, o.addresses.size());
     for (size_t k = 0; k < o.addresses.size(); ++k) {
@@ -727,12 +728,28 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
   void open(size_t k) {
     Node& n = *nodes_[k];
     const auto [host, port] = parse_address(n.address);
+    // A coordinator's grant of this attempt reaches the node with the node's next heartbeat,
+    // which may come after this rank starts: a node that holds no secret for the key yet is
+    // asked again until the connect timeout.
+    const auto grant_deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(opt_.connect_timeout_s);
     try {
-      n.ch = tr_->connect(host, port, handler(n), opt_.connect_timeout_s);
+      for (;;) {
+        try {
+          n.ch = tr_->connect(host, port, handler(n), opt_.connect_timeout_s);
+          break;
+        } catch (const AuthenticationError& e) {
+          const bool ungranted = !opt_.key.empty() && std::string(e.what()).find("holds no secret for key") != std::string::npos;
+          if (!ungranted || std::chrono::steady_clock::now() >= grant_deadline) throw;
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        }
+      }
     } catch (const AuthenticationError& e) {
-      // Reached, but the token does not match: a spec or deployment error, not a lost node.
-      throw std::runtime_error("optimizer node " + n.address + " refused the session: " + e.what() +
-                               " (optimizer.host.token_file must hold the node's --token-file)");
+      // Reached, but the secret does not match: a spec or deployment error, not a lost node.
+      throw std::runtime_error(
+          "optimizer node " + n.address + " refused the session: " + e.what() +
+          (opt_.key.empty() ? " (optimizer.host.token_file must hold the node's --token-file)"
+                            : " (the coordinator did not place attempt " + opt_.key + " on that node)"));
     } catch (const std::exception& e) {
       throw engine::HostBackendLost("optimizer node " + n.address + " lost: cannot connect: " + e.what(), n.address,
                                     /*unreachable_at_start=*/true);

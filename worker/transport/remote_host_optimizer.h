@@ -33,7 +33,8 @@ namespace zenflow::transport {
 
 struct RemoteHostOptions {
   std::vector<std::string> addresses;  // HOST:PORT, one node per slice
-  std::string token;                   // the nodes' --token-file: the handshake's secret
+  std::string token;                   // the handshake's secret: the nodes' --token-file, or
+  std::string key;                     // a coordinator's grant of this attempt ("JOB_ID/ATTEMPT")
   std::string job = "zenflow";
   uint64_t epoch = 1;                  // the job's attempt; nodes refuse older ones
   // Cores for this backend's threads (transport, sender, watchdog): the host optimizer's

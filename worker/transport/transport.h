@@ -58,6 +58,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -85,8 +86,13 @@ struct TransportOptions {
   std::string name = "zenflow";
   // The secret both ends of a connection prove they know in the handshake (its HMAC key;
   // never sent). Empty is a key like any other: it connects only to peers whose secret is
-  // empty too.
+  // empty too. connect() proves it under the name `key` (handshake.h; "" for a node's own
+  // token, "JOB_ID/ATTEMPT" for a coordinator's grant of one job attempt).
   std::string secret;
+  std::string key;
+  // listen(): the secret this side holds for a key (nullopt: none, the peer is refused,
+  // naming the key). Unset: `secret`, for the key "" only.
+  std::function<std::optional<std::string>(const std::string& key)> secret_for;
   // Not empty and not a wildcard (0.0.0.0, ::): UCX's network transports use only the
   // interface that holds this address (and RDMA devices, which listen on no socket), so
   // UCX's own sockets listen nowhere else. It overrides UCX_NET_DEVICES. Throws

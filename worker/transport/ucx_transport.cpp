@@ -632,7 +632,7 @@ int UcxTransport::listen(const std::string& host, int port, Accept accept) {
   if (listener_) throw TransportError(options_.name + ": listen: this transport listens already");
   accept_ = std::move(accept);  // read on the progress thread only after a channel was admitted
   ListenerOptions lo;
-  lo.secret = options_.secret;
+  lo.secret_for = options_.secret_for ? options_.secret_for : handshake::only_secret(options_.secret);
   lo.address = address_;
   lo.timeout_s = options_.handshake_timeout_s;
   lo.max_in_progress = options_.max_handshakes;
@@ -727,7 +727,7 @@ std::shared_ptr<Channel> UcxTransport::connect(const std::string& host, int port
   ch->rx_id = handshake::random_channel_id();
   handshake::Endpoint peer;
   try {
-    peer = client_handshake(host, port, options_.secret, {address_, ch->rx_id}, timeout_s);
+    peer = client_handshake(host, port, options_.secret, options_.key, {address_, ch->rx_id}, timeout_s);
   } catch (const AuthenticationError& e) {
     throw AuthenticationError(std::string(e.what()) + " (" + options_.name + ")");
   } catch (const TransportError& e) {
