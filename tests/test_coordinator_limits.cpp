@@ -28,20 +28,22 @@ namespace {
 namespace fs = std::filesystem;
 using test_support::Cluster;
 
-// 300 WatchJob streams from one client (under its rate limit's burst): the first kMaxStreamsPerClient are served, every one
+// 2,000 WatchJob streams from one client (its rate limit off): the first kMaxStreamsPerClient are served, every one
 // past that is refused with RESOURCE_EXHAUSTED saying why; a unary call still answers within
 // a second meanwhile; SIGTERM then stops the coordinator within its grace. Before, each
 // stream took a thread of its own until the pool ran out ("Server Threadpool Exhausted" for
 // every synchronous call) and SIGTERM hung in grpc_shutdown().
 TEST(CoordinatorLimits, StreamsPastTheCapAreRefusedAndTheRestOfTheApiAnswers) {
-  Cluster c("limits");
+  test_support::ClusterOptions o;
+  o.coordinator_flags = {"--admin-rate-limit", "0"};  // every refusal is the stream cap's
+  Cluster c("limits", o);
   c.start_coordinator();
   const fs::path spec = c.dir() / "job.yaml";
   test_support::write_file(spec, test_support::tiny_job_spec("watched"));
   const std::string id = c.submit(spec);  // no worker: it stays queued, its watchers wait
   ASSERT_FALSE(id.empty());
   auto stub = v1::JobService::NewStub(rpc::make_channel(c.address(), rpc::ChannelOptions{}));
-  constexpr int kStreams = 300;
+  constexpr int kStreams = 2000;
   grpc::CompletionQueue cq;
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
   std::vector<std::unique_ptr<grpc::ClientAsyncReader<v1::JobEvent>>> readers;
