@@ -1,7 +1,11 @@
 // zenflow up: the whole service on this machine — a coordinator, CPU workers, optimizer nodes
 // and optionally Prometheus — on 127.0.0.1, free ports and fresh tokens, until Ctrl-C.
 //
-//   zenflow up [--workers N] [--optimizer-nodes M] [--prometheus] [--dir DIR]
+//   zenflow up [--workers N] [--optimizer-nodes M] [--prometheus] [--dir DIR] [--allowed-root D ...]
+//
+// The workers confine job specs to their allowed roots (zenflow-worker --allowed-root): DIR,
+// the current directory, and the checkout with what its examples/tiny.yaml reads (the submit
+// line printed), plus each --allowed-root.
 //
 // Every process is a child in a process group of its own that dies with this one
 // (PR_SET_PDEATHSIG), logs to DIR/logs/NAME.log and is stopped by PID: SIGTERM, then SIGKILL
@@ -37,6 +41,8 @@
 #include <vector>
 
 #include "client/commands.h"
+#include "common/allowed_roots.h"
+#include "common/job_spec.h"
 #include "common/rpc/auth.h"
 #include "common/rpc/rpc.h"
 #include "worker/distributed/ports.h"
@@ -57,6 +63,7 @@ struct UpArgs {
   int optimizer_nodes = 0;
   bool prometheus = false;
   std::string dir;
+  std::vector<std::string> allowed_roots;  // added to the workers' defaults (worker_roots)
   double ready_timeout_s = 120;
   double grace_s = 20;
 };
@@ -312,6 +319,29 @@ fs::path default_dir() {
   return fs::current_path() / ("zenflow-up-" + std::string(stamp));
 }
 
+// What the workers' job specs may read and write: the stack's directory, the current one,
+// the checkout with every path its example names (when `example` exists, the job printed as
+// the submit line), then `extra`.
+std::vector<std::string> worker_roots(const fs::path& dir, const fs::path& example,
+                                      const std::vector<std::string>& extra) {
+  std::vector<std::string> roots = {dir.string(), fs::current_path().string()};
+  auto covered = [&](const std::string& p) {
+    return std::any_of(roots.begin(), roots.end(), [&](const std::string& r) { return path_within(p, r); });
+  };
+  if (fs::exists(example)) {
+    roots.push_back(fs::path(ZENFLOW_SOURCE_DIR).lexically_normal().string());
+    try {
+      const JobSpec spec = parse_job_spec(read_text(example), {}, example.parent_path().string());
+      for (const auto& [key, path] : confined_paths(spec))
+        if (!covered(path)) roots.push_back(fs::path(path).lexically_normal().string());
+    } catch (const std::exception&) {
+      // An example this build cannot read: the checkout alone.
+    }
+  }
+  for (const std::string& r : extra) roots.push_back(fs::absolute(r).lexically_normal().string());
+  return roots;
+}
+
 int up(const UpArgs& a) {
   const auto t0 = Clock::now();
   const fs::path bin = self_dir();
@@ -354,6 +384,8 @@ int up(const UpArgs& a) {
     std::cerr << "zenflow up: " << dir.string() << " already holds a stack (up.json); pass a new --dir\n";
     return kExitBadInput;
   }
+  const fs::path example = fs::path(ZENFLOW_SOURCE_DIR) / "examples" / "tiny.yaml";
+  const std::vector<std::string> roots = worker_roots(dir, example, a.allowed_roots);
   const fs::path admin_token = dir / "admin.token", worker_token = dir / "worker.token",
                  optimizer_token = dir / "optimizer.token";
   write_text_atomically(admin_token, rpc::random_token() + "\n", 0600);
@@ -395,11 +427,26 @@ int up(const UpArgs& a) {
       Child wc{"w" + std::to_string(i), "worker"};
       wc.metrics_port = distributed::find_free_port();
       const fs::path work = dir / ("work-" + wc.name);
-      workers.push_back(&stack.start(
-          wc, {worker_bin.string(), "--coordinator", coordinator->address, "--token-file",
-               worker_token.string(), "--work-dir", work.string(), "--name", wc.name, "--cpu-only",
-               "--cpu-slots", "1", "--metrics-port", std::to_string(wc.metrics_port), "--trainer",
-               zenflow_bin.string(), "--stop-grace", worker_grace}));
+      std::vector<std::string> argv = {worker_bin.string(),
+                                       "--coordinator",
+                                       coordinator->address,
+                                       "--token-file",
+                                       worker_token.string(),
+                                       "--work-dir",
+                                       work.string(),
+                                       "--name",
+                                       wc.name,
+                                       "--cpu-only",
+                                       "--cpu-slots",
+                                       "1",
+                                       "--metrics-port",
+                                       std::to_string(wc.metrics_port),
+                                       "--trainer",
+                                       zenflow_bin.string(),
+                                       "--stop-grace",
+                                       worker_grace};
+      for (const std::string& root : roots) argv.insert(argv.end(), {"--allowed-root", root});
+      workers.push_back(&stack.start(wc, argv));
     }
     for (int i = 1; i <= a.optimizer_nodes; ++i) {
       Child nc{"optimizer-" + std::to_string(i), "optimizer"};
@@ -505,6 +552,7 @@ int up(const UpArgs& a) {
         {{"name", n->name}, {"pid", n->pid}, {"address", n->address}, {"metrics_port", n->metrics_port},
          {"log", n->log.string()}});
   j["optimizer_token_file"] = nodes.empty() ? "" : optimizer_token.string();
+  j["allowed_roots"] = roots;
   j["prometheus"] = prometheus ? nlohmann::json{{"url", "http://" + prometheus->address},
                                                 {"pid", prometheus->pid},
                                                 {"config", (dir / "prometheus" / "prometheus.yml").string()},
@@ -514,7 +562,6 @@ int up(const UpArgs& a) {
 
   const std::string remote =
       " --coordinator " + coordinator->address + " --token-file " + admin_token.string();
-  const fs::path example = fs::path(ZENFLOW_SOURCE_DIR) / "examples" / "tiny.yaml";
   const std::string job = fs::exists(example) ? example.string() : "JOB.yaml";
   std::printf("zenflow up: ready in %.1f s: coordinator, %d worker%s, %d optimizer node%s%s (%s/up.json)\n",
               ready_s, a.workers, a.workers == 1 ? "" : "s", a.optimizer_nodes,
@@ -529,6 +576,11 @@ int up(const UpArgs& a) {
   if (prometheus)
     std::printf("  %-12s %-21s pid %-7d http://%s (targets: /targets)\n", "prometheus",
                 prometheus->address.c_str(), static_cast<int>(prometheus->pid), prometheus->address.c_str());
+  std::string listed;
+  for (const std::string& r : roots) listed += (listed.empty() ? "" : ", ") + r;
+  std::printf(
+      "Job specs may read and write under %s (the workers' --allowed-root; add with --allowed-root)\n",
+      listed.c_str());
   std::printf("Submit a job:\n  %s submit %s --wait%s\n", zenflow_bin.c_str(), job.c_str(), remote.c_str());
   std::printf(
       "or, for every verb (jobs, status, logs, workers, cancel):\n  export ZENFLOW_COORDINATOR=%s "
@@ -574,6 +626,10 @@ CommandRegistrar reg(25, [](CommandContext& ctx) {
                 "Also run Prometheus (on PATH) scraping every process, with zenflow's rules");
   cmd->add_option("--dir", a->dir,
                   "Directory for tokens, logs, the database and up.json (default ./zenflow-up-TIMESTAMP)");
+  cmd->add_option(
+      "--allowed-root", a->allowed_roots,
+      "Another directory the workers' job specs may read or write (repeatable; they always may use "
+      "--dir, the current directory and the checkout with its example's data; / confines nothing)");
   cmd->add_option("--ready-timeout", a->ready_timeout_s, "Seconds to wait for everything to be ready")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

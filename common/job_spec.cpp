@@ -15,6 +15,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "common/allowed_roots.h"
 #include "common/input_file.h"
 #include "common/yaml_tree.h"
 
@@ -829,20 +830,25 @@ JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& o
   return spec;
 }
 
+std::vector<std::pair<const char*, std::string>> confined_paths(const JobSpec& spec) {
+  std::vector<std::pair<const char*, std::string>> out;
+  auto add = [&](const char* key, const std::string& path) {
+    if (!path.empty()) out.emplace_back(key, path);
+  };
+  add("model.from", spec.model.from);
+  add("data.train", spec.data.train);
+  add("data.val", spec.data.val);
+  if (spec.data.tokenizer != "byte") add("data.tokenizer", spec.data.tokenizer);
+  add("checkpoint.dir", spec.checkpoint.dir);
+  return out;
+}
+
 namespace {
 // `p` absolute, with `.`/`..` and the symlinks of its existing part resolved.
 fs::path resolved(const std::string& p) {
   std::error_code ec;
   fs::path out = fs::weakly_canonical(fs::absolute(fs::path(p)), ec);
   return ec ? fs::absolute(fs::path(p)).lexically_normal() : out;
-}
-bool under(const fs::path& p, const fs::path& root) {
-  auto r = root.begin(), q = p.begin();
-  for (; r != root.end(); ++r, ++q) {
-    if (r->empty()) continue;  // a trailing separator
-    if (q == p.end() || *q != *r) return false;
-  }
-  return true;
 }
 }  // namespace
 
@@ -854,20 +860,14 @@ void check_allowed_roots(const JobSpec& spec, const std::vector<std::string>& ro
     resolved_roots.push_back(resolved(r));
     listed += (listed.empty() ? "" : ", ") + r;
   }
-  auto check = [&](const char* key, const std::string& path) {
-    if (path.empty()) return;
+  for (const auto& [key, path] : confined_paths(spec)) {
     const fs::path p = resolved(path);
-    for (const fs::path& root : resolved_roots)
-      if (under(p, root)) return;
-    throw SpecError(key, path + (p.string() == path ? "" : " (" + p.string() + ")") +
-                             " is outside the directories this worker allows (" + listed +
-                             "; zenflow-worker --allowed-root)");
-  };
-  check("model.from", spec.model.from);
-  check("data.train", spec.data.train);
-  check("data.val", spec.data.val);
-  if (spec.data.tokenizer != "byte") check("data.tokenizer", spec.data.tokenizer);
-  check("checkpoint.dir", spec.checkpoint.dir);
+    if (std::none_of(resolved_roots.begin(), resolved_roots.end(),
+                     [&](const fs::path& root) { return path_within(p, root); }))
+      throw SpecError(key, path + (p.string() == path ? "" : " (" + p.string() + ")") +
+                               " is outside the directories this worker allows (" + listed +
+                               "; zenflow-worker --allowed-root)");
+  }
 }
 
 std::vector<std::string> allowed_roots_from_env() {

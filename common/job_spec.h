@@ -35,6 +35,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace zenflow {
@@ -219,11 +220,16 @@ JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& o
 // Reads only metadata (stat); never opens a file.
 void check_spec_paths(const JobSpec& spec);
 
-// Every path the spec reads or writes (model.from, data.train, data.val, a tokenizer file,
-// checkpoint.dir) lies under one of `roots`, symlinks resolved: a worker runs specs others
-// wrote, and confines them to the directories it was given (zenflow-worker --allowed-root;
-// the agent passes them to its ranks in ZENFLOW_ALLOWED_ROOTS, colon-separated). Throws
-// SpecError naming the key, the path and the roots; opens nothing. No roots: no rule.
+// Every path the spec reads or writes, with its key, in this order: model.from, data.train,
+// data.val, data.tokenizer (unless "byte"), checkpoint.dir; the empty ones left out. What a
+// worker's allowed roots must cover (check_allowed_roots; the coordinator's placement).
+std::vector<std::pair<const char*, std::string>> confined_paths(const JobSpec& spec);
+
+// Every confined_paths() entry lies under one of `roots` (common/allowed_roots.h,
+// path_within), symlinks resolved: a worker runs specs others wrote, and confines them to
+// the directories it was given (zenflow-worker --allowed-root; the agent passes them to its
+// ranks in ZENFLOW_ALLOWED_ROOTS, colon-separated). Throws SpecError naming the key, the
+// path and the roots; opens nothing. No roots: no rule.
 void check_allowed_roots(const JobSpec& spec, const std::vector<std::string>& roots);
 // ZENFLOW_ALLOWED_ROOTS split at ':' (empty entries dropped); none when unset.
 std::vector<std::string> allowed_roots_from_env();

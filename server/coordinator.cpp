@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "common/advisor/job_profile.h"
+#include "common/allowed_roots.h"
 #include "common/attempt_contract.h"
 #include "common/rpc/rpc.h"
 #include "common/utf8.h"
@@ -142,25 +143,30 @@ Status check_resources(const v1::RegisterWorkerRequest& req) {
   for (int32_t p : req.rendezvous_ports())
     if (p < 1 || p > 65535) return bad("rendezvous_ports: each in [1, 65535], got " + std::to_string(p));
   if (!printable(req.version(), 64)) return bad("version: printable, at most 64 bytes");
+  if (req.allowed_roots_size() > static_cast<int>(kMaxAllowedRoots))
+    return bad("allowed_roots: at most " + std::to_string(kMaxAllowedRoots) + ", got " +
+               std::to_string(req.allowed_roots_size()));
+  for (const std::string& root : req.allowed_roots()) {
+    if (!printable(root, kMaxAllowedRootBytes))
+      return bad("allowed_roots: each printable, at most " + std::to_string(kMaxAllowedRootBytes) + " bytes");
+    if (!is_normal_root(root))
+      return bad(
+          "allowed_roots: each an absolute path in normal form (no '.', '..', repeated or trailing '/'; no "
+          "':'), got \"" +
+          root + "\"");
+  }
   return Status::OK;
 }
 
 // Paths of a submitted spec must be absolute: the coordinator and the workers do not share
 // the submitter's working directory (zenflow submit resolves them before sending).
 Status check_absolute(const JobSpec& spec) {
-  auto check = [](const char* key, const std::string& p) -> Status {
-    if (!p.empty() && !std::filesystem::path(p).is_absolute())
-      return bad(std::string(key) + ": must be an absolute path in a submitted spec (zenflow submit resolves "
-                 "relative paths against its working directory), got \"" + p + "\"");
-    return Status::OK;
-  };
-  for (auto [key, p] : {std::pair<const char*, const std::string*>{"model.from", &spec.model.from},
-                        {"data.train", &spec.data.train},
-                        {"data.val", &spec.data.val},
-                        {"checkpoint.dir", &spec.checkpoint.dir}}) {
-    if (Status s = check(key, *p); !s.ok()) return s;
-  }
-  if (spec.data.tokenizer != "byte") return check("data.tokenizer", spec.data.tokenizer);
+  for (const auto& [key, p] : confined_paths(spec))
+    if (!std::filesystem::path(p).is_absolute())
+      return bad(std::string(key) +
+                 ": must be an absolute path in a submitted spec (zenflow submit resolves "
+                 "relative paths against its working directory), got \"" +
+                 p + "\"");
   return Status::OK;
 }
 
@@ -437,6 +443,27 @@ void Coordinator::record_spec_facts(const JobSpec& spec, JobRecord* r) {
   r->optimizer_nodes = spec.optimizer.host.addresses.empty() ? spec.optimizer.host.nodes : 0;
 }
 
+std::vector<std::pair<std::string, std::string>> Coordinator::placement_paths(const JobSpec& spec) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [key, path] : confined_paths(spec)) out.emplace_back(key, path);
+  return out;
+}
+
+// A restart loads the spec facts from their columns, not the specs: the paths are read from
+// the spec once the job needs placing, and kept.
+const std::vector<std::pair<std::string, std::string>>& Coordinator::confined_paths_of(Job& j) const {
+  if (!j.confined_paths) {
+    try {
+      j.confined_paths = placement_paths(parse_job_spec(j.rec.spec_yaml, {}, ".", SpecSite::kRunsElsewhere));
+    } catch (const std::exception& e) {
+      // Its worker's ranks refuse it the same way, naming the key; no rule here.
+      log("job " + j.rec.id + ": stored spec no longer parses (" + e.what() + "); placed without its paths");
+      j.confined_paths.emplace();
+    }
+  }
+  return *j.confined_paths;
+}
+
 void Coordinator::release_attempt(Job& j) {
   if (!j.members.empty() && j.rec.start_time_ms > 0) j.rec.cost_usd += held_usd(j.rec.usd_per_hour, j.rec.start_time_ms, now_ms());
   bump_workers_of(j);
@@ -697,6 +724,7 @@ void Coordinator::admit_submit(const v1::SubmitJobRequest& req, SubmitAnswer ans
   Job& j = p->job;
   JobRecord& r = j.rec;
   record_spec_facts(spec, &r);
+  j.confined_paths = placement_paths(spec);
   r.usd_per_hour = job_usd_per_hour(price, spec.resources.workers, spec.resources.gpus_per_worker,
                                     spec.train.device != "cpu");
   if (price.priced)
@@ -1024,6 +1052,7 @@ void Coordinator::list_workers(v1::ListWorkersResponse* resp) {
       s->set_last_heartbeat_ms(w.lease->last_heartbeat_ms);
     }
     s->set_incarnation(w.rec.incarnation);
+    for (const std::string& root : w.rec.allowed_roots) s->add_allowed_roots(root);
     if (auto on = jobs_on.find(name); on != jobs_on.end())
       for (const std::string& id : on->second) s->add_jobs(id);
   }
@@ -1186,6 +1215,7 @@ WorkerRecord Coordinator::registration_record(const v1::RegisterWorkerRequest& r
   rec.registered_ms = now;
   rec.state = "READY";
   rec.fence_ms = std::max<int64_t>(0, req.fence_ms());
+  rec.allowed_roots.assign(req.allowed_roots().begin(), req.allowed_roots().end());
   return rec;
 }
 
@@ -1880,6 +1910,7 @@ void Coordinator::run_schedule(StoreBatch& batch) {
     v.host_memory_bytes = w.resources.host_memory_bytes();
     v.physical_cores = w.resources.physical_cores();
     v.labels.insert(w.resources.labels().begin(), w.resources.labels().end());
+    v.allowed_roots = w.rec.allowed_roots;
     views.push_back(std::move(v));
   }
   if (generation_ != stable_generation_ && !stable_.empty()) {  // something changed: all of them again
@@ -1919,6 +1950,7 @@ void Coordinator::run_schedule(StoreBatch& batch) {
     v.node_memory_bytes = j.rec.node_memory_bytes;
     if (queued(j.rec.state)) {
       v.state = scheduler::JobState::kQueued;
+      v.confined_paths = confined_paths_of(j);
       v.reserved_workers = j.reserved_workers;
       v.unplaceable_generation = j.unplaceable_generation;
     } else {

@@ -230,6 +230,10 @@ class Coordinator {
     // The silent worker whose self-fence rec.fence_until_ms waits for: its registering
     // again ends the wait (a registered agent has no rank left of its previous life).
     std::string fence_worker;
+    // (key, path) of every path the spec reads or writes (job_spec.h, confined_paths): a
+    // worker's allowed roots must cover them (scheduler.h, rule 3). Set at submit; after a
+    // restart, from the stored spec when the job is first queued (confined_paths_of).
+    std::optional<std::vector<std::pair<std::string, std::string>>> confined_paths;
   };
   // What a heartbeat reads and writes, under its own mutex rather than mu_, so that the
   // thousands of heartbeats a second never wait for a scheduling pass or a commit.
@@ -286,6 +290,8 @@ class Coordinator {
   bool terminal(const std::string& state) const;
   void fill_status(const Job& j, v1::JobStatus* out) const;
   static void record_spec_facts(const JobSpec& spec, JobRecord* r);
+  static std::vector<std::pair<std::string, std::string>> placement_paths(const JobSpec& spec);
+  const std::vector<std::pair<std::string, std::string>>& confined_paths_of(Job& j) const;
   static void set_demand(Job& j);
   void release_attempt(Job& j);  // the attempt ends: charge its held time, free its workers
   void track_live(Job& j);       // live_ follows the job's state

@@ -4,10 +4,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <stdexcept>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
+
+#include "common/allowed_roots.h"
 
 namespace zenflow::scheduler {
 namespace {
@@ -148,6 +151,10 @@ class Pass {
     std::vector<int> eligible;
     std::vector<int> live;
     Resources min_demand;
+    // Rule 3's paths: schedulable workers that meet every other constraint but whose
+    // allowed roots refuse the job's paths, and the first of them (-1: none).
+    int64_t refused_for_paths = 0;
+    int first_refused = -1;
   };
   struct MemoKey {
     int sig;
@@ -191,6 +198,42 @@ class Pass {
       free_[i] = cap_[i];
       by_id_.emplace(std::string_view(w.id), static_cast<int>(i));
     }
+    // Workers share a few sets of allowed roots (the chart gives all the same): the paths of
+    // a job are checked once per set, not once per worker.
+    root_set_of_.assign(n, -1);
+    std::map<std::vector<std::string>, int> sets;
+    for (size_t i = 0; i < n; ++i) {
+      const std::vector<std::string>& roots = w_[i]->allowed_roots;
+      if (roots.empty()) continue;  // unconfined
+      auto it = sets.find(roots);
+      if (it == sets.end()) {
+        it = sets.emplace(roots, static_cast<int>(root_sets_.size())).first;
+        root_sets_.push_back(&roots);
+      }
+      root_set_of_[i] = it->second;
+    }
+  }
+
+  // The first of `j`'s paths that `roots` do not cover (lexically: the coordinator cannot
+  // resolve a worker's symlinks), or nullptr.
+  static const std::pair<std::string, std::string>* uncovered_path(const JobView& j,
+                                                                   const std::vector<std::string>& roots) {
+    for (const auto& kp : j.confined_paths)
+      if (std::none_of(roots.begin(), roots.end(),
+                       [&](const std::string& r) { return path_within(kp.second, r); }))
+        return &kp;
+    return nullptr;
+  }
+
+  // "; 2 schedulable workers refuse its paths: checkpoint.dir /etc/ck is outside the allowed
+  // roots of w1 (/shared, /var/lib/zenflow/work)"
+  std::string paths_note(const JobView& j, const Signature& s) const {
+    if (s.refused_for_paths == 0) return "";
+    const WorkerView& w = *w_[static_cast<size_t>(s.first_refused)];
+    const auto* kp = uncovered_path(j, w.allowed_roots);
+    return "; " + plural(s.refused_for_paths, "schedulable worker refuses", "schedulable workers refuse") +
+           " its paths: " + (kp ? kp->first + " " + kp->second : std::string("a path")) +
+           " is outside the allowed roots of " + w.id + " (" + join_ids(w.allowed_roots) + ")";
   }
 
   void index_nodes(const std::vector<NodeView>& in) {
@@ -345,11 +388,26 @@ class Pass {
       key += '\0';
       key += v;
     }
+    // Which root sets refuse the job's paths: jobs refused by the same sets share the rest.
+    std::vector<char> refused(root_sets_.size(), 0);
+    if (!j.confined_paths.empty() && !root_sets_.empty()) {
+      key += '\1';
+      for (size_t r = 0; r < root_sets_.size(); ++r) {
+        refused[r] = uncovered_path(j, *root_sets_[r]) != nullptr;
+        key += refused[r] ? '1' : '0';
+      }
+    }
     auto [it, inserted] = sig_index_.emplace(std::move(key), static_cast<int>(sigs_.size()));
     if (inserted) {
       Signature s;
-      for (size_t i = 0; i < w_.size(); ++i)
-        if (admits(j, *w_[i])) s.eligible.push_back(static_cast<int>(i));
+      for (size_t i = 0; i < w_.size(); ++i) {
+        if (!admits(j, *w_[i])) continue;
+        if (const int r = root_set_of_[i]; r >= 0 && refused[static_cast<size_t>(r)]) {
+          if (s.refused_for_paths++ == 0) s.first_refused = static_cast<int>(i);
+          continue;
+        }
+        s.eligible.push_back(static_cast<int>(i));
+      }
       s.live = s.eligible;
       s.min_demand = j.per_worker;
       sigs_.push_back(std::move(s));
@@ -477,7 +535,8 @@ class Pass {
     const std::string needs = "needs " + describe_demand(j);
     auto unschedulable = [&](int64_t ever) {
       wait(j, "unschedulable: " + needs + "; only " +
-                  plural(ever, "schedulable worker", "schedulable workers") + " could ever fit one");
+                  plural(ever, "schedulable worker", "schedulable workers") + " could ever fit one" +
+                  paths_note(j, sigs_[static_cast<size_t>(sig)]));
     };
     if (j.optimizer_nodes > 0) {
       if (const int64_t ever = nodes_could_ever(j); ever < j.optimizer_nodes)
@@ -772,6 +831,9 @@ class Pass {
   std::vector<char> has_pending_;
   std::vector<int> pending_workers_;
   int head_ = -1;
+
+  std::vector<int> root_set_of_;  // per worker: its index in root_sets_, -1 unconfined
+  std::vector<const std::vector<std::string>*> root_sets_;  // the distinct sets of allowed roots
 
   std::unordered_map<std::string, int> sig_index_;
   std::vector<Signature> sigs_;

@@ -22,7 +22,8 @@
 //     partly never deadlock each other: neither holds anything.
 //
 //  3. Fit: a member fits on a worker when the worker is schedulable, matches the job's
-//     constraints (slot kind, GPU model, GPU memory, node selector) and its free slots,
+//     constraints (slot kind, GPU model, GPU memory, node selector, and its allowed roots
+//     cover every path of the job: common/allowed_roots.h, lexically) and its free slots,
 //     free host RAM and free physical cores each cover the member's demand. Free =
 //     capacity - reserved - the demands of the RUNNING and PREEMPTING jobs placed on it
 //     (the scheduler derives allocations from the job views, so the caller cannot pass
@@ -131,6 +132,9 @@
 //   "preempting j3 (checkpoint, then requeue); needs 1 worker with 4 GPUs; reserved w1"
 //   "unschedulable: needs 3 workers each with 1 GPU; only 2 schedulable workers could
 //    ever fit one"
+//   "unschedulable: needs 1 worker with 1 CPU slot; only 0 schedulable workers could ever
+//    fit one; 1 schedulable worker refuses its paths: checkpoint.dir /etc/ck is outside the
+//    allowed roots of w1 (/shared, /var/lib/zenflow/work)"
 //
 // Complexity, with W workers, J queued jobs, R running jobs, S distinct constraint sets
 // among the queued jobs and E_j the workers eligible for job j: O(W log W + J log J +
@@ -150,6 +154,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace zenflow::scheduler {
@@ -177,6 +182,9 @@ struct WorkerView {
   int64_t physical_cores = 0;
   Resources reserved;  // held back for things outside the scheduler (OS, agent)
   std::map<std::string, std::string> labels;
+  // The directories job specs may name there (zenflow-worker --allowed-root, its work dir
+  // among them); absolute and normal. Empty: unconfined (an agent from before the field).
+  std::vector<std::string> allowed_roots;
 };
 
 // A zenflow-optimizer node (role OPTIMIZER), for rule 9.
@@ -202,6 +210,9 @@ struct JobView {
   std::string gpu_model;                             // required GPU model; non-empty implies GPU slots
   int64_t min_gpu_memory_bytes = 0;                  // per GPU; applies on GPU workers
   std::map<std::string, std::string> node_selector;  // every pair must be in the labels
+  // (key, absolute path) of every path the spec reads or writes (job_spec.h,
+  // confined_paths): a worker with allowed roots admits the job only if they cover each.
+  std::vector<std::pair<std::string, std::string>> confined_paths;
   // kQueued: the workers the previous decision reserved for this job
   // (Reservation::worker_ids), empty if none. As head it keeps them over workers that
   // would fit no sooner (rule 5), so a job backfilled elsewhere can never pull the

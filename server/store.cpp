@@ -170,6 +170,12 @@ ALTER TABLE workers ADD COLUMN session_digest BLOB NOT NULL DEFAULT x'';
 -- get one when they are placed again.
 ALTER TABLE jobs ADD COLUMN node_secret TEXT NOT NULL DEFAULT '';
 )sql"},
+    {8, R"sql(
+-- The directories a worker lets job specs read or write (RegisterWorkerRequest.allowed_roots),
+-- netstrings as in placement. Rows from before hold none: unconfined, until the agent
+-- registers again.
+ALTER TABLE workers ADD COLUMN allowed_roots TEXT NOT NULL DEFAULT '';
+)sql"},
 };
 
 constexpr int kBusyTimeoutMs = 5000;  // only a reader such as the sqlite3 shell can hold a lock
@@ -186,7 +192,7 @@ constexpr const char* kJobColumns[] = {
     "tokens_per_step_bits", "fence_until_ms", "hang_timeout", "log_dropped_bytes", "node_secret"};
 constexpr const char* kWorkerColumns[] = {
     "name", "role", "resources", "address", "rendezvous_ports", "incarnation", "registered_ms", "state",
-    "fence_ms", "session_digest"};
+    "fence_ms", "session_digest", "allowed_roots"};
 // clang-format on
 
 // INSERT ... ON CONFLICT (key) DO UPDATE: replaces the row with that key and nothing else.
@@ -228,7 +234,8 @@ double bits_double(int64_t bits) {
   return d;
 }
 
-// Placement as netstrings ("2:w1,3:w10,"): a worker name may hold any byte, a comma too.
+// Names as netstrings ("2:w1,3:w10,"): placements, allowed roots; a name may hold any byte,
+// a comma too.
 std::string encode_names(const std::vector<std::string>& names) {
   std::string out;
   for (const std::string& n : names) out += std::to_string(n.size()) + ":" + n + ",";
@@ -689,10 +696,11 @@ void SqliteStore::write_worker(const WorkerRecord& w) {
   StepScope scope(s);
   Binder b(s);
   const std::string ports = encode_ports(w.rendezvous_ports);
+  const std::string roots = encode_names(w.allowed_roots);
   const int rc[] = {b.text(w.name),        b.text(w.role),           b.blob(w.resources),
                     b.text(w.address),     b.text(ports),            b.integer(w.incarnation),
                     b.integer(w.registered_ms), b.text(w.state),     b.integer(w.fence_ms),
-                    b.blob(w.session_digest)};
+                    b.blob(w.session_digest), b.text(roots)};
   static_assert(std::size(rc) == std::size(kWorkerColumns), "write_worker binds every workers column");
   const std::string doing = "writing worker " + quoted(w.name);
   step_write(s, rc, doing);
@@ -813,6 +821,10 @@ WorkerRecord SqliteStore::read_worker(sqlite3_stmt* s) const {
   w.state = r.text();
   w.fence_ms = r.integer();
   w.session_digest = r.blob();
+  const std::string roots = r.text();
+  if (!decode_names(roots, w.allowed_roots))
+    throw StoreError("database " + path_ + ": worker " + quoted(w.name) + " has malformed allowed roots " +
+                     quoted(roots));
   return w;
 }
 
@@ -902,7 +914,7 @@ auto fields(const JobRecord& j) {
 }
 auto fields(const WorkerRecord& w) {
   return std::tie(w.name, w.role, w.resources, w.address, w.rendezvous_ports, w.incarnation, w.registered_ms,
-                  w.state, w.fence_ms, w.session_digest);
+                  w.state, w.fence_ms, w.session_digest, w.allowed_roots);
 }
 
 }  // namespace

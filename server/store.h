@@ -111,6 +111,9 @@ struct WorkerRecord {
   // SHA-256 of the session handed out with this incarnation (RegisterWorkerResponse.session;
   // the session itself is never stored). Empty: registered before sessions existed.
   std::string session_digest;
+  // The directories the agent lets job specs read or write (RegisterWorkerRequest.
+  // allowed_roots). Empty: it advertised none (an older agent), taken as unconfined.
+  std::vector<std::string> allowed_roots;
   bool operator==(const WorkerRecord& o) const;
 };
 

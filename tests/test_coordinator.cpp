@@ -1141,6 +1141,101 @@ TEST(Coordinator, JobSkippedAsUnplaceableStartsWhenATrainerJoins) {
   EXPECT_EQ(st.waiting_reason().rfind("waiting:", 0), 0u) << st.waiting_reason();
 }
 
+// Workers confine the specs they run to their allowed roots (zenflow-worker --allowed-root),
+// and advertise them: the coordinator places a job only on a worker whose roots cover every
+// path of its spec, says why a job no worker may hold waits, and keeps the roots across a
+// restart. An agent that advertises none (older than the field) is taken as unconfined.
+// Before, a job with checkpoint.dir outside a worker's roots was placed there and failed.
+TEST(Coordinator, AJobIsPlacedOnlyOnAWorkerWhoseAllowedRootsCoverItsPaths) {
+  TestDir dir;
+  const std::string licenses = "/usr/share/common-licenses", ckpt = dir.path() + "/ckpt-confined";
+  auto confined = [&](const std::string& name, int port, std::vector<std::string> roots) {
+    v1::RegisterWorkerRequest req = trainer(name, port);
+    for (const std::string& r : roots) req.add_allowed_roots(r);
+    return req;
+  };
+  auto status = [](Coordinator& c, const std::string& id) {
+    v1::JobStatus st;
+    EXPECT_TRUE(c.get(id, &st).ok());
+    return st;
+  };
+  v1::RegisterWorkerResponse reg;
+  v1::SubmitJobResponse job;
+  {
+    auto c = open_coordinator(dir.db());
+    ASSERT_TRUE(c->register_worker(confined("narrow", 29500, {"/srv/work", licenses}), &reg).ok());
+    ASSERT_TRUE(c->submit(submit_request(dir, "confined", ""), &job).ok());
+    c->tick_now();
+    const v1::JobStatus st = status(*c, job.job().id());
+    EXPECT_EQ(st.state(), v1::QUEUED);
+    EXPECT_EQ(
+        st.waiting_reason(),
+        "unschedulable: needs 1 worker with 1 CPU slot and 1 core; only 0 schedulable workers could ever fit "
+        "one; 1 schedulable worker refuses its paths: checkpoint.dir " +
+            ckpt + " is outside the allowed roots of narrow (/srv/work, " + licenses + ")");
+  }
+  auto c = open_coordinator(dir.db());  // restarted: the roots come from the store, the paths from the spec
+  v1::ListWorkersResponse listed;
+  c->list_workers(&listed);
+  ASSERT_EQ(listed.workers_size(), 1);
+  EXPECT_EQ(std::vector<std::string>(listed.workers(0).allowed_roots().begin(),
+                                     listed.workers(0).allowed_roots().end()),
+            (std::vector<std::string>{"/srv/work", licenses}));
+  c->tick_now();
+  v1::JobStatus st = status(*c, job.job().id());
+  EXPECT_EQ(st.state(), v1::QUEUED);
+  EXPECT_NE(st.waiting_reason().find("refuses its paths: checkpoint.dir " + ckpt), std::string::npos)
+      << st.waiting_reason();
+  // Covering the checkpoint but not the data is not enough; covering both is.
+  ASSERT_TRUE(c->register_worker(confined("no-data", 29501, {dir.path()}), &reg).ok());
+  c->tick_now();
+  st = status(*c, job.job().id());
+  EXPECT_EQ(st.state(), v1::QUEUED);
+  EXPECT_NE(st.waiting_reason().find("2 schedulable workers refuse its paths"), std::string::npos)
+      << st.waiting_reason();
+  ASSERT_TRUE(c->register_worker(confined("wide", 29502, {dir.path(), licenses}), &reg).ok());
+  c->tick_now();
+  st = status(*c, job.job().id());
+  EXPECT_EQ(st.state(), v1::STARTING) << st.waiting_reason();
+  EXPECT_EQ(std::vector<std::string>(st.placement().begin(), st.placement().end()),
+            std::vector<std::string>{"wide"});
+  // An agent that advertises no roots takes what the confined ones refuse.
+  v1::SubmitJobResponse second;
+  ASSERT_TRUE(c->submit(submit_request(dir, "second", ""), &second).ok());
+  ASSERT_TRUE(c->register_worker(trainer("older-agent", 29503), &reg).ok());
+  c->tick_now();
+  st = status(*c, second.job().id());
+  EXPECT_EQ(st.state(), v1::STARTING) << st.waiting_reason();
+  EXPECT_EQ(std::vector<std::string>(st.placement().begin(), st.placement().end()),
+            std::vector<std::string>{"older-agent"});
+}
+
+// The roots a worker advertises are checked before anything of the registration is kept:
+// absolute, in normal form, printable, bounded; else INVALID_ARGUMENT naming the field.
+TEST(Coordinator, RegistrationWithAMalformedAllowedRootIsRefusedNamingTheField) {
+  TestDir dir;
+  auto c = open_coordinator(dir.db());
+  auto refusal = [&](const std::vector<std::string>& roots) {
+    v1::RegisterWorkerRequest req = trainer("w", 29500);
+    for (const std::string& r : roots) req.add_allowed_roots(r);
+    v1::RegisterWorkerResponse reg;
+    const grpc::Status s = c->register_worker(req, &reg);
+    return s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? s.error_message() : describe(s);
+  };
+  for (const std::string& root : {std::string("relative/dir"), std::string(""), std::string("/a/../b"),
+                                  std::string("/a/"), std::string("/a//b"), std::string("/a:b")})
+    EXPECT_EQ(refusal({"/shared", root}).rfind("allowed_roots: each an absolute path in normal form", 0), 0u)
+        << "\"" << root << "\": " << refusal({"/shared", root});
+  for (const std::string& root : {std::string("/tab\there"), std::string("/bell\x07"),
+                                  std::string("/\xff\xfe"), "/" + std::string(4096, 'a')})
+    EXPECT_EQ(refusal({root}), "allowed_roots: each printable, at most 4096 bytes");
+  EXPECT_EQ(refusal(std::vector<std::string>(65, "/shared")), "allowed_roots: at most 64, got 65");
+  v1::ListWorkersResponse listed;
+  c->list_workers(&listed);
+  EXPECT_EQ(listed.workers_size(), 0);
+  EXPECT_EQ(refusal({"/", "/shared", "/var/lib/zenflow/work"}), "0: ") << "well-formed roots register";
+}
+
 double thread_cpu_us() {
   timespec t{};
   ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);

@@ -310,6 +310,40 @@ TEST(Scheduler, GpuModelLabelsAndSchedulabilityConstrainPlacement) {
       "(earliest start unknown)");
 }
 
+// Rule 3's paths: a worker admits a job only when its allowed roots cover every path of the
+// spec, compared component by component as written ("/data" covers "/data/x", not
+// "/database" nor "/data/../etc"; "/" covers everything); a worker with no roots (an agent
+// from before them) admits every job. Jobs refused by the same workers share the rest of a
+// signature, and one no worker may hold says which path and worker refuse it.
+TEST(Scheduler, AWorkerAdmitsAJobOnlyWhenItsAllowedRootsCoverEveryPath) {
+  std::vector<WorkerView> workers = {cpu_worker("data", 1, 64, 4), cpu_worker("everything", 1, 64, 4)};
+  workers[0].allowed_roots = {"/work", "/data"};
+  workers[1].allowed_roots = {"/"};
+  auto job = [](const std::string& id, int64_t seq, const std::string& train) {
+    JobView j = queued(id, 0, seq, 1, 1);
+    j.confined_paths = {{"data.train", train}, {"checkpoint.dir", "/data/runs/" + id}};
+    return j;
+  };
+  ScheduleDecision d = schedule(workers, {job("in", 1, "/data/x"), job("prefix", 2, "/database/x")}, {});
+  EXPECT_EQ(assigned(d, "in"), std::vector<std::string>{"data"});
+  EXPECT_EQ(assigned(d, "prefix"), std::vector<std::string>{"everything"});
+  workers.pop_back();
+  d = schedule(workers, {job("dotdot", 1, "/data/../etc/shadow"), job("prefix", 2, "/database/x")}, {});
+  EXPECT_EQ(
+      reason(d, "dotdot"),
+      "unschedulable: needs 1 worker with 1 GPU or CPU slot; only 0 schedulable workers could ever fit one; "
+      "1 schedulable worker refuses its paths: data.train /data/../etc/shadow is outside the allowed roots "
+      "of data (/work, /data)");
+  EXPECT_EQ(
+      reason(d, "prefix"),
+      "unschedulable: needs 1 worker with 1 GPU or CPU slot; only 0 schedulable workers could ever fit one; "
+      "1 schedulable worker refuses its paths: data.train /database/x is outside the allowed roots "
+      "of data (/work, /data)");
+  workers.push_back(cpu_worker("unconfined", 1, 64, 4));
+  d = schedule(workers, {job("dotdot", 1, "/data/../etc/shadow")}, {});
+  EXPECT_EQ(assigned(d, "dotdot"), std::vector<std::string>{"unconfined"});
+}
+
 // --- Backfill ---
 
 TEST(Scheduler, BackfillNeverTakesCapacityTheHeadReserved) {

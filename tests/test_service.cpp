@@ -816,11 +816,27 @@ TEST(Service, ARanksInvalidUtf8OutputStillEndsItsJob) {
   const fs::path trainer = c.dir() / "bad-bytes-trainer.sh";
   write_file(trainer, "#!/bin/sh\nprintf 'loss went \\377\\376 wrong\\n'\nexit 1\n");
   fs::permissions(trainer, fs::perms::owner_all);
-  test_support::Process worker(
-      {Cluster::bin("zenflow-worker"), "--coordinator", c.address(), "--work-dir", (c.dir() / "work-w1").string(),
-       "--name", "w1", "--cpu-only", "--cpu-slots", "1", "--host-memory-gb", "8", "--physical-cores", "2",
-       "--trainer", trainer.string(), "--token-file", (c.dir() / "worker.token").string()},
-      c.dir() / "worker-w1.log");
+  std::vector<std::string> argv = {Cluster::bin("zenflow-worker"),
+                                   "--coordinator",
+                                   c.address(),
+                                   "--work-dir",
+                                   (c.dir() / "work-w1").string(),
+                                   "--name",
+                                   "w1",
+                                   "--cpu-only",
+                                   "--cpu-slots",
+                                   "1",
+                                   "--host-memory-gb",
+                                   "8",
+                                   "--physical-cores",
+                                   "2",
+                                   "--trainer",
+                                   trainer.string(),
+                                   "--token-file",
+                                   (c.dir() / "worker.token").string()};
+  const std::vector<std::string> roots = c.worker_root_flags();
+  argv.insert(argv.end(), roots.begin(), roots.end());
+  test_support::Process worker(argv, c.dir() / "worker-w1.log");
   const std::string id = c.submit(write_job(c, "bytes", 4, 0));
   ASSERT_FALSE(id.empty());
   ASSERT_TRUE(c.wait_state(id, "FAILED", 30s)) << c.status(id).dump() << worker.output();
@@ -1337,6 +1353,56 @@ TEST(ServiceSecurity, SpecErrorsNameTheKeyServerSide) {
   write_file(missing, spec);
   EXPECT_EQ(c.cli("submit " + missing.string()), 2);
   EXPECT_NE(read_file(c.dir() / "cli.log").find("data.train"), std::string::npos);
+}
+
+// A worker confines the specs it runs to its allowed roots, by default its work dir alone,
+// and advertises them: a job whose checkpoint.dir is under /etc waits at the coordinator,
+// which says why; one that leaves the work dir through a symlink in it (the coordinator
+// compares paths as written) is refused by the rank, exit 2 naming the key, and nothing is
+// written where the link points. Before, a spec's checkpoint.dir: /etc made a worker write
+// /etc/steps.jsonl, /etc/.zenflow.lock and /etc/step-00000090/.
+TEST(ServiceSecurity, AWorkerConfinesSpecsToItsWorkDirByDefault) {
+  Cluster c("roots");
+  c.start_coordinator();
+  const fs::path work = c.dir() / "work-w1", outside = c.dir() / "outside";
+  fs::create_directories(work / "data");
+  fs::create_directories(outside);
+  write_file(work / "data" / "train.txt", std::string(4096, 'a'));
+  fs::create_symlink(outside, work / "escape");
+  auto job = [&](const std::string& name, const std::string& ckpt) {
+    std::string spec = test_support::tiny_job_spec(name);
+    spec.replace(spec.find("/usr/share/common-licenses"), 26, (work / "data").string());
+    spec.replace(spec.find("checkpoint: {every_steps: 0}"), 28,
+                 "checkpoint: {dir: " + ckpt + ", every_steps: 0}");
+    const fs::path p = c.dir() / (name + ".yaml");
+    write_file(p, spec);
+    return c.submit(p);
+  };
+  c.set_worker_roots({});
+  c.start_worker("w1");
+  const std::string etc = job("etc", "/etc/zenflow-test-roots");
+  ASSERT_FALSE(etc.empty()) << read_file(c.dir() / "cli.log");
+  const std::string refused =
+      "1 schedulable worker refuses its paths: checkpoint.dir /etc/zenflow-test-roots is "
+      "outside the allowed roots of w1 (" +
+      fs::canonical(work).string() + ")";
+  EXPECT_TRUE(wait_until(
+      [&] { return c.status(etc).value("waiting_reason", "").find(refused) != std::string::npos; }, 20s))
+      << c.status(etc).dump();
+  const std::string escape = job("escape", (work / "escape" / "ck").string());
+  ASSERT_FALSE(escape.empty()) << read_file(c.dir() / "cli.log");
+  ASSERT_TRUE(c.wait_state(escape, "FAILED", 60s)) << c.status(escape).dump() << logs_of(c, escape);
+  EXPECT_EQ(i64(c.status(escape), "exit_code", -1), 2);
+  const std::string log = logs_of(c, escape);
+  EXPECT_NE(log.find("checkpoint.dir: " + (work / "escape" / "ck").string() + " (" +
+                     (fs::canonical(outside) / "ck").string() +
+                     ") is outside the directories this worker allows (" + fs::canonical(work).string() +
+                     "; zenflow-worker --allowed-root)"),
+            std::string::npos)
+      << log;
+  EXPECT_TRUE(fs::is_empty(outside));
+  EXPECT_FALSE(fs::exists("/etc/zenflow-test-roots"));
+  EXPECT_EQ(c.state(etc), "QUEUED");
 }
 
 TEST(ServiceSecurity, RateLimitAnswersResourceExhausted) {

@@ -127,6 +127,7 @@ WorkerRecord full_worker(const std::string& name) {
   w.state = "DRAINING";
   w.fence_ms = 93'000;
   w.session_digest = std::string("\x00\xff\x01 digest", 10) + std::string(22, '\x80');
+  w.allowed_roots = {"/shared", "/var/lib/zenflow/work", "/a,b:7"};
   return w;
 }
 
@@ -241,7 +242,8 @@ TEST(Store, RecordEqualityLooksAtEveryField) {
       [](WorkerRecord& r) { ++r.registered_ms; },
       [](WorkerRecord& r) { r.state = "LOST"; },
       [](WorkerRecord& r) { ++r.fence_ms; },
-      [](WorkerRecord& r) { r.session_digest[5] ^= 1; }};
+      [](WorkerRecord& r) { r.session_digest[5] ^= 1; },
+      [](WorkerRecord& r) { r.allowed_roots.back() += "x"; }};
   EXPECT_TRUE(w == full_worker("w"));
   for (size_t i = 0; i < worker_changes.size(); ++i) {
     WorkerRecord changed = w;
@@ -699,7 +701,7 @@ TEST(Store, SchemaOneDatabaseMigratesKeepingItsJobs) {
       const std::string sql = std::string("ALTER TABLE jobs DROP COLUMN ") + column;
       ASSERT_EQ(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
     }
-    for (const char* column : {"fence_ms", "session_digest"}) {
+    for (const char* column : {"fence_ms", "session_digest", "allowed_roots"}) {
       const std::string sql = std::string("ALTER TABLE workers DROP COLUMN ") + column;
       ASSERT_EQ(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
     }
@@ -733,26 +735,41 @@ TEST(Store, SchemaOneDatabaseMigratesKeepingItsJobs) {
   EXPECT_TRUE(jobs[0] == want);
 }
 
-// Schema 7 adds each worker's session digest: a row a schema-6 coordinator wrote loads with
-// none (the coordinator then tells that worker to register again), the rest unchanged.
-TEST(Store, SchemaSixWorkerRowsLoadWithoutASessionDigest) {
-  StoreDir dir;
-  open_sqlite_store(dir.db())->commit({{}, {full_worker("w1")}, {}, {}, {}});
-  {
-    sqlite3* raw = nullptr;
-    ASSERT_EQ(sqlite3_open_v2(dir.db().c_str(), &raw, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
-    for (const char* sql : {"ALTER TABLE workers DROP COLUMN session_digest", "ALTER TABLE jobs DROP COLUMN node_secret"})
-      ASSERT_EQ(sqlite3_exec(raw, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
-    sqlite3_close(raw);
+// Schema 7 adds each worker's session digest (and each job's node secret), schema 8 the roots
+// it advertises: a row an
+// older coordinator wrote loads without what came after it (the coordinator then tells that
+// worker to register again; with no roots it is unconfined), the rest unchanged.
+TEST(Store, OlderWorkerRowsLoadWithoutTheColumnsAddedSince) {
+  struct Old {
+    int version;
+    std::vector<const char*> missing;
+  };
+  // (table, column) pairs: schema 7 also added jobs.node_secret.
+  for (const Old& old : {Old{6, {"workers session_digest", "jobs node_secret", "workers allowed_roots"}},
+                         Old{7, {"workers allowed_roots"}}}) {
+    StoreDir dir;
+    open_sqlite_store(dir.db())->commit({{}, {full_worker("w1")}, {}, {}, {}});
+    {
+      sqlite3* raw = nullptr;
+      ASSERT_EQ(sqlite3_open_v2(dir.db().c_str(), &raw, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
+      for (const char* table_column : old.missing) {
+        std::string sql = std::string("ALTER TABLE ") + table_column;
+        sql.replace(sql.find(' ', 12), 1, " DROP COLUMN ");
+        ASSERT_EQ(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK)
+            << sqlite3_errmsg(raw);
+      }
+      sqlite3_close(raw);
+    }
+    ASSERT_EQ(raw_user_version(dir.db(), old.version), old.version);
+    auto store = open_sqlite_store(dir.db());
+    EXPECT_EQ(store->schema_version(), sqlite_schema_version());
+    const std::vector<WorkerRecord> workers = store->load_workers();
+    ASSERT_EQ(workers.size(), 1u);
+    WorkerRecord want = full_worker("w1");
+    if (old.version < 7) want.session_digest.clear();
+    want.allowed_roots.clear();
+    EXPECT_TRUE(workers[0] == want) << "schema " << old.version;
   }
-  ASSERT_EQ(raw_user_version(dir.db(), 6), 6);
-  auto store = open_sqlite_store(dir.db());
-  EXPECT_EQ(store->schema_version(), sqlite_schema_version());
-  const std::vector<WorkerRecord> workers = store->load_workers();
-  ASSERT_EQ(workers.size(), 1u);
-  WorkerRecord want = full_worker("w1");
-  want.session_digest.clear();
-  EXPECT_TRUE(workers[0] == want);
 }
 
 // Schema 6 repairs what a coordinator before it stored as invalid UTF-8 (freed heap bytes as
@@ -772,10 +789,11 @@ TEST(Store, SchemaFiveRowsWithInvalidUtf8AreRepairedByTheMigration) {
   {
     sqlite3* raw = nullptr;
     ASSERT_EQ(sqlite3_open_v2(dir.db().c_str(), &raw, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
-    for (const char* sql : {"ALTER TABLE jobs DROP COLUMN fence_until_ms", "ALTER TABLE jobs DROP COLUMN hang_timeout",
-                            "ALTER TABLE jobs DROP COLUMN log_dropped_bytes",
-                            "ALTER TABLE workers DROP COLUMN fence_ms",
-                            "ALTER TABLE workers DROP COLUMN session_digest", "ALTER TABLE jobs DROP COLUMN node_secret"})
+    for (const char* sql :
+         {"ALTER TABLE jobs DROP COLUMN fence_until_ms", "ALTER TABLE jobs DROP COLUMN hang_timeout",
+          "ALTER TABLE jobs DROP COLUMN log_dropped_bytes", "ALTER TABLE workers DROP COLUMN fence_ms",
+          "ALTER TABLE workers DROP COLUMN session_digest", "ALTER TABLE jobs DROP COLUMN node_secret",
+          "ALTER TABLE workers DROP COLUMN allowed_roots"})
       ASSERT_EQ(sqlite3_exec(raw, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
     sqlite3_close(raw);
   }

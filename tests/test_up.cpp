@@ -42,10 +42,12 @@ class UpTest : public ::testing::Test {
     if (std::getenv("ZENFLOW_KEEP_TEST_DIRS") == nullptr) fs::remove_all(dir_, ec);
   }
 
-  // Starts `zenflow up ARGS --dir STACK` and waits for STACK/up.json; false (with the reason
-  // recorded as a failure) when it exits or takes too long.
+  // Starts `zenflow up ARGS --dir STACK --allowed-root DIR` (the jobs checkpoint in DIR) and
+  // waits for STACK/up.json; false (with the reason recorded as a failure) when it exits or
+  // takes too long.
   bool start_stack(const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {Cluster::bin("zenflow"), "up", "--dir", stack_.string()};
+    std::vector<std::string> argv = {Cluster::bin("zenflow"), "up",         "--dir", stack_.string(),
+                                     "--allowed-root",        dir_.string()};
     argv.insert(argv.end(), args.begin(), args.end());
     up_ = std::make_unique<Process>(argv, dir_ / "up.log");
     const bool ready = zenflow::test_support::wait_until(
@@ -101,6 +103,11 @@ TEST_F(UpTest, StackRunsJobsToSucceededAndSigtermStopsEveryChild) {
   EXPECT_EQ(info_["optimizer_nodes"].size(), nodes ? 1u : 0u);
   const std::string out = up_->output();
   EXPECT_NE(out.find("zenflow up: ready in"), std::string::npos) << out;
+  // The workers may use the stack's directory, the current one, the checkout with its
+  // example's data (the submit line printed), and what --allowed-root added.
+  EXPECT_EQ(info_["allowed_roots"], json({stack_.string(), fs::current_path().string(),
+                                          fs::path(ZENFLOW_SOURCE_DIR).lexically_normal().string(),
+                                          "/usr/share/common-licenses", dir_.string()}));
   EXPECT_NE(out.find("--coordinator " + info_["coordinator"]["address"].get<std::string>()),
             std::string::npos)
       << out;

@@ -329,6 +329,9 @@ void Run::start_cluster() {
                                      "3",
                                      "--disconnected-grace",
                                      std::to_string(o_.agent_disconnected_grace_s)};
+    // What the jobs read and write: checkpoints under the run's directory, the license texts.
+    argv.insert(argv.end(),
+                {"--allowed-root", (dir_ / "ckpt").string(), "--allowed-root", "/usr/share/common-licenses"});
     if (worker_has_drain_flag_) {
       argv.push_back("--disconnect-drain");
       argv.push_back("2");

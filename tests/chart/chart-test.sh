@@ -72,6 +72,7 @@ check_template() {
   expect defaults "plaintext only with --insecure-plaintext" '- --insecure-plaintext'
   expect defaults "gRPC probes on the health port" '^ *grpc:$'
   expect defaults "no GPU requested" 'nvidia.com/gpu:' absent
+  expect defaults "job specs confined to the shared volume (and the work dir)" '- --allowed-root=/shared$'
   expect gpu-workers "8 GPUs per worker" '^ *nvidia.com/gpu: 8$'
   expect gpu-workers "workers are a DaemonSet" '^kind: DaemonSet$'
   expect gpu-workers "96 physical cores offered, 192 hardware threads requested" '--physical-cores=96'
@@ -121,6 +122,7 @@ check_schema() {
   reject "a misspelt top-level key" "Additional property coordinater is not allowed" --set coordinater.port=1
   reject "a 70000 health port" "coordinator.healthPort: Must be less than or equal to 65535" --set coordinator.healthPort=70000
   reject "workers.kind: Job" "workers.kind: workers.kind must be one of the following" --set workers.kind=Job
+  reject "a relative allowed root" "workers.allowedRoots.0: Does not match pattern" --set 'workers.allowedRoots={data}'
   reject "a short admin token" "auth.adminToken: Does not match pattern" --set auth.adminToken=short
   reject "an unknown dashboard switch" "grafanaDashboards.dashboards: Additional property zenflow-cots is not allowed" \
     --set grafanaDashboards.dashboards.zenflow-cots=false

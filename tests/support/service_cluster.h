@@ -67,6 +67,7 @@ class Cluster {
     write_file(worker_token_, "worker-" + random_hex() + "\n");
     ::chmod(admin_token_.c_str(), 0600);
     ::chmod(worker_token_.c_str(), 0600);
+    worker_roots_ = {dir_.string(), "/usr/share/common-licenses"};
   }
   ~Cluster() {
     workers_.clear();
@@ -108,12 +109,25 @@ class Cluster {
     address_ = "127.0.0.1:" + m[1].str();
   }
 
+  // The directories the workers started from now on let job specs use (zenflow-worker
+  // --allowed-root): by default the cluster's directory, where the tests write their specs
+  // and checkpoints, and the license texts the tiny jobs train on. None: the agent's default
+  // (its work dir alone).
+  void set_worker_roots(std::vector<std::string> roots) { worker_roots_ = std::move(roots); }
+  std::vector<std::string> worker_root_flags() const {
+    std::vector<std::string> flags;
+    for (const std::string& root : worker_roots_) flags.insert(flags.end(), {"--allowed-root", root});
+    return flags;
+  }
+
   // A worker agent with `slots` CPU slots and 8 GiB of host RAM on offer.
   Process& start_worker(const std::string& name, int slots = 1, std::vector<std::string> extra = {}) {
     std::vector<std::string> argv = {bin("zenflow-worker"), "--coordinator", address_, "--work-dir",
                                      (dir_ / ("work-" + name)).string(), "--name", name, "--cpu-only", "--cpu-slots",
                                      std::to_string(slots), "--host-memory-gb", "8", "--physical-cores", "2",
                                      "--trainer", bin("zenflow"), "--stop-grace", "20"};
+    const std::vector<std::string> roots = worker_root_flags();
+    argv.insert(argv.end(), roots.begin(), roots.end());
     if (options_.tokens) argv.insert(argv.end(), {"--token-file", worker_token_.string()});
     if (!options_.tls_ca.empty()) argv.insert(argv.end(), {"--tls-ca", options_.tls_ca});
     argv.insert(argv.end(), extra.begin(), extra.end());
@@ -208,6 +222,7 @@ class Cluster {
   fs::path dir_;
   fs::path admin_token_, worker_token_;
   std::string address_;
+  std::vector<std::string> worker_roots_;
   int coordinator_starts_ = 0;
   std::unique_ptr<Process> coordinator_;
   std::map<std::string, std::unique_ptr<Process>> workers_;

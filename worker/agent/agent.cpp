@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/allowed_roots.h"
 #include "common/attempt_contract.h"
 #include "common/rpc/heartbeat_stream.h"
 #include "common/utf8.h"
@@ -97,6 +98,40 @@ std::string write_file_checked(const std::string& path, const std::string& data)
   }
   if (::close(fd) != 0) return std::strerror(errno);
   return "";
+}
+
+std::string joined(const std::vector<std::string>& items, const char* separator) {
+  std::string out;
+  for (const std::string& item : items) out += (out.empty() ? "" : separator) + item;
+  return out;
+}
+
+// The directories the jobs' specs are confined to: each --allowed-root, absolute with its
+// symlinks resolved, then the work dir (where the specs themselves are written); duplicates
+// dropped. None given: the work dir alone; "/" confines nothing. Throws
+// std::invalid_argument for a root that cannot be advertised (common/allowed_roots.h).
+std::vector<std::string> confined_roots(const std::vector<std::string>& given, const std::string& work_dir) {
+  std::vector<std::string> roots;
+  auto add = [&](const std::string& root, const std::string& as_given) {
+    if (!is_normal_root(root) || root.size() > kMaxAllowedRootBytes)
+      throw std::invalid_argument("--allowed-root " + as_given + ": " + root +
+                                  " is not an absolute path in normal form without ':', at most " +
+                                  std::to_string(kMaxAllowedRootBytes) + " bytes");
+    if (std::find(roots.begin(), roots.end(), root) == roots.end()) roots.push_back(root);
+  };
+  for (const std::string& r : given) {
+    std::error_code ec;
+    fs::path p = fs::weakly_canonical(fs::absolute(r), ec);
+    if (ec) p = fs::absolute(r).lexically_normal();
+    std::string root = p.string();
+    while (root.size() > 1 && root.back() == '/') root.pop_back();
+    add(root, r);
+  }
+  add(work_dir, "(the work dir)");
+  if (roots.size() > kMaxAllowedRoots)
+    throw std::invalid_argument("--allowed-root: at most " + std::to_string(kMaxAllowedRoots - 1) +
+                                " directories");
+  return roots;
 }
 
 }  // namespace
@@ -339,6 +374,7 @@ bool Agent::Impl::register_worker() {
   // this incarnation get no longer a lease than this fence counts with (start_attempt).
   const milliseconds rank_lease = attempt::rank_lease(milliseconds(lease_ms.load()), heartbeat_interval());
   req.set_fence_ms(attempt::fence_after(o.disconnected_grace, o.disconnect_drain, rank_lease).count());
+  for (const std::string& root : o.allowed_roots) req.add_allowed_roots(root);
   v1::RegisterWorkerResponse resp;
   const auto sent = Clock::now();
   const grpc::Status s = call(&v1::WorkerService::Stub::RegisterWorker, req, &resp);
@@ -682,12 +718,8 @@ void Agent::Impl::start_attempt(const v1::Assignment& a) {
       if (std::strncmp(*e, "ZENFLOW_", 8) != 0) env.emplace_back(*e);
     const bool gpus = resources.gpus_size() > 0;
     env.push_back("ZENFLOW_SCHEDULED=1");  // placed by a coordinator (preflight warnings)
-    if (!o.allowed_roots.empty()) {
-      // The rank refuses a spec path outside them before it opens anything (job_spec.h).
-      std::string roots;
-      for (const std::string& r : o.allowed_roots) roots += (roots.empty() ? "" : ":") + r;
-      env.push_back("ZENFLOW_ALLOWED_ROOTS=" + roots);
-    }
+    // The rank refuses a spec path outside them before it opens anything (job_spec.h).
+    env.push_back("ZENFLOW_ALLOWED_ROOTS=" + joined(o.allowed_roots, ":"));
     // Which attempt this process belongs to: for the rank's own records, and for anyone
     // sampling the processes of a host (tests/chaos checks "never two live attempts").
     env.push_back("ZENFLOW_JOB_ID=" + a.job_id());
@@ -1266,7 +1298,8 @@ int Agent::run() {
     if (o.work_dir.empty()) throw std::invalid_argument("--work-dir is required");
     fs::create_directories(o.work_dir);
     o.work_dir = fs::canonical(o.work_dir).string();
-    if (!o.allowed_roots.empty()) o.allowed_roots.push_back(o.work_dir);  // where the specs themselves live
+    o.allowed_roots = confined_roots(o.allowed_roots, o.work_dir);
+    log_line("job specs may read and write only under " + joined(o.allowed_roots, ", "));
     m.resources.set_hostname(o.name);
     m.resources.set_host_memory_bytes(o.host_memory_bytes > 0 ? o.host_memory_bytes : detect_host_memory_bytes());
     m.resources.set_physical_cores(o.physical_cores > 0 ? o.physical_cores : detect_physical_cores());

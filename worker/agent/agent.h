@@ -74,9 +74,10 @@ struct AgentOptions {
   int64_t host_memory_bytes = 0;      // 0: MemTotal of /proc/meminfo
   int64_t physical_cores = 0;         // 0: counted from /proc/cpuinfo
   std::map<std::string, std::string> labels;
-  // The directories a job's spec may read or write (model.from, data.*, checkpoint.dir), the
-  // work dir always among them once any is given; empty: not confined (job_spec.h,
-  // check_allowed_roots).
+  // The directories a job's spec may read or write (model.from, data.*, checkpoint.dir;
+  // job_spec.h, check_allowed_roots), advertised to the coordinator at registration. run()
+  // makes them absolute and adds the work dir: none given, the work dir alone; "/" confines
+  // nothing.
   std::vector<std::string> allowed_roots;
   std::string trainer;                // the zenflow binary; default: beside this executable
   std::chrono::milliseconds stop_grace{60'000};          // STOP: SIGTERM, then SIGKILL after this

@@ -3,7 +3,7 @@
 //
 //   zenflow-worker --coordinator HOST:PORT --token-file F --work-dir DIR [--name N] [--tls-ca F]
 //                  [--metrics-port P [--metrics-host H]] [--disconnected-grace S] [--disconnect-drain S]
-//                  [--keep-attempt-dirs N] [--max-attempt-log-bytes B]
+//                  [--keep-attempt-dirs N] [--max-attempt-log-bytes B] [--allowed-root DIR ...]
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
@@ -46,10 +46,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   std::vector<std::string> labels;
   app.add_option("--label", labels, "KEY=VALUE label for node selectors (repeatable)");
-  app.add_option("--allowed-root", o.allowed_roots,
-                 "A directory job specs may read or write (model.from, data.*, checkpoint.dir); repeatable. "
-                 "Given once, a spec path outside them (and the work dir) is refused, exit 2 naming the key, "
-                 "before anything is opened. Not given: specs are not confined");
+  app.add_option(
+      "--allowed-root", o.allowed_roots,
+      "A directory job specs may read or write (model.from, data.*, checkpoint.dir); repeatable. "
+      "A spec path outside them and the work dir is refused, exit 2 naming the key, before anything "
+      "is opened, and the coordinator places no such job here. Default: the work dir alone. "
+      "--allowed-root / confines nothing");
   app.add_option("--trainer", o.trainer, "The zenflow binary the ranks run (default: beside this one)");
   app.add_option("--stop-grace", stop_grace_s, "Seconds a stopping job gets to checkpoint before SIGKILL");
   app.add_option("--disconnected-grace", disconnected_grace_s,

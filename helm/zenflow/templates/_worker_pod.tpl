@@ -59,6 +59,13 @@ spec:
         {{- range $k, $v := $w.labels }}
         - --label={{ $k }}={{ $v }}
         {{- end }}
+        {{- /* Job specs may name paths under these and the work dir only. */}}
+        {{- if .Values.sharedVolume.enabled }}
+        - --allowed-root={{ .Values.sharedVolume.mountPath }}
+        {{- end }}
+        {{- range $w.allowedRoots }}
+        - --allowed-root={{ . }}
+        {{- end }}
         {{- range $w.extraArgs }}
         - {{ . | quote }}
         {{- end }}
