@@ -42,8 +42,13 @@ TEST(CoordinatorLimits, StreamsPastTheCapAreRefusedAndTheRestOfTheApiAnswers) {
   test_support::write_file(spec, test_support::tiny_job_spec("watched"));
   const std::string id = c.submit(spec);  // no worker: it stays queued, its watchers wait
   ASSERT_FALSE(id.empty());
-  auto stub = v1::JobService::NewStub(rpc::make_channel(c.address(), rpc::ChannelOptions{}));
-  constexpr int kStreams = 2000;
+  // One client (one address) on 8 connections of 250 streams each: a single connection
+  // opening 2,000 streams in one burst sometimes lost its handshake under ASan.
+  constexpr int kStreams = 2000, kConnections = 8;
+  std::vector<std::unique_ptr<v1::JobService::Stub>> stubs;
+  rpc::ChannelOptions own;
+  own.own_connection = true;
+  for (int k = 0; k < kConnections; ++k) stubs.push_back(v1::JobService::NewStub(rpc::make_channel(c.address(), own)));
   grpc::CompletionQueue cq;
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
   std::vector<std::unique_ptr<grpc::ClientAsyncReader<v1::JobEvent>>> readers;
@@ -54,7 +59,7 @@ TEST(CoordinatorLimits, StreamsPastTheCapAreRefusedAndTheRestOfTheApiAnswers) {
   for (int i = 0; i < kStreams; ++i) {
     contexts.push_back(std::make_unique<grpc::ClientContext>());
     rpc::prepare_call(*contexts.back(), c.admin_token(), std::chrono::seconds(60));
-    readers.push_back(stub->AsyncWatchJob(contexts.back().get(), req, &cq, reinterpret_cast<void*>(intptr_t{2 * i})));
+    readers.push_back(stubs[static_cast<size_t>(i % kConnections)]->AsyncWatchJob(contexts.back().get(), req, &cq, reinterpret_cast<void*>(intptr_t{2 * i})));
   }
   // Each stream: started (tag 2i), then Finish (tag 2i+1) completes only once it ended.
   int started = 0, ended = 0, refused = 0;

@@ -57,7 +57,7 @@ constexpr auto kByeWait = std::chrono::seconds(2);  // then close without the an
 // Bounded waits: the sleep on the event fd (so shutdown is prompt even without a signal),
 // and how long the destructor waits for force-closed endpoints and their requests.
 constexpr int kSleepMs = 100;
-constexpr auto kShutdownWait = std::chrono::seconds(2);
+constexpr auto kShutdownWait = std::chrono::seconds(5);
 
 class UcxTransport;
 class UcxChannel;
@@ -317,6 +317,7 @@ class UcxTransport final : public Transport {
   std::optional<ucs_status_t> completed_inside_;
   std::vector<std::shared_ptr<UcxChannel>> awaiting_bye_ack_;
   int64_t requests_in_flight_ = 0;  // sends, receives and closes UCX still owes a callback
+  bool stranded_ = false;  // shutdown left requests in flight: the worker is not destroyed
   bool shutting_down_ = false;      // no message is delivered, no on_error called
 };
 
@@ -493,6 +494,10 @@ UcxTransport::~UcxTransport() {
     ucp_worker_signal(worker_);
   }
   thread_.join();
+  // UCX 1.13 asserts (aborting the process) when a worker is destroyed with a request still
+  // on one of its endpoints: one that did not complete within kShutdownWait (a loaded host,
+  // a peer that stopped answering) leaves the worker and its context to the process's end.
+  if (stranded_) return;
   ucp_worker_destroy(worker_);
   ucp_cleanup(context_);
 }
@@ -603,9 +608,14 @@ void UcxTransport::shutdown_on_progress_thread() {
     drain_commands();
     ucp_worker_progress(worker_);
   }
-  if (requests_in_flight_ > 0 || !channels_.empty())
+  if (requests_in_flight_ > 0 || !channels_.empty()) {
+    stranded_ = true;
     log("shutdown: " + std::to_string(requests_in_flight_) + " UCX requests and " +
-        std::to_string(channels_.size()) + " endpoints still open after 2 s");
+        std::to_string(channels_.size()) + " endpoints still open after " +
+        std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kShutdownWait).count()) +
+        " s; the UCX worker is left to the process's end");
+    return;  // its memory registrations stay with it
+  }
   for (auto& kv : regions_) ucp_mem_unmap(context_, kv.second.memh);
   regions_.clear();
 }
