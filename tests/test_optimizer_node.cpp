@@ -469,6 +469,16 @@ TEST(OptimizerNode, CheckingTheHostBackendNamesALostNodeAndPassesALiveOne) {
   }
   EXPECT_NO_THROW(o.engine->check_host_backend());
   o.node->process().signal(SIGSTOP);
+  // kill() returns before the node is stopped: until it is, it may answer one more ping.
+  const std::string stat = "/proc/" + std::to_string(o.node->process().pid()) + "/stat";
+  ASSERT_TRUE(zenflow::test_support::wait_until(
+      [&] {
+        const std::string st = zenflow::test_support::read_file(stat);
+        const size_t paren = st.rfind(')');
+        return paren != std::string::npos && paren + 2 < st.size() && st[paren + 2] == 'T';
+      },
+      std::chrono::seconds(5)))
+      << "the node did not stop";
   try {
     o.engine->check_host_backend();
     FAIL() << "a stopped node passed the check";

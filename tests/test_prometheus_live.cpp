@@ -474,7 +474,9 @@ TEST_F(PrometheusLive, ScrapesARunAndEveryRuleAndAlertEvaluates) {
   ASSERT_TRUE(wait_for(30, [&] { return !(grpc_address = address_in(clog, "listening on ")).empty(); }))
       << zenflow::test_support::read_file(clog);
   Child worker({bin + "zenflow-worker", "--coordinator", grpc_address, "--work-dir", (dir_ / "work").string(),
-                "--name", "w1", "--cpu-slots", "1", "--metrics-port", std::to_string(wport)},
+                "--name", "w1", "--cpu-slots", "1", "--metrics-port", std::to_string(wport),
+                // the job's spec, checkpoints and data (a worker confines specs to its work dir)
+                "--allowed-root", dir_.string(), "--allowed-root", "/usr/share/common-licenses"},
                wlog);
   const fs::path service_spec = dir_ / "service.yaml";
   std::string sspec = zenflow::test_support::tiny_job_spec("prom-live-service", 100000);
