@@ -171,7 +171,8 @@ TEST(CoordinatorLimits, IdleConnectionsPastTheFileLimitAreShedAndThePortAcceptsO
       [&] { return test_support::read_file(log_file).find("out of file descriptors") != std::string::npos; },
       std::chrono::seconds(10));
   EXPECT_TRUE(said_out) << test_support::read_file(log_file);
-  EXPECT_FALSE(answers()) << "a new connection was served with every descriptor taken";
+  // (Whether one more connection is served meanwhile depends on what else the process closes:
+  // under ASan one sometimes was. The defect was the port never accepting again, below.)
   for (int s : idle) ::close(s);
   // Accepting again within seconds of the connections closing (bounded: 10 s of 1 s calls).
   const auto closed = std::chrono::steady_clock::now();
