@@ -86,6 +86,26 @@ Nonce nonce_of(const std::string& body, const char* what) {
   return n;
 }
 
+// Both sides' feed(): bytes into `reader` while running(), each whole frame handed to
+// on_frame(); a malformed one ends it through fail(). Returns what the side sends back.
+template <typename Running, typename OnFrame, typename Fail>
+std::string feed_frames(FrameReader& reader, const void* data, size_t len, Running running, OnFrame on_frame,
+                        Fail fail) {
+  std::string out;
+  const auto* p = static_cast<const uint8_t*>(data);
+  try {
+    while (running() && len > 0) {
+      const size_t used = reader.feed(p, len);
+      p += used;
+      len -= used;
+      if (reader.ready()) out += on_frame();
+    }
+  } catch (const HandshakeError& e) {
+    out += fail(e.what());
+  }
+  return out;
+}
+
 }  // namespace
 
 Nonce random_nonce() {
@@ -234,19 +254,8 @@ ServerHandshake::ServerHandshake(SecretFor secret_for, Endpoint local, const Non
     : secret_for_(std::move(secret_for)), local_(std::move(local)), server_nonce_(server_nonce) {}
 
 std::string ServerHandshake::feed(const void* data, size_t len) {
-  std::string out;
-  const auto* p = static_cast<const uint8_t*>(data);
-  try {
-    while (state_ == State::kRunning && len > 0) {
-      const size_t used = reader_.feed(p, len);
-      p += used;
-      len -= used;
-      if (reader_.ready()) out += on_frame();
-    }
-  } catch (const HandshakeError& e) {
-    out += fail(e.what());
-  }
-  return out;
+  return feed_frames(reader_, data, len, [this] { return state_ == State::kRunning; }, [this] { return on_frame(); },
+                     [this](const std::string& why) { return fail(why); });
 }
 
 std::string ServerHandshake::on_frame() {
@@ -262,7 +271,7 @@ std::string ServerHandshake::on_frame() {
       // Named at once (the key is printable ASCII): a rank that reached a node its job was
       // not assigned to, or a node whose coordinator has not granted the attempt yet.
       auth_failed_ = true;
-      const std::string why = "authentication failed: this side holds no secret for key '" + key_ + "'";
+      const std::string why = std::string("authentication failed: ") + kNoSecretForKey + " '" + key_ + "'";
       return fail(why) + encode_frame(FrameType::kRefuse, why);
     }
     secret_ = std::move(*secret);
@@ -299,19 +308,8 @@ ClientHandshake::ClientHandshake(std::string secret, std::string key, Endpoint l
 std::string ClientHandshake::start() { return encode_frame(FrameType::kHello, encode_hello(client_nonce_, key_)); }
 
 std::string ClientHandshake::feed(const void* data, size_t len) {
-  std::string out;
-  const auto* p = static_cast<const uint8_t*>(data);
-  try {
-    while (state_ == State::kRunning && len > 0) {
-      const size_t used = reader_.feed(p, len);
-      p += used;
-      len -= used;
-      if (reader_.ready()) out += on_frame();
-    }
-  } catch (const HandshakeError& e) {
-    out += fail(e.what());
-  }
-  return out;
+  return feed_frames(reader_, data, len, [this] { return state_ == State::kRunning; }, [this] { return on_frame(); },
+                     [this](const std::string& why) { return fail(why); });
 }
 
 std::string ClientHandshake::on_frame() {

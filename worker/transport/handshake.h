@@ -47,6 +47,9 @@ constexpr size_t kMacBytes = 32;
 constexpr size_t kMaxAddressBytes = 4096;  // a UCX worker address is a few hundred bytes
 constexpr size_t kMaxReasonBytes = 200;
 constexpr size_t kMaxKeyBytes = 128;
+// In the REFUSE a listening side sends for a key it holds no secret for (followed by the key):
+// a client whose grant may still be on its way asks again (remote_host_optimizer.cpp).
+constexpr char kNoSecretForKey[] = "this side holds no secret for key";
 constexpr size_t kMaxBodyBytes = kMacBytes + 8 + 4 + kMaxAddressBytes;
 
 enum class FrameType : uint8_t { kHello = 1, kChallenge = 2, kProof = 3, kAccept = 4, kRefuse = 5 };

@@ -21,6 +21,7 @@
 #include "worker/engine/host_isa.h"
 #include "worker/engine/host_thread_pool.h"
 #include "worker/engine/stall_clock.h"
+#include "worker/transport/handshake.h"
 #include "worker/transport/optimizer_protocol.h"
 #include "worker/transport/transport.h"
 
@@ -739,7 +740,7 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
           n.ch = tr_->connect(host, port, handler(n), opt_.connect_timeout_s);
           break;
         } catch (const AuthenticationError& e) {
-          const bool ungranted = !opt_.key.empty() && std::string(e.what()).find("holds no secret for key") != std::string::npos;
+          const bool ungranted = !opt_.key.empty() && std::string(e.what()).find(handshake::kNoSecretForKey) != std::string::npos;
           if (!ungranted || std::chrono::steady_clock::now() >= grant_deadline) throw;
           std::this_thread::sleep_for(std::chrono::milliseconds(200));
         }
