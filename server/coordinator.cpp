@@ -206,7 +206,7 @@ void Coordinator::shutdown() {
     std::lock_guard<std::mutex> lock(intake_mu_);
     intake_stopping_ = true;
   }
-  changed_.notify_all();
+  announce_change();
   intake_cv_.notify_all();       // the intake thread answers what is queued (refused), then stops
   submits_queued_.notify_all();  // the committer commits what is queued (submits, registrations), then stops
 }
@@ -540,7 +540,7 @@ void Coordinator::persist(Job& j, StoreBatch& batch) {
   j.last_persist_ms = now_ms();
   progress_dirty_jobs_.erase(&j);
   batch.jobs.push_back(j.rec);
-  changed_.notify_all();
+  announce_change();
 }
 
 void Coordinator::bump_assignments(Worker& w) {
@@ -558,7 +558,7 @@ void Coordinator::bump_workers_of(const Job& j) {
     if (it != workers_.end()) bump_assignments(it->second);
   }
   for (const std::string& node : j.rec.node_placement) refresh_grants(node);
-  changed_.notify_all();
+  announce_change();
 }
 
 void Coordinator::refresh_grants(const std::string& node) {
@@ -925,7 +925,7 @@ void Coordinator::commit_submits() {
     for (const auto& p : group) p->answered = true;
     group.clear();
     submits_answered_.notify_all();
-    changed_.notify_all();
+    announce_change();
   }
 }
 
@@ -1001,6 +1001,31 @@ Status Coordinator::wait_job(const std::string& id, int64_t after_revision, std:
   const Job& j = it->second;  // jobs are never erased: the reference stays valid
   changed_.wait_for(lock, wait, [&] { return stopping_ || j.rec.revision > after_revision; });
   fill_status(j, out);
+  return Status::OK;
+}
+
+void Coordinator::announce_change() {
+  change_seq_.fetch_add(1, std::memory_order_relaxed);
+  changed_.notify_all();
+  std::lock_guard<std::mutex> lock(listener_mu_);
+  if (change_listener_) change_listener_();
+}
+
+void Coordinator::set_change_listener(std::function<void()> listener) {
+  std::lock_guard<std::mutex> lock(listener_mu_);
+  change_listener_ = std::move(listener);
+}
+
+Status Coordinator::probe_stream(const std::string& id, StreamProbe* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return {StatusCode::NOT_FOUND, "no job " + id};
+  const Job& j = it->second;
+  const auto bytes = log_bytes_.find(id);
+  out->revision = j.rec.revision;
+  out->terminal = terminal(j.rec.state);
+  out->log_bytes = bytes == log_bytes_.end() ? 0 : bytes->second;
+  out->log_done = out->terminal && j.members.empty();
   return Status::OK;
 }
 
@@ -1259,7 +1284,7 @@ void Coordinator::enter_worker(const WorkerRecord& rec, const v1::WorkerResource
                              : std::to_string(resources.cpu_slots()) + " CPU slots") +
       ")");
   schedule_dirty_ = true;
-  changed_.notify_all();
+  announce_change();
 }
 
 Coordinator::Job* Coordinator::current_attempt(const std::string& job_id, int64_t attempt, const std::string& worker,
@@ -1502,7 +1527,7 @@ Status Coordinator::take_progress(Job& job, const v1::ReportProgressRequest& req
   j->eta_seconds = req.eta_seconds();
   ++j->rec.revision;
   progress_dirty_jobs_.insert(j);
-  changed_.notify_all();
+  announce_change();
   return Status::OK;
 }
 
@@ -1590,7 +1615,7 @@ Status Coordinator::upload_logs(const v1::UploadLogsRequest& req, v1::UploadLogs
     if (!batch.logs.empty() && batch.logs.back().job_id == j.rec.id && batch.logs.back().attempt == key.second)
       size += end - std::max(held, req.offset());
     held = end;
-    changed_.notify_all();
+    announce_change();
   }
   resp->set_next_offset(held);
   return Status::OK;
@@ -1858,7 +1883,7 @@ void Coordinator::lose_worker(Worker& w, const std::string& why, bool silent, St
     }
   }
   schedule_dirty_ = true;
-  changed_.notify_all();
+  announce_change();
 }
 
 void Coordinator::check_leases(StoreBatch& batch) {

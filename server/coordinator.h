@@ -166,6 +166,21 @@ class Coordinator {
   // has ended, so no byte will follow. Blocks up to `wait` when there is nothing yet.
   grpc::Status read_log(const std::string& id, int64_t offset, int64_t max, std::chrono::milliseconds wait,
                         std::string* data, bool* finished);
+  // What a WatchJob or StreamLogs stream needs to know whether it has something to send,
+  // under one lock and without building a JobStatus or reading the store.
+  struct StreamProbe {
+    int64_t revision = 0;
+    bool terminal = false;
+    int64_t log_bytes = 0;  // the job's log size
+    bool log_done = false;  // terminal and every stream ended: no log byte will follow
+  };
+  grpc::Status probe_stream(const std::string& id, StreamProbe* out) const;
+  // `listener` runs after every change a wait_job or read_log waiter would wake for (a job's
+  // revision, its log, shutdown), on the changing thread, possibly under the coordinator's
+  // lock: it must only note the change (it may not call the coordinator). Null: none.
+  void set_change_listener(std::function<void()> listener);
+  // + 1 on every such change.
+  int64_t change_seq() const { return change_seq_.load(std::memory_order_relaxed); }
   void list_workers(v1::ListWorkersResponse* resp);
   // The job's profile (the newest one kept); NOT_FOUND for an unknown job,
   // FAILED_PRECONDITION (saying why) when it has none.
@@ -351,7 +366,11 @@ class Coordinator {
   std::unique_ptr<Store> store_;
   CoordinatorOptions options_;
   mutable std::mutex mu_;
-  std::condition_variable changed_;
+  std::condition_variable changed_;  // notified by announce_change()
+  void announce_change();
+  std::atomic<int64_t> change_seq_{0};
+  std::mutex listener_mu_;
+  std::function<void()> change_listener_;  // guarded by listener_mu_
   std::map<std::string, Job> jobs_;          // by id
   // The same jobs by submit order (JobRecord::submit_seq, unique): ListJobs pages from its
   // token down this index instead of collecting and sorting every job on every page.

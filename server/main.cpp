@@ -45,6 +45,7 @@
 #include "server/job_report_page.h"
 #endif
 #include "server/service.h"
+#include "server/stream_server.h"
 #include "server/store.h"
 
 namespace {
@@ -76,6 +77,8 @@ struct Flags {
   std::string metrics_host = "127.0.0.1";
   int64_t max_job_log_mib = 64;
   double lost_worker_retention_hours = 24;
+  int max_streams = zenflow::server::StreamLimits{}.total;
+  int max_streams_per_client = zenflow::server::StreamLimits{}.per_client;
 };
 
 // The shipped catalog (deploy/pricing.yaml of the source tree this binary was built from),
@@ -216,7 +219,10 @@ int run(const Flags& f) {
   if (metrics_server)
     metrics_server->add_page("/jobs/", [&coordinator](const std::string& rest) { return server::job_page(*coordinator, rest); });
 #endif
-  server::JobServiceImpl jobs(*coordinator, auth, limiter, &cluster_metrics);
+  server::StreamLimits stream_limits;
+  stream_limits.total = f.max_streams;
+  stream_limits.per_client = f.max_streams_per_client;
+  server::JobServiceImpl jobs(*coordinator, auth, limiter, &cluster_metrics, stream_limits);
   server::WorkerServiceImpl workers(*coordinator, auth, &cluster_metrics);
   grpc::ServerBuilder builder;
   int port = 0;
@@ -227,6 +233,7 @@ int run(const Flags& f) {
   builder.RegisterService(&workers);
   builder.RegisterService(&health);
   server::HotPathServer hot_path(builder, jobs, workers);
+  server::StreamServer streams(builder, jobs);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
     std::fprintf(stderr, "zenflow-coordinator: cannot listen on %s\n", listen.str().c_str());
@@ -234,6 +241,7 @@ int run(const Flags& f) {
   }
   listen.port = port;
   hot_path.start();
+  streams.start();
   {
     std::lock_guard<std::mutex> lock(early_mu);
     std::fprintf(stderr, "listening on %s\n", listen.str().c_str());
@@ -286,8 +294,10 @@ int run(const Flags& f) {
   coordinator->shutdown();  // streams and long polls return within a slice
   health.shutdown();
   port_health.shutdown();
+  streams.drain();  // every WatchJob / StreamLogs stream ends now (UNAVAILABLE), not at the deadline
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   hot_path.stop();
+  streams.stop();
   if (health_server) health_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   metrics_server.reset();  // its pages and collector read the coordinator
   cluster_metrics.detach();
@@ -330,6 +340,11 @@ int main(int argc, char** argv) {
   app.add_flag("--no-preemption", f.no_preemption, "Never preempt lower-priority jobs");
   app.add_option("--admin-rate-limit", f.admin_rate, "Admin requests per second per caller (a connection; 0: unlimited)");
   app.add_option("--admin-burst", f.admin_burst, "Admin request burst per caller (a connection)");
+  app.add_option("--max-streams", f.max_streams, "WatchJob + StreamLogs streams served at once, in all")
+      ->check(CLI::Range(1, 1'000'000));
+  app.add_option("--max-streams-per-client", f.max_streams_per_client,
+                 "WatchJob + StreamLogs streams served at once per client address")
+      ->check(CLI::Range(1, 1'000'000));
   app.add_flag("--synchronous-normal", f.synchronous_normal,
                "SQLite synchronous=NORMAL: survives a coordinator crash, not power loss (benchmarks only)");
   app.add_option("--metrics-port", f.metrics_port, "Serve /metrics and /healthz over HTTP on this port (0: off)")

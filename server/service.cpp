@@ -11,7 +11,6 @@ namespace {
 
 using grpc::Status;
 using grpc::StatusCode;
-constexpr std::chrono::milliseconds kStreamSlice{1000};
 
 // "ipv4:127.0.0.1:53422" -> "ipv4:127.0.0.1": one bucket per client address.
 std::string peer_address(const std::string& peer) {
@@ -273,60 +272,13 @@ Status JobServiceImpl::CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRe
   return answer(metrics_, "CancelJob", admit(*ctx), [&] { return c_.cancel(req->id(), resp->mutable_job()); });
 }
 
-Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
-                                grpc::ServerWriter<v1::JobEvent>* writer) {
-  if (Status s = admit(*ctx); !s.ok()) return s;
+Status JobServiceImpl::open_stream(const grpc::ServerContext& ctx, StreamGate::Ticket* ticket) {
+  if (Status s = admit(ctx); !s.ok()) return s;
   std::string why;
-  const StreamGate::Ticket ticket = streams_.enter(peer_address(ctx->peer()), &why);
-  if (!ticket)
+  *ticket = streams_.enter(peer_address(ctx.peer()), &why);
+  if (!*ticket)
     return {StatusCode::RESOURCE_EXHAUSTED, why + "; close some (zenflow watch / logs -f), or poll GetJob"};
-  int64_t after = req->after_revision();
-  std::string last_state;
-  for (;;) {
-    v1::JobStatus st;
-    if (Status s = c_.wait_job(req->id(), after, kStreamSlice, &st); !s.ok()) return s;
-    if (ctx->IsCancelled()) return {StatusCode::CANCELLED, "watch cancelled"};
-    const bool done = st.state() == v1::SUCCEEDED || st.state() == v1::FAILED || st.state() == v1::CANCELLED;
-    if (st.revision() > after) {
-      v1::JobEvent ev;
-      ev.set_revision(st.revision());
-      const std::string state = v1::JobState_Name(st.state());
-      ev.set_message(state != last_state
-                         ? state
-                         : "step " + std::to_string(st.step()) + "/" + std::to_string(st.total_steps()));
-      last_state = state;
-      *ev.mutable_job() = std::move(st);
-      if (!writer->Write(ev)) return {StatusCode::CANCELLED, "client went away"};
-      after = ev.revision();
-    }
-    if (done) return Status::OK;
-  }
-}
-
-Status JobServiceImpl::StreamLogs(grpc::ServerContext* ctx, const v1::StreamLogsRequest* req,
-                                  grpc::ServerWriter<v1::LogChunk>* writer) {
-  if (Status s = admit(*ctx); !s.ok()) return s;
-  std::string why;
-  const StreamGate::Ticket ticket = streams_.enter(peer_address(ctx->peer()), &why);
-  if (!ticket) return {StatusCode::RESOURCE_EXHAUSTED, why + "; close some (zenflow watch / logs -f)"};
-  int64_t offset = req->offset();
-  for (;;) {
-    std::string data;
-    bool finished = false;
-    const auto wait = req->follow() ? kStreamSlice : std::chrono::milliseconds(0);
-    if (Status s = c_.read_log(req->id(), offset, rpc::kMaxLogChunkBytes, wait, &data, &finished); !s.ok())
-      return s;
-    if (ctx->IsCancelled()) return {StatusCode::CANCELLED, "log stream cancelled"};
-    if (!data.empty()) {
-      v1::LogChunk chunk;
-      chunk.set_offset(offset);
-      offset += static_cast<int64_t>(data.size());
-      chunk.set_data(std::move(data));
-      if (!writer->Write(chunk)) return {StatusCode::CANCELLED, "client went away"};
-      continue;
-    }
-    if (finished || !req->follow()) return Status::OK;
-  }
+  return Status::OK;
 }
 
 Status JobServiceImpl::ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest*,
@@ -438,12 +390,17 @@ Status HealthService::Check(grpc::ServerContext*, const grpc::health::v1::Health
 Status HealthService::Watch(grpc::ServerContext* ctx, const grpc::health::v1::HealthCheckRequest* req,
                             grpc::ServerWriter<grpc::health::v1::HealthCheckResponse>* writer) {
   using grpc::health::v1::HealthCheckResponse;
+  std::string why;
+  const StreamGate::Ticket ticket = watches_.enter("", &why);
+  if (!ticket)
+    return {StatusCode::RESOURCE_EXHAUSTED,
+            std::to_string(kMaxWatches) + " health watches are open, the most served at once; use Check"};
   int64_t sent = -1;
   for (;;) {
     HealthCheckResponse resp;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      changed_.wait_for(lock, kStreamSlice, [&] { return shutdown_ || version_ != sent; });
+      changed_.wait_for(lock, std::chrono::seconds(1), [&] { return shutdown_ || version_ != sent; });
       if (version_ == sent) {  // a change is sent even when shutdown follows it at once
         if (shutdown_) return Status::OK;
         if (ctx->IsCancelled()) return {StatusCode::CANCELLED, "watch cancelled"};

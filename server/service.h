@@ -8,11 +8,11 @@
 // commit. (The sync server spawns and reaps threads under such load, which cost 2.5x the handlers themselves
 // at 10,000 heartbeats/s; gRPC 1.51's callback API runs handlers on at least two "nexting"
 // threads that hand every call between them: 3 context switches per call, a third of the
-// coordinator's CPU at that rate.) Every other call is synchronous, on the server's thread
-// pool: those that write the store (an fsync), build large answers (ListJobs, ListWorkers)
-// or wait (the FetchAssignments long poll, the WatchJob and StreamLogs streams, polling the
-// coordinator's waits in slices of at most a second) must not hold up the thread the
-// heartbeats are served on.
+// coordinator's CPU at that rate.) The WatchJob and StreamLogs streams are asynchronous too,
+// on a queue and thread of their own (StreamServer, stream_server.h), so that thousands of
+// them hold no thread. Every other call is synchronous, on the server's thread pool: those
+// that write the store (an fsync), build large answers (ListJobs, ListWorkers) or wait (the
+// FetchAssignments long poll) must not hold up the thread the heartbeats are served on.
 #pragma once
 
 #include <atomic>
@@ -54,10 +54,10 @@ class RateLimiter {
   std::map<std::string, Bucket> buckets_;
 };
 
-// Caps the WatchJob and StreamLogs streams open at once, in all and per client address:
-// each holds a thread of the server's pool while it lasts, and threads are what every
-// synchronous call (ListJobs, CancelJob, RegisterWorker, FetchAssignments) needs too. A
-// stream past a cap is refused (RESOURCE_EXHAUSTED) instead of starving them.
+// Caps the streams open at once, in all and per client address. A stream past a cap is
+// refused (RESOURCE_EXHAUSTED, saying which cap) instead of holding memory (WatchJob and
+// StreamLogs, served without a thread each: stream_server.h) or a thread of the server's
+// pool (health Watch) that the next caller needs.
 class StreamGate {
  public:
   StreamGate(int total, int per_client) : total_(total), per_client_(per_client) {}
@@ -67,7 +67,15 @@ class StreamGate {
     Ticket() = default;
     Ticket(StreamGate* gate, std::string client) : gate_(gate), client_(std::move(client)) {}
     Ticket(Ticket&& o) noexcept : gate_(o.gate_), client_(std::move(o.client_)) { o.gate_ = nullptr; }
-    Ticket& operator=(Ticket&&) = delete;
+    Ticket& operator=(Ticket&& o) noexcept {
+      if (this != &o) {
+        if (gate_) gate_->release(client_);
+        gate_ = o.gate_;
+        client_ = std::move(o.client_);
+        o.gate_ = nullptr;
+      }
+      return *this;
+    }
     ~Ticket() {
       if (gate_) gate_->release(client_);
     }
@@ -89,8 +97,15 @@ class StreamGate {
   std::map<std::string, int> by_client_;
 };
 
-using JobServiceBase =
-    v1::JobService::WithAsyncMethod_GetJob<v1::JobService::WithAsyncMethod_SubmitJob<v1::JobService::Service>>;
+using JobServiceBase = v1::JobService::WithAsyncMethod_GetJob<v1::JobService::WithAsyncMethod_SubmitJob<
+    v1::JobService::WithAsyncMethod_WatchJob<v1::JobService::WithAsyncMethod_StreamLogs<v1::JobService::Service>>>>;
+
+// How many WatchJob + StreamLogs streams the coordinator serves at once, in all and per
+// client address (zenflow-coordinator --max-streams, --max-streams-per-client).
+struct StreamLimits {
+  int total = 8192;
+  int per_client = 2048;
+};
 using WorkerServiceBase =
     v1::WorkerService::WithAsyncMethod_Heartbeat<v1::WorkerService::WithAsyncMethod_HeartbeatStream<
         v1::WorkerService::WithAsyncMethod_ReportProgress<v1::WorkerService::Service>>>;
@@ -98,12 +113,9 @@ using WorkerServiceBase =
 class JobServiceImpl final : public JobServiceBase {
  public:
   // `metrics` (may be null) times each unary call.
-  // At most this many WatchJob + StreamLogs streams at once, and this many per client address.
-  static constexpr int kMaxStreams = 256;
-  static constexpr int kMaxStreamsPerClient = 64;
   JobServiceImpl(Coordinator& coordinator, const rpc::TokenAuthority& auth, RateLimiter& limiter,
-                 const CoordinatorMetrics* metrics = nullptr)
-      : c_(coordinator), auth_(auth), limiter_(limiter), metrics_(metrics) {}
+                 const CoordinatorMetrics* metrics = nullptr, StreamLimits limits = {})
+      : c_(coordinator), auth_(auth), limiter_(limiter), metrics_(metrics), streams_(limits.total, limits.per_client) {}
   // The asynchronous methods' handlers (HotPathServer calls them). submit_job answers
   // through `answer`, from the committer's thread once the job is durable.
   grpc::Status get_job(const grpc::ServerContext& ctx, const v1::GetJobRequest& req, v1::JobStatus* resp);
@@ -112,10 +124,10 @@ class JobServiceImpl final : public JobServiceBase {
   grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest*, v1::CancelJobResponse*) override;
   grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*, v1::ListWorkersResponse*) override;
   grpc::Status GetJobProfile(grpc::ServerContext*, const v1::GetJobProfileRequest*, v1::JobProfile*) override;
-  grpc::Status WatchJob(grpc::ServerContext*, const v1::WatchJobRequest*,
-                        grpc::ServerWriter<v1::JobEvent>*) override;
-  grpc::Status StreamLogs(grpc::ServerContext*, const v1::StreamLogsRequest*,
-                          grpc::ServerWriter<v1::LogChunk>*) override;
+  // A WatchJob or StreamLogs stream's start (StreamServer calls it): the caller is admitted
+  // (token, rate limit) and *ticket holds its place under the stream caps while it lasts.
+  grpc::Status open_stream(const grpc::ServerContext& ctx, StreamGate::Ticket* ticket);
+  Coordinator& coordinator() { return c_; }
 
  private:
   grpc::Status admit(const grpc::ServerContextBase& ctx);  // token, then rate limit
@@ -123,7 +135,7 @@ class JobServiceImpl final : public JobServiceBase {
   const rpc::TokenAuthority& auth_;
   RateLimiter& limiter_;
   const CoordinatorMetrics* metrics_;
-  StreamGate streams_{kMaxStreams, kMaxStreamsPerClient};
+  StreamGate streams_;
 };
 
 class WorkerServiceImpl final : public WorkerServiceBase {
@@ -179,6 +191,10 @@ class HealthService final : public grpc::health::v1::Health::Service {
 
  private:
   static bool known(const std::string& service);
+  // Watch is synchronous (a thread each) and needs no token: at most this many at once
+  // (a probe uses Check; a Watch is a load balancer's or an operator's).
+  static constexpr int kMaxWatches = 64;
+  StreamGate watches_{kMaxWatches, kMaxWatches};
   std::mutex mu_;
   std::condition_variable changed_;
   bool serving_ = false;

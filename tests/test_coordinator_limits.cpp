@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "server/service.h"
 #include "tests/support/service_cluster.h"
 #include "tests/support/tiny_job.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "zenflow/v1/jobs.grpc.pb.h"
 
 namespace zenflow {
@@ -28,96 +30,251 @@ namespace {
 namespace fs = std::filesystem;
 using test_support::Cluster;
 
-// 2,000 WatchJob streams from one client (its rate limit off): the first kMaxStreamsPerClient are served, every one
-// past that is refused with RESOURCE_EXHAUSTED saying why; a unary call still answers within
-// a second meanwhile; SIGTERM then stops the coordinator within its grace. Before, each
-// stream took a thread of its own until the pool ran out ("Server Threadpool Exhausted" for
-// every synchronous call) and SIGTERM hung in grpc_shutdown().
-TEST(CoordinatorLimits, StreamsPastTheCapAreRefusedAndTheRestOfTheApiAnswers) {
+// The coordinator's thread count, from the process itself (/proc/PID/status).
+int threads_of(pid_t pid) {
+  const std::string status = test_support::read_file("/proc/" + std::to_string(pid) + "/status");
+  const size_t at = status.find("\nThreads:");
+  return at == std::string::npos ? -1 : std::atoi(status.c_str() + at + 9);
+}
+
+// Many WatchJob streams, started asynchronously on `connections` connections of one client.
+// Tags: 3i started, 3i+1 a read, 3i+2 the finish.
+struct Watchers {
+  Watchers(const std::string& address, int connections) {
+    rpc::ChannelOptions own;
+    own.own_connection = true;
+    for (int k = 0; k < connections; ++k) stubs.push_back(v1::JobService::NewStub(rpc::make_channel(address, own)));
+  }
+  ~Watchers() {
+    for (auto& ctx : contexts) ctx->TryCancel();
+    cq.Shutdown();
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq.Next(&tag, &ok)) {
+    }
+  }
+  void open(const std::string& token, const std::string& job, int64_t after_revision) {
+    const size_t i = readers.size();
+    v1::WatchJobRequest req;
+    req.set_id(job);
+    req.set_after_revision(after_revision);
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    rpc::prepare_call(*contexts.back(), token, std::chrono::seconds(120));
+    events.emplace_back();
+    last.emplace_back();
+    statuses.emplace_back();
+    ended.push_back(false);
+    readers.push_back(stubs[i % stubs.size()]->AsyncWatchJob(contexts.back().get(), req, &cq, tag(i, 0)));
+  }
+  // Handles events until `enough` says so or `timeout` passes; false on the timeout.
+  template <typename Enough>
+  bool pump(Enough enough, std::chrono::seconds timeout) {
+    const auto deadline = std::chrono::system_clock::now() + timeout;
+    while (!enough()) {
+      void* raw = nullptr;
+      bool ok = false;
+      if (cq.AsyncNext(&raw, &ok, deadline) != grpc::CompletionQueue::GOT_EVENT) return false;
+      const intptr_t t = reinterpret_cast<intptr_t>(raw);
+      const size_t i = static_cast<size_t>(t / 3);
+      switch (t % 3) {
+        case 0:  // started (or failed to): read until the stream ends
+        case 1:
+          if (t % 3 == 1 && ok) {
+            ++events[i];
+            ++total_events;
+          }
+          if (ok) {
+            readers[i]->Read(&last[i], tag(i, 1));
+          } else {
+            readers[i]->Finish(&statuses[i], tag(i, 2));
+          }
+          break;
+        case 2:
+          ended[i] = true;
+          ++total_ended;
+          break;
+      }
+    }
+    return true;
+  }
+  static void* tag(size_t i, int kind) { return reinterpret_cast<void*>(static_cast<intptr_t>(3 * i + kind)); }
+
+  std::vector<std::unique_ptr<v1::JobService::Stub>> stubs;
+  grpc::CompletionQueue cq;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientAsyncReader<v1::JobEvent>>> readers;
+  std::vector<int> events;
+  std::vector<v1::JobEvent> last;
+  std::vector<grpc::Status> statuses;
+  std::vector<bool> ended;
+  int total_events = 0;
+  int total_ended = 0;
+};
+
+// 2,000 WatchJob streams from one client, on two queued jobs: every one is served, and the
+// coordinator holds no thread for them (its thread count, read from /proc, grows by less than
+// 16); a unary call still answers within a second; one change (a cancel) reaches the 1,000
+// watchers of that job, which then end; SIGTERM with the other 1,000 open stops the
+// coordinator within its grace, and they end UNAVAILABLE. Before, each stream took a thread
+// of the synchronous pool until it ran out ("Server Threadpool Exhausted" for every
+// synchronous call) and SIGTERM hung in grpc_shutdown().
+TEST(CoordinatorLimits, TwoThousandStreamsAreServedWithoutAThreadEachAndOneChangeReachesItsWatchers) {
   test_support::ClusterOptions o;
-  o.coordinator_flags = {"--admin-rate-limit", "0"};  // every refusal is the stream cap's
-  Cluster c("limits", o);
+  o.coordinator_flags = {"--admin-rate-limit", "0"};
+  Cluster c("streams", o);
   c.start_coordinator();
-  const fs::path spec = c.dir() / "job.yaml";
-  test_support::write_file(spec, test_support::tiny_job_spec("watched"));
-  const std::string id = c.submit(spec);  // no worker: it stays queued, its watchers wait
-  ASSERT_FALSE(id.empty());
-  // One client (one address) on 8 connections of 250 streams each. Under ASan (the
-  // sanitizer run, whose point is memory errors, not scale) 300: there the coordinator is
-  // several times slower, and connections carrying 250 new streams at once lost their
-  // handshake (half the streams failed before reaching the cap).
+  const fs::path spec_a = c.dir() / "a.yaml", spec_b = c.dir() / "b.yaml";
+  test_support::write_file(spec_a, test_support::tiny_job_spec("watched-a"));
+  test_support::write_file(spec_b, test_support::tiny_job_spec("watched-b"));
+  const std::string a = c.submit(spec_a), b = c.submit(spec_b);  // no worker: both stay queued
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  // Under ASan (the sanitizer run, whose point is memory errors, not scale) 300 on 2
+  // connections: there the coordinator is several times slower, and connections carrying
+  // 250 new streams at once lost their handshake.
 #ifdef __SANITIZE_ADDRESS__
   constexpr int kStreams = 300, kConnections = 2;
 #else
   constexpr int kStreams = 2000, kConnections = 8;
 #endif
-  std::vector<std::unique_ptr<v1::JobService::Stub>> stubs;
-  rpc::ChannelOptions own;
-  own.own_connection = true;
-  for (int k = 0; k < kConnections; ++k) stubs.push_back(v1::JobService::NewStub(rpc::make_channel(c.address(), own)));
-  grpc::CompletionQueue cq;
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-  std::vector<std::unique_ptr<grpc::ClientAsyncReader<v1::JobEvent>>> readers;
-  std::vector<grpc::Status> statuses(kStreams);
-  v1::WatchJobRequest req;
-  req.set_id(id);
-  req.set_after_revision(1'000'000'000);  // nothing to send: every accepted stream just waits
-  for (int i = 0; i < kStreams; ++i) {
-    contexts.push_back(std::make_unique<grpc::ClientContext>());
-    rpc::prepare_call(*contexts.back(), c.admin_token(), std::chrono::seconds(60));
-    readers.push_back(stubs[static_cast<size_t>(i % kConnections)]->AsyncWatchJob(contexts.back().get(), req, &cq, reinterpret_cast<void*>(intptr_t{2 * i})));
-  }
-  // Each stream: started (tag 2i), then Finish (tag 2i+1) completes only once it ended.
-  int started = 0, ended = 0, refused = 0;
-  std::string why;
-  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(30);
-  while (ended < kStreams - server::JobServiceImpl::kMaxStreamsPerClient && std::chrono::system_clock::now() < deadline) {
-    void* tag = nullptr;
-    bool ok = false;
-    if (cq.AsyncNext(&tag, &ok, deadline) != grpc::CompletionQueue::GOT_EVENT) break;
-    const intptr_t t = reinterpret_cast<intptr_t>(tag);
-    const int i = static_cast<int>(t / 2);
-    if (t % 2 == 0) {
-      ++started;
-      readers[static_cast<size_t>(i)]->Finish(&statuses[static_cast<size_t>(i)], reinterpret_cast<void*>(t + 1));
-    } else {
-      ++ended;
-      const grpc::Status& st = statuses[static_cast<size_t>(i)];
-      if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
-          st.error_message().find("streams of this client are open") != std::string::npos)
-        ++refused;
-      why = st.error_message();
-    }
-  }
-  EXPECT_EQ(refused, kStreams - server::JobServiceImpl::kMaxStreamsPerClient) << "started " << started << ", ended " << ended;
-  EXPECT_NE(why.find("64 streams of this client are open"), std::string::npos) << why;
+  const int threads_before = threads_of(c.coordinator().pid());
+  ASSERT_GT(threads_before, 0);
+  Watchers w(c.address(), kConnections);
+  for (int i = 0; i < kStreams; ++i) w.open(c.admin_token(), i % 2 == 0 ? a : b, 0);
+  // Each gets the job's status (QUEUED) at once, then waits.
+  ASSERT_TRUE(w.pump([&] { return w.total_events >= kStreams || w.total_ended > 0; }, std::chrono::seconds(60)))
+      << w.total_events << " of " << kStreams << " streams got their first event";
+  ASSERT_EQ(w.total_ended, 0) << w.statuses[0].error_message();
+  EXPECT_EQ(w.total_events, kStreams);
+  EXPECT_EQ(w.last[0].job().state(), v1::QUEUED);
+  const int threads_open = threads_of(c.coordinator().pid());
+  EXPECT_LT(threads_open - threads_before, 16) << threads_before << " threads before, " << threads_open << " with "
+                                              << kStreams << " streams open";
   // A unary call meanwhile.
   const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_EQ(c.state(id), "QUEUED");
+  EXPECT_EQ(c.state(a), "QUEUED");
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
-  // SIGTERM with the served streams still open: the coordinator ends them and exits.
+  // One change: job a cancelled. Its watchers get CANCELLED and end OK; b's stay.
+  {
+    auto stub = v1::JobService::NewStub(rpc::make_channel(c.address()));
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, c.admin_token(), std::chrono::seconds(10));
+    v1::CancelJobRequest req;
+    req.set_id(a);
+    v1::CancelJobResponse resp;
+    ASSERT_TRUE(stub->CancelJob(&ctx, req, &resp).ok());
+  }
+  ASSERT_TRUE(w.pump([&] { return w.total_ended >= kStreams / 2; }, std::chrono::seconds(60)))
+      << w.total_ended << " of " << kStreams / 2 << " watchers of the cancelled job ended";
+  int cancelled_seen = 0, still_open = 0;
+  for (int i = 0; i < kStreams; ++i) {
+    const size_t k = static_cast<size_t>(i);
+    if (i % 2 == 0) {
+      cancelled_seen += w.ended[k] && w.statuses[k].ok() && w.events[k] == 2 && w.last[k].job().state() == v1::CANCELLED;
+    } else {
+      still_open += !w.ended[k] && w.events[k] == 1;
+    }
+  }
+  EXPECT_EQ(cancelled_seen, kStreams / 2);
+  EXPECT_EQ(still_open, kStreams / 2);
+  // SIGTERM with b's watchers still open: the coordinator ends them and exits within its grace.
   const auto term = std::chrono::steady_clock::now();
   c.coordinator().kill(SIGTERM);
   EXPECT_EQ(c.coordinator().wait_exit(std::chrono::seconds(30)), 0);
   EXPECT_LT(std::chrono::steady_clock::now() - term, std::chrono::seconds(10));
-  for (auto& ctx : contexts) ctx->TryCancel();
-  for (;;) {  // drain what the cancels complete
-    void* tag = nullptr;
-    bool ok = false;
-    if (cq.AsyncNext(&tag, &ok, std::chrono::system_clock::now() + std::chrono::seconds(5)) !=
-        grpc::CompletionQueue::GOT_EVENT)
-      break;
-    const intptr_t t = reinterpret_cast<intptr_t>(tag);
-    if (t % 2 == 0) readers[static_cast<size_t>(t / 2)]->Finish(&statuses[static_cast<size_t>(t / 2)],
-                                                                reinterpret_cast<void*>(t + 1));
-  }
-  cq.Shutdown();
-  void* tag = nullptr;
-  bool ok = false;
-  while (cq.Next(&tag, &ok)) {
-  }
+  ASSERT_TRUE(w.pump([&] { return w.total_ended >= kStreams; }, std::chrono::seconds(30)));
+  int unavailable = 0;
+  for (int i = 1; i < kStreams; i += 2) unavailable += w.statuses[static_cast<size_t>(i)].error_code() == grpc::StatusCode::UNAVAILABLE;
+  EXPECT_EQ(unavailable, kStreams / 2) << w.statuses[1].error_message();
   const std::string log = test_support::read_file(c.dir() / "coordinator-1.log");
   EXPECT_NE(log.find("zenflow-coordinator: open files: "), std::string::npos) << log;
+}
+
+// Past --max-streams-per-client, a client's streams are refused at once, saying why; and
+// past 64 health watches (no token needed: a thread each), those are too.
+TEST(CoordinatorLimits, StreamsPastTheCapsAreRefusedSayingWhich) {
+  test_support::ClusterOptions o;
+  o.coordinator_flags = {"--admin-rate-limit", "0", "--max-streams-per-client", "50"};
+  Cluster c("stream-cap", o);
+  c.start_coordinator();
+  const fs::path spec = c.dir() / "job.yaml";
+  test_support::write_file(spec, test_support::tiny_job_spec("watched"));
+  const std::string id = c.submit(spec);
+  ASSERT_FALSE(id.empty());
+  Watchers w(c.address(), 2);
+  for (int i = 0; i < 120; ++i) w.open(c.admin_token(), id, 1'000'000'000);  // nothing to send: they wait
+  ASSERT_TRUE(w.pump([&] { return w.total_ended >= 70; }, std::chrono::seconds(60))) << w.total_ended;
+  int refused = 0;
+  std::string why;
+  for (size_t i = 0; i < w.ended.size(); ++i) {
+    if (!w.ended[i]) continue;
+    refused += w.statuses[i].error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    why = w.statuses[i].error_message();
+  }
+  EXPECT_EQ(refused, 70);
+  EXPECT_NE(why.find("50 streams of this client are open"), std::string::npos) << why;
+  // Closing some frees their places.
+  for (size_t i = 0; i < w.ended.size(); ++i)
+    if (!w.ended[i]) {
+      w.contexts[i]->TryCancel();
+      break;
+    }
+  ASSERT_TRUE(w.pump([&] { return w.total_ended >= 71; }, std::chrono::seconds(30)));
+  // The client's cancel reaches the coordinator a moment later: a new stream is served
+  // (it gets the job's status at once) within a few tries.
+  int tries = 0;
+  for (; tries < 50; ++tries) {
+    w.open(c.admin_token(), id, 0);
+    ASSERT_TRUE(w.pump([&] { return w.events.back() > 0 || w.ended.back(); }, std::chrono::seconds(30)));
+    if (w.events.back() == 1) break;
+    EXPECT_EQ(w.statuses.back().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << w.statuses.back().error_message();
+  }
+  EXPECT_LT(tries, 50) << "no stream was served after one closed: " << w.statuses.back().error_message();
+
+  // Health watches: 80 without a token; 64 served, 16 refused.
+  auto health = grpc::health::v1::Health::NewStub(rpc::make_channel(c.address()));
+  grpc::CompletionQueue cq;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientAsyncReader<grpc::health::v1::HealthCheckResponse>>> readers;
+  std::vector<grpc::health::v1::HealthCheckResponse> first(80);
+  std::vector<grpc::Status> statuses(80);
+  for (intptr_t i = 0; i < 80; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    contexts.back()->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    readers.push_back(health->AsyncWatch(contexts.back().get(), grpc::health::v1::HealthCheckRequest{}, &cq,
+                                         reinterpret_cast<void*>(3 * i)));
+  }
+  int served = 0, health_refused = 0;
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(30);
+  while (served + health_refused < 80) {
+    void* raw = nullptr;
+    bool ok = false;
+    if (cq.AsyncNext(&raw, &ok, deadline) != grpc::CompletionQueue::GOT_EVENT) break;
+    const intptr_t t = reinterpret_cast<intptr_t>(raw);
+    const size_t i = static_cast<size_t>(t / 3);
+    if (t % 3 == 0) {
+      readers[i]->Read(&first[i], reinterpret_cast<void*>(t + 1));
+    } else if (t % 3 == 1) {
+      if (ok) {
+        ++served;  // its first answer: SERVING
+      } else {
+        readers[i]->Finish(&statuses[i], reinterpret_cast<void*>(3 * static_cast<intptr_t>(i) + 2));
+      }
+    } else {
+      health_refused += statuses[i].error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+                        statuses[i].error_message().find("64 health watches are open") != std::string::npos;
+    }
+  }
+  EXPECT_EQ(served, 64);
+  EXPECT_EQ(health_refused, 16);
+  for (auto& ctx : contexts) ctx->TryCancel();
+  c.coordinator().kill(SIGTERM);
+  EXPECT_EQ(c.coordinator().wait_exit(std::chrono::seconds(30)), 0);
+  cq.Shutdown();
+  void* raw = nullptr;
+  bool ok = false;
+  while (cq.Next(&raw, &ok)) {
+  }
 }
 
 // Idle connections past the coordinator's open-files limit: gRPC 1.51's listener used to stop
