@@ -37,6 +37,7 @@
 #include <sstream>
 
 #include "tests/support/hostile_peer.h"
+#include "tests/support/listening_sockets.h"
 #include "tests/support/process.h"
 #include "worker/transport/handshake.h"
 #include "worker/transport/transport.h"
@@ -924,55 +925,20 @@ TEST_P(TransportTest, ANodeWithPerKeySecretsConnectsOnlyTheKeyAndSecretItHolds) 
   EXPECT_EQ(accepted.load(), 2);
 }
 
-// The address of every TCP socket this process listens on ("127.0.0.1:PORT").
-std::vector<std::string> listening_sockets() {
-  std::set<std::string> inodes;
-  if (DIR* d = opendir("/proc/self/fd")) {
-    while (dirent* e = readdir(d)) {
-      char link[64] = {};
-      const std::string path = std::string("/proc/self/fd/") + e->d_name;
-      if (readlink(path.c_str(), link, sizeof link - 1) > 0 && std::strncmp(link, "socket:[", 8) == 0)
-        inodes.insert(std::string(link + 8, std::strlen(link) - 9));
-    }
-    closedir(d);
-  }
-  std::vector<std::string> out;
-  for (const char* table : {"/proc/self/net/tcp", "/proc/self/net/tcp6"}) {
-    std::ifstream in(table);
-    std::string line;
-    std::getline(in, line);  // the column names
-    while (std::getline(in, line)) {
-      std::istringstream fields(line);
-      std::string slot, local, remote, state, queues, timer, retr, uid, timeout, inode;
-      fields >> slot >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
-      if (state != "0A" || !inodes.count(inode)) continue;  // 0A: LISTEN
-      const size_t colon = local.find(':');
-      const std::string hex_ip = local.substr(0, colon);
-      const int port = std::stoi(local.substr(colon + 1), nullptr, 16);
-      std::string ip;
-      if (hex_ip.size() == 8) {  // little-endian IPv4
-        const unsigned v = static_cast<unsigned>(std::stoul(hex_ip, nullptr, 16));
-        ip = std::to_string(v & 0xff) + "." + std::to_string((v >> 8) & 0xff) + "." +
-             std::to_string((v >> 16) & 0xff) + "." + std::to_string(v >> 24);
-      } else {
-        ip = hex_ip == "00000000000000000000000001000000" ? "::1" : "[" + hex_ip + "]";
-      }
-      out.push_back(ip + ":" + std::to_string(port));
-    }
-  }
-  return out;
-}
+using zenflow::test_support::has_non_loopback_ipv4;
+using zenflow::test_support::listening_sockets;
 
-bool has_non_loopback_ipv4() {
-  ifaddrs* ifs = nullptr;
-  bool found = false;
-  if (getifaddrs(&ifs) != 0) return false;
-  for (ifaddrs* i = ifs; i != nullptr; i = i->ifa_next)
-    if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
-        reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr != htonl(INADDR_LOOPBACK))
-      found = true;
-  freeifaddrs(ifs);
-  return found;
+// The address a rank reaches a node from: loopback for a node on loopback, an interface's
+// own address for that address; nothing for a host that does not resolve.
+TEST(LocalAddress, IsTheSourceTheKernelPicksTowardTheHost) {
+  EXPECT_EQ(local_address_toward("127.0.0.1"), "127.0.0.1");
+  const std::string localhost = local_address_toward("localhost");
+  EXPECT_TRUE(localhost.rfind("127.", 0) == 0 || localhost == "::1") << localhost;
+  const std::string own = zenflow::test_support::non_loopback_ipv4();
+  if (!own.empty()) {
+    EXPECT_EQ(local_address_toward(own), own);
+  }
+  EXPECT_EQ(local_address_toward("no-such-host.invalid"), "");
 }
 
 // With local_host, UCX's own sockets (tcp's iface listeners) are on that interface only,
@@ -993,6 +959,17 @@ TEST_P(TransportTest, WithALocalHostUcxListensOnItsInterfaceOnly) {
   const auto sockets = listening_sockets();
   EXPECT_NE(std::find(sockets.begin(), sockets.end(), "127.0.0.1:" + std::to_string(port)), sockets.end());
   for (const auto& a : sockets) EXPECT_EQ(a.rfind("127.0.0.1:", 0), 0u) << "listening on " << a;
+  TransportOptions two;  // a list: each host's interface (the same one twice here)
+  two.local_host = "127.0.0.1,localhost";
+  EXPECT_NO_THROW(Transport::create(two));
+  two.local_host = "127.0.0.1,192.0.2.77";  // TEST-NET-1: no interface holds it
+  try {
+    Transport::create(two);
+    ADD_FAILURE() << "an address no interface holds was accepted";
+  } catch (const TransportError& e) {
+    EXPECT_NE(std::string(e.what()).find("no network interface holds the address of 192.0.2.77"), std::string::npos)
+        << e.what();
+  }
   setenv("UCX_NET_DEVICES", "lo", 1);
 }
 

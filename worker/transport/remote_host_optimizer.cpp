@@ -136,6 +136,16 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
     to.name = "worker rank " + std::to_string(layout.rank);
     to.secret = o.token;  // proved in the handshake, never sent
     to.key = o.key;
+    // UCX's own sockets (tcp's listeners) only on the interfaces that lead to the nodes.
+    for (const std::string& address : o.addresses) {
+      const std::string local = local_address_toward(parse_address(address).first);
+      if (local.empty()) {  // unresolvable: connecting says so, naming the node
+        to.local_host.clear();
+        break;
+      }
+      if (("," + to.local_host + ",").find("," + local + ",") == std::string::npos)
+        to.local_host += (to.local_host.empty() ? "" : ",") + local;
+    }
     tr_ = Transport::create(to);
     const std::vector<int64_t> bounds = slice_bounds(layout, o.addresses.size());
     for (size_t k = 0; k < o.addresses.size(); ++k) {

@@ -94,9 +94,11 @@ struct TransportOptions {
   // naming the key). Unset: `secret`, for the key "" only.
   std::function<std::optional<std::string>(const std::string& key)> secret_for;
   // Not empty and not a wildcard (0.0.0.0, ::): UCX's network transports use only the
-  // interface that holds this address (and RDMA devices, which listen on no socket), so
-  // UCX's own sockets listen nowhere else. It overrides UCX_NET_DEVICES. Throws
-  // TransportError from create when no interface holds it.
+  // interfaces that hold these addresses (comma-separated; and RDMA devices, which listen
+  // on no socket), so UCX's own sockets listen nowhere else. It overrides UCX_NET_DEVICES.
+  // Throws TransportError from create when no interface holds one of them. A node passes
+  // its --listen host; a rank, the addresses it reaches its nodes from
+  // (local_address_toward).
   std::string local_host;
   // listen(): a handshake not finished this long after its connection was accepted is
   // dropped, and at most max_handshakes run at once (more wait in the kernel's backlog).
@@ -104,6 +106,10 @@ struct TransportOptions {
   double handshake_timeout_s = 5;
   int max_handshakes = 64;
 };
+
+// The local address this host sends from to reach `host` (the kernel's route; no packet is
+// sent), as text; "" when `host` does not resolve or no route leads there.
+std::string local_address_toward(const std::string& host);
 
 // Bytes moved, counted when a send completes / a payload has landed.
 struct ChannelStats {

@@ -7,6 +7,7 @@
 // to its channel. connect() confirms the connection with an internal HELLO/WELCOME AM pair,
 // since ucp_ep_create returns before the peer has been reached; the listening side hands
 // the channel to `accept` when that HELLO arrives.
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <ifaddrs.h>
 #include <netdb.h>
@@ -15,6 +16,7 @@
 #include <sched.h>
 #include <sys/socket.h>
 #include <ucp/api/ucp.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -101,12 +103,38 @@ void put_channel_id(unsigned char* p, uint64_t id) {
   for (size_t i = 0; i < kChannelIdBytes; ++i) p[i] = static_cast<unsigned char>(id >> (8 * i));
 }
 
-// The UCX device list that keeps UCX's network transports on the interface holding `host`
-// (plus every RDMA port: they open no socket, and leaving them out would leave an
-// InfiniBand node on IPoIB). "" for a wildcard host: every device. Throws naming the host
-// when no interface holds it.
-std::string net_devices_for(const std::string& host, const std::string& name) {
-  if (host.empty() || host == "0.0.0.0" || host == "::" || host == "*") return "";
+}  // namespace
+
+std::string local_address_toward(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || res == nullptr) return "";
+  std::string out;
+  for (addrinfo* r = res; r != nullptr && out.empty(); r = r->ai_next) {
+    const int fd = ::socket(r->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    // A datagram socket's connect() only picks the route and the source address: no packet.
+    if (::connect(fd, r->ai_addr, r->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      char text[INET6_ADDRSTRLEN] = {};
+      const void* addr = local.ss_family == AF_INET
+                             ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(&local)->sin_addr)
+                             : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(&local)->sin6_addr);
+      if (inet_ntop(local.ss_family, addr, text, sizeof text) != nullptr) out = text;
+    }
+    ::close(fd);
+  }
+  freeaddrinfo(res);
+  return out;
+}
+
+namespace {
+
+// The interfaces that hold `host`'s address. Throws naming the host when none does.
+std::vector<std::string> interfaces_holding(const std::string& host, const std::string& name) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
@@ -133,6 +161,23 @@ std::string net_devices_for(const std::string& host, const std::string& name) {
   }
   freeaddrinfo(res);
   if (devices.empty()) throw TransportError(name + ": no network interface holds the address of " + host);
+  return devices;
+}
+
+// The UCX device list that keeps UCX's network transports on the interfaces holding the
+// comma-separated `hosts` (plus every RDMA port: they open no socket, and leaving them out
+// would leave an InfiniBand node on IPoIB). "" for a wildcard host: every device. Throws
+// naming the host when no interface holds it.
+std::string net_devices_for(const std::string& hosts, const std::string& name) {
+  std::vector<std::string> devices;
+  for (size_t at = 0; at <= hosts.size();) {
+    const size_t comma = std::min(hosts.find(',', at), hosts.size());
+    const std::string host = hosts.substr(at, comma - at);
+    at = comma + 1;
+    if (host.empty() || host == "0.0.0.0" || host == "::" || host == "*") return "";
+    for (std::string& dev : interfaces_holding(host, name))
+      if (std::find(devices.begin(), devices.end(), dev) == devices.end()) devices.push_back(std::move(dev));
+  }
   if (DIR* d = opendir("/sys/class/infiniband")) {
     while (dirent* e = readdir(d)) {
       if (e->d_name[0] == '.') continue;
