@@ -840,6 +840,7 @@ std::vector<std::pair<const char*, std::string>> confined_paths(const JobSpec& s
   add("data.val", spec.data.val);
   if (spec.data.tokenizer != "byte") add("data.tokenizer", spec.data.tokenizer);
   add("checkpoint.dir", spec.checkpoint.dir);
+  add("optimizer.host.token_file", spec.optimizer.host.token_file);
   return out;
 }
 

@@ -221,7 +221,8 @@ JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& o
 void check_spec_paths(const JobSpec& spec);
 
 // Every path the spec reads or writes, with its key, in this order: model.from, data.train,
-// data.val, data.tokenizer (unless "byte"), checkpoint.dir; the empty ones left out. What a
+// data.val, data.tokenizer (unless "byte"), checkpoint.dir, optimizer.host.token_file; the
+// empty ones left out. What a
 // worker's allowed roots must cover (check_allowed_roots; the coordinator's placement).
 std::vector<std::pair<const char*, std::string>> confined_paths(const JobSpec& spec);
 

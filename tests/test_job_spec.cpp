@@ -912,6 +912,10 @@ TEST(JobSpecPaths, PathsOutsideTheWorkersAllowedRootsAreRefusedNamingTheKey) {
   const std::string escaped = error("checkpoint.dir=" + allowed + "/escape/ck");
   EXPECT_NE(escaped.find("(" + (root / "elsewhere" / "ck").string() + ") is outside"), std::string::npos) << escaped;
   EXPECT_EQ(error("data.train=" + allowed + "x/data").rfind("data.train: ", 0), 0u) << "a sibling with the prefix";
+  EXPECT_EQ(error("optimizer.host.token_file=/etc/shadow").rfind("optimizer.host.token_file: /etc/shadow is outside", 0),
+            0u)
+      << "the node token is read by the rank like any other file";
+  EXPECT_EQ(error("optimizer.host.token_file=" + allowed + "/node.token"), "");
   // Through the environment the agent sets, load_job_spec applies it before checking paths.
   const fs::path spec_file = root / "allowed" / "job.yaml";
   std::ofstream(spec_file) << kMinimalSpec << "checkpoint: {dir: /etc}\n";

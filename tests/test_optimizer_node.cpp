@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "tests/support/hostile_peer.h"
+#include "tests/support/listening_sockets.h"
 #include "tests/support/process.h"
 #include "tests/support/test_device.h"
 #include "tests/support/thread_collectives.h"
@@ -569,6 +570,75 @@ TEST(OptimizerNode, GarbageAtItsPortLeavesTheNodeServingARealSession) {
   after->read(zenflow::engine::HostBuf::kMaster, 0, 1000, back.data());
   EXPECT_EQ(back, buf);
   EXPECT_TRUE(node.process().running()) << node.process().output();
+}
+
+// A rank's UCX opens its own sockets (tcp's listeners) only on the interfaces it reaches its
+// nodes from, whatever UCX_NET_DEVICES says: with a node on loopback, this process (the
+// rank) listens on loopback only. Without that, UCX listened on every interface.
+TEST(OptimizerNode, ARanksUcxListensOnlyOnTheInterfaceTowardItsNodes) {
+  namespace ts = zenflow::test_support;
+  if (!ts::has_non_loopback_ipv4()) GTEST_SKIP() << "no interface but lo: nothing to keep UCX off";
+  Node node("tcp", "rank-sockets");
+  const std::vector<std::string> before = ts::listening_sockets();
+  ::unsetenv("UCX_NET_DEVICES");  // use_tls's lo would hide what the rank does
+  auto backend = zenflow::transport::make_remote_host_optimizer(remote({node.address()}, "rank-sockets"), layout_of(1000));
+  ::setenv("UCX_NET_DEVICES", "lo", 1);
+  std::vector<float> buf(1000, 1.5f), back(1000, 0.0f);
+  backend->write(zenflow::engine::HostBuf::kMaster, 0, 1000, buf.data());
+  backend->read(zenflow::engine::HostBuf::kMaster, 0, 1000, back.data());
+  EXPECT_EQ(back, buf);
+  int opened = 0;
+  for (const std::string& a : ts::listening_sockets()) {
+    if (std::find(before.begin(), before.end(), a) != before.end()) continue;
+    ++opened;
+    EXPECT_EQ(a.rfind("127.0.0.1:", 0), 0u) << "the rank's UCX listens on " << a;
+  }
+  EXPECT_GT(opened, 0) << "the rank opened no socket: this test checks nothing";
+}
+
+// A node registered with a coordinator and given no --token-file serves only the job
+// attempts the coordinator granted it: a rank with no secret (key "") is refused, naming the
+// key, where before it got a session with an empty secret. Such a node may listen beyond
+// loopback (the chart's nodes do: their only credential is the coordinator's grants); one
+// with neither a token nor a coordinator may not.
+TEST(OptimizerNode, ANodeWithACoordinatorAndNoTokenServesOnlyGrantedAttempts) {
+  namespace ts = zenflow::test_support;
+  use_tls("tcp");
+  const fs::path join = temp_dir() / "join.token";
+  std::ofstream(join) << std::string(64, 'j') << "\n";
+  fs::permissions(join, fs::perms::owner_read | fs::perms::owner_write);
+  const std::string nowhere = "127.0.0.1:1";  // no coordinator there: the node keeps retrying and serving
+  auto start = [&](const std::string& host, const std::string& tag, bool with_coordinator) {
+    const fs::path port_file = temp_dir() / (tag + ".port");
+    std::vector<std::string> argv = {std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow-optimizer", "--listen",
+                                     host + ":0", "--port-file", port_file.string()};
+    if (with_coordinator) argv.insert(argv.end(), {"--coordinator", nowhere, "--worker-token-file", join.string()});
+    auto p = std::make_unique<Process>(argv, temp_dir() / (tag + ".log"));
+    wait_until([&] { return fs::exists(port_file) || !p->running(); }, std::chrono::seconds(20));
+    return std::make_pair(std::move(p), fs::exists(port_file) ? std::stoi(ts::read_file(port_file)) : 0);
+  };
+  auto [node, port] = start("127.0.0.1", "granted-only", true);
+  ASSERT_GT(port, 0) << node->output();
+  auto opts = remote({"127.0.0.1:" + std::to_string(port)}, "tokenless");
+  opts.token.clear();
+  opts.connect_timeout_s = 2;
+  try {
+    zenflow::transport::make_remote_host_optimizer(opts, layout_of(100));
+    ADD_FAILURE() << "a rank with no secret got a session on a node that serves only grants";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("no secret for key ''"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(node->running()) << node->output();
+  const std::string own = ts::non_loopback_ipv4();
+  if (own.empty()) return;  // the rest needs an address beyond loopback
+  auto [beyond, beyond_port] = start(own, "beyond-granted", true);
+  EXPECT_GT(beyond_port, 0) << beyond->output();
+  auto [bare, bare_port] = start(own, "beyond-bare", false);
+  EXPECT_EQ(bare_port, 0);
+  EXPECT_EQ(bare->wait_exit(std::chrono::seconds(10)), 2);
+  EXPECT_NE(bare->output().find("--token-file (or --coordinator) is required when listening beyond loopback"),
+            std::string::npos)
+      << bare->output();
 }
 
 TEST(OptimizerNode, StaleEpochIsRefusedAndANewerOneFencesTheOlder) {

@@ -105,10 +105,13 @@ int main(int argc, char** argv) {
           "--coordinator: this build has no gRPC services (ZENFLOW_SERVICES=OFF); give workers this node's "
           "address in optimizer.host.addresses instead");
 #endif
-    // Beyond loopback, the token is what the handshake proves: without it, anyone who reaches
-    // the port can open a session.
-    if (o.token.empty() && !zenflow::rpc::is_loopback_host(o.host))
-      throw std::invalid_argument("--token-file is required when listening beyond loopback (--listen " + listen + ")");
+    // Beyond loopback, a secret is what the handshake proves: without one, anyone who reaches
+    // the port could open a session. Registered with a coordinator, the node holds a secret
+    // per job attempt placed on it (its grants) and, without --token-file, serves only those.
+    o.tokenless_sessions = coordinator.empty();
+    if (o.token.empty() && coordinator.empty() && !zenflow::rpc::is_loopback_host(o.host))
+      throw std::invalid_argument("--token-file (or --coordinator) is required when listening beyond loopback (--listen " +
+                                  listen + ")");
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "zenflow-optimizer: %s\n", e.what());
     return 2;

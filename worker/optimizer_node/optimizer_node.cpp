@@ -789,8 +789,9 @@ int OptimizerNode::start() {
   to.name = "optimizer node";
   // Key "": the node's own token (--token-file; workers given its address in their spec).
   // Any other key: a coordinator's grant of one job attempt placed on this node.
-  to.secret_for = [token = i.opt.token, grant_for = i.opt.grant_for](const std::string& key) -> std::optional<std::string> {
-    if (key.empty()) return token;
+  to.secret_for = [token = i.opt.token, tokenless = i.opt.tokenless_sessions,
+                   grant_for = i.opt.grant_for](const std::string& key) -> std::optional<std::string> {
+    if (key.empty()) return token.empty() && !tokenless ? std::nullopt : std::optional<std::string>(token);
     return grant_for ? grant_for(key) : std::nullopt;
   };
   to.local_host = i.opt.host;  // UCX's own sockets on this interface only

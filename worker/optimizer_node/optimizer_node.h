@@ -32,7 +32,11 @@ struct NodeOptions {
   int threads = 1;            // compute threads per session
   std::vector<int> cores;     // pin them here; empty = unpinned
   int64_t memory_limit = 0;   // bytes of session state; 0 = unlimited
-  std::string token;          // the handshake's secret (empty: only workers without a token)
+  std::string token;          // the handshake's secret for key "" (workers given this node's address)
+  // With no token: whether key "" is still served (an empty secret: workers without a token,
+  // on loopback). A node registered with a coordinator and no --token-file serves only the
+  // attempts the coordinator granted it.
+  bool tokenless_sessions = true;
   // The secret of a coordinator's grant ("JOB_ID/ATTEMPT" -> the attempt's node secret),
   // nullopt when this node holds none for the key: a worker proving it is that attempt's
   // rank. Called on the handshake's thread. Unset: only the token (key "") is accepted.
