@@ -1,4 +1,4 @@
-// Job spec parsing, --set overrides, strict validation and YAML output (DESIGN.md §6).
+// Job spec parsing, --set overrides, strict validation and YAML output (docs/design.md §6).
 #include "common/job_spec.h"
 
 #include <sys/stat.h>

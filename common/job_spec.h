@@ -1,4 +1,4 @@
-// The job spec users write (DESIGN.md §6): parsed from YAML, validated, overridable.
+// The job spec users write (docs/design.md §6): parsed from YAML, validated, overridable.
 //
 // parse_job_spec() either returns a fully validated JobSpec or throws SpecError whose
 // message names the key path and the reason, e.g.

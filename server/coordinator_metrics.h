@@ -1,4 +1,4 @@
-// The coordinator's /metrics (DESIGN.md §7; `zenflow-coordinator --metrics-port P`):
+// The coordinator's /metrics (docs/design.md §7; `zenflow-coordinator --metrics-port P`):
 //
 //   zenflow_jobs{state}                      jobs in each state (zeros included)
 //   zenflow_workers{role,state}              registered workers

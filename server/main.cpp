@@ -1,4 +1,4 @@
-// zenflow-coordinator: the control plane (DESIGN.md §2, §9).
+// zenflow-coordinator: the control plane (docs/design.md §2, §9).
 //
 //   zenflow-coordinator --listen HOST:PORT --db PATH --admin-token-file F --worker-token-file F
 //                       [--tls-cert F --tls-key F] [--health-port P]

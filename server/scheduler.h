@@ -9,7 +9,7 @@
 // head's reservation was) arrives in the views, so the same input always gives the same
 // decision, whatever the order of the input vectors.
 //
-// The rules (control-plane-notes.md §4 names the failures they prevent). A pass takes
+// The rules (docs/design.md §9.1 names the failures they prevent). A pass takes
 // the queued jobs in queue order (1); each one starts if it fits (2-4), else is
 // unschedulable, else may preempt (7), else becomes the head and reserves (5) or, after
 // the head, waits (6).

@@ -208,7 +208,7 @@ TEST(AdvisorLocal, PredictsOtherConfigurationsOfThisMachine) {
   std::printf("modes, fastest first: predicted %s < %s < %s, measured (fastest runs) %s < %s < %s\n",
               predicted_order[0].c_str(), predicted_order[1].c_str(), predicted_order[2].c_str(),
               measured_order[0].c_str(), measured_order[1].c_str(), measured_order[2].c_str());
-  // Every pair of modes that differs by more than the noise floor (10%, advisor-notes §6.1)
+  // Every pair of modes that differs by more than the noise floor (10%, docs/benchmarks.md §5)
   // both as measured and as predicted is predicted in the measured order; a pair closer than
   // that on either side is a tie (on this machine's tiny model offload and zenflow are within
   // a few percent of each other).
@@ -321,7 +321,7 @@ TEST(AdvisorModel, GemmRateGrowsWithAMicroBatchsTokensAsProbed) {
   fs::remove_all(base, ec);
 }
 
-// A profile from the inputs advisor-notes.md §6.3 gives for DeepSpeed's Qwen2.5-1.5B
+// A profile from DeepSpeed's published Qwen2.5-1.5B figures (docs/benchmarks.md §2, §5) for its
 // core-binding run on 2 x A100-40GB (2 x EPYC 7742): no offload measured at 240 ms.
 JobProfile qwen_profile() {
   JobProfile p;
@@ -360,12 +360,12 @@ InstancePrice two_a100_row() {
   r.ram_gib = 1024;
   r.pcie_gen = 4;  // 25 GB/s each way
   r.on_demand_usd_per_hour = 5.0;
-  r.source = "advisor-notes.md §2 (DeepSpeed core-binding blog)";
+  r.source = "DeepSpeed blogs/zenflow-corebinding (Qwen2.5-1.5B on 2x A100-40GB)";
   r.date = "2026-11-29";
   r.verified = true;
   MeasuredHost m;
   m.date = "2026-11-29";
-  m.host = "2x EPYC 7742 (derived from ZeRO-Offload 1365 ms, advisor-notes §6.3)";
+  m.host = "2x EPYC 7742 (derived from ZeRO-Offload 1365 ms, docs/benchmarks.md §5)";
   m.host_adam_elements_per_second = {{32, 0.77e9}};  // per rank, all 32 of its cores
   m.mem_bw_gbps = 300;
   r.measured = m;

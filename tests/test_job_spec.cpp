@@ -1,4 +1,4 @@
-// Job spec tests: DESIGN.md §6 parsing, defaults, rejection with key paths, --set, paths, to_yaml.
+// Job spec tests: docs/design.md §6 parsing, defaults, rejection with key paths, --set, paths, to_yaml.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -20,7 +20,7 @@
 namespace zenflow {
 namespace {
 
-// DESIGN.md §6, verbatim in style (flow maps, comments), with concrete values.
+// The example of docs/design.md §6, verbatim in style (flow maps, comments), with concrete values.
 const char* const kDesignSpec = R"(
 name: tiny-demo
 model:   {arch: llama, from: models/base, config: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, tie_word_embeddings: true, rope_theta: 10000.0}}

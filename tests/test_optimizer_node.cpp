@@ -1032,7 +1032,7 @@ TEST(OptimizerNode, InProcessStepsReportEachChunkOnceItsOutputsAreWritten) {
 }
 
 // A node streams a window step's PARAMS back as its chunks finish, not after the whole
-// step (reference/ucx-optimizer-nodes.md, 4.7): a raw session whose step spans eight of the
+// step (docs/design.md §10, window pipeline): a raw session whose step spans eight of the
 // node's 1M-element chunks (spans across chunk boundaries, one without an output) gets
 // PARAMS before the step's COMPUTED, cut where the chunks finished, every output equal to
 // the in-process backend's and every element sent exactly once; then DONE counts the bytes.

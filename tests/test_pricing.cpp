@@ -88,7 +88,7 @@ TEST(Pricing, ShippedCatalogLoadsAndEveryRowHasSourceAndDate) {
   EXPECT_EQ(p4d->gpu_count, 8);
   EXPECT_DOUBLE_EQ(p4d->spot_usd_per_hour->min, 2.47);
   EXPECT_TRUE(p4d->verified);
-  // "verify" in the notes: no price, not verified.
+  // A row whose price nobody could source: no price, not verified.
   const auto* h200 = c.find_instance("ND96isr_H200_v5");
   ASSERT_NE(h200, nullptr);
   EXPECT_FALSE(h200->on_demand_usd_per_hour.has_value());

@@ -1279,7 +1279,7 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Prints the T3 figures; speed is never asserted (DESIGN.md §8), the decisions are checked.
+// Prints the T3 figures; speed is never asserted (docs/design.md §8), the decisions are checked.
 TEST(Scheduler, PassFiguresOverLargeQueues) {
   const ScheduleOptions o{200000, 50000};
   const Cluster small = make_cluster(500, 1000, 42);

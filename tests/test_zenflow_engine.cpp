@@ -1,4 +1,4 @@
-// ZenFlowOptimizer behaviours (reference/zenflow-semantics.md): equivalence with AdamW
+// ZenFlowOptimizer behaviours (docs/semantics.md): equivalence with AdamW
 // where the semantics promise it (on the Llama model), exact top-k selection, always-
 // device parameters, bounded staleness, non-finite gradients, resume, Zen-auto bounds and
 // option validation. The step-by-step comparison with an independent reference over a

@@ -1,5 +1,5 @@
 // The ZenFlow engine against an independent reference implementation of
-// reference/zenflow-semantics.md, for a grid of configurations.
+// docs/semantics.md, for a grid of configurations.
 //
 // The reference below is deliberately slow and plain: std::vector<float> per parameter,
 // one loop per rule, one set of (master, m, v) per element wherever the element's column

@@ -16,7 +16,7 @@
 
 namespace zenflow::advisor {
 
-// The model's error band: the validation target (advisor-notes §0.5, median APE <= 15%).
+// The model's error band: the validation target (docs/benchmarks.md §5, median APE <= 15%).
 constexpr double kErrorBand = 0.15;
 
 struct Advice {

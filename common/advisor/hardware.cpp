@@ -97,7 +97,7 @@ Instance instance_from_catalog(const InstancePrice& row, const std::string& toda
     in.peak_tflops = assumed(100, "unknown GPU model " + row.gpu_model);
     in.hbm_gbps = assumed(1000, "unknown GPU model " + row.gpu_model);
   }
-  // PCIe, advisor-notes §4.3: Gen4 25 GB/s each way [src nvbandwidth #42]; Gen5 (H100) D2H 52.8,
+  // PCIe, docs/benchmarks.md §5: Gen4 25 GB/s each way [src nvbandwidth #42]; Gen5 (H100) D2H 52.8,
   // H2D 35.2 [src nvbandwidth #24]; both at once, H2D ~11 while D2H holds ~25 [src #53].
   const int64_t gen = row.pcie_gen.value_or(0);
   if (gen >= 5) {
@@ -119,7 +119,7 @@ Instance instance_from_catalog(const InstancePrice& row, const std::string& toda
     in.busbw_gbps = assumed(370, "NVLink4 ring busbw ~370 GB/s (nccl-tests #212)");
   else
     in.busbw_gbps = assumed(20, "PCIe-only GPUs: ~20 GB/s ring busbw");
-  // Host memory bandwidth: not in any catalog (advisor-notes §8): 6 GB/s per physical core up to
+  // Host memory bandwidth: not in any catalog (docs/benchmarks.md §5): 6 GB/s per physical core up to
   // 450 GB/s (two sockets of 8-channel DDR5), assumed.
   in.host_mem_bw_gbps =
       assumed(std::min(450.0, 6.0 * static_cast<double>(std::max<int64_t>(1, in.physical_cores))),

@@ -4,8 +4,8 @@
 // every answer that uses it).
 //
 // instance_from_catalog() joins a pricing row with the GPU table below (peak dense bf16,
-// HBM bandwidth: pricing-notes.md §5) and the per-generation PCIe constants
-// (advisor-notes.md §4.3); a row's `measured` block beats both. local_instance() is the
+// HBM bandwidth, each from its datasheet) and the per-generation PCIe constants
+// (docs/benchmarks.md §5); a row's `measured` block beats both. local_instance() is the
 // machine a profile was measured on, from its probes: the CPU is the device there.
 #pragma once
 

@@ -9,7 +9,7 @@
 namespace zenflow::advisor {
 namespace {
 
-constexpr double kAssumedMfu = 0.40;             // Llama-3.1 38-43% (advisor-notes §4.2, PaLM App. B)
+constexpr double kAssumedMfu = 0.40;             // Llama-3.1 38-43% (docs/benchmarks.md §5, PaLM App. B)
 constexpr double kDeviceStreamEfficiency = 0.8;  // of HBM bandwidth for 28 B/element AdamW
 constexpr double kBackwardOverlap = 0.5;         // of backward that hides collectives (DDP buckets)
 constexpr double kGpuMemoryUsable = 0.9;         // CUDA context, fragmentation

@@ -1,4 +1,4 @@
-// The analytical step-time model of `zenflow advise` (advisor-notes.md §4.2), calibrated
+// The analytical step-time model of `zenflow advise` (docs/benchmarks.md §5), calibrated
 // from a job's measured profile.
 //
 // Per rank and optimizer step, for mode device, offload or zenflow on an instance:

@@ -8,7 +8,7 @@
 //                        .with({"j1", "0"});
 //   steps.inc();   // training thread: no lock, no allocation
 //
-// Names follow the Prometheus data model and zenflow's conventions (DESIGN.md §7); a bad
+// Names follow the Prometheus data model and zenflow's conventions (docs/design.md §7); a bad
 // name, label or bucket list is a std::invalid_argument naming the metric and the rule.
 //
 // Thread-safety: every member function may be called from any thread. Registration,
@@ -267,7 +267,7 @@ class MetricsRegistry {
   // registry. Registering the same name again with the same type, help, labels (and
   // buckets) returns the same family. Throws std::invalid_argument, naming the metric:
   //  - a name not matching [a-zA-Z_:][a-zA-Z0-9_:]*; a counter not ending in _total, or
-  //    a gauge or histogram ending in it (only counters do, DESIGN.md §7);
+  //    a gauge or histogram ending in it (only counters do, docs/design.md §7);
   //  - empty or non-UTF-8 help;
   //  - a label name not matching [a-zA-Z_][a-zA-Z0-9_]*, starting with __ (reserved),
   //    repeated, or "le" on a histogram (its bucket label);
@@ -317,7 +317,7 @@ class MetricsRegistry {
 // unless start > 0, factor > 1 and count >= 1.
 std::vector<double> exponential_buckets(double start, double factor, int count);
 
-// Registers zenflow_build_info{version} (DESIGN.md §7, in every process) and sets it to 1.
+// Registers zenflow_build_info{version} (docs/design.md §7, in every process) and sets it to 1.
 // Pass zenflow::kVersion from "common/version.h". Returns the series.
 Gauge& register_build_info(MetricsRegistry& registry, const std::string& version);
 

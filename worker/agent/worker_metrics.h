@@ -12,7 +12,7 @@
 // absent; one that is gone, slow or malformed is absent and counted in
 // zenflow_worker_scrape_errors_total{reason}.
 //
-// The agent's own series (DESIGN.md §7 style):
+// The agent's own series (docs/design.md §7 style):
 //   zenflow_build_info{version}                    1
 //   zenflow_worker_slots                           slots offered (GPUs, or CPU slots)
 //   zenflow_worker_ranks                           rank processes running

@@ -1,4 +1,4 @@
-// What the engine needs from a data-parallel group (semantics §2, DESIGN.md §5).
+// What the engine needs from a data-parallel group (docs/semantics.md §2, docs/design.md §5).
 //
 // The engine stays transport-free: the worker adapts its c10d Communicator to this
 // interface (worker/distributed/engine_collectives.h); tests may provide their own.

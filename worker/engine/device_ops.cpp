@@ -55,7 +55,7 @@ void adamw_into(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, c
 }
 
 // Row-major gather/scatter of columns for CPU tensors of one element size (the
-// ATen index ops are 3-5x slower here, see host-performance-notes.md). Sorted index
+// ATen index ops are 3-5x slower here, docs/benchmarks.md §1). Sorted index
 // lists are mostly runs of consecutive columns (the unselected 90%): those are copied
 // run by run, which the compiler turns into wide moves; scattered lists go element
 // by element. Rows are split over LibTorch's compute threads.

@@ -1,7 +1,7 @@
 // Persistent worker threads pinned to the host optimizer's reserved cores.
 //
 // The pool never uses OpenMP (LibTorch resets OpenMP to one thread, and OMP_PROC_BIND
-// moves pinned threads; see reference/host-performance-notes.md). parallel_for splits
+// moves pinned threads; see docs/benchmarks.md §1). parallel_for splits
 // [0, n) into size() static contiguous chunks whose boundaries are multiples of `align`
 // elements, so results do not depend on timing, and makes no allocation or lock per
 // call beyond one wake-up and one completion wait (a generation counter and a futex).

@@ -1,7 +1,7 @@
 // Per-step time accounting: compute, device-optimizer time, stalls by cause, bytes moved.
 //
 // The training loop and the engine report into one StallClock; the totals feed the run
-// summary, the benchmarks and (later) the Prometheus counters of DESIGN.md §7, whose
+// summary, the benchmarks and (later) the Prometheus counters of docs/design.md §7, whose
 // cause names these are. Thread safety: one thread (the training loop's) calls
 // everything; totals() may be read by it between steps.
 //

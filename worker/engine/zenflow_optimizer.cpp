@@ -1,5 +1,5 @@
 // ZenFlowOptimizer: device updater, host updater, windows and selection
-// (reference/zenflow-semantics.md, section numbers below refer to it).
+// (docs/semantics.md, section numbers below refer to it).
 #include "worker/engine/zenflow_optimizer.h"
 
 #include <algorithm>

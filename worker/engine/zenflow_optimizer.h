@@ -1,4 +1,4 @@
-// ZenFlowOptimizer: the split device/host optimizer of reference/zenflow-semantics.md.
+// ZenFlowOptimizer: the split device/host optimizer of docs/semantics.md.
 //
 // One class, three modes (EngineOptions::mode):
 //   kDevice  — plain AdamW on the device for every parameter (the no-offload reference);

@@ -1,4 +1,4 @@
-// zenflow-optimizer: a dedicated CPU optimizer node (reference/ucx-optimizer-nodes.md).
+// zenflow-optimizer: a dedicated CPU optimizer node (docs/design.md §10, docs/operations.md §7).
 //
 // It listens for connections from workers' remote host optimizers: its port speaks the
 // transport's handshake (transport.h), in which both sides prove they know the node's

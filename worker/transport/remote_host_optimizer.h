@@ -1,5 +1,5 @@
 // The remote host-optimizer backend: the engine's host state and host jobs on
-// zenflow-optimizer nodes over UCX (reference/ucx-optimizer-nodes.md §4).
+// zenflow-optimizer nodes over UCX (docs/design.md §10).
 //
 // This rank's host state is split over its nodes in contiguous slices, cut at the
 // layout's segment offsets (a matrix never straddles two nodes) and balanced by

@@ -1,5 +1,5 @@
 // UCX transport: message channels between a worker's remote host optimizer and the
-// zenflow-optimizer nodes (reference/ucx-optimizer-nodes.md §2-4).
+// zenflow-optimizer nodes (docs/design.md §10; measurements in docs/benchmarks.md §3).
 //
 // A Transport is one UCX context and one UCX worker driven by one progress thread
 // (UCS_THREAD_MODE_SINGLE: no other thread calls UCX). Every message is a UCP active

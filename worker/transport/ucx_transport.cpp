@@ -417,7 +417,7 @@ UcxTransport::UcxTransport(const TransportOptions& options) : options_(options) 
                            ucs_status_string(s));
   };
   try {
-    // Shared memory refuses PEER error mode without it (UCX 1.13, reference §0).
+    // Shared memory refuses PEER error mode without it (UCX 1.13, docs/benchmarks.md §3).
     if (may_select(tls, {"all", "sm", "shm", "mm", "posix", "sysv", "xpmem"}))
       set_default("MM_ERROR_HANDLING", "UCX_MM_ERROR_HANDLING", "y");
     // UCX 1.13's TCP PUT (the zero-copy lane its rendezvous uses over tcp) aborts the process

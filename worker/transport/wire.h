@@ -1,4 +1,4 @@
-// The optimizer-node wire protocol's message header (reference/ucx-optimizer-nodes.md §4.5).
+// The optimizer-node wire protocol's message header (docs/design.md §10).
 //
 // Every message between a worker's remote host optimizer and a zenflow-optimizer node is
 // one active message whose header is a 64-byte little-endian WireHeader; the payload (raw

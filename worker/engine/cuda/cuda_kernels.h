@@ -3,7 +3,7 @@
 // These functions know nothing of LibTorch; worker/engine/cuda_ops.h wraps them for
 // tensors. Contracts shared by every function below:
 // - Pointers are device pointers to densely packed, row-major arrays. A 2-D weight or
-//   gradient is [out, in]; a "column" j is W[:, j] (zenflow-semantics.md §1).
+//   gradient is [out, in]; a "column" j is W[:, j] (docs/semantics.md §1).
 // - Work is enqueued on `stream` and the call returns at once; results are visible to
 //   later work on that stream (or after synchronizing it).
 // - Returns cudaSuccess, cudaErrorInvalidValue when an argument is invalid (then nothing
