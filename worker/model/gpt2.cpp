@@ -10,33 +10,11 @@
 #include <utility>
 #include <vector>
 
+#include "common/model/model_shapes.h"
 #include "worker/model/attention.h"
 
 namespace zenflow::model {
 namespace {
-
-void check_config(const GPT2Config& c) {
-  auto fail = [](const std::string& what) { throw std::invalid_argument("GPT2Config: " + what); };
-  auto positive = [&](const char* name, int64_t v) {
-    if (v <= 0) fail(std::string(name) + " must be > 0, got " + std::to_string(v));
-  };
-  positive("vocab_size", c.vocab_size);
-  positive("n_positions", c.n_positions);
-  positive("n_embd", c.n_embd);
-  positive("n_layer", c.n_layer);
-  positive("n_head", c.n_head);
-  if (c.n_inner < 0) fail("n_inner must be >= 0 (0: 4 * n_embd), got " + std::to_string(c.n_inner));
-  if (c.n_embd % c.n_head != 0)
-    fail("n_embd (" + std::to_string(c.n_embd) + ") must be divisible by n_head (" +
-         std::to_string(c.n_head) + ")");
-  if (!(c.layer_norm_epsilon > 0)) fail("layer_norm_epsilon must be > 0");
-  if (!(c.initializer_range >= 0)) fail("initializer_range must be >= 0");
-  const std::string& a = c.activation_function;
-  if (a != "gelu_new" && a != "gelu_pytorch_tanh" && a != "gelu" && a != "relu" && a != "silu" &&
-      a != "swish")
-    fail("activation_function '" + a +
-         "' is not supported (gelu_new, gelu_pytorch_tanh, gelu, relu, silu, swish)");
-}
 
 // HF Conv1D: x @ W + b with W [in, out].
 at::Tensor conv1d(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
@@ -52,7 +30,7 @@ struct Init {
 class GPT2 final : public NamedParameterModel {
  public:
   GPT2(const GPT2Config& config, const Init& init) : config_(config) {
-    check_config(config_);
+    check_gpt2_config(config_);
     create_parameters(init);
   }
 
@@ -192,16 +170,7 @@ std::unique_ptr<CausalLM> make_gpt2_uninitialized(const GPT2Config& config,
 }
 
 int64_t gpt2_parameter_count(const GPT2Config& config) {
-  check_config(config);
-  const int64_t V = config.vocab_size;
-  const int64_t E = config.n_embd;
-  const int64_t I = config.inner_size();
-  const int64_t per_layer = 4 * E                     // two LayerNorms
-                            + E * 3 * E + 3 * E       // c_attn
-                            + E * E + E               // attn c_proj
-                            + E * I + I + I * E + E;  // mlp
-  return V * E + config.n_positions * E + config.n_layer * per_layer + 2 * E +
-         (config.tie_word_embeddings ? 0 : V * E);
+  return parameter_count(gpt2_parameter_shapes(config));
 }
 
 }  // namespace zenflow::model

@@ -9,27 +9,10 @@
 #include <memory>
 #include <string>
 
+#include "common/model/hf_config.h"  // GPT2Config
 #include "worker/model/causal_lm.h"
 
 namespace zenflow::model {
-
-struct GPT2Config {
-  int64_t vocab_size = 50257;
-  int64_t n_positions = 1024;
-  int64_t n_embd = 768;
-  int64_t n_layer = 12;
-  int64_t n_head = 12;
-  int64_t n_inner = 0;  // 0: 4 * n_embd
-  double layer_norm_epsilon = 1e-5;
-  // gelu_new / gelu_pytorch_tanh (tanh approximation), gelu (erf), relu, silu / swish.
-  std::string activation_function = "gelu_new";
-  double initializer_range = 0.02;
-  bool tie_word_embeddings = true;
-  bool scale_attn_weights = true;                // scores / sqrt(head_dim)
-  bool scale_attn_by_inverse_layer_idx = false;  // and / (layer index + 1)
-
-  int64_t inner_size() const { return n_inner > 0 ? n_inner : 4 * n_embd; }
-};
 
 // Random init from `seed` as HF's GPT2PreTrainedModel._init_weights: normal(0,
 // initializer_range) for wte, wpe, c_attn and c_fc weights; normal(0, initializer_range /
@@ -40,6 +23,8 @@ struct GPT2Config {
 // {weight [E, E], bias}, ln_2.{weight,bias}, mlp.c_fc.{weight [E, I], bias},
 // mlp.c_proj.{weight [I, E], bias}; transformer.ln_f.{weight,bias}; lm_head.weight [V, E]
 // only when tie_word_embeddings is false (otherwise wte is the output head).
+// gpt2_parameter_shapes (common/model/model_shapes.h) lists the same without LibTorch;
+// tests/test_model_shapes.cpp keeps the two equal.
 // No dropout (fine-tuning runs with it off). Throws std::invalid_argument for an
 // inconsistent config or an unsupported activation. forward() is not thread-safe.
 std::unique_ptr<CausalLM> make_gpt2(const GPT2Config& config, uint64_t seed);
@@ -48,7 +33,7 @@ std::unique_ptr<CausalLM> make_gpt2(const GPT2Config& config, uint64_t seed);
 // that overwrite every parameter (the meta device gives names and shapes only).
 std::unique_ptr<CausalLM> make_gpt2_uninitialized(const GPT2Config& config, const at::TensorOptions& options);
 
-// Number of scalars in parameters() for `config`.
+// Number of scalars in parameters() for `config`: the sum over gpt2_parameter_shapes.
 int64_t gpt2_parameter_count(const GPT2Config& config);
 
 }  // namespace zenflow::model

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/model/hf_config.h"
 #include "worker/model/causal_lm.h"
 #include "worker/model/gpt2.h"
 #include "worker/model/llama.h"
@@ -55,20 +56,8 @@ LoadedModel load_hf_model(const std::string& dir, const HfLoadOptions& options =
 // loading any weight: `model` is null. Throws like load_hf_model.
 LoadedModel describe_hf_model(const std::string& dir);
 
-// config.json objects <-> model configs. The parsers apply the defaults of the
-// corresponding transformers config class for absent keys and throw
-// std::runtime_error("config.json: ...") naming the key for wrong types, missing
-// required keys (vocab_size, hidden_size, intermediate_size, num_hidden_layers,
-// num_attention_heads; GPT-2: vocab_size), unsupported settings (hidden_act other than
-// silu, rope types other than default/linear/llama3, qwen2 use_sliding_window) and
-// unknown model types. Accept both rope_theta/rope_scaling and transformers 5's
-// rope_parameters.
-std::string hf_model_type(const nlohmann::json& config);  // llama|mistral|qwen2|gpt2
-LlamaConfig llama_config_from_hf(const nlohmann::json& config);
-GPT2Config gpt2_config_from_hf(const nlohmann::json& config);
-// model_type: llama | mistral | qwen2 (written as given; qkv_bias must match qwen2).
-nlohmann::json hf_config_json(const LlamaConfig& config, const std::string& model_type = "llama");
-nlohmann::json hf_config_json(const GPT2Config& config);
+// config.json <-> LlamaConfig / GPT2Config: hf_model_type, llama_config_from_hf,
+// gpt2_config_from_hf, hf_config_json (common/model/hf_config.h, no LibTorch).
 
 // The architecture a config.json describes, parameters uninitialized (at::empty) with
 // `options`; `arch` receives "llama" or "gpt2" when not null.

@@ -11,49 +11,11 @@
 #include <utility>
 #include <vector>
 
+#include "common/model/model_shapes.h"
 #include "worker/model/attention.h"
 
 namespace zenflow::model {
 namespace {
-
-void check_config(const LlamaConfig& c) {
-  auto fail = [](const std::string& what) { throw std::invalid_argument("LlamaConfig: " + what); };
-  auto positive = [&](const char* name, int64_t v) {
-    if (v <= 0) fail(std::string(name) + " must be > 0, got " + std::to_string(v));
-  };
-  positive("vocab_size", c.vocab_size);
-  positive("hidden_size", c.hidden_size);
-  positive("num_hidden_layers", c.num_hidden_layers);
-  positive("num_attention_heads", c.num_attention_heads);
-  positive("num_key_value_heads", c.num_key_value_heads);
-  positive("intermediate_size", c.intermediate_size);
-  positive("max_position_embeddings", c.max_position_embeddings);
-  if (c.head_dim < 0)
-    fail("head_dim must be >= 0 (0: hidden_size / num_attention_heads), got " + std::to_string(c.head_dim));
-  if (c.head_dim == 0 && c.hidden_size % c.num_attention_heads != 0)
-    fail("hidden_size (" + std::to_string(c.hidden_size) + ") must be divisible by num_attention_heads (" +
-         std::to_string(c.num_attention_heads) + ")");
-  if (c.num_attention_heads % c.num_key_value_heads != 0)
-    fail("num_attention_heads (" + std::to_string(c.num_attention_heads) +
-         ") must be divisible by num_key_value_heads (" + std::to_string(c.num_key_value_heads) + ")");
-  if (c.resolved_head_dim() % 2 != 0)
-    fail("the head dimension must be even for rotary embeddings, got " +
-         std::to_string(c.resolved_head_dim()));
-  if (!(c.rope_theta > 0)) fail("rope_theta must be > 0");
-  if (!(c.rms_norm_eps > 0)) fail("rms_norm_eps must be > 0");
-  if (!(c.initializer_range >= 0)) fail("initializer_range must be >= 0");
-  if (c.sliding_window < 0) fail("sliding_window must be >= 0, got " + std::to_string(c.sliding_window));
-  const RopeScaling& r = c.rope_scaling;
-  if (r.rope_type != "default" && r.rope_type != "linear" && r.rope_type != "llama3")
-    fail("rope_scaling.rope_type '" + r.rope_type + "' is not supported (default, linear, llama3)");
-  if (r.rope_type != "default" && !(r.factor > 0)) fail("rope_scaling.factor must be > 0");
-  if (r.rope_type == "llama3") {
-    if (!(r.low_freq_factor > 0) || !(r.high_freq_factor > r.low_freq_factor))
-      fail("rope_scaling needs 0 < low_freq_factor < high_freq_factor for llama3");
-    if (r.original_max_position_embeddings <= 0)
-      fail("rope_scaling.original_max_position_embeddings must be > 0");
-  }
-}
 
 // HF LlamaRMSNorm: normalise in fp32, cast back to the input dtype, then scale.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -84,7 +46,7 @@ struct Init {
 class Llama final : public NamedParameterModel {
  public:
   Llama(const LlamaConfig& config, const Init& init) : config_(config) {
-    check_config(config_);
+    check_llama_config(config_);
     head_dim_ = config_.resolved_head_dim();
     create_parameters(init);
   }
@@ -238,7 +200,7 @@ class Llama final : public NamedParameterModel {
 }  // namespace
 
 at::Tensor llama_inv_freq(const LlamaConfig& config) {
-  check_config(config);
+  check_llama_config(config);
   const int64_t hd = config.resolved_head_dim();
   // _compute_default_rope_parameters: 1 / base^(arange(0, dim, 2).float() / dim).
   at::Tensor exponent =
@@ -278,20 +240,7 @@ std::unique_ptr<CausalLM> make_llama_uninitialized(const LlamaConfig& config,
 }
 
 int64_t llama_parameter_count(const LlamaConfig& config) {
-  check_config(config);
-  const int64_t V = config.vocab_size;
-  const int64_t H = config.hidden_size;
-  const int64_t I = config.intermediate_size;
-  const int64_t hd = config.resolved_head_dim();
-  const int64_t q_out = config.num_attention_heads * hd;
-  const int64_t kv_out = config.num_key_value_heads * hd;
-  const int64_t per_layer = 2 * H                         // two RMSNorm weights
-                            + q_out * H + 2 * kv_out * H  // q, k, v
-                            + H * q_out                   // o
-                            + 3 * I * H                   // gate, up, down
-                            + (config.qkv_bias ? q_out + 2 * kv_out : 0) + (config.o_bias ? H : 0) +
-                            (config.mlp_bias ? 2 * I + H : 0);
-  return V * H + config.num_hidden_layers * per_layer + H + (config.tie_word_embeddings ? 0 : V * H);
+  return parameter_count(llama_parameter_shapes(config));
 }
 
 }  // namespace zenflow::model
