@@ -21,11 +21,10 @@
 #include "client/commands.h"
 #include "common/input_file.h"
 #include "common/job_spec.h"
+#include "common/model/model_shapes.h"
+#include "common/model/spec_model_config.h"
 #include "common/rpc/rpc.h"
 #include "common/terminal_text.h"
-#include "worker/model/causal_lm.h"
-#include "worker/model/hf_model.h"
-#include "worker/model_factory.h"
 #include "zenflow/v1/jobs.grpc.pb.h"
 
 namespace zenflow::cli {
@@ -183,16 +182,14 @@ void fill_model_facts(const JobSpec& spec, v1::SubmitJobRequest* req) {
   try {
     const int64_t vocab = spec.data.tokenizer == "byte" ? 256 : 0;
     if (vocab == 0 && spec.model.from.empty()) return;
-    const model::LoadedModel described = describe_model_from_spec(spec.model, vocab);
-    // The architecture on the meta device: exact shapes, no memory (as the preflight counts).
-    const std::unique_ptr<model::CausalLM> meta =
-        model::make_hf_architecture(described.config, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
+    // The parameters' shapes from the config alone (as the preflight counts), no LibTorch.
+    const nlohmann::json config = model::hf_config_from_spec(spec.model, vocab);
     int64_t total = 0, split = 0;
-    for (const model::NamedTensor& nt : meta->parameters()) {
-      const int64_t numel = nt.tensor.numel();
+    for (const model::ParameterShape& p : model::hf_parameter_shapes(config)) {
+      const int64_t numel = p.numel();
       total += numel;
       if (spec.optimizer.mode == "offload" ||
-          (spec.optimizer.mode == "zenflow" && nt.tensor.dim() == 2 && numel >= spec.optimizer.zenflow.min_split_numel))
+          (spec.optimizer.mode == "zenflow" && p.shape.size() == 2 && numel >= spec.optimizer.zenflow.min_split_numel))
         split += numel;
     }
     req->set_total_params(total);
