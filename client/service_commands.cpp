@@ -25,7 +25,7 @@
 #include "common/terminal_text.h"
 #include "worker/model/causal_lm.h"
 #include "worker/model/hf_model.h"
-#include "worker/model_factory.h"
+#include "worker/rank/model_factory.h"
 #include "zenflow/v1/jobs.grpc.pb.h"
 
 namespace zenflow::cli {
