@@ -1,5 +1,5 @@
 // `zenflow bench control-plane`: what the coordinator sustains on this machine, next to
-// the baselines measured in the same run (control-plane-notes.md §5, "how to measure
+// the baselines measured in the same run (docs/operations.md, "how to measure
 // honestly").
 //
 // One run: the coordinator is a separate process pinned to core 0 (taskset), with TLS,
@@ -1102,7 +1102,7 @@ int run_bench(const Args& a) {
   out["get"]["from_actual_send"] = to_json(get_from_sendq);
   out["get"]["p50_over_null_rpc"] = gq.p50 / std::max(1e-9, out["baselines"]["null_rpc"]["p50_ms"].get<double>());
 
-  // Coordinator CPU per request (control-plane-notes.md §5, "efficiency figures"): stable
+  // Coordinator CPU per request (docs/operations.md, "efficiency figures"): stable
   // where latencies on a shared host are not. Idle first (2 s, shorter than a lease), then
   // the heartbeats alone, then with submits, then with gets, 5 s each: a submit or a get
   // costs what it adds to the heartbeats' CPU, so every phase runs under the same lease

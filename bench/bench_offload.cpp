@@ -22,7 +22,7 @@
 #include "worker/engine/host_thread_pool.h"
 #include "worker/rank/trainer.h"
 #if ZENFLOW_HAVE_UCX
-#include "client/local_node.h"
+#include "bench/local_node.h"
 #endif
 #if ZENFLOW_HAVE_METRICS
 #include "common/metrics/exposition.h"
