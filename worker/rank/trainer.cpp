@@ -400,7 +400,7 @@ class TrainingRun {
 
   // After a failure: when a collective failed and this rank's optimizer node is gone as
   // well, the peer rank that left the group most likely lost the same node first and is
-  // resuming without it (run_command's on_node_loss); this rank must resume with it, so the
+  // resuming without it (rank_main.cpp's on_node_loss); this rank must resume with it, so the
   // lost node is the error (HostBackendLost). Returns when it is not.
   void blame_a_lost_node() {
     if (!comm_ || !comm_->failed() || !opt_ || spec_.optimizer.host.addresses.empty()) return;
