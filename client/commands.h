@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/attempt_contract.h"
+#include "worker/rank/error_text.h"  // error_text(), which the verbs print errors with
 
 namespace zenflow::cli {
 
@@ -30,10 +31,6 @@ struct CommandRegistrar {
 
 // All registered setups, ordered by `order` (help lists verbs in this order).
 std::vector<CommandSetup> registered_commands();
-
-// An exception's message for the user: one line. LibTorch's errors (c10::Error) carry a
-// stack trace in what(); it is left out unless `verbose`.
-std::string error_text(const std::exception& e, bool verbose = false);
 
 // Exit codes shared by all verbs; a rank's are the attempt contract's
 // (common/attempt_contract.h says what each means to the agent and the coordinator).

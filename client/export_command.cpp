@@ -7,7 +7,7 @@
 #include <string>
 
 #include "client/commands.h"
-#include "worker/run_export.h"
+#include "worker/rank/run_export.h"
 
 namespace zenflow::cli {
 namespace {

@@ -5,21 +5,10 @@
 #include <map>
 #include <mutex>
 
-#include <c10/util/Exception.h>
-
 #include "client/commands.h"
 #include "common/version.h"
 
 namespace zenflow::cli {
-
-std::string error_text(const std::exception& e, bool verbose) {
-  if (verbose) return e.what();
-  if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) {
-    const std::string msg = c10->what_without_backtrace();
-    return msg.substr(0, msg.find('\n')) + " (--verbose shows LibTorch's trace)";
-  }
-  return e.what();
-}
 
 namespace {
 std::vector<std::pair<int, CommandSetup>>& registry() {
@@ -59,7 +48,7 @@ int main(int argc, char** argv) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : kExitBadInput;
   } catch (const std::exception& e) {
-    std::cerr << "zenflow: error: " << error_text(e) << "\n";
+    std::cerr << "zenflow: error: " << zenflow::error_text(e) << "\n";
     return kExitFailure;
   }
   return ctx.exit_code;

@@ -206,7 +206,7 @@ JobSpec parse_job_spec(const std::string& yaml_text, const std::vector<std::stri
 // runs on the result. Every problem throws SpecError: the file's own (InputError) as
 // SpecError(path, reason), e.g. "/x/job.yaml: is a FIFO, expected a regular file"; YAML
 // syntax errors name `path` instead of "<yaml>". (A checkpoint's run.yaml, whose inputs
-// may be gone, is read with parse_job_spec instead: see worker/run_export.)
+// may be gone, is read with parse_job_spec instead: see worker/rank/run_export.)
 JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& overrides = {});
 
 // Checks that the input paths of `spec` exist and have the right kind, so a typo is a spec

@@ -34,8 +34,8 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   shim=build-cuda/shim/c10/cuda/impl
   mkdir -p "$shim"
   printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' > "$shim/cuda_cmake_macros.h"
-  # (worker/trainer.cpp too: its CUDA-only steps — pinned batches, autocast — have no guard.)
-  for f in $( (grep -l ZENFLOW_WITH_CUDA_OPS worker/engine/*.cpp tests/*.cpp worker/*.cpp; echo worker/trainer.cpp) | sort -u); do
+  # (worker/rank/trainer.cpp too: its CUDA-only steps — pinned batches, autocast — have no guard.)
+  for f in $( (grep -l ZENFLOW_WITH_CUDA_OPS worker/engine/*.cpp tests/*.cpp worker/rank/*.cpp; echo worker/rank/trainer.cpp) | sort -u); do
     g++ -fsyntax-only -std=gnu++17 -Wall -Wextra -Werror -Wno-unused-parameter -Wno-deprecated-declarations \
       -DZENFLOW_WITH_CUDA_OPS -DZENFLOW_SOURCE_DIR='""' -DZENFLOW_BINARY_DIR='""' \
       -I. -Ibuild-cuda/shim -I/usr/local/cuda/include -isystem /usr/include/torch/csrc/api/include "$f" \

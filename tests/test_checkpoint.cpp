@@ -22,7 +22,7 @@
 #include "tests/support/dir_lock_holder.h"
 #include "tests/support/scratch.h"
 #include "tests/support/shell.h"
-#include "worker/checkpoint.h"
+#include "worker/rank/checkpoint.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

@@ -15,7 +15,7 @@
 #include "common/remove_tree.h"
 #include "tests/support/scratch.h"
 #include "tests/support/tiny_job.h"
-#include "worker/checkpoint.h"
+#include "worker/rank/checkpoint.h"
 #include "worker/model/safetensors.h"
 
 namespace fs = std::filesystem;

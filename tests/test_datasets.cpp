@@ -18,7 +18,7 @@
 #include "worker/model/causal_lm.h"
 #include "worker/model/dataset.h"
 #include "worker/model/tokenizer.h"
-#include "worker/model_factory.h"
+#include "worker/rank/model_factory.h"
 
 namespace fs = std::filesystem;
 namespace zm = zenflow::model;

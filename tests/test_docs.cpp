@@ -216,29 +216,9 @@ std::vector<std::string> repository_files() {
   return files;
 }
 
-// Files another change is moving right now (worker/*.cpp|h to worker/rank/, client/bench_*.cpp
-// to bench/), whose citations are replaced once they have moved: matched by their folder and
-// name before or after the move. Each entry must still match a file that cites a note, so
-// the list shrinks as they are fixed (a stale entry fails the test below).
-struct PendingMove {
-  std::vector<std::string> paths;
-};
-const std::vector<PendingMove>& pending_moves() {
-  static const std::vector<PendingMove> pending = {
-      {{"worker/trainer.cpp", "worker/rank/trainer.cpp"}},
-      {{"worker/run_metrics.h", "worker/rank/run_metrics.h"}},
-      {{"worker/step_log.h", "worker/rank/step_log.h"}},
-      {{"client/bench_control_plane.cpp", "bench/bench_control_plane.cpp", "bench/control_plane.cpp"}},
-      {{"client/bench_optimizer_node.cpp", "bench/bench_optimizer_node.cpp", "bench/optimizer_node.cpp"}},
-      {{"client/bench_transport.cpp", "bench/bench_transport.cpp", "bench/transport.cpp"}},
-  };
-  return pending;
-}
-
 TEST(Docs, NoFileOfTheRepositoryCitesNotesOutsideIt) {
   const std::vector<std::string> files = repository_files();
   ASSERT_GT(files.size(), 100u) << "the repository's files were not found under " << kSourceDir;
-  std::vector<bool> pending_used(pending_moves().size(), false);
   for (const std::string& file : files) {
     const fs::path path = kSourceDir / file;
     if (!fs::is_regular_file(path)) continue;
@@ -246,21 +226,11 @@ TEST(Docs, NoFileOfTheRepositoryCitesNotesOutsideIt) {
     if (text.find('\0') != std::string::npos) continue;  // binary
     const std::vector<std::string> cited = outside_citations(text);
     if (cited.empty()) continue;
-    bool pending = false;
-    for (size_t i = 0; i < pending_moves().size(); ++i)
-      for (const std::string& p : pending_moves()[i].paths)
-        if (p == file) pending = pending_used[i] = true;
-    if (pending) continue;
     std::string names;
     for (const std::string& n : cited) names += (names.empty() ? "" : ", ") + n;
     ADD_FAILURE() << file << " cites " << names
                   << ", outside the repository: cite the docs/ page that holds the fact instead";
   }
-  for (size_t i = 0; i < pending_moves().size(); ++i)
-    EXPECT_TRUE(pending_used[i])
-        << pending_moves()[i].paths[0]
-        << " (or its moved copy) no longer cites notes outside the repository: remove "
-           "it from pending_moves()";
 }
 
 TEST(Docs, OutsideCitationsAreFoundAndDocsPathsAreNot) {

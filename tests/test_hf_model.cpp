@@ -24,13 +24,13 @@
 #include "tests/support/shell.h"
 #include "common/job_spec.h"
 #include "common/remove_tree.h"
-#include "worker/checkpoint.h"
+#include "worker/rank/checkpoint.h"
 #include "worker/model/gpt2.h"
 #include "worker/model/hf_model.h"
 #include "worker/model/llama.h"
 #include "worker/model/safetensors.h"
-#include "worker/model_factory.h"
-#include "worker/run_export.h"
+#include "worker/rank/model_factory.h"
+#include "worker/rank/run_export.h"
 
 namespace fs = std::filesystem;
 namespace zm = zenflow::model;

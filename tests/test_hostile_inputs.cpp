@@ -44,7 +44,7 @@
 
 #include "common/crc32c.h"
 #include "common/remove_tree.h"
-#include "worker/checkpoint.h"
+#include "worker/rank/checkpoint.h"
 #include "worker/model/hf_model.h"
 #include "worker/model/safetensors.h"
 

@@ -40,7 +40,7 @@
 #include "tests/support/process.h"
 #include "tests/support/test_device.h"
 #include "tests/support/thread_collectives.h"
-#include "worker/checkpoint.h"
+#include "worker/rank/checkpoint.h"
 #include "worker/engine/host_isa.h"
 #include "worker/engine/host_thread_pool.h"
 #include "worker/engine/zenflow_optimizer.h"

@@ -17,8 +17,8 @@
 #include "common/remove_tree.h"
 #include "worker/engine/zenflow_optimizer.h"
 #include "worker/model/hf_model.h"
-#include "worker/model_factory.h"
-#include "worker/preflight.h"
+#include "worker/rank/model_factory.h"
+#include "worker/rank/preflight.h"
 
 namespace zenflow {
 namespace {

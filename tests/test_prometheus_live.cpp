@@ -412,7 +412,7 @@ class PrometheusLive : public ::testing::Test {
   int prom_port_ = 0;
 };
 
-// Every §7 worker series `zenflow run --metrics-port` serves (worker/run_metrics.cpp).
+// Every §7 worker series `zenflow run --metrics-port` serves (worker/rank/run_metrics.cpp).
 const std::vector<std::string> kRunSeries = {
     "zenflow_steps_total",
     "zenflow_tokens_total",

@@ -24,9 +24,9 @@
 #include "tests/support/scratch.h"
 #include "tests/support/shell.h"
 #include "tests/support/tiny_job.h"
-#include "worker/checkpoint.h"
-#include "worker/lease.h"
-#include "worker/run_reporter.h"
+#include "worker/rank/checkpoint.h"
+#include "worker/rank/lease.h"
+#include "worker/rank/run_reporter.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

@@ -1,4 +1,4 @@
-// `zenflow report`: the step log a run writes (worker/step_log.h) and reading a run directory
+// `zenflow report`: the step log a run writes (worker/rank/step_log.h) and reading a run directory
 // back (truncated, resumed, superseded, not a run),
 // the page's figures, and a real run's page rendered by headless Chromium offline: its
 // charts drawn (pixels of the series' colours in each plot) and its numbers those of the
@@ -26,7 +26,7 @@
 #include "common/report/run_record.h"
 #include "tests/support/allocation_counter.h"
 #include "tests/support/shell.h"
-#include "worker/step_log.h"
+#include "worker/rank/step_log.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -53,7 +53,7 @@ fs::path fresh_dir(const std::string& name) {
   return d;
 }
 
-// --- lines as worker/step_log.h writes them ---
+// --- lines as worker/rank/step_log.h writes them ---
 
 std::string start_line(int64_t start_step, bool fresh = false, const std::string& price = "null") {
   return "{\"event\":\"start\",\"job\":\"j\",\"start_step\":" + std::to_string(start_step) +
@@ -231,7 +231,7 @@ TEST(RunRecord, RunFromBeforeTheStepLogIsReadFromItsNewestCheckpoint) {
             std::string::npos);
 }
 
-// --- the writer: worker/step_log.h ---
+// --- the writer: worker/rank/step_log.h ---
 
 TEST(StepLog, LinesReadBackExactlyAndAStepAllocatesNothing) {
   using zenflow::test_support::g_allocations;

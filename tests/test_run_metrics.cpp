@@ -23,7 +23,7 @@
 #include "tests/support/http_client.h"
 #include "common/metrics/exposition.h"
 #include "common/metrics/registry.h"
-#include "worker/run_metrics.h"
+#include "worker/rank/run_metrics.h"
 
 using zenflow::test_support::g_allocations;
 using zenflow::test_support::g_count_allocations;

@@ -10,10 +10,10 @@
 
 #include "common/remove_tree.h"
 #include "common/job_spec.h"
-#include "worker/checkpoint.h"
+#include "worker/rank/checkpoint.h"
 #include "worker/engine/host_thread_pool.h"
-#include "worker/run_reporter.h"
-#include "worker/trainer.h"
+#include "worker/rank/run_reporter.h"
+#include "worker/rank/trainer.h"
 
 namespace fs = std::filesystem;
 using namespace zenflow;

@@ -8,7 +8,7 @@
 // probes run after training on the job's own cores (GEMM rate by compute threads, device
 // AdamW rate, transfer bandwidth each way, host AdamW elements/s at several core counts,
 // pinned to the job's host cores first); host and device bytes per parameter for every
-// mode (worker/preflight.h's exact accounting). Every measured value belongs to
+// mode (worker/rank/preflight.h's exact accounting). Every measured value belongs to
 // `measured_on` and `date`.
 //
 // parse() rejects another schema version, a missing or mistyped key, a negative or

@@ -1,5 +1,5 @@
 // A job spec's model section as a Hugging Face config.json object, without LibTorch: the
-// config describe_model_from_spec (worker/model_factory.h) returns, so the CLI can size a
+// config describe_model_from_spec (worker/rank/model_factory.h) returns, so the CLI can size a
 // job (common/model/model_shapes.h) without building the model.
 #pragma once
 
@@ -20,7 +20,7 @@ namespace zenflow::model {
 // vocab_size defaults to `tokenizer_vocab` and may not be smaller. Throw
 // std::invalid_argument("model.config.<key>: ...") for a key the arch does not have or
 // a vocab_size below the tokenizer's; the config itself is not checked here.
-// (worker/model_factory.cpp still spells this mapping itself; tests/test_model_shapes.cpp
+// (worker/rank/model_factory.cpp still spells this mapping itself; tests/test_model_shapes.cpp
 // keeps the two equal until it calls these.)
 LlamaConfig llama_config_from_spec(const ModelSpec& spec, int64_t tokenizer_vocab);
 GPT2Config gpt2_config_from_spec(const ModelSpec& spec, int64_t tokenizer_vocab);

@@ -405,7 +405,7 @@ std::string render_report_html(const RunRecord& r) {
   int64_t state_bytes = 0, machine = 0;
   std::vector<std::pair<std::string, int64_t>> kinds;
   if (last) {
-    // The engine's kinds (worker/step_log.h) in their order and words, then any other.
+    // The engine's kinds (worker/rank/step_log.h) in their order and words, then any other.
     const std::pair<const char*, const char*> known[] = {{"master", "fp32 master weights"},
                                                          {"moments", "Adam moments"},
                                                          {"accumulators", "gradient accumulators"},

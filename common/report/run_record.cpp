@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 
 // A field of a line (or of a summary), or the default when absent or of another type.
-constexpr const char* kStepLogName = "steps.jsonl";  // worker/step_log.h's StepLog::kFileName
+constexpr const char* kStepLogName = "steps.jsonl";  // worker/rank/step_log.h's StepLog::kFileName
 constexpr int64_t kMaxStepLogBytes = 4ll << 30;
 
 template <typename Json>

@@ -1,6 +1,6 @@
 // A run directory read back for `zenflow report`: what its training recorded, step by step.
 //
-// The source is checkpoint.dir/steps.jsonl (worker/step_log.h writes it; the format is
+// The source is checkpoint.dir/steps.jsonl (worker/rank/step_log.h writes it; the format is
 // described there). Reading it trusts nothing: a line that is not a JSON object (a run
 // killed in the middle of its last line, a damaged file) is skipped with a warning, a
 // missing or null number reads as NaN, an unknown event or key is ignored, so whatever

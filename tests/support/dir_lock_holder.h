@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "worker/checkpoint.h"
+#include "worker/rank/checkpoint.h"
 
 namespace zenflow::test_support {
 

@@ -43,7 +43,7 @@ std::unique_ptr<model::CausalLM> make_model_from_spec(const ModelSpec& spec, int
 
 // What make_model_from_spec would build (LoadedModel without the model), without
 // loading or allocating any weight (the same spec checks and errors); used by export and
-// by the memory preflight (worker/preflight.h).
+// by the memory preflight (worker/rank/preflight.h).
 model::LoadedModel describe_model_from_spec(const ModelSpec& spec, int64_t tokenizer_vocab);
 
 // The datasets of data.format:

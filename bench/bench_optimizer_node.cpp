@@ -1,6 +1,6 @@
 // `zenflow bench optimizer-node`: a zenflow-optimizer node's window step against the
 // in-process host optimizer at equal threads, the round trip of one window over UCX, and
-// the CPU an attached but idle node burns (reference/ucx-optimizer-nodes.md §8 targets 5).
+// the CPU an attached but idle node burns (docs/benchmarks.md, the optimizer node's targets).
 //
 // Both sides run the same fused window-end AdamW job over `--elements` fp32 elements (bf16
 // gradients, bf16 output, as a bf16 model's boundary), pinned to the same core. The node's
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "client/commands.h"
-#include "client/local_node.h"
+#include "bench/local_node.h"
 #include "worker/engine/host_optimizer.h"
 #include "worker/engine/host_thread_pool.h"
 #include "worker/engine/stall_clock.h"

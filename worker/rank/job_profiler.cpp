@@ -1,5 +1,5 @@
 // The job profile: steady steps from the observer, probes on the job's own cores.
-#include "worker/job_profiler.h"
+#include "worker/rank/job_profiler.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -21,8 +21,8 @@
 #include "worker/engine/host_thread_pool.h"
 #include "worker/model/hf_model.h"
 #include "worker/model/tokenizer.h"
-#include "worker/model_factory.h"
-#include "worker/preflight.h"
+#include "worker/rank/model_factory.h"
+#include "worker/rank/preflight.h"
 
 namespace zenflow {
 namespace {

@@ -9,10 +9,10 @@
 
 #include "common/job_spec.h"
 #include "common/pricing.h"
-#include "worker/run_reporter.h"
-#include "worker/trainer.h"
+#include "worker/rank/run_reporter.h"
+#include "worker/rank/trainer.h"
 
-namespace zenflow::cli {
+namespace zenflow {
 
 // A live progress line on a TTY (rewritten in place), plain periodic lines otherwise; the
 // run's messages as "zenflow: LINE" (also when quiet, which silences the steps only).
@@ -63,4 +63,4 @@ void print_summary_table(std::ostream& out, const JobSpec& spec, const RunSummar
 // and pricing {instance, source, date, verified, instance_usd_per_hour, gpu_share}; null without.
 nlohmann::json summary_json(const RunSummary& sum, const std::optional<RunCost>& cost = std::nullopt);
 
-}  // namespace zenflow::cli
+}  // namespace zenflow

@@ -1,5 +1,5 @@
 // checkpoint.dir/steps.jsonl, rank 0's record of a run (see step_log.h).
-#include "worker/step_log.h"
+#include "worker/rank/step_log.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,5 +1,5 @@
 // `zenflow bench transport`: the UCX transport's rendezvous stream, measured at the receiver,
-// against `ucx_perftest -t ucp_am_bw -e` (the yardstick, reference/ucx-optimizer-nodes.md §3, §8)
+// against `ucx_perftest -t ucp_am_bw -e` (the yardstick, docs/benchmarks.md)
 // in the same run.
 //
 // The receiver is a child process (this binary, re-executed in a hidden mode) listening on
@@ -130,7 +130,7 @@ void set_ucx_env(const std::string& tls) {
   setenv("UCX_NET_DEVICES", "lo", 1);
 }
 
-// Defaults sized like the reference yardstick runs (§3): messages and warm-up per TLS and size.
+// Defaults sized like the yardstick runs (docs/benchmarks.md): messages and warm-up per TLS and size.
 void default_counts(const std::string& tls, size_t chunk, int* messages, int* warmup) {
   const bool big = chunk >= (size_t{32} << 20);
   if (tls == "sm") {

@@ -1,5 +1,5 @@
 // The worker metrics of one rank (see run_metrics.h).
-#include "worker/run_metrics.h"
+#include "worker/rank/run_metrics.h"
 
 #include <cmath>
 #include <stdexcept>

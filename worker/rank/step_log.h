@@ -11,7 +11,7 @@
 //             "instance":..,"source":..} | null}
 //   {"event":"step","step":N,"loss":..,"lr":..,"tokens":..,"skipped":B,"staleness_steps":..,
 //    "selected_ratio":..,"wall":..,"compute":..,"device_optimizer":..,
-//    "stall":{"host_optimizer":..,...every cause of DESIGN.md §7},"bytes":{"d2h":..,"h2d":..}}
+//    "stall":{"host_optimizer":..,...every stall cause of docs/design.md},"bytes":{"d2h":..,"h2d":..}}
 //   {"event":"eval","step":N,"val_loss":..}
 //   {"event":"finish","steps":N,"interrupted":B,"wall":..,"stall":{...},"bytes":{...}}
 //   {"event":"summary","summary":{what `zenflow run --json` prints, less "losses"}}
@@ -33,7 +33,7 @@
 #include <optional>
 #include <string>
 
-#include "worker/training_observer.h"
+#include "worker/rank/training_observer.h"
 
 namespace zenflow {
 

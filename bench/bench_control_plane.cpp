@@ -1,5 +1,5 @@
 // `zenflow bench control-plane`: what the coordinator sustains on this machine, next to
-// the baselines measured in the same run (control-plane-notes.md §5, "how to measure
+// the baselines measured in the same run (docs/operations.md, "how to measure
 // honestly").
 //
 // One run: the coordinator is a separate process pinned to core 0 (taskset), with TLS,
@@ -77,6 +77,8 @@ using std::chrono::milliseconds;
 // The coordinator's lease in every phase (--lease-ms): detection is timed against it, and a
 // simulated worker the generator left this long without a send may rightly be LOST.
 constexpr milliseconds kLease{4000};
+// The simulated workers' heartbeat period (2 Hz), which the coordinator is told too.
+constexpr milliseconds kBeatPeriod{500};
 
 struct Args {
   std::string dir;  // default: a directory under the current one (a real disk, not tmpfs)
@@ -117,6 +119,10 @@ std::vector<double> minus(const std::vector<double>& a, const std::vector<double
   return out;
 }
 json to_json(const Quantiles& q) { return {{"p50_ms", q.p50}, {"p99_ms", q.p99}, {"max_ms", q.max}, {"n", q.n}}; }
+// What to_json wrote, back (the table prints the figures as the JSON has them).
+Quantiles quantiles_of(const json& j) {
+  return Quantiles{j.value("p50_ms", 0.0), j.value("p99_ms", 0.0), j.value("max_ms", 0.0)};
+}
 
 void pin_to(int core) {
   cpu_set_t set;
@@ -242,7 +248,7 @@ void start_coordinator(Coordinator& c, const fs::path& dir, const std::string& l
                                    "--admin-rate-limit",
                                    "0",
                                    "--heartbeat-interval-ms",
-                                   "500",
+                                   std::to_string(kBeatPeriod.count()),
                                    "--lease-ms",
                                    std::to_string(kLease.count()),
                                    "--restart-grace-ms",
@@ -890,226 +896,269 @@ double cpu_seconds_of(pid_t pid) {
   return (utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
-int run_bench(const Args& a) {
+// One run: its directory, the coordinator and the clients, the simulated workers, and the
+// figures (`out`) the rows write as they go. The rows run in the order of the header
+// comment; each needs what the ones before it left here (the coordinator, the registered
+// workers, the acknowledged submits).
+struct Bench {
+  explicit Bench(const Args& args) : a(args) {}
+  const Args& a;
+  fs::path dir;  // of its own, inside --dir; removed at the end
+  Clock::time_point started = Clock::now();
+  json out;
+  bool tls = true;  // false when openssl could not make the certificates
+  Coordinator coord;
+  Clients c;
+  std::vector<std::unique_ptr<SimWorker>> sims;
+  double registration_seconds = 0;
+  std::set<std::string> acked;  // the ids of the submits the coordinator acknowledged
+
+  void say(const std::string& s) const {
+    char at[32];
+    std::snprintf(at, sizeof(at), "[%6.1f s] ", std::chrono::duration<double>(Clock::now() - started).count());
+    std::cerr << "bench control-plane: " << at << s << std::endl;
+  }
+};
+
+// The directory, the machine, the pinning, the tokens and (with --tls) the certificates.
+void prepare(Bench& b) {
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   // A directory of its own inside --dir (default: the current one), removed at the end:
   // nothing of the user's in --dir is touched.
-  const fs::path dir = (a.dir.empty() ? fs::current_path() : fs::path(a.dir)) /
-                       ("zenflow-bench-control-plane-" + std::to_string(::getpid()));
-  if (fs::exists(dir)) throw std::runtime_error(dir.string() + " already exists");
-  fs::create_directories(dir);
-  const auto bench_start = Clock::now();
-  auto say = [&bench_start](const std::string& s) {
-    char at[32];
-    std::snprintf(at, sizeof(at), "[%6.1f s] ", std::chrono::duration<double>(Clock::now() - bench_start).count());
-    std::cerr << "bench control-plane: " << at << s << std::endl;
-  };
-  json out;
-  out["machine"] = {
-      {"nproc", cores}, {"cpu", cpu_model()}, {"filesystem", filesystem_of(dir)}, {"cpu_idle", cpu_idle()}};
-  out["pinning"] = {{"coordinator", "core 0 (taskset -c 0)"}, {"load generator", "core " + std::to_string(cores - 1)}};
+  b.dir = (b.a.dir.empty() ? fs::current_path() : fs::path(b.a.dir)) /
+          ("zenflow-bench-control-plane-" + std::to_string(::getpid()));
+  if (fs::exists(b.dir)) throw std::runtime_error(b.dir.string() + " already exists");
+  fs::create_directories(b.dir);
+  b.started = Clock::now();
+  b.out["machine"] = {
+      {"nproc", cores}, {"cpu", cpu_model()}, {"filesystem", filesystem_of(b.dir)}, {"cpu_idle", cpu_idle()}};
+  b.out["pinning"] = {{"coordinator", "core 0 (taskset -c 0)"},
+                      {"load generator", "core " + std::to_string(cores - 1)}};
   pin_to(cores - 1);
-  std::ofstream(dir / "admin.token") << "admin-bench-token-0123456789abcdef\n";
-  std::ofstream(dir / "worker.token") << "worker-bench-token-0123456789abcdef\n";
-  bool tls = a.tls;
-  if (tls) {
+  std::ofstream(b.dir / "admin.token") << "admin-bench-token-0123456789abcdef\n";
+  std::ofstream(b.dir / "worker.token") << "worker-bench-token-0123456789abcdef\n";
+  b.tls = b.a.tls;
+  if (b.tls) {
     const std::string sh =
-        "cd '" + dir.string() +
+        "cd '" + b.dir.string() +
         "' && openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=bench-ca -keyout ca.key -out ca.pem"
         " && openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout server.key -out server.csr"
         " && printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n' > ext.cnf"
         " && openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile ext.cnf"
         " -out server.pem";
     if (std::system((sh + " >/dev/null 2>&1").c_str()) != 0) {
-      say("openssl failed: running without TLS (rows labelled tls=false)");
-      tls = false;
+      b.say("openssl failed: running without TLS (rows labelled tls=false)");
+      b.tls = false;
     }
   }
-  out["tls"] = tls;
-  out["synchronous"] = "FULL";
+  b.out["tls"] = b.tls;
+  b.out["synchronous"] = "FULL";
+}
 
-  say("baselines: fdatasync, SQLite FULL commit");
-  const Quantiles fsync = fdatasync_latency(dir);
-  const Quantiles commit = store_commit_latency(dir);
-  out["baselines"] = {{"fdatasync_4k", to_json(fsync)}, {"sqlite_full_commit", to_json(commit)}};
+// Row "baselines", before the coordinator runs: fdatasync and a SQLite FULL commit.
+void measure_disk_baselines(Bench& b) {
+  b.say("baselines: fdatasync, SQLite FULL commit");
+  const Quantiles fsync = fdatasync_latency(b.dir);
+  const Quantiles commit = store_commit_latency(b.dir);
+  b.out["baselines"] = {{"fdatasync_4k", to_json(fsync)}, {"sqlite_full_commit", to_json(commit)}};
+}
 
-  if (a.stored_queued > a.stored_jobs) throw std::invalid_argument("--stored-queued exceeds --stored-jobs");
-  say("store: " + std::to_string(a.stored_jobs) + " jobs, " + std::to_string(a.stored_queued) + " of them queued");
-  prefill_store(dir, a.stored_jobs, a.stored_queued);
-  out["store"] = {{"jobs", a.stored_jobs}, {"queued", a.stored_queued}};
-
-  Coordinator coord;
+// The stored jobs, then the coordinator on them and the clients' channels.
+void start_on_stored_jobs(Bench& b) {
+  if (b.a.stored_queued > b.a.stored_jobs) throw std::invalid_argument("--stored-queued exceeds --stored-jobs");
+  b.say("store: " + std::to_string(b.a.stored_jobs) + " jobs, " + std::to_string(b.a.stored_queued) +
+        " of them queued");
+  prefill_store(b.dir, b.a.stored_jobs, b.a.stored_queued);
+  b.out["store"] = {{"jobs", b.a.stored_jobs}, {"queued", b.a.stored_queued}};
   Clock::time_point exec_at;
-  start_coordinator(coord, dir, "127.0.0.1:0", tls, 0, &exec_at);
-  Clients c = connect_clients(coord.address, dir, a.channels, tls);
-  c.unary_heartbeats = a.heartbeat_rpc == "unary";
-  Quantiles null_rpc;
-  {
-    std::vector<double> v;
-    for (int i = 0; i < 2000; ++i) {
-      const auto t0 = Clock::now();
-      (void)call_get(c, 0, "j-none");
-      if (i >= 200) v.push_back(ms_between(t0, Clock::now()));
-    }
-    null_rpc = quantiles(v);
-    out["baselines"]["null_rpc"] = to_json(null_rpc);
-    out["baselines"]["null_rpc"]["what"] = "GetJob of an unknown id: TLS + token check + one lock, 1 in flight";
-  }
+  start_coordinator(b.coord, b.dir, "127.0.0.1:0", b.tls, 0, &exec_at);
+  b.c = connect_clients(b.coord.address, b.dir, b.a.channels, b.tls);
+  b.c.unary_heartbeats = b.a.heartbeat_rpc == "unary";
+}
 
-  say("registering " + std::to_string(a.workers) + " simulated workers");
+// Row "baselines": a null RPC at one in flight.
+void measure_null_rpc(Bench& b) {
+  std::vector<double> v;
+  for (int i = 0; i < 2000; ++i) {
+    const auto t0 = Clock::now();
+    (void)call_get(b.c, 0, "j-none");
+    if (i >= 200) v.push_back(ms_between(t0, Clock::now()));
+  }
+  b.out["baselines"]["null_rpc"] = to_json(quantiles(v));
+  b.out["baselines"]["null_rpc"]["what"] = "GetJob of an unknown id: TLS + token check + one lock, 1 in flight";
+}
+
+void register_workers(Bench& b) {
+  b.say("registering " + std::to_string(b.a.workers) + " simulated workers");
   const Clock::time_point registering = Clock::now();
-  std::vector<std::unique_ptr<SimWorker>> sims;
-  for (int i = 0; i < a.workers; ++i) {
-    sims.push_back(std::make_unique<SimWorker>());
-    sims.back()->name = "sim-" + std::to_string(i);
-    sims.back()->channel = static_cast<size_t>(i) % c.channels.size();
+  for (int i = 0; i < b.a.workers; ++i) {
+    b.sims.push_back(std::make_unique<SimWorker>());
+    b.sims.back()->name = "sim-" + std::to_string(i);
+    b.sims.back()->channel = static_cast<size_t>(i) % b.c.channels.size();
   }
-  {
-    std::vector<std::thread> pool;
-    std::atomic<int> failed{0};
-    for (int t = 0; t < 16; ++t)
-      pool.emplace_back([&, t] {
-        for (size_t i = static_cast<size_t>(t); i < sims.size(); i += 16)
-          if (!register_sim(c, i, *sims[i])) failed.fetch_add(1);
-      });
-    for (auto& th : pool) th.join();
-    if (failed.load()) say(std::to_string(failed.load()) + " simulated workers could not register");
-  }
-  const double registration_seconds = std::chrono::duration<double>(Clock::now() - registering).count();
+  std::vector<std::thread> pool;
+  std::atomic<int> failed{0};
+  for (int t = 0; t < 16; ++t)
+    pool.emplace_back([&, t] {
+      for (size_t i = static_cast<size_t>(t); i < b.sims.size(); i += 16)
+        if (!register_sim(b.c, i, *b.sims[i])) failed.fetch_add(1);
+    });
+  for (auto& th : pool) th.join();
+  if (failed.load()) b.say(std::to_string(failed.load()) + " simulated workers could not register");
+  b.registration_seconds = std::chrono::duration<double>(Clock::now() - registering).count();
+}
 
-  // Heartbeats with submits and gets on top.
-  const milliseconds period(500);
+// Submits at 100/s in [from, to), open loop; the acknowledged ids go to b.acked.
+struct SubmitLoad {
+  std::vector<double> ms, send_lag_ms;  // latency from the scheduled send; how late it was sent
+  int failed = 0;
+};
+SubmitLoad run_submits(Bench& b, Clock::time_point from, Clock::time_point to) {
+  ::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);  // as run_gets' sender
+  auto stub = v1::JobService::NewStub(b.c.channel(1));
+  SubmitLoad s;
+  for (int i = 0;; ++i) {
+    const auto due = from + milliseconds(10) * i;
+    if (due >= to) return s;
+    std::this_thread::sleep_until(due);
+    s.send_lag_ms.push_back(ms_between(due, Clock::now()));
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, b.c.admin, milliseconds(5000));
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml(tiny_spec(i, b.dir));
+    req.set_request_id("bench-" + std::to_string(i));
+    v1::SubmitJobResponse resp;
+    const grpc::Status st = stub->SubmitJob(&ctx, req, &resp);
+    s.ms.push_back(ms_between(due, Clock::now()));
+    if (st.ok()) {
+      b.acked.insert(resp.job().id());
+    } else {
+      ++s.failed;
+    }
+  }
+}
+
+// --latency-trace: "KIND SCHEDULED_MS LATENCY_MS", scheduled from the window's start.
+void write_latency_trace(const Bench& b, Clock::time_point measure_from, const HeartbeatLoad& hb,
+                         const GetLoad& gets, const SubmitLoad& submits) {
+  std::ofstream trace(b.a.latency_trace);
+  for (size_t i = 0; i < hb.latencies_ms.size(); ++i)
+    trace << "heartbeat " << ms_between(measure_from, hb.due[i]) << ' ' << hb.latencies_ms[i] << '\n';
+  for (size_t i = 0; i < gets.ms.size(); ++i)
+    trace << "get " << ms_between(measure_from, gets.due[i]) << ' ' << gets.ms[i] << '\n';
+  for (size_t i = 0; i < submits.ms.size(); ++i)
+    trace << "submit " << 10.0 * static_cast<double>(i) << ' ' << submits.ms[i] << '\n';
+  if (!trace) b.say("cannot write --latency-trace " + b.a.latency_trace);
+}
+
+// The simulated workers the coordinator holds LOST after the load. A LOST worker the
+// generator kept sending for, each send within a lease less one beat period of the one
+// before (its registration the first), is a false LOST: the coordinator's. One it left longer
+// without a send (a slow VM registering 5,000 workers takes that long before the first beats)
+// is the generator's, counted apart: a beat sent just inside the lease after such a gap still
+// reaches the coordinator after it, and a worker beating every period never leaves such a gap.
+struct LostCount {
+  int false_lost = 0, after_generator_gap = 0;
+};
+LostCount count_lost(const Bench& b) {
+  LostCount n;
+  std::map<std::string, const SimWorker*> by_name;
+  for (const auto& w : b.sims) by_name[w->name] = w.get();
+  const int64_t gap_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(kLease - kBeatPeriod).count();
+  for (const auto& [name, state] : worker_states(b.c)) {
+    if (state != "LOST") continue;
+    auto it = by_name.find(name);
+    if (it != by_name.end() && it->second->max_gap_ns.load() >= gap_ns)
+      ++n.after_generator_gap;
+    else
+      ++n.false_lost;
+  }
+  return n;
+}
+
+// Rows "heartbeats" and "submit / get": the open-loop load, heartbeats with submits and
+// gets on top, each latency beside the generator's own send lag.
+void measure_load(Bench& b) {
   const auto start = Clock::now() + milliseconds(200);
   const auto measure_from = start + milliseconds(3000);
-  const auto end = measure_from + milliseconds(static_cast<int64_t>(a.seconds * 1000));
-  std::vector<double> submit_ms, submit_lag_ms, get_ms;
-  std::set<std::string> acked;
-  std::mutex acked_mu;
-  std::atomic<int> submit_fail{0};
-  const double cpu0 = cpu_seconds_of(coord.pid);
+  const auto end = measure_from + milliseconds(static_cast<int64_t>(b.a.seconds * 1000));
+  const double cpu0 = cpu_seconds_of(b.coord.pid);
   const MachineCpu machine0 = machine_cpu();
   const double self0 = cpu_seconds_of(::getpid());
-  say("open-loop load: " + std::to_string(a.workers) + " workers x 2 Hz heartbeats, 100 submits/s, 1,000 gets/s, " +
-      std::to_string(static_cast<int>(a.seconds)) + " s measured");
-  std::thread submitter([&] {
-    ::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);  // as run_gets' sender
-    auto stub = v1::JobService::NewStub(c.channel(1));
-    for (int i = 0;; ++i) {
-      const auto due = measure_from + milliseconds(10) * i;
-      if (due >= end) return;
-      std::this_thread::sleep_until(due);
-      submit_lag_ms.push_back(ms_between(due, Clock::now()));
-      grpc::ClientContext ctx;
-      rpc::prepare_call(ctx, c.admin, milliseconds(5000));
-      v1::SubmitJobRequest req;
-      req.set_spec_yaml(tiny_spec(i, dir));
-      req.set_request_id("bench-" + std::to_string(i));
-      v1::SubmitJobResponse resp;
-      const grpc::Status s = stub->SubmitJob(&ctx, req, &resp);
-      submit_ms.push_back(ms_between(due, Clock::now()));
-      if (s.ok()) {
-        std::lock_guard<std::mutex> lock(acked_mu);
-        acked.insert(resp.job().id());
-      } else {
-        submit_fail.fetch_add(1);
-      }
-    }
-  });
+  b.say("open-loop load: " + std::to_string(b.a.workers) +
+        " workers x 2 Hz heartbeats, 100 submits/s, 1,000 gets/s, " +
+        std::to_string(static_cast<int>(b.a.seconds)) + " s measured");
+  SubmitLoad submits;
+  std::thread submitter([&] { submits = run_submits(b, measure_from, end); });
   // 1,000 gets/s from threads of their own, so that they do not wait behind the heartbeats' sends.
   GetLoad load;
-  std::thread getter([&] { load = run_gets(c, 1000, measure_from, end, "j-000001"); });
-  const HeartbeatLoad hb = run_heartbeats(c, sims, period, start, measure_from, end);
+  std::thread getter([&] { load = run_gets(b.c, 1000, measure_from, end, "j-000001"); });
+  const HeartbeatLoad hb = run_heartbeats(b.c, b.sims, kBeatPeriod, start, measure_from, end);
   getter.join();
-  get_ms = load.ms;
   submitter.join();
-  if (!a.latency_trace.empty()) {  // "KIND SCHEDULED_MS LATENCY_MS", scheduled from the window's start
-    std::ofstream trace(a.latency_trace);
-    for (size_t i = 0; i < hb.latencies_ms.size(); ++i)
-      trace << "heartbeat " << ms_between(measure_from, hb.due[i]) << ' ' << hb.latencies_ms[i] << '\n';
-    for (size_t i = 0; i < load.ms.size(); ++i)
-      trace << "get " << ms_between(measure_from, load.due[i]) << ' ' << load.ms[i] << '\n';
-    for (size_t i = 0; i < submit_ms.size(); ++i) trace << "submit " << 10.0 * static_cast<double>(i) << ' ' << submit_ms[i] << '\n';
-    if (!trace) say("cannot write --latency-trace " + a.latency_trace);
-  }
-  const double cpu1 = cpu_seconds_of(coord.pid);
+  if (!b.a.latency_trace.empty()) write_latency_trace(b, measure_from, hb, load, submits);
+  const double cpu1 = cpu_seconds_of(b.coord.pid);
   const MachineCpu machine1 = machine_cpu();
   const double steal_share =
       machine1.total > machine0.total ? (machine1.steal - machine0.steal) / (machine1.total - machine0.total) : 0;
   const double self1 = cpu_seconds_of(::getpid());
-  // A LOST worker the generator kept sending for, each send within a lease less one beat
-  // period of the one before (its registration the first), is a false LOST: the
-  // coordinator's. One it left longer without a send (a slow VM registering 5,000 workers
-  // takes that long before the first beats) is the generator's, counted apart: a beat sent
-  // just inside the lease after such a gap still reaches the coordinator after it, and a
-  // worker beating every period never leaves such a gap.
-  int false_lost = 0, lost_after_gap = 0;
-  {
-    std::map<std::string, const SimWorker*> by_name;
-    for (const auto& w : sims) by_name[w->name] = w.get();
-    const int64_t gap_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(kLease - period).count();
-    for (const auto& [name, state] : worker_states(c)) {
-      if (state != "LOST") continue;
-      auto it = by_name.find(name);
-      if (it != by_name.end() && it->second->max_gap_ns.load() >= gap_ns)
-        ++lost_after_gap;
-      else
-        ++false_lost;
-    }
-  }
+  const LostCount lost = count_lost(b);
+
+  json& hbj = b.out["heartbeats"];
   const Quantiles hbq = quantiles(hb.latencies_ms);
-  const double hb_rate = double(hb.sent) / a.seconds;
-  out["heartbeats"] = to_json(hbq);
-  out["heartbeats"]["per_second"] = hb_rate;
-  out["heartbeats"]["rpc"] =
-      c.unary_heartbeats ? "Heartbeat (a unary call each)" : "HeartbeatStream (one stream per worker)";
-  out["heartbeats"]["failed"] = hb.failed;
+  hbj = to_json(hbq);
+  hbj["per_second"] = double(hb.sent) / b.a.seconds;
+  hbj["rpc"] = b.c.unary_heartbeats ? "Heartbeat (a unary call each)" : "HeartbeatStream (one stream per worker)";
+  hbj["failed"] = hb.failed;
   if (hb.failed) {
-    out["heartbeats"]["first_error"] = hb.first_error;
-    say("heartbeats: " + std::to_string(hb.failed) + " failed; the first: " + hb.first_error);
+    hbj["first_error"] = hb.first_error;
+    b.say("heartbeats: " + std::to_string(hb.failed) + " failed; the first: " + hb.first_error);
   }
-  out["heartbeats"]["false_lost"] = false_lost;
-  out["heartbeats"]["lost_after_generator_gap"] = lost_after_gap;
-  out["heartbeats"]["registration_seconds"] = registration_seconds;
-  if (lost_after_gap > 0)
-    say(std::to_string(lost_after_gap) +
-        " simulated workers went LOST after the generator sent nothing for them " +
-        "for a lease less one beat period or more (registering them took " +
-        std::to_string(registration_seconds) + " s): not counted as false LOST");
+  hbj["false_lost"] = lost.false_lost;
+  hbj["lost_after_generator_gap"] = lost.after_generator_gap;
+  hbj["registration_seconds"] = b.registration_seconds;
+  if (lost.after_generator_gap > 0)
+    b.say(std::to_string(lost.after_generator_gap) +
+          " simulated workers went LOST after the generator sent nothing for them " +
+          "for a lease less one beat period or more (registering them took " +
+          std::to_string(b.registration_seconds) + " s): not counted as false LOST");
   // CPU over the whole load (warm-up included) per request of every kind sent in it.
   const double load_seconds = std::chrono::duration<double>(end - start).count();
-  out["heartbeats"]["coordinator_cores_used"] = (cpu1 - cpu0) / load_seconds;
+  hbj["coordinator_cores_used"] = (cpu1 - cpu0) / load_seconds;
   // The generator's own CPU (heartbeats, submits, gets): near 1 core, its latencies include
   // its own queueing.
-  out["heartbeats"]["load_generator_cores_used"] = (self1 - self0) / load_seconds;
-  out["heartbeats"]["p50_over_null_rpc"] = hbq.p50 / std::max(1e-9, out["baselines"]["null_rpc"]["p50_ms"].get<double>());
+  hbj["load_generator_cores_used"] = (self1 - self0) / load_seconds;
+  const double null_rpc_p50 = b.out["baselines"]["null_rpc"]["p50_ms"].get<double>();
+  hbj["p50_over_null_rpc"] = hbq.p50 / std::max(1e-9, null_rpc_p50);
   // The generator's own share of each heartbeat's latency: how late it sent it (AsyncNext
   // wakes on whole milliseconds, and a busy loop sends late).
-  const Quantiles lagq = quantiles(hb.send_lag_ms), from_sendq = quantiles(minus(hb.latencies_ms, hb.send_lag_ms));
-  out["heartbeats"]["generator_send_lag"] = to_json(lagq);
-  out["heartbeats"]["from_actual_send"] = to_json(from_sendq);
-  out["heartbeats"]["cpu_steal_share"] = steal_share;  // of the machine's CPU time during the load
-  const Quantiles sq = quantiles(submit_ms), gq = quantiles(get_ms);
-  out["submit"] = to_json(sq);
-  out["submit"]["failed"] = submit_fail.load();
-  out["submit"]["p50_over_sqlite_commit"] = sq.p50 / std::max(1e-9, commit.p50);
-  const Quantiles submit_lagq = quantiles(submit_lag_ms), submit_from_sendq = quantiles(minus(submit_ms, submit_lag_ms));
-  out["submit"]["generator_send_lag"] = to_json(submit_lagq);
-  out["submit"]["from_actual_send"] = to_json(submit_from_sendq);
-  out["get"] = to_json(gq);
-  const Quantiles get_lagq = quantiles(load.send_lag_ms), get_from_sendq = quantiles(minus(load.ms, load.send_lag_ms));
-  out["get"]["failed"] = static_cast<int64_t>(load.ms.size()) - load.ok;
-  out["get"]["generator_send_lag"] = to_json(get_lagq);
-  out["get"]["from_actual_send"] = to_json(get_from_sendq);
-  out["get"]["p50_over_null_rpc"] = gq.p50 / std::max(1e-9, out["baselines"]["null_rpc"]["p50_ms"].get<double>());
+  hbj["generator_send_lag"] = to_json(quantiles(hb.send_lag_ms));
+  hbj["from_actual_send"] = to_json(quantiles(minus(hb.latencies_ms, hb.send_lag_ms)));
+  hbj["cpu_steal_share"] = steal_share;  // of the machine's CPU time during the load
 
-  // Coordinator CPU per request (control-plane-notes.md §5, "efficiency figures"): stable
-  // where latencies on a shared host are not. Idle first (2 s, shorter than a lease), then
-  // the heartbeats alone, then with submits, then with gets, 5 s each: a submit or a get
-  // costs what it adds to the heartbeats' CPU, so every phase runs under the same lease
-  // traffic and no simulated worker is lost between phases.
+  const Quantiles sq = quantiles(submits.ms), gq = quantiles(load.ms);
+  const double commit_p50 = b.out["baselines"]["sqlite_full_commit"]["p50_ms"].get<double>();
+  b.out["submit"] = to_json(sq);
+  b.out["submit"]["failed"] = submits.failed;
+  b.out["submit"]["p50_over_sqlite_commit"] = sq.p50 / std::max(1e-9, commit_p50);
+  b.out["submit"]["generator_send_lag"] = to_json(quantiles(submits.send_lag_ms));
+  b.out["submit"]["from_actual_send"] = to_json(quantiles(minus(submits.ms, submits.send_lag_ms)));
+  b.out["get"] = to_json(gq);
+  b.out["get"]["failed"] = static_cast<int64_t>(load.ms.size()) - load.ok;
+  b.out["get"]["generator_send_lag"] = to_json(quantiles(load.send_lag_ms));
+  b.out["get"]["from_actual_send"] = to_json(quantiles(minus(load.ms, load.send_lag_ms)));
+  b.out["get"]["p50_over_null_rpc"] = gq.p50 / std::max(1e-9, null_rpc_p50);
+}
+
+// Row "cpu": coordinator CPU per request (docs/operations.md, efficiency figures): stable
+// where latencies on a shared host are not. Idle first (2 s, shorter than a lease), then
+// the heartbeats alone, then with submits, then with gets, 5 s each: a submit or a get
+// costs what it adds to the heartbeats' CPU, so every phase runs under the same lease
+// traffic and no simulated worker is lost between phases.
+void measure_cpu_per_request(Bench& b) {
   constexpr double kCpuPhaseSeconds = 5;
-  say("coordinator CPU per request: idle 2 s, then heartbeats alone, + submits, + gets (" +
-      std::to_string(static_cast<int>(kCpuPhaseSeconds)) + " s each)");
+  b.say("coordinator CPU per request: idle 2 s, then heartbeats alone, + submits, + gets (" +
+        std::to_string(static_cast<int>(kCpuPhaseSeconds)) + " s each)");
   struct CpuPhase {
     double cpu = 0, seconds = 0;
     int64_t calls = 0;
@@ -1119,12 +1168,12 @@ int run_bench(const Args& a) {
                        const std::function<int64_t(Clock::time_point start, Clock::time_point end)>& run) {
     CpuPhase p;
     std::this_thread::sleep_until(from);
-    const double c0 = cpu_seconds_of(coord.pid);
+    const double c0 = cpu_seconds_of(b.coord.pid);
     const auto t0 = Clock::now();
     p.calls = run(t0, to);
     std::this_thread::sleep_until(to);
     p.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    p.cpu = cpu_seconds_of(coord.pid) - c0;
+    p.cpu = cpu_seconds_of(b.coord.pid) - c0;
     return p;
   };
   const milliseconds phase(static_cast<int64_t>(kCpuPhaseSeconds * 1000));
@@ -1139,23 +1188,23 @@ int run_bench(const Args& a) {
              beats_to = get_from + phase + milliseconds(500);
   GetLoad cpu_load;
   // Heartbeats measured from beats_to: latencies are not this part's figures.
-  std::thread beats([&] { (void)run_heartbeats(c, sims, period, beats_from, beats_to, beats_to); });
-  std::thread gets([&] { cpu_load = run_gets(c, 1000, get_from, get_from + phase, "j-000001"); });
+  std::thread beats([&] { (void)run_heartbeats(b.c, b.sims, kBeatPeriod, beats_from, beats_to, beats_to); });
+  std::thread gets([&] { cpu_load = run_gets(b.c, 1000, get_from, get_from + phase, "j-000001"); });
   const CpuPhase hb_cpu = cpu_phase(hb_from, submit_from, [&](Clock::time_point, Clock::time_point) {
-    return static_cast<int64_t>(double(sims.size()) * 1000.0 / double(period.count()) * kCpuPhaseSeconds);
+    return static_cast<int64_t>(double(b.sims.size()) * 1000.0 / double(kBeatPeriod.count()) * kCpuPhaseSeconds);
   });
   const double hb_cores = hb_cpu.cpu / hb_cpu.seconds;
   const CpuPhase submit_cpu = cpu_phase(submit_from, get_from, [&](Clock::time_point start, Clock::time_point end) {
-    auto stub = v1::JobService::NewStub(c.channel(1));
+    auto stub = v1::JobService::NewStub(b.c.channel(1));
     int64_t n = 0;
     for (int i = 0;; ++i) {
       const auto due = start + milliseconds(10) * i;
       if (due >= end) return n;
       std::this_thread::sleep_until(due);
       grpc::ClientContext ctx;
-      rpc::prepare_call(ctx, c.admin, milliseconds(5000));
+      rpc::prepare_call(ctx, b.c.admin, milliseconds(5000));
       v1::SubmitJobRequest req;
-      req.set_spec_yaml(tiny_spec(500000 + i, dir));
+      req.set_spec_yaml(tiny_spec(500000 + i, b.dir));
       req.set_request_id("bench-cpu-" + std::to_string(i));
       v1::SubmitJobResponse resp;
       n += stub->SubmitJob(&ctx, req, &resp).ok();
@@ -1169,33 +1218,33 @@ int run_bench(const Args& a) {
   auto us_per_call = [](const CpuPhase& p, double base_cores) {
     return p.calls > 0 ? std::max(0.0, p.cpu - base_cores * p.seconds) / double(p.calls) * 1e6 : 0.0;
   };
-  const double hb_us = us_per_call(hb_cpu, idle_cores), submit_us = us_per_call(submit_cpu, hb_cores),
-               get_us = us_per_call(get_cpu, hb_cores);
-  out["cpu_per_request"] = {
+  b.out["cpu_per_request"] = {
       {"idle_cores", idle_cores},
       {"heartbeat_load_cores", hb_cores},
-      {"heartbeat_us", hb_us},
+      {"heartbeat_us", us_per_call(hb_cpu, idle_cores)},
       {"heartbeats", hb_cpu.calls},
-      {"submit_us", submit_us},
+      {"submit_us", us_per_call(submit_cpu, hb_cores)},
       {"submits", submit_cpu.calls},
-      {"get_us", get_us},
+      {"get_us", us_per_call(get_cpu, hb_cores)},
       {"gets", get_cpu.calls},
       {"phase_seconds", kCpuPhaseSeconds},
       {"what",
        "coordinator CPU-seconds (utime + stime) per request: a heartbeat beyond idle, a submit or "
        "a get beyond the heartbeat load"}};
+}
 
-  // ListJobs: every page of 100, newest first, following the tokens, all jobs and the
-  // queued ones; each call timed (no other load: the heartbeats have stopped).
-  say("ListJobs: every page of 100, all jobs and the queued ones");
+// ListJobs: every page of 100, newest first, following the tokens, all jobs and the
+// queued ones; each call timed (no other load: the heartbeats have stopped).
+void measure_list_jobs(Bench& b) {
+  b.say("ListJobs: every page of 100, all jobs and the queued ones");
   for (const bool only_queued : {false, true}) {
-    auto stub = v1::JobService::NewStub(c.channel(0));
+    auto stub = v1::JobService::NewStub(b.c.channel(0));
     std::vector<double> page_ms;
     int64_t listed = 0;
     std::string token;
     for (int pages = 0; pages < 100000; ++pages) {
       grpc::ClientContext ctx;
-      rpc::prepare_call(ctx, c.admin, milliseconds(10000));
+      rpc::prepare_call(ctx, b.c.admin, milliseconds(10000));
       v1::ListJobsRequest req;
       req.set_page_size(100);
       req.set_page_token(token);
@@ -1205,128 +1254,192 @@ int run_bench(const Args& a) {
       const grpc::Status st = stub->ListJobs(&ctx, req, &resp);
       page_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
       if (!st.ok()) {
-        say("ListJobs failed: " + st.error_message());
+        b.say("ListJobs failed: " + st.error_message());
         break;
       }
       listed += resp.jobs_size();
       token = resp.next_page_token();
       if (token.empty()) break;
     }
-    json& row = out["list_jobs"][only_queued ? "queued" : "all"];
+    json& row = b.out["list_jobs"][only_queued ? "queued" : "all"];
     row = to_json(quantiles(page_ms));
     row["jobs"] = listed;
     row["pages"] = page_ms.size();
   }
+}
 
-  say("scheduling pass: 1,000 queued jobs x 500 workers");
-  const Quantiles sched = schedule_pass(1000, 500, 50);
-  out["schedule_1000x500"] = to_json(sched);
-  out["schedule_1000x500"]["what"] = "the decision only (pure function, one thread), not binding or start";
+// Row "schedule".
+void measure_schedule_pass(Bench& b) {
+  b.say("scheduling pass: 1,000 queued jobs x 500 workers");
+  b.out["schedule_1000x500"] = to_json(schedule_pass(1000, 500, 50));
+  b.out["schedule_1000x500"]["what"] = "the decision only (pure function, one thread), not binding or start";
+}
 
-  // Detection: `trials` workers stop at random moments while the others keep beating. The
-  // victims are live ones: a worker the load already had declared LOST (a false LOST, on an
-  // overloaded machine) has nothing left to detect, and its last good heartbeat is old.
-  say("failure detection: " + std::to_string(a.trials) + " workers stop heartbeating" +
-      (c.unary_heartbeats ? "" : ", " + std::to_string(a.trials) + " more have their stream break"));
-  std::vector<double> detect_ms, broken_ms;
-  {
-    std::mt19937_64 rng(11);
-    const auto states = worker_states(c);
-    auto is_live = [&](const SimWorker& w) {
-      const auto it = states.find(w.name);
-      return it != states.end() && it->second != "LOST";
-    };
-    // Victims: `trials` that stop beating (a paused worker: its stream stays open) and, on
-    // streams, `trials` more whose stream breaks (a dead one: its connection closes).
-    const bool breaks = !c.unary_heartbeats;
-    const int kinds = breaks ? 2 : 1;
-    std::vector<size_t> victims, broken;
-    for (int i = 0; i < a.trials * kinds; ++i) {
-      size_t v = static_cast<size_t>(i) * (sims.size() / static_cast<size_t>(a.trials * kinds));
-      while (v < sims.size() && !is_live(*sims[v])) ++v;  // the next live one
-      if (v < sims.size() && (victims.empty() || v > victims.back()) && (broken.empty() || v > broken.back()))
-        (i % kinds == 0 ? victims : broken).push_back(v);
+// Row "detection": `trials` workers stop at random moments while the others keep beating.
+// The victims are live ones: a worker the load already had declared LOST (a false LOST, on
+// an overloaded machine) has nothing left to detect, and its last good heartbeat is old.
+void measure_detection(Bench& b) {
+  const Args& a = b.a;
+  auto& sims = b.sims;
+  b.say("failure detection: " + std::to_string(a.trials) + " workers stop heartbeating" +
+        (b.c.unary_heartbeats ? "" : ", " + std::to_string(a.trials) + " more have their stream break"));
+  std::mt19937_64 rng(11);
+  const auto states = worker_states(b.c);
+  auto is_live = [&](const SimWorker& w) {
+    const auto it = states.find(w.name);
+    return it != states.end() && it->second != "LOST";
+  };
+  // Victims: `trials` that stop beating (a paused worker: its stream stays open) and, on
+  // streams, `trials` more whose stream breaks (a dead one: its connection closes).
+  const bool breaks = !b.c.unary_heartbeats;
+  const int kinds = breaks ? 2 : 1;
+  std::vector<size_t> victims, broken;
+  for (int i = 0; i < a.trials * kinds; ++i) {
+    size_t v = static_cast<size_t>(i) * (sims.size() / static_cast<size_t>(a.trials * kinds));
+    while (v < sims.size() && !is_live(*sims[v])) ++v;  // the next live one
+    if (v < sims.size() && (victims.empty() || v > victims.back()) && (broken.empty() || v > broken.back()))
+      (i % kinds == 0 ? victims : broken).push_back(v);
+  }
+  if (victims.size() + broken.size() < static_cast<size_t>(a.trials * kinds))
+    b.say("detection: only " + std::to_string(victims.size() + broken.size()) + " live workers to stop");
+  const auto t_start = Clock::now() + milliseconds(100);
+  const auto t_end = t_start + milliseconds(12000);
+  std::thread beats([&] {
+    const HeartbeatLoad l = run_heartbeats(b.c, sims, kBeatPeriod, t_start, t_end, t_end);
+    if (!l.first_error.empty()) b.say("detection: a heartbeat failed: " + l.first_error);
+  });
+  std::thread stopper([&] {
+    std::vector<std::pair<Clock::time_point, size_t>> when;  // (time, victim; broken ones + sims.size())
+    for (size_t v : victims) when.emplace_back(t_start + milliseconds(500 + static_cast<int64_t>(rng() % 2000)), v);
+    for (size_t v : broken)
+      when.emplace_back(t_start + milliseconds(500 + static_cast<int64_t>(rng() % 2000)), v + sims.size());
+    std::sort(when.begin(), when.end());
+    for (const auto& [t, v] : when) {
+      std::this_thread::sleep_until(t);
+      if (v < sims.size()) {
+        sims[v]->stopped.store(true);
+      } else {
+        sims[v - sims.size()]->drop.store(true);
+      }
     }
-    if (victims.size() + broken.size() < static_cast<size_t>(a.trials * kinds))
-      say("detection: only " + std::to_string(victims.size() + broken.size()) + " live workers to stop");
-    const auto t_start = Clock::now() + milliseconds(100);
-    const auto t_end = t_start + milliseconds(12000);
-    std::thread beats([&] {
-      const HeartbeatLoad l = run_heartbeats(c, sims, period, t_start, t_end, t_end);
-      if (!l.first_error.empty()) say("detection: a heartbeat failed: " + l.first_error);
-    });
-    std::thread stopper([&] {
-      std::vector<std::pair<Clock::time_point, size_t>> when;  // (time, victim; broken ones + sims.size())
-      for (size_t v : victims)
-        when.emplace_back(t_start + milliseconds(500 + static_cast<int64_t>(rng() % 2000)), v);
-      for (size_t v : broken)
-        when.emplace_back(t_start + milliseconds(500 + static_cast<int64_t>(rng() % 2000)), v + sims.size());
-      std::sort(when.begin(), when.end());
-      for (const auto& [t, v] : when) {
-        std::this_thread::sleep_until(t);
-        if (v < sims.size()) {
-          sims[v]->stopped.store(true);
-        } else {
-          sims[v - sims.size()]->drop.store(true);
+  });
+  // From its last answered beat (stopped) or from its stream's break (broken) to LOST.
+  std::map<size_t, double> seen, seen_broken;
+  while (Clock::now() < t_end && seen.size() + seen_broken.size() < victims.size() + broken.size()) {
+    const auto states = worker_states(b.c);
+    const auto now = Clock::now();
+    auto lost = [&](size_t v) {
+      auto it = states.find(sims[v]->name);
+      return it != states.end() && it->second == "LOST";
+    };
+    for (size_t v : victims)
+      if (!seen.count(v) && sims[v]->stopped.load() && lost(v))
+        seen[v] = ms_between(Clock::time_point(Clock::duration(sims[v]->last_ok_ns.load())), now);
+    for (size_t v : broken)
+      if (!seen_broken.count(v) && sims[v]->broken_ns.load() > 0 && lost(v))
+        seen_broken[v] = ms_between(Clock::time_point(Clock::duration(sims[v]->broken_ns.load())), now);
+    std::this_thread::sleep_for(milliseconds(100));  // ListWorkers of every worker, 10/s
+  }
+  stopper.join();
+  beats.join();
+  std::vector<double> detect_ms, broken_ms;
+  for (const auto& [v, ms] : seen) detect_ms.push_back(ms);
+  b.out["detection"] = to_json(quantiles(detect_ms));
+  b.out["detection"]["trials"] = victims.size();
+  b.out["detection"]["detected"] = seen.size();
+  b.out["detection"]["lease_ms"] = kLease.count();
+  if (breaks) {
+    for (const auto& [v, ms] : seen_broken) broken_ms.push_back(ms);
+    json& row = b.out["detection_stream_broken"];
+    row = to_json(quantiles(broken_ms));
+    row["trials"] = broken.size();
+    row["detected"] = seen_broken.size();
+    row["interval_ms"] = kBeatPeriod.count();
+    row["what"] = "a worker's HeartbeatStream breaks (its process died) -> LOST, polled every 100 ms";
+  }
+}
+
+// Every live worker's next heartbeat accepted after a restart (parallel over the channels);
+// how many were.
+size_t reattach(const Bench& b, const std::vector<SimWorker*>& live) {
+  std::atomic<size_t> attached{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < 16; ++t)
+    pool.emplace_back([&, t] {
+      auto stub = v1::WorkerService::NewStub(b.c.channel(static_cast<size_t>(t)));
+      for (size_t i = static_cast<size_t>(t); i < live.size(); i += 16) {
+        for (int attempt = 0; attempt < 100; ++attempt) {
+          grpc::ClientContext ctx;
+          rpc::prepare_call(ctx, b.c.worker, milliseconds(1000), live[i]->session);
+          ctx.set_wait_for_ready(true);
+          v1::HeartbeatRequest req;
+          req.set_name(live[i]->name);
+          req.set_incarnation(live[i]->incarnation);
+          v1::HeartbeatResponse resp;
+          if (stub->Heartbeat(&ctx, req, &resp).ok()) {
+            attached.fetch_add(1);
+            break;
+          }
         }
       }
     });
-    // From its last answered beat (stopped) or from its stream's break (broken) to LOST.
-    std::map<size_t, double> seen, seen_broken;
-    while (Clock::now() < t_end && seen.size() + seen_broken.size() < victims.size() + broken.size()) {
-      const auto states = worker_states(c);
-      const auto now = Clock::now();
-      auto lost = [&](size_t v) {
-        auto it = states.find(sims[v]->name);
-        return it != states.end() && it->second == "LOST";
-      };
-      for (size_t v : victims)
-        if (!seen.count(v) && sims[v]->stopped.load() && lost(v))
-          seen[v] = ms_between(Clock::time_point(Clock::duration(sims[v]->last_ok_ns.load())), now);
-      for (size_t v : broken)
-        if (!seen_broken.count(v) && sims[v]->broken_ns.load() > 0 && lost(v))
-          seen_broken[v] = ms_between(Clock::time_point(Clock::duration(sims[v]->broken_ns.load())), now);
-      std::this_thread::sleep_for(milliseconds(100));  // ListWorkers of every worker, 10/s
-    }
-    stopper.join();
-    beats.join();
-    for (const auto& [v, ms] : seen) detect_ms.push_back(ms);
-    out["detection"] = to_json(quantiles(detect_ms));
-    out["detection"]["trials"] = victims.size();
-    out["detection"]["detected"] = seen.size();
-    out["detection"]["lease_ms"] = kLease.count();
-    if (breaks) {
-      for (const auto& [v, ms] : seen_broken) broken_ms.push_back(ms);
-      out["detection_stream_broken"] = to_json(quantiles(broken_ms));
-      out["detection_stream_broken"]["trials"] = broken.size();
-      out["detection_stream_broken"]["detected"] = seen_broken.size();
-      out["detection_stream_broken"]["interval_ms"] = period.count();
-      out["detection_stream_broken"]["what"] =
-          "a worker's HeartbeatStream breaks (its process died) -> LOST, polled every 100 ms";
-    }
-  }
+  for (auto& th : pool) th.join();
+  return attached.load();
+}
 
-  // Restarts: SIGKILL, restart on the same DB and port, SERVING and re-attach times.
-  say("coordinator SIGKILL + restart: " + std::to_string(a.trials) + " trials");
+// The invariants after a restart: every acknowledged submit present (else ++*missing), no
+// job listed twice and a retried request_id the same job (else ++*duplicates).
+void check_restart_invariants(const Bench& b, int* missing, int* duplicates) {
+  auto stub = v1::JobService::NewStub(b.c.channel(0));
+  {
+    v1::ListJobsRequest req;
+    req.set_page_size(1000);
+    std::set<std::string> present;
+    for (std::string token;;) {
+      grpc::ClientContext page_ctx;
+      rpc::prepare_call(page_ctx, b.c.admin, milliseconds(10000));
+      req.set_page_token(token);
+      v1::ListJobsResponse resp;
+      if (!stub->ListJobs(&page_ctx, req, &resp).ok()) break;
+      for (const v1::JobStatus& j : resp.jobs())
+        if (!present.insert(j.id()).second) ++*duplicates;
+      token = resp.next_page_token();
+      if (token.empty()) break;
+    }
+    for (const std::string& id : b.acked) *missing += present.count(id) == 0;
+  }
+  grpc::ClientContext ctx;
+  rpc::prepare_call(ctx, b.c.admin, milliseconds(10000));
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(tiny_spec(0, b.dir));
+  req.set_request_id("bench-0");
+  v1::SubmitJobResponse resp;
+  if (stub->SubmitJob(&ctx, req, &resp).ok() && resp.created()) ++*duplicates;
+}
+
+// Row "restart": SIGKILL, restart on the same DB and port, SERVING and re-attach times.
+void measure_restarts(Bench& b) {
+  b.say("coordinator SIGKILL + restart: " + std::to_string(b.a.trials) + " trials");
   std::vector<double> serving_ms, reattach_ms;
   int missing = 0, duplicates = 0, lost_after_restart = 0;
   // Re-attach and lost counts are over the workers live before the first kill: one the load
   // had declared LOST is not the restart's doing.
   std::vector<SimWorker*> live;
   {
-    const auto states = worker_states(c);
-    for (auto& s : sims) {
+    const auto states = worker_states(b.c);
+    for (auto& s : b.sims) {
       const auto it = states.find(s->name);
       if (!s->stopped.load() && it != states.end() && it->second != "LOST") live.push_back(s.get());
     }
   }
   live.resize(std::min<size_t>(live.size(), 500));  // 500 live workers re-attaching
-  for (int trial = 0; trial < a.trials; ++trial) {
-    coord.kill();
+  for (int trial = 0; trial < b.a.trials; ++trial) {
+    b.coord.kill();
     Clock::time_point exec;
-    start_coordinator(coord, dir, coord.address, tls, trial + 1, &exec);  // same port: the workers know only it
+    // Same port: the workers know only it.
+    start_coordinator(b.coord, b.dir, b.coord.address, b.tls, trial + 1, &exec);
     // SERVING: poll health every 2 ms from exec.
-    auto health = grpc::health::v1::Health::NewStub(rpc::make_channel(coord.address, c.co));
+    auto health = grpc::health::v1::Health::NewStub(rpc::make_channel(b.coord.address, b.c.co));
     for (int i = 0; i < 5000; ++i) {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + milliseconds(200));
@@ -1337,131 +1450,112 @@ int run_bench(const Args& a) {
       }
       std::this_thread::sleep_for(milliseconds(2));
     }
-    // Re-attach: every live worker's next heartbeat accepted (parallel over the channels).
-    std::atomic<size_t> attached{0};
-    std::vector<std::thread> pool;
-    for (int t = 0; t < 16; ++t)
-      pool.emplace_back([&, t] {
-        auto stub = v1::WorkerService::NewStub(c.channel(static_cast<size_t>(t)));
-        for (size_t i = static_cast<size_t>(t); i < live.size(); i += 16) {
-          for (int attempt = 0; attempt < 100; ++attempt) {
-            grpc::ClientContext ctx;
-            rpc::prepare_call(ctx, c.worker, milliseconds(1000), live[i]->session);
-            ctx.set_wait_for_ready(true);
-            v1::HeartbeatRequest req;
-            req.set_name(live[i]->name);
-            req.set_incarnation(live[i]->incarnation);
-            v1::HeartbeatResponse resp;
-            if (stub->Heartbeat(&ctx, req, &resp).ok()) {
-              attached.fetch_add(1);
-              break;
-            }
-          }
-        }
-      });
-    for (auto& th : pool) th.join();
+    const size_t attached = reattach(b, live);
     reattach_ms.push_back(ms_between(exec, Clock::now()));
-    // Invariants: acknowledged submits present, a retried request_id is the same job.
-    auto stub = v1::JobService::NewStub(c.channel(0));
-    {
-      v1::ListJobsRequest req;
-      req.set_page_size(1000);
-      std::set<std::string> present;
-      for (std::string token;;) {
-        grpc::ClientContext page_ctx;
-        rpc::prepare_call(page_ctx, c.admin, milliseconds(10000));
-        req.set_page_token(token);
-        v1::ListJobsResponse resp;
-        if (!stub->ListJobs(&page_ctx, req, &resp).ok()) break;
-        for (const v1::JobStatus& j : resp.jobs())
-          if (!present.insert(j.id()).second) ++duplicates;
-        token = resp.next_page_token();
-        if (token.empty()) break;
-      }
-      for (const std::string& id : acked) missing += present.count(id) == 0;
-    }
-    {
-      grpc::ClientContext ctx;
-      rpc::prepare_call(ctx, c.admin, milliseconds(10000));
-      v1::SubmitJobRequest req;
-      req.set_spec_yaml(tiny_spec(0, dir));
-      req.set_request_id("bench-0");
-      v1::SubmitJobResponse resp;
-      if (stub->SubmitJob(&ctx, req, &resp).ok() && resp.created()) ++duplicates;
-    }
-    const auto states = worker_states(c);
+    check_restart_invariants(b, &missing, &duplicates);
+    const auto states = worker_states(b.c);
     for (SimWorker* w : live) {
       auto it = states.find(w->name);
       lost_after_restart += it != states.end() && it->second == "LOST";
     }
-    if (attached.load() != live.size()) say("trial " + std::to_string(trial) + ": only " +
-                                            std::to_string(attached.load()) + " workers re-attached");
+    if (attached != live.size())
+      b.say("trial " + std::to_string(trial) + ": only " + std::to_string(attached) + " workers re-attached");
   }
-  out["restart"] = {{"serving", to_json(quantiles(serving_ms))},
-                    {"all_workers_reattached", to_json(quantiles(reattach_ms))},
-                    {"workers", live.size()},
-                    {"trials", a.trials},
-                    {"acked_submits_missing", missing},
-                    {"duplicates", duplicates},
-                    {"workers_lost_by_restart", lost_after_restart},
-                    {"acked_submits", acked.size()}};
-  coord.kill();
+  b.out["restart"] = {{"serving", to_json(quantiles(serving_ms))},
+                      {"all_workers_reattached", to_json(quantiles(reattach_ms))},
+                      {"workers", live.size()},
+                      {"trials", b.a.trials},
+                      {"acked_submits_missing", missing},
+                      {"duplicates", duplicates},
+                      {"workers_lost_by_restart", lost_after_restart},
+                      {"acked_submits", b.acked.size()}};
+  b.coord.kill();
+}
 
+// The table (stderr): every figure from b.out, as the JSON has it.
+void print_table(const Bench& b) {
+  const json& out = b.out;
   std::fprintf(stderr, "\n%-44s %10s %10s %10s  %s\n", "row (TLS + tokens + synchronous=FULL)", "p50 ms", "p99 ms",
                "max ms", "note");
   auto row = [](const std::string& name, const Quantiles& q, const std::string& note) {
     std::fprintf(stderr, "%-44s %10.3f %10.3f %10.3f  %s\n", name.c_str(), q.p50, q.p99, q.max, note.c_str());
   };
+  const auto q = quantiles_of;
   char note[160];
-  row("baseline fdatasync 4 KiB", fsync, filesystem_of(dir));
-  row("baseline SQLite FULL commit (one job)", commit, "");
-  row("baseline null RPC (1 in flight)", null_rpc,
+  const json& base = out["baselines"];
+  row("baseline fdatasync 4 KiB", q(base["fdatasync_4k"]), out["machine"]["filesystem"].get<std::string>());
+  row("baseline SQLite FULL commit (one job)", q(base["sqlite_full_commit"]), "");
+  row("baseline null RPC (1 in flight)", q(base["null_rpc"]),
       "GetJob of an unknown id; " + cpu_idle_note(out["machine"]["cpu_idle"]));
+  const json& hb = out["heartbeats"];
   std::snprintf(note, sizeof(note), "%.0f/s scheduled, %d false LOST, coordinator %.2f core, generator %.2f",
-                hb_rate, false_lost, out["heartbeats"]["coordinator_cores_used"].get<double>(),
-                out["heartbeats"]["load_generator_cores_used"].get<double>());
-  row("heartbeats (" + std::to_string(a.workers) + " workers, 2 Hz, " +
-          (c.unary_heartbeats ? "unary" : "streams") + ")",
-      hbq, note);
-  row("  of which the generator's send lag", lagq, "how late it sent them (included above)");
-  row("  from the actual send", from_sendq, "each one's latency less its send lag");
+                hb["per_second"].get<double>(), hb["false_lost"].get<int>(), hb["coordinator_cores_used"].get<double>(),
+                hb["load_generator_cores_used"].get<double>());
+  row("heartbeats (" + std::to_string(b.a.workers) + " workers, 2 Hz, " +
+          (b.c.unary_heartbeats ? "unary" : "streams") + ")",
+      q(hb), note);
+  row("  of which the generator's send lag", q(hb["generator_send_lag"]), "how late it sent them (included above)");
+  row("  from the actual send", q(hb["from_actual_send"]), "each one's latency less its send lag");
   std::fprintf(stderr, "%-44s %10.2f %%  (the hypervisor's share of this VM's CPU time during the load)\n",
-               "CPU steal during the load", 100.0 * steal_share);
-  std::snprintf(note, sizeof(note), "p50 = %.1fx the commit", sq.p50 / std::max(1e-9, commit.p50));
-  row("SubmitJob at 100/s under heartbeat load", sq, note);
-  row("  of which the generator's send lag", submit_lagq, "");
-  row("  from the actual send", submit_from_sendq, "");
-  row("GetJob at 1,000/s under heartbeat load", gq, "");
-  row("  of which the generator's send lag", get_lagq, "");
-  row("  from the actual send", get_from_sendq, "");
+               "CPU steal during the load", 100.0 * hb["cpu_steal_share"].get<double>());
+  const json& submit = out["submit"];
+  std::snprintf(note, sizeof(note), "p50 = %.1fx the commit", submit["p50_over_sqlite_commit"].get<double>());
+  row("SubmitJob at 100/s under heartbeat load", q(submit), note);
+  row("  of which the generator's send lag", q(submit["generator_send_lag"]), "");
+  row("  from the actual send", q(submit["from_actual_send"]), "");
+  const json& get = out["get"];
+  row("GetJob at 1,000/s under heartbeat load", q(get), "");
+  row("  of which the generator's send lag", q(get["generator_send_lag"]), "");
+  row("  from the actual send", q(get["from_actual_send"]), "");
   for (const auto& [key, what] : {std::pair{"all", "all jobs"}, std::pair{"queued", "state QUEUED"}}) {
     const json& l = out["list_jobs"][key];
     std::snprintf(note, sizeof(note), "%lld jobs in %lld pages, no other load",
                   static_cast<long long>(l.value("jobs", 0)), static_cast<long long>(l.value("pages", 0)));
-    row(std::string("ListJobs page of 100, ") + what,
-        Quantiles{l.value("p50_ms", 0.0), l.value("p99_ms", 0.0), l.value("max_ms", 0.0)}, note);
+    row(std::string("ListJobs page of 100, ") + what, q(l), note);
   }
-  row("scheduling pass 1,000 jobs x 500 workers", sched, "decision only");
-  std::fprintf(stderr, "%-44s %10.1f us/call (%lld calls)\n", "coordinator CPU per heartbeat", hb_us,
-               static_cast<long long>(hb_cpu.calls));
-  std::fprintf(stderr, "%-44s %10.1f us/call (%lld calls)\n", "coordinator CPU per SubmitJob", submit_us,
-               static_cast<long long>(submit_cpu.calls));
-  std::fprintf(stderr, "%-44s %10.1f us/call (%lld calls)\n", "coordinator CPU per GetJob", get_us,
-               static_cast<long long>(get_cpu.calls));
-  std::fprintf(stderr, "%-44s %10.3f cores\n", "coordinator idle", idle_cores);
-  row("worker stops -> LOST (lease 4 s)", quantiles(detect_ms),
-      std::to_string(detect_ms.size()) + " of " + out["detection"]["trials"].dump());
-  if (out.contains("detection_stream_broken"))
-    row("worker's stream breaks -> LOST", quantiles(broken_ms),
-        std::to_string(broken_ms.size()) + " of " + out["detection_stream_broken"]["trials"].dump() +
+  row("scheduling pass 1,000 jobs x 500 workers", q(out["schedule_1000x500"]), "decision only");
+  const json& cpu = out["cpu_per_request"];
+  std::fprintf(stderr, "%-44s %10.1f us/call (%lld calls)\n", "coordinator CPU per heartbeat",
+               cpu["heartbeat_us"].get<double>(), static_cast<long long>(cpu["heartbeats"].get<int64_t>()));
+  std::fprintf(stderr, "%-44s %10.1f us/call (%lld calls)\n", "coordinator CPU per SubmitJob",
+               cpu["submit_us"].get<double>(), static_cast<long long>(cpu["submits"].get<int64_t>()));
+  std::fprintf(stderr, "%-44s %10.1f us/call (%lld calls)\n", "coordinator CPU per GetJob", cpu["get_us"].get<double>(),
+               static_cast<long long>(cpu["gets"].get<int64_t>()));
+  std::fprintf(stderr, "%-44s %10.3f cores\n", "coordinator idle", cpu["idle_cores"].get<double>());
+  const json& detection = out["detection"];
+  row("worker stops -> LOST (lease 4 s)", q(detection),
+      detection["detected"].dump() + " of " + detection["trials"].dump());
+  if (out.contains("detection_stream_broken")) {
+    const json& broken = out["detection_stream_broken"];
+    row("worker's stream breaks -> LOST", q(broken),
+        broken["detected"].dump() + " of " + broken["trials"].dump() +
             " (heartbeat interval 500 ms; polled every 100 ms)");
-  row("coordinator SIGKILL -> SERVING", quantiles(serving_ms), "from exec");
-  std::snprintf(note, sizeof(note), "%zu workers; missing %d, duplicates %d, lost %d", live.size(), missing, duplicates,
-                lost_after_restart);
-  row("coordinator SIGKILL -> all re-attached", quantiles(reattach_ms), note);
-  std::cout << out.dump(2) << std::endl;
+  }
+  const json& restart = out["restart"];
+  row("coordinator SIGKILL -> SERVING", q(restart["serving"]), "from exec");
+  std::snprintf(note, sizeof(note), "%zu workers; missing %d, duplicates %d, lost %d",
+                restart["workers"].get<size_t>(), restart["acked_submits_missing"].get<int>(),
+                restart["duplicates"].get<int>(), restart["workers_lost_by_restart"].get<int>());
+  row("coordinator SIGKILL -> all re-attached", q(restart["all_workers_reattached"]), note);
+}
+
+int run_bench(const Args& a) {
+  Bench b(a);
+  prepare(b);
+  measure_disk_baselines(b);
+  start_on_stored_jobs(b);
+  measure_null_rpc(b);
+  register_workers(b);
+  measure_load(b);
+  measure_cpu_per_request(b);
+  measure_list_jobs(b);
+  measure_schedule_pass(b);
+  measure_detection(b);
+  measure_restarts(b);
+  print_table(b);
+  std::cout << b.out.dump(2) << std::endl;
   std::error_code ec;
-  remove_tree(dir, ec);
+  remove_tree(b.dir, ec);
   return kExitOk;
 }
 

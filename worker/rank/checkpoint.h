@@ -1,7 +1,7 @@
 // Training checkpoints: atomic, checksummed directories step-NNNNNNNN/ under checkpoint.dir.
 //
 // A checkpoint directory holds model.safetensors (the model's named tensors, Hugging Face
-// names), engine.safetensors (the ZenFlow engine state, semantics §7; with W data-parallel
+// names), engine.safetensors (the ZenFlow engine state, docs/semantics.md; with W data-parallel
 // ranks, rank 0's shard, and engine-rank-NNNNN.safetensors the shards of ranks 1..W-1),
 // trainer.json (step, world_size, loader position, loss history, job name), run.yaml (the
 // resolved job spec) and manifest.json, written last: the size and CRC32C of every other

@@ -1,5 +1,5 @@
 // Atomic, checksummed training checkpoints and the checkpoint directory's lock (see checkpoint.h).
-#include "worker/checkpoint.h"
+#include "worker/rank/checkpoint.h"
 
 #include <ATen/ATen.h>
 #include <fcntl.h>

@@ -27,10 +27,10 @@
 #include <ATen/core/Tensor.h>
 
 #include "common/job_spec.h"
-#include "worker/checkpoint.h"
+#include "worker/rank/checkpoint.h"
 #include "worker/engine/stall_clock.h"
-#include "worker/run_reporter.h"
-#include "worker/training_observer.h"
+#include "worker/rank/run_reporter.h"
+#include "worker/rank/training_observer.h"
 
 namespace zenflow {
 

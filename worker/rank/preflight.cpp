@@ -1,5 +1,5 @@
 // Memory estimate, fit check and setting warnings before a job allocates (see preflight.h).
-#include "worker/preflight.h"
+#include "worker/rank/preflight.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>  // c10::AutoGradMode: ATen.h stopped bringing it in LibTorch 2.11

@@ -1,5 +1,5 @@
 // export_run: newest checkpoint (and the run.yaml in it) of a run -> Hugging Face model directory.
-#include "worker/run_export.h"
+#include "worker/rank/run_export.h"
 
 #include <filesystem>
 #include <optional>
@@ -7,10 +7,10 @@
 
 #include "common/input_file.h"
 #include "common/job_spec.h"
-#include "worker/checkpoint.h"
+#include "worker/rank/checkpoint.h"
 #include "worker/model/hf_model.h"
 #include "worker/model/tokenizer.h"
-#include "worker/model_factory.h"
+#include "worker/rank/model_factory.h"
 
 namespace zenflow {
 

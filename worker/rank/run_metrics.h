@@ -1,4 +1,4 @@
-// The worker metrics of DESIGN.md §7 for one rank of a run, fed by the training loop.
+// The worker metrics of docs/design.md for one rank of a run, fed by the training loop.
 //
 // RunMetrics is a TrainingObserver: on_start() registers the families on the registry and
 // takes every series handle once (labels job_id, rank); on_step() only adds to counters,
@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "common/metrics/registry.h"
-#include "worker/training_observer.h"
+#include "worker/rank/training_observer.h"
 
 namespace zenflow {
 

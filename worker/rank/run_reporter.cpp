@@ -1,5 +1,5 @@
 // Run reporters: the fan-out and the JSON lines of --report-fd (see run_reporter.h).
-#include "worker/run_reporter.h"
+#include "worker/rank/run_reporter.h"
 
 #include <poll.h>
 #include <unistd.h>

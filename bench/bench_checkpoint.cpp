@@ -20,7 +20,7 @@
 #include "common/crc32c.h"
 #include "common/input_file.h"
 #include "common/remove_tree.h"
-#include "worker/checkpoint.h"
+#include "worker/rank/checkpoint.h"
 #include "worker/model/safetensors.h"
 
 namespace zenflow::cli {

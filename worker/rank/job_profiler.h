@@ -17,8 +17,8 @@
 
 #include "common/advisor/job_profile.h"
 #include "common/job_spec.h"
-#include "worker/trainer.h"
-#include "worker/training_observer.h"
+#include "worker/rank/trainer.h"
+#include "worker/rank/training_observer.h"
 
 namespace zenflow {
 

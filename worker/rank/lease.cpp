@@ -1,5 +1,5 @@
 // The worker agent's lease on a rank process (see lease.h).
-#include "worker/lease.h"
+#include "worker/rank/lease.h"
 
 #include <fcntl.h>
 #include <poll.h>

@@ -1,5 +1,5 @@
 // Progress line, summary table and JSON of a training run.
-#include "client/report.h"
+#include "worker/rank/run_output.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <iomanip>
 #include <sstream>
 
-namespace zenflow::cli {
+namespace zenflow {
 
 namespace {
 // Transfer buffers are page-locked on CUDA (DeviceStreams::alloc_host), plain memory otherwise.
@@ -212,4 +212,4 @@ nlohmann::json summary_json(const RunSummary& s, const std::optional<RunCost>& c
   return j;
 }
 
-}  // namespace zenflow::cli
+}  // namespace zenflow

@@ -1,5 +1,5 @@
 // The training loop (see trainer.h).
-#include "worker/trainer.h"
+#include "worker/rank/trainer.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
@@ -23,13 +23,13 @@
 
 #include "common/attempt_contract.h"
 #include "common/input_file.h"
-#include "worker/checkpoint.h"
+#include "worker/rank/checkpoint.h"
 #include "worker/distributed/communicator.h"
 #include "worker/distributed/engine_collectives.h"
 #include "worker/distributed/grad_reducer.h"
 #include "worker/distributed/rendezvous.h"
-#include "worker/model_factory.h"
-#include "worker/preflight.h"
+#include "worker/rank/model_factory.h"
+#include "worker/rank/preflight.h"
 #include "worker/engine/device_streams.h"
 #include "worker/engine/host_thread_pool.h"
 #include "worker/engine/zenflow_optimizer.h"
@@ -277,7 +277,7 @@ int64_t weights_fingerprint(const std::vector<model::NamedTensor>& params) {
 
 void keep_freed_host_memory() {
   // Page faults cost ~10 us per 4 KiB page on these hosts, every time a freed block is
-  // returned to the kernel and touched again (reference/host-performance-notes.md).
+  // returned to the kernel and touched again (docs/benchmarks.md).
   // Serve large blocks from the heap and never trim it, so per-step temporaries of
   // LibTorch reuse warm pages.
   mallopt(M_MMAP_MAX, 0);
@@ -400,7 +400,7 @@ class TrainingRun {
 
   // After a failure: when a collective failed and this rank's optimizer node is gone as
   // well, the peer rank that left the group most likely lost the same node first and is
-  // resuming without it (run_command's on_node_loss); this rank must resume with it, so the
+  // resuming without it (rank_main.cpp's on_node_loss); this rank must resume with it, so the
   // lost node is the error (HostBackendLost). Returns when it is not.
   void blame_a_lost_node() {
     if (!comm_ || !comm_->failed() || !opt_ || spec_.optimizer.host.addresses.empty()) return;

@@ -17,19 +17,19 @@
 #include <thread>
 
 #include "client/commands.h"
-#include "client/report.h"
+#include "worker/rank/run_output.h"
 #include "common/job_spec.h"
 #include "worker/engine/host_thread_pool.h"
-#include "worker/trainer.h"
+#include "worker/rank/trainer.h"
 #if ZENFLOW_HAVE_UCX
-#include "client/local_node.h"
+#include "bench/local_node.h"
 #endif
 #if ZENFLOW_HAVE_METRICS
 #include "common/metrics/exposition.h"
 #include "common/metrics/http_server.h"
 #include "common/metrics/registry.h"
 #include "common/version.h"
-#include "worker/run_metrics.h"
+#include "worker/rank/run_metrics.h"
 #endif
 
 namespace zenflow::cli {
@@ -91,7 +91,7 @@ checkpoint: {every_steps: 0}
 std::string default_data() {
   struct stat st;
   if (stat("/usr/share/common-licenses", &st) == 0) return "/usr/share/common-licenses";
-  return std::string(ZENFLOW_SOURCE_DIR) + "/worker";  // any machine that built us has this
+  return std::string(ZENFLOW_SOURCE_DIR) + "/worker/rank";  // any machine that built us has this
 }
 
 struct BenchArgs {

@@ -1,4 +1,4 @@
-#include "client/local_node.h"
+#include "bench/local_node.h"
 
 #include <fcntl.h>
 #include <sched.h>

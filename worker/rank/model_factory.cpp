@@ -1,5 +1,5 @@
 // make_model_from_spec / make_dataset_from_spec: job spec -> model and datasets (see model_factory.h).
-#include "worker/model_factory.h"
+#include "worker/rank/model_factory.h"
 
 #include <stdexcept>
 #include <string>
