@@ -38,6 +38,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/engine_defaults.h"
+
 namespace zenflow {
 
 class SpecError : public std::runtime_error {
@@ -101,19 +103,19 @@ struct TrainSpec {
 };
 
 struct ZenflowSpec {
-  double topk_ratio = 0.1;
+  double topk_ratio = engine_defaults::kTopkRatio;
   std::string select_strategy = "auto";  // auto | step | epoch
   bool select_interval_auto = true;
   int64_t select_interval = 0;
   bool update_interval_auto = false;
-  int64_t update_interval = 4;
-  int64_t full_warm_up_rounds = 1;
-  bool overlap_step = true;
+  int64_t update_interval = engine_defaults::kUpdateInterval;
+  int64_t full_warm_up_rounds = engine_defaults::kFullWarmUpRounds;
+  bool overlap_step = engine_defaults::kOverlapStep;
   std::string importance = "l2";  // l2 | l1
-  double reselect_threshold = 0.9;
-  double auto_ratio = 0.99;
-  int64_t max_update_interval = 16;
-  int64_t min_split_numel = 4096;
+  double reselect_threshold = engine_defaults::kReselectThreshold;
+  double auto_ratio = engine_defaults::kAutoRatio;
+  int64_t max_update_interval = engine_defaults::kMaxUpdateInterval;
+  int64_t min_split_numel = engine_defaults::kMinSplitNumel;
 };
 
 struct HostSpec {
@@ -129,14 +131,14 @@ struct HostSpec {
   // What a lost node leads to, tried in order: "spare" (another node the coordinator
   // assigns), "in_process" (when this host has the RAM), "fail".
   std::vector<std::string> on_node_loss = {"spare", "in_process", "fail"};
-  bool huge_pages = true;
+  bool huge_pages = engine_defaults::kHugePages;
 };
 
 struct OptimizerSpec {
   std::string mode = "zenflow";  // zenflow | offload | device
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
+  double beta1 = engine_defaults::kBeta1;
+  double beta2 = engine_defaults::kBeta2;
+  double eps = engine_defaults::kEps;
   ZenflowSpec zenflow;
   HostSpec host;
 };
