@@ -243,7 +243,7 @@ std::vector<std::string> allowed_roots_from_env();
 // base_dir "." the second time).
 std::string to_yaml(const JobSpec& spec);
 
-// Field-by-field equality (exact for doubles).
+// Field-by-field equality (exact for doubles): every member a key of the spec fills.
 bool operator==(const ModelSpec& a, const ModelSpec& b);
 bool operator==(const DataSpec& a, const DataSpec& b);
 bool operator==(const TrainSpec& a, const TrainSpec& b);
