@@ -554,7 +554,7 @@ const ConfigKey kModelConfigKeys[] = {
     {"rope_theta", ConfigKey::kReal, 0, "Rotary embedding base (llama)"},
     {"rms_norm_eps", ConfigKey::kReal, 0, "Epsilon of the normalization layers"},
     {"initializer_range", ConfigKey::kReal, 0, "Standard deviation of the random initialization"},
-    {"tie_word_embeddings", ConfigKey::kFlag, 0, "The output layer shares the input embedding (true/false or 1/0)"},
+    {"tie_word_embeddings", ConfigKey::kFlag, 0, "The output layer shares the input embedding"},
 };
 
 const ConfigKey* find_config_key(const std::string& key) {
@@ -622,9 +622,9 @@ void write_model_config(SpecWriter& out, const char* key, const std::map<std::st
 // them. A row says what the key takes (its kind: Int, Real, ...), its bounds, its meaning
 // (one line, for docs/spec.md) and the member(s) it fills; the member's initializer
 // (common/job_spec.h) is the default. Parsing (Reader), to_yaml (Writer), operator==
-// (Equal) and each section's allowed keys (KeyList) all walk these rows: a new knob is
-// its member plus one row. Rules between keys are hand-written in check_rules(), each run
-// right after the row it names.
+// (Equal), each section's allowed keys (KeyList) and docs/spec.md's table (Reference) all
+// walk these rows: a new knob is its member plus one row. Rules between keys are
+// hand-written in check_rules(), each run right after the row it names.
 
 template <typename S>
 struct Of {};
@@ -763,10 +763,10 @@ void rows(V& v, Of<ZenflowSpec>) {
               "10 windows, or 1 epoch"},
     &ZenflowSpec::select_interval_auto, &ZenflowSpec::select_interval);
   v(IntOrAuto{"update_interval", {1, kMillion},
-              "Steps per window: the host columns get one update per window; auto: the window closes when enough "
-              "of them are ready (auto_ratio), at most max_update_interval"},
+              "Steps per window: the host columns get one update per window; auto: a window closes once "
+              "auto_ratio of the matrices are ready, or after max_update_interval steps"},
     &ZenflowSpec::update_interval_auto, &ZenflowSpec::update_interval);
-  v(Int{"full_warm_up_rounds", {0, kMillion}, "First steps in which every column is updated on the device"},
+  v(Int{"full_warm_up_rounds", {0, kMillion}, "Steps before the first selection, run as offload (every column updated on the host each step)"},
     &ZenflowSpec::full_warm_up_rounds);
   v(Flag{"overlap_step", "Run a window's host update while the next window trains"}, &ZenflowSpec::overlap_step);
   v(Choice{"importance", {"l2", "l1"}, "Column importance: the L2 or L1 norm of its gradient"},
@@ -821,9 +821,9 @@ void rows(V& v, Of<OptimizerSpec>) {
 template <typename V>
 void rows(V& v, Of<ResourcesSpec>) {
   v(Int{"workers", {1, kMaxCores}, "Workers the job runs on"}, &ResourcesSpec::workers);
-  v(Int{"gpus_per_worker", {0, 64}, "GPUs the job takes on each worker; 0: none (cpu)"}, &ResourcesSpec::gpus_per_worker);
+  v(Int{"gpus_per_worker", {0, 64}, "GPUs the job takes on each worker"}, &ResourcesSpec::gpus_per_worker);
   v(RealOrAuto{"host_memory_gb", Range{0, false, 1 << 20, true},
-               "Host memory the job takes on each worker, in GB; auto: estimated from the spec"},
+               "Host memory the job takes on each worker, in GiB; auto: estimated from the model and optimizer.mode"},
     &ResourcesSpec::host_memory_gb_auto, &ResourcesSpec::host_memory_gb);
   v(Int{"priority", {-kMillion, kMillion}, "Queue order: higher first; may preempt strictly lower priorities"},
     &ResourcesSpec::priority);
@@ -840,7 +840,7 @@ template <typename V>
 void rows(V& v, Of<CheckpointSpec>) {
   v(Path{"dir", "Where step-N checkpoints are written; empty: runs/<name> beside the spec", true},
     &CheckpointSpec::dir);
-  v(Int{"every_steps", {0, kBillion}, "Steps between checkpoints; 0: none but the last"}, &CheckpointSpec::every_steps);
+  v(Int{"every_steps", {0, kBillion}, "Steps between periodic checkpoints; 0: none"}, &CheckpointSpec::every_steps);
   v(Int{"keep", {1, kMillion}, "Checkpoints kept; older ones are pruned"}, &CheckpointSpec::keep);
 }
 
@@ -848,7 +848,7 @@ template <typename V>
 void rows(V& v, Of<CostSpec>) {
   v(Text{"instance_type", "Instance type whose price the pricing catalog gives", true, kMaxNameChars},
     &CostSpec::instance_type);
-  v(Real{"usd_per_hour", at_least(0), "Price of one worker-hour in USD, instead of the catalog's; ~: the catalog's"},
+  v(Real{"usd_per_hour", at_least(0), "The job's own hourly rate in USD, charged in full (not a share of the instance); ~: the catalog's"},
     &CostSpec::usd_per_hour);
 }
 
@@ -1129,6 +1129,100 @@ bool rows_equal(const S& a, const S& b) {
   return Equal<S>(a, b).same();
 }
 
+// ---- The reference (docs/spec.md) ---------------------------------------------------------------
+
+struct KeyDoc {
+  std::string key, type, default_value, bounds, meaning;
+};
+
+// "in [0, 1]" -> "[0, 1]"; "a number" -> "finite".
+std::string bounds_text(const std::string& range_text) {
+  if (range_text.rfind("in ", 0) == 0) return range_text.substr(3);
+  return range_text == "a number" ? "finite" : range_text;
+}
+
+std::string one_of(const std::vector<std::string>& choices) { return "one of " + join_names(choices, ", "); }
+
+// One entry per key with its type, bounds and meaning from the row and its default as
+// to_yaml writes it for a default-constructed section.
+template <typename S>
+class Reference {
+ public:
+  Reference(std::string path, const S& defaults, std::vector<KeyDoc>& out)
+      : path_(std::move(path)), defaults_(defaults), out_(out) {}
+  void list() { rows(*this, Of<S>{}); }
+
+  template <typename T>
+  void operator()(const Int& r, T S::*m) {
+    add(r.key, "integer", written(r, m), bounds_text(r.range.text()), r.meaning);
+  }
+  template <typename T>
+  void operator()(const Real& r, T S::*m) {
+    const bool optional = !std::is_same_v<T, double>;
+    add(r.key, optional ? "number or ~" : "number", written(r, m), bounds_text(r.range.text()), r.meaning);
+  }
+  void operator()(const Flag& r, bool S::*m) { add(r.key, "boolean", written(r, m), "true or false", r.meaning); }
+  template <typename... M>
+  void operator()(const Choice& r, M S::*... m) {
+    add(r.key, "string", written(r, m...), one_of(r.choices), r.meaning);
+  }
+  void operator()(const Text& r, std::string S::*m) {
+    add(r.key, "string", written(r, m), "at most " + std::to_string(r.max_bytes) + " bytes", r.meaning);
+  }
+  void operator()(const Path& r, std::string S::*m) {
+    const std::string value = written(r, m);
+    add(r.key, "path", r.if_empty && value == "\"\"" ? "required" : value,
+        "at most " + std::to_string(kMaxPathBytes) + " bytes", r.meaning);
+  }
+  template <typename... M>
+  void operator()(const IntOrAuto& r, M S::*... m) {
+    add(r.key, "integer or auto", written(r, m...), bounds_text(r.range.text()), r.meaning);
+  }
+  void operator()(const RealOrAuto& r, bool S::*auto_flag, double S::*m) {
+    add(r.key, "number or auto", written(r, auto_flag, m), bounds_text(r.range.text()), r.meaning);
+  }
+  template <typename T, typename... M>
+  void operator()(const List<T>& r, M S::*... m) {
+    add(r.key, r.type, written(r, m...), r.bounds, r.meaning);
+  }
+  void operator()(const Name& r, std::string S::*) { add(r.key, "string", "required", kNameRule, r.meaning); }
+  void operator()(const ModelConfig& r, std::map<std::string, double> S::*) {
+    for (const ConfigKey& k : kModelConfigKeys) {
+      const std::string key = std::string(r.key) + "." + k.key;
+      if (k.kind == ConfigKey::kSize) {
+        add(key, "integer", "unset", "[1, " + std::to_string(k.max) + "]", k.meaning);
+      } else if (k.kind == ConfigKey::kReal) {
+        add(key, "number", "unset", bounds_text(above(0).text()), k.meaning);
+      } else {
+        add(key, "boolean", "unset", "true, false, 1 or 0", k.meaning);
+      }
+    }
+  }
+  template <typename Sub>
+  void operator()(const Nested& r, Sub S::*m) {
+    Reference<Sub>(join_key(path_, r.key), defaults_.*m, out_).list();
+  }
+
+ private:
+  // The row's value in the defaults as to_yaml writes it ("key: value\n"); "" where to_yaml
+  // leaves an empty value out.
+  template <typename Row, typename... M>
+  std::string written(const Row& row, M S::*... m) {
+    SpecWriter w;
+    Writer<S>(w, defaults_)(row, m...);
+    const std::string line = w.take();
+    const std::size_t colon = line.find(": ");
+    return colon == std::string::npos ? "\"\"" : line.substr(colon + 2, line.size() - colon - 3);
+  }
+  void add(const std::string& key, std::string type, std::string value, std::string bounds, const char* meaning) {
+    out_.push_back({join_key(path_, key), std::move(type), std::move(value), std::move(bounds), meaning});
+  }
+
+  std::string path_;
+  const S& defaults_;
+  std::vector<KeyDoc>& out_;
+};
+
 JobSpec validate(const yaml::Node& root, const std::string& base_dir, SpecSite site) {
   JobSpec spec;
   const ReadContext ctx{base_dir, site};
@@ -1347,5 +1441,24 @@ bool operator==(const ResourcesSpec& a, const ResourcesSpec& b) { return rows_eq
 bool operator==(const CheckpointSpec& a, const CheckpointSpec& b) { return rows_equal(a, b); }
 bool operator==(const CostSpec& a, const CostSpec& b) { return rows_equal(a, b); }
 bool operator==(const JobSpec& a, const JobSpec& b) { return rows_equal(a, b); }
+
+std::string job_spec_reference_markdown() {
+  std::vector<KeyDoc> keys;
+  const JobSpec defaults;
+  Reference<JobSpec>("", defaults, keys).list();
+  auto cell = [](const std::string& text) {
+    std::string out;
+    for (char c : text) out += c == '|' || c == '<' ? std::string("\\") + c : std::string(1, c);
+    return out;
+  };
+  std::string out = "| Key | Type | Default | Bounds | Meaning |\n| --- | --- | --- | --- | --- |\n";
+  for (const KeyDoc& k : keys) {
+    const bool value = k.default_value != "required" && k.default_value != "unset";
+    out += "| `" + k.key + "` | " + cell(k.type) + " | " +
+           (value ? "`" + k.default_value + "`" : k.default_value) + " | " + cell(k.bounds) + " | " +
+           cell(k.meaning) + " |\n";
+  }
+  return out;
+}
 
 }  // namespace zenflow

@@ -1,4 +1,6 @@
 // The job spec users write (DESIGN.md §6): parsed from YAML, validated, overridable.
+// Every key with its type, default, bounds and meaning: docs/spec.md, generated from the
+// field table in job_spec.cpp (one row per key) that parsing, to_yaml and operator== use.
 //
 // parse_job_spec() either returns a fully validated JobSpec or throws SpecError whose
 // message names the key path and the reason, e.g.
@@ -64,7 +66,7 @@ struct ModelSpec {
   // num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size,
   // vocab_size, max_position_embeddings, rope_theta, rms_norm_eps, tie_word_embeddings,
   // initializer_range). Only keys the user wrote are present. Sizes are integers >= 1 with
-// upper bounds (hidden_size <= 131072, num_hidden_layers <= 1024, ...: job_spec.cpp);
+// upper bounds (hidden_size <= 131072, num_hidden_layers <= 1024, ...: docs/spec.md);
   // rope_theta, rms_norm_eps, initializer_range are > 0; tie_word_embeddings is 0 or 1.
   // When both are given, hidden_size % num_attention_heads == 0 and
   // num_attention_heads % num_key_value_heads == 0, and train.seq_len <=
@@ -242,6 +244,12 @@ std::vector<std::string> allowed_roots_from_env();
 // parse_job_spec returned (paths that are still relative, from a relative base_dir, need
 // base_dir "." the second time).
 std::string to_yaml(const JobSpec& spec);
+
+// The job-spec reference: a markdown table with one row per key (its YAML path, type,
+// default, bounds and meaning), made from the same field table that parses the spec,
+// to_yaml writes and operator== compares. docs/spec.md carries it between its
+// "job-spec keys" markers; tests/test_job_spec.cpp checks that the two agree.
+std::string job_spec_reference_markdown();
 
 // Field-by-field equality (exact for doubles): every member a key of the spec fills.
 bool operator==(const ModelSpec& a, const ModelSpec& b);
