@@ -229,10 +229,6 @@ int64_t int_value(const Section& s, const std::string& key, const yaml::Node& no
   return v.value;
 }
 
-void read_int(const Section& s, const std::string& key, int64_t& out, const IntRange& range) {
-  if (const yaml::Node* node = s.find(key)) out = int_value(s, key, *node, range);
-}
-
 void read_number(const Section& s, const std::string& key, double& out, const Range& range = {}) {
   const yaml::Node* node = s.find(key);
   if (!node) return;
@@ -304,317 +300,83 @@ std::string resolve_path(const std::string& base_dir, const std::string& p) {
   return (base / p).lexically_normal().string();
 }
 
-// HF config.json keys accepted under model.config; integer-valued ones are sizes >= 1,
-// each bounded (above the largest public models by a wide margin, and below anything that
-// overflows a tensor size: 1024 layers x 131072 hidden is already ~7e13 parameters).
-const std::vector<std::string> kIntegerModelKeys = {
-    "hidden_size",       "num_hidden_layers", "num_attention_heads",    "num_key_value_heads",
-    "intermediate_size", "vocab_size",        "max_position_embeddings"};
-const std::map<std::string, int64_t> kModelKeyMax = {
-    {"hidden_size", 131072},           {"num_hidden_layers", 1024},
-    {"num_attention_heads", 4096},     {"num_key_value_heads", 4096},
-    {"intermediate_size", 1048576},    {"vocab_size", 16777216},
-    {"max_position_embeddings", 4194304}};
-const std::vector<std::string> kRealModelKeys = {"rope_theta", "rms_norm_eps", "initializer_range"};
-const char* const kTieKey = "tie_word_embeddings";
-
-bool is_integer_model_key(const std::string& key) {
-  return std::find(kIntegerModelKeys.begin(), kIntegerModelKeys.end(), key) !=
-         kIntegerModelKeys.end();
-}
-
-void read_model(const yaml::Node& node, ModelSpec& m, const std::string& base_dir) {
-  Section s(node, "model", {"arch", "from", "config"});
-  read_choice(s, "arch", m.arch, {"llama", "gpt2"});
-  read_string(s, "from", m.from, true);
-  m.from = resolve_path(base_dir, m.from);
-  m.arch_given = s.find("arch") != nullptr || m.from.empty();
-
-  std::vector<std::string> config_keys = kIntegerModelKeys;
-  config_keys.insert(config_keys.end(), kRealModelKeys.begin(), kRealModelKeys.end());
-  config_keys.push_back(kTieKey);
-  Section c(s.child("config"), "model.config", config_keys);
-  m.config.clear();
-  for (const std::string& key : config_keys) {
-    const yaml::Node* v = c.find(key);
-    if (!v) continue;
-    if (is_integer_model_key(key)) {
-      m.config[key] = static_cast<double>(int_value(c, key, *v, {1, kModelKeyMax.at(key)}));
-    } else if (key == kTieKey) {
-      std::optional<int64_t> as_int = to_int(*v);
-      if (as_int && (*as_int == 0 || *as_int == 1)) {
-        m.config[key] = static_cast<double>(*as_int);
+// The block-style YAML to_yaml writes. (yaml-cpp's Emitter took 200 us a spec, twice the
+// parse, and the coordinator writes one per submit.) A string is written plain when it can
+// only read back as that string, else double-quoted, with YAML's escapes for quotes,
+// backslashes and control bytes.
+class SpecWriter {
+ public:
+  void begin(const char* key) {
+    line(key);
+    out_ += '\n';
+    depth_ += 1;
+  }
+  void end() { depth_ -= 1; }
+  void raw(const char* key, const std::string& value) {  // numbers, booleans, ~
+    line(key);
+    out_ += ' ';
+    out_ += value;
+    out_ += '\n';
+  }
+  void str(const char* key, const std::string& value) { raw(key, scalar(value)); }
+  void num(const char* key, double v) { raw(key, format_number(v)); }
+  void integer(const char* key, int64_t v) { raw(key, std::to_string(v)); }
+  void boolean(const char* key, bool v) { raw(key, v ? "true" : "false"); }
+  template <typename T>
+  void flow(const char* key, const std::vector<T>& items) {
+    std::string v = "[";
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (i > 0) v += ", ";
+      if constexpr (std::is_same_v<T, std::string>) {
+        v += scalar(items[i]);
       } else {
-        m.config[key] = bool_value(c, key, *v) ? 1.0 : 0.0;
-      }
-    } else {
-      double x = 0;
-      read_number(c, key, x, above(0));
-      m.config[key] = x;
-    }
-  }
-  auto has = [&](const char* k) { return m.config.count(k) != 0; };
-  auto get = [&](const char* k) { return static_cast<int64_t>(m.config.at(k)); };
-  if (has("hidden_size") && has("num_attention_heads") &&
-      get("hidden_size") % get("num_attention_heads") != 0) {
-    c.fail("hidden_size", "must be a multiple of num_attention_heads (" +
-                              std::to_string(get("num_attention_heads")) + "), got " +
-                              std::to_string(get("hidden_size")));
-  }
-  if (has("num_attention_heads") && has("num_key_value_heads") &&
-      get("num_attention_heads") % get("num_key_value_heads") != 0) {
-    c.fail("num_key_value_heads", "must divide num_attention_heads (" +
-                                      std::to_string(get("num_attention_heads")) + "), got " +
-                                      std::to_string(get("num_key_value_heads")));
-  }
-}
-
-void read_data(const yaml::Node& node, DataSpec& d, const std::string& base_dir) {
-  Section s(node, "data", {"train", "val", "format", "tokenizer", "val_fraction"});
-  read_string(s, "train", d.train, true);
-  if (d.train.empty()) s.fail("train", "required (a file or directory of training data)");
-  read_string(s, "val", d.val, true);
-  read_choice(s, "format", d.format, {"text", "jsonl", "tokens"});
-  read_string(s, "tokenizer", d.tokenizer);
-  if (d.tokenizer.empty()) s.fail("tokenizer", "must be \"byte\" or a tokenizer.json path, got ''");
-  read_number(s, "val_fraction", d.val_fraction, closed(0, 0.5));
-  d.train = resolve_path(base_dir, d.train);
-  d.val = resolve_path(base_dir, d.val);
-  if (d.tokenizer != "byte") d.tokenizer = resolve_path(base_dir, d.tokenizer);
-}
-
-void read_train(const yaml::Node& node, TrainSpec& t) {
-  Section s(node, "train",
-            {"steps", "micro_batch", "grad_accum", "seq_len", "lr", "schedule", "warmup_steps",
-             "min_lr_ratio", "weight_decay", "grad_clip", "seed", "eval_every", "eval_batches",
-             "device", "dtype", "autocast", "compute_threads"});
-  read_int(s, "steps", t.steps, {1, kBillion});
-  read_int(s, "micro_batch", t.micro_batch, {1, 65536});
-  read_int(s, "grad_accum", t.grad_accum, {1, 65536});
-  read_int(s, "seq_len", t.seq_len, {2, 1048576});
-  read_number(s, "lr", t.lr, above(0));
-  read_choice(s, "schedule", t.schedule, {"cosine", "linear", "constant"});
-  // The default warm-up shrinks to fit a short run (--set train.steps=5 must just work);
-  // a warm-up the user wrote must fit as written.
-  if (!s.find("warmup_steps")) t.warmup_steps = std::min(t.warmup_steps, t.steps);
-  read_int(s, "warmup_steps", t.warmup_steps, {0, kBillion});
-  if (t.warmup_steps > t.steps) {
-    s.fail("warmup_steps", "must be <= train.steps (" + std::to_string(t.steps) + "), got " +
-                               std::to_string(t.warmup_steps));
-  }
-  read_number(s, "min_lr_ratio", t.min_lr_ratio, closed(0, 1));
-  read_number(s, "weight_decay", t.weight_decay, at_least(0));
-  read_number(s, "grad_clip", t.grad_clip, at_least(0));
-  int64_t seed = static_cast<int64_t>(t.seed);
-  read_int(s, "seed", seed, {0, std::numeric_limits<int64_t>::max()});
-  t.seed = static_cast<uint64_t>(seed);
-  read_int(s, "eval_every", t.eval_every, {0, kBillion});
-  read_int(s, "eval_batches", t.eval_batches, {1, kMillion});
-  read_choice(s, "device", t.device, {"auto", "cpu", "cuda"});
-  read_choice(s, "dtype", t.dtype, {"auto", "float32", "bfloat16", "float16"});
-  read_choice(s, "autocast", t.autocast, {"none", "bfloat16", "float16"});
-  read_int(s, "compute_threads", t.compute_threads, {0, kMaxCores});
-}
-
-void read_zenflow(const yaml::Node& node, ZenflowSpec& z) {
-  Section s(node, "optimizer.zenflow",
-            {"topk_ratio", "select_strategy", "select_interval", "update_interval",
-             "full_warm_up_rounds", "overlap_step", "importance", "reselect_threshold",
-             "auto_ratio", "max_update_interval", "min_split_numel"});
-  read_number(s, "topk_ratio", z.topk_ratio, closed(0, 1));
-  read_choice(s, "select_strategy", z.select_strategy, {"auto", "step", "epoch"});
-  read_int_or_auto(s, "select_interval", z.select_interval_auto, z.select_interval, {1, kBillion});
-  read_int_or_auto(s, "update_interval", z.update_interval_auto, z.update_interval, {1, kMillion});
-  read_int(s, "full_warm_up_rounds", z.full_warm_up_rounds, {0, kMillion});
-  read_bool(s, "overlap_step", z.overlap_step);
-  read_choice(s, "importance", z.importance, {"l2", "l1"});
-  read_number(s, "reselect_threshold", z.reselect_threshold, Range{0, false, 1, true});
-  read_number(s, "auto_ratio", z.auto_ratio, Range{0, false, 1, true});
-  read_int(s, "max_update_interval", z.max_update_interval, {1, kMillion});
-  read_int(s, "min_split_numel", z.min_split_numel, {1, int64_t{1} << 40});
-  // Semantics §2: with select_strategy step, re-selection happens at window boundaries
-  // only, so S must be a whole number of windows.
-  if (z.select_strategy == "step" && !z.select_interval_auto && !z.update_interval_auto &&
-      z.select_interval % z.update_interval != 0) {
-    s.fail("select_interval",
-           "must be a positive multiple of update_interval (" + std::to_string(z.update_interval) +
-               ") when select_strategy is step, got " + std::to_string(z.select_interval));
-  }
-}
-
-// A list of strings, or one string holding a comma-separated list.
-std::vector<std::string> string_list(const Section& s, const std::string& key, const yaml::Node& node) {
-  std::vector<std::string> out;
-  if (node.is_scalar()) {
-    std::string item;
-    for (char c : node.text() + ",") {
-      if (c == ',') {
-        out.push_back(item);
-        item.clear();
-      } else if (c != ' ') {
-        item += c;
+        v += std::to_string(items[i]);
       }
     }
-    if (out.size() == 1 && out[0].empty()) out.clear();
-  } else if (node.is_sequence()) {
-    for (std::size_t i = 0; i < node.size(); ++i) {
-      if (!node.item(i).is_scalar()) s.fail(key, "items must be strings, got " + describe(node.item(i)) + " (item " + std::to_string(i) + ")");
-      out.push_back(node.item(i).text());
+    raw(key, v + "]");
+  }
+  std::string take() { return std::move(out_); }
+
+  static std::string scalar(const std::string& v) {
+    static const std::set<std::string> kWords = {"y", "n", "yes", "no", "true", "false", "on", "off", "null", "~"};
+    std::string lower(v);
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+    bool plain = !v.empty() && v.size() < 1024 && v[0] != '-' && v[0] != '+' && v[0] != '.' && !kWords.count(lower);
+    for (size_t i = 0; plain && i < v.size(); ++i) {
+      const unsigned char c = static_cast<unsigned char>(v[i]);
+      plain = std::isalnum(c) || c == '_' || c == '/' || c == '.' || c == '-' || c == '+';
     }
-  } else {
-    s.fail(key, "must be a list, got " + describe(node));
-  }
-  return out;
-}
-
-void read_addresses(const Section& s, HostSpec& h) {
-  const yaml::Node* node = s.find("addresses", true);
-  if (!node) return;
-  h.addresses = string_list(s, "addresses", *node);
-  if (h.addresses.size() > 1024) s.fail("addresses", "must list at most 1024 nodes, got " + std::to_string(h.addresses.size()));
-  std::set<std::string> seen;
-  for (std::size_t i = 0; i < h.addresses.size(); ++i) {
-    const std::string& a = h.addresses[i];
-    const std::size_t colon = a.rfind(':');
-    const std::string where = " (item " + std::to_string(i) + ")";
-    bool ok = colon != std::string::npos && colon > 0 && colon + 1 < a.size() && a.size() <= 300;
-    int64_t port = 0;
-    if (ok) {
-      for (std::size_t c = colon + 1; c < a.size(); ++c) ok = ok && std::isdigit(static_cast<unsigned char>(a[c]));
-      if (ok) port = std::stoll(a.substr(colon + 1, 6));
-    }
-    if (!ok || port < 1 || port > 65535) s.fail("addresses", "must be HOST:PORT with a port in [1, 65535], got \"" + a + "\"" + where);
-    if (!seen.insert(a).second) s.fail("addresses", "\"" + a + "\" appears twice" + where);
-  }
-}
-
-void read_on_node_loss(const Section& s, HostSpec& h) {
-  const yaml::Node* node = s.find("on_node_loss");
-  if (!node) return;
-  std::vector<std::string> steps = string_list(s, "on_node_loss", *node);
-  const std::vector<std::string> known = {"spare", "in_process", "fail"};
-  if (steps.empty()) s.fail("on_node_loss", "must name at least one of spare, in_process, fail");
-  std::set<std::string> seen;
-  for (const std::string& x : steps) {
-    if (std::find(known.begin(), known.end(), x) == known.end())
-      s.fail("on_node_loss", "must be a list of spare, in_process, fail; got \"" + x + "\"");
-    if (!seen.insert(x).second) s.fail("on_node_loss", "\"" + x + "\" appears twice");
-  }
-  if (steps.back() != "fail" && seen.count("fail"))
-    s.fail("on_node_loss", "\"fail\" must come last (nothing after it is tried)");
-  h.on_node_loss = std::move(steps);
-}
-
-void read_host(const yaml::Node& node, HostSpec& h, const std::string& base_dir) {
-  Section s(node, "optimizer.host", {"threads", "reserved_cores", "nodes", "addresses", "token_file", "on_node_loss",
-                                     "huge_pages"});
-  read_int_or_auto(s, "threads", h.threads_auto, h.threads, {1, kMaxCores});
-  if (const yaml::Node* cores = s.find("reserved_cores")) {
-    if (is_auto(*cores)) {
-      h.reserved_cores_auto = true;
-      h.reserved_cores.clear();
-    } else {
-      const std::string expected = "must be \"auto\" or a non-empty list of core ids";
-      if (!cores->is_sequence() || cores->size() == 0) {
-        s.fail("reserved_cores", expected + ", got " + describe(*cores));
+    if (plain) return v;
+    std::string q = "\"";
+    for (const unsigned char c : v) {
+      switch (c) {
+        case '"': q += "\\\""; break;
+        case '\\': q += "\\\\"; break;
+        case '\n': q += "\\n"; break;
+        case '\t': q += "\\t"; break;
+        case '\r': q += "\\r"; break;
+        default:
+          if (c < 0x20 || c == 0x7f) {
+            char esc[8];
+            std::snprintf(esc, sizeof(esc), "\\x%02x", c);
+            q += esc;
+          } else {
+            q += static_cast<char>(c);  // UTF-8 bytes as they are
+          }
       }
-      if (cores->size() > static_cast<std::size_t>(kMaxCores)) {
-        s.fail("reserved_cores", "must list at most " + std::to_string(kMaxCores) +
-                                     " core ids, got " + std::to_string(cores->size()));
-      }
-      std::vector<int> ids;
-      std::set<int64_t> seen;
-      for (std::size_t i = 0; i < cores->size(); ++i) {
-        const yaml::Node& item = cores->item(i);
-        const ParsedInt parsed = parse_int(item);
-        // Out of int64 is out of range, not "not an integer".
-        const std::optional<int64_t> id =
-            parsed.integer ? std::optional<int64_t>(parsed.fits ? parsed.value : -1) : std::nullopt;
-        const std::string where = " (item " + std::to_string(i) + ")";
-        if (!id) {
-          s.fail("reserved_cores", "core ids must be integers, got " + describe(item) + where);
-        }
-        if (*id < 0 || *id > kMaxCoreId) {
-          s.fail("reserved_cores", "core ids must be in [0, " + std::to_string(kMaxCoreId) +
-                                       "], got " + item.text() + where);
-        }
-        if (!seen.insert(*id).second) {
-          s.fail("reserved_cores", "core id " + std::to_string(*id) + " appears twice" + where);
-        }
-        ids.push_back(static_cast<int>(*id));
-      }
-      h.reserved_cores_auto = false;
-      h.reserved_cores = std::move(ids);
     }
+    return q + "\"";
   }
-  read_int(s, "nodes", h.nodes, {0, 1024});
-  read_addresses(s, h);
-  read_string(s, "token_file", h.token_file, true);
-  h.token_file = resolve_path(base_dir, h.token_file);
-  read_on_node_loss(s, h);
-  if (h.nodes > 0 && !h.addresses.empty() && h.nodes != static_cast<int64_t>(h.addresses.size()))
-    s.fail("nodes", "is " + std::to_string(h.nodes) + " but addresses lists " + std::to_string(h.addresses.size()) +
-                        " nodes (give one of them, or make them agree)");
-  read_bool(s, "huge_pages", h.huge_pages);
-}
 
-void read_optimizer(const yaml::Node& node, OptimizerSpec& o, const std::string& base_dir) {
-  Section s(node, "optimizer", {"mode", "beta1", "beta2", "eps", "zenflow", "host"});
-  read_choice(s, "mode", o.mode, {"zenflow", "offload", "device"});
-  read_number(s, "beta1", o.beta1, Range{0, true, 1, false});
-  read_number(s, "beta2", o.beta2, Range{0, true, 1, false});
-  read_number(s, "eps", o.eps, above(0));
-  read_zenflow(s.child("zenflow"), o.zenflow);
-  read_host(s.child("host"), o.host, base_dir);
-}
-
-void read_resources(const yaml::Node& node, ResourcesSpec& r) {
-  Section s(node, "resources",
-            {"workers", "gpus_per_worker", "host_memory_gb", "priority", "max_restarts", "hang_timeout"});
-  read_int(s, "workers", r.workers, {1, kMaxCores});
-  read_int(s, "gpus_per_worker", r.gpus_per_worker, {0, 64});
-  if (const yaml::Node* mem = s.find("host_memory_gb")) {
-    if (is_auto(*mem)) {
-      r.host_memory_gb_auto = true;
-      r.host_memory_gb = 0;
-    } else {
-      std::optional<double> v = to_double(*mem);
-      if (!v) s.fail("host_memory_gb", "must be \"auto\" or a number in (0, 1048576], got " + describe(*mem));
-      // Converted to bytes in int64 later: bounded (1 PiB) so the conversion is defined.
-      check_range(s, "host_memory_gb", *mem, *v, Range{0, false, 1 << 20, true});
-      r.host_memory_gb_auto = false;
-      r.host_memory_gb = *v;
-    }
+ private:
+  void line(const char* key) {
+    out_.append(static_cast<size_t>(2 * depth_), ' ');
+    out_ += key;
+    out_ += ':';
   }
-  read_int(s, "priority", r.priority, {-kMillion, kMillion});
-  read_int(s, "max_restarts", r.max_restarts, {0, 1000});
-  bool hang_auto = r.hang_timeout == 0;
-  read_int_or_auto(s, "hang_timeout", hang_auto, r.hang_timeout,
-                   {ResourcesSpec::kMinHangTimeoutSeconds, kBillion});
-  if (hang_auto) r.hang_timeout = 0;
-}
-
-void read_checkpoint(const yaml::Node& node, CheckpointSpec& c, const std::string& name,
-                     const std::string& base_dir) {
-  Section s(node, "checkpoint", {"dir", "every_steps", "keep"});
-  read_string(s, "dir", c.dir, true);
-  if (c.dir.empty()) c.dir = "runs/" + name;
-  c.dir = resolve_path(base_dir, c.dir);
-  read_int(s, "every_steps", c.every_steps, {0, kBillion});
-  read_int(s, "keep", c.keep, {1, kMillion});
-}
-
-void read_cost(const yaml::Node& node, CostSpec& c) {
-  Section s(node, "cost", {"instance_type", "usd_per_hour"});
-  read_string(s, "instance_type", c.instance_type, true, kMaxNameChars);
-  if (s.find("usd_per_hour", true)) {
-    double v = 0;
-    read_number(s, "usd_per_hour", v, at_least(0));
-    c.usd_per_hour = v;
-  } else {
-    c.usd_per_hour.reset();
-  }
-}
+  std::string out_;
+  int depth_ = 0;
+};
 
 // The name becomes a path component (runs/<name>): a leading letter or digit rules out
 // ".", ".." and hidden or option-like names; the length keeps paths and logs sane.
@@ -681,33 +443,790 @@ void check_checkpoint_dir(const CheckpointSpec& c, const std::string& name, cons
   }
 }
 
-JobSpec validate(const yaml::Node& root, const std::string& base_dir, SpecSite site) {
-  Section s(root, "",
-            {"name", "model", "data", "train", "optimizer", "resources", "checkpoint", "cost"});
-  JobSpec spec;
-  const yaml::Node* name = s.find("name", true);
-  if (!name) s.fail("name", std::string("required (") + kNameRule + ")");
-  if (!name->is_scalar() || !valid_name(name->text())) {
-    s.fail("name", std::string("must be ") + kNameRule + "; got " + describe(*name));
-  }
-  spec.name = name->text();
-  read_model(s.child("model"), spec.model, base_dir);
-  read_data(s.child("data"), spec.data, base_dir);
-  read_train(s.child("train"), spec.train);
-  read_optimizer(s.child("optimizer"), spec.optimizer, base_dir);
-  read_resources(s.child("resources"), spec.resources);
-  read_checkpoint(s.child("checkpoint"), spec.checkpoint, spec.name, base_dir);
-  check_checkpoint_dir(spec.checkpoint, spec.name, base_dir, site);
-  read_cost(s.child("cost"), spec.cost);
+// ---- Lists ---------------------------------------------------------------------------------
 
+// A list of strings, or one string holding a comma-separated list.
+std::vector<std::string> string_list(const Section& s, const std::string& key, const yaml::Node& node) {
+  std::vector<std::string> out;
+  if (node.is_scalar()) {
+    std::string item;
+    for (char c : node.text() + ",") {
+      if (c == ',') {
+        out.push_back(item);
+        item.clear();
+      } else if (c != ' ') {
+        item += c;
+      }
+    }
+    if (out.size() == 1 && out[0].empty()) out.clear();
+  } else if (node.is_sequence()) {
+    for (std::size_t i = 0; i < node.size(); ++i) {
+      if (!node.item(i).is_scalar()) s.fail(key, "items must be strings, got " + describe(node.item(i)) + " (item " + std::to_string(i) + ")");
+      out.push_back(node.item(i).text());
+    }
+  } else {
+    s.fail(key, "must be a list, got " + describe(node));
+  }
+  return out;
+}
+
+std::vector<std::string> parse_addresses(const Section& s, const std::string& key, const yaml::Node& node) {
+  std::vector<std::string> addresses = string_list(s, key, node);
+  if (addresses.size() > 1024) s.fail(key, "must list at most 1024 nodes, got " + std::to_string(addresses.size()));
+  std::set<std::string> seen;
+  for (std::size_t i = 0; i < addresses.size(); ++i) {
+    const std::string& a = addresses[i];
+    const std::size_t colon = a.rfind(':');
+    const std::string where = " (item " + std::to_string(i) + ")";
+    bool ok = colon != std::string::npos && colon > 0 && colon + 1 < a.size() && a.size() <= 300;
+    int64_t port = 0;
+    if (ok) {
+      for (std::size_t c = colon + 1; c < a.size(); ++c) ok = ok && std::isdigit(static_cast<unsigned char>(a[c]));
+      if (ok) port = std::stoll(a.substr(colon + 1, 6));
+    }
+    if (!ok || port < 1 || port > 65535) s.fail(key, "must be HOST:PORT with a port in [1, 65535], got \"" + a + "\"" + where);
+    if (!seen.insert(a).second) s.fail(key, "\"" + a + "\" appears twice" + where);
+  }
+  return addresses;
+}
+
+std::vector<std::string> parse_node_loss_steps(const Section& s, const std::string& key, const yaml::Node& node) {
+  std::vector<std::string> steps = string_list(s, key, node);
+  const std::vector<std::string> known = {"spare", "in_process", "fail"};
+  if (steps.empty()) s.fail(key, "must name at least one of spare, in_process, fail");
+  std::set<std::string> seen;
+  for (const std::string& x : steps) {
+    if (std::find(known.begin(), known.end(), x) == known.end())
+      s.fail(key, "must be a list of spare, in_process, fail; got \"" + x + "\"");
+    if (!seen.insert(x).second) s.fail(key, "\"" + x + "\" appears twice");
+  }
+  if (steps.back() != "fail" && seen.count("fail")) s.fail(key, "\"fail\" must come last (nothing after it is tried)");
+  return steps;
+}
+
+std::vector<int> parse_core_ids(const Section& s, const std::string& key, const yaml::Node& cores) {
+  const std::string expected = "must be \"auto\" or a non-empty list of core ids";
+  if (!cores.is_sequence() || cores.size() == 0) s.fail(key, expected + ", got " + describe(cores));
+  if (cores.size() > static_cast<std::size_t>(kMaxCores)) {
+    s.fail(key, "must list at most " + std::to_string(kMaxCores) + " core ids, got " + std::to_string(cores.size()));
+  }
+  std::vector<int> ids;
+  std::set<int64_t> seen;
+  for (std::size_t i = 0; i < cores.size(); ++i) {
+    const yaml::Node& item = cores.item(i);
+    const ParsedInt parsed = parse_int(item);
+    // Out of int64 is out of range, not "not an integer".
+    const std::optional<int64_t> id =
+        parsed.integer ? std::optional<int64_t>(parsed.fits ? parsed.value : -1) : std::nullopt;
+    const std::string where = " (item " + std::to_string(i) + ")";
+    if (!id) s.fail(key, "core ids must be integers, got " + describe(item) + where);
+    if (*id < 0 || *id > kMaxCoreId) {
+      s.fail(key, "core ids must be in [0, " + std::to_string(kMaxCoreId) + "], got " + item.text() + where);
+    }
+    if (!seen.insert(*id).second) s.fail(key, "core id " + std::to_string(*id) + " appears twice" + where);
+    ids.push_back(static_cast<int>(*id));
+  }
+  return ids;
+}
+
+// ---- model.config ----------------------------------------------------------------------------
+
+// The HF config.json keys model.config accepts, in the order messages list them. Sizes are
+// integers >= 1, each bounded (above the largest public models by a wide margin, and below
+// anything that overflows a tensor size: 1024 layers x 131072 hidden is already ~7e13
+// parameters); reals are > 0; the flag is a boolean or 0/1. Kept in a std::map<string,
+// double> (only the keys the user wrote), so these rows are not members.
+struct ConfigKey {
+  enum Kind { kSize, kReal, kFlag };
+  const char* key;
+  Kind kind;
+  int64_t max;  // kSize only
+  const char* meaning;
+};
+const ConfigKey kModelConfigKeys[] = {
+    {"hidden_size", ConfigKey::kSize, 131072, "Width of the hidden states"},
+    {"num_hidden_layers", ConfigKey::kSize, 1024, "Transformer blocks"},
+    {"num_attention_heads", ConfigKey::kSize, 4096, "Query heads; divides hidden_size"},
+    {"num_key_value_heads", ConfigKey::kSize, 4096, "Key/value heads (grouped-query attention); divides num_attention_heads"},
+    {"intermediate_size", ConfigKey::kSize, 1048576, "Hidden width of the MLP"},
+    {"vocab_size", ConfigKey::kSize, 16777216, "Embedding rows (tokens)"},
+    {"max_position_embeddings", ConfigKey::kSize, 4194304, "Longest sequence the model takes; train.seq_len <= it"},
+    {"rope_theta", ConfigKey::kReal, 0, "Rotary embedding base (llama)"},
+    {"rms_norm_eps", ConfigKey::kReal, 0, "Epsilon of the normalization layers"},
+    {"initializer_range", ConfigKey::kReal, 0, "Standard deviation of the random initialization"},
+    {"tie_word_embeddings", ConfigKey::kFlag, 0, "The output layer shares the input embedding"},
+};
+
+const ConfigKey* find_config_key(const std::string& key) {
+  for (const ConfigKey& k : kModelConfigKeys)
+    if (key == k.key) return &k;
+  return nullptr;
+}
+
+std::map<std::string, double> parse_model_config(const yaml::Node& node) {
+  std::vector<std::string> keys;
+  for (const ConfigKey& k : kModelConfigKeys) keys.push_back(k.key);
+  Section c(node, "model.config", keys);
+  std::map<std::string, double> config;
+  for (const ConfigKey& k : kModelConfigKeys) {
+    const yaml::Node* v = c.find(k.key);
+    if (!v) continue;
+    if (k.kind == ConfigKey::kSize) {
+      config[k.key] = static_cast<double>(int_value(c, k.key, *v, {1, k.max}));
+    } else if (k.kind == ConfigKey::kFlag) {
+      std::optional<int64_t> as_int = to_int(*v);
+      if (as_int && (*as_int == 0 || *as_int == 1)) {
+        config[k.key] = static_cast<double>(*as_int);
+      } else {
+        config[k.key] = bool_value(c, k.key, *v) ? 1.0 : 0.0;
+      }
+    } else {
+      double x = 0;
+      read_number(c, k.key, x, above(0));
+      config[k.key] = x;
+    }
+  }
+  auto has = [&](const char* k) { return config.count(k) != 0; };
+  auto get = [&](const char* k) { return static_cast<int64_t>(config.at(k)); };
+  if (has("hidden_size") && has("num_attention_heads") && get("hidden_size") % get("num_attention_heads") != 0) {
+    c.fail("hidden_size", "must be a multiple of num_attention_heads (" + std::to_string(get("num_attention_heads")) +
+                              "), got " + std::to_string(get("hidden_size")));
+  }
+  if (has("num_attention_heads") && has("num_key_value_heads") &&
+      get("num_attention_heads") % get("num_key_value_heads") != 0) {
+    c.fail("num_key_value_heads", "must divide num_attention_heads (" + std::to_string(get("num_attention_heads")) +
+                                      "), got " + std::to_string(get("num_key_value_heads")));
+  }
+  return config;
+}
+
+void write_model_config(SpecWriter& out, const char* key, const std::map<std::string, double>& config) {
+  out.begin(key);
+  for (const auto& [name, value] : config) {
+    const ConfigKey* k = find_config_key(name);
+    if (k && k->kind == ConfigKey::kFlag) {
+      out.boolean(name.c_str(), value != 0);
+    } else if (k && k->kind == ConfigKey::kSize) {
+      out.integer(name.c_str(), static_cast<int64_t>(value));
+    } else {
+      out.num(name.c_str(), value);
+    }
+  }
+  out.end();
+}
+
+// ---- The field table ---------------------------------------------------------------------------
+//
+// Each section of the spec is one function, rows(V&, Of<Section>), with one row per YAML
+// key in the order messages list the keys, to_yaml writes them and docs/spec.md documents
+// them. A row says what the key takes (its kind: Int, Real, ...), its bounds, its meaning
+// (one line, for docs/spec.md) and the member(s) it fills; the member's initializer
+// (common/job_spec.h) is the default. Parsing (Reader), to_yaml (Writer), operator==
+// (Equal), each section's allowed keys (KeyList) and docs/spec.md's table (Reference) all
+// walk these rows: a new knob is its member plus one row. Rules between keys are
+// hand-written in check_rules(), each run right after the row it names.
+
+template <typename S>
+struct Of {};
+
+// A number within `range`; with `or_auto`, "auto" too.
+template <typename RangeType, bool or_auto>
+struct Bounded {
+  const char* key;
+  RangeType range;
+  const char* meaning;
+};
+// An integer: int64_t, or uint64_t (train.seed) read within the range.
+using Int = Bounded<IntRange, false>;
+// A finite number: double, or std::optional<double> (a key with no value: unset).
+using Real = Bounded<Range, false>;
+// "auto" or an integer: members (bool is_auto, int64_t value), or one int64_t where 0
+// stands for auto.
+using IntOrAuto = Bounded<IntRange, true>;
+// "auto" or a number: members (bool is_auto, double value).
+using RealOrAuto = Bounded<Range, true>;
+struct Flag {
+  const char* key;
+  const char* meaning;
+};
+// One of `choices`: std::string, and optionally a bool member recording whether the key
+// was written (model.arch: to_yaml writes it only then).
+struct Choice {
+  const char* key;
+  std::vector<std::string> choices;
+  const char* meaning;
+};
+struct Text {
+  const char* key;
+  const char* meaning;
+  bool null_ok = false;  // `key:` with no value means "not given"
+  std::size_t max_bytes = kMaxPathBytes;
+};
+// A path, resolved against the spec's directory as it is read.
+struct Path {
+  const char* key;
+  const char* meaning;
+  bool null_ok = false;
+  const char* if_empty = nullptr;  // the reason an empty value is refused; nullptr: allowed
+  const char* word = nullptr;      // a value that is not a path (data.tokenizer: "byte")
+  bool omit_empty = false;         // to_yaml leaves the key out when empty
+};
+// A list the parse function reads and checks: std::vector<T>, or (bool is_auto,
+// std::vector<T>) when "auto" is allowed too.
+template <typename T>
+struct List {
+  const char* key;
+  std::vector<T> (*parse)(const Section&, const std::string& key, const yaml::Node&);
+  const char* type;    // for the reference
+  const char* bounds;  // for the reference
+  const char* meaning;
+  bool null_ok = false;
+};
+// The job's name (required; kNameRule).
+struct Name {
+  const char* key;
+  const char* meaning;
+};
+// model.config: the kModelConfigKeys map.
+struct ModelConfig {
+  const char* key;
+};
+// A nested section: its own rows.
+struct Nested {
+  const char* key;
+};
+
+template <typename V>
+void rows(V& v, Of<ModelSpec>) {
+  v(Choice{"arch", {"llama", "gpt2"}, "Architecture; with model.from and arch both written, the directory's must be it"},
+    &ModelSpec::arch, &ModelSpec::arch_given);
+  v(Path{"from", "Directory with config.json and safetensors weights; empty: random initialization", true},
+    &ModelSpec::from);
+  v(ModelConfig{"config"}, &ModelSpec::config);
+}
+
+template <typename V>
+void rows(V& v, Of<DataSpec>) {
+  v(Path{"train", "Training data: a file, or a directory (its regular files, sorted)", true,
+         "required (a file or directory of training data)"},
+    &DataSpec::train);
+  v(Path{"val", "Validation data; empty: hold out data.val_fraction of train", true}, &DataSpec::val);
+  v(Choice{"format", {"text", "jsonl", "tokens"}, "How the data files are read"}, &DataSpec::format);
+  v(Path{"tokenizer", "\"byte\", or a tokenizer.json (or a directory holding one)", false,
+         "must be \"byte\" or a tokenizer.json path, got ''", "byte"},
+    &DataSpec::tokenizer);
+  v(Real{"val_fraction", closed(0, 0.5), "Share of train held out for validation when data.val is empty"},
+    &DataSpec::val_fraction);
+}
+
+template <typename V>
+void rows(V& v, Of<TrainSpec>) {
+  v(Int{"steps", {1, kBillion}, "Optimizer steps"}, &TrainSpec::steps);
+  v(Int{"micro_batch", {1, 65536}, "Sequences per rank in one forward/backward pass"}, &TrainSpec::micro_batch);
+  v(Int{"grad_accum", {1, 65536}, "Micro-batches per optimizer step"}, &TrainSpec::grad_accum);
+  v(Int{"seq_len", {2, 1048576}, "Tokens per sequence; <= model.config.max_position_embeddings when given"},
+    &TrainSpec::seq_len);
+  v(Real{"lr", above(0), "Peak learning rate"}, &TrainSpec::lr);
+  v(Choice{"schedule", {"cosine", "linear", "constant"}, "Learning-rate decay after the warm-up"},
+    &TrainSpec::schedule);
+  v(Int{"warmup_steps", {0, kBillion}, "Linear warm-up steps; <= train.steps; when omitted, min(10, train.steps)"},
+    &TrainSpec::warmup_steps);
+  v(Real{"min_lr_ratio", closed(0, 1), "Final learning rate as a fraction of train.lr"}, &TrainSpec::min_lr_ratio);
+  v(Real{"weight_decay", at_least(0), "Decoupled (AdamW) weight decay"}, &TrainSpec::weight_decay);
+  v(Real{"grad_clip", at_least(0), "Clip of the global gradient L2 norm; 0 disables"}, &TrainSpec::grad_clip);
+  v(Int{"seed", {0, std::numeric_limits<int64_t>::max()}, "Seed of the initialization and the data order"},
+    &TrainSpec::seed);
+  v(Int{"eval_every", {0, kBillion}, "Steps between evaluations; 0: only at the end"}, &TrainSpec::eval_every);
+  v(Int{"eval_batches", {1, kMillion}, "Validation batches per evaluation"}, &TrainSpec::eval_batches);
+  v(Choice{"device", {"auto", "cpu", "cuda"}, "Where the model trains; auto: cuda when there is one"},
+    &TrainSpec::device);
+  v(Choice{"dtype", {"auto", "float32", "bfloat16", "float16"},
+           "Weights on the device; auto: bfloat16 on cuda, float32 on the cpu"},
+    &TrainSpec::dtype);
+  v(Choice{"autocast", {"none", "bfloat16", "float16"},
+           "Mixed precision on cuda (matmuls in this dtype, weights in train.dtype); ignored on the cpu"},
+    &TrainSpec::autocast);
+  v(Int{"compute_threads", {0, kMaxCores}, "CPU threads of the training computation; 0: the cores the host optimizer leaves"},
+    &TrainSpec::compute_threads);
+}
+
+template <typename V>
+void rows(V& v, Of<ZenflowSpec>) {
+  v(Real{"topk_ratio", closed(0, 1), "Share of each large matrix's columns (by gradient importance) updated on the device every step"},
+    &ZenflowSpec::topk_ratio);
+  v(Choice{"select_strategy", {"auto", "step", "epoch"},
+           "When the columns are re-selected: step (every select_interval steps), epoch, or auto (each epoch, and "
+           "when a matrix's selected share of importance drops below reselect_threshold)"},
+    &ZenflowSpec::select_strategy);
+  v(IntOrAuto{"select_interval", {1, kBillion},
+              "Steps (step) or epochs (epoch) between re-selections; a multiple of update_interval for step; auto: "
+              "10 windows, or 1 epoch"},
+    &ZenflowSpec::select_interval_auto, &ZenflowSpec::select_interval);
+  v(IntOrAuto{"update_interval", {1, kMillion},
+              "Steps per window: the host columns get one update per window; auto: a window closes once "
+              "auto_ratio of the matrices are ready, or after max_update_interval steps"},
+    &ZenflowSpec::update_interval_auto, &ZenflowSpec::update_interval);
+  v(Int{"full_warm_up_rounds", {0, kMillion}, "Steps before the first selection, run as offload (every column updated on the host each step)"},
+    &ZenflowSpec::full_warm_up_rounds);
+  v(Flag{"overlap_step", "Run a window's host update while the next window trains"}, &ZenflowSpec::overlap_step);
+  v(Choice{"importance", {"l2", "l1"}, "Column importance: the L2 or L1 norm of its gradient"},
+    &ZenflowSpec::importance);
+  v(Real{"reselect_threshold", Range{0, false, 1, true},
+         "select_strategy auto: re-select a matrix whose selected columns hold less than this share of a fresh "
+         "selection's importance"},
+    &ZenflowSpec::reselect_threshold);
+  v(Real{"auto_ratio", Range{0, false, 1, true},
+         "update_interval auto: the share of matrices that must be ready before a window closes"},
+    &ZenflowSpec::auto_ratio);
+  v(Int{"max_update_interval", {1, kMillion}, "update_interval auto: the longest window"},
+    &ZenflowSpec::max_update_interval);
+  v(Int{"min_split_numel", {1, int64_t{1} << 40}, "Parameters with fewer elements stay on the device"},
+    &ZenflowSpec::min_split_numel);
+}
+
+template <typename V>
+void rows(V& v, Of<HostSpec>) {
+  v(IntOrAuto{"threads", {1, kMaxCores}, "Host optimizer threads; auto: half this rank's cores, at least 1"},
+    &HostSpec::threads_auto, &HostSpec::threads);
+  v(List<int>{"reserved_cores", parse_core_ids, "list of integers or auto",
+              "auto, or 1 to 4096 distinct core ids in [0, 65535]",
+              "Cores of the host optimizer threads; auto: the last cores of this rank's share"},
+    &HostSpec::reserved_cores_auto, &HostSpec::reserved_cores);
+  v(Int{"nodes", {0, 1024}, "Remote zenflow-optimizer nodes a coordinator assigns; 0: in-process"}, &HostSpec::nodes);
+  v(List<std::string>{"addresses", parse_addresses, "list of strings", "at most 1024 distinct HOST:PORT",
+                      "zenflow-optimizer nodes holding each rank's host state; empty: optimizer.host.nodes, or in-process",
+                      true},
+    &HostSpec::addresses);
+  v(Path{"token_file", "File with the token the nodes require", true, nullptr, nullptr, true}, &HostSpec::token_file);
+  v(List<std::string>{"on_node_loss", parse_node_loss_steps, "list of strings",
+                      "spare, in_process, fail, each at most once, fail last",
+                      "What a lost node leads to, tried in order"},
+    &HostSpec::on_node_loss);
+  v(Flag{"huge_pages", "Back the host state with huge pages"}, &HostSpec::huge_pages);
+}
+
+template <typename V>
+void rows(V& v, Of<OptimizerSpec>) {
+  v(Choice{"mode", {"zenflow", "offload", "device"},
+           "zenflow: top-k columns on the device, the rest on the host once a window; offload: every update on "
+           "the host, every step; device: plain AdamW on the device"},
+    &OptimizerSpec::mode);
+  v(Real{"beta1", Range{0, true, 1, false}, "AdamW decay of the first moment"}, &OptimizerSpec::beta1);
+  v(Real{"beta2", Range{0, true, 1, false}, "AdamW decay of the second moment"}, &OptimizerSpec::beta2);
+  v(Real{"eps", above(0), "AdamW epsilon of the denominator"}, &OptimizerSpec::eps);
+  v(Nested{"zenflow"}, &OptimizerSpec::zenflow);
+  v(Nested{"host"}, &OptimizerSpec::host);
+}
+
+template <typename V>
+void rows(V& v, Of<ResourcesSpec>) {
+  v(Int{"workers", {1, kMaxCores}, "Workers the job runs on"}, &ResourcesSpec::workers);
+  v(Int{"gpus_per_worker", {0, 64}, "GPUs the job takes on each worker"}, &ResourcesSpec::gpus_per_worker);
+  v(RealOrAuto{"host_memory_gb", Range{0, false, 1 << 20, true},
+               "Host memory the job takes on each worker, in GiB; auto: estimated from the model and optimizer.mode"},
+    &ResourcesSpec::host_memory_gb_auto, &ResourcesSpec::host_memory_gb);
+  v(Int{"priority", {-kMillion, kMillion}, "Queue order: higher first; may preempt strictly lower priorities"},
+    &ResourcesSpec::priority);
+  v(Int{"max_restarts", {0, 1000},
+        "Restarts after a lost worker or a crashed rank before the job is FAILED; preemption does not count"},
+    &ResourcesSpec::max_restarts);
+  v(IntOrAuto{"hang_timeout", {ResourcesSpec::kMinHangTimeoutSeconds, kBillion},
+              "Seconds without progress before an attempt is killed and requeued; auto: the larger of 10 x the "
+              "median step time and 300 (3 x before the first step)"},
+    &ResourcesSpec::hang_timeout);
+}
+
+template <typename V>
+void rows(V& v, Of<CheckpointSpec>) {
+  v(Path{"dir", "Where step-N checkpoints are written; empty: runs/<name> beside the spec", true},
+    &CheckpointSpec::dir);
+  v(Int{"every_steps", {0, kBillion}, "Steps between periodic checkpoints; 0: none"}, &CheckpointSpec::every_steps);
+  v(Int{"keep", {1, kMillion}, "Checkpoints kept; older ones are pruned"}, &CheckpointSpec::keep);
+}
+
+template <typename V>
+void rows(V& v, Of<CostSpec>) {
+  v(Text{"instance_type", "Instance type whose price the pricing catalog gives", true, kMaxNameChars},
+    &CostSpec::instance_type);
+  v(Real{"usd_per_hour", at_least(0), "The job's own hourly rate in USD, charged in full (not a share of the instance); ~: the catalog's"},
+    &CostSpec::usd_per_hour);
+}
+
+template <typename V>
+void rows(V& v, Of<JobSpec>) {
+  v(Name{"name", "The job's name; the default checkpoint directory is runs/<name>"}, &JobSpec::name);
+  v(Nested{"model"}, &JobSpec::model);
+  v(Nested{"data"}, &JobSpec::data);
+  v(Nested{"train"}, &JobSpec::train);
+  v(Nested{"optimizer"}, &JobSpec::optimizer);
+  v(Nested{"resources"}, &JobSpec::resources);
+  v(Nested{"checkpoint"}, &JobSpec::checkpoint);
+  v(Nested{"cost"}, &JobSpec::cost);
+}
+
+// ---- Rules between keys ------------------------------------------------------------------------
+//
+// Hand-written, each run by the Reader right after the row it names (`after`), so that a
+// spec with several mistakes is refused for the first one in row order.
+
+struct ReadContext {
+  std::string base_dir;
+  SpecSite site;
+};
+
+template <typename S>
+void check_rules(S&, const Section&, const ReadContext&, std::string_view /*after*/) {}
+
+void check_rules(ModelSpec& m, const Section&, const ReadContext&, std::string_view after) {
+  if (after == "from") m.arch_given = m.arch_given || m.from.empty();  // without a directory, arch decides
+}
+
+void check_rules(TrainSpec& t, const Section& s, const ReadContext&, std::string_view after) {
+  if (after != "warmup_steps") return;
+  // The default warm-up shrinks to fit a short run (--set train.steps=5 must just work);
+  // a warm-up the user wrote must fit as written.
+  if (!s.find("warmup_steps")) t.warmup_steps = std::min(t.warmup_steps, t.steps);
+  if (t.warmup_steps > t.steps) {
+    s.fail("warmup_steps", "must be <= train.steps (" + std::to_string(t.steps) + "), got " +
+                               std::to_string(t.warmup_steps));
+  }
+}
+
+void check_rules(ZenflowSpec& z, const Section& s, const ReadContext&, std::string_view after) {
+  // Semantics §2: with select_strategy step, re-selection happens at window boundaries
+  // only, so S must be a whole number of windows.
+  if (after == "min_split_numel" && z.select_strategy == "step" && !z.select_interval_auto &&
+      !z.update_interval_auto && z.select_interval % z.update_interval != 0) {
+    s.fail("select_interval",
+           "must be a positive multiple of update_interval (" + std::to_string(z.update_interval) +
+               ") when select_strategy is step, got " + std::to_string(z.select_interval));
+  }
+}
+
+void check_rules(HostSpec& h, const Section& s, const ReadContext&, std::string_view after) {
+  if (after == "on_node_loss" && h.nodes > 0 && !h.addresses.empty() &&
+      h.nodes != static_cast<int64_t>(h.addresses.size()))
+    s.fail("nodes", "is " + std::to_string(h.nodes) + " but addresses lists " + std::to_string(h.addresses.size()) +
+                        " nodes (give one of them, or make them agree)");
+}
+
+void check_rules(JobSpec& spec, const Section&, const ReadContext& ctx, std::string_view after) {
+  if (after == "checkpoint") {
+    if (spec.checkpoint.dir.empty()) spec.checkpoint.dir = resolve_path(ctx.base_dir, "runs/" + spec.name);
+    check_checkpoint_dir(spec.checkpoint, spec.name, ctx.base_dir, ctx.site);
+  }
   // Learned position tables (gpt2) and rotary caches (llama) are sized by this.
   auto max_pos = spec.model.config.find("max_position_embeddings");
-  if (max_pos != spec.model.config.end() &&
+  if (after == "cost" && max_pos != spec.model.config.end() &&
       static_cast<double>(spec.train.seq_len) > max_pos->second) {
     throw SpecError("train.seq_len", "must be <= model.config.max_position_embeddings (" +
                                          format_number(max_pos->second) + "), got " +
                                          std::to_string(spec.train.seq_len));
   }
+}
+
+// ---- What the rows derive ----------------------------------------------------------------------
+
+// The keys of a section, in row order: what its Section allows.
+struct KeyList {
+  std::vector<std::string> keys;
+  template <typename Row, typename... Members>
+  void operator()(const Row& row, Members...) {
+    keys.emplace_back(row.key);
+  }
+};
+
+template <typename S>
+const std::vector<std::string>& keys_of() {
+  static const std::vector<std::string> keys = [] {
+    KeyList list;
+    rows(list, Of<S>{});
+    return list.keys;
+  }();
+  return keys;
+}
+
+// Reads one section into `out`: unknown and repeated keys first, then row by row the
+// row's value and bounds and the rules that follow the row (check_rules).
+template <typename S>
+class Reader {
+ public:
+  Reader(const yaml::Node& node, const std::string& path, S& out, const ReadContext& ctx)
+      : s_(node, path, keys_of<S>()), out_(out), ctx_(ctx) {}
+
+  void run() { rows(*this, Of<S>{}); }
+
+  template <typename Row, typename... Members>
+  void operator()(const Row& row, Members... members) {
+    read(row, members...);
+    check_rules(out_, s_, ctx_, row.key);
+  }
+
+ private:
+  template <typename T>
+  void read(const Int& r, T S::*m) {
+    if (const yaml::Node* node = s_.find(r.key)) out_.*m = static_cast<T>(int_value(s_, r.key, *node, r.range));
+  }
+  void read(const Real& r, double S::*m) { read_number(s_, r.key, out_.*m, r.range); }
+  void read(const Real& r, std::optional<double> S::*m) {
+    if (s_.find(r.key, true)) {
+      double v = 0;
+      read_number(s_, r.key, v, r.range);
+      out_.*m = v;
+    } else {
+      (out_.*m).reset();
+    }
+  }
+  void read(const Flag& r, bool S::*m) { read_bool(s_, r.key, out_.*m); }
+  void read(const Choice& r, std::string S::*m) { read_choice(s_, r.key, out_.*m, r.choices); }
+  void read(const Choice& r, std::string S::*m, bool S::*written) {
+    read_choice(s_, r.key, out_.*m, r.choices);
+    out_.*written = s_.find(r.key) != nullptr;
+  }
+  void read(const Text& r, std::string S::*m) { read_string(s_, r.key, out_.*m, r.null_ok, r.max_bytes); }
+  void read(const Path& r, std::string S::*m) {
+    std::string& path = out_.*m;
+    read_string(s_, r.key, path, r.null_ok);
+    if (r.if_empty && path.empty()) s_.fail(r.key, r.if_empty);
+    if (!r.word || path != r.word) path = resolve_path(ctx_.base_dir, path);
+  }
+  void read(const IntOrAuto& r, bool S::*auto_flag, int64_t S::*m) {
+    read_int_or_auto(s_, r.key, out_.*auto_flag, out_.*m, r.range);
+  }
+  void read(const IntOrAuto& r, int64_t S::*m) {  // 0 stands for auto
+    bool zero = out_.*m == 0;
+    read_int_or_auto(s_, r.key, zero, out_.*m, r.range);
+    if (zero) out_.*m = 0;
+  }
+  void read(const RealOrAuto& r, bool S::*auto_flag, double S::*m) {
+    const yaml::Node* node = s_.find(r.key);
+    if (!node) return;
+    if (is_auto(*node)) {
+      out_.*auto_flag = true;
+      out_.*m = 0;
+      return;
+    }
+    std::optional<double> v = to_double(*node);
+    if (!v) s_.fail(r.key, "must be \"auto\" or a number " + r.range.text() + ", got " + describe(*node));
+    check_range(s_, r.key, *node, *v, r.range);
+    out_.*auto_flag = false;
+    out_.*m = *v;
+  }
+  template <typename T>
+  void read(const List<T>& r, std::vector<T> S::*m) {
+    if (const yaml::Node* node = s_.find(r.key, r.null_ok)) out_.*m = r.parse(s_, r.key, *node);
+  }
+  template <typename T>
+  void read(const List<T>& r, bool S::*auto_flag, std::vector<T> S::*m) {
+    const yaml::Node* node = s_.find(r.key, r.null_ok);
+    if (!node) return;
+    const bool automatic = is_auto(*node);
+    out_.*m = automatic ? std::vector<T>{} : r.parse(s_, r.key, *node);
+    out_.*auto_flag = automatic;
+  }
+  void read(const Name& r, std::string S::*m) {
+    const yaml::Node* name = s_.find(r.key, true);
+    if (!name) s_.fail(r.key, std::string("required (") + kNameRule + ")");
+    if (!name->is_scalar() || !valid_name(name->text())) {
+      s_.fail(r.key, std::string("must be ") + kNameRule + "; got " + describe(*name));
+    }
+    out_.*m = name->text();
+  }
+  void read(const ModelConfig& r, std::map<std::string, double> S::*m) {
+    out_.*m = parse_model_config(s_.child(r.key));
+  }
+  template <typename Sub>
+  void read(const Nested& r, Sub S::*m) {
+    Reader<Sub>(s_.child(r.key), s_.key_path(r.key), out_.*m, ctx_).run();
+  }
+
+  Section s_;
+  S& out_;
+  const ReadContext& ctx_;
+};
+
+// Writes one section's keys, in row order, as to_yaml documents them.
+template <typename S>
+class Writer {
+ public:
+  Writer(SpecWriter& out, const S& v) : out_(out), v_(v) {}
+  void write() { rows(*this, Of<S>{}); }
+
+  template <typename T>
+  void operator()(const Int& r, T S::*m) {
+    out_.raw(r.key, std::to_string(v_.*m));
+  }
+  void operator()(const Real& r, double S::*m) { out_.num(r.key, v_.*m); }
+  void operator()(const Real& r, std::optional<double> S::*m) {
+    out_.raw(r.key, (v_.*m) ? format_number(*(v_.*m)) : "~");
+  }
+  void operator()(const Flag& r, bool S::*m) { out_.boolean(r.key, v_.*m); }
+  void operator()(const Choice& r, std::string S::*m) { out_.str(r.key, v_.*m); }
+  void operator()(const Choice& r, std::string S::*m, bool S::*written) {
+    if (v_.*written) out_.str(r.key, v_.*m);
+  }
+  void operator()(const Text& r, std::string S::*m) { out_.str(r.key, v_.*m); }
+  void operator()(const Path& r, std::string S::*m) {
+    if (!r.omit_empty || !(v_.*m).empty()) out_.str(r.key, v_.*m);
+  }
+  void operator()(const IntOrAuto& r, bool S::*auto_flag, int64_t S::*m) {
+    out_.str(r.key, v_.*auto_flag ? "auto" : std::to_string(v_.*m));
+  }
+  void operator()(const IntOrAuto& r, int64_t S::*m) { out_.str(r.key, v_.*m > 0 ? std::to_string(v_.*m) : "auto"); }
+  void operator()(const RealOrAuto& r, bool S::*auto_flag, double S::*m) {
+    out_.str(r.key, v_.*auto_flag ? "auto" : format_number(v_.*m));
+  }
+  template <typename T>
+  void operator()(const List<T>& r, std::vector<T> S::*m) {
+    out_.flow(r.key, v_.*m);
+  }
+  template <typename T>
+  void operator()(const List<T>& r, bool S::*auto_flag, std::vector<T> S::*m) {
+    if (v_.*auto_flag) {
+      out_.str(r.key, "auto");
+    } else {
+      out_.flow(r.key, v_.*m);
+    }
+  }
+  void operator()(const Name& r, std::string S::*m) { out_.str(r.key, v_.*m); }
+  void operator()(const ModelConfig& r, std::map<std::string, double> S::*m) {
+    write_model_config(out_, r.key, v_.*m);
+  }
+  template <typename Sub>
+  void operator()(const Nested& r, Sub S::*m) {
+    out_.begin(r.key);
+    Writer<Sub>(out_, v_.*m).write();
+    out_.end();
+  }
+
+ private:
+  SpecWriter& out_;
+  const S& v_;
+};
+
+// Every member a row names, compared exactly (doubles too).
+template <typename S>
+class Equal {
+ public:
+  Equal(const S& a, const S& b) : a_(a), b_(b) {}
+  bool same() {
+    rows(*this, Of<S>{});
+    return same_;
+  }
+  template <typename Row, typename... Members>
+  void operator()(const Row&, Members... m) {
+    same_ = same_ && ((a_.*m == b_.*m) && ...);
+  }
+
+ private:
+  const S& a_;
+  const S& b_;
+  bool same_ = true;
+};
+
+template <typename S>
+bool rows_equal(const S& a, const S& b) {
+  return Equal<S>(a, b).same();
+}
+
+// ---- The reference (docs/spec.md) ---------------------------------------------------------------
+
+struct KeyDoc {
+  std::string key, type, default_value, bounds, meaning;
+};
+
+// "in [0, 1]" -> "[0, 1]"; "a number" -> "finite".
+std::string bounds_text(const std::string& range_text) {
+  if (range_text.rfind("in ", 0) == 0) return range_text.substr(3);
+  return range_text == "a number" ? "finite" : range_text;
+}
+
+std::string one_of(const std::vector<std::string>& choices) { return "one of " + join_names(choices, ", "); }
+
+// One entry per key with its type, bounds and meaning from the row and its default as
+// to_yaml writes it for a default-constructed section.
+template <typename S>
+class Reference {
+ public:
+  Reference(std::string path, const S& defaults, std::vector<KeyDoc>& out)
+      : path_(std::move(path)), defaults_(defaults), out_(out) {}
+  void list() { rows(*this, Of<S>{}); }
+
+  template <typename T>
+  void operator()(const Int& r, T S::*m) {
+    add(r.key, "integer", written(r, m), bounds_text(r.range.text()), r.meaning);
+  }
+  template <typename T>
+  void operator()(const Real& r, T S::*m) {
+    const bool optional = !std::is_same_v<T, double>;
+    add(r.key, optional ? "number or ~" : "number", written(r, m), bounds_text(r.range.text()), r.meaning);
+  }
+  void operator()(const Flag& r, bool S::*m) { add(r.key, "boolean", written(r, m), "true or false", r.meaning); }
+  template <typename... M>
+  void operator()(const Choice& r, M S::*... m) {
+    add(r.key, "string", written(r, m...), one_of(r.choices), r.meaning);
+  }
+  void operator()(const Text& r, std::string S::*m) {
+    add(r.key, "string", written(r, m), "at most " + std::to_string(r.max_bytes) + " bytes", r.meaning);
+  }
+  void operator()(const Path& r, std::string S::*m) {
+    const std::string value = written(r, m);
+    add(r.key, "path", r.if_empty && value == "\"\"" ? "required" : value,
+        "at most " + std::to_string(kMaxPathBytes) + " bytes", r.meaning);
+  }
+  template <typename... M>
+  void operator()(const IntOrAuto& r, M S::*... m) {
+    add(r.key, "integer or auto", written(r, m...), bounds_text(r.range.text()), r.meaning);
+  }
+  void operator()(const RealOrAuto& r, bool S::*auto_flag, double S::*m) {
+    add(r.key, "number or auto", written(r, auto_flag, m), bounds_text(r.range.text()), r.meaning);
+  }
+  template <typename T, typename... M>
+  void operator()(const List<T>& r, M S::*... m) {
+    add(r.key, r.type, written(r, m...), r.bounds, r.meaning);
+  }
+  void operator()(const Name& r, std::string S::*) { add(r.key, "string", "required", kNameRule, r.meaning); }
+  void operator()(const ModelConfig& r, std::map<std::string, double> S::*) {
+    for (const ConfigKey& k : kModelConfigKeys) {
+      const std::string key = std::string(r.key) + "." + k.key;
+      if (k.kind == ConfigKey::kSize) {
+        add(key, "integer", "unset", "[1, " + std::to_string(k.max) + "]", k.meaning);
+      } else if (k.kind == ConfigKey::kReal) {
+        add(key, "number", "unset", bounds_text(above(0).text()), k.meaning);
+      } else {
+        add(key, "boolean", "unset", "true, false, 1 or 0", k.meaning);
+      }
+    }
+  }
+  template <typename Sub>
+  void operator()(const Nested& r, Sub S::*m) {
+    Reference<Sub>(join_key(path_, r.key), defaults_.*m, out_).list();
+  }
+
+ private:
+  // The row's value in the defaults as to_yaml writes it ("key: value\n"); "" where to_yaml
+  // leaves an empty value out.
+  template <typename Row, typename... M>
+  std::string written(const Row& row, M S::*... m) {
+    SpecWriter w;
+    Writer<S>(w, defaults_)(row, m...);
+    const std::string line = w.take();
+    const std::size_t colon = line.find(": ");
+    return colon == std::string::npos ? "\"\"" : line.substr(colon + 2, line.size() - colon - 3);
+  }
+  void add(const std::string& key, std::string type, std::string value, std::string bounds, const char* meaning) {
+    out_.push_back({join_key(path_, key), std::move(type), std::move(value), std::move(bounds), meaning});
+  }
+
+  std::string path_;
+  const S& defaults_;
+  std::vector<KeyDoc>& out_;
+};
+
+JobSpec validate(const yaml::Node& root, const std::string& base_dir, SpecSite site) {
+  JobSpec spec;
+  const ReadContext ctx{base_dir, site};
+  Reader<JobSpec>(root, "", spec, ctx).run();
   return spec;
 }
 
@@ -906,257 +1425,41 @@ void check_spec_paths(const JobSpec& spec) {
   }
 }
 
-namespace {
-
-// The block-style YAML to_yaml writes. (yaml-cpp's Emitter took 200 us a spec, twice the
-// parse, and the coordinator writes one per submit.) A string is written plain when it can
-// only read back as that string, else double-quoted, with YAML's escapes for quotes,
-// backslashes and control bytes.
-class SpecWriter {
- public:
-  void begin(const char* key) {
-    line(key);
-    out_ += '\n';
-    depth_ += 1;
-  }
-  void end() { depth_ -= 1; }
-  void raw(const char* key, const std::string& value) {  // numbers, booleans, ~
-    line(key);
-    out_ += ' ';
-    out_ += value;
-    out_ += '\n';
-  }
-  void str(const char* key, const std::string& value) { raw(key, scalar(value)); }
-  void num(const char* key, double v) { raw(key, format_number(v)); }
-  void integer(const char* key, int64_t v) { raw(key, std::to_string(v)); }
-  void boolean(const char* key, bool v) { raw(key, v ? "true" : "false"); }
-  template <typename T>
-  void flow(const char* key, const std::vector<T>& items) {
-    std::string v = "[";
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (i > 0) v += ", ";
-      if constexpr (std::is_same_v<T, std::string>) {
-        v += scalar(items[i]);
-      } else {
-        v += std::to_string(items[i]);
-      }
-    }
-    raw(key, v + "]");
-  }
-  std::string take() { return std::move(out_); }
-
-  static std::string scalar(const std::string& v) {
-    static const std::set<std::string> kWords = {"y", "n", "yes", "no", "true", "false", "on", "off", "null", "~"};
-    std::string lower(v);
-    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-    bool plain = !v.empty() && v.size() < 1024 && v[0] != '-' && v[0] != '+' && v[0] != '.' && !kWords.count(lower);
-    for (size_t i = 0; plain && i < v.size(); ++i) {
-      const unsigned char c = static_cast<unsigned char>(v[i]);
-      plain = std::isalnum(c) || c == '_' || c == '/' || c == '.' || c == '-' || c == '+';
-    }
-    if (plain) return v;
-    std::string q = "\"";
-    for (const unsigned char c : v) {
-      switch (c) {
-        case '"': q += "\\\""; break;
-        case '\\': q += "\\\\"; break;
-        case '\n': q += "\\n"; break;
-        case '\t': q += "\\t"; break;
-        case '\r': q += "\\r"; break;
-        default:
-          if (c < 0x20 || c == 0x7f) {
-            char esc[8];
-            std::snprintf(esc, sizeof(esc), "\\x%02x", c);
-            q += esc;
-          } else {
-            q += static_cast<char>(c);  // UTF-8 bytes as they are
-          }
-      }
-    }
-    return q + "\"";
-  }
-
- private:
-  void line(const char* key) {
-    out_.append(static_cast<size_t>(2 * depth_), ' ');
-    out_ += key;
-    out_ += ':';
-  }
-  std::string out_;
-  int depth_ = 0;
-};
-
-}  // namespace
 
 std::string to_yaml(const JobSpec& spec) {
   SpecWriter out;
-  auto num = [&](const char* key, double v) { out.num(key, v); };
-  auto integer = [&](const char* key, int64_t v) { out.integer(key, v); };
-  auto str = [&](const char* key, const std::string& v) { out.str(key, v); };
-  auto boolean = [&](const char* key, bool v) { out.boolean(key, v); };
-  auto begin = [&](const char* key) { out.begin(key); };
-
-  str("name", spec.name);
-
-  begin("model");
-  if (spec.model.arch_given) str("arch", spec.model.arch);
-  str("from", spec.model.from);
-  begin("config");
-  for (const auto& [key, value] : spec.model.config) {
-    if (key == kTieKey) {
-      boolean(key.c_str(), value != 0);
-    } else if (is_integer_model_key(key)) {
-      integer(key.c_str(), static_cast<int64_t>(value));
-    } else {
-      num(key.c_str(), value);
-    }
-  }
-  out.end();
-  out.end();
-
-  begin("data");
-  str("train", spec.data.train);
-  str("val", spec.data.val);
-  str("format", spec.data.format);
-  str("tokenizer", spec.data.tokenizer);
-  num("val_fraction", spec.data.val_fraction);
-  out.end();
-
-  const TrainSpec& t = spec.train;
-  begin("train");
-  integer("steps", t.steps);
-  integer("micro_batch", t.micro_batch);
-  integer("grad_accum", t.grad_accum);
-  integer("seq_len", t.seq_len);
-  num("lr", t.lr);
-  str("schedule", t.schedule);
-  integer("warmup_steps", t.warmup_steps);
-  num("min_lr_ratio", t.min_lr_ratio);
-  num("weight_decay", t.weight_decay);
-  num("grad_clip", t.grad_clip);
-  str("seed", std::to_string(t.seed));
-  integer("eval_every", t.eval_every);
-  integer("eval_batches", t.eval_batches);
-  str("device", t.device);
-  str("dtype", t.dtype);
-  str("autocast", t.autocast);
-  integer("compute_threads", t.compute_threads);
-  out.end();
-
-  const OptimizerSpec& o = spec.optimizer;
-  const ZenflowSpec& z = o.zenflow;
-  begin("optimizer");
-  str("mode", o.mode);
-  num("beta1", o.beta1);
-  num("beta2", o.beta2);
-  num("eps", o.eps);
-  begin("zenflow");
-  num("topk_ratio", z.topk_ratio);
-  str("select_strategy", z.select_strategy);
-  str("select_interval", z.select_interval_auto ? "auto" : std::to_string(z.select_interval));
-  str("update_interval", z.update_interval_auto ? "auto" : std::to_string(z.update_interval));
-  integer("full_warm_up_rounds", z.full_warm_up_rounds);
-  boolean("overlap_step", z.overlap_step);
-  str("importance", z.importance);
-  num("reselect_threshold", z.reselect_threshold);
-  num("auto_ratio", z.auto_ratio);
-  integer("max_update_interval", z.max_update_interval);
-  integer("min_split_numel", z.min_split_numel);
-  out.end();
-  const HostSpec& h = o.host;
-  begin("host");
-  str("threads", h.threads_auto ? "auto" : std::to_string(h.threads));
-  if (h.reserved_cores_auto) {
-    str("reserved_cores", "auto");
-  } else {
-    out.flow("reserved_cores", h.reserved_cores);
-  }
-  integer("nodes", h.nodes);
-  out.flow("addresses", h.addresses);
-  if (!h.token_file.empty()) str("token_file", h.token_file);
-  out.flow("on_node_loss", h.on_node_loss);
-  boolean("huge_pages", h.huge_pages);
-  out.end();
-  out.end();
-
-  const ResourcesSpec& r = spec.resources;
-  begin("resources");
-  integer("workers", r.workers);
-  integer("gpus_per_worker", r.gpus_per_worker);
-  str("host_memory_gb", r.host_memory_gb_auto ? "auto" : format_number(r.host_memory_gb));
-  integer("priority", r.priority);
-  integer("max_restarts", r.max_restarts);
-  if (r.hang_timeout > 0) {
-    integer("hang_timeout", r.hang_timeout);
-  } else {
-    str("hang_timeout", "auto");
-  }
-  out.end();
-
-  begin("checkpoint");
-  str("dir", spec.checkpoint.dir);
-  integer("every_steps", spec.checkpoint.every_steps);
-  integer("keep", spec.checkpoint.keep);
-  out.end();
-
-  begin("cost");
-  str("instance_type", spec.cost.instance_type);
-  out.raw("usd_per_hour", spec.cost.usd_per_hour ? format_number(*spec.cost.usd_per_hour) : "~");
-  out.end();
+  Writer<JobSpec>(out, spec).write();
   return out.take();
 }
 
-bool operator==(const ModelSpec& a, const ModelSpec& b) {
-  return std::tie(a.arch, a.arch_given, a.from, a.config) ==
-         std::tie(b.arch, b.arch_given, b.from, b.config);
-}
-bool operator==(const DataSpec& a, const DataSpec& b) {
-  return std::tie(a.train, a.val, a.format, a.tokenizer, a.val_fraction) ==
-         std::tie(b.train, b.val, b.format, b.tokenizer, b.val_fraction);
-}
-bool operator==(const TrainSpec& a, const TrainSpec& b) {
-  return std::tie(a.steps, a.micro_batch, a.grad_accum, a.seq_len, a.lr, a.schedule, a.warmup_steps,
-                  a.min_lr_ratio, a.weight_decay, a.grad_clip, a.seed, a.eval_every, a.eval_batches,
-                  a.device, a.dtype, a.autocast, a.compute_threads) ==
-         std::tie(b.steps, b.micro_batch, b.grad_accum, b.seq_len, b.lr, b.schedule, b.warmup_steps,
-                  b.min_lr_ratio, b.weight_decay, b.grad_clip, b.seed, b.eval_every, b.eval_batches,
-                  b.device, b.dtype, b.autocast, b.compute_threads);
-}
-bool operator==(const ZenflowSpec& a, const ZenflowSpec& b) {
-  return std::tie(a.topk_ratio, a.select_strategy, a.select_interval_auto, a.select_interval,
-                  a.update_interval_auto, a.update_interval, a.full_warm_up_rounds, a.overlap_step,
-                  a.importance, a.reselect_threshold, a.auto_ratio, a.max_update_interval,
-                  a.min_split_numel) ==
-         std::tie(b.topk_ratio, b.select_strategy, b.select_interval_auto, b.select_interval,
-                  b.update_interval_auto, b.update_interval, b.full_warm_up_rounds, b.overlap_step,
-                  b.importance, b.reselect_threshold, b.auto_ratio, b.max_update_interval,
-                  b.min_split_numel);
-}
-bool operator==(const HostSpec& a, const HostSpec& b) {
-  return std::tie(a.threads_auto, a.threads, a.reserved_cores_auto, a.reserved_cores, a.nodes, a.addresses,
-                  a.token_file, a.on_node_loss, a.huge_pages) ==
-         std::tie(b.threads_auto, b.threads, b.reserved_cores_auto, b.reserved_cores, b.nodes, b.addresses,
-                  b.token_file, b.on_node_loss, b.huge_pages);
-}
-bool operator==(const OptimizerSpec& a, const OptimizerSpec& b) {
-  return std::tie(a.mode, a.beta1, a.beta2, a.eps, a.zenflow, a.host) ==
-         std::tie(b.mode, b.beta1, b.beta2, b.eps, b.zenflow, b.host);
-}
-bool operator==(const ResourcesSpec& a, const ResourcesSpec& b) {
-  return std::tie(a.workers, a.gpus_per_worker, a.host_memory_gb_auto, a.host_memory_gb, a.priority, a.max_restarts,
-                  a.hang_timeout) == std::tie(b.workers, b.gpus_per_worker, b.host_memory_gb_auto, b.host_memory_gb,
-                                              b.priority, b.max_restarts, b.hang_timeout);
-}
-bool operator==(const CheckpointSpec& a, const CheckpointSpec& b) {
-  return std::tie(a.dir, a.every_steps, a.keep) == std::tie(b.dir, b.every_steps, b.keep);
-}
-bool operator==(const CostSpec& a, const CostSpec& b) {
-  return std::tie(a.instance_type, a.usd_per_hour) == std::tie(b.instance_type, b.usd_per_hour);
-}
-bool operator==(const JobSpec& a, const JobSpec& b) {
-  return std::tie(a.name, a.model, a.data, a.train, a.optimizer, a.resources, a.checkpoint,
-                  a.cost) ==
-         std::tie(b.name, b.model, b.data, b.train, b.optimizer, b.resources, b.checkpoint, b.cost);
+bool operator==(const ModelSpec& a, const ModelSpec& b) { return rows_equal(a, b); }
+bool operator==(const DataSpec& a, const DataSpec& b) { return rows_equal(a, b); }
+bool operator==(const TrainSpec& a, const TrainSpec& b) { return rows_equal(a, b); }
+bool operator==(const ZenflowSpec& a, const ZenflowSpec& b) { return rows_equal(a, b); }
+bool operator==(const HostSpec& a, const HostSpec& b) { return rows_equal(a, b); }
+bool operator==(const OptimizerSpec& a, const OptimizerSpec& b) { return rows_equal(a, b); }
+bool operator==(const ResourcesSpec& a, const ResourcesSpec& b) { return rows_equal(a, b); }
+bool operator==(const CheckpointSpec& a, const CheckpointSpec& b) { return rows_equal(a, b); }
+bool operator==(const CostSpec& a, const CostSpec& b) { return rows_equal(a, b); }
+bool operator==(const JobSpec& a, const JobSpec& b) { return rows_equal(a, b); }
+
+std::string job_spec_reference_markdown() {
+  std::vector<KeyDoc> keys;
+  const JobSpec defaults;
+  Reference<JobSpec>("", defaults, keys).list();
+  auto cell = [](const std::string& text) {
+    std::string out;
+    for (char c : text) out += c == '|' || c == '<' ? std::string("\\") + c : std::string(1, c);
+    return out;
+  };
+  std::string out = "| Key | Type | Default | Bounds | Meaning |\n| --- | --- | --- | --- | --- |\n";
+  for (const KeyDoc& k : keys) {
+    const bool value = k.default_value != "required" && k.default_value != "unset";
+    out += "| `" + k.key + "` | " + cell(k.type) + " | " +
+           (value ? "`" + k.default_value + "`" : k.default_value) + " | " + cell(k.bounds) + " | " +
+           cell(k.meaning) + " |\n";
+  }
+  return out;
 }
 
 }  // namespace zenflow

@@ -1,4 +1,6 @@
 // The job spec users write (docs/design.md §6): parsed from YAML, validated, overridable.
+// Every key with its type, default, bounds and meaning: docs/spec.md, generated from the
+// field table in job_spec.cpp (one row per key) that parsing, to_yaml and operator== use.
 //
 // parse_job_spec() either returns a fully validated JobSpec or throws SpecError whose
 // message names the key path and the reason, e.g.
@@ -38,6 +40,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/engine_defaults.h"
+
 namespace zenflow {
 
 class SpecError : public std::runtime_error {
@@ -62,7 +66,7 @@ struct ModelSpec {
   // num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size,
   // vocab_size, max_position_embeddings, rope_theta, rms_norm_eps, tie_word_embeddings,
   // initializer_range). Only keys the user wrote are present. Sizes are integers >= 1 with
-// upper bounds (hidden_size <= 131072, num_hidden_layers <= 1024, ...: job_spec.cpp);
+// upper bounds (hidden_size <= 131072, num_hidden_layers <= 1024, ...: docs/spec.md);
   // rope_theta, rms_norm_eps, initializer_range are > 0; tie_word_embeddings is 0 or 1.
   // When both are given, hidden_size % num_attention_heads == 0 and
   // num_attention_heads % num_key_value_heads == 0, and train.seq_len <=
@@ -101,19 +105,19 @@ struct TrainSpec {
 };
 
 struct ZenflowSpec {
-  double topk_ratio = 0.1;
+  double topk_ratio = engine_defaults::kTopkRatio;
   std::string select_strategy = "auto";  // auto | step | epoch
   bool select_interval_auto = true;
   int64_t select_interval = 0;
   bool update_interval_auto = false;
-  int64_t update_interval = 4;
-  int64_t full_warm_up_rounds = 1;
-  bool overlap_step = true;
+  int64_t update_interval = engine_defaults::kUpdateInterval;
+  int64_t full_warm_up_rounds = engine_defaults::kFullWarmUpRounds;
+  bool overlap_step = engine_defaults::kOverlapStep;
   std::string importance = "l2";  // l2 | l1
-  double reselect_threshold = 0.9;
-  double auto_ratio = 0.99;
-  int64_t max_update_interval = 16;
-  int64_t min_split_numel = 4096;
+  double reselect_threshold = engine_defaults::kReselectThreshold;
+  double auto_ratio = engine_defaults::kAutoRatio;
+  int64_t max_update_interval = engine_defaults::kMaxUpdateInterval;
+  int64_t min_split_numel = engine_defaults::kMinSplitNumel;
 };
 
 struct HostSpec {
@@ -129,14 +133,14 @@ struct HostSpec {
   // What a lost node leads to, tried in order: "spare" (another node the coordinator
   // assigns), "in_process" (when this host has the RAM), "fail".
   std::vector<std::string> on_node_loss = {"spare", "in_process", "fail"};
-  bool huge_pages = true;
+  bool huge_pages = engine_defaults::kHugePages;
 };
 
 struct OptimizerSpec {
   std::string mode = "zenflow";  // zenflow | offload | device
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
+  double beta1 = engine_defaults::kBeta1;
+  double beta2 = engine_defaults::kBeta2;
+  double eps = engine_defaults::kEps;
   ZenflowSpec zenflow;
   HostSpec host;
 };
@@ -242,7 +246,13 @@ std::vector<std::string> allowed_roots_from_env();
 // base_dir "." the second time).
 std::string to_yaml(const JobSpec& spec);
 
-// Field-by-field equality (exact for doubles).
+// The job-spec reference: a markdown table with one row per key (its YAML path, type,
+// default, bounds and meaning), made from the same field table that parses the spec,
+// to_yaml writes and operator== compares. docs/spec.md carries it between its
+// "job-spec keys" markers; tests/test_job_spec.cpp checks that the two agree.
+std::string job_spec_reference_markdown();
+
+// Field-by-field equality (exact for doubles): every member a key of the spec fills.
 bool operator==(const ModelSpec& a, const ModelSpec& b);
 bool operator==(const DataSpec& a, const DataSpec& b);
 bool operator==(const TrainSpec& a, const TrainSpec& b);

@@ -3,13 +3,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <future>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -953,6 +956,88 @@ TEST(JobSpecArch, ArchGivenRecordsWhetherArchDecidesAndRoundTrips) {
   JobSpec other = from_only;
   other.model.arch_given = true;
   EXPECT_NE(other, from_only);
+}
+
+// docs/spec.md carries job_spec_reference_markdown(), the table made from the rows that parse
+// specs: a key added to the field table without its documentation, or a documented key that
+// is gone, fails here. ZENFLOW_WRITE_SPEC_DOC=1 rewrites the table in docs/spec.md instead.
+TEST(JobSpecReference, DocsSpecMdCarriesTheTableTheFieldTableMakes) {
+  const std::filesystem::path doc = std::filesystem::path(ZENFLOW_SOURCE_DIR) / "docs" / "spec.md";
+  std::ifstream in(doc, std::ios::binary);
+  ASSERT_TRUE(in) << doc;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string begin_marker = "<!-- BEGIN job-spec keys", end_marker = "<!-- END job-spec keys -->";
+  const size_t comment = text.find(begin_marker);
+  ASSERT_NE(comment, std::string::npos) << doc << " lacks " << begin_marker;
+  const size_t begin = text.find("-->", comment) + 4;
+  const size_t end = text.find(end_marker, begin);
+  ASSERT_NE(end, std::string::npos) << doc << " lacks " << end_marker;
+  const std::string table = job_spec_reference_markdown();
+  if (std::getenv("ZENFLOW_WRITE_SPEC_DOC")) {
+    std::ofstream(doc, std::ios::binary) << text.substr(0, begin) << table << text.substr(end);
+    GTEST_SKIP() << "wrote " << doc;
+  }
+  // The first line that differs, rather than both tables whole.
+  std::istringstream committed(text.substr(begin, end - begin)), made(table);
+  std::string doc_line, row;
+  for (int line = 1;; ++line) {
+    const bool in_doc = static_cast<bool>(std::getline(committed, doc_line));
+    const bool in_rows = static_cast<bool>(std::getline(made, row));
+    if (!in_doc && !in_rows) break;
+    if (!in_doc) doc_line = "(end of the table)";
+    if (!in_rows) row = "(end of the table)";
+    if (doc_line != row) {
+      ADD_FAILURE() << "docs/spec.md's key table, line " << line << ":\n  docs/spec.md:  " << doc_line
+                    << "\n  common/job_spec.cpp's rows make: " << row
+                    << "\nregenerate it with ZENFLOW_WRITE_SPEC_DOC=1 build/bin/test_job_spec "
+                       "--gtest_filter='JobSpecReference.*'";
+      break;
+    }
+  }
+}
+
+// Each key a full spec writes back (to_yaml) has exactly one row, and each row is such a key:
+// the reference walks the same rows as the parser and the writer.
+TEST(JobSpecReference, HasOneRowPerKeyThatToYamlWrites) {
+  // Every model.config key, and token_file, which to_yaml leaves out when empty.
+  JobSpec spec = parse_job_spec(kDesignSpec,
+                                {"model.config={hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, "
+                                 "num_key_value_heads: 2, intermediate_size: 128, vocab_size: 256, "
+                                 "max_position_embeddings: 128, rope_theta: 10000, rms_norm_eps: 1e-5, "
+                                 "initializer_range: 0.02, tie_word_embeddings: true}",
+                                 "optimizer.host.token_file=tok"},
+                                "/base");
+  std::vector<std::string> written;  // "section.key" for every scalar line of to_yaml
+  std::vector<std::string> path;
+  std::istringstream yaml(to_yaml(spec));
+  for (std::string line; std::getline(yaml, line);) {
+    const size_t indent = line.find_first_not_of(' ');
+    const size_t colon = line.find(':');
+    path.resize(indent / 2);
+    const std::string key = line.substr(indent, colon - indent);
+    if (colon + 1 == line.size()) {
+      path.push_back(key);
+      continue;
+    }
+    std::string full;
+    for (const std::string& p : path) full += p + ".";
+    written.push_back(full + key);
+  }
+  std::vector<std::string> rows;  // the first cell of each row of the table, unquoted
+  std::istringstream table(job_spec_reference_markdown());
+  for (std::string line; std::getline(table, line);) {
+    if (line.rfind("| `", 0) == 0) rows.push_back(line.substr(3, line.find('`', 3) - 3));
+  }
+  std::sort(rows.begin(), rows.end());  // to_yaml writes model.config in name order
+  std::sort(written.begin(), written.end());
+  EXPECT_EQ(rows, written);
+  // One row as a reader sees it: type, default, bounds, meaning.
+  const std::string reference = job_spec_reference_markdown();
+  EXPECT_NE(reference.find("| `optimizer.zenflow.update_interval` | integer or auto | `4` | [1, 1000000] | "),
+            std::string::npos);
+  EXPECT_NE(reference.find("| `data.train` | path | required | at most 4096 bytes | "), std::string::npos);
+  EXPECT_NE(reference.find("| `resources.hang_timeout` | integer or auto | `auto` | [30, 1000000000] | "),
+            std::string::npos);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "common/engine_defaults.h"
 #include "worker/engine/half.h"
 
 namespace zenflow::engine {
@@ -23,9 +24,9 @@ class HostThreadPool;
 // Hyper-parameters of one AdamW call (torch.optim.AdamW's names and defaults).
 struct AdamWParams {
   double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
+  double beta1 = engine_defaults::kBeta1;
+  double beta2 = engine_defaults::kBeta2;
+  double eps = engine_defaults::kEps;
   double weight_decay = 0.0;
 };
 
@@ -33,14 +34,14 @@ struct AdamWParams {
 // the updater's own 1-based step count t. All updaters use these exact floats, so host
 // and device updates of the same column give the same numbers.
 struct AdamWCoeffs {
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float one_minus_beta1 = 0.1f;
-  float one_minus_beta2 = 0.001f;
+  float beta1 = static_cast<float>(engine_defaults::kBeta1);
+  float beta2 = static_cast<float>(engine_defaults::kBeta2);
+  float one_minus_beta1 = static_cast<float>(1.0 - engine_defaults::kBeta1);
+  float one_minus_beta2 = static_cast<float>(1.0 - engine_defaults::kBeta2);
   float decay = 1.0f;         // 1 - lr * weight_decay (decoupled weight decay)
   float step_size = 1e-3f;    // lr / (1 - beta1^t)
   float inv_sqrt_bc2 = 1.0f;  // 1 / sqrt(1 - beta2^t)
-  float eps = 1e-8f;
+  float eps = static_cast<float>(engine_defaults::kEps);
 
   static AdamWCoeffs make(const AdamWParams& params, int64_t step);
 };

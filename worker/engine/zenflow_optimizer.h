@@ -64,6 +64,7 @@
 #include <string>
 #include <vector>
 
+#include "common/engine_defaults.h"
 #include "worker/engine/adamw_kernel.h"
 #include "worker/engine/collectives.h"
 #include "worker/engine/host_optimizer.h"
@@ -77,28 +78,30 @@ enum class Importance { kL2, kL1 };
 
 OptimizerMode parse_optimizer_mode(const std::string& s);  // "device" | "offload" | "zenflow"
 
+// The engine's settings. Hyper-parameters default to common/engine_defaults.h, as the job
+// spec's do (trainer.cpp's engine_options() copies a spec into them).
 struct EngineOptions {
   OptimizerMode mode = OptimizerMode::kZenFlow;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
+  double beta1 = engine_defaults::kBeta1;
+  double beta2 = engine_defaults::kBeta2;
+  double eps = engine_defaults::kEps;
   double grad_clip = 0.0;  // global L2 norm; 0 disables
 
-  double topk_ratio = 0.1;
+  double topk_ratio = engine_defaults::kTopkRatio;
   SelectStrategy select_strategy = SelectStrategy::kAuto;
   int64_t select_interval = 0;  // 0 = auto: 10 windows for kStep, 1 epoch for kEpoch
-  int64_t update_interval = 4;  // 0 = auto (Zen-auto)
-  int64_t full_warm_up_rounds = 1;
-  bool overlap_step = true;
+  int64_t update_interval = engine_defaults::kUpdateInterval;  // 0 = auto (Zen-auto)
+  int64_t full_warm_up_rounds = engine_defaults::kFullWarmUpRounds;
+  bool overlap_step = engine_defaults::kOverlapStep;
   Importance importance = Importance::kL2;
-  double reselect_threshold = 0.9;
-  double auto_ratio = 0.99;
-  int64_t max_update_interval = 16;
-  int64_t min_split_numel = 4096;
+  double reselect_threshold = engine_defaults::kReselectThreshold;
+  double auto_ratio = engine_defaults::kAutoRatio;
+  int64_t max_update_interval = engine_defaults::kMaxUpdateInterval;
+  int64_t min_split_numel = engine_defaults::kMinSplitNumel;
 
   int host_threads = 1;
   std::vector<int> host_cores;  // cores reserved for the host updater; empty = unpinned
-  bool huge_pages = true;
+  bool huge_pages = engine_defaults::kHugePages;
   // Where the host state lives and the host jobs run: empty = in this process
   // (host_threads on host_cores); otherwise this factory's backend, e.g. remote
   // zenflow-optimizer nodes (worker/transport/remote_host_optimizer.h). The engine never
