@@ -1,5 +1,5 @@
-# zenflow's container image: the four binaries (zenflow, zenflow-coordinator, zenflow-worker,
-# zenflow-optimizer) on a Debian 12 runtime with only the shared libraries they load.
+# zenflow's container image: the binaries (zenflow and zenflow-train, zenflow-coordinator,
+# zenflow-worker, zenflow-optimizer) on a Debian 12 runtime with only the shared libraries they load.
 #
 #   CPU image (the default target, `runtime`), built from Debian packages:
 #     docker build -t zenflow .                   # or: buildah bud --isolation chroot -t zenflow .
@@ -38,7 +38,7 @@ ARG CUDA_RUNTIME_BASE=nvidia/cuda:12.6.3-runtime-ubuntu24.04
 
 # ---- CPU build: Debian's LibTorch, gRPC, UCX, ... (scripts/install-deps.sh) -------------------
 FROM ${BASE} AS build
-ARG ZENFLOW_TARGETS="zenflow zenflow-coordinator zenflow-worker zenflow-optimizer"
+ARG ZENFLOW_TARGETS="zenflow zenflow-train zenflow-coordinator zenflow-worker zenflow-optimizer"
 ARG JOBS=
 WORKDIR /opt/zenflow
 # The dependencies first, in a layer of their own: a source change does not reinstall them.
@@ -59,7 +59,7 @@ RUN cmake -G Ninja -S . -B build -DCMAKE_BUILD_TYPE=Release -DZENFLOW_TESTS=OFF 
 
 # ---- CUDA build: LibTorch from a PyTorch wheel (see the header; not buildable here) ------------
 FROM ${CUDA_BASE} AS build-cuda
-ARG ZENFLOW_TARGETS="zenflow zenflow-coordinator zenflow-worker zenflow-optimizer"
+ARG ZENFLOW_TARGETS="zenflow zenflow-train zenflow-coordinator zenflow-worker zenflow-optimizer"
 ARG JOBS=
 ARG TORCH_VERSION=2.7.1
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "client/commands.h"
+#include "worker/rank/error_text.h"
 #include "worker/model/hf_model.h"
 #include "worker/model/safetensors.h"
 

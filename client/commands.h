@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "common/attempt_contract.h"
-#include "worker/rank/error_text.h"  // error_text(), which the verbs print errors with
 
 namespace zenflow::cli {
 
@@ -31,6 +30,10 @@ struct CommandRegistrar {
 
 // All registered setups, ordered by `order` (help lists verbs in this order).
 std::vector<CommandSetup> registered_commands();
+
+// `zenflow` (no LibTorch): runs zenflow-train with these arguments in this process's place
+// (verbs.h). Returns only when it cannot, having said why: kExitFailure.
+int exec_train(int argc, char** argv);
 
 // Exit codes shared by all verbs; a rank's are the attempt contract's
 // (common/attempt_contract.h says what each means to the agent and the coordinator).

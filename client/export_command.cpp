@@ -7,6 +7,8 @@
 #include <string>
 
 #include "client/commands.h"
+#include "client/verbs.h"
+#include "worker/rank/error_text.h"
 #include "worker/rank/run_export.h"
 
 namespace zenflow::cli {
@@ -47,10 +49,9 @@ int run_export(const ExportArgs& a) {
   }
 }
 
-const CommandRegistrar kExportCommand(30, [](CommandContext& ctx) {
+const CommandRegistrar kExportCommand(train_verb("export")->order, [](CommandContext& ctx) {
   auto args = std::make_shared<ExportArgs>();
-  CLI::App* cmd = ctx.root->add_subcommand(
-      "export", "Write the newest checkpoint of a run as a Hugging Face model directory");
+  CLI::App* cmd = ctx.root->add_subcommand("export", train_verb("export")->help);
   cmd->add_option("run_dir", args->run_dir,
                   "The run's checkpoint.dir (its step-NNNNNNNN directories)")
       ->required();

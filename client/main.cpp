@@ -1,4 +1,6 @@
-// zenflow: the command-line interface. Verbs register themselves (commands.h).
+// zenflow: the command-line interface. Verbs register themselves (commands.h). This file is
+// the main of both halves (verbs.h): `zenflow` (ZENFLOW_CLI_TRAIN unset: no LibTorch; the
+// verbs of kTrainVerbs run zenflow-train in its place) and `zenflow-train` (the LibTorch verbs).
 #include <algorithm>
 #include <exception>
 #include <iostream>
@@ -6,7 +8,11 @@
 #include <mutex>
 
 #include "client/commands.h"
+#include "client/verbs.h"
 #include "common/version.h"
+#if ZENFLOW_CLI_TRAIN
+#include "worker/rank/error_text.h"
+#endif
 
 namespace zenflow::cli {
 
@@ -14,6 +20,14 @@ namespace {
 std::vector<std::pair<int, CommandSetup>>& registry() {
   static std::vector<std::pair<int, CommandSetup>> r;
   return r;
+}
+
+std::string error_line(const std::exception& e) {
+#if ZENFLOW_CLI_TRAIN
+  return zenflow::error_text(e);
+#else
+  return e.what();
+#endif
 }
 }  // namespace
 
@@ -33,14 +47,20 @@ std::vector<CommandSetup> registered_commands() {
 
 int main(int argc, char** argv) {
   using namespace zenflow::cli;
-  CLI::App app{"zenflow: stall-free offloaded fine-tuning (ZenFlow)"};
+#if !ZENFLOW_CLI_TRAIN
+  // A verb of zenflow-train: run it in this process's place, before anything else is set up.
+  if (argc >= 2 && train_verb(argv[1]) != nullptr) return exec_train(argc, argv);
+#endif
+  CLI::App app{"zenflow: stall-free offloaded fine-tuning (ZenFlow)", "zenflow"};
   app.set_version_flag("--version", std::string("zenflow ") + zenflow::kVersion);
   app.require_subcommand(1);
   CommandContext ctx;
   ctx.root = &app;
   ctx.argv.assign(argv, argv + argc);
-  ctx.bench = app.add_subcommand("bench", "Benchmarks that print figures as JSON");
+#if ZENFLOW_CLI_TRAIN
+  ctx.bench = app.add_subcommand("bench", train_verb("bench")->help);
   ctx.bench->require_subcommand(1);
+#endif
   for (auto& setup : registered_commands()) setup(ctx);
   try {
     app.parse(argc, argv);
@@ -48,7 +68,7 @@ int main(int argc, char** argv) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : kExitBadInput;
   } catch (const std::exception& e) {
-    std::cerr << "zenflow: error: " << zenflow::error_text(e) << "\n";
+    std::cerr << "zenflow: error: " << error_line(e) << "\n";
     return kExitFailure;
   }
   return ctx.exit_code;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "client/commands.h"
+#include "client/verbs.h"
 #include "common/advisor/job_profile.h"
 #include "worker/engine/accumulate_kernel.h"
 #include "worker/engine/adamw_kernel.h"
@@ -174,10 +175,9 @@ int profile_host(const ProfileHostArgs& a) {
   return kExitOk;
 }
 
-CommandRegistrar reg(46, [](CommandContext& ctx) {
+CommandRegistrar reg(train_verb("profile-host")->order, [](CommandContext& ctx) {
   auto args = std::make_shared<ProfileHostArgs>();
-  CLI::App* cmd = ctx.root->add_subcommand(
-      "profile-host", "Measure this machine's constants for zenflow advise, written as a catalog row");
+  CLI::App* cmd = ctx.root->add_subcommand("profile-host", train_verb("profile-host")->help);
   cmd->add_option("--name", args->name, "The row's instance name")->capture_default_str();
   cmd->add_option("--usd-per-hour", args->usd_per_hour,
                   "This machine's price (e.g. amortised capex); default: none")

@@ -4,14 +4,15 @@
 #include <memory>
 
 #include "client/commands.h"
+#include "client/verbs.h"
 #include "worker/rank/rank_main.h"
 
 namespace zenflow::cli {
 namespace {
 
-CommandRegistrar reg(10, [](CommandContext& ctx) {
+CommandRegistrar reg(train_verb("run")->order, [](CommandContext& ctx) {
   auto args = std::make_shared<RankArgs>();
-  CLI::App* cmd = ctx.root->add_subcommand("run", "Train a job locally, in this process");
+  CLI::App* cmd = ctx.root->add_subcommand("run", train_verb("run")->help);
   cmd->add_option("job", args->job, "Job spec (YAML)")->required()->check(CLI::ExistingFile);
   cmd->add_option("--set", args->sets, "Override a spec key: --set train.steps=50 (repeatable)");
   cmd->add_flag("--json", args->json, "Print one JSON object with the results at the end (stdout)");

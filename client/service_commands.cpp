@@ -51,18 +51,38 @@ void add_remote_flags(CLI::App* cmd, Remote& r) {
   cmd->add_flag("--json", r.json, "Print JSON instead of a table");
 }
 
-// Connects; on a bad flag prints the error and returns the exit code (else 0).
+// How long a verb waits for its first connection before it says the coordinator cannot be
+// reached (exit 5). A call on a connection that breaks later is retried longer (unary()).
+constexpr std::chrono::milliseconds kConnectWait{1500};
+
+// Connects; on a bad flag, or a coordinator that cannot be reached within kConnectWait,
+// prints why and returns the exit code (else 0).
 int connect(Remote& r) {
+  std::shared_ptr<grpc::Channel> channel;
   try {
     rpc::parse_host_port(r.coordinator, "--coordinator");
     if (!r.token_file.empty()) r.token = rpc::read_token_file(r.token_file);
     rpc::ChannelOptions co;
     co.ca_file = r.tls_ca;
     co.tls_server_name = r.tls_server_name;
-    r.stub = v1::JobService::NewStub(rpc::make_channel(r.coordinator, co));
+    channel = rpc::make_channel(r.coordinator, co);
   } catch (const std::invalid_argument& e) {
     std::cerr << "zenflow: " << e.what() << "\n";
     return kExitBadInput;
+  }
+  r.stub = v1::JobService::NewStub(channel);
+  if (!channel->WaitForConnected(std::chrono::system_clock::now() + kConnectWait)) {
+    // Why, in gRPC's words (refused, TLS, name resolution): one call that fails at once.
+    grpc::ClientContext ctx;
+    rpc::prepare_call(ctx, r.token, std::chrono::milliseconds(200));
+    v1::JobStatus ignored;
+    const grpc::Status s = r.stub->GetJob(&ctx, v1::GetJobRequest(), &ignored);
+    const std::string why = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+                                ? "no answer within " + std::to_string(kConnectWait.count()) + " ms"
+                                : terminal_safe(rpc::describe(s));
+    std::cerr << "zenflow: cannot reach a coordinator at " << r.coordinator << ": " << why
+              << " (--coordinator or ZENFLOW_COORDINATOR)\n";
+    return kExitUnavailable;
   }
   return 0;
 }

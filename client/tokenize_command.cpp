@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "client/commands.h"
+#include "client/verbs.h"
+#include "worker/rank/error_text.h"
 #include "common/input_file.h"
 #include "worker/model/tokenizer.h"
 
@@ -84,10 +86,9 @@ int run_tokenize(const TokenizeOptions& opts) {
   return kExitOk;
 }
 
-const CommandRegistrar kTokenizeCommand(40, [](CommandContext& ctx) {
+const CommandRegistrar kTokenizeCommand(train_verb("tokenize")->order, [](CommandContext& ctx) {
   auto opts = std::make_shared<TokenizeOptions>();
-  CLI::App* cmd = ctx.root->add_subcommand(
-      "tokenize", "Encode texts to token ids, or decode ids to text, printing a JSON array");
+  CLI::App* cmd = ctx.root->add_subcommand("tokenize", train_verb("tokenize")->help);
   cmd->add_option("--tokenizer", opts->tokenizer, "\"byte\", a tokenizer.json, or a directory holding one")
       ->required();
   cmd->add_flag("--decode", opts->decode,

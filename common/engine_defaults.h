@@ -17,7 +17,7 @@ inline constexpr double kBeta1 = 0.9;
 inline constexpr double kBeta2 = 0.999;
 inline constexpr double kEps = 1e-8;
 
-// ZenFlow (reference/zenflow-semantics.md).
+// ZenFlow (docs/semantics.md).
 inline constexpr double kTopkRatio = 0.1;
 inline constexpr int64_t kUpdateInterval = 4;
 inline constexpr int64_t kFullWarmUpRounds = 1;

@@ -91,9 +91,9 @@ base() {
 }
 
 build() {
-  local targets="zenflow zenflow-coordinator zenflow-worker zenflow-optimizer"
+  local targets="zenflow zenflow-train zenflow-coordinator zenflow-worker zenflow-optimizer"
   if ! grep -rqs --include=CMakeLists.txt 'add_executable(zenflow-optimizer' "$ROOT"; then
-    targets="zenflow zenflow-coordinator zenflow-worker"
+    targets="zenflow zenflow-train zenflow-coordinator zenflow-worker"
     echo "NOTE: this tree has no zenflow-optimizer target: building the image without it"
   fi
   # The host's CA bundle as a build secret: the build stage fetches from the npm registry over

@@ -1,5 +1,8 @@
 // The zenflow binary: exit codes and messages for bad specs, --json output of run.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,8 +30,10 @@ struct Result {
   std::string out;
 };
 
-Result run(const std::string& args) {
-  const std::string cmd = std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow " + args + " 2>&1";
+// `env` (KEY=VALUE ...) set for this command only; "" for none.
+Result run_env(const std::string& env, const std::string& args) {
+  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow " +
+                          args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   std::array<char, 4096> buf;
@@ -37,6 +42,8 @@ Result run(const std::string& args) {
   const int st = pclose(p);
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
 }
+
+Result run(const std::string& args) { return run_env("", args); }
 
 std::string write_file(const std::string& name, const std::string& text) {
   const fs::path p = zenflow::test_support::removed_at_exit(fs::temp_directory_path() /
@@ -66,6 +73,68 @@ TEST(Cli, VersionPrintsTheProjectVersion) {
   Result r = run("--version");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(std::regex_match(r.out, std::regex("zenflow [0-9]+\\.[0-9]+\\.[0-9]+\n"))) << r.out;
+}
+
+// The command's two halves (client/verbs.h): `zenflow` loads no LibTorch (ldd lists every
+// library it loads, its dependencies' included), zenflow-train does; --help lists both
+// halves' verbs; a verb of zenflow-train answers through zenflow as if it were its own.
+TEST(CliSplit, TheServiceHalfLoadsNoLibTorchAndForwardsTheTrainVerbs) {
+  auto libraries = [](const std::string& binary) {
+    Result r{0, ""};
+    const std::string cmd = "ldd " + std::string(ZENFLOW_BINARY_DIR) + "/bin/" + binary + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    std::array<char, 4096> buf;
+    size_t n;
+    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+    r.code = pclose(p);
+    return r.out;
+  };
+  const std::string front = libraries("zenflow"), train = libraries("zenflow-train");
+  EXPECT_NE(train.find("libtorch"), std::string::npos) << "ldd zenflow-train checks nothing: " << train;
+  EXPECT_EQ(front.find("libtorch"), std::string::npos) << front;
+  EXPECT_EQ(front.find("libc10"), std::string::npos) << front;
+  EXPECT_NE(front.find("libgrpc++"), std::string::npos) << front;
+
+  const Result help = run("--help");
+  EXPECT_EQ(help.code, 0) << help.out;
+  for (const char* verb : {"run", "export", "tokenize", "profile-host", "bench", "submit", "jobs", "watch", "up",
+                           "advise", "report"})
+    EXPECT_NE(help.out.find(std::string("\n  ") + verb + " "), std::string::npos) << verb << " missing from\n" << help.out;
+  EXPECT_NE(help.out.find("Train a job locally, in this process"), std::string::npos) << help.out;
+
+  const Result run_help = run("run --help");
+  EXPECT_EQ(run_help.code, 0) << run_help.out;
+  EXPECT_NE(run_help.out.find("--allow-spec-change"), std::string::npos) << run_help.out;
+  const Result bench_help = run("bench --help");
+  EXPECT_EQ(bench_help.code, 0) << bench_help.out;
+  EXPECT_NE(bench_help.out.find("cli"), std::string::npos) << bench_help.out;
+
+  // Without its other half, zenflow says so, naming the path.
+  const Result missing = run_env("ZENFLOW_TRAIN_BINARY=/nonexistent/zenflow-train", "run x.yaml");
+  EXPECT_EQ(missing.code, 1) << missing.out;
+  EXPECT_NE(missing.out.find("zenflow run: cannot run /nonexistent/zenflow-train: No such file or directory"),
+            std::string::npos)
+      << missing.out;
+}
+
+// A coordinator that cannot be reached: exit 5, naming the address and why (here, nothing
+// listens: refused), after at most the connect wait, not the 10-s call deadline and retries.
+TEST(CliSplit, AnUnreachableCoordinatorIsReportedNamingItsAddress) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string address = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));  // bound, never listening
+  for (const char* verb : {"jobs", "status j-000001", "workers"}) {
+    const Result r = run(std::string(verb) + " --coordinator " + address);
+    EXPECT_EQ(r.code, 5) << verb << ": " << r.out;
+    EXPECT_NE(r.out.find("zenflow: cannot reach a coordinator at " + address + ": "), std::string::npos)
+        << verb << ": " << r.out;
+  }
+  ::close(fd);
 }
 
 TEST(Cli, RunJsonReportsLossesAndStalls) {

@@ -19,7 +19,7 @@
 #include "tests/support/scratch.h"
 #include "worker/model/hf_model.h"
 #include "worker/model/llama.h"
-#include "worker/model_factory.h"
+#include "worker/rank/model_factory.h"
 
 namespace {
 
