@@ -598,8 +598,9 @@ void read_checkpoint(const yaml::Node& node, CheckpointSpec& c, const std::strin
                      const std::string& base_dir) {
   Section s(node, "checkpoint", {"dir", "every_steps", "keep"});
   read_string(s, "dir", c.dir, true);
-  if (c.dir.empty()) c.dir = "runs/" + name;
-  c.dir = resolve_path(base_dir, c.dir);
+  // Written: against the spec's directory, like every path. Absent: the current directory's
+  // runs/<name>, so a shared spec (the checkout's examples/) never collects runs beside it.
+  c.dir = c.dir.empty() ? "runs/" + name : resolve_path(base_dir, c.dir);
   read_int(s, "every_steps", c.every_steps, {0, kBillion});
   read_int(s, "keep", c.keep, {1, kMillion});
 }
@@ -825,6 +826,12 @@ JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& o
   fs::path dir = fs::absolute(fs::path(path), ec).parent_path();
   if (ec) dir = fs::path(path).parent_path();
   JobSpec spec = parse_from(text, overrides, dir.string(), path);
+  // The default checkpoint.dir is relative to the current directory: made absolute here, so
+  // what `zenflow submit` sends and what `zenflow run` prints is the directory it means.
+  if (!fs::path(spec.checkpoint.dir).is_absolute()) {
+    fs::path cwd = fs::current_path(ec);
+    if (!ec) spec.checkpoint.dir = (cwd / spec.checkpoint.dir).lexically_normal().string();
+  }
   check_allowed_roots(spec, allowed_roots_from_env());  // before any of its paths is looked at
   check_spec_paths(spec);
   return spec;
