@@ -407,25 +407,25 @@ TEST(JobSpec, AnAbsentCheckpointDirIsUnderTheCurrentDirectoryAWrittenOneBesideTh
   namespace fs = std::filesystem;
   const fs::path root = fs::temp_directory_path() / ("zenflow_job_spec_cwd_" + std::to_string(::getpid()));
   zenflow::remove_tree(root);
-  fs::create_directories(root / "shared");
+  fs::create_directories(root / "specs");
   fs::create_directories(root / "here");
-  std::ofstream(root / "shared" / "corpus.txt") << "hello\n";
-  std::ofstream(root / "shared" / "job.yaml") << kMinimalSpec;
-  std::ofstream(root / "shared" / "explicit.yaml") << kMinimalSpec << "checkpoint: {dir: out}\n";
+  std::ofstream(root / "specs" / "corpus.txt") << "hello\n";
+  std::ofstream(root / "specs" / "job.yaml") << kMinimalSpec;
+  std::ofstream(root / "specs" / "explicit.yaml") << kMinimalSpec << "checkpoint: {dir: out}\n";
   const fs::path before = fs::current_path();
   fs::current_path(root / "here");
   const fs::path here = fs::current_path();  // symlinks of the temp dir resolved, as the process sees it
-  const JobSpec plain = load_job_spec((root / "shared" / "job.yaml").string());
-  const JobSpec named = load_job_spec("../shared/job.yaml", {"name=other"});
-  const JobSpec written = load_job_spec((root / "shared" / "explicit.yaml").string());
-  const JobSpec set = load_job_spec((root / "shared" / "job.yaml").string(), {"checkpoint.dir=out2"});
+  const JobSpec plain = load_job_spec((root / "specs" / "job.yaml").string());
+  const JobSpec named = load_job_spec("../specs/job.yaml", {"name=other"});
+  const JobSpec written = load_job_spec((root / "specs" / "explicit.yaml").string());
+  const JobSpec set = load_job_spec((root / "specs" / "job.yaml").string(), {"checkpoint.dir=out2"});
   fs::current_path(before);
   EXPECT_EQ(plain.checkpoint.dir, (here / "runs" / "m").string());
   EXPECT_EQ(named.checkpoint.dir, (here / "runs" / "other").string());
-  EXPECT_EQ(plain.data.train, (root / "shared" / "corpus.txt").string());  // inputs: beside the spec
-  EXPECT_EQ(written.checkpoint.dir, (root / "shared" / "out").string());
-  EXPECT_EQ(set.checkpoint.dir, (root / "shared" / "out2").string());
-  EXPECT_FALSE(fs::exists(root / "shared" / "runs"));  // reading a spec creates nothing
+  EXPECT_EQ(plain.data.train, (root / "specs" / "corpus.txt").string());  // inputs: beside the spec
+  EXPECT_EQ(written.checkpoint.dir, (root / "specs" / "out").string());
+  EXPECT_EQ(set.checkpoint.dir, (root / "specs" / "out2").string());
+  EXPECT_FALSE(fs::exists(root / "specs" / "runs"));  // reading a spec creates nothing
   // The coordinator's parse (base ".") does not resolve the default against its own
   // directory: it stays relative, which a submitted spec may not be (check_absolute).
   EXPECT_EQ(parse_job_spec(kMinimalSpec, {}, ".", SpecSite::kRunsElsewhere).checkpoint.dir, "runs/m");
