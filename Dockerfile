@@ -30,7 +30,7 @@
 # The binaries look for their shipped data where they were built (ZENFLOW_SOURCE_DIR): the build
 # stage builds in /opt/zenflow, and the runtime keeps examples/ and deploy/ (pricing.yaml,
 # Prometheus config) there. `zenflow run /opt/zenflow/examples/tiny.yaml` checkpoints into
-# /opt/zenflow/runs/tiny-demo, writable by the image's user (zenflow, uid 10001).
+# runs/tiny-demo of the working directory, /work, writable by the image's user (zenflow, uid 10001).
 
 ARG BASE=debian:12
 ARG CUDA_BASE=nvidia/cuda:12.6.3-devel-ubuntu24.04

@@ -17,9 +17,11 @@ CommandRegistrar reg(train_verb("run")->order, [](CommandContext& ctx) {
   cmd->add_option("--set", args->sets, "Override a spec key: --set train.steps=50 (repeatable)");
   cmd->add_flag("--json", args->json, "Print one JSON object with the results at the end (stdout)");
   cmd->add_flag("--fresh,--no-resume", args->fresh,
-                "Start from step 0 even if checkpoint.dir holds checkpoints (they are moved into "
-                "checkpoint.dir/superseded-*/, never deleted); also the way past a directory whose every "
-                "checkpoint is damaged");
+                "Start over from step 0: what earlier runs wrote in checkpoint.dir (its step-* checkpoints, "
+                "damaged and unfinished ones included, steps.jsonl and profile.yaml) is first moved into "
+                "checkpoint.dir/superseded-YYYYmmdd-HHMMSS/; nothing is deleted, nothing else is touched. "
+                "Without it a run resumes from its newest checkpoint, and one already at train.steps does "
+                "nothing. Also the way past a directory whose every checkpoint is damaged");
   cmd->add_option("--allow-spec-change", args->allow_spec_change,
                   "Resume although these keys changed since the checkpoint (comma-separated, e.g. "
                   "optimizer.mode,train.seq_len)");

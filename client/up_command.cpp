@@ -5,7 +5,7 @@
 //
 // The workers confine job specs to their allowed roots (zenflow-worker --allowed-root): DIR,
 // the current directory, and the checkout with what its examples/tiny.yaml reads (the submit
-// line printed), plus each --allowed-root.
+// line printed, which checkpoints into DIR/runs/tiny-demo), plus each --allowed-root.
 //
 // Every process is a child in a process group of its own that dies with this one
 // (PR_SET_PDEATHSIG), logs to DIR/logs/NAME.log and is stopped by PID: SIGTERM, then SIGKILL
@@ -319,10 +319,23 @@ fs::path default_dir() {
   return fs::current_path() / ("zenflow-up-" + std::string(stamp));
 }
 
+// The --set of the printed submit lines: the example trains into DIR/runs/<name>, the
+// stack's own directory, not the runs/ of the directory `zenflow submit` is typed in (often
+// the checkout, where a finished `zenflow run` of the same example would leave the job
+// nothing to do). "" when the example cannot be read.
+std::string example_checkpoint_set(const fs::path& dir, const fs::path& example) {
+  try {
+    const JobSpec spec = parse_job_spec(read_text(example), {}, example.parent_path().string());
+    return "checkpoint.dir=" + (dir / "runs" / spec.name).string();
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
 // What the workers' job specs may read and write: the stack's directory, the current one,
 // the checkout with every path its example names (when `example` exists, the job printed as
-// the submit line), then `extra`.
-std::vector<std::string> worker_roots(const fs::path& dir, const fs::path& example,
+// the submit line, with `example_set`), then `extra`.
+std::vector<std::string> worker_roots(const fs::path& dir, const fs::path& example, const std::string& example_set,
                                       const std::vector<std::string>& extra) {
   std::vector<std::string> roots = {dir.string(), fs::current_path().string()};
   auto covered = [&](const std::string& p) {
@@ -331,7 +344,9 @@ std::vector<std::string> worker_roots(const fs::path& dir, const fs::path& examp
   if (fs::exists(example)) {
     roots.push_back(fs::path(ZENFLOW_SOURCE_DIR).lexically_normal().string());
     try {
-      const JobSpec spec = parse_job_spec(read_text(example), {}, example.parent_path().string());
+      std::vector<std::string> sets;
+      if (!example_set.empty()) sets.push_back(example_set);
+      const JobSpec spec = parse_job_spec(read_text(example), sets, example.parent_path().string());
       for (const auto& [key, path] : confined_paths(spec))
         if (!covered(path)) roots.push_back(fs::path(path).lexically_normal().string());
     } catch (const std::exception&) {
@@ -385,7 +400,8 @@ int up(const UpArgs& a) {
     return kExitBadInput;
   }
   const fs::path example = fs::path(ZENFLOW_SOURCE_DIR) / "examples" / "tiny.yaml";
-  const std::vector<std::string> roots = worker_roots(dir, example, a.allowed_roots);
+  const std::string example_set = fs::exists(example) ? example_checkpoint_set(dir, example) : "";
+  const std::vector<std::string> roots = worker_roots(dir, example, example_set, a.allowed_roots);
   const fs::path admin_token = dir / "admin.token", worker_token = dir / "worker.token",
                  optimizer_token = dir / "optimizer.token";
   write_text_atomically(admin_token, rpc::random_token() + "\n", 0600);
@@ -562,7 +578,8 @@ int up(const UpArgs& a) {
 
   const std::string remote =
       " --coordinator " + coordinator->address + " --token-file " + admin_token.string();
-  const std::string job = fs::exists(example) ? example.string() : "JOB.yaml";
+  const std::string job = !fs::exists(example) ? "JOB.yaml"
+                          : example.string() + (example_set.empty() ? "" : " --set " + example_set);
   std::printf("zenflow up: ready in %.1f s: coordinator, %d worker%s, %d optimizer node%s%s (%s/up.json)\n",
               ready_s, a.workers, a.workers == 1 ? "" : "s", a.optimizer_nodes,
               a.optimizer_nodes == 1 ? "" : "s", prometheus ? ", prometheus" : "", dir.string().c_str());

@@ -838,7 +838,7 @@ void rows(V& v, Of<ResourcesSpec>) {
 
 template <typename V>
 void rows(V& v, Of<CheckpointSpec>) {
-  v(Path{"dir", "Where step-N checkpoints are written; empty: runs/<name> beside the spec", true},
+  v(Path{"dir", "Where step-N checkpoints are written; absent: runs/<name> under the current directory", true},
     &CheckpointSpec::dir);
   v(Int{"every_steps", {0, kBillion}, "Steps between periodic checkpoints; 0: none"}, &CheckpointSpec::every_steps);
   v(Int{"keep", {1, kMillion}, "Checkpoints kept; older ones are pruned"}, &CheckpointSpec::keep);
@@ -912,7 +912,10 @@ void check_rules(HostSpec& h, const Section& s, const ReadContext&, std::string_
 
 void check_rules(JobSpec& spec, const Section&, const ReadContext& ctx, std::string_view after) {
   if (after == "checkpoint") {
-    if (spec.checkpoint.dir.empty()) spec.checkpoint.dir = resolve_path(ctx.base_dir, "runs/" + spec.name);
+    // Written: against the spec's directory, like every path (its row). Absent: the current
+    // directory's runs/<name>, so a shared spec (the checkout's examples/) never collects runs
+    // beside it; load_job_spec makes it absolute.
+    if (spec.checkpoint.dir.empty()) spec.checkpoint.dir = "runs/" + spec.name;
     check_checkpoint_dir(spec.checkpoint, spec.name, ctx.base_dir, ctx.site);
   }
   // Learned position tables (gpt2) and rotary caches (llama) are sized by this.
@@ -1344,6 +1347,12 @@ JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& o
   fs::path dir = fs::absolute(fs::path(path), ec).parent_path();
   if (ec) dir = fs::path(path).parent_path();
   JobSpec spec = parse_from(text, overrides, dir.string(), path);
+  // The default checkpoint.dir is relative to the current directory: made absolute here, so
+  // what `zenflow submit` sends and what `zenflow run` prints is the directory it means.
+  if (!fs::path(spec.checkpoint.dir).is_absolute()) {
+    fs::path cwd = fs::current_path(ec);
+    if (!ec) spec.checkpoint.dir = (cwd / spec.checkpoint.dir).lexically_normal().string();
+  }
   check_allowed_roots(spec, allowed_roots_from_env());  // before any of its paths is looked at
   check_spec_paths(spec);
   return spec;

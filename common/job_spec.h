@@ -20,11 +20,16 @@
 // never "." or ".."; it names the default checkpoint directory runs/<name>). Paths are at
 // most 4096 bytes as written, cost.instance_type at most 128 characters.
 //
-// After parsing, every path (model.from, data.train, data.val, data.tokenizer unless
-// "byte", checkpoint.dir) is resolved against the spec's directory, and checkpoint.dir is
-// never empty. checkpoint.dir may not be "/", $HOME, the spec's directory (base_dir) or an
-// existing non-directory (compared after std::filesystem::weakly_canonical): zenflow
-// writes step-N directories and its lock there and prunes old ones.
+// After parsing, every path written in the spec or a --set (model.from, data.train,
+// data.val, data.tokenizer unless "byte", checkpoint.dir) is resolved against the spec's
+// directory, and checkpoint.dir is never empty: an absent one is runs/<name> under the
+// current directory of the process that reads the spec (parse_job_spec leaves it relative,
+// "runs/<name>", whatever base_dir is; load_job_spec makes it absolute; the coordinator,
+// which parses with base_dir "." and requires absolute paths, refuses it, so a submitted
+// spec always names its directory). checkpoint.dir may not be "/", $HOME, the spec's
+// directory (base_dir) or an existing non-directory (compared after
+// std::filesystem::weakly_canonical): zenflow writes step-N directories and its lock there
+// and prunes old ones.
 //
 // parse_job_spec does not check that the input paths exist (tests use made-up ones); it
 // reads the file system only for the checkpoint.dir rule. check_spec_paths does the
@@ -164,7 +169,7 @@ struct ResourcesSpec {
 };
 
 struct CheckpointSpec {
-  std::string dir;            // parse_job_spec sets it to <spec dir>/runs/<name> when not given
+  std::string dir;            // when not given: runs/<name> under the current directory (above)
   int64_t every_steps = 100;  // 0 disables periodic checkpoints
   int64_t keep = 3;
 };
@@ -206,7 +211,8 @@ JobSpec parse_job_spec(const std::string& yaml_text, const std::vector<std::stri
 
 // Reads the file at `path` with read_regular_file (a FIFO, a device, a directory or a file
 // over kMaxSpecBytes is refused at once, never read or waited on) and parses it; relative
-// paths in it resolve against the file's directory (made absolute), and check_spec_paths
+// paths in it resolve against the file's directory (made absolute), an absent checkpoint.dir
+// is the current directory's runs/<name> (made absolute), and check_spec_paths
 // runs on the result. Every problem throws SpecError: the file's own (InputError) as
 // SpecError(path, reason), e.g. "/x/job.yaml: is a FIFO, expected a regular file"; YAML
 // syntax errors name `path` instead of "<yaml>". (A checkpoint's run.yaml, whose inputs
@@ -242,8 +248,8 @@ std::vector<std::string> allowed_roots_from_env();
 // The spec as block YAML with every field written out (auto values as "auto", an unset
 // cost.usd_per_hour as null, numbers in their shortest exact form; model.arch only when
 // arch_given), for job records and logs. parse_job_spec(to_yaml(s)) == s for any spec
-// parse_job_spec returned (paths that are still relative, from a relative base_dir, need
-// base_dir "." the second time).
+// parse_job_spec returned (paths that are still relative, from a relative base_dir or the
+// default checkpoint.dir, need base_dir "." the second time).
 std::string to_yaml(const JobSpec& spec);
 
 // The job-spec reference: a markdown table with one row per key (its YAML path, type,

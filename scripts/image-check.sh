@@ -127,7 +127,7 @@ version() {
 
 train() {
   in_container zenflow run /opt/zenflow/examples/tiny.yaml --set train.steps=5 --set train.warmup_steps=1 --fresh || return 1
-  in_container sh -c 'ls -d /opt/zenflow/runs/tiny-demo/step-*' || return 1
+  in_container sh -c 'ls -d /work/runs/tiny-demo/step-*' || return 1  # the working directory's runs/
 }
 
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }

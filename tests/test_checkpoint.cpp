@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -305,12 +306,52 @@ TEST(Checkpoint, ARefusingFenceCommitsNothing) {
 
 TEST(Checkpoint, SupersedeMovesAnEarlierRunAsideWithoutDeleting) {
   const fs::path d = three_checkpoints("supersede");
+  // What else the earlier run left: its record, its profile, a quarantined and a half-written
+  // checkpoint; and what is not the run's: the user's files, a link, an older superseded run.
+  auto write = [](const fs::path& p, const std::string& text) { std::ofstream(p) << text; };
+  write(d / "steps.jsonl", "{\"event\":\"start\"}\n");
+  write(d / "profile.yaml", "steady: {}\n");
+  write(d / "profile.yaml.tmp.4242", "stead");
+  fs::create_directories(d / "step-00000001.damaged");
+  fs::create_directories(d / "step-00000001.damaged.2");
+  fs::create_directories(d / "step-00000008.tmp");
+  write(d / "notes.txt", "mine\n");
+  write(d / "step-00000009", "a file of mine named like a checkpoint\n");
+  write(d / "steps.jsonl.bak", "mine\n");
+  fs::create_directories(d / "step-00000003.old");
+  fs::create_directories(d / "superseded-19990101-000000" / "step-00000001");
+  write(d / ".zenflow.lock", "host pid start\n");
+  write(d.parent_path() / "supersede-target.txt", "outside\n");
+  fs::create_symlink(d.parent_path() / "supersede-target.txt", d / "profile.yaml.tmp.7");
+
   const std::string moved = zenflow::supersede_checkpoints(d.string());
   ASSERT_FALSE(moved.empty());
+  EXPECT_EQ(fs::path(moved).parent_path(), d);
+  EXPECT_EQ(fs::path(moved).filename().string().rfind("superseded-2", 0), 0u) << moved;
   EXPECT_TRUE(zenflow::list_checkpoints(d.string()).empty());
   EXPECT_EQ(zenflow::list_checkpoints(moved).size(), 3u);
   EXPECT_NO_THROW(zenflow::load_checkpoint((fs::path(moved) / "step-00000006").string()));
+  std::set<std::string> aside, left;
+  for (const auto& e : fs::directory_iterator(moved)) aside.insert(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(d)) left.insert(e.path().filename().string());
+  EXPECT_EQ(aside, (std::set<std::string>{"step-00000002", "step-00000004", "step-00000006", "steps.jsonl",
+                                          "profile.yaml", "profile.yaml.tmp.4242", "step-00000001.damaged",
+                                          "step-00000001.damaged.2", "step-00000008.tmp"}));
+  EXPECT_EQ(left, (std::set<std::string>{"notes.txt", "step-00000009", "steps.jsonl.bak", "step-00000003.old",
+                                         "superseded-19990101-000000", ".zenflow.lock", "profile.yaml.tmp.7",
+                                         fs::path(moved).filename().string()}));
   EXPECT_EQ(zenflow::supersede_checkpoints(d.string()), "");  // nothing left to move
+  fs::remove(d.parent_path() / "supersede-target.txt");
+}
+
+TEST(Checkpoint, RunFilesAreTheNamesARunWrites) {
+  for (const char* name : {"step-00000002", "step-123456789", "step-00000002.tmp", "step-00000002.damaged",
+                           "step-00000002.damaged.3", "steps.jsonl", "profile.yaml", "profile.yaml.tmp.99"})
+    EXPECT_TRUE(zenflow::is_run_file(name)) << name;
+  for (const char* name : {"step-", "step-x", "step-00000002.bak", "step-00000002.damaged.", "step-00000002.damaged.x",
+                           "step-00000002.tmp.1", "steps.jsonl.1", "profile.yaml.tmp.", "profile.yaml.tmp.x",
+                           ".zenflow.lock", "superseded-20260101-000000", "notes.txt", ""})
+    EXPECT_FALSE(zenflow::is_run_file(name)) << name;
 }
 
 TEST(Checkpoint, IdentityListsTheKeysThatChanged) {

@@ -138,7 +138,7 @@ TEST(CliSplit, AnUnreachableCoordinatorIsReportedNamingItsAddress) {
 }
 
 TEST(Cli, RunJsonReportsLossesAndStalls) {
-  const std::string spec = write_file("ok.yaml", kValid);
+  const std::string spec = write_file("ok.yaml", zenflow::test_support::tiny_job_spec_beside_it("cli-test"));
   const std::string cmd = std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow run " + spec + " --no-resume --json 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;

@@ -1210,6 +1210,28 @@ TEST(Coordinator, AJobIsPlacedOnlyOnAWorkerWhoseAllowedRootsCoverItsPaths) {
             std::vector<std::string>{"older-agent"});
 }
 
+// A spec that leaves checkpoint.dir out means runs/<name> of the directory it is read in.
+// The coordinator does not read it anywhere, so it never gives it its own directory: the
+// spec is refused (zenflow submit sends the directory it resolved), and nothing is placed.
+TEST(Coordinator, ASubmittedSpecWithoutACheckpointDirIsRefusedNotGivenTheCoordinatorsDirectory) {
+  TestDir dir;
+  auto c = open_coordinator(dir.db());
+  std::string yaml = dir.spec("no-dir");
+  yaml = yaml.substr(0, yaml.find("checkpoint:"));
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(yaml);
+  req.set_request_id("no-dir");
+  v1::SubmitJobResponse resp;
+  const grpc::Status s = c->submit(req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(),
+            "checkpoint.dir: must be an absolute path in a submitted spec (zenflow submit resolves relative "
+            "paths against its working directory), got \"runs/no-dir\"");
+  v1::ListJobsResponse jobs;
+  ASSERT_TRUE(c->list(v1::ListJobsRequest(), &jobs).ok());
+  EXPECT_EQ(jobs.jobs_size(), 0);
+}
+
 // The roots a worker advertises are checked before anything of the registration is kept:
 // absolute, in normal form, printable, bounded; else INVALID_ARGUMENT naming the field.
 TEST(Coordinator, RegistrationWithAMalformedAllowedRootIsRefusedNamingTheField) {

@@ -968,7 +968,7 @@ std::vector<Case> user_files_run_cases() {
          y.set("name", "deflt");
          y.set("train.steps", "2");
          write_spec(c, y);
-         c.run = c.spec_dir / "runs" / "deflt";
+         c.run = c.root / "cwd" / "runs" / "deflt";  // the current directory's, not beside the spec
        },
        {"run", "{spec}", "--quiet"},
        {0},

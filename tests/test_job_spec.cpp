@@ -129,6 +129,8 @@ data:
 optimizer:
   zenflow:
     update_interval: 4
+checkpoint:
+  dir: ./runs/tiny-demo
 cost:
   instance_type: p4d.24xlarge
 )";
@@ -147,7 +149,8 @@ TEST(JobSpec, OmittedKeysTakeTheDefaults) {
   EXPECT_EQ(s.data.format, "text");
   EXPECT_EQ(s.data.tokenizer, "byte");
   EXPECT_EQ(s.data.val_fraction, 0.05);
-  EXPECT_EQ(s.checkpoint.dir, "/base/runs/m");
+  // Not beside the spec: runs/<name> of the current directory (load_job_spec makes it absolute).
+  EXPECT_EQ(s.checkpoint.dir, "runs/m");
   EXPECT_EQ(s.checkpoint.every_steps, 100);
   EXPECT_EQ(s.checkpoint.keep, 3);
   // Spot-check values the trainer relies on, so a changed default is noticed here.
@@ -375,7 +378,7 @@ TEST(JobSpec, LoadResolvesAgainstTheFilesDirectoryAndNamesTheFileInErrors) {
   std::ofstream(dir / "corpus.txt") << "hello\n";
   JobSpec s = load_job_spec(good.string(), {"train.steps=7"});
   EXPECT_EQ(s.data.train, (dir / "corpus.txt").string());
-  EXPECT_EQ(s.checkpoint.dir, (dir / "runs" / "m").string());
+  EXPECT_EQ(s.checkpoint.dir, (fs::current_path() / "runs" / "m").string());
   EXPECT_EQ(s.train.steps, 7);
   EXPECT_EQ(s.train.warmup_steps, 7);  // the default warm-up (10) shrinks to fit
 
@@ -398,6 +401,41 @@ TEST(JobSpec, LoadResolvesAgainstTheFilesDirectoryAndNamesTheFileInErrors) {
     EXPECT_STREQ(e.what(), (missing + ": no such file or directory").c_str());
   }
   zenflow::remove_tree(dir);
+}
+
+// The checkout's examples/ are shared: a spec without checkpoint.dir trains into the runs/ of
+// the directory it is run from, while a directory the spec (or a --set) writes keeps the
+// rule of every path, the spec's directory.
+TEST(JobSpec, AnAbsentCheckpointDirIsUnderTheCurrentDirectoryAWrittenOneBesideTheSpec) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("zenflow_job_spec_cwd_" + std::to_string(::getpid()));
+  zenflow::remove_tree(root);
+  fs::create_directories(root / "specs");
+  fs::create_directories(root / "here");
+  std::ofstream(root / "specs" / "corpus.txt") << "hello\n";
+  std::ofstream(root / "specs" / "job.yaml") << kMinimalSpec;
+  std::ofstream(root / "specs" / "explicit.yaml") << kMinimalSpec << "checkpoint: {dir: out}\n";
+  const fs::path before = fs::current_path();
+  fs::current_path(root / "here");
+  const fs::path here = fs::current_path();  // symlinks of the temp dir resolved, as the process sees it
+  const JobSpec plain = load_job_spec((root / "specs" / "job.yaml").string());
+  const JobSpec named = load_job_spec("../specs/job.yaml", {"name=other"});
+  const JobSpec written = load_job_spec((root / "specs" / "explicit.yaml").string());
+  const JobSpec set = load_job_spec((root / "specs" / "job.yaml").string(), {"checkpoint.dir=out2"});
+  fs::current_path(before);
+  EXPECT_EQ(plain.checkpoint.dir, (here / "runs" / "m").string());
+  EXPECT_EQ(named.checkpoint.dir, (here / "runs" / "other").string());
+  EXPECT_EQ(plain.data.train, (root / "specs" / "corpus.txt").string());  // inputs: beside the spec
+  EXPECT_EQ(written.checkpoint.dir, (root / "specs" / "out").string());
+  EXPECT_EQ(set.checkpoint.dir, (root / "specs" / "out2").string());
+  EXPECT_FALSE(fs::exists(root / "specs" / "runs"));  // reading a spec creates nothing
+  // The coordinator's parse (base ".") does not resolve the default against its own
+  // directory: it stays relative, which a submitted spec may not be (check_absolute).
+  EXPECT_EQ(parse_job_spec(kMinimalSpec, {}, ".", SpecSite::kRunsElsewhere).checkpoint.dir, "runs/m");
+  // What zenflow submit sends names the directory: the resolved spec reads back the same.
+  EXPECT_EQ(parse_job_spec(to_yaml(plain), {}, ".", SpecSite::kRunsElsewhere).checkpoint.dir,
+            plain.checkpoint.dir);
+  zenflow::remove_tree(root);
 }
 
 TEST(JobSpec, ToYamlRoundTripsEveryField) {
@@ -726,8 +764,8 @@ TEST(JobSpecCheckpointDir, RefusesRootHomeTheSpecsDirectoryAndNonDirectories) {
   fs::create_directories(base / "out");
   EXPECT_EQ(error("out"), "");
   EXPECT_EQ(error(home.string() + "/runs"), "");
-  // The default (runs/<name>) is never refused.
-  EXPECT_EQ(parse_job_spec(kMinimalSpec, {}, base.string()).checkpoint.dir, (base / "runs" / "m").string());
+  // The default (runs/<name> of the current directory) is never refused.
+  EXPECT_EQ(parse_job_spec(kMinimalSpec, {}, base.string()).checkpoint.dir, "runs/m");
   // Through load_job_spec: the spec's directory is the file's.
   std::ofstream(base / "corpus.txt") << "text\n";
   std::ofstream(base / "job.yaml") << kMinimalSpec << "checkpoint: {dir: .}\n";
@@ -947,10 +985,11 @@ TEST(JobSpecArch, ArchGivenRecordsWhetherArchDecidesAndRoundTrips) {
 
   const std::string t1 = to_yaml(from_only);
   EXPECT_EQ(t1.find("arch:"), std::string::npos) << t1;
-  EXPECT_EQ(parse_job_spec(t1, {}, "/elsewhere"), from_only) << t1;
+  // Read back with base "." (the default checkpoint.dir, runs/m, is relative: job_spec.h).
+  EXPECT_EQ(parse_job_spec(t1, {}, "."), from_only) << t1;
   const std::string t2 = to_yaml(from_and_arch);
   EXPECT_NE(t2.find("arch: gpt2"), std::string::npos) << t2;
-  EXPECT_EQ(parse_job_spec(t2, {}, "/elsewhere"), from_and_arch) << t2;
+  EXPECT_EQ(parse_job_spec(t2, {}, "."), from_and_arch) << t2;
   EXPECT_NE(to_yaml(random_init).find("arch: llama"), std::string::npos);
 
   JobSpec other = from_only;

@@ -207,7 +207,7 @@ TEST(Pricing, ResolvePriceSpecRateFirstThenCatalogElseWarning) {
 // ---- zenflow run ----
 namespace {
 
-const std::string kTiny = zenflow::test_support::tiny_job_spec("pricing-test");
+const std::string kTiny = zenflow::test_support::tiny_job_spec_beside_it("pricing-test");
 
 struct Output {
   int code;

@@ -497,7 +497,7 @@ TEST_F(PrometheusLive, ScrapesARunAndEveryRuleAndAlertEvaluates) {
   const fs::path spec = dir_ / "run.yaml";
   zenflow::test_support::write_file(
       spec,
-      zenflow::test_support::tiny_job_spec(kJobId, 100000));
+      zenflow::test_support::tiny_job_spec_beside_it(kJobId, 100000));
   const std::string zlog = (dir_ / "zenflow.log").string();
   Child run({std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow", "run", spec.string(), "--quiet", "--fresh",
              "--metrics-port", std::to_string(zport)},

@@ -311,6 +311,47 @@ TEST(RankReport, LinesAreJsonEventsThatFollowTheRun) {
   zenflow::remove_tree(dir);
 }
 
+// A rank that resumes a finished run (an attempt requeued after its predecessor finished but
+// was not recorded as finished) trains nothing, writes nothing, and still tells the agent
+// where the job stands and that it finished: its log line, start, resumed, finish; exit 0.
+TEST(RankReport, AFinishedRunReportsItsLastStepAndFinishesWithoutTraining) {
+  const fs::path dir = scratch("complete");
+  const fs::path spec = job(dir, 6, 0);
+  {
+    RankProcess p;
+    start_rank(p, dir, {spec.string()}, false);
+    EventReader r(p.report_r);
+    ASSERT_EQ(finish_rank(p, r), 0) << stderr_of(p);
+  }
+  const std::vector<int64_t> on_disk = checkpoint_steps(dir);
+  ASSERT_EQ(on_disk, (std::vector<int64_t>{6}));
+  const std::string log_before = zenflow::test_support::read_file(dir / "ckpt" / "steps.jsonl");
+  RankProcess p;
+  start_rank(p, dir, {spec.string(), "--json"}, true);
+  EventReader r(p.report_r);
+  LeaseRenewer renew(p.lease_w);
+  ASSERT_EQ(finish_rank(p, r), 0) << stderr_of(p);
+  const std::string message =
+      "already complete at step 6; nothing to do (submit it with another checkpoint.dir to start over)";
+  ASSERT_EQ(r.events.size(), 4u) << zenflow::test_support::read_file(p.err);
+  EXPECT_EQ(r.events[0], (json{{"event", "log"}, {"line", message}}));
+  EXPECT_EQ(r.events[1], (json{{"event", "start"}, {"start_step", 6}, {"total_steps", 6}}));
+  EXPECT_EQ(r.events[2].at("event"), "resumed");
+  EXPECT_EQ(r.events[2].at("step"), 6);
+  EXPECT_TRUE(r.events[2].at("loss").is_number()) << r.events[2].dump();
+  EXPECT_EQ(r.events[3], (json{{"event", "finish"}, {"steps", 6}, {"interrupted", false}}));
+  EXPECT_EQ(count_of(stderr_of(p), "zenflow: " + message), 1) << stderr_of(p);
+  const json out = json::parse(zenflow::test_support::read_file(p.out));
+  EXPECT_EQ(out.at("already_complete"), true);
+  EXPECT_EQ(out.at("step"), 6);
+  EXPECT_EQ(out.at("train_steps"), 6);
+  EXPECT_EQ(out.at("message"), message);
+  EXPECT_EQ(out.at("final_loss"), r.events[2].at("loss"));
+  EXPECT_EQ(checkpoint_steps(dir), on_disk);
+  EXPECT_EQ(zenflow::test_support::read_file(dir / "ckpt" / "steps.jsonl"), log_before) << "the run's record changed";
+  zenflow::remove_tree(dir);
+}
+
 // Starts a long run (no periodic checkpoints) under a lease that is renewed until the run
 // reports its first step, and not after (the write end stays open). Whether it got there.
 bool train_then_stop_renewing(RankProcess& p, EventReader& r, const fs::path& dir,

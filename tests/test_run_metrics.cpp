@@ -233,7 +233,7 @@ std::string write_spec(const std::string& name, int steps) {
       << ", micro_batch: 2, seq_len: 16, lr: 1.0e-3, warmup_steps: 1, device: cpu}\n"
          "optimizer: {mode: zenflow, zenflow: {update_interval: 2, full_warm_up_rounds: 0, "
          "min_split_numel: 512}}\n"
-         "checkpoint: {every_steps: 0}\n";
+         "checkpoint: {every_steps: 0, dir: runs/metrics-test}\n";  // beside the spec, in the scratch dir
   return (dir / name).string();
 }
 

@@ -428,6 +428,30 @@ TEST(Service, CancelCheckpointsAndFreesTheWorker) {
   EXPECT_EQ(c.cli("cancel " + id), 2);  // already ended: FAILED_PRECONDITION
 }
 
+// A job whose checkpoint.dir holds a finished run (a resubmit, or an attempt requeued after
+// its predecessor finished unrecorded) trains nothing and ends SUCCEEDED at the run's step,
+// its log saying why; the checkpoints are as they were.
+TEST(Service, AJobWhoseRunIsAlreadyCompleteSucceedsWithoutTraining) {
+  Cluster c("complete");
+  c.start_coordinator();
+  c.start_worker("w1");
+  const fs::path spec = write_job(c, "done", 4, 0);
+  const std::string first = c.submit(spec);
+  ASSERT_TRUE(c.wait_state(first, "SUCCEEDED", 120s)) << c.status(first).dump();
+  const std::string again = c.submit(spec);
+  ASSERT_NE(again, first);
+  ASSERT_TRUE(c.wait_state(again, "SUCCEEDED", 60s)) << c.status(again).dump() << logs_of(c, again);
+  EXPECT_EQ(step_of(c, again), 4) << c.status(again).dump();
+  EXPECT_NE(logs_of(c, again).find("already complete at step 4; nothing to do (submit it with another "
+                                   "checkpoint.dir to start over)"),
+            std::string::npos)
+      << logs_of(c, again);
+  std::vector<std::string> steps;
+  for (const auto& e : fs::directory_iterator(c.dir() / "ckpt-done"))
+    if (e.path().filename().string().rfind("step-", 0) == 0) steps.push_back(e.path().filename().string());
+  EXPECT_EQ(steps, std::vector<std::string>{"step-00000004"});
+}
+
 TEST(Service, HigherPriorityJobPreemptsAndTheVictimResumes) {
   Cluster c("preempt");
   c.start_coordinator();

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,9 @@ struct RecordingReporter : RunReporter {
   void on_finish(int64_t steps, bool interrupted) noexcept override {
     events.push_back({"finish", steps, 0, 0, "", interrupted});
   }
+  void on_resumed(int64_t step, int64_t total_steps, double loss) noexcept override {
+    events.push_back({"resumed", step, total_steps, loss, "", false});
+  }
   std::vector<Event> of(const std::string& kind) const {
     std::vector<Event> out;
     for (const Event& e : events)
@@ -156,6 +160,79 @@ TEST(Trainer, DamagedNewestCheckpointFallsBackToThePreviousOne) {
   EXPECT_TRUE(warned);
   ASSERT_EQ(b.losses.size(), 7u);
   for (size_t i = 0; i < 7; ++i) EXPECT_DOUBLE_EQ(b.losses[i], a.losses[5 + i]) << "step " << i + 6;
+  zenflow::remove_tree(dir);
+}
+
+// Every file under `dir` with its size and modification time, the lock file left out (each
+// run records itself there): what "touched nothing" compares.
+std::map<std::string, std::pair<uintmax_t, fs::file_time_type>> tree_of(const std::string& dir) {
+  std::map<std::string, std::pair<uintmax_t, fs::file_time_type>> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.path().filename() != CheckpointDirLock::kFileName)
+      out[fs::relative(e.path(), dir).string()] = {e.is_regular_file() ? e.file_size() : 0, e.last_write_time()};
+  return out;
+}
+
+// Rerunning a finished run (the same spec, or fewer train.steps) trains nothing and writes
+// nothing: it says it is complete at the checkpoint's step, and reports it as a resume at
+// the last step would (start, resumed, finish). More steps, or a newest checkpoint that is
+// damaged, resume as before.
+TEST(Trainer, AFinishedRunIsAlreadyCompleteAndTouchesNothing) {
+  const std::string dir = temp_dir("complete");
+  JobSpec spec = tiny_spec(dir, "");
+  const RunSummary a = run_training(spec, quiet());
+  ASSERT_EQ(a.steps, 12);
+  EXPECT_FALSE(a.already_complete);
+  const auto before = tree_of(spec.checkpoint.dir);
+
+  RecordingReporter same;
+  const RunSummary again = run_training(spec, reported_to(&same));
+  EXPECT_TRUE(again.already_complete);
+  EXPECT_EQ(again.start_step, 12);
+  EXPECT_EQ(again.steps, 12);
+  EXPECT_FALSE(again.interrupted);
+  EXPECT_TRUE(again.losses.empty());
+  EXPECT_DOUBLE_EQ(again.final_loss, a.losses.back());
+  EXPECT_EQ(again.last_checkpoint, spec.checkpoint.dir + "/step-00000012");
+  ASSERT_EQ(same.events.size(), 4u);
+  EXPECT_EQ(same.events[0].kind, "log");
+  EXPECT_EQ(same.events[0].text, "already complete at step 12; nothing to do (--fresh to start over)");
+  EXPECT_EQ(same.events[1].kind, "start");
+  EXPECT_EQ(same.events[1].step, 12);
+  EXPECT_EQ(same.events[1].total, 12);
+  EXPECT_EQ(same.events[2].kind, "resumed");
+  EXPECT_EQ(same.events[2].step, 12);
+  EXPECT_DOUBLE_EQ(same.events[2].loss, a.losses.back());
+  EXPECT_EQ(same.events[3].kind, "finish");
+  EXPECT_EQ(same.events[3].step, 12);
+  EXPECT_FALSE(same.events[3].interrupted);
+
+  JobSpec fewer = spec;
+  fewer.train.steps = 5;
+  RecordingReporter past;
+  RunOptions o = reported_to(&past);
+  o.start_over_hint = "another hint";
+  EXPECT_TRUE(run_training(fewer, o).already_complete);
+  ASSERT_FALSE(past.of("log").empty());
+  EXPECT_EQ(past.of("log")[0].text, "already complete at step 12, past train.steps 5; nothing to do (another hint)");
+  EXPECT_EQ(tree_of(spec.checkpoint.dir), before) << "a complete run touched its checkpoints";
+
+  JobSpec more = spec;
+  more.train.steps = 14;
+  const RunSummary longer = run_training(more, quiet());
+  EXPECT_FALSE(longer.already_complete);
+  EXPECT_EQ(longer.start_step, 12);
+  EXPECT_EQ(longer.steps, 14);
+
+  // The newest (step 14) damaged: the usable one (12) is complete for 12 steps, not for 14.
+  const std::string newest = list_checkpoints(spec.checkpoint.dir).back().second;
+  fs::resize_file(newest + "/model.safetensors", fs::file_size(newest + "/model.safetensors") / 2);
+  EXPECT_TRUE(run_training(spec, quiet()).already_complete);
+  EXPECT_TRUE(fs::exists(newest + ".damaged"));  // quarantined, as a resume does
+  const RunSummary redone = run_training(more, quiet());
+  EXPECT_FALSE(redone.already_complete);
+  EXPECT_EQ(redone.start_step, 12);
+  EXPECT_EQ(redone.steps, 14);
   zenflow::remove_tree(dir);
 }
 

@@ -124,11 +124,23 @@ TEST_F(UpTest, StackRunsJobsToSucceededAndSigtermStopsEveryChild) {
   EXPECT_EQ(optimizers, nodes ? 1 : 0) << listed;
 
   const std::string tiny = std::string(ZENFLOW_SOURCE_DIR) + "/examples/tiny.yaml";
-  const std::string plain = " --set train.steps=5 --set train.warmup_steps=1 --set checkpoint.dir=" +
-                            (dir_ / "runs" / "plain").string();
-  EXPECT_EQ(cli("submit " + tiny + " --wait --set name=up-plain" + plain), 0)
+  // The printed submit line trains the example into the stack's directory, never into the
+  // runs/ of the checkout or of the directory it is typed in (a finished run may lie there).
+  const std::string printed_head = "Submit a job:\n  ";
+  ASSERT_NE(out.find(printed_head), std::string::npos) << out;
+  const size_t from = out.find(printed_head) + printed_head.size();
+  const std::string printed = out.substr(from, out.find('\n', from) - from);
+  const std::string into_stack = "--set checkpoint.dir=" + (stack_ / "runs" / "tiny-demo").string();
+  EXPECT_EQ(printed, Cluster::bin("zenflow") + " submit " + tiny + " " + into_stack + " --wait --coordinator " +
+                         info_["coordinator"]["address"].get<std::string>() + " --token-file " +
+                         info_["admin_token_file"].get<std::string>());
+  // As printed (5 steps instead of 200, to keep the test short).
+  EXPECT_EQ(zenflow::test_support::run(printed + " --set train.steps=5 --set train.warmup_steps=1 2>>" +
+                                       (dir_ / "cli.log").string()),
+            0)
       << read_file(dir_ / "cli.log") << "\n"
       << out;
+  EXPECT_TRUE(fs::is_directory(stack_ / "runs" / "tiny-demo" / "step-00000005"));
   if (nodes) {
     const std::string on_nodes =
         " --set train.steps=5 --set train.warmup_steps=1 --set checkpoint.dir=" +

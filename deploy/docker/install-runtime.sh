@@ -23,10 +23,10 @@ fi
 ldconfig
 
 useradd --uid 10001 --user-group --create-home --home-dir /home/zenflow --shell /bin/sh zenflow
-# /work: the default working directory; /opt/zenflow/runs: where examples/tiny.yaml's
-# checkpoint.dir (../runs/tiny-demo) lands.
-mkdir -p /work /opt/zenflow/runs
-chown zenflow:zenflow /work /opt/zenflow/runs
+# /work: the default working directory, where examples/tiny.yaml (no checkpoint.dir) writes
+# its runs/tiny-demo.
+mkdir -p /work
+chown zenflow:zenflow /work
 
 # The GPU driver's libraries come from the host at run time (NVIDIA container toolkit).
 host_libs='^[[:space:]]*(libcuda\.so\.1|libnvidia-ml\.so\.1) '

@@ -41,7 +41,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string written = zenflow::to_yaml(spec);
   JobSpec again;
   try {
-    again = zenflow::parse_job_spec(written, {}, "/specs", SpecSite::kRunsElsewhere);
+    // Base ".": the first parse made every written path absolute; only an absent checkpoint.dir
+    // is still relative (runs/<name> of the reader's directory, job_spec.h) and must stay so.
+    again = zenflow::parse_job_spec(written, {}, ".", SpecSite::kRunsElsewhere);
   } catch (const std::exception& e) {
     broken("to_yaml wrote a spec that does not read back", std::string(e.what()) + "\n" + written);
   }

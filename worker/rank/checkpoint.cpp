@@ -24,6 +24,8 @@
 #include "common/job_spec.h"
 #include "common/remove_tree.h"
 #include "worker/model/safetensors.h"
+#include "worker/rank/job_profiler.h"
+#include "worker/rank/step_log.h"
 
 namespace zenflow {
 namespace fs = std::filesystem;
@@ -421,22 +423,52 @@ std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir,
   return scan_checkpoints(dir, warn, /*quarantine=*/false).checkpoint;
 }
 
+bool is_run_file(const std::string& name) {
+  // step-N, step-N.tmp, step-N.damaged, step-N.damaged.K (free_name's).
+  const size_t dot = name.find('.');
+  if (step_of_name(name.substr(0, dot)) >= 0) {
+    if (dot == std::string::npos) return true;
+    const std::string suffix = name.substr(dot);
+    if (suffix == ".tmp" || suffix == ".damaged") return true;
+    if (suffix.rfind(".damaged.", 0) != 0 || suffix.size() == 9) return false;
+    return std::all_of(suffix.begin() + 9, suffix.end(), [](char c) { return c >= '0' && c <= '9'; });
+  }
+  if (name == StepLog::kFileName || name == kProfileFileName) return true;
+  // write_job_profile's temporary, left by a process killed while writing it.
+  const std::string profile_tmp = std::string(kProfileFileName) + ".tmp.";
+  return name.size() > profile_tmp.size() && name.rfind(profile_tmp, 0) == 0 &&
+         std::all_of(name.begin() + static_cast<std::ptrdiff_t>(profile_tmp.size()), name.end(),
+                     [](char c) { return c >= '0' && c <= '9'; });
+}
+
 std::string supersede_checkpoints(const std::string& dir) {
-  const auto all = list_checkpoints(dir);
-  if (all.empty()) return "";
+  std::vector<fs::path> moving;
+  std::error_code ec;
+  if (fs::is_directory(dir, ec))
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      // Of the kind the run writes: step-* directories, regular files (a link is not the run's).
+      const std::string name = e.path().filename().string();
+      const fs::file_status st = e.symlink_status(ec);
+      const bool kind = name.rfind("step-", 0) == 0 ? fs::is_directory(st) : fs::is_regular_file(st);
+      if (kind && is_run_file(name)) moving.push_back(e.path());
+    }
+  if (moving.empty()) return "";
+  std::sort(moving.begin(), moving.end());
   char stamp[32];
   const std::time_t now = std::time(nullptr);
   std::tm tm{};
   gmtime_r(&now, &tm);
   std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
   const fs::path target = free_name(fs::path(dir) / (std::string("superseded-") + stamp), "");
-  std::error_code ec;
   fs::create_directory(target, ec);
   if (ec) throw std::runtime_error("checkpoint: cannot create " + target.string() + ": " + ec.message());
-  for (const auto& [step, path] : all) {
-    fs::rename(path, target / fs::path(path).filename(), ec);
-    if (ec) throw std::runtime_error("checkpoint: cannot move " + path + " into " + target.string() + ": " + ec.message());
+  for (const fs::path& path : moving) {
+    fs::rename(path, target / path.filename(), ec);
+    if (ec)
+      throw std::runtime_error("checkpoint: cannot move " + path.string() + " into " + target.string() + ": " +
+                               ec.message());
   }
+  fsync_path(target.string());
   fsync_path(dir);
   return target.string();
 }

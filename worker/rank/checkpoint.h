@@ -153,9 +153,19 @@ std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir,
 // Step directories in `dir`, ascending by step (complete ones only: no .tmp/.damaged suffix).
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir);
 
-// Moves every step directory of `dir` into a new dir/superseded-YYYYmmdd-HHMMSS[-N]/ (a run
-// that starts fresh keeps what an earlier run wrote) and returns that directory, or "" when
-// there was nothing to move.
+// Whether `name`, an entry of checkpoint.dir, is one a run writes there (what a fresh start
+// sets aside): step-N, step-N.tmp, step-N.damaged[.K] (N, K digits), steps.jsonl
+// (step_log.h), profile.yaml and its temporary profile.yaml.tmp.PID (job_profiler.h). Not
+// the lock file, earlier superseded-* directories, or anything else.
+bool is_run_file(const std::string& name);
+
+// Moves every entry of `dir` that is_run_file() (step-* directories, the other names regular
+// files; never a symbolic link) into a new dir/superseded-YYYYmmdd-HHMMSS/
+// (.N appended when that name exists) and returns that directory, or "" when there was
+// nothing to move. Nothing is deleted, and nothing else in `dir` is touched: a run that
+// starts fresh (`zenflow run --fresh`, holding the directory's lock) keeps what an earlier
+// run wrote, out of the way of its resume, its report and its profile. Throws
+// std::runtime_error naming the path when a move fails.
 std::string supersede_checkpoints(const std::string& dir);
 
 // The spec keys a resume must not change (model, data, mode, topk_ratio, update_interval,

@@ -379,7 +379,8 @@ std::string write_job_profile(const JobSpec& spec, const advisor::JobProfile& pr
   namespace fs = std::filesystem;
   const fs::path dir = spec.checkpoint.dir.empty() ? fs::path(".") : fs::path(spec.checkpoint.dir);
   fs::create_directories(dir);
-  const fs::path out = dir / "profile.yaml", tmp = dir / ("profile.yaml.tmp." + std::to_string(::getpid()));
+  const fs::path out = dir / kProfileFileName,
+                 tmp = dir / (std::string(kProfileFileName) + ".tmp." + std::to_string(::getpid()));
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     f << profile.to_yaml();

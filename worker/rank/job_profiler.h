@@ -49,7 +49,11 @@ class ProfileObserver : public TrainingObserver {
 advisor::JobProfile build_job_profile(const JobSpec& spec, const RunSummary& summary,
                                       const ProfileObserver& observer);
 
-// profile.yaml in checkpoint.dir (atomically: a temporary file renamed over it).
+// The profile's name in checkpoint.dir (zenflow advise RUN_DIR reads it).
+inline constexpr char kProfileFileName[] = "profile.yaml";
+
+// kProfileFileName in checkpoint.dir (atomically: a temporary file, kProfileFileName +
+// ".tmp.PID", renamed over it). Returns its path.
 std::string write_job_profile(const JobSpec& spec, const advisor::JobProfile& profile);
 
 }  // namespace zenflow

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -301,6 +302,8 @@ int run_rank(const RankArgs& a) {
     opts.commit_fence = [&](const std::function<void()>& publish) { return lease->publish_if_held(publish); };
   opts.lock_wait = std::chrono::milliseconds(static_cast<int64_t>(a.lock_wait * 1000));
   opts.resume = !a.fresh;
+  // Under the worker agent the job's spec decides, not a flag of this command.
+  if (a.report_fd >= 0 || a.lease_fd >= 0) opts.start_over_hint = "submit it with another checkpoint.dir to start over";
   for (const std::string& list : a.allow_spec_change) {
     std::stringstream keys(list);
     for (std::string k; std::getline(keys, k, ',');)
@@ -411,6 +414,20 @@ int run_rank(const RankArgs& a) {
   }
   lease.reset();  // nothing more is written to checkpoint.dir: an agent gone now changes nothing
   progress.finish();
+  if (sum.already_complete) {
+    // The run said so (its log line); nothing was trained, so no table, record or profile.
+    if (rank0 && a.profile) std::cerr << "zenflow: no profile: nothing was trained\n";
+    if (rank0 && a.json) {
+      nlohmann::ordered_json j = {{"already_complete", true},
+                          {"step", sum.steps},
+                          {"train_steps", spec.train.steps},
+                          {"checkpoint", sum.last_checkpoint},
+                          {"final_loss", std::isfinite(sum.final_loss) ? nlohmann::ordered_json(sum.final_loss) : nlohmann::ordered_json(nullptr)},
+                          {"message", already_complete_message(sum.steps, spec.train.steps, opts.start_over_hint)}};
+      std::cout << j.dump() << std::endl;
+    }
+    return attempt::kExitOk;
+  }
   if (rank0) {
     const std::optional<RunCost> cost = run_cost(price, sum);
     print_summary_table(a.json ? std::cerr : std::cout, spec, sum, cost);

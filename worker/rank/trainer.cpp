@@ -309,6 +309,7 @@ class TrainingRun {
     keep_freed_host_memory();
     setup_devices();
     join_ranks();
+    if (finished_already()) return std::move(sum_);
     preflight();
     build_model();
     build_data();
@@ -396,6 +397,55 @@ class TrainingRun {
         log(busy.substr(0, busy.rfind("; ")) + "; waiting up to " + waiting + " s for it to be released");
       });
     }
+  }
+
+  // A run whose newest usable checkpoint is at or past train.steps has nothing to train: it
+  // says so (on_start, on_resumed, on_finish, as a resume at the last step would) and ends
+  // before a model is built, leaving checkpoint.dir as it is (a damaged newer checkpoint is
+  // quarantined, as a resume would). Rank 0 decides, as it holds the directory; the other
+  // ranks get its step and loss, so every rank ends the same way.
+  bool finished_already() {
+    if (!options_.resume || spec_.checkpoint.dir.empty()) return false;
+    double found_step = 0, found_loss = 0;
+    std::string found_path;
+    if (rank_ == 0) {
+      const auto listed = list_checkpoints(spec_.checkpoint.dir);
+      if (!listed.empty() && listed.back().first >= spec_.train.steps) {
+        CheckpointScan scan = scan_checkpoints(
+            spec_.checkpoint.dir, [&](const std::string& s) { log(s); }, /*quarantine=*/owns_dir_);
+        if (scan.checkpoint && scan.checkpoint->step >= spec_.train.steps) {
+          found_step = static_cast<double>(scan.checkpoint->step);
+          found_loss = scan.checkpoint->losses.empty() ? std::nan("") : scan.checkpoint->losses.back();
+          found_path = scan.checkpoint->path;
+        }
+      }
+    }
+    if (comm_) {
+      at::Tensor t = at::zeros({2}, at::kDouble);
+      t[0] = found_step;
+      t[1] = rank_ == 0 && std::isfinite(found_loss) ? found_loss : 0.0;
+      t = t.to(device_);
+      comm_->allreduce_sum_(t);
+      t = t.to(at::kCPU);
+      found_step = t[0].item<double>();
+      if (rank_ != 0) found_loss = t[1].item<double>();
+    }
+    if (found_step <= 0) return false;
+    const auto step = static_cast<int64_t>(found_step);
+    log(already_complete_message(step, spec_.train.steps, options_.start_over_hint));
+    sum_.already_complete = true;
+    sum_.start_step = step;
+    sum_.steps = step;
+    sum_.final_loss = found_loss;
+    sum_.last_checkpoint = found_path;
+    sum_.tokens_per_step = spec_.train.micro_batch * spec_.train.grad_accum * spec_.train.seq_len * world_;
+    if (options_.reporter) {
+      options_.reporter->on_start(step, spec_.train.steps);
+      options_.reporter->on_resumed(step, spec_.train.steps, found_loss);
+      options_.reporter->on_finish(step, false);
+    }
+    sum_.wall_seconds = wall_.seconds();
+    return true;
   }
 
   // After a failure: when a collective failed and this rank's optimizer node is gone as
@@ -941,6 +991,12 @@ class TrainingRun {
 };
 
 }  // namespace
+
+std::string already_complete_message(int64_t step, int64_t train_steps, const std::string& start_over_hint) {
+  return "already complete at step " + std::to_string(step) +
+         (step > train_steps ? ", past train.steps " + std::to_string(train_steps) : "") + "; nothing to do" +
+         (start_over_hint.empty() ? "" : " (" + start_over_hint + ")");
+}
 
 RunSummary run_training(const JobSpec& spec, const RunOptions& options, const std::atomic<bool>* stop) {
   return TrainingRun(spec, options, stop).run();

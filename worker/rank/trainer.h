@@ -2,7 +2,8 @@
 //
 // run_training() builds everything from a validated JobSpec, resumes from the newest
 // checkpoint in checkpoint.dir (unless told not to), trains, evaluates and returns a
-// RunSummary. It is what `zenflow run` executes in-process and what the worker agent
+// RunSummary; when that checkpoint is at or past train.steps it builds and writes nothing
+// and returns at once (RunSummary::already_complete). It is what `zenflow run` executes in-process and what the worker agent
 // runs, one rank per child process, for an assigned job. Thread safety: call from one
 // thread; `stop` may be set from any thread (e.g. a signal handler): the loop then writes
 // a checkpoint and returns with interrupted = true.
@@ -72,6 +73,9 @@ struct RunOptions {
   // When set (not owned; must outlive the call), told of the start, every step and the end
   // of training, on every rank (training_observer.h); e.g. RunMetrics for /metrics.
   TrainingObserver* observer = nullptr;
+  // How the user starts over a run that is already complete, in its message
+  // (already_complete_message); `zenflow run` says --fresh.
+  std::string start_over_hint = "--fresh to start over";
 };
 
 struct RunSummary {
@@ -82,6 +86,10 @@ struct RunSummary {
   int64_t split_params = 0;       // elements in split matrices
   int64_t start_step = 0;         // step resumed from (0 = fresh)
   int64_t steps = 0;              // last step reached (1-based count)
+  // The newest usable checkpoint was at or past train.steps: nothing was built or trained,
+  // nothing written. start_step = steps = its step, final_loss its last loss (NaN when it
+  // recorded none), last_checkpoint its directory; the timing and engine fields are empty.
+  bool already_complete = false;
   int64_t skipped_steps = 0;
   int64_t tokens_per_step = 0;
   bool interrupted = false;
@@ -118,6 +126,10 @@ struct RunSummary {
 
 RunSummary run_training(const JobSpec& spec, const RunOptions& options,
                         const std::atomic<bool>* stop = nullptr);
+
+// What a run that is already complete says: "already complete at step N; nothing to do
+// (HINT)", naming train.steps when it is below N ("..., past train.steps T; ...").
+std::string already_complete_message(int64_t step, int64_t train_steps, const std::string& start_over_hint);
 
 // Tunes glibc malloc to keep freed memory mapped (called by run_training).
 void keep_freed_host_memory();
