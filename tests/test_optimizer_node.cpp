@@ -1379,6 +1379,22 @@ TEST(OptimizerProtocol, RoundTripsAndRejectsBadDescriptors) {
   StateDesc mode3 = rp;
   mode3.columns = 3;
   EXPECT_NE(repack_error(mode3, 100).find("mode 3"), std::string::npos);
+  // libFuzzer's find (CI, fuzz_optimizer_protocol): a column read of a matrix with 0 rows and
+  // a width past 2^63 took column 2^63 + 5, a negative int64_t index, as inside it.
+  StateDesc unbounded;
+  unbounded.columns = 1;
+  unbounded.offset = 1408;
+  unbounded.rows = 0;
+  unbounded.width = (uint64_t{1} << 63) + 16;
+  unbounded.cols = {static_cast<int64_t>((uint64_t{1} << 63) + 5)};
+  unbounded.n = 0;
+  EXPECT_NE(repack_error(unbounded, 4096).find("column 9223372036854775813 outside a matrix"), std::string::npos)
+      << repack_error(unbounded, 4096);
+  StateDesc unbounded_range = unbounded;
+  unbounded_range.columns = 0;
+  EXPECT_NE(repack_error(unbounded_range, 4096).find("column 9223372036854775813 outside a matrix"),
+            std::string::npos)
+      << repack_error(unbounded_range, 4096);
 
   // Fuzz: random mutations of valid payloads never crash and never pass out-of-range spans.
   std::mt19937_64 rng(7);

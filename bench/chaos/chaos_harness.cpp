@@ -683,7 +683,8 @@ void Run::execute() {
                                  " (a build without ZENFLOW_UCX): no node, no node jobs, node faults skipped";
   bin_ = dir_ / "bin";
   fs::create_directories(bin_);
-  for (const char* b : {"zenflow", "zenflow-coordinator", "zenflow-worker", "zenflow-optimizer"}) {
+  // zenflow-train too: zenflow runs it for `zenflow run` (client/verbs.h), from beside itself.
+  for (const char* b : {"zenflow", "zenflow-train", "zenflow-coordinator", "zenflow-worker", "zenflow-optimizer"}) {
     if (!with_node_ && std::string(b) == "zenflow-optimizer") continue;
     fs::copy_file(o_.bin_dir / b, bin_ / b, fs::copy_options::overwrite_existing);
     fs::permissions(bin_ / b, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec);

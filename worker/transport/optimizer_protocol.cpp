@@ -241,9 +241,11 @@ StateDesc decode_state(const void* data, size_t len, uint64_t elements) {
   d.cols.resize(nc);
   for (int64_t& c : d.cols) c = static_cast<int64_t>(r.u64("column"));
   r.done();
+  // A column is an int64_t index below the matrix's width: one past 2^63 - 1 (negative as an
+  // index) is refused whatever the width, which a matrix of 0 rows leaves unbounded.
   if (d.columns == 0) {
     for (int64_t c : d.cols)
-      if (static_cast<uint64_t>(c) >= d.width)
+      if (c < 0 || static_cast<uint64_t>(c) >= d.width)
         r.fail("column " + std::to_string(static_cast<uint64_t>(c)) + " outside a matrix " +
                std::to_string(d.width) + " wide");
     check_extent(r, "range", d.offset, d.n, elements);
@@ -269,7 +271,7 @@ StateDesc decode_state(const void* data, size_t len, uint64_t elements) {
     bound += d.n / d.rows;  // the appended columns
   }
   for (int64_t c : d.cols)
-    if (static_cast<uint64_t>(c) >= bound)
+    if (c < 0 || static_cast<uint64_t>(c) >= bound)
       r.fail("column " + std::to_string(static_cast<uint64_t>(c)) + " outside a matrix " +
              std::to_string(bound) + " wide");
   return d;
