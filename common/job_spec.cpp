@@ -748,6 +748,10 @@ void rows(V& v, Of<TrainSpec>) {
     &TrainSpec::autocast);
   v(Int{"compute_threads", {0, kMaxCores}, "CPU threads of the training computation; 0: the cores the host optimizer leaves"},
     &TrainSpec::compute_threads);
+  v(Flag{"activation_checkpointing",
+         "Keep only each decoder layer's input through the forward and recompute the layer in the backward "
+         "(about one more forward of compute for a fraction of the activation memory)"},
+    &TrainSpec::activation_checkpointing);
 }
 
 template <typename V>

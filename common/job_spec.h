@@ -107,6 +107,8 @@ struct TrainSpec {
   // dtype): none | bfloat16 | float16. Ignored on the CPU, which computes in fp32.
   std::string autocast = "none";
   int64_t compute_threads = 0;  // 0 = auto (cores minus the host optimizer's)
+  // Each decoder layer's forward keeps only its input; backward recomputes the rest.
+  bool activation_checkpointing = false;
 };
 
 struct ZenflowSpec {

@@ -27,6 +27,9 @@ class CausalLM {
   virtual int64_t vocab_size() const = 0;
   virtual void to(at::Device device, at::ScalarType dtype) = 0;
   virtual void train(bool on) = 0;
+  // Activation checkpointing of every decoder layer (layer_checkpoint.h): forward keeps
+  // each layer's input only and backward recomputes the layer. Off by default.
+  virtual void set_activation_checkpointing(bool on) = 0;
 };
 
 // The parameter bookkeeping the decoder models share: named leaf tensors in a stable
@@ -37,9 +40,11 @@ class NamedParameterModel : public CausalLM {
   std::vector<NamedTensor> parameters() override;
   void to(at::Device device, at::ScalarType dtype) override;
   void train(bool on) override { training_ = on; }  // no dropout: nothing changes
+  void set_activation_checkpointing(bool on) override { checkpoint_layers_ = on; }
 
  protected:
   bool training_ = true;
+  bool checkpoint_layers_ = false;
   std::vector<std::pair<std::string, at::Tensor>> params_;
 };
 

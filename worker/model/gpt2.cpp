@@ -12,6 +12,7 @@
 
 #include "common/model/model_shapes.h"
 #include "worker/model/attention.h"
+#include "worker/model/layer_checkpoint.h"
 
 namespace zenflow::model {
 namespace {
@@ -39,32 +40,25 @@ class GPT2 final : public NamedParameterModel {
       throw std::invalid_argument("GPT2::forward: input_ids must be a [B, T] int64 tensor, got " +
                                   std::to_string(input_ids.dim()) + "-D " +
                                   std::string(c10::toString(input_ids.scalar_type())));
-    const int64_t B = input_ids.size(0);
     const int64_t T = input_ids.size(1);
     if (T > config_.n_positions)
       throw std::invalid_argument("GPT2::forward: sequence length " + std::to_string(T) +
                                   " exceeds n_positions " + std::to_string(config_.n_positions));
     const int64_t E = config_.n_embd;
-    const int64_t nH = config_.n_head;
-    const int64_t hd = E / nH;
     const double eps = config_.layer_norm_epsilon;
 
     const at::Tensor positions = at::arange(T, input_ids.options());
     at::Tensor x = at::embedding(*wte_, input_ids) + at::embedding(*wpe_, positions);  // [B, T, E]
     for (size_t l = 0; l < layers_.size(); ++l) {
-      const Layer& L = layers_[l];
-      at::Tensor h = at::layer_norm(x, {E}, *L.ln_1_w, *L.ln_1_b, eps);
-      const at::Tensor qkv = conv1d(h, *L.c_attn_w, *L.c_attn_b);  // [B, T, 3E]: q | k | v
-      auto heads = [&](int64_t i) { return qkv.narrow(-1, i * E, E).view({B, T, nH, hd}).transpose(1, 2); };
-      double scale = config_.scale_attn_weights ? 1.0 / std::sqrt(static_cast<double>(hd)) : 1.0;
-      if (config_.scale_attn_by_inverse_layer_idx) scale /= static_cast<double>(l + 1);
-      at::Tensor a = causal_attention(heads(0), heads(1), heads(2), scale, /*sliding_window=*/0);
-      a = a.transpose(1, 2).reshape({B, T, E});
-      x = x + conv1d(a, *L.attn_c_proj_w, *L.attn_c_proj_b);
-
-      h = at::layer_norm(x, {E}, *L.ln_2_w, *L.ln_2_b, eps);
-      h = activation(conv1d(h, *L.c_fc_w, *L.c_fc_b));
-      x = x + conv1d(h, *L.mlp_c_proj_w, *L.mlp_c_proj_b);
+      if (checkpoint_layers_) {
+        x = checkpointed_layer(
+            [this, l](const at::Tensor& in, const std::vector<at::Tensor>& w) {
+              return block(in, fields_.bound(w), l);
+            },
+            x, fields_.weights(layers_[l]));
+      } else {
+        x = block(x, layers_[l], l);
+      }
     }
     x = at::layer_norm(x, {E}, *ln_f_w_, *ln_f_b_, eps);
     return at::linear(x, config_.tie_word_embeddings ? *wte_ : *lm_head_);  // [B, T, V]
@@ -74,13 +68,36 @@ class GPT2 final : public NamedParameterModel {
 
  private:
   struct Layer {
-    at::Tensor *ln_1_w = nullptr, *ln_1_b = nullptr;
-    at::Tensor *c_attn_w = nullptr, *c_attn_b = nullptr;
-    at::Tensor *attn_c_proj_w = nullptr, *attn_c_proj_b = nullptr;
-    at::Tensor *ln_2_w = nullptr, *ln_2_b = nullptr;
-    at::Tensor *c_fc_w = nullptr, *c_fc_b = nullptr;
-    at::Tensor *mlp_c_proj_w = nullptr, *mlp_c_proj_b = nullptr;
+    const at::Tensor *ln_1_w = nullptr, *ln_1_b = nullptr;
+    const at::Tensor *c_attn_w = nullptr, *c_attn_b = nullptr;
+    const at::Tensor *attn_c_proj_w = nullptr, *attn_c_proj_b = nullptr;
+    const at::Tensor *ln_2_w = nullptr, *ln_2_b = nullptr;
+    const at::Tensor *c_fc_w = nullptr, *c_fc_b = nullptr;
+    const at::Tensor *mlp_c_proj_w = nullptr, *mlp_c_proj_b = nullptr;
   };
+
+  // Transformer block `l`: x [B, T, E] -> [B, T, E].
+  at::Tensor block(at::Tensor x, const Layer& L, size_t l) const {
+    const int64_t B = x.size(0);
+    const int64_t T = x.size(1);
+    const int64_t E = config_.n_embd;
+    const int64_t nH = config_.n_head;
+    const int64_t hd = E / nH;
+    const double eps = config_.layer_norm_epsilon;
+    at::Tensor h = at::layer_norm(x, {E}, *L.ln_1_w, *L.ln_1_b, eps);
+    const at::Tensor qkv = conv1d(h, *L.c_attn_w, *L.c_attn_b);  // [B, T, 3E]: q | k | v
+    auto heads = [&](int64_t i) { return qkv.narrow(-1, i * E, E).view({B, T, nH, hd}).transpose(1, 2); };
+    double scale = config_.scale_attn_weights ? 1.0 / std::sqrt(static_cast<double>(hd)) : 1.0;
+    if (config_.scale_attn_by_inverse_layer_idx) scale /= static_cast<double>(l + 1);
+    at::Tensor a = causal_attention(heads(0), heads(1), heads(2), scale, /*sliding_window=*/0);
+    a = a.transpose(1, 2).reshape({B, T, E});
+    x = x + conv1d(a, *L.attn_c_proj_w, *L.attn_c_proj_b);
+
+    h = at::layer_norm(x, {E}, *L.ln_2_w, *L.ln_2_b, eps);
+    h = activation(conv1d(h, *L.c_fc_w, *L.c_fc_b));
+    x = x + conv1d(h, *L.mlp_c_proj_w, *L.mlp_c_proj_b);
+    return x;
+  }
 
   at::Tensor activation(const at::Tensor& x) const {
     const std::string& a = config_.activation_function;
@@ -108,8 +125,8 @@ class GPT2 final : public NamedParameterModel {
       return t.requires_grad_(true);
     };
 
-    std::vector<std::pair<int64_t, at::Tensor * Layer::*>> slots;
-    auto add = [&](std::string name, at::Tensor t, int64_t layer, at::Tensor* Layer::*field) {
+    std::vector<std::pair<int64_t, const at::Tensor * Layer::*>> slots;
+    auto add = [&](std::string name, at::Tensor t, int64_t layer, const at::Tensor* Layer::*field) {
       params_.emplace_back(std::move(name), std::move(t));
       slots.emplace_back(layer, field);
     };
@@ -138,6 +155,8 @@ class GPT2 final : public NamedParameterModel {
     for (size_t i = 0; i < params_.size(); ++i)
       if (slots[i].first >= 0)
         layers_[static_cast<size_t>(slots[i].first)].*(slots[i].second) = &params_[i].second;
+    for (const auto& slot : slots)
+      if (slot.first == 0) fields_.fields.push_back(slot.second);
     wte_ = &params_[0].second;
     wpe_ = &params_[1].second;
     const size_t ln_f = params_.size() - (config_.tie_word_embeddings ? 2 : 3);
@@ -149,6 +168,7 @@ class GPT2 final : public NamedParameterModel {
   GPT2Config config_;
   at::Tensor *wte_ = nullptr, *wpe_ = nullptr;
   std::vector<Layer> layers_;
+  LayerFields<Layer> fields_;  // the weights a layer has (the same in every layer)
   at::Tensor *ln_f_w_ = nullptr, *ln_f_b_ = nullptr;
   at::Tensor* lm_head_ = nullptr;
 };

@@ -13,6 +13,7 @@
 
 #include "common/model/model_shapes.h"
 #include "worker/model/attention.h"
+#include "worker/model/layer_checkpoint.h"
 
 namespace zenflow::model {
 namespace {
@@ -56,17 +57,12 @@ class Llama final : public NamedParameterModel {
       throw std::invalid_argument("Llama::forward: input_ids must be a [B, T] int64 tensor, got " +
                                   std::to_string(input_ids.dim()) + "-D " +
                                   std::string(c10::toString(input_ids.scalar_type())));
-    const int64_t B = input_ids.size(0);
     const int64_t T = input_ids.size(1);
     if (T > config_.max_position_embeddings)
       throw std::invalid_argument("Llama::forward: sequence length " + std::to_string(T) +
                                   " exceeds max_position_embeddings " +
                                   std::to_string(config_.max_position_embeddings));
-    const int64_t nH = config_.num_attention_heads;
-    const int64_t nKV = config_.num_key_value_heads;
-    const int64_t hd = head_dim_;
     const double eps = config_.rms_norm_eps;
-    const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
 
     at::Tensor x = at::embedding(*embed_tokens_, input_ids);  // [B, T, H]
     const auto rope = rotary(T, x.device(), x.scalar_type());
@@ -74,23 +70,15 @@ class Llama final : public NamedParameterModel {
     const at::Tensor& sin = rope.second;
 
     for (const Layer& L : layers_) {
-      at::Tensor h = rms_norm(x, *L.input_layernorm, eps);
-      at::Tensor q = linear(h, L.q_proj, L.q_bias).view({B, T, nH, hd}).transpose(1, 2);
-      at::Tensor k = linear(h, L.k_proj, L.k_bias).view({B, T, nKV, hd}).transpose(1, 2);
-      at::Tensor v = linear(h, L.v_proj, L.v_bias).view({B, T, nKV, hd}).transpose(1, 2);
-      q = q * cos + rotate_half(q) * sin;
-      k = k * cos + rotate_half(k) * sin;
-      if (nKV != nH) {  // HF repeat_kv: query head j reads kv head j / (nH / nKV)
-        k = k.repeat_interleave(nH / nKV, /*dim=*/1);
-        v = v.repeat_interleave(nH / nKV, /*dim=*/1);
+      if (checkpoint_layers_) {
+        x = checkpointed_layer(
+            [this, cos, sin](const at::Tensor& in, const std::vector<at::Tensor>& w) {
+              return decoder_layer(in, fields_.bound(w), cos, sin);
+            },
+            x, fields_.weights(L));
+      } else {
+        x = decoder_layer(x, L, cos, sin);
       }
-      at::Tensor attn = causal_attention(q, k, v, scale, config_.sliding_window);  // [B, nH, T, hd]
-      attn = attn.transpose(1, 2).reshape({B, T, nH * hd});
-      x = x + linear(attn, L.o_proj, L.o_bias);
-
-      h = rms_norm(x, *L.post_attention_layernorm, eps);
-      at::Tensor mlp = at::silu(linear(h, L.gate_proj, L.gate_bias)) * linear(h, L.up_proj, L.up_bias);
-      x = x + linear(mlp, L.down_proj, L.down_bias);
     }
     x = rms_norm(x, *norm_, eps);
     const at::Tensor& head = config_.tie_word_embeddings ? *embed_tokens_ : *lm_head_;
@@ -103,16 +91,45 @@ class Llama final : public NamedParameterModel {
   // Indices into params_ (pointers are resolved after params_ stops growing); a
   // bias is nullptr when the config has none.
   struct Layer {
-    at::Tensor* input_layernorm = nullptr;
-    at::Tensor *q_proj = nullptr, *q_bias = nullptr;
-    at::Tensor *k_proj = nullptr, *k_bias = nullptr;
-    at::Tensor *v_proj = nullptr, *v_bias = nullptr;
-    at::Tensor *o_proj = nullptr, *o_bias = nullptr;
-    at::Tensor* post_attention_layernorm = nullptr;
-    at::Tensor *gate_proj = nullptr, *gate_bias = nullptr;
-    at::Tensor *up_proj = nullptr, *up_bias = nullptr;
-    at::Tensor *down_proj = nullptr, *down_bias = nullptr;
+    const at::Tensor* input_layernorm = nullptr;
+    const at::Tensor *q_proj = nullptr, *q_bias = nullptr;
+    const at::Tensor *k_proj = nullptr, *k_bias = nullptr;
+    const at::Tensor *v_proj = nullptr, *v_bias = nullptr;
+    const at::Tensor *o_proj = nullptr, *o_bias = nullptr;
+    const at::Tensor* post_attention_layernorm = nullptr;
+    const at::Tensor *gate_proj = nullptr, *gate_bias = nullptr;
+    const at::Tensor *up_proj = nullptr, *up_bias = nullptr;
+    const at::Tensor *down_proj = nullptr, *down_bias = nullptr;
   };
+
+  // One decoder layer: x [B, T, H] -> [B, T, H].
+  at::Tensor decoder_layer(at::Tensor x, const Layer& L, const at::Tensor& cos, const at::Tensor& sin) const {
+    const int64_t B = x.size(0);
+    const int64_t T = x.size(1);
+    const int64_t nH = config_.num_attention_heads;
+    const int64_t nKV = config_.num_key_value_heads;
+    const int64_t hd = head_dim_;
+    const double eps = config_.rms_norm_eps;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    at::Tensor h = rms_norm(x, *L.input_layernorm, eps);
+    at::Tensor q = linear(h, L.q_proj, L.q_bias).view({B, T, nH, hd}).transpose(1, 2);
+    at::Tensor k = linear(h, L.k_proj, L.k_bias).view({B, T, nKV, hd}).transpose(1, 2);
+    at::Tensor v = linear(h, L.v_proj, L.v_bias).view({B, T, nKV, hd}).transpose(1, 2);
+    q = q * cos + rotate_half(q) * sin;
+    k = k * cos + rotate_half(k) * sin;
+    if (nKV != nH) {  // HF repeat_kv: query head j reads kv head j / (nH / nKV)
+      k = k.repeat_interleave(nH / nKV, /*dim=*/1);
+      v = v.repeat_interleave(nH / nKV, /*dim=*/1);
+    }
+    at::Tensor attn = causal_attention(q, k, v, scale, config_.sliding_window);  // [B, nH, T, hd]
+    attn = attn.transpose(1, 2).reshape({B, T, nH * hd});
+    x = x + linear(attn, L.o_proj, L.o_bias);
+
+    h = rms_norm(x, *L.post_attention_layernorm, eps);
+    at::Tensor mlp = at::silu(linear(h, L.gate_proj, L.gate_bias)) * linear(h, L.up_proj, L.up_bias);
+    x = x + linear(mlp, L.down_proj, L.down_bias);
+    return x;
+  }
 
   void create_parameters(const Init& init) {
     const int64_t V = config_.vocab_size;
@@ -135,8 +152,8 @@ class Llama final : public NamedParameterModel {
 
     // Parameters are appended in parameters() order; slots remembers which field of
     // which layer each one fills.
-    std::vector<std::pair<int64_t, at::Tensor * Layer::*>> slots;
-    auto add = [&](std::string name, at::Tensor t, int64_t layer, at::Tensor* Layer::*field) {
+    std::vector<std::pair<int64_t, const at::Tensor * Layer::*>> slots;
+    auto add = [&](std::string name, at::Tensor t, int64_t layer, const at::Tensor* Layer::*field) {
       params_.emplace_back(std::move(name), std::move(t));
       slots.emplace_back(layer, field);
     };
@@ -167,6 +184,8 @@ class Llama final : public NamedParameterModel {
     for (size_t i = 0; i < params_.size(); ++i)
       if (slots[i].first >= 0)
         layers_[static_cast<size_t>(slots[i].first)].*(slots[i].second) = &params_[i].second;
+    for (const auto& slot : slots)
+      if (slot.first == 0) fields_.fields.push_back(slot.second);
     embed_tokens_ = &params_.front().second;
     lm_head_ = config_.tie_word_embeddings ? nullptr : &params_.back().second;
     norm_ = &params_[params_.size() - (config_.tie_word_embeddings ? 1 : 2)].second;
@@ -192,6 +211,7 @@ class Llama final : public NamedParameterModel {
   int64_t head_dim_ = 0;
   at::Tensor* embed_tokens_ = nullptr;
   std::vector<Layer> layers_;
+  LayerFields<Layer> fields_;  // the weights a layer has (the same in every layer)
   at::Tensor* norm_ = nullptr;
   at::Tensor* lm_head_ = nullptr;
   at::Tensor rope_cos_, rope_sin_;

@@ -126,6 +126,9 @@ void print_summary_table(std::ostream& out, const JobSpec& spec, const RunSummar
         mib(s.host_state_bytes) + " (transfer buffers " + mib(s.transfer_buffer_bytes) +
             (pinned ? ", pinned)" : ")"));
   }
+  if (s.activations_peak_bytes >= 0)
+    row("activations (peak)", fmt(static_cast<double>(s.activations_peak_bytes) / 1048576.0, 1) + " MiB" +
+                                  (s.activation_checkpointing ? " (checkpointed layers)" : ""));
   if (s.world_size > 1 && steps > 0) {
     auto kib = [&](int64_t b) { return fmt(static_cast<double>(b) / static_cast<double>(steps) / 1024.0, 1) + " KiB"; };
     row("ranks", std::to_string(s.world_size) + (s.ranks_identical ? " (weights bit-identical)" : " (WEIGHTS DIFFER)"));
@@ -182,6 +185,9 @@ nlohmann::json summary_json(const RunSummary& s, const std::optional<RunCost>& c
   j["host_state_bytes"] = s.host_state_bytes;
   j["pinned_host_bytes"] = transfers_pinned(s) ? s.transfer_buffer_bytes : 0;
   j["transfer_buffer_bytes"] = s.transfer_buffer_bytes;
+  j["activation_checkpointing"] = s.activation_checkpointing;
+  // What is measured of the device memory so far (CPU runs: the forward and backward's peak).
+  if (s.activations_peak_bytes >= 0) j["device_memory_bytes"] = {{"activations_peak", s.activations_peak_bytes}};
   j["ranks_identical"] = s.ranks_identical;
   j["comm_bytes"] = {{"gradients", s.comm_gradient_bytes},
                      {"selection", s.comm_selection_bytes},

@@ -6,7 +6,6 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <ATen/Parallel.h>
-#include <ATen/autocast_mode.h>
 #include <torch/version.h>
 #include <malloc.h>
 #include <unistd.h>
@@ -33,7 +32,9 @@
 #include "worker/engine/device_streams.h"
 #include "worker/engine/host_thread_pool.h"
 #include "worker/engine/zenflow_optimizer.h"
+#include "worker/model/autocast_scope.h"
 #include "worker/model/causal_lm.h"
+#include "worker/model/cpu_memory_meter.h"
 #include "worker/model/dataset.h"
 #include "worker/model/schedule.h"
 #include "worker/model/tokenizer.h"
@@ -191,52 +192,6 @@ double evaluate(model::CausalLM& lm, const std::shared_ptr<model::TokenDataset>&
   lm.train(true);
   return n ? sum / static_cast<double>(n) : -1;
 }
-
-// LibTorch 2.4 made the autocast state per device type (set_autocast_enabled(kCUDA, ...));
-// earlier versions have the GPU-specific functions.
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-#define ZENFLOW_AUTOCAST_BY_DEVICE_TYPE 1
-#else
-#define ZENFLOW_AUTOCAST_BY_DEVICE_TYPE 0
-#endif
-
-// Autocast on CUDA for the forward pass and loss (backward follows the recorded casts).
-class CudaAutocast {
- public:
-  CudaAutocast(bool on, at::ScalarType dtype) : on_(on) {
-    if (!on_) return;
-#if ZENFLOW_AUTOCAST_BY_DEVICE_TYPE
-    prev_enabled_ = at::autocast::is_autocast_enabled(at::kCUDA);
-    prev_dtype_ = at::autocast::get_autocast_dtype(at::kCUDA);
-    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-#else
-    prev_enabled_ = at::autocast::is_enabled();
-    prev_dtype_ = at::autocast::get_autocast_gpu_dtype();
-    at::autocast::set_autocast_gpu_dtype(dtype);
-    at::autocast::set_enabled(true);
-#endif
-    at::autocast::increment_nesting();
-  }
-  ~CudaAutocast() {
-    if (!on_) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-#if ZENFLOW_AUTOCAST_BY_DEVICE_TYPE
-    at::autocast::set_autocast_enabled(at::kCUDA, prev_enabled_);
-    at::autocast::set_autocast_dtype(at::kCUDA, prev_dtype_);
-#else
-    at::autocast::set_enabled(prev_enabled_);
-    at::autocast::set_autocast_gpu_dtype(prev_dtype_);
-#endif
-  }
-  CudaAutocast(const CudaAutocast&) = delete;
-  CudaAutocast& operator=(const CudaAutocast&) = delete;
-
- private:
-  bool on_;
-  bool prev_enabled_ = false;
-  at::ScalarType prev_dtype_ = at::kBFloat16;
-};
 
 // Reading what the spec names: a file that cannot be used (truncated safetensors, a
 // config.json that is not JSON, an empty data directory) is bad input naming the key,
@@ -508,6 +463,10 @@ class TrainingRun {
     }
     lm_->to(device_, dtype_);
     lm_->train(true);
+    lm_->set_activation_checkpointing(spec_.train.activation_checkpointing);
+    sum_.activation_checkpointing = spec_.train.activation_checkpointing;
+    // On the CPU the host is the device: count what the tensors hold (activations_peak).
+    if (device_.is_cpu()) model::CpuMemoryMeter::install();
   }
 
   void build_data() {
@@ -756,6 +715,14 @@ class TrainingRun {
     }
   }
 
+  // Whether every parameter has its gradient buffer (from the second micro-batch on): the
+  // activation measurement leaves out the first backward, which allocates them.
+  bool gradients_exist() {
+    for (auto& nt : lm_->parameters())
+      if (!nt.tensor.grad().defined()) return false;
+    return true;
+  }
+
   // Forward and backward over the micro-batches, the gradients' reduction, the step's loss
   // (and the stop flag) agreed between the ranks, the optimizer step.
   StepOutcome train_step(double lr) {
@@ -779,12 +746,17 @@ class TrainingRun {
       clock_.add_stall(StallCause::kData, data_sw.seconds());
       // Compute time: on CUDA what the compute stream spent on forward and backward.
       engine::ClockSpan compute(&clock_, device_);
+      const bool measure = device_.is_cpu() && model::CpuMemoryMeter::installed() && gradients_exist();
+      const int64_t alive_before = measure ? model::CpuMemoryMeter::reset_peak() : 0;
       at::Tensor loss;
       {
-        CudaAutocast autocast(use_autocast_, autocast_dtype_);
+        model::CudaAutocast autocast(use_autocast_, autocast_dtype_);
         loss = model::causal_lm_loss(lm_->forward(ids), targets);
       }
       (loss / static_cast<double>(spec_.train.grad_accum)).backward();
+      if (measure)
+        sum_.activations_peak_bytes =
+            std::max(sum_.activations_peak_bytes, model::CpuMemoryMeter::peak_bytes() - alive_before);
       compute.end(engine::TimeKind::kCompute);
       const at::Tensor l = loss.detach().to(at::kDouble);
       loss_acc = loss_acc.defined() ? loss_acc + l : l;
