@@ -84,6 +84,39 @@ optimizer:
   host: {threads: auto, reserved_cores: auto}
 checkpoint: {every_steps: 0}
 )"},
+      // Llama-2-7B's shape (hidden 4096, 32 layers, 32 heads, intermediate 11008, vocab
+      // 32000) in bf16 at sequence 2048 with activation checkpointing: the model our users
+      // rent one GPU for. Device mode needs ~16 bytes a parameter on the GPU (~110 GB): an
+      // 80 GB card runs offload and zenflow only.
+      {"gpu-7b", R"(name: bench-gpu-7b
+model: {arch: llama, config: {hidden_size: 4096, num_hidden_layers: 32, num_attention_heads: 32,
+        num_key_value_heads: 32, intermediate_size: 11008, vocab_size: 32000,
+        max_position_embeddings: 4096}}
+data: {train: DATA, tokenizer: byte, val_fraction: 0.05}
+train: {steps: 8, micro_batch: 4, seq_len: 2048, lr: 1.0e-5, schedule: constant, warmup_steps: 0,
+        grad_clip: 1.0, seed: 1, device: cuda, dtype: bfloat16, activation_checkpointing: true}
+optimizer:
+  mode: zenflow
+  zenflow: {topk_ratio: 0.1, select_strategy: auto, update_interval: 4, full_warm_up_rounds: 1,
+            overlap_step: true}
+  host: {threads: auto, reserved_cores: auto}
+checkpoint: {every_steps: 0}
+)"},
+      // Llama-2-13B's shape (hidden 5120, 40 layers, 40 heads, intermediate 13824).
+      {"gpu-13b", R"(name: bench-gpu-13b
+model: {arch: llama, config: {hidden_size: 5120, num_hidden_layers: 40, num_attention_heads: 40,
+        num_key_value_heads: 40, intermediate_size: 13824, vocab_size: 32000,
+        max_position_embeddings: 4096}}
+data: {train: DATA, tokenizer: byte, val_fraction: 0.05}
+train: {steps: 6, micro_batch: 2, seq_len: 2048, lr: 1.0e-5, schedule: constant, warmup_steps: 0,
+        grad_clip: 1.0, seed: 1, device: cuda, dtype: bfloat16, activation_checkpointing: true}
+optimizer:
+  mode: zenflow
+  zenflow: {topk_ratio: 0.1, select_strategy: auto, update_interval: 4, full_warm_up_rounds: 1,
+            overlap_step: true}
+  host: {threads: auto, reserved_cores: auto}
+checkpoint: {every_steps: 0}
+)"},
   };
   return p;
 }
@@ -295,7 +328,7 @@ int run_bench(const BenchArgs& a) {
   auto it = presets().find(a.preset);
   if (it == presets().end()) {
     std::cerr << "zenflow bench offload: unknown preset '" << a.preset
-              << "' (available: small-batch, convergence, gpu-1b)\n";
+              << "' (available: small-batch, convergence, gpu-1b, gpu-7b, gpu-13b)\n";
     return kExitBadInput;
   }
   std::string yaml = it->second;
@@ -457,7 +490,7 @@ int run_bench(const BenchArgs& a) {
 CommandRegistrar reg(60, [](CommandContext& ctx) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = ctx.bench->add_subcommand("offload", "device vs offload vs zenflow, same model and data");
-  cmd->add_option("--preset", args->preset, "small-batch | convergence | gpu-1b");
+  cmd->add_option("--preset", args->preset, "small-batch | convergence | gpu-1b | gpu-7b | gpu-13b");
   cmd->add_option("--modes", args->modes, "Comma-separated modes");
   cmd->add_option("--steps", args->steps, "Steps per mode (default: the preset's)");
   cmd->add_option("--data", args->data, "Training text (default /usr/share/common-licenses)");

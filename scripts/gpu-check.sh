@@ -21,6 +21,10 @@
 #              calibrated on the zenflow profile, it predicts the other two (advise.json)
 #   nodes      (when the .debs carry UCX: ZENFLOW_UCX=ON) zenflow on the 1B model against a
 #              local zenflow-optimizer over tcp, as `bench offload --vs-node` (nodes.json)
+#   gpu7b      bench offload --preset gpu-7b (Llama-2-7B shape, bf16, sequence 2048,
+#              activation checkpointing): offload and zenflow, and device mode where the GPU
+#              has the ~120 GB it needs; step time per mode, zenflow's stall share and the
+#              device memory by kind each run reports (gpu7b.json)
 # A failed phase does not stop later ones (unless they need what it should have made);
 # the script exits 1 if any phase failed. Results go to $OUT (./gpu-check-out when OUT is
 # unset): summary.txt, bench-offload.json, host-adam.json, and gpu-check-logs.tar.gz with
@@ -102,6 +106,10 @@ torch.version.cuda, "available", ok, torch.cuda.get_device_name(0) if ok else ""
   echo "cmake: $(cmake --version | head -n 1)"
   echo "ninja: $(ninja --version)"
   echo "c++: $(c++ --version | head -n 1)"
+  echo "---- nvidia-smi topo -m"
+  nvidia-smi topo -m
+  echo "---- $PY -m pip list"
+  "$PY" -m pip list 2>/dev/null
   return "$rc"
 }
 export -f env_facts
@@ -368,12 +376,43 @@ else
   skip nodes "no zenflow-optimizer (the .debs carry no UCX, or the build failed)"
 fi
 
+# ---- 10. the 7B shape on one GPU ---------------------------------------------------------------
+bench_gpu7b() {
+  local modes=offload,zenflow mib
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
+  ((mib >= 120000)) && modes=device,offload,zenflow
+  echo "gpu7b: ${mib} MiB on the GPU: modes $modes"
+  "$ZENFLOW" bench offload --preset gpu-7b --modes "$modes" --steps 6 --json >"$OUT/gpu7b.json"
+}
+export -f bench_gpu7b
+if ((CONFIGURED)) && [[ -x "$ZENFLOW" ]]; then
+  phase gpu7b 200 "$OUT/gpu7b.log" bench_gpu7b
+  "$PY" - "$OUT/gpu7b.json" <<'PYEOF' 2>&1 | tee -a "$SUMMARY"
+import json, sys
+try:
+    lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+except (OSError, ValueError) as e:
+    sys.exit(f"gpu-check: figure    gpu-7b: none ({e})")
+runs = {d["mode"]: d for d in lines if "mode" in d and "step_seconds_median" in d}
+for mode, d in sorted(runs.items()):
+    mem = d.get("device_memory_bytes", {})
+    kinds = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in mem.items()) or "not reported"
+    print(f"gpu-check: figure    gpu-7b {mode:<8} step median {d.get('step_seconds_median', 0):.3f} s; "
+          f"stall share {d.get('stall_fraction', 0):.3f}; device memory: {kinds}")
+if "offload" in runs and "zenflow" in runs and runs["zenflow"].get("step_seconds_median"):
+    print(f"gpu-check: figure    gpu-7b zenflow speed-up over offload "
+          f"{runs['offload']['step_seconds_median'] / runs['zenflow']['step_seconds_median']:.2f}   target >= 3")
+PYEOF
+else
+  skip gpu7b "no zenflow binary"
+fi
+
 # ---- summary -------------------------------------------------------------------------------------
 # The device tool brings back at most 8 files, 2 folders down: on 2026-12-04 verify.log and
 # every file of advise/ stayed behind. Everything but the summary and the two bench JSONs
 # goes into one archive (checkpoints left out: a step-* folder holds a whole model).
 pack_logs() {
-  local keep='summary.txt|bench-offload.json|host-adam.json|gpu-check-logs.tar.gz' rest
+  local keep='summary.txt|bench-offload.json|host-adam.json|gpu7b.json|gpu-check-logs.tar.gz' rest
   mapfile -t rest < <(cd "$OUT" && ls -A | grep -vxE "$keep")
   ((${#rest[@]})) || return 0
   tar -C "$OUT" --exclude='step-*' --exclude='.zenflow.lock' -czf "$OUT/gpu-check-logs.tar.gz" -- "${rest[@]}" &&
