@@ -376,3 +376,48 @@ TEST(Trainer, ARefusingCommitFenceEndsTheRunWithNothingCommitted) {
   EXPECT_EQ(reporter.of("step").back().step, 4);
   zenflow::remove_tree(dir);
 }
+
+// Device memory by kind, from the tensors themselves: fp32 weights and gradients, AdamW's
+// m and v (no master for fp32 weights) for what the device updates, the column-importance
+// scores of each split matrix; the peaks measured by the metered CPU allocator.
+TEST(Trainer, DeviceMemoryIsAccountedByKind) {
+  const std::string dir = temp_dir("device-memory");
+  JobSpec spec = tiny_spec(dir, "");
+  spec.train.steps = 4;
+  RunOptions o = quiet();
+  o.write_checkpoints = false;
+  o.resume = false;
+
+  spec.optimizer.mode = "device";
+  const RunSummary device = run_training(spec, o);
+  const DeviceMemoryBytes& d = device.device_memory;
+  EXPECT_EQ(d.parameters, 4 * device.params);
+  EXPECT_EQ(d.gradients, d.parameters);
+  EXPECT_EQ(d.optimizer_state, 2 * d.parameters);
+  EXPECT_EQ(d.communication_buffers, 0);
+  EXPECT_GT(d.activations_peak, 0);
+  EXPECT_GE(d.total_peak, d.parameters + d.gradients + d.optimizer_state + d.activations_peak);
+
+  spec.optimizer.mode = "zenflow";
+  const RunSummary zen = run_training(spec, o);
+  const DeviceMemoryBytes& z = zen.device_memory;
+  // Split matrices [out, in] with k = in / 4 selected columns: m, v of [out, k] and the
+  // scores [in]; the 160 always-device elements (the norms): m, v.
+  struct M { int64_t out, in; };
+  std::vector<M> ms = {{256, 32}, {256, 32}};
+  for (int l = 0; l < 2; ++l) {
+    for (int i = 0; i < 4; ++i) ms.push_back({32, 32});
+    ms.push_back({64, 32});
+    ms.push_back({64, 32});
+    ms.push_back({32, 64});
+  }
+  int64_t state = 0;
+  for (const M& m : ms) state += 8 * m.out * (m.in / 4) + 4 * m.in;
+  state += 8 * (zen.params - zen.split_params);
+  EXPECT_EQ(zen.params - zen.split_params, 160);
+  EXPECT_EQ(z.optimizer_state, state);
+  EXPECT_EQ(z.parameters, d.parameters);
+  EXPECT_EQ(z.gradients, d.gradients);
+  EXPECT_LT(z.optimizer_state, d.optimizer_state / 3);  // a quarter of the columns, plus the scores
+  zenflow::remove_tree(dir);
+}

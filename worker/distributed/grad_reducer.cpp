@@ -234,6 +234,12 @@ ReduceReport GradReducer::finish() {
 
 ReduceReport GradReducer::allreduce_now() { return state_->complete_step(); }
 
+int64_t GradReducer::buffer_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& b : state_->buckets) bytes += static_cast<int64_t>(b.flat.nbytes());
+  return bytes;
+}
+
 int GradReducer::launched_during_backward() const { return state_->launched_by_hooks.load(); }
 
 int GradReducer::num_buckets() const { return static_cast<int>(state_->buckets.size()); }

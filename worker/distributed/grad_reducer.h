@@ -75,6 +75,8 @@ class GradReducer {
 
   // Averages the parameters' current .grad() now, without hooks (whatever sync says).
   ReduceReport allreduce_now();
+  // The bytes of its flat buckets (allocated once, in the gradients' dtype and device).
+  int64_t buffer_bytes() const;
 
   // Buckets launched by hooks since the last finish()/allreduce_now() (any thread).
   int launched_during_backward() const;

@@ -6,6 +6,7 @@
 
 #ifdef ZENFLOW_WITH_CUDA_OPS
 #include <ATen/ops/empty.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -92,6 +93,17 @@ cudaStream_t current_stream(const c10::Device& device) {
 }  // namespace
 
 bool available() { return c10::cuda::device_count() > 0; }
+
+// Index 0 of the allocator's per-pool statistics is the aggregate over pools (StatType::
+// AGGREGATE, whose namespace moved between LibTorch versions).
+AllocatorBytes allocator_bytes(int device) {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
+  return {static_cast<int64_t>(stats.allocated_bytes[0].current), static_cast<int64_t>(stats.allocated_bytes[0].peak)};
+}
+
+void reset_allocator_peak(int device) {
+  c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+}
 
 at::Tensor column_scores(const at::Tensor& grad2d, bool l1) {
   constexpr const char* fn = "column_scores";
@@ -226,6 +238,10 @@ namespace {
 }  // namespace
 
 bool available() { return false; }
+
+AllocatorBytes allocator_bytes(int) { unavailable("allocator_bytes"); }
+
+void reset_allocator_peak(int) { unavailable("reset_allocator_peak"); }
 
 at::Tensor column_scores(const at::Tensor&, bool) { unavailable("column_scores"); }
 

@@ -23,6 +23,15 @@ namespace zenflow::engine::cuda_ops {
 // a CUDA device is visible.
 bool available();
 
+// The CUDA caching allocator's bytes given to tensors on `device`: now, and the most at
+// once since the last reset_allocator_peak (or the process's start).
+struct AllocatorBytes {
+  int64_t allocated = 0;
+  int64_t peak = 0;
+};
+AllocatorBytes allocator_bytes(int device);
+void reset_allocator_peak(int device);
+
 // Per-column importance of grad2d [out, in]: fp32 [in], sum_i g[i, j]^2 (sum |g| when l1),
 // accumulated in fp32. Deterministic.
 at::Tensor column_scores(const at::Tensor& grad2d, bool l1);

@@ -1844,4 +1844,26 @@ HostMemoryBytes ZenFlowOptimizer::host_memory_bytes() const {
   return b;
 }
 
+EngineDeviceBytes ZenFlowOptimizer::device_bytes() const {
+  const Impl& i = *impl_;
+  EngineDeviceBytes b;
+  auto add = [](int64_t& to, const at::Tensor& t) {
+    if (t.defined()) to += static_cast<int64_t>(t.nbytes());
+  };
+  for (const SplitParam& s : i.split) {
+    add(b.optimizer_state, s.dev_master);
+    add(b.optimizer_state, s.dev_m);
+    add(b.optimizer_state, s.dev_v);
+    add(b.optimizer_state, s.score_acc);
+  }
+  for (const DenseParam& d : i.dense) {
+    add(b.optimizer_state, d.master);
+    add(b.optimizer_state, d.m);
+    add(b.optimizer_state, d.v);
+  }
+  for (const at::Tensor& t : i.dev_stage) add(b.buffers, t);
+  add(b.buffers, i.dev_h2d);
+  return b;
+}
+
 }  // namespace zenflow::engine

@@ -148,6 +148,17 @@ struct HostMemoryBytes {
   int64_t transfer_buffers = 0;  // gradient staging, host output: pinned_host_bytes() on CUDA
 };
 
+// What the engine itself keeps on the training device (device_memory_bytes in the run
+// summary, zenflow_device_memory_bytes{kind}). On the CPU device, host memory like the rest.
+struct EngineDeviceBytes {
+  // The device updater's fp32 master, m and v (the selected columns of split matrices, all
+  // of the always-device parameters) and the column-importance accumulators.
+  int64_t optimizer_state = 0;
+  // Device-side transfer buffers: gradient staging for the D2H copy and the H2D landing
+  // buffer of the host step's result (CUDA).
+  int64_t buffers = 0;
+};
+
 class ZenFlowOptimizer {
  public:
   // `clock` (not owned, may be null) receives device-optimizer time, stalls and bytes.
@@ -200,6 +211,7 @@ class ZenFlowOptimizer {
   int64_t host_state_bytes() const; // host master + m + v + accumulators + staging
   int64_t pinned_host_bytes() const; // page-locked staging (CUDA; plain memory on CPU)
   HostMemoryBytes host_memory_bytes() const;  // host_state_bytes() by kind; they sum to it
+  EngineDeviceBytes device_bytes() const;
   int64_t split_elements() const;
   int64_t reselections() const;
   int world_size() const;           // data-parallel ranks the host state is partitioned over

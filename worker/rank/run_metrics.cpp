@@ -96,6 +96,16 @@ void RunMetrics::on_start(const RunFacts& facts) {
   memory.with(with("staging")).set(static_cast<double>(facts.host_staging_bytes));
   if (facts.host_total_memory_bytes > 0)
     memory.with(with("host_total")).set(static_cast<double>(facts.host_total_memory_bytes));
+  auto& device = r.gauge("zenflow_device_memory_bytes",
+                         "Training-device memory of this rank by what it holds; the peaks follow the steps "
+                         "(on a CPU run the host is the device)",
+                         labels_kind);
+  device.with(with("parameters")).set(static_cast<double>(facts.device_memory.parameters));
+  device.with(with("gradients")).set(static_cast<double>(facts.device_memory.gradients));
+  device.with(with("optimizer_state")).set(static_cast<double>(facts.device_memory.optimizer_state));
+  device.with(with("communication_buffers")).set(static_cast<double>(facts.device_memory.communication_buffers));
+  activations_peak_ = &device.with(with("activations_peak"));
+  total_peak_ = &device.with(with("total_peak"));
   if (usd_per_hour_ >= 0 && facts.rank == 0) {
     usd_per_second_ =
         usd_per_hour_ * instance_share(facts.device_is_cuda ? facts.world_size : 0, gpus_of_instance_) / 3600.0;
@@ -134,6 +144,8 @@ void RunMetrics::on_step(const TrainingStep& step) noexcept {
   if (step.host_step_seconds >= 0) host_step_duration_->observe(step.host_step_seconds);
   selected_ratio_->set(step.selected_ratio);
   loss_->set(step.loss);
+  if (step.activations_peak_bytes >= 0) activations_peak_->set(static_cast<double>(step.activations_peak_bytes));
+  if (step.total_peak_bytes >= 0) total_peak_->set(static_cast<double>(step.total_peak_bytes));
   if (step.skipped) skipped_->inc();
   if (step.network_bytes_sent > network_seen_[0]) {
     network_sent_->inc(static_cast<double>(step.network_bytes_sent - network_seen_[0]));

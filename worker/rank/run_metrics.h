@@ -13,7 +13,8 @@
 // zenflow_network_bytes_total{direction=sent|received,transport=ucx} (optimizer nodes),
 // zenflow_staleness_steps, zenflow_selected_ratio, zenflow_loss, zenflow_skipped_steps_total,
 // zenflow_pinned_host_bytes, zenflow_host_memory_bytes{kind=master|moments|accumulators|
-// pinned|staging|host_total}; with set_price(), zenflow_cost_usd_total on rank 0 only: the
+// pinned|staging|host_total}, zenflow_device_memory_bytes{kind=parameters|gradients|
+// optimizer_state|communication_buffers|activations_peak|total_peak}; with set_price(), zenflow_cost_usd_total on rank 0 only: the
 // whole job's cost so far (common/pricing.h: the price × the job's share of the instance,
 // gpus = world_size on CUDA, the whole instance on the CPU), metered by the wall time of
 // the steps and of the run's end: setup before the first step is not in it (the run
@@ -75,6 +76,8 @@ class RunMetrics final : public TrainingObserver {
   metrics::Histogram* host_step_duration_ = nullptr;
   metrics::Gauge* selected_ratio_ = nullptr;
   metrics::Gauge* loss_ = nullptr;
+  metrics::Gauge* activations_peak_ = nullptr;  // zenflow_device_memory_bytes{kind=activations_peak}
+  metrics::Gauge* total_peak_ = nullptr;        // {kind=total_peak}
   metrics::Counter* skipped_ = nullptr;
   double usd_per_hour_ = -1;  // < 0: not priced
   int64_t gpus_of_instance_ = 0;

@@ -126,9 +126,15 @@ void print_summary_table(std::ostream& out, const JobSpec& spec, const RunSummar
         mib(s.host_state_bytes) + " (transfer buffers " + mib(s.transfer_buffer_bytes) +
             (pinned ? ", pinned)" : ")"));
   }
-  if (s.activations_peak_bytes >= 0)
-    row("activations (peak)", fmt(static_cast<double>(s.activations_peak_bytes) / 1048576.0, 1) + " MiB" +
-                                  (s.activation_checkpointing ? " (checkpointed layers)" : ""));
+  {
+    const DeviceMemoryBytes& m = s.device_memory;
+    auto mib = [&](int64_t b) { return b < 0 ? std::string("-") : fmt(static_cast<double>(b) / 1048576.0, 1); };
+    row(s.world_size > 1 ? "device memory / rank" : "device memory",
+        "params " + mib(m.parameters) + ", grads " + mib(m.gradients) + ", optimizer " + mib(m.optimizer_state) +
+            ", comm " + mib(m.communication_buffers) + ", activations peak " + mib(m.activations_peak) +
+            (s.activation_checkpointing ? " (checkpointed layers)" : "") + ", total peak " + mib(m.total_peak) +
+            " MiB");
+  }
   if (s.world_size > 1 && steps > 0) {
     auto kib = [&](int64_t b) { return fmt(static_cast<double>(b) / static_cast<double>(steps) / 1024.0, 1) + " KiB"; };
     row("ranks", std::to_string(s.world_size) + (s.ranks_identical ? " (weights bit-identical)" : " (WEIGHTS DIFFER)"));
@@ -186,8 +192,15 @@ nlohmann::json summary_json(const RunSummary& s, const std::optional<RunCost>& c
   j["pinned_host_bytes"] = transfers_pinned(s) ? s.transfer_buffer_bytes : 0;
   j["transfer_buffer_bytes"] = s.transfer_buffer_bytes;
   j["activation_checkpointing"] = s.activation_checkpointing;
-  // What is measured of the device memory so far (CPU runs: the forward and backward's peak).
-  if (s.activations_peak_bytes >= 0) j["device_memory_bytes"] = {{"activations_peak", s.activations_peak_bytes}};
+  {
+    const DeviceMemoryBytes& m = s.device_memory;
+    j["device_memory_bytes"] = {{"parameters", m.parameters},
+                                {"gradients", m.gradients},
+                                {"optimizer_state", m.optimizer_state},
+                                {"activations_peak", m.activations_peak},
+                                {"communication_buffers", m.communication_buffers},
+                                {"total_peak", m.total_peak}};
+  }
   j["ranks_identical"] = s.ranks_identical;
   j["comm_bytes"] = {{"gradients", s.comm_gradient_bytes},
                      {"selection", s.comm_selection_bytes},

@@ -29,6 +29,7 @@
 #include "worker/distributed/rendezvous.h"
 #include "worker/rank/model_factory.h"
 #include "worker/rank/preflight.h"
+#include "worker/engine/cuda_ops.h"
 #include "worker/engine/device_streams.h"
 #include "worker/engine/host_thread_pool.h"
 #include "worker/engine/zenflow_optimizer.h"
@@ -192,6 +193,49 @@ double evaluate(model::CausalLM& lm, const std::shared_ptr<model::TokenDataset>&
   lm.train(true);
   return n ? sum / static_cast<double>(n) : -1;
 }
+
+// The device memory peaks of a run (DeviceMemoryBytes::activations_peak, total_peak), from
+// the CUDA caching allocator's statistics or, on the CPU, the metered CPU allocator. One
+// peak at a time exists, so each micro-batch's starts after the run's is folded in.
+class DevicePeaks {
+ public:
+  explicit DevicePeaks(at::Device device)
+      : cuda_(device.is_cuda() && engine::cuda_ops::available()),
+        index_(device.has_index() ? device.index() : 0),
+        measured_(cuda_ || (device.is_cpu() && model::CpuMemoryMeter::installed())) {}
+
+  void begin_micro_batch() {
+    if (!measured_) return;
+    run_peak_ = std::max(run_peak_, peak());
+    if (cuda_) {
+      engine::cuda_ops::reset_allocator_peak(index_);
+      start_ = engine::cuda_ops::allocator_bytes(index_).allocated;
+    } else {
+      start_ = model::CpuMemoryMeter::reset_peak();
+    }
+  }
+  // `count`: the micro-batch's peak is an activation figure (its gradients existed before).
+  void end_micro_batch(bool count) {
+    if (!measured_) return;
+    const int64_t p = peak();
+    run_peak_ = std::max(run_peak_, p);
+    if (count) activations_ = std::max(activations_, p - start_);
+  }
+  int64_t activations() const { return activations_; }
+  int64_t total() const { return measured_ ? std::max(run_peak_, peak()) : -1; }
+
+ private:
+  int64_t peak() const {
+    return cuda_ ? engine::cuda_ops::allocator_bytes(index_).peak : model::CpuMemoryMeter::peak_bytes();
+  }
+
+  bool cuda_;
+  int index_;
+  bool measured_;
+  int64_t start_ = 0;
+  int64_t run_peak_ = -1;
+  int64_t activations_ = -1;
+};
 
 // Reading what the spec names: a file that cannot be used (truncated safetensors, a
 // config.json that is not JSON, an empty data directory) is bad input naming the key,
@@ -442,6 +486,9 @@ class TrainingRun {
 
   // Model: a Hugging Face directory (model.from) or a random init from model.config.
   void build_model() {
+    // On the CPU the host is the device: count what its tensors hold (device_memory_bytes).
+    if (device_.is_cpu()) model::CpuMemoryMeter::install();
+    peaks_.emplace(device_);
     // Weights go straight to the device (a memory-mapped checkpoint is never held in
     // host RAM on a GPU host), unless initial weights replace them first.
     lm_ = reading(model_key_, [&] {
@@ -465,8 +512,6 @@ class TrainingRun {
     lm_->train(true);
     lm_->set_activation_checkpointing(spec_.train.activation_checkpointing);
     sum_.activation_checkpointing = spec_.train.activation_checkpointing;
-    // On the CPU the host is the device: count what the tensors hold (activations_peak).
-    if (device_.is_cpu()) model::CpuMemoryMeter::install();
   }
 
   void build_data() {
@@ -662,6 +707,8 @@ class TrainingRun {
       (device_.is_cuda() ? facts.pinned_host_bytes : facts.host_staging_bytes) = mem.transfer_buffers;
       const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
       facts.host_total_memory_bytes = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+      facts.device_memory = device_memory();
+      facts.device_memory.activations_peak = facts.device_memory.total_peak = -1;
       options_.observer->on_start(facts);
     }
     if (options_.reporter) {
@@ -715,6 +762,23 @@ class TrainingRun {
     }
   }
 
+  // This rank's device memory by kind now (DeviceMemoryBytes). Gradient buffers not yet
+  // allocated (before the first backward) count as they will be: the weights' shapes and dtype.
+  DeviceMemoryBytes device_memory() {
+    DeviceMemoryBytes m;
+    for (auto& nt : lm_->parameters()) {
+      const auto bytes = static_cast<int64_t>(nt.tensor.nbytes());
+      m.parameters += bytes;
+      m.gradients += nt.tensor.grad().defined() ? static_cast<int64_t>(nt.tensor.grad().nbytes()) : bytes;
+    }
+    const engine::EngineDeviceBytes e = opt_->device_bytes();
+    m.optimizer_state = e.optimizer_state;
+    m.communication_buffers = e.buffers + (reducer_ ? reducer_->buffer_bytes() : 0);
+    m.activations_peak = peaks_->activations();
+    m.total_peak = peaks_->total();
+    return m;
+  }
+
   // Whether every parameter has its gradient buffer (from the second micro-batch on): the
   // activation measurement leaves out the first backward, which allocates them.
   bool gradients_exist() {
@@ -746,17 +810,15 @@ class TrainingRun {
       clock_.add_stall(StallCause::kData, data_sw.seconds());
       // Compute time: on CUDA what the compute stream spent on forward and backward.
       engine::ClockSpan compute(&clock_, device_);
-      const bool measure = device_.is_cpu() && model::CpuMemoryMeter::installed() && gradients_exist();
-      const int64_t alive_before = measure ? model::CpuMemoryMeter::reset_peak() : 0;
+      peaks_->begin_micro_batch();
+      const bool gradients_allocated = gradients_exist();
       at::Tensor loss;
       {
         model::CudaAutocast autocast(use_autocast_, autocast_dtype_);
         loss = model::causal_lm_loss(lm_->forward(ids), targets);
       }
       (loss / static_cast<double>(spec_.train.grad_accum)).backward();
-      if (measure)
-        sum_.activations_peak_bytes =
-            std::max(sum_.activations_peak_bytes, model::CpuMemoryMeter::peak_bytes() - alive_before);
+      peaks_->end_micro_batch(gradients_allocated);
       compute.end(engine::TimeKind::kCompute);
       const at::Tensor l = loss.detach().to(at::kDouble);
       loss_acc = loss_acc.defined() ? loss_acc + l : l;
@@ -807,6 +869,8 @@ class TrainingRun {
       t.skipped = out.report.skipped;
       t.staleness_steps = out.report.staleness_steps;
       t.host_step_seconds = out.report.host_step_seconds;
+      t.activations_peak_bytes = peaks_->activations();
+      t.total_peak_bytes = peaks_->total();
       t.selected_ratio = opt_->selected_ratio();
       if (const engine::HostOptimizer* host = opt_->host_optimizer()) {
         t.network_bytes_sent = host->network_bytes_sent();
@@ -910,9 +974,11 @@ class TrainingRun {
       sum_.comm_selection_bytes = cs.traffic_bytes(distributed::Traffic::kSelection);
       sum_.comm_parameter_bytes = cs.traffic_bytes(distributed::Traffic::kParameters);
     }
+    sum_.device_memory = device_memory();
     sum_.wall_seconds = wall_.seconds();
   }
 
+  std::optional<DevicePeaks> peaks_;
   const JobSpec& spec_;
   const RunOptions& options_;
   const std::atomic<bool>* stop_;

@@ -106,11 +106,7 @@ struct RunSummary {
   // Of those, the transfer buffers (gradient staging, host output): page-locked on CUDA,
   // registered once (zenflow_pinned_host_bytes).
   int64_t transfer_buffer_bytes = 0;
-  // The most bytes one micro-batch's forward and backward held at once beyond what was
-  // alive when its forward began (saved activations, the backward's temporaries, with
-  // activation checkpointing a layer's recompute), measured on micro-batches whose
-  // gradients already existed. CPU runs (CpuMemoryMeter); -1 where not measured.
-  int64_t activations_peak_bytes = -1;
+  DeviceMemoryBytes device_memory;  // this rank's, at the end (training_observer.h)
   bool activation_checkpointing = false;
   int64_t host_threads = 0;
   int64_t compute_threads = 0;

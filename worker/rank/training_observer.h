@@ -17,6 +17,23 @@
 
 namespace zenflow {
 
+// This rank's training-device memory by what it holds (the run summary's and --json's
+// device_memory_bytes, zenflow_device_memory_bytes{kind}). -1: not known (yet).
+struct DeviceMemoryBytes {
+  int64_t parameters = 0;             // the model's weights on the device
+  int64_t gradients = 0;              // their gradient buffers
+  int64_t optimizer_state = 0;        // the device updater's master, m, v and selection scores
+  int64_t communication_buffers = 0;  // gradient staging, the H2D buffer, data-parallel buckets
+  // The most one micro-batch's forward and backward held at once beyond what was alive when
+  // it began: saved activations, the backward's temporaries, a checkpointed layer's
+  // recompute. Measured on micro-batches whose gradient buffers already existed.
+  int64_t activations_peak = -1;
+  // The most the device held at once during the run (CUDA: the caching allocator's peak;
+  // CPU: every tensor the process allocated from the metered allocator on, host optimizer
+  // state included, since there the host is the device).
+  int64_t total_peak = -1;
+};
+
 // What a run is, known when training starts. Bytes are this rank's.
 struct RunFacts {
   int64_t rank = 0;
@@ -32,6 +49,8 @@ struct RunFacts {
   int64_t pinned_host_bytes = 0;        // transfer buffers, page-locked (CUDA)
   int64_t host_staging_bytes = 0;       // transfer buffers in plain memory (CPU device)
   int64_t host_total_memory_bytes = 0;  // the machine's RAM (0 = unknown)
+  // Known at the start but for the peaks (-1 here; each step brings them).
+  DeviceMemoryBytes device_memory;
 };
 
 // One step of this process, as it ended.
@@ -48,6 +67,9 @@ struct TrainingStep {
   // Bytes sent to / received from remote optimizer nodes so far (cumulative; 0 in-process).
   int64_t network_bytes_sent = 0;
   int64_t network_bytes_received = 0;
+  // The device memory peaks so far (DeviceMemoryBytes; -1: not measured).
+  int64_t activations_peak_bytes = -1;
+  int64_t total_peak_bytes = -1;
 };
 
 // How the loop ended.
