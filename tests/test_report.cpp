@@ -317,6 +317,102 @@ TEST(StepLog, AFailedWriteTurnsItOffAndNothingThrows) {
   EXPECT_THROW(missing.on_start(RunFacts{}), std::runtime_error);
 }
 
+// --- the lines, writer to reader: common/report/step_log_lines.h ---
+
+// One process's run as StepLog records it, every field a distinct number that binary
+// floating point holds exactly (so the text is short and each field is told apart).
+fs::path write_golden_run(const std::string& name) {
+  const fs::path dir = fresh_dir(name);
+  StepLog log((dir / StepLog::kFileName).string(), "golden \"run\"", true,
+              StepLogPrice{3.2, 8, "p4d.24xlarge", "catalog"});
+  RunFacts f;
+  f.world_size = 2;
+  f.device_is_cuda = true;
+  f.start_step = 5;
+  f.total_steps = 7;
+  f.tokens_per_step = 64;
+  f.host_master_bytes = 400;
+  f.host_moments_bytes = 800;
+  f.host_accumulator_bytes = 1200;
+  f.pinned_host_bytes = 96;
+  f.host_staging_bytes = 48;
+  f.host_total_memory_bytes = 1 << 30;
+  log.on_start(f);
+  TrainingStep s;
+  s.step = 6;
+  s.loss = 2.5;
+  s.lr = 0.0009765625;
+  s.staleness_steps = 3;
+  s.selected_ratio = 0.125;
+  s.times.wall_seconds = 0.75;
+  s.times.compute_seconds = 0.5;
+  s.times.device_optimizer_seconds = 0.0625;
+  const double stalls[] = {0.25, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625, 0.001953125};
+  static_assert(std::size(stalls) == engine::kNumStallCauses);
+  std::copy(std::begin(stalls), std::end(stalls), s.times.stall_seconds.begin());
+  s.times.transfer_bytes[static_cast<int>(engine::Direction::kD2H)] = 4096;
+  s.times.transfer_bytes[static_cast<int>(engine::Direction::kH2D)] = 2048;
+  log.on_step(s);
+  log.on_eval(6, 2.25);
+  s.step = 7;
+  s.loss = NAN;
+  s.skipped = true;
+  log.on_step(s);
+  TrainingEnd end;
+  end.steps = 7;
+  end.interrupted = true;
+  end.finish.wall_seconds = 1.5;
+  end.finish.stall_seconds[static_cast<int>(engine::StallCause::kCheckpoint)] = 0.5;
+  end.finish.transfer_bytes[static_cast<int>(engine::Direction::kD2H)] = 16;
+  end.finish.transfer_bytes[static_cast<int>(engine::Direction::kH2D)] = 8;
+  log.on_finish(end);
+  log.write_summary({{"steps", 7}, {"tokens", 128}, {"losses", {2.5, nullptr}}, {"cost_usd", 0.5}});
+  return dir / StepLog::kFileName;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  for (size_t nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1)
+    out.push_back(text.substr(at, nl - at));
+  EXPECT_EQ(at, text.size()) << "the last line has no newline";
+  return out;
+}
+
+// The text of each event, key for key: a key renamed or moved in the writer fails here, and
+// so does one renamed in step_log_lines.h for both sides (files already written keep the
+// old name).
+TEST(StepLogLines, TheWriterWritesTheDocumentedTextOfEachEvent) {
+  std::vector<std::string> lines = lines_of(read_file(write_golden_run("golden-text")));
+  ASSERT_EQ(lines.size(), 6u);
+  lines[0] = std::regex_replace(lines[0], std::regex("\"time\":[0-9.e+]+,"), "\"time\":T,");
+  EXPECT_EQ(lines[0],
+            R"({"event":"start","job":"golden \"run\"","start_step":5,"total_steps":7,"fresh":true,)"
+            R"("world_size":2,"device_is_cuda":true,"tokens_per_step":64,"time":T,)"
+            R"("host_memory":{"master":400,"moments":800,"accumulators":1200,"pinned":96,"staging":48,)"
+            R"("host_total":1073741824},"price":{"usd_per_hour":0.8,"instance_usd_per_hour":3.2,)"
+            R"("gpus_of_instance":8,"instance":"p4d.24xlarge","source":"catalog"}})");
+  const std::string stall =
+      R"("stall":{"host_optimizer":0.25,"transfer_d2h":0.0625,"transfer_h2d":0.03125,"network":0.015625,)"
+      R"("allreduce":0.0078125,"data":0.00390625,"checkpoint":0.001953125},"bytes":{"d2h":4096,"h2d":2048}})";
+  EXPECT_EQ(
+      lines[1],
+      R"({"event":"step","step":6,"loss":2.5,"lr":0.0009765625,"tokens":64,"skipped":false,)"
+      R"("staleness_steps":3,"selected_ratio":0.125,"wall":0.75,"compute":0.5,"device_optimizer":0.0625,)" +
+          stall);
+  EXPECT_EQ(lines[2], R"({"event":"eval","step":6,"val_loss":2.25})");
+  EXPECT_EQ(
+      lines[3],
+      R"({"event":"step","step":7,"loss":null,"lr":0.0009765625,"tokens":64,"skipped":true,)"
+      R"("staleness_steps":3,"selected_ratio":0.125,"wall":0.75,"compute":0.5,"device_optimizer":0.0625,)" +
+          stall);
+  EXPECT_EQ(lines[4],
+            R"({"event":"finish","steps":7,"interrupted":true,"wall":1.5,"stall":{"host_optimizer":0,)"
+            R"("transfer_d2h":0,"transfer_h2d":0,"network":0,"allreduce":0,"data":0,"checkpoint":0.5},)"
+            R"("bytes":{"d2h":16,"h2d":8}})");
+  EXPECT_EQ(lines[5], R"({"event":"summary","summary":{"cost_usd":0.5,"steps":7,"tokens":128}})");
+}
+
 // --- processes ---
 
 struct Child {
