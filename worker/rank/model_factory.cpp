@@ -10,44 +10,13 @@
 #include "worker/model/llama.h"
 
 namespace zenflow {
-namespace {
-
-void check_from(const ModelSpec& spec) {
-  if (!spec.config.empty())
-    throw std::invalid_argument("model.config: cannot be combined with model.from (" + spec.from +
-                                "/config.json decides the model's shape)");
-}
-
-// model.arch written next to model.from must agree with the directory (a silently
-// ignored arch would train something other than what the spec says).
-void check_arch(const ModelSpec& spec, const model::LoadedModel& info) {
-  if (spec.arch_given && spec.arch != info.arch)
-    throw std::invalid_argument("model.arch: '" + spec.arch + "' contradicts model.from (" + spec.from +
-                                "/config.json is a " + info.model_type +
-                                " model); remove model.arch or change it");
-}
-
-void check_vocab(const model::LoadedModel& info, int64_t model_vocab, int64_t tokenizer_vocab) {
-  if (model_vocab < tokenizer_vocab)
-    throw std::invalid_argument("model.from: " + info.source_dir + " has vocab_size " +
-                                std::to_string(model_vocab) + ", smaller than the tokenizer's " +
-                                std::to_string(tokenizer_vocab));
-}
-
-int64_t config_vocab(const model::LoadedModel& info) {
-  return info.arch == "gpt2" ? model::gpt2_config_from_hf(info.config).vocab_size
-                             : model::llama_config_from_hf(info.config).vocab_size;
-}
-
-}  // namespace
 
 model::LoadedModel describe_model_from_spec(const ModelSpec& spec, int64_t tokenizer_vocab) {
   if (!spec.from.empty()) {
-    check_from(spec);
-    model::LoadedModel info = model::describe_hf_model(spec.from);
-    check_arch(spec, info);
-    check_vocab(info, config_vocab(info), tokenizer_vocab);
-    return info;
+    // The spec against DIR/config.json (model.config empty, model.arch, vocab_size), then
+    // the weights' headers.
+    model::hf_config_from_spec(spec, tokenizer_vocab);
+    return model::describe_hf_model(spec.from);
   }
   model::LoadedModel info;
   info.config = model::hf_config_from_spec(spec, tokenizer_vocab);
@@ -63,13 +32,12 @@ std::unique_ptr<model::CausalLM> make_model_from_spec(const ModelSpec& spec, int
   std::unique_ptr<model::CausalLM> lm;
   model::LoadedModel described;
   if (!spec.from.empty()) {
-    check_from(spec);
-    if (spec.arch_given) check_arch(spec, model::describe_hf_model(spec.from));  // before any weight is read
+    // The spec's checks (its vocab_size is the model's), before any weight is read.
+    model::hf_config_from_spec(spec, tokenizer_vocab);
     model::HfLoadOptions options;
     options.device = device;
     options.dtype = dtype;
     model::LoadedModel loaded = model::load_hf_model(spec.from, options);
-    check_vocab(loaded, loaded.model->vocab_size(), tokenizer_vocab);
     lm = std::move(loaded.model);
     described = std::move(loaded);
   } else {
