@@ -267,4 +267,36 @@ TEST(ModelShapes, ModelDirectorySpecsEqualDescribeModelFromSpec) {
   both_refuse(inline_bad, 256, "model.config.rope_theta: not a gpt2 setting");
 }
 
+// make_model_from_spec and describe_model_from_spec check a spec with hf_config_from_spec,
+// on config.json alone: a directory without its weights yet gets the spec's refusal, not
+// the missing weights.
+TEST(ModelShapes, ModelFactoryChecksTheSpecAgainstConfigJsonBeforeAnyWeight) {
+  const fs::path dir = zenflow::test_support::removed_at_exit(
+      fs::temp_directory_path() / ("zenflow-model-factory-" + std::to_string(::getpid())));
+  zm::LlamaConfig c;
+  c.vocab_size = 300;
+  c.hidden_size = 32;
+  c.intermediate_size = 50;
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << zm::hf_config_json(c).dump();
+  zenflow::ModelSpec m;
+  m.from = dir.string();
+  const auto expect_refusal = [&](const zenflow::ModelSpec& spec, int64_t vocab,
+                                  const std::string& expected) {
+    EXPECT_EQ(error_of([&] { zenflow::describe_model_from_spec(spec, vocab); }), expected);
+    EXPECT_EQ(error_of([&] { zenflow::make_model_from_spec(spec, vocab, 1, nullptr); }), expected);
+  };
+  expect_refusal(m, 301, "model.from: " + m.from + " has vocab_size 300, smaller than the tokenizer's 301");
+  zenflow::ModelSpec gpt2_arch = m;
+  gpt2_arch.arch = "gpt2";
+  gpt2_arch.arch_given = true;
+  expect_refusal(gpt2_arch, 256,
+                 "model.arch: 'gpt2' contradicts model.from (" + m.from +
+                     "/config.json is a llama model); remove model.arch or change it");
+  // A spec the directory satisfies goes on to the weights, which are missing.
+  const std::string no_weights = error_of([&] { zenflow::describe_model_from_spec(m, 256); });
+  EXPECT_NE(no_weights.find(m.from), std::string::npos) << no_weights;
+  EXPECT_NE(no_weights.rfind("model.", 0), 0u) << "not a spec error: " << no_weights;
+}
+
 }  // namespace

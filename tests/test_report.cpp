@@ -317,6 +317,253 @@ TEST(StepLog, AFailedWriteTurnsItOffAndNothingThrows) {
   EXPECT_THROW(missing.on_start(RunFacts{}), std::runtime_error);
 }
 
+// --- the lines, writer to reader: common/report/step_log_lines.h ---
+
+// One process's run as StepLog records it, every field a distinct number that binary
+// floating point holds exactly (so the text is short and each field is told apart).
+fs::path write_golden_run(const std::string& name) {
+  const fs::path dir = fresh_dir(name);
+  StepLog log((dir / StepLog::kFileName).string(), "golden \"run\"", true,
+              StepLogPrice{3.2, 8, "p4d.24xlarge", "catalog"});
+  RunFacts f;
+  f.world_size = 2;
+  f.device_is_cuda = true;
+  f.start_step = 5;
+  f.total_steps = 7;
+  f.tokens_per_step = 64;
+  f.host_master_bytes = 400;
+  f.host_moments_bytes = 800;
+  f.host_accumulator_bytes = 1200;
+  f.pinned_host_bytes = 96;
+  f.host_staging_bytes = 48;
+  f.host_total_memory_bytes = 1 << 30;
+  log.on_start(f);
+  TrainingStep s;
+  s.step = 6;
+  s.loss = 2.5;
+  s.lr = 0.0009765625;
+  s.staleness_steps = 3;
+  s.selected_ratio = 0.125;
+  s.times.wall_seconds = 0.75;
+  s.times.compute_seconds = 0.5;
+  s.times.device_optimizer_seconds = 0.0625;
+  const double stalls[] = {0.25, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625, 0.001953125};
+  static_assert(std::size(stalls) == engine::kNumStallCauses);
+  std::copy(std::begin(stalls), std::end(stalls), s.times.stall_seconds.begin());
+  s.times.transfer_bytes[static_cast<int>(engine::Direction::kD2H)] = 4096;
+  s.times.transfer_bytes[static_cast<int>(engine::Direction::kH2D)] = 2048;
+  log.on_step(s);
+  log.on_eval(6, 2.25);
+  s.step = 7;
+  s.loss = NAN;
+  s.skipped = true;
+  log.on_step(s);
+  TrainingEnd end;
+  end.steps = 7;
+  end.interrupted = true;
+  end.finish.wall_seconds = 1.5;
+  end.finish.stall_seconds[static_cast<int>(engine::StallCause::kCheckpoint)] = 0.5;
+  end.finish.transfer_bytes[static_cast<int>(engine::Direction::kD2H)] = 16;
+  end.finish.transfer_bytes[static_cast<int>(engine::Direction::kH2D)] = 8;
+  log.on_finish(end);
+  log.write_summary(
+      {{"steps", 7}, {"tokens", 128}, {"losses", {2.5, nullptr}}, {"cost_usd", 0.5}, {"interrupted", true}});
+  return dir / StepLog::kFileName;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  for (size_t nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1)
+    out.push_back(text.substr(at, nl - at));
+  EXPECT_EQ(at, text.size()) << "the last line has no newline";
+  return out;
+}
+
+// The text of each event, key for key: a key renamed or moved in the writer fails here, and
+// so does one renamed in step_log_lines.h for both sides (files already written keep the
+// old name).
+TEST(StepLogLines, TheWriterWritesTheDocumentedTextOfEachEvent) {
+  std::vector<std::string> lines = lines_of(read_file(write_golden_run("golden-text")));
+  ASSERT_EQ(lines.size(), 6u);
+  lines[0] = std::regex_replace(lines[0], std::regex("\"time\":[0-9.e+]+,"), "\"time\":T,");
+  EXPECT_EQ(lines[0],
+            R"({"event":"start","job":"golden \"run\"","start_step":5,"total_steps":7,"fresh":true,)"
+            R"("world_size":2,"device_is_cuda":true,"tokens_per_step":64,"time":T,)"
+            R"("host_memory":{"master":400,"moments":800,"accumulators":1200,"pinned":96,"staging":48,)"
+            R"("host_total":1073741824},"price":{"usd_per_hour":0.8,"instance_usd_per_hour":3.2,)"
+            R"("gpus_of_instance":8,"instance":"p4d.24xlarge","source":"catalog"}})");
+  const std::string stall =
+      R"("stall":{"host_optimizer":0.25,"transfer_d2h":0.0625,"transfer_h2d":0.03125,"network":0.015625,)"
+      R"("allreduce":0.0078125,"data":0.00390625,"checkpoint":0.001953125},"bytes":{"d2h":4096,"h2d":2048}})";
+  EXPECT_EQ(
+      lines[1],
+      R"({"event":"step","step":6,"loss":2.5,"lr":0.0009765625,"tokens":64,"skipped":false,)"
+      R"("staleness_steps":3,"selected_ratio":0.125,"wall":0.75,"compute":0.5,"device_optimizer":0.0625,)" +
+          stall);
+  EXPECT_EQ(lines[2], R"({"event":"eval","step":6,"val_loss":2.25})");
+  EXPECT_EQ(
+      lines[3],
+      R"({"event":"step","step":7,"loss":null,"lr":0.0009765625,"tokens":64,"skipped":true,)"
+      R"("staleness_steps":3,"selected_ratio":0.125,"wall":0.75,"compute":0.5,"device_optimizer":0.0625,)" +
+          stall);
+  EXPECT_EQ(lines[4],
+            R"({"event":"finish","steps":7,"interrupted":true,"wall":1.5,"stall":{"host_optimizer":0,)"
+            R"("transfer_d2h":0,"transfer_h2d":0,"network":0,"allreduce":0,"data":0,"checkpoint":0.5},)"
+            R"("bytes":{"d2h":16,"h2d":8}})");
+  EXPECT_EQ(lines[5],
+            R"({"event":"summary","summary":{"cost_usd":0.5,"interrupted":true,"steps":7,"tokens":128}})");
+}
+
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Every field StepLog writes comes back with its value: each line through the contract's
+// from_json (every field of every event), and the file through parse_step_log (what the
+// record keeps). A field the writer and the reader name differently reads as its default.
+TEST(StepLogLines, EveryFieldTheWriterWritesIsReadBackWithItsValue) {
+  const double before = unix_seconds();
+  const fs::path path = write_golden_run("golden-fields");
+  const double after = unix_seconds();
+  const std::vector<std::string> lines = lines_of(read_file(path));
+  ASSERT_EQ(lines.size(), 6u);
+  std::vector<nlohmann::ordered_json> parsed;
+  for (const std::string& l : lines) parsed.push_back(nlohmann::ordered_json::parse(l));
+  const std::vector<std::string> causes = {"host_optimizer", "transfer_d2h", "transfer_h2d", "network",
+                                           "allreduce",      "data",         "checkpoint"};
+  const std::vector<double> step_stalls = {0.25,      0.0625,     0.03125,    0.015625,
+                                           0.0078125, 0.00390625, 0.001953125};
+  const auto expect_stall = [&](const std::vector<StallSeconds>& stall, const std::vector<double>& seconds) {
+    ASSERT_EQ(stall.size(), causes.size());
+    for (size_t c = 0; c < causes.size(); ++c) {
+      EXPECT_EQ(stall[c].cause, causes[c]);
+      EXPECT_EQ(stall[c].seconds, seconds[c]) << causes[c];
+    }
+  };
+  const std::vector<std::pair<std::string, int64_t>> host_memory = {
+      {"master", 400}, {"moments", 800}, {"accumulators", 1200},
+      {"pinned", 96},  {"staging", 48},  {"host_total", 1 << 30}};
+
+  ASSERT_EQ(event_of(parsed[0]), StartLine::kEvent);
+  StartLine start;
+  from_json(parsed[0], start);
+  EXPECT_EQ(start.job, "golden \"run\"");
+  EXPECT_EQ(start.start_step, 5);
+  EXPECT_EQ(start.total_steps, 7);
+  EXPECT_TRUE(start.fresh);
+  EXPECT_EQ(start.world_size, 2);
+  EXPECT_TRUE(start.device_is_cuda);
+  EXPECT_EQ(start.tokens_per_step, 64);
+  EXPECT_GE(start.time, std::floor(before));
+  EXPECT_LE(start.time, after);
+  EXPECT_EQ(start.host_memory, host_memory);
+  ASSERT_TRUE(start.price.has_value());
+  EXPECT_DOUBLE_EQ(start.price->usd_per_hour, 3.2 * 2 / 8);  // 2 of the instance's 8 GPUs
+  EXPECT_EQ(start.price->instance_usd_per_hour, 3.2);
+  EXPECT_EQ(start.price->gpus_of_instance, 8);
+  EXPECT_EQ(start.price->instance, "p4d.24xlarge");
+  EXPECT_EQ(start.price->source, "catalog");
+
+  for (const size_t i : {1u, 3u}) {
+    SCOPED_TRACE(lines[i]);
+    ASSERT_EQ(event_of(parsed[i]), StepLine::kEvent);
+    StepLine step;
+    from_json(parsed[i], step);
+    EXPECT_EQ(step.step, i == 1 ? 6 : 7);
+    if (i == 1)
+      EXPECT_EQ(step.loss, 2.5);
+    else
+      EXPECT_TRUE(std::isnan(step.loss));
+    EXPECT_EQ(step.lr, 0.0009765625);
+    EXPECT_EQ(step.tokens, 64);
+    EXPECT_EQ(step.skipped, i == 3);
+    EXPECT_EQ(step.staleness_steps, 3);
+    EXPECT_EQ(step.selected_ratio, 0.125);
+    EXPECT_EQ(step.wall, 0.75);
+    EXPECT_EQ(step.compute, 0.5);
+    EXPECT_EQ(step.device_optimizer, 0.0625);
+    expect_stall(step.stall, step_stalls);
+    EXPECT_EQ(step.bytes_d2h, 4096);
+    EXPECT_EQ(step.bytes_h2d, 2048);
+  }
+
+  ASSERT_EQ(event_of(parsed[2]), EvalLine::kEvent);
+  EvalLine eval;
+  from_json(parsed[2], eval);
+  EXPECT_EQ(eval.step, 6);
+  EXPECT_EQ(eval.val_loss, 2.25);
+
+  ASSERT_EQ(event_of(parsed[4]), FinishLine::kEvent);
+  FinishLine finish;
+  from_json(parsed[4], finish);
+  EXPECT_EQ(finish.steps, 7);
+  EXPECT_TRUE(finish.interrupted);
+  EXPECT_EQ(finish.wall, 1.5);
+  expect_stall(finish.stall, {0, 0, 0, 0, 0, 0, 0.5});
+  EXPECT_EQ(finish.bytes_d2h, 16);
+  EXPECT_EQ(finish.bytes_h2d, 8);
+
+  ASSERT_EQ(event_of(parsed[5]), SummaryLine::kEvent);
+  SummaryLine summary;
+  from_json(parsed[5], summary);
+  EXPECT_EQ(summary.summary, json({{"steps", 7}, {"tokens", 128}, {"cost_usd", 0.5}, {"interrupted", true}}));
+
+  const RunRecord r = parse_step_log(read_file(path), path.string());
+  EXPECT_TRUE(r.warnings.empty()) << r.warnings[0];
+  EXPECT_EQ(r.job, "golden \"run\"");
+  EXPECT_EQ(r.stall_causes, causes);
+  ASSERT_EQ(r.steps.size(), 2u);
+  for (const StepRecord& s : r.steps) {
+    SCOPED_TRACE(s.step);
+    EXPECT_TRUE(s.has_times);
+    EXPECT_EQ(s.lr, 0.0009765625);
+    EXPECT_EQ(s.tokens, 64);
+    EXPECT_EQ(s.wall, 0.75);
+    EXPECT_EQ(s.compute, 0.5);
+    EXPECT_EQ(s.device_optimizer, 0.0625);
+    EXPECT_EQ(s.stall, step_stalls);
+    EXPECT_EQ(s.bytes_d2h, 4096);
+    EXPECT_EQ(s.bytes_h2d, 2048);
+    EXPECT_EQ(s.segment, 0u);
+  }
+  EXPECT_EQ(r.steps[0].step, 6);
+  EXPECT_EQ(r.steps[0].loss, 2.5);
+  EXPECT_FALSE(r.steps[0].skipped);
+  EXPECT_EQ(r.steps[1].step, 7);
+  EXPECT_TRUE(std::isnan(r.steps[1].loss));
+  EXPECT_TRUE(r.steps[1].skipped);
+  EXPECT_EQ(r.evals, (std::vector<std::pair<int64_t, double>>{{6, 2.25}}));
+  ASSERT_EQ(r.segments.size(), 1u);
+  const RunSegment& seg = r.segments[0];
+  EXPECT_EQ(seg.start_step, 5);
+  EXPECT_EQ(seg.total_steps, 7);
+  EXPECT_TRUE(seg.fresh);
+  EXPECT_EQ(seg.world_size, 2);
+  EXPECT_TRUE(seg.device_is_cuda);
+  EXPECT_EQ(seg.tokens_per_step, 64);
+  EXPECT_EQ(seg.started_unix_seconds, start.time);
+  EXPECT_EQ(seg.host_memory, host_memory);
+  ASSERT_TRUE(seg.usd_per_hour.has_value());
+  EXPECT_DOUBLE_EQ(*seg.usd_per_hour, 3.2 * 2 / 8);
+  EXPECT_EQ(seg.price_instance, "p4d.24xlarge");
+  EXPECT_EQ(seg.price_source, "catalog");
+  EXPECT_EQ(seg.steps_run, 2);
+  EXPECT_EQ(seg.last_step, 7);
+  EXPECT_EQ(seg.step_wall_seconds, 1.5);
+  EXPECT_EQ(seg.step_stall_seconds, 2 * 0.373046875);  // the seven causes' sum, twice
+  EXPECT_EQ(seg.step_bytes_d2h, 8192);
+  EXPECT_EQ(seg.step_bytes_h2d, 4096);
+  EXPECT_TRUE(seg.finished);
+  EXPECT_TRUE(seg.interrupted);  // the finish line's, and the summary's
+  EXPECT_EQ(seg.finish_wall_seconds, 1.5);
+  EXPECT_EQ(seg.finish_stall_seconds, 0.5);
+  EXPECT_EQ(seg.finish_bytes_d2h, 16);
+  EXPECT_EQ(seg.finish_bytes_h2d, 8);
+  ASSERT_TRUE(seg.summary.has_value());
+  EXPECT_EQ(*seg.summary, summary.summary);
+}
+
 // --- processes ---
 
 struct Child {

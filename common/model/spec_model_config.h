@@ -20,8 +20,7 @@ namespace zenflow::model {
 // vocab_size defaults to `tokenizer_vocab` and may not be smaller. Throw
 // std::invalid_argument("model.config.<key>: ...") for a key the arch does not have or
 // a vocab_size below the tokenizer's; the config itself is not checked here.
-// (worker/rank/model_factory.cpp still spells this mapping itself; tests/test_model_shapes.cpp
-// keeps the two equal until it calls these.)
+// worker/rank/model_factory.cpp builds its random-init models from these.
 LlamaConfig llama_config_from_spec(const ModelSpec& spec, int64_t tokenizer_vocab);
 GPT2Config gpt2_config_from_spec(const ModelSpec& spec, int64_t tokenizer_vocab);
 

@@ -405,12 +405,13 @@ std::string render_report_html(const RunRecord& r) {
   int64_t state_bytes = 0, machine = 0;
   std::vector<std::pair<std::string, int64_t>> kinds;
   if (last) {
-    // The engine's kinds (worker/rank/step_log.h) in their order and words, then any other.
-    const std::pair<const char*, const char*> known[] = {{"master", "fp32 master weights"},
-                                                         {"moments", "Adam moments"},
-                                                         {"accumulators", "gradient accumulators"},
-                                                         {"pinned", "pinned transfer buffers"},
-                                                         {"staging", "transfer buffers"}};
+    // The engine's kinds (step_log_lines.h) in their order and words, then any other.
+    const std::pair<const char*, const char*> known[] = {
+        {host_memory_kind::kMaster, "fp32 master weights"},
+        {host_memory_kind::kMoments, "Adam moments"},
+        {host_memory_kind::kAccumulators, "gradient accumulators"},
+        {host_memory_kind::kPinned, "pinned transfer buffers"},
+        {host_memory_kind::kStaging, "transfer buffers"}};
     std::vector<std::pair<std::string, int64_t>> rest = last->host_memory;
     for (const auto& [kind, words] : known)
       for (auto it = rest.begin(); it != rest.end(); ++it)
@@ -420,7 +421,7 @@ std::string render_report_html(const RunRecord& r) {
           break;
         }
     for (const auto& [kind, bytes] : rest) {
-      if (kind == "host_total")
+      if (kind == host_memory_kind::kHostTotal)
         machine = bytes;
       else
         kinds.emplace_back(kind, bytes);

@@ -20,32 +20,8 @@ namespace fs = std::filesystem;
 // Ordered: the stall causes and memory kinds keep the order the file names them in.
 using json = nlohmann::ordered_json;
 
-// A field of a line (or of a summary), or the default when absent or of another type.
-constexpr const char* kStepLogName = "steps.jsonl";  // worker/rank/step_log.h's StepLog::kFileName
 constexpr int64_t kMaxStepLogBytes = 4ll << 30;
 
-template <typename Json>
-double number(const Json& j, const char* key) {
-  const auto it = j.find(key);
-  return it != j.end() && it->is_number() ? it->template get<double>() : kNotRecorded;
-}
-template <typename Json>
-int64_t integer(const Json& j, const char* key, int64_t otherwise = 0) {
-  const auto it = j.find(key);
-  if (it == j.end() || !it->is_number()) return otherwise;
-  return it->is_number_integer() ? it->template get<int64_t>()
-                                 : static_cast<int64_t>(it->template get<double>());
-}
-template <typename Json>
-bool boolean(const Json& j, const char* key) {
-  const auto it = j.find(key);
-  return it != j.end() && it->is_boolean() && it->template get<bool>();
-}
-template <typename Json>
-std::string text(const Json& j, const char* key) {
-  const auto it = j.find(key);
-  return it != j.end() && it->is_string() ? it->template get<std::string>() : "";
-}
 double or_zero(double x) { return std::isfinite(x) ? x : 0; }
 
 // Builds the record line by line: the steps by number (the latest line of each), the
@@ -68,33 +44,38 @@ class StepLogReader {
                : " is not a JSON object; ignored"));
       return;
     }
-    const std::string event = report::text(j, "event");
-    if (event == "start") {
-      start(j);
+    const std::string event = event_of(j);
+    if (event == StartLine::kEvent) {
+      StartLine start;
+      from_json(j, start);
+      this->start(start);
     } else if (segments_.empty()) {
       if (!warned_orphan_)
         record_.warnings.push_back(record_.source + ": line " + std::to_string(number) +
                                    " comes before any start line; ignored");
       warned_orphan_ = true;
-    } else if (event == "step") {
-      step(j);
-    } else if (event == "eval") {
-      const int64_t at = integer(j, "step");
-      const double v = report::number(j, "val_loss");
-      if (at > 0 && std::isfinite(v)) evals_[at] = v;
-    } else if (event == "finish") {
+    } else if (event == StepLine::kEvent) {
+      StepLine step;
+      from_json(j, step);
+      this->step(step);
+    } else if (event == EvalLine::kEvent) {
+      EvalLine eval;
+      from_json(j, eval);
+      if (eval.step > 0 && std::isfinite(eval.val_loss)) evals_[eval.step] = eval.val_loss;
+    } else if (event == FinishLine::kEvent) {
+      FinishLine finish;
+      from_json(j, finish);
       RunSegment& s = segments_.back();
       s.finished = true;
-      s.interrupted = boolean(j, "interrupted");
-      s.finish_wall_seconds = or_zero(report::number(j, "wall"));
-      s.finish_stall_seconds = stall_total(j);
-      if (const auto b = j.find("bytes"); b != j.end() && b->is_object()) {
-        s.finish_bytes_d2h = integer(*b, "d2h");
-        s.finish_bytes_h2d = integer(*b, "h2d");
-      }
-    } else if (event == "summary") {
-      const auto it = j.find("summary");
-      if (it != j.end() && it->is_object()) summary(*it);
+      s.interrupted = finish.interrupted;
+      s.finish_wall_seconds = or_zero(finish.wall);
+      s.finish_stall_seconds = stall_total(finish.stall);
+      s.finish_bytes_d2h = finish.bytes_d2h;
+      s.finish_bytes_h2d = finish.bytes_h2d;
+    } else if (event == SummaryLine::kEvent) {
+      SummaryLine summary;
+      from_json(j, summary);
+      if (summary.summary.is_object()) this->summary(std::move(summary.summary));
     }
   }
 
@@ -106,25 +87,23 @@ class StepLogReader {
   }
 
  private:
-  void start(const json& j) {
+  void start(const StartLine& line) {
     RunSegment s;
-    s.start_step = std::max<int64_t>(0, integer(j, "start_step"));
-    s.total_steps = integer(j, "total_steps");
-    s.fresh = boolean(j, "fresh");
-    s.world_size = std::max<int64_t>(1, integer(j, "world_size", 1));
-    s.device_is_cuda = boolean(j, "device_is_cuda");
-    s.tokens_per_step = integer(j, "tokens_per_step");
-    s.started_unix_seconds = number(j, "time");
-    if (const auto m = j.find("host_memory"); m != j.end() && m->is_object())
-      for (const auto& [kind, bytes] : m->items())
-        if (bytes.is_number_integer()) s.host_memory.emplace_back(kind, bytes.get<int64_t>());
-    if (const auto p = j.find("price"); p != j.end() && p->is_object()) {
-      const double rate = number(*p, "usd_per_hour");
+    s.start_step = std::max<int64_t>(0, line.start_step);
+    s.total_steps = line.total_steps;
+    s.fresh = line.fresh;
+    s.world_size = std::max<int64_t>(1, line.world_size);
+    s.device_is_cuda = line.device_is_cuda;
+    s.tokens_per_step = line.tokens_per_step;
+    s.started_unix_seconds = line.time;
+    s.host_memory = line.host_memory;
+    if (line.price) {
+      const double rate = line.price->usd_per_hour;
       if (std::isfinite(rate) && rate >= 0) s.usd_per_hour = rate;
-      s.price_instance = text(*p, "instance");
-      s.price_source = text(*p, "source");
+      s.price_instance = line.price->instance;
+      s.price_source = line.price->source;
     }
-    if (const std::string job = text(j, "job"); !job.empty()) record_.job = job;
+    if (!line.job.empty()) record_.job = line.job;
     if (s.fresh) {  // a superseded run came before
       steps_.clear();
       evals_.clear();
@@ -136,34 +115,30 @@ class StepLogReader {
     segments_.push_back(std::move(s));
   }
 
-  void step(const json& j) {
+  void step(const StepLine& line) {
     StepRecord r;
-    r.step = integer(j, "step");
+    r.step = line.step;
     if (r.step <= 0) return;
-    r.loss = number(j, "loss");
-    r.lr = number(j, "lr");
-    r.tokens = integer(j, "tokens");
-    r.skipped = boolean(j, "skipped");
+    r.loss = line.loss;
+    r.lr = line.lr;
+    r.tokens = line.tokens;
+    r.skipped = line.skipped;
     r.has_times = true;
-    r.wall = or_zero(number(j, "wall"));
-    r.compute = or_zero(number(j, "compute"));
-    r.device_optimizer = or_zero(number(j, "device_optimizer"));
+    r.wall = or_zero(line.wall);
+    r.compute = or_zero(line.compute);
+    r.device_optimizer = or_zero(line.device_optimizer);
     r.stall.assign(record_.stall_causes.size(), 0.0);
-    if (const auto st = j.find("stall"); st != j.end() && st->is_object()) {
-      for (const auto& [cause, seconds] : st->items()) {
-        size_t i = std::find(record_.stall_causes.begin(), record_.stall_causes.end(), cause) -
-                   record_.stall_causes.begin();
-        if (i == record_.stall_causes.size()) {
-          record_.stall_causes.push_back(cause);
-          r.stall.push_back(0.0);
-        }
-        r.stall[i] = seconds.is_number() ? or_zero(seconds.get<double>()) : 0.0;
+    for (const StallSeconds& st : line.stall) {
+      size_t i = std::find(record_.stall_causes.begin(), record_.stall_causes.end(), st.cause) -
+                 record_.stall_causes.begin();
+      if (i == record_.stall_causes.size()) {
+        record_.stall_causes.push_back(st.cause);
+        r.stall.push_back(0.0);
       }
+      r.stall[i] = or_zero(st.seconds);
     }
-    if (const auto b = j.find("bytes"); b != j.end() && b->is_object()) {
-      r.bytes_d2h = integer(*b, "d2h");
-      r.bytes_h2d = integer(*b, "h2d");
-    }
+    r.bytes_d2h = line.bytes_d2h;
+    r.bytes_h2d = line.bytes_h2d;
     r.segment = segments_.size() - 1;
     RunSegment& s = segments_.back();
     ++s.steps_run;
@@ -175,23 +150,21 @@ class StepLogReader {
     steps_[r.step] = std::move(r);
   }
 
-  static double stall_total(const json& j) {
+  static double stall_total(const std::vector<StallSeconds>& stall) {
     double sum = 0;
-    if (const auto st = j.find("stall"); st != j.end() && st->is_object())
-      for (const auto& [cause, seconds] : st->items())
-        if (seconds.is_number()) sum += or_zero(seconds.get<double>());
+    for (const StallSeconds& st : stall) sum += or_zero(st.seconds);
     return sum;
   }
 
-  void summary(const json& sum) {
+  void summary(nlohmann::json sum) {
     RunSegment& s = segments_.back();
-    s.summary = nlohmann::json::parse(sum.dump());
     s.finished = true;
-    s.interrupted = boolean(sum, "interrupted");
+    s.interrupted = boolean_field(sum, "interrupted");
     // The run's final validation loss is measured after its last step line.
-    const double v = number(sum, "val_loss");
-    const int64_t at = integer(sum, "steps");
+    const double v = number_field(sum, "val_loss");
+    const int64_t at = integer_field(sum, "steps");
     if (std::isfinite(v) && at > 0) evals_[at] = v;
+    s.summary = std::move(sum);
   }
 
   RunRecord record_;
@@ -230,7 +203,7 @@ RunRecord read_checkpoint_losses(const std::string& dir, bool* found) {
       continue;
     }
     r.source = trainer.string();
-    r.job = text(t, "job");
+    r.job = text_field(t, "job");
     RunSegment s;
     s.last_step = step;
     r.segments.push_back(s);
@@ -241,7 +214,7 @@ RunRecord read_checkpoint_losses(const std::string& dir, bool* found) {
       sr.loss = l.is_number() ? l.get<double>() : kNotRecorded;
       r.steps.push_back(sr);
     }
-    r.warnings.push_back(std::string("no ") + kStepLogName +
+    r.warnings.push_back(std::string("no ") + kStepLogFileName +
                          " in this directory (a run from before zenflow recorded one): the losses of " +
                          trainer.string() + " only");
     return r;
@@ -268,7 +241,7 @@ RunRecord read_run_record(const std::string& run_dir) {
   if (::stat(run_dir.c_str(), &st) != 0) throw RunRecordError(run_dir + ": no such directory");
   if (!S_ISDIR(st.st_mode))
     throw RunRecordError(run_dir + ": not a directory (a run directory is a job's checkpoint.dir)");
-  const std::string log = (fs::path(run_dir) / kStepLogName).string();
+  const std::string log = (fs::path(run_dir) / kStepLogFileName).string();
   RunRecord r;
   std::error_code ec;
   if (fs::exists(log, ec)) {
@@ -277,7 +250,7 @@ RunRecord read_run_record(const std::string& run_dir) {
     bool has_checkpoints = false;
     r = read_checkpoint_losses(run_dir, &has_checkpoints);
     if (r.source.empty())
-      throw RunRecordError(run_dir + ": not a zenflow run directory (no " + kStepLogName +
+      throw RunRecordError(run_dir + ": not a zenflow run directory (no " + kStepLogFileName +
                            (has_checkpoints ? ", and no readable trainer.json in its step-* checkpoints)"
                                             : " and no step-* checkpoints)"));
   }
@@ -307,19 +280,19 @@ RunTotals run_totals(const RunRecord& r) {
   int64_t priced_tokens = 0;
   for (const RunSegment& s : r.segments) {
     t.total_steps = s.total_steps;
-    const int64_t tokens = s.summary ? integer(*s.summary, "tokens", s.tokens_per_step * s.steps_run)
+    const int64_t tokens = s.summary ? integer_field(*s.summary, "tokens", s.tokens_per_step * s.steps_run)
                                      : s.tokens_per_step * s.steps_run;
     t.tokens += tokens;
     t.wall_seconds += s.step_wall_seconds + s.finish_wall_seconds;
     t.stall_seconds += s.step_stall_seconds + s.finish_stall_seconds;
     t.bytes_d2h += s.step_bytes_d2h + s.finish_bytes_d2h;
     t.bytes_h2d += s.step_bytes_h2d + s.finish_bytes_h2d;
-    const double summary_cost = s.summary ? number(*s.summary, "cost_usd") : kNotRecorded;
+    const double summary_cost = s.summary ? number_field(*s.summary, "cost_usd") : kNotRecorded;
     if (std::isfinite(summary_cost)) {
       t.priced = true;
       t.cost_usd += summary_cost;
-      t.usd_lost_to_stalls += or_zero(number(*s.summary, "usd_lost_to_stalls"));
-      t.usd_per_hour = or_zero(number(*s.summary, "usd_per_hour"));
+      t.usd_lost_to_stalls += or_zero(number_field(*s.summary, "usd_lost_to_stalls"));
+      t.usd_per_hour = or_zero(number_field(*s.summary, "usd_per_hour"));
       priced_tokens += tokens;
     } else if (s.usd_per_hour) {
       t.priced = true;

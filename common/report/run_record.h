@@ -1,7 +1,7 @@
 // A run directory read back for `zenflow report`: what its training recorded, step by step.
 //
-// The source is checkpoint.dir/steps.jsonl (worker/rank/step_log.h writes it; the format is
-// described there). Reading it trusts nothing: a line that is not a JSON object (a run
+// The source is checkpoint.dir/steps.jsonl (worker/rank/step_log.h writes it; its lines are
+// defined in step_log_lines.h). Reading it trusts nothing: a line that is not a JSON object (a run
 // killed in the middle of its last line, a damaged file) is skipped with a warning, a
 // missing or null number reads as NaN, an unknown event or key is ignored, so whatever
 // complete lines a file has make a record. A directory from before steps.jsonl existed is
@@ -22,13 +22,14 @@
 #pragma once
 
 #include <cstdint>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "common/report/step_log_lines.h"
 
 namespace zenflow::report {
 
@@ -38,8 +39,6 @@ class RunRecordError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
-
-constexpr double kNotRecorded = std::numeric_limits<double>::quiet_NaN();
 
 struct StepRecord {
   int64_t step = 0;  // 1-based steps done

@@ -17,21 +17,18 @@
 
 namespace zenflow {
 
+// The spec is checked first, against config.json alone, by hf_config_from_spec
+// (common/model/spec_model_config.h), whose errors this throws before any weight is read.
 // model.from set: loads that Hugging Face directory (load_hf_model) onto `device` in
 // `dtype` (Undefined: the checkpoint's dtype); config.json decides the architecture, and
 // model.config must be empty. When the spec wrote model.arch (arch_given) it must match
 // the directory's (mistral and qwen2 count as llama), else std::invalid_argument
 // "model.arch: 'gpt2' contradicts model.from (DIR/config.json is a llama model); remove
-// model.arch or change it", thrown before any weight is read. The model's vocab_size must
-// be >= `tokenizer_vocab`.
+// model.arch or change it". The model's vocab_size must be >= `tokenizer_vocab`.
 // Otherwise random init from `seed` (on the CPU in fp32, then moved to device/dtype when
-// given) of model.arch with model.config's keys:
-//   llama: the HF LlamaConfig keys of ModelSpec (hidden_size, ..., tie_word_embeddings);
-//   gpt2:  hidden_size -> n_embd, num_hidden_layers -> n_layer, num_attention_heads ->
-//          n_head, intermediate_size -> n_inner, max_position_embeddings -> n_positions,
-//          vocab_size, initializer_range, tie_word_embeddings (num_key_value_heads,
-//          rope_theta, rms_norm_eps are rejected).
-// vocab_size defaults to tokenizer_vocab and may not be smaller.
+// given) of model.arch with model.config's keys, as llama_config_from_spec /
+// gpt2_config_from_spec map them (vocab_size defaults to tokenizer_vocab and may not be
+// smaller).
 // `info` (optional) receives everything but the model: config (config.json as read, or
 // generated for random init), arch, model_type, checkpoint_dtype (kFloat for random
 // init) and source_dir. Throws std::invalid_argument("model.<key>: ...") for spec

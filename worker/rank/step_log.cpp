@@ -6,9 +6,6 @@
 
 #include <cerrno>
 #include <chrono>
-#include <cmath>
-#include <cstdarg>
-#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -19,31 +16,30 @@ namespace zenflow {
 
 namespace {
 
-using Line = nlohmann::ordered_json;  // keys in the order written: "event" first
-
-Line number(double x) { return std::isfinite(x) ? Line(x) : Line(nullptr); }
-
-// printf into buf + at (of `cap`); the new length, or -1 when it does not fit (or at < 0).
-int put(char* buf, int cap, int at, const char* fmt, ...) noexcept __attribute__((format(printf, 4, 5)));
-int put(char* buf, int cap, int at, const char* fmt, ...) noexcept {
-  if (at < 0 || at >= cap) return -1;
-  va_list ap;
-  va_start(ap, fmt);
-  const int n = std::vsnprintf(buf + at, static_cast<size_t>(cap - at), fmt, ap);
-  va_end(ap);
-  return n < 0 || n >= cap - at ? -1 : at + n;
+// The engine's stall causes in its order, their seconds filled in per line.
+std::vector<report::StallSeconds> engine_stall_causes() {
+  std::vector<report::StallSeconds> causes;
+  for (int c = 0; c < engine::kNumStallCauses; ++c)
+    causes.push_back({engine::stall_cause_name(static_cast<engine::StallCause>(c)), 0.0});
+  return causes;
 }
 
-// A double as JSON: shortest text that reads back as the same double is not available to
-// printf, so 17 significant digits (exact round trip); null when not finite.
-int put_number(char* buf, int cap, int at, double x) noexcept {
-  return std::isfinite(x) ? put(buf, cap, at, "%.17g", x) : put(buf, cap, at, "null");
+// `t`'s stalls and bytes into a line whose causes engine_stall_causes() named.
+template <typename Line>
+void copy_stalls_and_bytes(const engine::StepTimes& t, Line& line) noexcept {
+  for (int c = 0; c < engine::kNumStallCauses; ++c)
+    line.stall[static_cast<size_t>(c)].seconds = t.stall_seconds[c];
+  line.bytes_d2h = t.transfer_bytes[static_cast<int>(engine::Direction::kD2H)];
+  line.bytes_h2d = t.transfer_bytes[static_cast<int>(engine::Direction::kH2D)];
 }
 
 }  // namespace
 
 StepLog::StepLog(std::string path, std::string job, bool fresh, std::optional<StepLogPrice> price)
-    : path_(std::move(path)), job_(std::move(job)), fresh_(fresh), price_(std::move(price)) {}
+    : path_(std::move(path)), job_(std::move(job)), fresh_(fresh), price_(std::move(price)) {
+  step_.stall = engine_stall_causes();
+  finish_.stall = engine_stall_causes();
+}
 
 StepLog::~StepLog() {
   if (fd_ >= 0) ::close(fd_);
@@ -55,106 +51,79 @@ void StepLog::on_start(const RunFacts& f) {
     if (fd_ < 0)
       throw std::runtime_error(path_ + ": cannot open the run's step log: " + std::strerror(errno));
   }
-  tokens_per_step_ = f.tokens_per_step;
-  Line price(nullptr);
+  step_.tokens = f.tokens_per_step;
+  report::StartLine start;
+  start.job = job_;
+  start.start_step = f.start_step;
+  start.total_steps = f.total_steps;
+  start.fresh = fresh_;
+  start.world_size = f.world_size;
+  start.device_is_cuda = f.device_is_cuda;
+  start.tokens_per_step = f.tokens_per_step;
+  start.time = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  namespace kind = report::host_memory_kind;
+  start.host_memory = {{kind::kMaster, f.host_master_bytes},
+                       {kind::kMoments, f.host_moments_bytes},
+                       {kind::kAccumulators, f.host_accumulator_bytes},
+                       {kind::kPinned, f.pinned_host_bytes},
+                       {kind::kStaging, f.host_staging_bytes},
+                       {kind::kHostTotal, f.host_total_memory_bytes}};
   if (price_) {
     const int64_t gpus_used = f.device_is_cuda ? f.world_size : 0;
-    price = Line{
-        {"usd_per_hour", price_->instance_usd_per_hour * instance_share(gpus_used, price_->gpus_of_instance)},
-        {"instance_usd_per_hour", price_->instance_usd_per_hour},
-        {"gpus_of_instance", price_->gpus_of_instance},
-        {"instance", price_->instance.empty() ? Line(nullptr) : Line(price_->instance)},
-        {"source", price_->source}};
+    report::StartPrice price;
+    price.usd_per_hour = price_->instance_usd_per_hour * instance_share(gpus_used, price_->gpus_of_instance);
+    price.instance_usd_per_hour = price_->instance_usd_per_hour;
+    price.gpus_of_instance = price_->gpus_of_instance;
+    price.instance = price_->instance;
+    price.source = price_->source;
+    start.price = std::move(price);
   }
-  const double now =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  const Line start{{"event", "start"},
-                   {"job", job_},
-                   {"start_step", f.start_step},
-                   {"total_steps", f.total_steps},
-                   {"fresh", fresh_},
-                   {"world_size", f.world_size},
-                   {"device_is_cuda", f.device_is_cuda},
-                   {"tokens_per_step", f.tokens_per_step},
-                   {"time", number(now)},
-                   {"host_memory",
-                    {{"master", f.host_master_bytes},
-                     {"moments", f.host_moments_bytes},
-                     {"accumulators", f.host_accumulator_bytes},
-                     {"pinned", f.pinned_host_bytes},
-                     {"staging", f.host_staging_bytes},
-                     {"host_total", f.host_total_memory_bytes}}},
-                   {"price", price}};
-  const std::string text = start.dump(-1, ' ', false, Line::error_handler_t::replace) + "\n";
+  const std::string text = report::format_line(start);
   write_line(text.data(), text.size());
-}
-
-int StepLog::append_times(int at, const engine::StepTimes& t) noexcept {
-  const int cap = static_cast<int>(sizeof line_);
-  at = put(line_, cap, at, "\"stall\":{");
-  for (int c = 0; c < engine::kNumStallCauses; ++c) {
-    at = put(line_, cap, at, "%s\"%s\":", c ? "," : "",
-             engine::stall_cause_name(static_cast<engine::StallCause>(c)));
-    at = put_number(line_, cap, at, t.stall_seconds[c]);
-  }
-  return put(line_, cap, at, "},\"bytes\":{\"d2h\":%lld,\"h2d\":%lld}",
-             static_cast<long long>(t.transfer_bytes[static_cast<int>(engine::Direction::kD2H)]),
-             static_cast<long long>(t.transfer_bytes[static_cast<int>(engine::Direction::kH2D)]));
 }
 
 void StepLog::on_step(const TrainingStep& s) noexcept {
   if (fd_ < 0) return;
-  const int cap = static_cast<int>(sizeof line_);
-  int at = put(line_, cap, 0, "{\"event\":\"step\",\"step\":%lld,\"loss\":", static_cast<long long>(s.step));
-  at = put_number(line_, cap, at, s.loss);
-  at = put(line_, cap, at, ",\"lr\":");
-  at = put_number(line_, cap, at, s.lr);
-  at = put(line_, cap, at, ",\"tokens\":%lld,\"skipped\":%s,\"staleness_steps\":%lld,\"selected_ratio\":",
-           static_cast<long long>(tokens_per_step_), s.skipped ? "true" : "false",
-           static_cast<long long>(s.staleness_steps));
-  at = put_number(line_, cap, at, s.selected_ratio);
-  at = put(line_, cap, at, ",\"wall\":");
-  at = put_number(line_, cap, at, s.times.wall_seconds);
-  at = put(line_, cap, at, ",\"compute\":");
-  at = put_number(line_, cap, at, s.times.compute_seconds);
-  at = put(line_, cap, at, ",\"device_optimizer\":");
-  at = put_number(line_, cap, at, s.times.device_optimizer_seconds);
-  at = put(line_, cap, at, ",");
-  at = append_times(at, s.times);
-  at = put(line_, cap, at, "}\n");
-  if (at > 0) write_line(line_, static_cast<size_t>(at));
+  step_.step = s.step;
+  step_.loss = s.loss;
+  step_.lr = s.lr;
+  step_.skipped = s.skipped;
+  step_.staleness_steps = s.staleness_steps;
+  step_.selected_ratio = s.selected_ratio;
+  step_.wall = s.times.wall_seconds;
+  step_.compute = s.times.compute_seconds;
+  step_.device_optimizer = s.times.device_optimizer_seconds;
+  copy_stalls_and_bytes(s.times, step_);
+  const int n = report::format_line(step_, line_, static_cast<int>(sizeof line_));
+  if (n > 0) write_line(line_, static_cast<size_t>(n));
 }
 
 void StepLog::on_eval(int64_t step, double val_loss) noexcept {
   if (fd_ < 0 || !(val_loss >= 0)) return;  // < 0: no validation set
-  const int cap = static_cast<int>(sizeof line_);
-  int at =
-      put(line_, cap, 0, "{\"event\":\"eval\",\"step\":%lld,\"val_loss\":", static_cast<long long>(step));
-  at = put_number(line_, cap, at, val_loss);
-  at = put(line_, cap, at, "}\n");
-  if (at > 0) write_line(line_, static_cast<size_t>(at));
+  report::EvalLine eval;
+  eval.step = step;
+  eval.val_loss = val_loss;
+  const int n = report::format_line(eval, line_, static_cast<int>(sizeof line_));
+  if (n > 0) write_line(line_, static_cast<size_t>(n));
 }
 
 void StepLog::on_finish(const TrainingEnd& end) noexcept {
   if (fd_ < 0) return;
-  const int cap = static_cast<int>(sizeof line_);
-  int at = put(line_, cap, 0, "{\"event\":\"finish\",\"steps\":%lld,\"interrupted\":%s,\"wall\":",
-               static_cast<long long>(end.steps), end.interrupted ? "true" : "false");
-  at = put_number(line_, cap, at, end.finish.wall_seconds);
-  at = put(line_, cap, at, ",");
-  at = append_times(at, end.finish);
-  at = put(line_, cap, at, "}\n");
-  if (at > 0) write_line(line_, static_cast<size_t>(at));
+  finish_.steps = end.steps;
+  finish_.interrupted = end.interrupted;
+  finish_.wall = end.finish.wall_seconds;
+  copy_stalls_and_bytes(end.finish, finish_);
+  const int n = report::format_line(finish_, line_, static_cast<int>(sizeof line_));
+  if (n > 0) write_line(line_, static_cast<size_t>(n));
 }
 
 void StepLog::write_summary(const nlohmann::json& summary) noexcept {
   if (fd_ < 0) return;
   try {
-    nlohmann::json kept = summary;
-    kept.erase("losses");  // the step lines hold them
-    const std::string text =
-        Line{{"event", "summary"}, {"summary", kept}}.dump(-1, ' ', false, Line::error_handler_t::replace) +
-        "\n";
+    report::SummaryLine line;
+    line.summary = summary;
+    line.summary.erase("losses");  // the step lines hold them
+    const std::string text = report::format_line(line);
     write_line(text.data(), text.size());
   } catch (...) {  // out of memory: the summary is lost, the run is not
   }

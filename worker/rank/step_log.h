@@ -1,24 +1,6 @@
 // The run's own record in its directory: checkpoint.dir/steps.jsonl, appended by rank 0 as
-// it trains, read by `zenflow report` (common/report/run_record.h).
-//
-// One JSON object per line, keys in this order; each process that runs the job appends
-// its lines (a resumed run continues the file):
-//   {"event":"start","job":J,"start_step":S,"total_steps":T,"fresh":B,"world_size":W,
-//    "device_is_cuda":B,"tokens_per_step":N,"time":UNIX_SECONDS,
-//    "host_memory":{"master":..,"moments":..,"accumulators":..,"pinned":..,"staging":..,
-//                   "host_total":..},
-//    "price":{"usd_per_hour":..,"instance_usd_per_hour":..,"gpus_of_instance":..,
-//             "instance":..,"source":..} | null}
-//   {"event":"step","step":N,"loss":..,"lr":..,"tokens":..,"skipped":B,"staleness_steps":..,
-//    "selected_ratio":..,"wall":..,"compute":..,"device_optimizer":..,
-//    "stall":{"host_optimizer":..,...every stall cause of docs/design.md},"bytes":{"d2h":..,"h2d":..}}
-//   {"event":"eval","step":N,"val_loss":..}
-//   {"event":"finish","steps":N,"interrupted":B,"wall":..,"stall":{...},"bytes":{...}}
-//   {"event":"summary","summary":{what `zenflow run --json` prints, less "losses"}}
-// Times are rank 0's seconds, bytes rank 0's, "tokens" the step's global batch positions
-// (tokens_per_step); a non-finite number is null. "fresh": the run was started with
-// --fresh (earlier lines belong to a superseded run). price.usd_per_hour is the job's rate
-// (the instance's × its share, common/pricing.h); price is null when the job is not priced.
+// it trains, read by `zenflow report` (common/report/run_record.h). The lines are defined
+// once, in common/report/step_log_lines.h; this is their writer.
 //
 // Cost: a step line is formatted into a fixed buffer and written with one write(2) on an
 // O_APPEND descriptor: no allocation, no lock, no user-space buffer (every line is in the
@@ -29,10 +11,10 @@
 #pragma once
 
 #include <cstdint>
-#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 
+#include "common/report/step_log_lines.h"
 #include "worker/rank/training_observer.h"
 
 namespace zenflow {
@@ -47,7 +29,7 @@ struct StepLogPrice {
 
 class StepLog : public TrainingObserver {
  public:
-  static constexpr const char* kFileName = "steps.jsonl";
+  static constexpr const char* kFileName = report::kStepLogFileName;
 
   // `path`: the file to append to (created when absent, in a directory that exists by
   // on_start: rank 0 holds checkpoint.dir's lock then). Opens nothing yet.
@@ -69,16 +51,16 @@ class StepLog : public TrainingObserver {
 
  private:
   void write_line(const char* data, size_t size) noexcept;
-  // Appends `"stall":{...},"bytes":{...}` of `t` at line_ + at; returns the new length
-  // (or -1 when it does not fit).
-  int append_times(int at, const engine::StepTimes& t) noexcept;
 
   std::string path_;
   std::string job_;
   bool fresh_;
   std::optional<StepLogPrice> price_;
   int fd_ = -1;
-  int64_t tokens_per_step_ = 0;
+  // Reused for every step and for the end, their stall causes named once here, so that
+  // writing them allocates nothing.
+  report::StepLine step_;
+  report::FinishLine finish_;
   char line_[2048];
 };
 
