@@ -625,6 +625,23 @@ TEST(AdvisorModelConfig, Llama3_8BHasItsExactShapes) {
   fs::remove_all(dir, ec);
 }
 
+// GPT-2 (124M, tied embeddings) through the same path: its own layer's saved tensors (two
+// LayerNorm inputs, c_attn's and c_fc's inputs, the fused qkv, SDPA's output and c_proj's
+// input: 9 x 2 x 768; GELU's input and output 2 x 2 x 3072; LayerNorm statistics and the
+// logsumexp).
+TEST(AdvisorModelConfig, Gpt2HasItsOwnLayers) {
+  const fs::path dir = scratch();
+  const ModelShape m = load_model_shape(
+      write_config(dir, "config.json", R"({"model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024,
+        "n_embd": 768, "n_layer": 12, "n_head": 12})")
+          .string());
+  EXPECT_EQ(m.arch, "gpt2");
+  EXPECT_EQ(m.parameters, 124439808);
+  EXPECT_EQ(m.layer_activation_bytes_per_token(2), 9 * 2 * 768 + 2 * 2 * 3072 + 16 + 4 * 12);
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
 // A rank's memory by kind for Llama-3-8B on one GPU, zenflow at top-k 10%: bf16 weights and
 // gradients, fp32 master + m + v of the selected columns and the norms, the engine's device
 // staging of split gradients (two stages and the H2D buffer), activations with and without
