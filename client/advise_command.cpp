@@ -2,7 +2,10 @@
 // predicted from the job's own measured profile (common/advisor), in dollars. A JOB_ID is
 // a job of a coordinator, which keeps the profile of its newest attempt that trained long
 // enough (the worker agent runs rank 0 with --profile-if-possible and uploads it).
+// --model-config sizes the job for a Hugging Face model's exact shapes (its config.json)
+// instead of the profiled model scaled; every row trains the job's global batch.
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -13,6 +16,7 @@
 #include "common/advisor/advice.h"
 #include "common/advisor/hardware.h"
 #include "common/advisor/job_profile.h"
+#include "common/advisor/model_memory.h"
 #include "common/advisor/step_model.h"
 #include "common/pricing.h"
 
@@ -23,7 +27,8 @@ struct AdviseArgs {
   std::string profile;  // a profile.yaml, a run directory, or a coordinator's job id
   CoordinatorFlags coordinator;
   std::vector<std::string> catalogs;
-  std::string instance;  // "" every catalog instance; "local": this host
+  std::string instance;      // "" every catalog instance; "local": this host
+  std::string model_config;  // a config.json (or its directory): the model's exact shapes
   std::vector<std::string> sets;
   double deadline_hours = 0;
   double budget_usd = 0;
@@ -94,6 +99,29 @@ int advise(const AdviseArgs& a) {
       if (s.find(key) != std::string::npos) return true;
     return false;
   };
+  std::string model_line;
+  if (!a.model_config.empty()) {
+    if (explicitly("parameters")) {
+      std::cerr << "zenflow: --set parameters and --model-config both size the model: give one\n";
+      return kExitBadInput;
+    }
+    try {
+      base.model = load_model_shape(a.model_config);
+    } catch (const ModelConfigError& e) {
+      std::cerr << "zenflow: invalid model config: " << e.what() << "\n";
+      return kExitBadInput;
+    }
+    char n[32];
+    std::snprintf(n, sizeof n, "%.3g", static_cast<double>(base.model->parameters));
+    model_line = base.model->arch + ", " + n + " parameters, " + std::to_string(base.model->layers) +
+                 " layers, hidden " + std::to_string(base.model->hidden) + " (" + base.model->source + ")";
+  } else if (explicitly("activation_checkpointing")) {
+    std::cerr << "zenflow: --set activation_checkpointing needs --model-config (activations are counted "
+                 "from the model's layer shapes)\n";
+    return kExitBadInput;
+  }
+  // Every row trains the job's global batch: W GPUs share it instead of each taking its own.
+  base.global_batch = base.micro_batch * base.grad_accum * std::max<int64_t>(1, base.ranks);
   std::vector<Instance> instances;
   const std::string today = today_utc();
   if (a.instance == "local") {
@@ -130,9 +158,10 @@ int advise(const AdviseArgs& a) {
       preds.push_back(predict(profile, in, s, steps));
     }
   }
-  const Advice advice = rank(std::move(preds), steps,
-                             a.deadline_hours > 0 ? std::optional<double>(a.deadline_hours) : std::nullopt,
-                             a.budget_usd > 0 ? std::optional<double>(a.budget_usd) : std::nullopt);
+  Advice advice = rank(std::move(preds), steps,
+                       a.deadline_hours > 0 ? std::optional<double>(a.deadline_hours) : std::nullopt,
+                       a.budget_usd > 0 ? std::optional<double>(a.budget_usd) : std::nullopt);
+  advice.model = model_line;
   if (a.json)
     std::cout << advice_json(advice, profile).dump(2) << std::endl;
   else
@@ -161,7 +190,13 @@ CommandRegistrar reg(45, [](CommandContext& ctx) {
                   "named local)");
   cmd->add_option("--set", args->sets,
                   "Ask about the job with another setting: mode, micro_batch, grad_accum, seq_len, ranks, "
-                  "update_interval, topk_ratio, host_threads, compute_threads, parameters (7B) (repeatable)");
+                  "update_interval, topk_ratio, host_threads, compute_threads, parameters (7B), "
+                  "activation_checkpointing (with --model-config; default: only where needed) (repeatable)");
+  cmd->add_option(
+      "--model-config", args->model_config,
+      "A Hugging Face config.json (Llama, Mistral, Qwen2, GPT-2) or its model directory: size the "
+      "job for that model's exact shapes (parameters, FLOPs, activations per layer) instead of "
+      "the profiled model scaled");
   auto* deadline =
       cmd->add_option("--deadline", args->deadline_hours, "Hours: the cheapest answer that finishes in time")
           ->check(CLI::PositiveNumber);

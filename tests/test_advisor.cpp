@@ -6,12 +6,14 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "common/advisor/advice.h"
 #include "common/advisor/hardware.h"
 #include "common/advisor/job_profile.h"
+#include "common/advisor/model_memory.h"
 #include "common/advisor/step_model.h"
 #include "common/pricing.h"
 #include "tests/support/shell.h"
@@ -569,6 +571,243 @@ TEST(AdvisorInputs, FlagsOldPricesAndAssumedConstants) {
   bool stale = false;
   for (const std::string& n : a.notes) stale |= n.find("days old") != std::string::npos;
   EXPECT_TRUE(stale);
+}
+
+// Meta's Llama-3-8B config.json (the keys that size it).
+const char* kLlama3_8B = R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+  "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192,
+  "rope_theta": 500000.0, "rms_norm_eps": 1e-05, "hidden_act": "silu", "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16"})";
+// Llama-2-70B's.
+const char* kLlama2_70B = R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+  "intermediate_size": 28672, "vocab_size": 32000, "max_position_embeddings": 4096,
+  "rope_theta": 10000.0, "rms_norm_eps": 1e-05, "hidden_act": "silu", "tie_word_embeddings": false})";
+
+fs::path write_config(const fs::path& dir, const std::string& name, const std::string& json) {
+  fs::create_directories(dir);
+  const fs::path path = dir / name;
+  write_file(path, json);
+  return path;
+}
+
+// `zenflow advise` of qwen_profile() with a model config; its JSON, or its stderr when it fails.
+int advise_cli(const fs::path& dir, const fs::path& config, const std::string& flags, nlohmann::json* out,
+               std::string* text) {
+  const fs::path profile = dir / "profile.yaml";
+  write_file(profile, qwen_profile().to_yaml());
+  const std::string cmd =
+      kZenflow + " advise " + profile.string() + " --model-config " + config.string() + " " + flags + " 2>&1";
+  const int rc = run(cmd, text);
+  if (rc == 0 && out && flags.find("--json") != std::string::npos) *out = nlohmann::json::parse(*text);
+  return rc;
+}
+
+TEST(AdvisorModelConfig, Llama3_8BHasItsExactShapes) {
+  const fs::path dir = scratch();
+  const ModelShape m = load_model_shape(write_config(dir, "config.json", kLlama3_8B).string());
+  EXPECT_EQ(m.arch, "llama");
+  EXPECT_NEAR(static_cast<double>(m.parameters), 8.03e9, 0.005 * 8.03e9);
+  EXPECT_EQ(m.parameters, 8030261248);  // meta-llama/Meta-Llama-3-8B's safetensors
+  EXPECT_EQ(m.attention_width(), 4096);
+  // Every matrix is split (the 65 norm weights are not): embeddings, lm_head, 7 per layer.
+  EXPECT_EQ(m.split_matrices.size(), 2u + 7u * 32u);
+  EXPECT_EQ(m.split_parameters(), m.parameters - 65 * 4096);
+  // Top 10% of columns: floor(409.6) of q/k/v/o/gate/up's 4096 inputs, 1433 of down's 14336.
+  EXPECT_EQ(m.selected_parameters(0.1),
+            2 * 128256 * 409 + 32 * ((4096 + 1024 + 1024 + 4096 + 14336 + 14336) * 409 + 4096 * 1433));
+  // One layer's saved tensors per token (bf16): two RMSNorms 2 x 8 x 4096, q/k/v/out and
+  // o_proj's input 5 x 2 x 4096, the logsumexp 4 x 32, SwiGLU 4 x 2 x 14336.
+  EXPECT_EQ(m.layer_activation_bytes_per_token(2), 65536 + 40960 + 128 + 114688);
+  EXPECT_EQ(m.head_activation_bytes_per_token(2), 8 * 4096 + 12 * 128256);
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+// GPT-2 (124M, tied embeddings) through the same path: its own layer's saved tensors (two
+// LayerNorm inputs, c_attn's and c_fc's inputs, the fused qkv, SDPA's output and c_proj's
+// input: 9 x 2 x 768; GELU's input and output 2 x 2 x 3072; LayerNorm statistics and the
+// logsumexp).
+TEST(AdvisorModelConfig, Gpt2HasItsOwnLayers) {
+  const fs::path dir = scratch();
+  const ModelShape m = load_model_shape(
+      write_config(dir, "config.json", R"({"model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024,
+        "n_embd": 768, "n_layer": 12, "n_head": 12})")
+          .string());
+  EXPECT_EQ(m.arch, "gpt2");
+  EXPECT_EQ(m.parameters, 124439808);
+  EXPECT_EQ(m.layer_activation_bytes_per_token(2), 9 * 2 * 768 + 2 * 2 * 3072 + 16 + 4 * 12);
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+// A rank's memory by kind for Llama-3-8B on one GPU, zenflow at top-k 10%: bf16 weights and
+// gradients, fp32 master + m + v of the selected columns and the norms, the engine's device
+// staging of split gradients (two stages and the H2D buffer), activations with and without
+// checkpointing. W = 8 partitions the H2D buffer and the host state, and adds the
+// all-reduce buffer of the selected columns.
+TEST(AdvisorModelConfig, RankMemoryFollowsTheEngineAndTheForward) {
+  const fs::path dir = scratch();
+  const ModelShape m = load_model_shape(write_config(dir, "config.json", kLlama3_8B).string());
+  RankJob job;
+  job.mode = "zenflow", job.micro_batch = 8, job.seq_len = 512, job.topk_ratio = 0.1;
+  const double P = 8030261248.0, split = static_cast<double>(m.split_parameters());
+  const double sel = static_cast<double>(m.selected_parameters(0.1));
+  const RankMemory one = rank_memory(m, job);
+  EXPECT_DOUBLE_EQ(one.weights, 2 * P);
+  EXPECT_DOUBLE_EQ(one.gradients, 2 * P);
+  EXPECT_DOUBLE_EQ(one.optimizer_state, 12 * (P - split + sel));
+  EXPECT_DOUBLE_EQ(one.transfer_staging, 3 * 2 * split);
+  EXPECT_DOUBLE_EQ(one.collective_buffers, 0);
+  EXPECT_DOUBLE_EQ(one.host_optimizer, split * (20 + 8 + 4));
+  const double tokens = 8 * 512;
+  EXPECT_DOUBLE_EQ(one.activations, tokens * (32 * 221312.0 + 8 * 4096 + 12 * 128256));
+  job.activation_checkpointing = true;
+  const RankMemory ckpt = rank_memory(m, job);
+  EXPECT_DOUBLE_EQ(ckpt.activations, tokens * (32 * 2 * 4096.0 + 221312 + 8 * 4096 + 12 * 128256));
+  EXPECT_LT(ckpt.activations, 0.25 * one.activations);
+  job.ranks = 8;
+  const RankMemory eight = rank_memory(m, job);
+  EXPECT_DOUBLE_EQ(eight.transfer_staging, 2 * 2 * split + 2 * std::ceil(split / 8));
+  EXPECT_DOUBLE_EQ(eight.collective_buffers, 2 * (P - split + sel) + kNcclBufferBytes);
+  EXPECT_DOUBLE_EQ(eight.host_optimizer, std::ceil(split / 8) * (20 + 8 + 4 + 2));
+  job.ranks = 1, job.mode = "device";
+  EXPECT_DOUBLE_EQ(rank_memory(m, job).optimizer_state, 12 * P);
+  EXPECT_DOUBLE_EQ(rank_memory(m, job).transfer_staging, 0);
+  job.mode = "offload";
+  EXPECT_DOUBLE_EQ(rank_memory(m, job).optimizer_state, 0);
+  EXPECT_DOUBLE_EQ(rank_memory(m, job).transfer_staging, 3 * 2 * P);
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+// `zenflow advise --json` of qwen_profile() for Llama-3-8B with `flags`.
+nlohmann::json advise_llama3(const fs::path& dir, const std::string& flags) {
+  nlohmann::json a;
+  std::string text;
+  EXPECT_EQ(advise_cli(dir, write_config(dir, "config.json", kLlama3_8B), flags + " --json", &a, &text), 0)
+      << text;
+  return a;
+}
+
+const nlohmann::json& row(const nlohmann::json& advice, const std::string& instance,
+                          const std::string& mode) {
+  for (const nlohmann::json& r : advice["predictions"])
+    if (r["instance"] == instance && r["mode"] == mode) return r;
+  throw std::runtime_error("no row " + instance + " " + mode);
+}
+
+// Llama-3-8B at 8192 tokens a sequence, the profile's global batch of 16 sequences: zenflow
+// fits 8 x H200 (p5en.48xlarge) only with activation checkpointing (2 sequences per GPU in
+// one micro-batch: 31 GiB of activations; without checkpointing a micro-batch of 1 keeps 66),
+// and the advisor says it assumed it. No single 80 GB GPU holds it in any mode: the engine's device staging
+// of split gradients (two stages of every split element and the H2D buffer, 44.9 GiB in bf16) next to the
+// weights and gradients (15 GiB each) and the top-10% state (9 GiB) is 84 GiB before activations, and its
+// host state (32 B per split element, 243 GiB) exceeds p5.4xlarge's usable RAM.
+TEST(AdvisorModelConfig, Llama3_8BFitsZenflowWithActivationCheckpointing) {
+  const fs::path dir = scratch();
+  nlohmann::json a = advise_llama3(dir, "--set seq_len=8192");
+  const nlohmann::json& h200 = row(a, "p5en.48xlarge", "zenflow");
+  EXPECT_TRUE(h200["fits"].get<bool>()) << h200["why_not"];
+  EXPECT_TRUE(h200["activation_checkpointing"].get<bool>());
+  EXPECT_EQ(h200["ranks"], 8);
+  EXPECT_EQ(h200["micro_batch"], 2);
+  EXPECT_EQ(h200["grad_accum"], 1);
+  EXPECT_NEAR(h200["gpu_memory_parts_gib"]["activations"].get<double>(),
+              2 * 8192 * (32 * 2 * 4096.0 + 221312 + 8 * 4096 + 12 * 128256) / (1 << 30), 1e-9);
+  EXPECT_EQ(a["recommendation"]["instance"], "p5en.48xlarge");
+  EXPECT_EQ(a["recommendation"]["mode"], "zenflow");
+  const nlohmann::json& h100 = row(a, "p5.4xlarge", "zenflow");
+  EXPECT_FALSE(h100["fits"].get<bool>());
+  EXPECT_NEAR(h100["gpu_memory_parts_gib"]["transfer_staging"].get<double>(), 44.9, 0.05);
+  EXPECT_NE(h100["why_not"][0].get<std::string>().find("transfer staging 44.9"), std::string::npos)
+      << h100["why_not"];
+  for (const nlohmann::json& r : a["predictions"])
+    if (r["ranks"] == 1) {
+      EXPECT_FALSE(r["fits"].get<bool>()) << r["instance"] << " " << r["mode"];
+    }
+  // The table says it too: a ckpt column and the note on what checkpointing costs.
+  std::string text;
+  ASSERT_EQ(advise_cli(dir, dir / "config.json", "--set seq_len=8192", nullptr, &text), 0) << text;
+  EXPECT_NE(text.find("ckpt"), std::string::npos) << text;
+  EXPECT_NE(text.find("note: ckpt yes: activation checkpointing assumed"), std::string::npos) << text;
+  // Fixed off by --set, the same row no longer fits.
+  a = advise_llama3(dir, "--set seq_len=8192 --set train.activation_checkpointing=false");
+  EXPECT_FALSE(row(a, "p5en.48xlarge", "zenflow")["fits"].get<bool>());
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+// Every row trains the profile's global batch (micro-batch 8 x 2 ranks = 16 sequences): the
+// 8-GPU row 2 per GPU, the 1-GPU row 16 as accumulated micro-batches, the same tokens a step,
+// so the job's $ compare. The output says so.
+TEST(AdvisorModelConfig, EightGpusTrainTheGlobalBatchOfOne) {
+  const fs::path dir = scratch();
+  const nlohmann::json a = advise_llama3(dir, "");
+  const nlohmann::json& eight = row(a, "p5.48xlarge", "zenflow");
+  const nlohmann::json& one = row(a, "p5.4xlarge", "zenflow");
+  EXPECT_EQ(eight["ranks"], 8);
+  EXPECT_EQ(one["ranks"], 1);
+  EXPECT_EQ(eight["micro_batch"].get<int64_t>() * eight["grad_accum"].get<int64_t>() * 8, 16);
+  EXPECT_EQ(one["micro_batch"].get<int64_t>() * one["grad_accum"].get<int64_t>(), 16);
+  EXPECT_EQ(eight["tokens_per_step"], 16 * 512);
+  EXPECT_EQ(one["tokens_per_step"], 16 * 512);
+  for (const nlohmann::json& r : a["predictions"]) {
+    EXPECT_EQ(r["global_batch"], 16);
+    EXPECT_EQ(r["tokens_per_step"], 16 * 512) << r["instance"];
+  }
+  bool said = false;
+  for (const nlohmann::json& n : a["notes"])
+    said |= n.get<std::string>().find("global batch held at 16 sequences") != std::string::npos;
+  EXPECT_TRUE(said) << a["notes"];
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+// Llama-2-70B's bf16 weights and gradients alone (257 GiB) exceed every GPU of the catalog:
+// without sharded parameters (train.shard, not in the engine) nothing fits.
+TEST(AdvisorModelConfig, Llama2_70BFitsNothingWithoutShardedParameters) {
+  const fs::path dir = scratch();
+  nlohmann::json a;
+  std::string text;
+  ASSERT_EQ(advise_cli(dir, write_config(dir, "config.json", kLlama2_70B), "--json", &a, &text), 0) << text;
+  EXPECT_TRUE(a["best"].is_null());
+  for (const nlohmann::json& r : a["predictions"]) {
+    EXPECT_FALSE(r["fits"].get<bool>()) << r["instance"] << " " << r["mode"];
+    EXPECT_NEAR(r["gpu_memory_parts_gib"]["weights"].get<double>(), 2 * 68976648192.0 / (1 << 30), 1e-6);
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+// A bad config.json is bad input (exit 2) with the path and the key; so are the settings
+// that contradict it.
+TEST(AdvisorModelConfig, MalformedConfigNamesThePathAndTheKey) {
+  const fs::path dir = scratch();
+  std::string bad = kLlama3_8B;
+  bad.replace(bad.find("\"hidden_size\": 4096"), 19, "\"hidden_size\": \"4k\"");
+  const fs::path cfg = write_config(dir, "bad.json", bad);
+  std::string text;
+  EXPECT_EQ(advise_cli(dir, cfg, "", nullptr, &text), 2);
+  EXPECT_NE(text.find(cfg.string() + ": key 'hidden_size' must be an integer, got \"4k\""), std::string::npos)
+      << text;
+  std::string missing = kLlama3_8B;
+  missing.replace(missing.find("\"num_hidden_layers\": 32, "), 25, "");
+  EXPECT_EQ(error_of([&] { load_model_shape(write_config(dir, "missing.json", missing).string()); }),
+            (dir / "missing.json").string() + ": required key 'num_hidden_layers' is missing");
+  EXPECT_EQ(error_of([&] { load_model_shape((dir / "absent.json").string()); }),
+            (dir / "absent.json").string() + ": no such file or directory");
+  EXPECT_EQ(advise_cli(dir, write_config(dir, "notjson.json", "{\"hidden_size\": "), "", nullptr, &text), 2);
+  EXPECT_NE(text.find("notjson.json: not valid JSON"), std::string::npos) << text;
+  EXPECT_EQ(advise_cli(dir, write_config(dir, "ok.json", kLlama3_8B), "--set parameters=7B", nullptr, &text),
+            2);
+  const fs::path profile = dir / "profile.yaml";
+  EXPECT_EQ(
+      run(kZenflow + " advise " + profile.string() + " --set activation_checkpointing=true 2>&1", &text), 2);
+  EXPECT_NE(text.find("needs --model-config"), std::string::npos) << text;
+  std::error_code ec;
+  fs::remove_all(dir, ec);
 }
 
 }  // namespace

@@ -115,6 +115,14 @@ Advice rank(std::vector<Prediction> preds, int64_t steps, std::optional<double> 
   }
   std::set<std::string> notes;
   for (const Prediction& p : a.predictions) {
+    if (p.global_batch > 0)
+      notes.insert("global batch held at " + std::to_string(p.global_batch) +
+                   " sequences a step on every row (micro-batch x accumulation x GPUs): the job is the same "
+                   "on every row, so its $ compare like for like");
+    if (p.activation_checkpointing)
+      notes.insert(
+          "ckpt yes: activation checkpointing assumed (train.activation_checkpointing: true): no micro-batch "
+          "fits the GPU without it, or it is faster; it recomputes one forward, compute x 4/3");
     for (const std::string& s : p.assumed) notes.insert("assumed: " + s);
     for (const std::string& f : p.flags) notes.insert(p.instance + ": " + f);
   }
@@ -124,14 +132,16 @@ Advice rank(std::vector<Prediction> preds, int64_t steps, std::optional<double> 
 
 void print_advice(std::ostream& out, const Advice& a, const JobProfile& profile) {
   out << "recommendation: " << a.why << "\n";
+  if (!a.model.empty()) out << "model " << a.model << "\n";
   out << "job " << profile.job << " (profile of " << profile.run.mode << " on " << profile.measured_on.host
       << ", " << profile.measured_on.date << "), " << a.steps << " steps";
   if (a.deadline_hours) out << ", deadline " << fmt(*a.deadline_hours, 2) << " h";
   if (a.budget_usd) out << ", budget $" << fmt(*a.budget_usd, 2);
   out << "\n\n";
   char line[512];
-  std::snprintf(line, sizeof line, "%-3s %-20s %-8s %-4s %9s %6s  %-28s %10s %11s %10s\n", "", "instance",
-                "mode", "fits", "s/step", "stall", "largest stalls", "$/1M tok", "job $", "$ stalls");
+  std::snprintf(line, sizeof line, "%-3s %-20s %-8s %-4s %4s %-9s %-4s %9s %6s  %-28s %10s %11s %10s\n", "",
+                "instance", "mode", "fits", "GPUs", "mb x acc", "ckpt", "s/step", "stall", "largest stalls",
+                "$/1M tok", "job $", "$ stalls");
   out << line;
   std::set<int> pareto(a.pareto.begin(), a.pareto.end()), flips(a.flips.begin(), a.flips.end());
   for (int i = 0; i < static_cast<int>(a.predictions.size()); ++i) {
@@ -144,9 +154,11 @@ void print_advice(std::ostream& out, const Advice& a, const JobProfile& profile)
     for (size_t k = 0; k < st.size() && k < 2; ++k)
       stalls += (k ? " " : "") + cause_words(st[k].second) + " " + pct(st[k].first / p.step_seconds);
     const std::string mark = i == a.best ? "=>" : (flips.count(i) ? "~" : (pareto.count(i) ? "P" : ""));
-    std::snprintf(line, sizeof line, "%-3s %-20s %-8s %-4s %9.4f %6s  %-28s %10s %11s %10s\n", mark.c_str(),
-                  p.instance.c_str(), p.mode.c_str(), p.fits ? "yes" : "no", p.step_seconds,
-                  pct(p.stall_total / p.step_seconds).c_str(), stalls.c_str(),
+    const std::string batch = std::to_string(p.micro_batch) + " x " + std::to_string(p.grad_accum);
+    std::snprintf(line, sizeof line, "%-3s %-20s %-8s %-4s %4lld %-9s %-4s %9.4f %6s  %-28s %10s %11s %10s\n",
+                  mark.c_str(), p.instance.c_str(), p.mode.c_str(), p.fits ? "yes" : "no",
+                  static_cast<long long>(p.ranks), batch.c_str(), p.activation_checkpointing ? "yes" : "no",
+                  p.step_seconds, pct(p.stall_total / p.step_seconds).c_str(), stalls.c_str(),
                   p.priced ? fmt(p.usd_per_1m_tokens, 3).c_str() : "-",
                   p.priced ? fmt(p.job_usd, 2).c_str() : "-",
                   p.priced ? fmt(p.usd_lost_to_stalls, 2).c_str() : "-");
@@ -167,6 +179,7 @@ nlohmann::json advice_json(const Advice& a, const JobProfile& profile) {
                   {"host", profile.measured_on.host},
                   {"date", profile.measured_on.date},
                   {"version", profile.version}};
+  j["model"] = a.model.empty() ? json(nullptr) : json(a.model);
   j["steps"] = a.steps;
   j["deadline_hours"] = a.deadline_hours ? json(*a.deadline_hours) : json(nullptr);
   j["budget_usd"] = a.budget_usd ? json(*a.budget_usd) : json(nullptr);
@@ -186,6 +199,20 @@ nlohmann::json advice_json(const Advice& a, const JobProfile& profile) {
     r["stall_seconds"] = p.stall_seconds;
     r["stall_share"] = p.step_seconds > 0 ? p.stall_total / p.step_seconds : 0;
     r["tokens_per_step"] = p.tokens_per_step;
+    r["micro_batch"] = p.micro_batch;
+    r["grad_accum"] = p.grad_accum;
+    r["global_batch"] = p.global_batch > 0 ? json(p.global_batch) : json(nullptr);
+    r["activation_checkpointing"] = p.activation_checkpointing;
+    if (p.memory) {
+      constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+      const RankMemory& m = *p.memory;
+      r["gpu_memory_parts_gib"] = {{"weights", m.weights / gib},
+                                   {"gradients", m.gradients / gib},
+                                   {"optimizer_state", m.optimizer_state / gib},
+                                   {"transfer_staging", m.transfer_staging / gib},
+                                   {"collective_buffers", m.collective_buffers / gib},
+                                   {"activations", m.activations / gib}};
+    }
     r["gpu_memory_gib"] = p.gpu_memory_gib;
     r["host_ram_gib"] = p.host_ram_gib;
     r["host_cores_per_rank"] = p.host_cores_per_rank;

@@ -23,6 +23,7 @@ struct Advice {
   std::vector<Prediction> predictions;  // every instance x mode, in catalog order
   std::optional<double> deadline_hours, budget_usd;
   int64_t steps = 0;
+  std::string model;               // "llama, 8.03e9 parameters (PATH)" with a model config; else ""
   int best = -1;                   // index into predictions; -1: nothing fits (and is priced)
   std::vector<int> ranking;        // feasible answers, best first
   std::vector<int> pareto;         // non-dominated in (job_seconds, job_usd)
@@ -34,8 +35,10 @@ struct Advice {
 Advice rank(std::vector<Prediction> predictions, int64_t steps, std::optional<double> deadline_hours,
             std::optional<double> budget_usd);
 
-// The recommendation and its reason first, then the table (instance, mode, fits, s/step,
-// stall share by cause, $/1M tokens, job $, $ lost to stalls), then the notes.
+// The recommendation and its reason first, then the table (instance, mode, fits, GPUs,
+// micro-batch x accumulation per GPU, activation checkpointing assumed, s/step, stall share
+// by cause, $/1M tokens, job $, $ lost to stalls), then the notes (the global batch held,
+// what checkpointing costs, the assumed constants).
 void print_advice(std::ostream& out, const Advice& advice, const JobProfile& profile);
 nlohmann::json advice_json(const Advice& advice, const JobProfile& profile);
 

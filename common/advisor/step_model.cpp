@@ -3,8 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <stdexcept>
+#include <vector>
 
 namespace zenflow::advisor {
 namespace {
@@ -16,6 +19,10 @@ constexpr double kGpuMemoryUsable = 0.9;         // CUDA context, fragmentation
 constexpr double kHostRamUsable = 0.9;
 constexpr double kHostRamBaseGib = 4;   // per node: the process, the dataset, the OS
 constexpr int64_t kGpuWeightBytes = 2;  // bf16 weights and gradients on a GPU
+// Activation checkpointing runs each layer's forward again in backward: one more forward,
+// a third of forward + backward's FLOPs.
+constexpr double kRecomputeFactor = 4.0 / 3.0;
+constexpr double kGib = 1024.0 * 1024.0 * 1024.0;
 
 // GPU name as nvidia-smi writes it ("NVIDIA H100 80GB HBM3") -> the table's entry.
 const GpuSpec* spec_for_device_name(const std::string& name) {
@@ -30,8 +37,10 @@ const GpuSpec* spec_for_device_name(const std::string& name) {
   return nullptr;
 }
 
-double flops_per_token(double params, double layers, double hidden, double seq) {
-  return 6.0 * params + 12.0 * layers * hidden * seq;  // PaLM App. B: weights + attention
+// PaLM App. B: 6 per parameter (forward + backward) and attention's scores and values, 12 L
+// x (heads x head_dim) x seq: the T^2 term.
+double flops_per_token(double params, double layers, double attention_width, double seq) {
+  return 6.0 * params + 12.0 * layers * attention_width * seq;
 }
 
 // GEMM GFLOP/s at `threads` from the probe (linear beyond the measured counts).
@@ -46,17 +55,24 @@ double gemm_rate(const std::map<int64_t, double>& g, int64_t threads) {
   return first->second * static_cast<double>(threads) / static_cast<double>(first->first);
 }
 
-// The model's size as asked (parameters scaled: layers and hidden by the cube root).
+// The model's size as asked: a model config's exact shapes, else the profile's model with
+// `parameters` scaled (layers and hidden by the cube root).
 struct Shape {
-  double params, split, layers, hidden;
+  double params, split, layers, hidden, attention_width;
 };
 Shape shape_of(const JobProfile& p, const Scenario& s) {
+  if (s.model) {
+    const ModelShape& m = *s.model;
+    return {static_cast<double>(m.parameters), static_cast<double>(m.split_parameters()),
+            static_cast<double>(m.layers), static_cast<double>(m.hidden),
+            static_cast<double>(m.attention_width())};
+  }
   const double n0 = static_cast<double>(p.model.parameters);
   const double n = s.parameters > 0 ? s.parameters : n0;
   const double grow = std::cbrt(n / n0);
   const double split_frac = static_cast<double>(p.model.split_parameters) / n0;
-  return {n, n * split_frac, static_cast<double>(p.model.layers) * grow,
-          static_cast<double>(p.model.hidden) * grow};
+  const double hidden = static_cast<double>(p.model.hidden) * grow;
+  return {n, n * split_frac, static_cast<double>(p.model.layers) * grow, hidden, hidden};
 }
 
 // The terms of one step before calibration.
@@ -97,9 +113,11 @@ Terms raw_terms(Context& c) {
   const Shape ref = shape_of(p, scenario_of(p));
   const double tok = static_cast<double>(s.micro_batch * s.grad_accum * s.seq_len);
   const double tok_ref = static_cast<double>(p.run.micro_batch * p.run.grad_accum * p.run.seq_len);
-  const double f = flops_per_token(sh.params, sh.layers, sh.hidden, static_cast<double>(s.seq_len)) * tok;
+  const double f =
+      flops_per_token(sh.params, sh.layers, sh.attention_width, static_cast<double>(s.seq_len)) * tok;
   const double f_ref =
-      flops_per_token(ref.params, ref.layers, ref.hidden, static_cast<double>(p.run.seq_len)) * tok_ref;
+      flops_per_token(ref.params, ref.layers, ref.attention_width, static_cast<double>(p.run.seq_len)) *
+      tok_ref;
   const double fg = p.step.gemm_share;
   // The GEMM rate grows with a micro-batch's tokens while the weights, not the arithmetic,
   // bound it: rate ~ tokens^a, with a from the probe at the job's tokens and at twice them
@@ -149,6 +167,11 @@ Terms raw_terms(Context& c) {
     note(c, "mfu",
          Sourced{kAssumedMfu, Origin::kAssumed,
                  "the profile was measured on the CPU: GPU compute from FLOPs at Llama-3.1's MFU"});
+  }
+  if (s.activation_checkpointing.value_or(false)) {
+    t.compute *= kRecomputeFactor;
+    note(c, "activation_checkpointing_compute_factor",
+         Sourced{kRecomputeFactor, Origin::kAssumed, "activation checkpointing: one more forward"});
   }
   // Device optimizer.
   const double n_r_split = (s.mode == "offload" ? sh.params : sh.split) / static_cast<double>(c.W);
@@ -348,6 +371,9 @@ void apply_setting(Scenario& s, const std::string& kv) {
     s.compute_threads = positive(parse_count(key, v));
   } else if (key == "host_shares_compute_cores") {
     s.host_shares_compute_cores = v == "true" || v == "1";
+  } else if (key == "activation_checkpointing" || key == "train.activation_checkpointing") {
+    if (v != "true" && v != "false") throw std::invalid_argument(key + ": must be true or false, got " + v);
+    s.activation_checkpointing = v == "true";
   } else if (key == "topk_ratio" || key == "optimizer.zenflow.topk_ratio") {
     char* end = nullptr;
     const double r = std::strtod(v.c_str(), &end);
@@ -371,19 +397,48 @@ void apply_setting(Scenario& s, const std::string& kv) {
     throw std::invalid_argument(
         "--set " + key +
         ": unknown key (mode, micro_batch, grad_accum, seq_len, ranks, update_interval, "
-        "topk_ratio, host_threads, compute_threads, parameters)");
+        "topk_ratio, host_threads, compute_threads, parameters, activation_checkpointing)");
   }
 }
 
-Prediction predict(const JobProfile& p, const Instance& in, const Scenario& s_in, int64_t steps) {
-  Prediction out;
-  Scenario s = s_in;
-  out.instance = in.name;
-  out.mode = s.mode;
-  const int64_t W = in.cpu_device ? std::max<int64_t>(1, s.ranks)
-                                  : (s.ranks > 0 ? std::min<int64_t>(s.ranks, std::max<int64_t>(1, in.gpus))
-                                                 : std::max<int64_t>(1, in.gpus));
+namespace {
+
+std::string fmt1(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", x);
+  return b;
+}
+
+// The job's global batch on W ranks: global_batch / W sequences each (rounded up), in the
+// largest micro-batches of at most the job's that divide them.
+void share_global_batch(Scenario& s, int64_t W, Prediction& out) {
+  const int64_t per_rank = (s.global_batch + W - 1) / W;
+  int64_t mb = std::max<int64_t>(1, std::min(s.micro_batch, per_rank));
+  while (per_rank % mb != 0) --mb;
+  s.micro_batch = mb;
+  s.grad_accum = per_rank / mb;
+  out.global_batch = s.global_batch;
+  if (per_rank * W != s.global_batch)
+    out.flags.push_back("global batch " + std::to_string(s.global_batch) + " does not divide over " +
+                        std::to_string(W) + " GPUs: " + std::to_string(per_rank * W) + " sequences a step");
+}
+
+// What does not fit the GPU, part by part (a model config's memory model).
+std::string gpu_memory_parts(const RankMemory& m, bool checkpointing) {
+  return "weights " + fmt1(m.weights / kGib) + ", gradients " + fmt1(m.gradients / kGib) +
+         ", optimizer state " + fmt1(m.optimizer_state / kGib) + ", transfer staging " +
+         fmt1(m.transfer_staging / kGib) + ", collective buffers " + fmt1(m.collective_buffers / kGib) +
+         ", activations " + fmt1(m.activations / kGib) + (checkpointing ? " with" : " without") +
+         " activation checkpointing";
+}
+
+// One answer for W ranks, the batch already shared out and checkpointing decided.
+Prediction predict_on_ranks(const JobProfile& p, const Instance& in, const Scenario& s, int64_t W,
+                            int64_t steps, Prediction out) {
   out.ranks = W;
+  out.micro_batch = s.micro_batch;
+  out.grad_accum = s.grad_accum;
+  out.activation_checkpointing = s.activation_checkpointing.value_or(false);
   const bool profile_gpu = p.measured_on.device == "cuda";
   const bool same_device = in.cpu_device ? p.measured_on.device == "cpu" : profile_gpu;
   Context c{p, in, s, same_device, W, &out.assumed, &out.inputs};
@@ -424,39 +479,56 @@ Prediction predict(const JobProfile& p, const Instance& in, const Scenario& s_in
   out.tokens_per_step = s.micro_batch * s.grad_accum * s.seq_len * W;
 
   // Fits: GPU memory, host RAM, cores per GPU.
-  const Shape sh = shape_of(p, s);
-  const auto mem = p.memory.count(s.mode) ? p.memory.at(s.mode) : ModeMemory{};
-  const double act =
-      p.activation_bytes * static_cast<double>(s.micro_batch * s.seq_len) /
-      static_cast<double>(p.run.micro_batch * p.run.seq_len) *
-      std::pow(sh.params / static_cast<double>(p.model.parameters), 2.0 / 3.0) *
-      (in.cpu_device ? 1.0
-                     : static_cast<double>(kGpuWeightBytes) /
-                           static_cast<double>(std::max<int64_t>(1, p.model.weight_dtype_bytes)));
-  const double gib = 1024.0 * 1024.0 * 1024.0;
-  out.gpu_memory_gib = (mem.device_per_rank(W) * sh.params + act) / gib;
-  out.host_ram_gib = static_cast<double>(W) * mem.host_per_rank(W) * sh.params / gib + kHostRamBaseGib;
+  if (s.model) {
+    RankJob job;
+    job.mode = s.mode;
+    job.ranks = W;
+    job.micro_batch = s.micro_batch, job.seq_len = s.seq_len;
+    job.topk_ratio = s.topk_ratio;
+    job.activation_checkpointing = out.activation_checkpointing;
+    job.cuda = !in.cpu_device;
+    job.dtype_bytes = in.cpu_device ? p.model.weight_dtype_bytes : kGpuWeightBytes;
+    out.memory = rank_memory(*s.model, job);
+    out.gpu_memory_gib = out.memory->device_total() / kGib;
+    out.host_ram_gib = static_cast<double>(W) * out.memory->host_optimizer / kGib + kHostRamBaseGib;
+    if (job.cuda && W > 1)
+      out.assumed.push_back("NCCL buffers = " + fmt1(kNcclBufferBytes / kGib) +
+                            " GiB per GPU (channels x peers x NCCL_BUFFSIZE)");
+    if (job.cuda)
+      out.assumed.push_back(
+          "attention keeps no [T, T] probabilities (LibTorch >= 2.1's fused scaled_dot_product_attention)");
+  } else {
+    const Shape sh = shape_of(p, s);
+    const auto mem = p.memory.count(s.mode) ? p.memory.at(s.mode) : ModeMemory{};
+    const double act =
+        p.activation_bytes * static_cast<double>(s.micro_batch * s.seq_len) /
+        static_cast<double>(p.run.micro_batch * p.run.seq_len) *
+        std::pow(sh.params / static_cast<double>(p.model.parameters), 2.0 / 3.0) *
+        (in.cpu_device ? 1.0
+                       : static_cast<double>(kGpuWeightBytes) /
+                             static_cast<double>(std::max<int64_t>(1, p.model.weight_dtype_bytes)));
+    out.gpu_memory_gib = (mem.device_per_rank(W) * sh.params + act) / kGib;
+    out.host_ram_gib = static_cast<double>(W) * mem.host_per_rank(W) * sh.params / kGib + kHostRamBaseGib;
+  }
   if (in.cpu_device) out.host_ram_gib += out.gpu_memory_gib;
-  auto fmt = [](double x) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%.1f", x);
-    return std::string(b);
-  };
   if (!in.cpu_device && in.gpu_memory_gib > 0 && out.gpu_memory_gib > kGpuMemoryUsable * in.gpu_memory_gib) {
     out.fits = false;
-    out.why_not.push_back("GPU memory: needs " + fmt(out.gpu_memory_gib) + " GiB per GPU, has " +
-                          fmt(in.gpu_memory_gib) + " GiB (" + fmt(kGpuMemoryUsable * 100) + "% usable)");
+    out.why_not.push_back(
+        "GPU memory: needs " + fmt1(out.gpu_memory_gib) + " GiB per GPU" +
+        (out.memory ? " (" + gpu_memory_parts(*out.memory, out.activation_checkpointing) + ")"
+                    : std::string()) +
+        ", has " + fmt1(in.gpu_memory_gib) + " GiB (" + fmt1(kGpuMemoryUsable * 100) + "% usable)");
   }
   if (in.host_ram_gib > 0 && out.host_ram_gib > kHostRamUsable * in.host_ram_gib) {
     out.fits = false;
-    out.why_not.push_back("host RAM: needs " + fmt(out.host_ram_gib) + " GiB for " + s.mode + " state, has " +
-                          fmt(in.host_ram_gib) + " GiB");
+    out.why_not.push_back("host RAM: needs " + fmt1(out.host_ram_gib) + " GiB for " + s.mode +
+                          " state, has " + fmt1(in.host_ram_gib) + " GiB");
   }
   out.host_cores_per_rank = in.cpu_device ? static_cast<double>(in.physical_cores)
                                           : static_cast<double>(in.physical_cores) / static_cast<double>(W);
   if (!in.cpu_device && s.mode != "device" && in.physical_cores > 0 && out.host_cores_per_rank < 2) {
     out.fits = false;
-    out.why_not.push_back("cores: " + fmt(out.host_cores_per_rank) + " physical cores per GPU, " + s.mode +
+    out.why_not.push_back("cores: " + fmt1(out.host_cores_per_rank) + " physical cores per GPU, " + s.mode +
                           " needs >= 2 (the training thread and the host optimizer)");
   }
   if (!in.cpu_device && in.gpus == 0) {
@@ -465,7 +537,6 @@ Prediction predict(const JobProfile& p, const Instance& in, const Scenario& s_in
   }
   // Cost.
   out.job_seconds = out.step_seconds * static_cast<double>(std::max<int64_t>(0, steps));
-  out.flags = in.flags;
   if (in.has_price) {
     out.priced = true;
     out.usd_per_hour = in.usd_per_hour.value * instance_share(in.cpu_device ? 0 : W, in.gpus);
@@ -476,6 +547,45 @@ Prediction predict(const JobProfile& p, const Instance& in, const Scenario& s_in
     out.inputs["usd_per_hour"] = in.usd_per_hour;
   }
   return out;
+}
+
+// Of two settings of one job: the one that fits, then the faster, then (neither fitting)
+// the one needing less GPU memory. Ties keep the first.
+bool better(const Prediction& a, const Prediction& b) {
+  if (a.fits != b.fits) return a.fits;
+  if (a.fits) return a.step_seconds < b.step_seconds;
+  return a.gpu_memory_gib < b.gpu_memory_gib;
+}
+
+}  // namespace
+
+Prediction predict(const JobProfile& p, const Instance& in, const Scenario& s_in, int64_t steps) {
+  Prediction out;
+  Scenario s = s_in;
+  out.instance = in.name;
+  out.mode = s.mode;
+  out.flags = in.flags;
+  const int64_t W = in.cpu_device ? std::max<int64_t>(1, s.ranks)
+                                  : (s.ranks > 0 ? std::min<int64_t>(s.ranks, std::max<int64_t>(1, in.gpus))
+                                                 : std::max<int64_t>(1, in.gpus));
+  if (s.global_batch > 0) share_global_batch(s, W, out);
+  if (!s.model) return predict_on_ranks(p, in, s, W, steps, out);
+  // The rank's sequences per step in the fastest setting that fits: micro-batches of at most
+  // the job's that divide them, with or without activation checkpointing (unless fixed).
+  const int64_t per_rank = s.micro_batch * s.grad_accum;
+  std::vector<bool> checkpointing = {false, true};
+  if (s.activation_checkpointing) checkpointing = {*s.activation_checkpointing};
+  std::optional<Prediction> best;
+  for (int64_t mb = s.micro_batch; mb >= 1; --mb) {
+    if (per_rank % mb != 0) continue;
+    for (const bool ckpt : checkpointing) {
+      Scenario c = s;
+      c.micro_batch = mb, c.grad_accum = per_rank / mb, c.activation_checkpointing = ckpt;
+      Prediction pr = predict_on_ranks(p, in, c, W, steps, out);
+      if (!best || better(pr, *best)) best = std::move(pr);
+    }
+  }
+  return *best;
 }
 
 }  // namespace zenflow::advisor

@@ -14,6 +14,11 @@
 //   collectives  ring all-reduce (device) or reduce-scatter + all-gather, exposed beyond
 //                an assumed overlap with backward
 //   data, other  the profile's measured seconds per step
+// With a model config (Scenario::model) the model's exact shapes replace the profile's model
+// scaled by a cube root: FLOPs, split elements and the memory of model_memory.h; activation
+// checkpointing costs one more forward (compute x 4/3); predict() picks the micro-batch and
+// the checkpointing setting. With Scenario::global_batch every instance trains the same
+// sequences per step: W GPUs share them, so the job's $ compare like for like.
 // Calibration: on the profile's own device, each term of the mode that ran is scaled so the
 // profile's configuration reproduces its measured parts (eta is fitted for zenflow); other
 // modes use the probes. Every constant that is assumed is listed in Prediction::assumed.
@@ -21,11 +26,13 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/advisor/hardware.h"
 #include "common/advisor/job_profile.h"
+#include "common/advisor/model_memory.h"
 
 namespace zenflow::advisor {
 
@@ -40,12 +47,22 @@ struct Scenario {
   int64_t compute_threads = 0;             // local CPU device only; 0: the profile's
   double parameters = 0;                   // 0: the profile's model
   bool host_shares_compute_cores = false;  // local: the host pool runs on the compute cores
+  // Sequences per optimizer step over all ranks, held on every instance: W ranks train
+  // global_batch / W each (rounded up where W does not divide it), in micro-batches of at
+  // most micro_batch. 0: micro_batch x grad_accum per rank whatever W (a W-GPU row trains W
+  // times the batch).
+  int64_t global_batch = 0;
+  std::optional<ModelShape> model;  // --model-config: exact shapes (`parameters` is then unused)
+  // train.activation_checkpointing. Unset: off, except with a model config, where predict()
+  // picks it (see predict()).
+  std::optional<bool> activation_checkpointing;
 };
 
 // The profile's own configuration.
 Scenario scenario_of(const JobProfile& profile);
 // Applies one --set key=value: mode, micro_batch, grad_accum, seq_len, ranks,
-// update_interval, topk_ratio, host_threads, compute_threads, parameters (7e9, 7B, 70B).
+// update_interval, topk_ratio, host_threads, compute_threads, parameters (7e9, 7B, 70B),
+// activation_checkpointing (true or false).
 // std::invalid_argument naming the key for an unknown key or a bad value.
 void apply_setting(Scenario& s, const std::string& key_equals_value);
 
@@ -58,9 +75,13 @@ struct Prediction {
   double compute_seconds = 0, device_optimizer_seconds = 0, other_seconds = 0;
   std::map<std::string, double> stall_seconds;  // kStallCauses
   double stall_total = 0;
-  int64_t tokens_per_step = 0;  // global batch
-  double gpu_memory_gib = 0;    // needed per GPU (device memory; host RAM on a CPU device)
-  double host_ram_gib = 0;      // needed on the node
+  int64_t tokens_per_step = 0;              // global batch
+  int64_t micro_batch = 0, grad_accum = 1;  // per rank, as predicted
+  int64_t global_batch = 0;                 // sequences per step over all ranks when held; else 0
+  bool activation_checkpointing = false;    // assumed for this answer (see Scenario)
+  std::optional<RankMemory> memory;         // with a model config: one rank's memory by kind
+  double gpu_memory_gib = 0;                // needed per GPU (device memory; host RAM on a CPU device)
+  double host_ram_gib = 0;                  // needed on the node
   double host_cores_per_rank = 0;
   bool priced = false;
   double usd_per_hour = 0;  // the job's share of the instance
@@ -72,7 +93,11 @@ struct Prediction {
 };
 
 // Predicts one mode of `s` on `instance` for `steps` steps. Never throws for a job that
-// does not fit: fits = false and why_not say why (the times are still computed).
+// does not fit: fits = false and why_not say why (the times are still computed). With a
+// model config, the fastest setting that fits among micro-batches of at most micro_batch
+// that divide the rank's sequences per step (the rest accumulated) and activation
+// checkpointing off or on (where activation_checkpointing is unset); none fitting, the one
+// needing the least GPU memory.
 Prediction predict(const JobProfile& profile, const Instance& instance, const Scenario& s, int64_t steps);
 
 }  // namespace zenflow::advisor

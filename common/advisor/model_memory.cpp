@@ -1,0 +1,184 @@
+// Model shapes from config.json and the memory one rank needs (see model_memory.h).
+#include "common/advisor/model_memory.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "common/engine_defaults.h"
+#include "common/input_file.h"
+#include "common/json_error.h"
+#include "common/model/hf_config.h"
+#include "common/model/model_shapes.h"
+
+namespace zenflow::advisor {
+namespace {
+
+// The fp32 state AdamW keeps per device-updated element with 16-bit weights: master, m, v
+// (preflight.cpp's state_per_element; fp32 weights need no master).
+double optimizer_state_per_element(int64_t dtype_bytes) { return dtype_bytes == 4 ? 8.0 : 12.0; }
+
+// fp32 logits, their log-softmax and its gradient per vocabulary entry (preflight.h's bound).
+constexpr double kLossBytesPerVocabEntry = 12;
+
+}  // namespace
+
+int64_t ModelShape::split_parameters() const {
+  int64_t n = 0;
+  for (const auto& [rows, cols] : split_matrices) n += rows * cols;
+  return n;
+}
+
+int64_t ModelShape::selected_parameters(double topk_ratio) const {
+  if (topk_ratio <= 0) return 0;
+  int64_t n = 0;
+  for (const auto& [rows, cols] : split_matrices) {
+    const int64_t k = std::min(
+        cols, std::max<int64_t>(1, static_cast<int64_t>(std::floor(topk_ratio * static_cast<double>(cols)))));
+    n += rows * k;
+  }
+  return n;
+}
+
+// Per token, what autograd keeps for backward of one layer, tensor by tensor (e = weight
+// dtype bytes, H hidden, A = heads x head_dim, I intermediate). Attention is LibTorch 2.x's
+// fused scaled_dot_product_attention (a GPU build): it keeps q, k, v, its output and an fp32
+// logsumexp per head, never the [T, T] probabilities.
+//
+// Llama (llama.cpp's forward), per layer:
+//   2 RMSNorms       each the fp32 copy of its input (pow's input, 4H), the normalised
+//                    16-bit tensor the weight multiplies (eH) and its output, the input of
+//                    the q/k/v or gate/up projections (eH)              2 x (4 + 2e) H
+//   attention        q after RoPE, k and v repeated to all heads (repeat_kv makes copies),
+//                    SDPA's output (4eA), its logsumexp (4 x heads), and o_proj's input,
+//                    the transposed output made contiguous (eA)         5eA + 4 heads
+//   SwiGLU           gate's output (silu's input), silu's output and up's output (the
+//                    product's inputs), and the product (down_proj's input)   4eI
+// RoPE's multiplications keep only cos and sin ([T, head_dim], shared); the residual adds
+// keep nothing.
+//
+// GPT-2 (gpt2.cpp's forward), per layer: ln_1's and ln_2's inputs (2eH + 2 x 8 for mean and
+// rstd), c_attn's and c_fc's inputs (2eH), the fused qkv SDPA reads (3eH), its output and
+// c_proj's contiguous input (2eH), the logsumexp, the activation's input and output (2eI).
+double ModelShape::layer_activation_bytes_per_token(int64_t e_bytes) const {
+  const double e = static_cast<double>(e_bytes), H = static_cast<double>(hidden),
+               A = static_cast<double>(attention_width()), I = static_cast<double>(intermediate),
+               lse = 4.0 * static_cast<double>(heads);
+  if (arch == "gpt2") return 9 * e * H + 16 + lse + 2 * e * I;
+  return 2 * (4 + 2 * e) * H + 5 * e * A + lse + 4 * e * I;
+}
+
+// The final norm (as one of a layer's) and the loss over the vocabulary.
+double ModelShape::head_activation_bytes_per_token(int64_t e_bytes) const {
+  const double e = static_cast<double>(e_bytes), H = static_cast<double>(hidden);
+  const double norm = arch == "gpt2" ? e * H + 8 + e * H : (4 + 2 * e) * H;
+  return norm + kLossBytesPerVocabEntry * static_cast<double>(vocab);
+}
+
+ModelShape model_shape_from_hf(const nlohmann::json& config, const std::string& where) {
+  ModelShape m;
+  m.source = where;
+  std::vector<model::ParameterShape> shapes;
+  try {
+    m.arch = model::hf_model_type(config, where);
+    if (m.arch == "gpt2") {
+      const model::GPT2Config c = model::gpt2_config_from_hf(config, where);
+      m.layers = c.n_layer, m.hidden = c.n_embd, m.intermediate = c.inner_size(), m.vocab = c.vocab_size;
+      m.heads = m.kv_heads = c.n_head, m.head_dim = c.n_embd / c.n_head;
+      shapes = model::gpt2_parameter_shapes(c);
+    } else {
+      const model::LlamaConfig c = model::llama_config_from_hf(config, where);
+      m.layers = c.num_hidden_layers, m.hidden = c.hidden_size, m.intermediate = c.intermediate_size;
+      m.vocab = c.vocab_size, m.heads = c.num_attention_heads, m.kv_heads = c.num_key_value_heads;
+      m.head_dim = c.resolved_head_dim();
+      shapes = model::llama_parameter_shapes(c);
+    }
+  } catch (const std::invalid_argument& e) {  // check_*_config: "LlamaConfig: ..."
+    throw ModelConfigError(where + ": " + e.what());
+  } catch (const std::runtime_error& e) {  // the parsers name `where` and the key
+    throw ModelConfigError(e.what());
+  }
+  for (const model::ParameterShape& p : shapes) {
+    m.parameters += p.numel();
+    if (p.shape.size() == 2 && p.numel() >= engine_defaults::kMinSplitNumel)
+      m.split_matrices.emplace_back(p.shape[0], p.shape[1]);
+  }
+  return m;
+}
+
+ModelShape load_model_shape(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const bool dir = fs::is_directory(path, ec);
+  const std::string file = dir ? (fs::path(path) / "config.json").string() : path;
+  nlohmann::json config;
+  try {
+    if (dir) {
+      config = model::read_hf_config(path);
+    } else {
+      config = nlohmann::json::parse(read_regular_file(path, kMaxConfigBytes, "a config.json"));
+      if (!config.is_object()) throw ModelConfigError(path + ": not a JSON object");
+    }
+  } catch (const nlohmann::json::parse_error& e) {
+    throw ModelConfigError(path + ": not valid JSON: " + json_error_text(e));
+  } catch (const ModelConfigError&) {
+    throw;
+  } catch (const std::runtime_error& e) {  // InputError and read_hf_config's: "<path>: ..."
+    throw ModelConfigError(e.what());
+  }
+  return model_shape_from_hf(config, file);
+}
+
+RankMemory rank_memory(const ModelShape& m, const RankJob& job) {
+  const double e = static_cast<double>(job.dtype_bytes);
+  const double W = static_cast<double>(std::max<int64_t>(1, job.ranks));
+  const double shards = static_cast<double>(std::max<int64_t>(1, job.parameter_shards));
+  const double P = static_cast<double>(m.parameters);
+  // What the host updater owns (preflight.cpp: offload every parameter, zenflow the split
+  // matrices) and what AdamW updates on the device.
+  double split = 0, device_updated = P;
+  if (job.mode == "offload") {
+    split = P, device_updated = 0;
+  } else if (job.mode == "zenflow") {
+    split = static_cast<double>(m.split_parameters());
+    device_updated = P - split + static_cast<double>(m.selected_parameters(job.topk_ratio));
+  }
+  RankMemory r;
+  r.weights = P * e / shards;
+  r.gradients = P * e / shards;
+  r.optimizer_state = device_updated * optimizer_state_per_element(job.dtype_bytes) / shards;
+  if (split > 0) {
+    // zenflow_optimizer.cpp build(): the host owns every column of a split matrix until the
+    // first selection, so all of them are allocated (this rank's 1/W share); fp32 master,
+    // m, v and two accumulators, two gradient rings and two last gradients, two weight-out
+    // buffers with 16-bit weights, and the packed output with several ranks.
+    const double capacity = std::ceil(split / W);
+    const bool low_precision = job.dtype_bytes != 4;
+    const bool pack_out = W > 1 || (job.cuda && !low_precision);
+    r.host_optimizer = capacity * (5 * 4 + 4 * e + (low_precision ? 2 * e : 0) + (pack_out ? e : 0));
+    if (job.cuda)
+      r.transfer_staging = 2 * split * e + capacity * e;  // two stages of all ranks' columns, the H2D buffer
+    else if (W > 1)
+      r.transfer_staging = split * e;  // the reduce-scatter's input
+  }
+  if (W > 1 && job.cuda) {
+    // Gradients all-reduced on the device go through one flat buffer (zenflow: the selected
+    // columns; device mode: an upper bound, every gradient at once).
+    const double reduced = job.mode == "offload" ? 0 : device_updated;
+    r.collective_buffers = reduced * e / shards + kNcclBufferBytes;
+  }
+  const double tokens = static_cast<double>(job.micro_batch) * static_cast<double>(job.seq_len);
+  const double layer = m.layer_activation_bytes_per_token(job.dtype_bytes) * tokens;
+  const double head = m.head_activation_bytes_per_token(job.dtype_bytes) * tokens;
+  const double layers = static_cast<double>(m.layers);
+  if (job.activation_checkpointing) {
+    // Each layer's input [B, T, H] is kept; backward recomputes one layer at a time and holds
+    // its intermediates until that layer's backward is done.
+    r.activations = layers * tokens * static_cast<double>(m.hidden) * e + layer + head;
+  } else {
+    r.activations = layers * layer + head;
+  }
+  return r;
+}
+
+}  // namespace zenflow::advisor
