@@ -2,6 +2,7 @@
 // dtype errors, model.arch vs model.from.
 #include <c10/core/GradMode.h>  // c10::NoGradGuard
 #include <gtest/gtest.h>
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -323,6 +324,34 @@ TEST(Preflight, ModelArchContradictingModelFromIsAnErrorAndTheDirectoryIsEstimat
   EXPECT_EQ(error_of([&] { check_job_fits(from_dir, e, 1024, 0); }).rfind("model.from: the job needs", 0),
             0u);
   remove_tree(dir);
+}
+
+// train.activation_checkpointing: the estimate keeps each layer's input and one layer's
+// intermediates (and on LibTorch 1.x one layer's attention probabilities) instead of every
+// layer's; nothing else changes.
+TEST(Preflight, ActivationCheckpointingKeepsOneLayersIntermediatesInTheEstimate) {
+  const std::string model =
+      "{arch: llama, config: {hidden_size: 64, num_hidden_layers: 4, num_attention_heads: 4, "
+      "intermediate_size: 128}}";
+  const JobSpec plain = job(model, {"train.micro_batch=2", "train.seq_len=32"});
+  const JobSpec ckpt =
+      job(model, {"train.micro_batch=2", "train.seq_len=32", "train.activation_checkpointing=true"});
+  for (const bool cuda : {false, true}) {
+    SCOPED_TRACE(cuda ? "cuda" : "cpu");
+    const int e = cuda ? 2 : 4;
+    const MemoryEstimate a = estimate(plain, 1, cuda, e);
+    const MemoryEstimate b = estimate(ckpt, 1, cuda, e);
+    const int64_t B = 2, T = 32, H = 64, I = 128, L = 4, heads = 4;
+    const int64_t per_layer = B * T * (16 * H + 4 * I) * e;
+    int64_t fewer = per_layer * (L - 1) - B * T * H * e * L;
+#if !(TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1))
+    fewer += B * heads * T * T * (4 + (e == 2 ? e : 0)) * (L - 1);
+#endif
+    EXPECT_EQ(a.activation_bytes - b.activation_bytes, fewer);
+    EXPECT_EQ(a.total_device_bytes - b.total_device_bytes, fewer);
+    EXPECT_EQ(a.weight_bytes, b.weight_bytes);
+    EXPECT_EQ(a.device_optimizer_bytes, b.device_optimizer_bytes);
+  }
 }
 
 }  // namespace

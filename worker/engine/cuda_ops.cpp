@@ -105,6 +105,13 @@ void reset_allocator_peak(int device) {
   c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
 }
 
+int64_t device_free_bytes(int device) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  size_t free = 0, total = 0;
+  check(cudaMemGetInfo(&free, &total), "device_free_bytes");
+  return static_cast<int64_t>(free);
+}
+
 at::Tensor column_scores(const at::Tensor& grad2d, bool l1) {
   constexpr const char* fn = "column_scores";
   if (!grad2d.defined()) fail(fn, "grad2d is undefined");
@@ -242,6 +249,8 @@ bool available() { return false; }
 AllocatorBytes allocator_bytes(int) { unavailable("allocator_bytes"); }
 
 void reset_allocator_peak(int) { unavailable("reset_allocator_peak"); }
+
+int64_t device_free_bytes(int) { unavailable("device_free_bytes"); }
 
 at::Tensor column_scores(const at::Tensor&, bool) { unavailable("column_scores"); }
 

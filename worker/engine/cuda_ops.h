@@ -31,6 +31,9 @@ struct AllocatorBytes {
 };
 AllocatorBytes allocator_bytes(int device);
 void reset_allocator_peak(int device);
+// The device's free memory as the driver reports it (cudaMemGetInfo): what a job may still
+// allocate, other processes' use taken out.
+int64_t device_free_bytes(int device);
 
 // Per-column importance of grad2d [out, in]: fp32 [in], sum_i g[i, j]^2 (sum |g| when l1),
 // accumulated in fp32. Deterministic.

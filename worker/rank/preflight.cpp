@@ -284,16 +284,20 @@ MemoryEstimate estimate_job_memory(const JobSpec& spec, const model::LoadedModel
   const LD B = spec.train.micro_batch, T = spec.train.seq_len;
   const LD per_layer = B * T * (16.0L * s.hidden + 4.0L * s.intermediate) * e;
   const LD logits = B * T * s.vocab * 12.0L;
+  // Activation checkpointing keeps each layer's input [B, T, hidden] through the forward
+  // and one layer's intermediates at a time, in the backward's recompute.
+  const bool checkpointed = spec.train.activation_checkpointing;
+  const LD kept_layers = checkpointed ? B * T * s.hidden * e * s.layers + per_layer : per_layer * s.layers;
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
   const LD attention = 0;  // fused attention keeps no [T, T] matrix
 #else
   // Eager attention keeps each layer's probabilities (fp32, plus a cast copy when 16-bit);
-  // backward needs one more layer's worth in flight.
+  // backward needs one more layer's worth in flight. Checkpointed: one layer's, recomputed.
   const LD probs = B * s.heads * T * T;
-  const LD attention = probs * ((4 + (low_precision ? e : 0)) * s.layers + 8);
+  const LD attention = probs * ((4 + (low_precision ? e : 0)) * (checkpointed ? 1 : s.layers) + 8);
 #endif
-  est.activation_bytes = saturate(per_layer * s.layers + logits + attention);
-  est.activation_key = attention > (per_layer * s.layers + logits) ? "train.seq_len" : "train.micro_batch";
+  est.activation_bytes = saturate(kept_layers + logits + attention);
+  est.activation_key = attention > (kept_layers + logits) ? "train.seq_len" : "train.micro_batch";
   est.model_key = model_key_of(spec, described, est.parameters);
 
   const LD device_total =

@@ -59,7 +59,9 @@ struct MemoryEstimate {
 //                        vocab x 12 for logits, log-softmax and their gradient in fp32),
 //                        plus layers x micro_batch x heads x seq_len^2 x (4 + dtype bytes)
 //                        for the attention probabilities LibTorch 1.x keeps (eager
-//                        attention; 2.x's fused attention does not).
+//                        attention; 2.x's fused attention does not). With
+//                        train.activation_checkpointing: each layer's input (micro_batch x
+//                        seq_len x hidden x dtype bytes) and one layer's worth of the above.
 // On CUDA a random init is built in fp32 on the host first (init_host_bytes, freed before
 // the optimizer allocates): total_host_bytes is the larger of it and the host optimizer. Sums saturate at
 // INT64_MAX. Throws std::invalid_argument("model.config:

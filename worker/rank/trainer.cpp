@@ -480,8 +480,12 @@ class TrainingRun {
     const MemoryEstimate need = estimate_job_memory(spec_, described, world_, device_.is_cuda(),
                                                     static_cast<int>(c10::elementSize(dtype_)));
     const int64_t host = available_host_memory_bytes();
-    // The device's free memory is not known to this build (CPU LibTorch): 0 = not checked.
-    check_job_fits(spec_, need, host > 0 ? host / std::max<int64_t>(1, local_.world_size) : 0, 0);
+    // On CUDA, the device's free memory now (0, not checked, where this build cannot read it:
+    // a LibTorch with CUDA but no zenflow CUDA kernels).
+    const int64_t device_free = device_.is_cuda() && engine::cuda_ops::available()
+                                    ? engine::cuda_ops::device_free_bytes(device_.has_index() ? device_.index() : 0)
+                                    : 0;
+    check_job_fits(spec_, need, host > 0 ? host / std::max<int64_t>(1, local_.world_size) : 0, device_free);
   }
 
   // Model: a Hugging Face directory (model.from) or a random init from model.config.
