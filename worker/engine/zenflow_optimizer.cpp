@@ -16,6 +16,7 @@
 #include "worker/engine/gradient_staging.h"
 #include "worker/engine/host_optimizer.h"
 #include "worker/engine/host_thread_pool.h"
+#include "worker/engine/shard_layout.h"
 
 namespace zenflow::engine {
 
@@ -90,7 +91,7 @@ struct SplitParam {
   std::vector<int64_t> sel_cpu, unsel_cpu;  // sel ascending; unsel: host-owned columns of all ranks,
                                             // rank by rank in storage order
   at::Tensor sel;                           // sel_cpu, int64 on the device
-  std::vector<int64_t> range_lo, range_hi;  // per rank: the columns whose host state it owns
+  ColumnRanges ranges;                      // per rank: the columns whose host state it owns
   std::vector<Part> parts;                  // per rank: unsel_cpu within its range
   int me = 0;                               // this rank
   at::Tensor dev_m, dev_v, dev_master;      // [out, k] fp32 on the device
@@ -101,9 +102,7 @@ struct SplitParam {
   const Part& own() const { return parts[static_cast<size_t>(me)]; }
   int64_t n_own() const { return static_cast<int64_t>(own().cols.size()); }
   int64_t own_elems() const { return n_own() * out; }
-  bool owns(int64_t c) const {
-    return c >= range_lo[static_cast<size_t>(me)] && c < range_hi[static_cast<size_t>(me)];
-  }
+  bool owns(int64_t c) const { return ranges.holds(me, c); }
 };
 
 // A parameter updated in full on the device every step.
@@ -143,8 +142,8 @@ struct ZenFlowOptimizer::Impl {
   std::unique_ptr<HostOptimizer> host;
   Collectives* coll = nullptr;  // null: one rank
   int world = 1, me = 0;
-  std::vector<int64_t> shard_sizes, shard_begin;  // per rank, in the packed staging layout
-  int64_t own_total = 0;                          // this rank's shard
+  StagingLayout staging;  // the packed staging of every rank's host-owned columns (relayout)
+  int64_t own_total() const { return staging.shard_size[static_cast<size_t>(me)]; }  // this rank's shard
   // This rank's updated columns packed from the fp32 master (pinned, in the weights'
   // dtype): the source of the H2D on CUDA and of the all-gather with W > 1, so no copy
   // ever reads the master itself. Not allocated for low-precision weights on one rank,
@@ -194,7 +193,6 @@ struct ZenFlowOptimizer::Impl {
   CopyHandle* staged_h2d = nullptr;  // an H2D of a host result into dev_h2d not yet applied
   int staged_buffer = 0;             // its source (result_buffer numbering)
   int dev_slot = 0;
-  int64_t staged_total = 0;  // elements of host-owned columns (all ranks), packed
   std::shared_ptr<HostWork> ring_busy[2];
   std::vector<std::shared_ptr<HostWork>> pending_accumulates;
   int64_t capacity = 0;
@@ -343,53 +341,36 @@ struct ZenFlowOptimizer::Impl {
   }
   // Splits unsel_cpu into the ranks' parts.
   void assign_parts(SplitParam& s) const {
+    std::vector<std::vector<int64_t>> by_rank = s.ranges.split(s.unsel_cpu);
     s.parts.assign(static_cast<size_t>(world), Part{});
-    for (int64_t c : s.unsel_cpu) {
-      int r = 0;
-      while (c >= s.range_hi[static_cast<size_t>(r)] || c < s.range_lo[static_cast<size_t>(r)]) ++r;
-      s.parts[static_cast<size_t>(r)].cols.push_back(c);
+    for (size_t r = 0; r < s.parts.size(); ++r) {
+      s.parts[r].cols = std::move(by_rank[r]);
+      s.parts[r].idx = index_tensor(s.parts[r].cols, device);
     }
-    for (auto& p : s.parts) p.idx = index_tensor(p.cols, device);
   }
+  // The staging offsets after the parts changed (shard_layout.h).
   void relayout() {
-    staged_total = 0;
-    shard_sizes.assign(static_cast<size_t>(world), 0);
-    shard_begin.assign(static_cast<size_t>(world), 0);
-    for (int r = 0; r < world; ++r) {
-      shard_begin[static_cast<size_t>(r)] = staged_total;
-      for (auto& s : split) {
-        Part& p = s.parts[static_cast<size_t>(r)];
-        p.stage_offset = staged_total;
-        staged_total += static_cast<int64_t>(p.cols.size()) * s.out;
-      }
-      shard_sizes[static_cast<size_t>(r)] = staged_total - shard_begin[static_cast<size_t>(r)];
-    }
-    own_total = shard_sizes[static_cast<size_t>(me)];
-    for (auto& s : split) s.local_offset = s.own().stage_offset - shard_begin[static_cast<size_t>(me)];
-  }
-  // Column ranges: even per matrix when it has at least W columns, else the whole
-  // matrix to the rank holding the fewest elements so far (offload mode's 1-D
-  // parameters are one column each).
-  void assign_ranges() {
-    std::vector<int64_t> load(static_cast<size_t>(world), 0);
+    std::vector<int64_t> rows;
+    std::vector<std::vector<int64_t>> widths;
     for (auto& s : split) {
-      s.me = me;
-      s.range_lo.assign(static_cast<size_t>(world), 0);
-      s.range_hi.assign(static_cast<size_t>(world), 0);
-      if (s.in >= world) {
-        int64_t lo = 0;
-        for (int r = 0; r < world; ++r) {
-          const int64_t n = s.in / world + (r < s.in % world ? 1 : 0);
-          s.range_lo[static_cast<size_t>(r)] = lo;
-          s.range_hi[static_cast<size_t>(r)] = lo + n;
-          load[static_cast<size_t>(r)] += n * s.out;
-          lo += n;
-        }
-      } else {
-        const size_t r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-        s.range_hi[r] = s.in;
-        load[r] += s.in * s.out;
-      }
+      rows.push_back(s.out);
+      widths.emplace_back();
+      for (auto& p : s.parts) widths.back().push_back(static_cast<int64_t>(p.cols.size()));
+    }
+    staging = pack_staging(rows, widths, world);
+    for (size_t i = 0; i < split.size(); ++i) {
+      SplitParam& s = split[i];
+      for (size_t r = 0; r < s.parts.size(); ++r) s.parts[r].stage_offset = staging.offset[i][r];
+      s.local_offset = staging.local_offset(i, me);
+    }
+  }
+  void assign_ranges() {
+    std::vector<MatrixShape> shapes;
+    for (auto& s : split) shapes.push_back({s.out, s.in});
+    std::vector<ColumnRanges> ranges = assign_column_ranges(shapes, world);
+    for (size_t i = 0; i < split.size(); ++i) {
+      split[i].me = me;
+      split[i].ranges = std::move(ranges[i]);
     }
   }
 
@@ -466,9 +447,8 @@ struct ZenFlowOptimizer::Impl {
       // This rank's share of the host state (all of it with one rank).
       assign_ranges();
       for (auto& s : split) {
-        const int64_t cols = s.range_hi[static_cast<size_t>(me)] - s.range_lo[static_cast<size_t>(me)];
         s.host_offset = capacity;
-        capacity += s.out * cols;
+        capacity += s.out * s.ranges.width(me);
       }
       HostStateLayout layout;
       layout.elements = capacity;
@@ -510,14 +490,14 @@ struct ZenFlowOptimizer::Impl {
         s.sel_cpu.clear();
         s.sel = index_tensor(s.sel_cpu, device);
         assign_parts(s);
-        const int64_t lo = s.range_lo[static_cast<size_t>(me)];
+        const int64_t lo = s.ranges.lo[static_cast<size_t>(me)];
         at::Tensor init = host_matrix(HostBuf::kMaster, s, s.n_own(), false);
         init.copy_(s.w2d.narrow(1, lo, s.n_own()).to(at::kCPU).to(at::kFloat));
         host_commit(HostBuf::kMaster, s, init);
         s.score_acc = at::zeros({s.in}, at::TensorOptions().dtype(at::kFloat).device(device));
       }
-      relayout();
     }
+    relayout();  // with nothing split: an empty layout, own_total() 0
   }
 
   std::vector<at::Tensor> grads() {
@@ -560,7 +540,7 @@ struct ZenFlowOptimizer::Impl {
     ClockSpan span = clock_span();
     CopyHandle done;
     if (partitioned()) {
-      done = streams->copy_d2h(shard, buf.narrow(0, 0, own_total));
+      done = streams->copy_d2h(shard, buf.narrow(0, 0, own_total()));
     } else if (!device.is_cuda()) {
       gather_parts(g, buf);
     } else {
@@ -568,10 +548,10 @@ struct ZenFlowOptimizer::Impl {
       dev_slot ^= 1;
       dev_stage_busy[slot].make_compute_wait();  // its previous D2H has read it
       gather_parts(g, dev_stage[slot]);
-      done = streams->copy_d2h(dev_stage[slot].narrow(0, 0, staged_total), buf.narrow(0, 0, staged_total));
+      done = streams->copy_d2h(dev_stage[slot].narrow(0, 0, staging.total), buf.narrow(0, 0, staging.total));
       dev_stage_busy[slot] = done;
     }
-    bytes(Direction::kD2H, own_total * buf.element_size());
+    bytes(Direction::kD2H, own_total() * buf.element_size());
     span.end(TimeKind::kStall, StallCause::kTransferD2H);
     return done;
   }
@@ -590,11 +570,11 @@ struct ZenFlowOptimizer::Impl {
       staged = shard.contiguous().view({-1});
     } else {
       gather_parts(g, dev_stage[slot]);
-      staged = dev_stage[slot].narrow(0, 0, staged_total);
+      staged = dev_stage[slot].narrow(0, 0, staging.total);
     }
     stream_busy[slot] = std::make_shared<ReleaseLatch>();
     auto source = make_staged_gradient(*streams, stream_ring, staged, streams->mark_compute(), stream_busy[slot]);
-    bytes(Direction::kD2H, own_total * at::elementSize(split_dtype));
+    bytes(Direction::kD2H, own_total() * at::elementSize(split_dtype));
     span.end(TimeKind::kStall, StallCause::kTransferD2H);
     return source;
   }
@@ -640,7 +620,7 @@ struct ZenFlowOptimizer::Impl {
     }
     // Host-owned columns: reduce-scattered (mean) to their owners.
     gather_parts(g, dev_stage[0]);
-    out.shard = coll->reduce_scatter_mean(dev_stage[0].narrow(0, 0, staged_total), shard_sizes,
+    out.shard = coll->reduce_scatter_mean(dev_stage[0].narrow(0, 0, staging.total), staging.shard_size,
                                           CollectiveTraffic::kGradients);
     // One small all-reduce: the column scores and the shards' squared norms.
     parts.push_back(out.shard.to(at::kFloat).pow(2).sum().reshape({1}));
@@ -662,7 +642,7 @@ struct ZenFlowOptimizer::Impl {
   void stage_h2d(int buffer) {
     CopyHandle* from = nullptr;
     const at::Tensor src = packed_result(buffer, &from);
-    *from = streams->copy_h2d(src, dev_h2d.narrow(0, 0, own_total));
+    *from = streams->copy_h2d(src, dev_h2d.narrow(0, 0, own_total()));
     staged_h2d = from;
     staged_buffer = buffer;
   }
@@ -689,7 +669,7 @@ struct ZenFlowOptimizer::Impl {
 
   void apply_host_result(int out_buffer) {
     const int buffer = result_buffer(out_buffer);
-    bytes(Direction::kH2D, own_total * at::elementSize(split_dtype));
+    bytes(Direction::kH2D, own_total() * at::elementSize(split_dtype));
     if (partitioned()) {
       apply_partitioned(buffer);
       return;
@@ -762,7 +742,7 @@ struct ZenFlowOptimizer::Impl {
   at::Tensor packed_result(int out_buffer, CopyHandle** from) {
     if (out_buffer >= 0) {
       *from = &h2d_from_out[out_buffer];
-      return param_out[out_buffer].narrow(0, 0, own_total);
+      return param_out[out_buffer].narrow(0, 0, own_total());
     }
     const bool own_pack = pack_out.defined();
     *from = own_pack ? &h2d_from_pack : &h2d_from_out[0];
@@ -770,7 +750,7 @@ struct ZenFlowOptimizer::Impl {
     const at::Tensor buf = own_pack ? pack_out : param_out[0];
     for (auto& s : split)
       if (s.n_own() > 0) own_view(buf, s).copy_(host_view(HostBuf::kMaster, s));
-    return buf.narrow(0, 0, own_total);
+    return buf.narrow(0, 0, own_total());
   }
 
   // Several ranks: this rank's updated columns (the host step's low-precision output, or
@@ -781,7 +761,7 @@ struct ZenFlowOptimizer::Impl {
     stalled(StallCause::kTransferH2D, [&] {
       if (device.is_cuda()) {
         wait_staged_h2d(out_buffer);
-        src = dev_h2d.narrow(0, 0, own_total);
+        src = dev_h2d.narrow(0, 0, own_total());
       } else {
         CopyHandle* from = nullptr;
         src = packed_result(out_buffer, &from);
@@ -789,7 +769,7 @@ struct ZenFlowOptimizer::Impl {
     });
     at::Tensor all;
     stalled(StallCause::kAllreduce,
-            [&] { all = coll->all_gather(src, shard_sizes, CollectiveTraffic::kParameters); });
+            [&] { all = coll->all_gather(src, staging.shard_size, CollectiveTraffic::kParameters); });
     stalled(StallCause::kTransferH2D, [&] {
       for (auto& s : split)
         for (int r = 0; r < world; ++r)
@@ -906,8 +886,7 @@ struct ZenFlowOptimizer::Impl {
   // whole host state; otherwise ascending (a full re-pack).
   static std::vector<int64_t> new_part_order(const SplitParam& s, int r, const std::vector<int64_t>& entering,
                                              const std::vector<int64_t>& leaving) {
-    const int64_t lo = s.range_lo[static_cast<size_t>(r)], hi = s.range_hi[static_cast<size_t>(r)];
-    auto in_range = [&](int64_t c) { return c >= lo && c < hi; };
+    auto in_range = [&](int64_t c) { return s.ranges.holds(r, c); };
     const std::vector<int64_t>& old = s.parts[static_cast<size_t>(r)].cols;
     std::vector<int64_t> leave_r, out;
     for (int64_t c : leaving)
@@ -1219,7 +1198,7 @@ struct ZenFlowOptimizer::Impl {
   void repack_param_out(int buf, const std::vector<std::vector<int64_t>>& old_cols,
                         const std::vector<int64_t>& old_offset) {
     h2d_from_pack.wait();  // pack_out is the scratch here (a temporary when streaming)
-    at::Tensor out = pack_out.defined() ? pack_out : at::empty({own_total}, at::TensorOptions().dtype(split_dtype));
+    at::Tensor out = pack_out.defined() ? pack_out : at::empty({own_total()}, at::TensorOptions().dtype(split_dtype));
     for (size_t i = 0; i < split.size(); ++i) {
       SplitParam& sp = split[i];
       const int64_t n_old = static_cast<int64_t>(old_cols[i].size());
@@ -1241,7 +1220,7 @@ struct ZenFlowOptimizer::Impl {
         combined = at::cat({old_view, sp.w2d.index_select(1, index_tensor(leaving, device)).to(at::kCPU)}, 1);
       device_ops::gather_columns(combined.contiguous(), index_tensor(src, at::kCPU), own_view(out, sp));
     }
-    param_out[buf].narrow(0, 0, own_total).copy_(out.narrow(0, 0, own_total));
+    param_out[buf].narrow(0, 0, own_total()).copy_(out.narrow(0, 0, own_total()));
   }
 
   // `step_scores`: this step's all-reduced scores of all matrices (several ranks);
