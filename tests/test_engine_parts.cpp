@@ -1,11 +1,13 @@
-// The engine's pure parts (worker/engine/): the shard layout, with concrete numbers and
-// no tensors. ZenFlowOptimizer's own tests pin what they do inside the engine.
+// The engine's pure parts (worker/engine/): the shard layout and the window schedule,
+// with concrete numbers and no tensors. ZenFlowOptimizer's own tests pin what they do inside the engine.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "worker/engine/shard_layout.h"
+#include "worker/engine/window_schedule.h"
 
 namespace zenflow::engine {
 namespace {
@@ -91,6 +93,148 @@ TEST(ShardLayout, NothingSplitIsAnEmptyLayout) {
   const StagingLayout l = pack_staging({}, {}, 3);
   EXPECT_EQ(l.shard_size, (Cols{0, 0, 0}));
   EXPECT_EQ(l.total, 0);
+}
+
+// Runs `n` steps the way the engine does (warm-up steps take no window position) and
+// returns the 0-based steps that closed a window. `overlap`: a window's host step is
+// applied at the next boundary, before that window closes; else at once.
+std::vector<int64_t> run_windows(WindowSchedule& w, int n, bool overlap, const std::function<bool()>& ready,
+                                 std::vector<int64_t>* stale = nullptr) {
+  std::vector<int64_t> boundaries;
+  bool in_flight = false;
+  for (int i = 0; i < n; ++i) {
+    if (stale) stale->push_back(w.stale_windows());
+    const bool warm = w.warming_up();
+    w.step_taken();
+    if (warm) continue;
+    w.add_to_window();
+    if (!w.closes_window(ready)) continue;
+    boundaries.push_back(i);
+    w.close_window();
+    if (overlap && in_flight) w.window_applied();
+    if (!overlap) w.window_applied();
+    in_flight = overlap;
+  }
+  return boundaries;
+}
+
+TEST(WindowSchedule, FixedIntervalClosesEveryUStepsAfterWarmUp) {
+  WindowSchedule w;
+  w.warm_up_rounds = 2;
+  w.update_interval = 3;
+  bool asked = false;
+  EXPECT_TRUE(w.warming_up());
+  const std::vector<int64_t> b = run_windows(w, 9, false, [&] { return asked = true; });
+  EXPECT_EQ(b, (Cols{4, 7}));  // steps 0-1 warm up; windows 2-4 and 5-7; step 8 opens the third
+  EXPECT_FALSE(asked);         // a fixed interval never reads the masses
+  EXPECT_EQ(w.steps, 9);
+  EXPECT_EQ(w.windows, 2);
+  EXPECT_EQ(w.position, 1);
+  EXPECT_EQ(w.parity(), 0);
+  EXPECT_EQ(w.last_window_steps, 3);
+  EXPECT_EQ(w.stale_windows(), 0);
+}
+
+TEST(WindowSchedule, ParityAlternatesWithEachClosedWindow) {
+  WindowSchedule w;
+  w.update_interval = 1;
+  EXPECT_EQ(w.parity(), 0);
+  w.add_to_window();
+  EXPECT_EQ(w.close_window(), 1);
+  EXPECT_EQ(w.parity(), 1);
+  w.add_to_window();
+  w.close_window();
+  EXPECT_EQ(w.parity(), 0);
+}
+
+TEST(WindowSchedule, ZenAutoClosesAtTheBoundWhenTheMassIsNeverReady) {
+  WindowSchedule w;
+  w.update_interval = 0;
+  w.max_update_interval = 4;
+  int asked = 0;
+  const std::vector<int64_t> b = run_windows(w, 10, false, [&] {
+    ++asked;
+    return false;
+  });
+  EXPECT_EQ(b, (Cols{3, 7}));
+  EXPECT_EQ(asked, 3 + 3 + 2);  // positions 1-3 of each window; never at the bound
+}
+
+TEST(WindowSchedule, ZenAutoClosesAtTheStepItsMassIsReady) {
+  WindowSchedule w;
+  w.update_interval = 0;
+  w.max_update_interval = 16;
+  const std::vector<int64_t> b = run_windows(w, 7, false, [&] { return w.position == 2; });
+  EXPECT_EQ(b, (Cols{1, 3, 5}));
+  EXPECT_EQ(w.last_window_steps, 2);
+}
+
+TEST(WindowSchedule, OverlapLeavesEveryStepAfterTheFirstBoundaryOneWindowStale) {
+  WindowSchedule w;
+  w.warm_up_rounds = 1;
+  w.update_interval = 2;
+  std::vector<int64_t> stale;
+  EXPECT_EQ(run_windows(
+                w, 7, true, [] { return false; }, &stale),
+            (Cols{2, 4, 6}));
+  EXPECT_EQ(stale, (Cols{0, 0, 0, 1, 1, 1, 1}));  // as each step begins
+  EXPECT_EQ(w.stale_windows(), 1);
+  EXPECT_EQ(w.stale_steps(), 2);
+  EXPECT_EQ(w.windows_applied, 2);
+}
+
+TEST(WindowSchedule, WithoutOverlapNothingIsStale) {
+  WindowSchedule w;
+  w.update_interval = 3;
+  std::vector<int64_t> stale;
+  run_windows(
+      w, 7, false, [] { return false; }, &stale);
+  EXPECT_EQ(stale, (Cols{0, 0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(w.stale_steps(), 0);
+}
+
+TEST(WindowSchedule, MaxStalenessKeepsTheLargest) {
+  WindowSchedule w;
+  w.note_staleness(1);
+  w.note_staleness(0);
+  EXPECT_EQ(w.max_staleness, 1);
+}
+
+TEST(WindowSchedule, RestoreKnowsTheLastWindowLengthOnlyForAFixedInterval) {
+  WindowSchedule fixed;
+  fixed.update_interval = 4;
+  fixed.restore(30, 7, 2, 6, 1);
+  EXPECT_EQ(fixed.steps, 30);
+  EXPECT_EQ(fixed.windows, 7);
+  EXPECT_EQ(fixed.position, 2);
+  EXPECT_EQ(fixed.parity(), 1);
+  EXPECT_EQ(fixed.stale_windows(), 1);
+  EXPECT_EQ(fixed.stale_steps(), 4);
+  EXPECT_EQ(fixed.max_staleness, 1);
+  WindowSchedule zen_auto;
+  zen_auto.update_interval = 0;
+  zen_auto.restore(30, 7, 2, 6, 1);
+  EXPECT_EQ(zen_auto.stale_windows(), 1);
+  EXPECT_EQ(zen_auto.stale_steps(), 0);
+}
+
+TEST(ZenAuto, ReadyWhenUnselectedMassPerColumnReachesSelectedMassPerColumnAndStep) {
+  // k = 2 selected columns with mass 10 over 2 steps: 2.5 per column and step.
+  // 8 host columns with mass 4: 0.5 each, not ready; with mass 40: 5 each, ready.
+  EXPECT_FALSE(zen_auto_ready({{10, 14, 2, 8}}, 2, 0.99));
+  EXPECT_TRUE(zen_auto_ready({{10, 50, 2, 8}}, 2, 0.99));
+  // Equal is ready: 4 / 2 / 1 = 2 per selected column and step, 6 / 3 = 2 per host column.
+  EXPECT_TRUE(zen_auto_ready({{4, 10, 2, 3}}, 1, 0.99));
+  EXPECT_FALSE(zen_auto_ready({{4, 9.9, 2, 3}}, 1, 0.99));  // 5.9 / 3 per host column
+}
+
+TEST(ZenAuto, NeedsAutoRatioOfTheMatricesAndCountsMatricesWithNothingToCompareAsReady) {
+  const std::vector<WindowMass> one_of_two = {{10, 50, 2, 8}, {10, 14, 2, 8}};
+  EXPECT_TRUE(zen_auto_ready(one_of_two, 2, 0.5));    // 1 >= 0.5 * 2
+  EXPECT_FALSE(zen_auto_ready(one_of_two, 2, 0.99));  // 1 < 1.98
+  // No selected columns (k = 0) or no host columns: ready whatever the masses.
+  EXPECT_TRUE(zen_auto_ready({{0, 100, 0, 8}, {100, 100, 4, 0}}, 1, 0.99));
+  EXPECT_FALSE(zen_auto_ready({{0, 100, 0, 8}, {10, 14, 2, 8}}, 2, 0.99));
 }
 
 }  // namespace

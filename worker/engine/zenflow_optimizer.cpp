@@ -17,6 +17,7 @@
 #include "worker/engine/host_optimizer.h"
 #include "worker/engine/host_thread_pool.h"
 #include "worker/engine/shard_layout.h"
+#include "worker/engine/window_schedule.h"
 
 namespace zenflow::engine {
 
@@ -198,19 +199,12 @@ struct ZenFlowOptimizer::Impl {
   int64_t capacity = 0;
 
   // Progress (see state_dict for what is persisted).
-  int64_t t = 0;           // non-skipped steps
+  WindowSchedule schedule;  // steps, warm-up, windows, staleness (§4)
   int64_t skipped = 0;
   int64_t device_step = 0;  // device updater's bias-correction count
   int64_t host_step = 0;    // host updater's bias-correction count
   double applied_host_seconds = -1;  // the host step complete_inflight() applied (StepReport)
   bool selected = false;
-  int64_t window = 0;       // windows completed since warm-up
-  int64_t window_pos = 0;   // steps accumulated in the open window
-  int64_t windows_applied = 0;
-  // Steps of the last closed window: StepReport::staleness_steps. Not persisted; a resume
-  // knows it only with a fixed update_interval.
-  int64_t last_window_steps = 0;
-  int64_t max_staleness = 0;
   int64_t steps_since_selection = 0;
   int64_t windows_since_selection = 0;
   int64_t epoch_at_selection = 0;
@@ -222,7 +216,7 @@ struct ZenFlowOptimizer::Impl {
 
   bool zenflow() const { return opt.mode == OptimizerMode::kZenFlow; }
   bool partitioned() const { return world > 1; }
-  bool in_warmup() const { return !zenflow() || t < opt.full_warm_up_rounds; }
+  bool in_warmup() const { return !zenflow() || schedule.warming_up(); }
 
   void bytes(Direction d, int64_t n) {
     if (clock) clock->add_bytes(d, n);
@@ -395,6 +389,9 @@ struct ZenFlowOptimizer::Impl {
 
   void build() {
     validate();
+    schedule.warm_up_rounds = opt.full_warm_up_rounds;
+    schedule.update_interval = opt.update_interval;
+    schedule.max_update_interval = opt.max_update_interval;
     if (params.empty()) throw std::invalid_argument("ZenFlowOptimizer: no parameters");
     device = params.front().param.device();
     bool have_split_dtype = false;
@@ -840,7 +837,7 @@ struct ZenFlowOptimizer::Impl {
     apply_slot_fixes();
     inflight.reset();
     apply_host_result(buf);
-    ++windows_applied;
+    schedule.window_applied();
   }
 
   // Writes the leaving columns' state into the host slots the finished in-flight step
@@ -1260,23 +1257,13 @@ struct ZenFlowOptimizer::Impl {
     return out;
   }
 
-  // Zen-auto (§4): does this step close the window?
-  bool auto_window_closes() {
-    if (window_pos >= opt.max_update_interval) return true;
-    auto masses = window_masses(false, nullptr);
-    int64_t ready = 0;
-    for (size_t i = 0; i < split.size(); ++i) {
-      const SplitParam& s = split[i];
-      if (s.k == 0 || s.n_host() == 0) {
-        ++ready;
-        continue;
-      }
-      const double sel = masses[i].first, unsel = masses[i].second - masses[i].first;
-      const double unsel_per_col = unsel / static_cast<double>(s.n_host());
-      const double sel_per_col_step = sel / static_cast<double>(s.k) / static_cast<double>(window_pos);
-      if (unsel_per_col >= sel_per_col_step) ++ready;
-    }
-    return static_cast<double>(ready) >= opt.auto_ratio * static_cast<double>(split.size());
+  // Zen-auto (§4): is the open window's mass ready for the host step?
+  bool zen_auto_window_ready() {
+    const std::vector<std::pair<double, double>> masses = window_masses(false, nullptr);
+    std::vector<WindowMass> m;
+    for (size_t i = 0; i < split.size(); ++i)
+      m.push_back({masses[i].first, masses[i].second, split[i].k, split[i].n_host()});
+    return zen_auto_ready(m, schedule.position, opt.auto_ratio);
   }
 
   // Which matrices to re-select at this boundary (empty = none).
@@ -1320,8 +1307,10 @@ struct ZenFlowOptimizer::Impl {
 
   StepReport step_work(const StepContext& ctx) {
     StepReport rep;
-    rep.staleness_windows = zenflow() && selected ? window - windows_applied : 0;
-    rep.staleness_steps = rep.staleness_windows * last_window_steps;
+    if (zenflow() && selected) {
+      rep.staleness_windows = schedule.stale_windows();
+      rep.staleness_steps = schedule.stale_steps();
+    }
     std::vector<at::Tensor> g = grads();
     const bool dist = partitioned() && !split.empty();
     // Several ranks: the first selection comes before the gradients are exchanged, so
@@ -1368,7 +1357,7 @@ struct ZenFlowOptimizer::Impl {
       dev_span.end(TimeKind::kDeviceOptimizer);
       return rep;
     }
-    max_staleness = std::max(max_staleness, rep.staleness_windows);
+    schedule.note_staleness(rep.staleness_windows);
     if (opt.grad_clip > 0) {
       const double coef = opt.grad_clip / (norm + 1e-6);
       if (coef < 1.0) {
@@ -1409,7 +1398,7 @@ struct ZenFlowOptimizer::Impl {
       }
     }
     dev_span.end(TimeKind::kDeviceOptimizer);
-    ++t;
+    schedule.step_taken();
     if (split.empty()) return rep;
 
     if (warm) {
@@ -1432,20 +1421,20 @@ struct ZenFlowOptimizer::Impl {
       return rep;
     }
 
-    ++window_pos;
+    const int64_t pos = schedule.add_to_window();
     ++steps_since_selection;
-    const bool boundary = opt.update_interval > 0 ? window_pos >= opt.update_interval : auto_window_closes();
-    const int parity = static_cast<int>(window % 2);
+    const bool boundary = schedule.closes_window([&] { return zen_auto_window_ready(); });
+    const int parity = schedule.parity();
     if (!boundary && streaming) {
       pending_accumulates.push_back(host->submit(
-          make_accumulate_job(at::Tensor(), parity, window_pos == 1, stream_gradients(g, synced.shard))));
+          make_accumulate_job(at::Tensor(), parity, pos == 1, stream_gradients(g, synced.shard))));
       return rep;
     }
     if (!boundary) {
       // Mid-window: stage into a ring buffer the accumulate job has released.
-      const int r = static_cast<int>((window_pos - 1) % 2);
+      const int r = static_cast<int>((pos - 1) % 2);
       if (ring_busy[r]) wait_for(StallCause::kHostOptimizer, ring_busy[r]);
-      AccumulateJob job = make_accumulate_job(ring[r], parity, window_pos == 1);
+      AccumulateJob job = make_accumulate_job(ring[r], parity, pos == 1);
       job.before = [d2h = stage_gradients(g, synced.shard, ring[r])]() mutable { d2h.wait(); };
       auto work = host->submit(std::move(job));
       ring_busy[r] = work;
@@ -1461,8 +1450,7 @@ struct ZenFlowOptimizer::Impl {
       source = stream_gradients(g, synced.shard);
     else
       d2h = stage_gradients(g, synced.shard, last_grad[parity]);
-    const int64_t len = window_pos;
-    last_window_steps = len;
+    const int64_t len = schedule.position;
     std::vector<std::shared_ptr<HostWork>> window_accs = std::move(pending_accumulates);
     pending_accumulates.clear();
     const int out = out_index(parity);
@@ -1479,16 +1467,15 @@ struct ZenFlowOptimizer::Impl {
         h2d.wait();
       };
     };
-    ++window;
+    schedule.close_window();
     ++windows_since_selection;
-    window_pos = 0;
     if (!opt.overlap_step) {
       job.before = before();
       auto work = host->submit(std::move(job));
       wait_for(StallCause::kHostOptimizer, work);
       for (auto& w : window_accs) wait_for(StallCause::kHostOptimizer, w);
       apply_host_result(out);
-      ++windows_applied;
+      schedule.window_applied();
       reselect(ctx.epoch, rep, nullptr);
     } else {
       // Re-selection (§4) is decided at the boundary from this window's scores, before
@@ -1527,17 +1514,17 @@ struct ZenFlowOptimizer::Impl {
   void finish() {
     wait_accumulates();
     complete_inflight();
-    if (window_pos == 0 || split.empty()) return;
-    const int parity = static_cast<int>(window % 2);
+    if (schedule.position == 0 || split.empty()) return;
+    const int parity = schedule.parity();
     const int out = out_index(parity);
-    StepJob job = make_step_job(last_lr, at::Tensor(), parity, 1.0f / static_cast<float>(window_pos), out);
+    const int64_t len = schedule.position;
+    StepJob job = make_step_job(last_lr, at::Tensor(), parity, 1.0f / static_cast<float>(len), out);
     job.before = [h2d = h2d_from_out[out]]() mutable { h2d.wait(); };
     auto work = host->submit(std::move(job));
     wait_for(StallCause::kHostOptimizer, work);
     apply_host_result(out);
-    ++window;
-    ++windows_applied;
-    window_pos = 0;
+    schedule.close_window();
+    schedule.window_applied();
     for (auto& s : split) s.score_acc.zero_();
   }
 };
@@ -1556,8 +1543,9 @@ std::vector<std::pair<std::string, at::Tensor>> ZenFlowOptimizer::state_dict() {
   if (i.inflight && i.inflight->work) i.wait_for(StallCause::kCheckpoint, i.inflight->work);
   i.apply_slot_fixes();  // the host arrays must hold the leaving columns' state
   std::vector<std::pair<std::string, at::Tensor>> out;
-  const int64_t scalars[kNumScalars] = {i.t, i.skipped, i.device_step, i.host_step, i.selected ? 1 : 0,
-                                        i.window, i.window_pos, i.windows_applied, i.max_staleness,
+  const WindowSchedule& w = i.schedule;
+  const int64_t scalars[kNumScalars] = {w.steps, i.skipped, i.device_step, i.host_step, i.selected ? 1 : 0,
+                                        w.windows, w.position, w.windows_applied, w.max_staleness,
                                         i.steps_since_selection, i.windows_since_selection,
                                         i.epoch_at_selection, i.reselections, i.inflight ? 1 : 0};
   at::Tensor sc = at::empty({static_cast<int64_t>(kNumScalars)}, at::kLong);
@@ -1566,7 +1554,7 @@ std::vector<std::pair<std::string, at::Tensor>> ZenFlowOptimizer::state_dict() {
   out.emplace_back("engine/last_lr", at::full({1}, i.last_lr, at::kDouble));
   out.emplace_back("engine/partition", index_tensor({i.me, i.world}, at::kCPU));
   auto cpu = [](const at::Tensor& x) { return x.to(at::kCPU).clone(); };
-  const int parity = static_cast<int>(i.window % 2);
+  const int parity = i.schedule.parity();
   for (auto& s : i.split) {
     const std::string p = "split/" + i.params[s.index].name + "/";
     out.emplace_back(p + "sel", index_tensor(s.sel_cpu, at::kCPU));
@@ -1575,7 +1563,7 @@ std::vector<std::pair<std::string, at::Tensor>> ZenFlowOptimizer::state_dict() {
     out.emplace_back(p + "host_master", i.host_view(HostBuf::kMaster, s).clone());
     out.emplace_back(p + "host_m", i.host_view(HostBuf::kM, s).clone());
     out.emplace_back(p + "host_v", i.host_view(HostBuf::kV, s).clone());
-    if (i.window_pos > 0) out.emplace_back(p + "acc", i.host_view(acc_buffer(parity), s).clone());
+    if (w.position > 0) out.emplace_back(p + "acc", i.host_view(acc_buffer(parity), s).clone());
     out.emplace_back(p + "score_acc", cpu(s.score_acc));
     if (s.dev_m.defined()) {
       out.emplace_back(p + "dev_m", cpu(s.dev_m));
@@ -1628,23 +1616,18 @@ void ZenFlowOptimizer::load_state_shards(
   auto get = [&](const std::string& key, at::IntArrayRef shape) { return get_from(0, key, shape); };
   at::Tensor sc = get("engine/scalars", {static_cast<int64_t>(kNumScalars)}).to(at::kLong);
   const int64_t* a = sc.data_ptr<int64_t>();
-  i.t = a[0];
+  i.schedule.restore(a[0], a[5], a[6], a[7], a[8]);
   i.skipped = a[1];
   i.device_step = a[2];
   i.host_step = a[3];
   i.selected = a[4] != 0;
-  i.window = a[5];
-  i.window_pos = a[6];
-  i.windows_applied = a[7];
-  i.last_window_steps = i.opt.update_interval > 0 ? i.opt.update_interval : 0;
-  i.max_staleness = a[8];
   i.steps_since_selection = a[9];
   i.windows_since_selection = a[10];
   i.epoch_at_selection = a[11];
   i.reselections = a[12];
   if (a[13] != 0) i.inflight.reset(new InFlight{nullptr, -1, {}});
   i.last_lr = get("engine/last_lr", {1}).item<double>();
-  const int parity = static_cast<int>(i.window % 2);
+  const int parity = i.schedule.parity();
   for (auto& s : i.split) {
     const std::string p = "split/" + i.params[s.index].name + "/";
     const at::Tensor* sel_t = find(0, p + "sel");
@@ -1661,7 +1644,7 @@ void ZenFlowOptimizer::load_state_shards(
     // without host_cols (one rank) holds every host-owned column.
     std::vector<std::string> names = {"host_master", "host_m", "host_v"};
     std::vector<HostBuf> into = {HostBuf::kMaster, HostBuf::kM, HostBuf::kV};
-    if (i.window_pos > 0) {
+    if (i.schedule.position > 0) {
       names.push_back("acc");
       into.push_back(acc_buffer(parity));
     }
@@ -1755,12 +1738,12 @@ void ZenFlowOptimizer::zero_grad() {
 StepReport ZenFlowOptimizer::step(const StepContext& ctx) { return impl_->step(ctx); }
 void ZenFlowOptimizer::finish() { impl_->finish(); }
 const EngineOptions& ZenFlowOptimizer::options() const { return impl_->opt; }
-int64_t ZenFlowOptimizer::steps() const { return impl_->t; }
+int64_t ZenFlowOptimizer::steps() const { return impl_->schedule.steps; }
 int64_t ZenFlowOptimizer::skipped_steps() const { return impl_->skipped; }
 int64_t ZenFlowOptimizer::host_steps() const { return impl_->host_step; }
-int64_t ZenFlowOptimizer::windows_completed() const { return impl_->window; }
-int64_t ZenFlowOptimizer::max_staleness_windows() const { return impl_->max_staleness; }
-bool ZenFlowOptimizer::at_boundary() const { return impl_->window_pos == 0; }
+int64_t ZenFlowOptimizer::windows_completed() const { return impl_->schedule.windows; }
+int64_t ZenFlowOptimizer::max_staleness_windows() const { return impl_->schedule.max_staleness; }
+bool ZenFlowOptimizer::at_boundary() const { return impl_->schedule.position == 0; }
 int64_t ZenFlowOptimizer::reselections() const { return impl_->reselections; }
 
 std::vector<int64_t> ZenFlowOptimizer::selected_columns(const std::string& name) const {
