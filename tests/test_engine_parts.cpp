@@ -1,11 +1,13 @@
-// The engine's pure parts (worker/engine/): the shard layout and the window schedule,
-// with concrete numbers and no tensors. ZenFlowOptimizer's own tests pin what they do inside the engine.
+// The engine's pure parts (worker/engine/): the shard layout, the window schedule and the
+// selection plan, with concrete numbers and no tensors. ZenFlowOptimizer's own tests pin what they do inside
+// the engine.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <functional>
 #include <vector>
 
+#include "worker/engine/selection_plan.h"
 #include "worker/engine/shard_layout.h"
 #include "worker/engine/window_schedule.h"
 
@@ -149,6 +151,7 @@ TEST(WindowSchedule, ParityAlternatesWithEachClosedWindow) {
 
 TEST(WindowSchedule, ZenAutoClosesAtTheBoundWhenTheMassIsNeverReady) {
   WindowSchedule w;
+  w.warm_up_rounds = 0;
   w.update_interval = 0;
   w.max_update_interval = 4;
   int asked = 0;
@@ -162,6 +165,7 @@ TEST(WindowSchedule, ZenAutoClosesAtTheBoundWhenTheMassIsNeverReady) {
 
 TEST(WindowSchedule, ZenAutoClosesAtTheStepItsMassIsReady) {
   WindowSchedule w;
+  w.warm_up_rounds = 0;
   w.update_interval = 0;
   w.max_update_interval = 16;
   const std::vector<int64_t> b = run_windows(w, 7, false, [&] { return w.position == 2; });
@@ -185,6 +189,7 @@ TEST(WindowSchedule, OverlapLeavesEveryStepAfterTheFirstBoundaryOneWindowStale) 
 
 TEST(WindowSchedule, WithoutOverlapNothingIsStale) {
   WindowSchedule w;
+  w.warm_up_rounds = 0;
   w.update_interval = 3;
   std::vector<int64_t> stale;
   run_windows(
@@ -235,6 +240,104 @@ TEST(ZenAuto, NeedsAutoRatioOfTheMatricesAndCountsMatricesWithNothingToCompareAs
   // No selected columns (k = 0) or no host columns: ready whatever the masses.
   EXPECT_TRUE(zen_auto_ready({{0, 100, 0, 8}, {100, 100, 4, 0}}, 1, 0.99));
   EXPECT_FALSE(zen_auto_ready({{0, 100, 0, 8}, {10, 14, 2, 8}}, 2, 0.99));
+}
+
+TEST(SelectionSchedule, StepStrategyIsDueEverySStepsOrTenWindowsWhenAuto) {
+  SelectionSchedule s;
+  s.strategy = SelectStrategy::kStep;
+  s.interval = 4;
+  s.steps_since = 3;
+  EXPECT_FALSE(s.all_due(0));
+  s.step_in_window();
+  EXPECT_TRUE(s.all_due(0));
+  EXPECT_FALSE(s.drift_decides());
+  s.interval = 0;
+  s.windows_since = 9;
+  EXPECT_FALSE(s.all_due(0));
+  s.window_closed();
+  EXPECT_TRUE(s.all_due(0));
+}
+
+TEST(SelectionSchedule, EpochStrategyIsDueEverySEpochsAtLeastOne) {
+  SelectionSchedule s;
+  s.strategy = SelectStrategy::kEpoch;
+  s.epoch_at = 2;
+  EXPECT_FALSE(s.all_due(2));
+  EXPECT_TRUE(s.all_due(3));  // auto: every epoch
+  s.interval = 2;
+  EXPECT_FALSE(s.all_due(3));
+  EXPECT_TRUE(s.all_due(4));
+}
+
+TEST(SelectionSchedule, AutoStrategyReselectsEverythingInANewEpochElseByDrift) {
+  SelectionSchedule s;
+  s.epoch_at = 1;
+  s.steps_since = 1000;
+  s.windows_since = 1000;
+  EXPECT_FALSE(s.all_due(1));
+  EXPECT_TRUE(s.drift_decides());
+  EXPECT_TRUE(s.all_due(2));
+}
+
+TEST(SelectionSchedule, ASelectionRestartsTheCounts) {
+  SelectionSchedule s;
+  s.steps_since = 7;
+  s.windows_since = 3;
+  s.first_selection_made(4);
+  EXPECT_TRUE(s.selected);
+  EXPECT_EQ(s.steps_since, 0);
+  EXPECT_EQ(s.windows_since, 0);
+  EXPECT_EQ(s.epoch_at, 4);
+  s.steps_since = 5;
+  s.restart(6);
+  EXPECT_EQ(s.steps_since, 0);
+  EXPECT_EQ(s.epoch_at, 6);
+  EXPECT_EQ(s.reselections, 0);  // counted by the engine, only when a set changed
+}
+
+TEST(SelectionDrift, DueWhenTheSelectedShareFallsBelowThresholdTimesTheFreshShare) {
+  // Selected 8 of 20 (0.4) against a fresh top-k of 10 (0.5): 0.4 < 0.9 * 0.5.
+  EXPECT_TRUE(selection_drifted({8, 20, 2, 6}, 10, 0.9));
+  EXPECT_FALSE(selection_drifted({9.5, 20, 2, 6}, 10, 0.9));  // 0.475 >= 0.45
+  EXPECT_FALSE(selection_drifted({8, 20, 0, 6}, 10, 0.9));    // nothing selected
+  EXPECT_FALSE(selection_drifted({8, 20, 2, 0}, 10, 0.9));    // nothing on the host
+  EXPECT_FALSE(selection_drifted({0, 0, 2, 6}, 0, 0.9));      // no mass
+}
+
+TEST(ColumnMoves, EnteringAndLeavingAreTheTwoSetDifferences) {
+  const ColumnMoves m = column_moves({1, 3, 5, 7}, {1, 2, 5, 8});
+  EXPECT_EQ(m.entering, (Cols{2, 8}));
+  EXPECT_EQ(m.leaving, (Cols{3, 7}));
+  EXPECT_FALSE(m.empty());
+  EXPECT_TRUE(column_moves({1, 2}, {1, 2}).empty());
+  EXPECT_EQ(column_moves({}, {0, 4}).entering, (Cols{0, 4}));  // the first selection
+}
+
+TEST(PartOrder, OneRankLeavingColumnsTakeTheEnteringOnesSlotsInOrder) {
+  const ColumnRanges one = assign_column_ranges({{3, 10}}, 1)[0];
+  const ColumnMoves m = column_moves({1, 3, 5, 7}, {1, 2, 5, 8});
+  EXPECT_EQ(part_order_after(one, 0, {0, 2, 4, 6, 8, 9}, m), (Cols{0, 3, 4, 6, 7, 9}));
+  // A storage order that is not ascending stays as it is, but for the replaced slots.
+  EXPECT_EQ(part_order_after(one, 0, {9, 0, 6}, column_moves({2, 5}, {5, 6})), (Cols{9, 0, 2}));
+  EXPECT_TRUE(slot_for_slot(one, m));
+}
+
+TEST(PartOrder, UnevenMovesAcrossRanksRepackThoseRanksAscending) {
+  const ColumnRanges two = assign_column_ranges({{3, 10}}, 2)[0];  // [0,5) [5,10)
+  // Selected {1,3,6,8}: rank 0 holds {0,2,4}, rank 1 {5,7,9}. Column 2 enters, 6 leaves.
+  const ColumnMoves m = column_moves({1, 3, 6, 8}, {1, 2, 3, 8});
+  EXPECT_FALSE(slot_for_slot(two, m));
+  EXPECT_EQ(part_order_after(two, 0, {0, 2, 4}, m), (Cols{0, 4}));
+  EXPECT_EQ(part_order_after(two, 1, {9, 5, 7}, m), (Cols{5, 6, 7, 9}));
+}
+
+TEST(PartOrder, BalancedMovesOnEveryRankStaySlotForSlot) {
+  const ColumnRanges two = assign_column_ranges({{3, 10}}, 2)[0];
+  // Column 2 enters and 1 leaves, both rank 0's; rank 1 is untouched.
+  const ColumnMoves m = column_moves({1, 3, 6, 8}, {2, 3, 6, 8});
+  EXPECT_TRUE(slot_for_slot(two, m));
+  EXPECT_EQ(part_order_after(two, 0, {4, 2, 0}, m), (Cols{4, 1, 0}));
+  EXPECT_EQ(part_order_after(two, 1, {9, 5, 7}, m), (Cols{9, 5, 7}));
 }
 
 }  // namespace

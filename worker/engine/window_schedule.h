@@ -9,13 +9,16 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/engine_defaults.h"
+
 namespace zenflow::engine {
 
 struct WindowSchedule {
-  // Settings (EngineOptions).
-  int64_t warm_up_rounds = 0;        // full_warm_up_rounds: synchronous offload steps first
-  int64_t update_interval = 1;       // steps per window; 0 = Zen-auto
-  int64_t max_update_interval = 16;  // Zen-auto's bound on a window
+  // Settings (EngineOptions): full_warm_up_rounds synchronous offload steps first, then
+  // windows of update_interval steps (0 = Zen-auto, bounded by max_update_interval).
+  int64_t warm_up_rounds = engine_defaults::kFullWarmUpRounds;
+  int64_t update_interval = engine_defaults::kUpdateInterval;
+  int64_t max_update_interval = engine_defaults::kMaxUpdateInterval;
 
   // Progress; steps, windows, position, windows_applied and max_staleness are persisted
   // (engine state), last_window_steps is not (restore).

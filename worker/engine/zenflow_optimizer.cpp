@@ -204,11 +204,7 @@ struct ZenFlowOptimizer::Impl {
   int64_t device_step = 0;  // device updater's bias-correction count
   int64_t host_step = 0;    // host updater's bias-correction count
   double applied_host_seconds = -1;  // the host step complete_inflight() applied (StepReport)
-  bool selected = false;
-  int64_t steps_since_selection = 0;
-  int64_t windows_since_selection = 0;
-  int64_t epoch_at_selection = 0;
-  int64_t reselections = 0;
+  SelectionSchedule selection;  // selected yet, re-selection due, re-selections (§2)
   std::unique_ptr<InFlight> inflight;
   std::vector<SlotFix> slot_fixes;  // for the in-flight step's layout change (see SlotFix)
   double last_lr = 0;
@@ -392,6 +388,9 @@ struct ZenFlowOptimizer::Impl {
     schedule.warm_up_rounds = opt.full_warm_up_rounds;
     schedule.update_interval = opt.update_interval;
     schedule.max_update_interval = opt.max_update_interval;
+    selection.strategy = opt.select_strategy;
+    selection.interval = opt.select_interval;
+    selection.threshold = opt.reselect_threshold;
     if (params.empty()) throw std::invalid_argument("ZenFlowOptimizer: no parameters");
     device = params.front().param.device();
     bool have_split_dtype = false;
@@ -593,7 +592,7 @@ struct ZenFlowOptimizer::Impl {
       for (auto& s : split) parts.push_back(scores_of(g[s.index], s));
     // Selected columns: all-reduced (mean), written back into the gradients.
     out.replicated_sq = at::zeros({}, f32);
-    if (selected) {
+    if (selection.selected) {
       int64_t n = 0;
       for (auto& s : split) n += s.k * s.out;
       if (n > 0) {
@@ -876,34 +875,6 @@ struct ZenFlowOptimizer::Impl {
     return out;
   }
 
-  // Storage order of rank r's host-owned columns of s after `entering` moved to the
-  // device and `leaving` to the host: when as many of the rank's columns leave the device
-  // as enter it (always, with one rank: k is fixed), the leaving columns take the slots of
-  // the entering ones in order, so a re-selection touches O(changed columns), not the
-  // whole host state; otherwise ascending (a full re-pack).
-  static std::vector<int64_t> new_part_order(const SplitParam& s, int r, const std::vector<int64_t>& entering,
-                                             const std::vector<int64_t>& leaving) {
-    auto in_range = [&](int64_t c) { return s.ranges.holds(r, c); };
-    const std::vector<int64_t>& old = s.parts[static_cast<size_t>(r)].cols;
-    std::vector<int64_t> leave_r, out;
-    for (int64_t c : leaving)
-      if (in_range(c)) leave_r.push_back(c);
-    size_t n_enter_r = 0;
-    for (int64_t c : entering) n_enter_r += in_range(c) ? 1 : 0;
-    if (n_enter_r == leave_r.size()) {
-      out = old;
-      size_t next = 0;
-      for (int64_t& c : out)
-        if (std::binary_search(entering.begin(), entering.end(), c)) c = leave_r[next++];
-      return out;
-    }
-    for (int64_t c : old)
-      if (!std::binary_search(entering.begin(), entering.end(), c)) out.push_back(c);
-    out.insert(out.end(), leave_r.begin(), leave_r.end());
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-
   // Moves master/m/v of columns whose owner changes (§3 "one set of moments per
   // column"): only entering and leaving columns cross between device and host; the host
   // arrays are re-packed in place by the backend (HostOptimizer::repack_columns, one row
@@ -920,22 +891,19 @@ struct ZenFlowOptimizer::Impl {
     using device_ops::scatter_columns;
     if (new_sel == s.sel_cpu) return;
     const auto f32cpu = at::TensorOptions().dtype(at::kFloat);
-    std::vector<int64_t> entering, leaving;
-    std::set_difference(new_sel.begin(), new_sel.end(), s.sel_cpu.begin(), s.sel_cpu.end(),
-                        std::back_inserter(entering));
-    std::set_difference(s.sel_cpu.begin(), s.sel_cpu.end(), new_sel.begin(), new_sel.end(),
-                        std::back_inserter(leaving));
+    const ColumnMoves moves = column_moves(s.sel_cpu, new_sel);
+    const std::vector<int64_t>& entering = moves.entering;
     std::vector<int64_t> leaving_own;
-    for (int64_t c : leaving)
+    for (int64_t c : moves.leaving)
       if (s.owns(c)) leaving_own.push_back(c);
     // Every rank's new storage order (all ranks compute all of them: the staging layout
     // depends on them); this rank's is new_own.
     std::vector<int64_t> new_unsel;
     for (int r = 0; r < world; ++r) {
-      const std::vector<int64_t> order = new_part_order(s, r, entering, leaving);
+      const std::vector<int64_t> order = part_order_after(s.ranges, r, s.parts[static_cast<size_t>(r)].cols, moves);
       new_unsel.insert(new_unsel.end(), order.begin(), order.end());
     }
-    const std::vector<int64_t> new_own = new_part_order(s, me, entering, leaving);
+    const std::vector<int64_t> new_own = part_order_after(s.ranges, me, s.own().cols, moves);
     // Positions of each column in this rank's old packed host arrays and the old device arrays.
     const std::vector<int64_t>& old_own = s.own().cols;
     std::vector<int64_t> host_pos(static_cast<size_t>(s.in), -1), dev_pos(static_cast<size_t>(s.in), -1);
@@ -1010,7 +978,7 @@ struct ZenFlowOptimizer::Impl {
     }
     if (static_cast<int64_t>(new_own.size()) == n_old) {
       // Slot for slot: each leaving column is written where a column that moved to the
-      // device was (new_part_order); nothing else moves.
+      // device was (part_order_after); nothing else moves.
       std::vector<int64_t> slots;
       for (size_t q = 0; q < new_own.size(); ++q)
         if (host_pos[static_cast<size_t>(new_own[q])] < 0) slots.push_back(static_cast<int64_t>(q));
@@ -1059,15 +1027,15 @@ struct ZenFlowOptimizer::Impl {
   struct Reselection {
     bool due = false;  // some matrix was due (resets the selection counters)
     bool changed = false;
-    std::vector<std::vector<int64_t>> fresh;     // per matrix; empty when unchanged
-    std::vector<std::vector<int64_t>> entering;  // per matrix: fresh minus the current set
-    std::vector<at::Tensor> ready;               // per matrix: enter_window_step's result
+    std::vector<std::vector<int64_t>> fresh;  // per matrix; empty when unchanged
+    std::vector<ColumnMoves> moves;           // per matrix: from the current set to fresh
+    std::vector<at::Tensor> ready;            // per matrix: enter_window_step's result
   };
 
   Reselection plan_reselection(int64_t epoch) {
     Reselection p;
     p.fresh.resize(split.size());
-    p.entering.resize(split.size());
+    p.moves.resize(split.size());
     p.ready.resize(split.size());
     const std::vector<bool> due = reselection_due(epoch);
     for (size_t i = 0; i < split.size(); ++i) {
@@ -1075,8 +1043,7 @@ struct ZenFlowOptimizer::Impl {
       p.due = true;
       std::vector<int64_t> fresh = top_k(split[i].score_acc, split[i].k);
       if (fresh == split[i].sel_cpu) continue;
-      std::set_difference(fresh.begin(), fresh.end(), split[i].sel_cpu.begin(), split[i].sel_cpu.end(),
-                          std::back_inserter(p.entering[i]));
+      p.moves[i] = column_moves(split[i].sel_cpu, fresh);
       p.fresh[i] = std::move(fresh);
       p.changed = true;
     }
@@ -1097,20 +1064,12 @@ struct ZenFlowOptimizer::Impl {
     ClockSpan span = clock_span();
     if (plan->changed) {
       const bool in_flight = inflight && inflight->work;
-      bool slot_for_slot = true;
-      for (size_t i = 0; i < split.size() && slot_for_slot; ++i) {
-        if (plan->fresh[i].empty()) continue;
-        std::vector<int64_t> leaving;
-        std::set_difference(split[i].sel_cpu.begin(), split[i].sel_cpu.end(), plan->fresh[i].begin(),
-                            plan->fresh[i].end(), std::back_inserter(leaving));
-        for (int r = 0; r < world; ++r)
-          if (new_part_order(split[i], r, plan->entering[i], leaving).size() !=
-              split[i].parts[static_cast<size_t>(r)].cols.size())
-            slot_for_slot = false;
-      }
+      bool in_place = true;  // every matrix's moves slot for slot
+      for (size_t i = 0; i < split.size(); ++i)
+        if (!plan->fresh[i].empty() && !slot_for_slot(split[i].ranges, plan->moves[i])) in_place = false;
       std::vector<std::vector<int64_t>> old_cols;
       std::vector<int64_t> old_offset;
-      if (in_flight && !slot_for_slot) {
+      if (in_flight && !in_place) {
         wait_for(StallCause::kHostOptimizer, inflight->work);
         for (auto& sp : split) {
           old_cols.push_back(sp.own().cols);
@@ -1118,14 +1077,12 @@ struct ZenFlowOptimizer::Impl {
         }
       }
       for (size_t i = 0; i < split.size(); ++i)
-        if (!plan->fresh[i].empty()) migrate(split[i], plan->fresh[i], plan->ready[i], in_flight && slot_for_slot);
+        if (!plan->fresh[i].empty()) migrate(split[i], plan->fresh[i], plan->ready[i], in_flight && in_place);
       relayout();
-      if (in_flight && !slot_for_slot && out_copy()) repack_param_out(inflight->buffer, old_cols, old_offset);
-      ++reselections;
+      if (in_flight && !in_place && out_copy()) repack_param_out(inflight->buffer, old_cols, old_offset);
+      ++selection.reselections;
     }
-    steps_since_selection = 0;
-    windows_since_selection = 0;
-    epoch_at_selection = epoch;
+    selection.restart(epoch);
     rep.reselected = plan->changed;
     span.end(TimeKind::kDeviceOptimizer);
   }
@@ -1229,15 +1186,14 @@ struct ZenFlowOptimizer::Impl {
       off += s.in;
       migrate(s, top_k(sc, s.k));
     }
-    selected = true;
     relayout();
-    steps_since_selection = 0;
-    windows_since_selection = 0;
-    epoch_at_selection = epoch;
+    selection.first_selection_made(epoch);
   }
 
-  // Per matrix: [selected mass, total mass] of this window's scores.
-  std::vector<std::pair<double, double>> window_masses(bool with_fresh, std::vector<double>* fresh) {
+  // Per matrix: the masses of this window's scores; `fresh` (or null): per matrix, the
+  // mass of the top-k by them.
+  std::vector<WindowMass> window_masses(std::vector<double>* fresh) {
+    const bool with_fresh = fresh != nullptr;
     std::vector<at::Tensor> parts;
     for (auto& s : split) {
       at::Tensor sel_mass = s.k > 0 ? s.score_acc.index_select(0, s.sel).sum() : at::zeros({}, s.score_acc.options());
@@ -1248,51 +1204,26 @@ struct ZenFlowOptimizer::Impl {
     }
     at::Tensor all = at::stack(parts).to(at::kCPU).to(at::kDouble);
     const double* a = all.data_ptr<double>();
-    std::vector<std::pair<double, double>> out;
+    std::vector<WindowMass> out;
     const size_t stride = with_fresh ? 3 : 2;
     for (size_t i = 0; i < split.size(); ++i) {
-      out.emplace_back(a[i * stride], a[i * stride + 1]);
+      out.push_back({a[i * stride], a[i * stride + 1], split[i].k, split[i].n_host()});
       if (with_fresh) fresh->push_back(a[i * stride + 2]);
     }
     return out;
   }
 
   // Zen-auto (§4): is the open window's mass ready for the host step?
-  bool zen_auto_window_ready() {
-    const std::vector<std::pair<double, double>> masses = window_masses(false, nullptr);
-    std::vector<WindowMass> m;
-    for (size_t i = 0; i < split.size(); ++i)
-      m.push_back({masses[i].first, masses[i].second, split[i].k, split[i].n_host()});
-    return zen_auto_ready(m, schedule.position, opt.auto_ratio);
-  }
+  bool zen_auto_window_ready() { return zen_auto_ready(window_masses(nullptr), schedule.position, opt.auto_ratio); }
 
-  // Which matrices to re-select at this boundary (empty = none).
+  // Which matrices to re-select at this boundary (none, all, or those that drifted).
   std::vector<bool> reselection_due(int64_t epoch) {
+    if (selection.all_due(epoch)) return std::vector<bool>(split.size(), true);
     std::vector<bool> due(split.size(), false);
-    bool all = false;
-    switch (opt.select_strategy) {
-      case SelectStrategy::kStep:
-        all = opt.select_interval > 0 ? steps_since_selection >= opt.select_interval
-                                      : windows_since_selection >= 10;
-        break;
-      case SelectStrategy::kEpoch:
-        all = epoch - epoch_at_selection >= std::max<int64_t>(1, opt.select_interval);
-        break;
-      case SelectStrategy::kAuto: {
-        all = epoch > epoch_at_selection;
-        if (!all) {
-          std::vector<double> fresh;
-          auto masses = window_masses(true, &fresh);
-          for (size_t i = 0; i < split.size(); ++i) {
-            const double total = masses[i].second;
-            if (split[i].k == 0 || split[i].n_host() == 0 || total <= 0) continue;
-            due[i] = masses[i].first / total < opt.reselect_threshold * (fresh[i] / total);
-          }
-        }
-        break;
-      }
-    }
-    if (all) std::fill(due.begin(), due.end(), true);
+    if (!selection.drift_decides()) return due;
+    std::vector<double> fresh;
+    const std::vector<WindowMass> masses = window_masses(&fresh);
+    for (size_t i = 0; i < split.size(); ++i) due[i] = selection_drifted(masses[i], fresh[i], selection.threshold);
     return due;
   }
 
@@ -1307,7 +1238,7 @@ struct ZenFlowOptimizer::Impl {
 
   StepReport step_work(const StepContext& ctx) {
     StepReport rep;
-    if (zenflow() && selected) {
+    if (zenflow() && selection.selected) {
       rep.staleness_windows = schedule.stale_windows();
       rep.staleness_steps = schedule.stale_steps();
     }
@@ -1316,7 +1247,7 @@ struct ZenFlowOptimizer::Impl {
     // Several ranks: the first selection comes before the gradients are exchanged, so
     // that this step's exchange already follows it (top-k is unaffected by clipping's
     // uniform scale; a non-finite score means a skipped step, which selects nothing).
-    if (dist && zenflow() && !in_warmup() && !selected) {
+    if (dist && zenflow() && !in_warmup() && !selection.selected) {
       at::Tensor sc;
       stalled(StallCause::kAllreduce, [&] {
         std::vector<at::Tensor> parts;
@@ -1372,7 +1303,7 @@ struct ZenFlowOptimizer::Impl {
     const bool warm = in_warmup();
     last_lr = ctx.lr;
     // §2: first selection, on the first step after warm-up, from this step's gradient.
-    if (zenflow() && !warm && !selected) select_all(g, synced.scores, ctx.epoch);
+    if (zenflow() && !warm && !selection.selected) select_all(g, synced.scores, ctx.epoch);
 
     // §3 device updater: always-device parameters and selected columns.
     ++device_step;
@@ -1380,7 +1311,7 @@ struct ZenFlowOptimizer::Impl {
       device_ops::dense_adamw(d.p, g[d.index], d.master, d.m, d.v,
                               coeffs(ctx.lr, d.weight_decay, device_step), 1.0f);
     }
-    if (selected) {
+    if (selection.selected) {
       for (auto& s : split)
         if (s.k > 0)
           device_ops::selected_adamw(s.w2d, g[s.index].view({s.out, s.in}), s.sel, s.dev_master, s.dev_m,
@@ -1422,7 +1353,7 @@ struct ZenFlowOptimizer::Impl {
     }
 
     const int64_t pos = schedule.add_to_window();
-    ++steps_since_selection;
+    selection.step_in_window();
     const bool boundary = schedule.closes_window([&] { return zen_auto_window_ready(); });
     const int parity = schedule.parity();
     if (!boundary && streaming) {
@@ -1468,7 +1399,7 @@ struct ZenFlowOptimizer::Impl {
       };
     };
     schedule.close_window();
-    ++windows_since_selection;
+    selection.window_closed();
     if (!opt.overlap_step) {
       job.before = before();
       auto work = host->submit(std::move(job));
@@ -1492,12 +1423,12 @@ struct ZenFlowOptimizer::Impl {
         std::vector<EnterReads> reads(split.size());
         ColumnBatch batch;
         for (size_t i = 0; i < split.size(); ++i)
-          if (!plan.entering[i].empty())
-            reads[i] = read_entering(split[i], plan.entering[i], len, parity, batch);
+          if (!plan.moves[i].entering.empty())
+            reads[i] = read_entering(split[i], plan.moves[i].entering, len, parity, batch);
         gather(batch);
         for (size_t i = 0; i < split.size(); ++i)
-          if (!plan.entering[i].empty())
-            plan.ready[i] = enter_window_step(split[i], plan.entering[i], reads[i], g, synced.shard, len,
+          if (!plan.moves[i].entering.empty())
+            plan.ready[i] = enter_window_step(split[i], plan.moves[i].entering, reads[i], g, synced.shard, len,
                                               coeffs(ctx.lr, split[i].weight_decay, host_step));
         span.end(TimeKind::kDeviceOptimizer);
       }
@@ -1544,10 +1475,11 @@ std::vector<std::pair<std::string, at::Tensor>> ZenFlowOptimizer::state_dict() {
   i.apply_slot_fixes();  // the host arrays must hold the leaving columns' state
   std::vector<std::pair<std::string, at::Tensor>> out;
   const WindowSchedule& w = i.schedule;
-  const int64_t scalars[kNumScalars] = {w.steps, i.skipped, i.device_step, i.host_step, i.selected ? 1 : 0,
+  const SelectionSchedule& sel = i.selection;
+  const int64_t scalars[kNumScalars] = {w.steps, i.skipped, i.device_step, i.host_step, sel.selected ? 1 : 0,
                                         w.windows, w.position, w.windows_applied, w.max_staleness,
-                                        i.steps_since_selection, i.windows_since_selection,
-                                        i.epoch_at_selection, i.reselections, i.inflight ? 1 : 0};
+                                        sel.steps_since, sel.windows_since,
+                                        sel.epoch_at, sel.reselections, i.inflight ? 1 : 0};
   at::Tensor sc = at::empty({static_cast<int64_t>(kNumScalars)}, at::kLong);
   std::copy(scalars, scalars + kNumScalars, sc.data_ptr<int64_t>());
   out.emplace_back("engine/scalars", sc);
@@ -1620,11 +1552,11 @@ void ZenFlowOptimizer::load_state_shards(
   i.skipped = a[1];
   i.device_step = a[2];
   i.host_step = a[3];
-  i.selected = a[4] != 0;
-  i.steps_since_selection = a[9];
-  i.windows_since_selection = a[10];
-  i.epoch_at_selection = a[11];
-  i.reselections = a[12];
+  i.selection.selected = a[4] != 0;
+  i.selection.steps_since = a[9];
+  i.selection.windows_since = a[10];
+  i.selection.epoch_at = a[11];
+  i.selection.reselections = a[12];
   if (a[13] != 0) i.inflight.reset(new InFlight{nullptr, -1, {}});
   i.last_lr = get("engine/last_lr", {1}).item<double>();
   const int parity = i.schedule.parity();
@@ -1633,9 +1565,9 @@ void ZenFlowOptimizer::load_state_shards(
     const at::Tensor* sel_t = find(0, p + "sel");
     if (!sel_t) throw std::runtime_error("engine state: missing '" + p + "sel'");
     std::vector<int64_t> sel = to_vector(*sel_t);
-    if (static_cast<int64_t>(sel.size()) != (i.selected ? s.k : 0))
+    if (static_cast<int64_t>(sel.size()) != (i.selection.selected ? s.k : 0))
       throw std::runtime_error("engine state: '" + p + "sel' has " + std::to_string(sel.size()) +
-                               " columns, expected " + std::to_string(i.selected ? s.k : 0));
+                               " columns, expected " + std::to_string(i.selection.selected ? s.k : 0));
     s.sel_cpu = sel;
     s.unsel_cpu = complement(sel, s.in);
     s.sel = index_tensor(s.sel_cpu, i.device);
@@ -1683,7 +1615,7 @@ void ZenFlowOptimizer::load_state_shards(
                                i.params[s.index].name + "' are in no shard (a rank's engine state is missing?)");
     s.score_acc.copy_(get(p + "score_acc", {s.in}));
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(i.device);
-    if (i.selected) {
+    if (i.selection.selected) {
       // Copies, never aliases of the caller's tensors (copy = true).
       s.dev_m = get(p + "dev_m", {s.out, s.k}).to(f32, false, true);
       s.dev_v = get(p + "dev_v", {s.out, s.k}).to(f32, false, true);
@@ -1744,7 +1676,7 @@ int64_t ZenFlowOptimizer::host_steps() const { return impl_->host_step; }
 int64_t ZenFlowOptimizer::windows_completed() const { return impl_->schedule.windows; }
 int64_t ZenFlowOptimizer::max_staleness_windows() const { return impl_->schedule.max_staleness; }
 bool ZenFlowOptimizer::at_boundary() const { return impl_->schedule.position == 0; }
-int64_t ZenFlowOptimizer::reselections() const { return impl_->reselections; }
+int64_t ZenFlowOptimizer::reselections() const { return impl_->selection.reselections; }
 
 std::vector<int64_t> ZenFlowOptimizer::selected_columns(const std::string& name) const {
   for (auto& s : impl_->split)
