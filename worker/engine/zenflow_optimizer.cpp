@@ -1236,18 +1236,69 @@ struct ZenFlowOptimizer::Impl {
     return rep;
   }
 
+  // One step, section by section of docs/semantics.md.
   StepReport step_work(const StepContext& ctx) {
+    StepReport rep = staleness_report();  // §4: what this step's gradient did not see
+    std::vector<at::Tensor> g = grads();
+    SyncedGradients synced = exchange_gradients(g, ctx.epoch);  // §9 (several ranks)
+    ClockSpan dev_span = clock_span();
+    rep.grad_norm = global_norm(g, synced);  // §5
+    if (!std::isfinite(rep.grad_norm)) {
+      ++skipped;
+      rep.skipped = true;
+      dev_span.end(TimeKind::kDeviceOptimizer);
+      return rep;
+    }
+    schedule.note_staleness(rep.staleness_windows);
+    clip(g, synced, rep.grad_norm);  // §5
+    const bool warm = in_warmup();
+    last_lr = ctx.lr;
+    // §2: first selection, on the first step after warm-up, from this step's gradient.
+    if (zenflow() && !warm && !selection.selected) select_all(g, synced.scores, ctx.epoch);
+    update_on_device(g, ctx.lr);  // §3 device updater
+    if (zenflow() && !warm) accumulate_scores(g, synced);  // §2: the window's summed scores
+    dev_span.end(TimeKind::kDeviceOptimizer);
+    schedule.step_taken();
+    if (split.empty()) return rep;
+    if (warm) {
+      host_step_now(g, synced.shard, ctx.lr);  // §4 warm-up (and offload mode)
+      return rep;
+    }
+    const int64_t pos = schedule.add_to_window();
+    selection.step_in_window();
+    if (!schedule.closes_window([&] { return zen_auto_window_ready(); })) {
+      accumulate_on_host(g, synced.shard, pos);  // §3 host updater, mid-window
+      return rep;
+    }
+    rep.boundary = true;  // §4 boundary: hand the window over, apply, re-select
+    WindowHandover w = close_window(g, synced.shard, ctx.lr);
+    if (opt.overlap_step)
+      pipeline_window(std::move(w), g, synced.shard, ctx, rep);
+    else
+      run_window_now(std::move(w), ctx.epoch, rep);
+    for (auto& s : split) s.score_acc.zero_();
+    return rep;
+  }
+
+  // --- The step's sections ---
+  StepReport staleness_report() const {
     StepReport rep;
     if (zenflow() && selection.selected) {
       rep.staleness_windows = schedule.stale_windows();
       rep.staleness_steps = schedule.stale_steps();
     }
-    std::vector<at::Tensor> g = grads();
-    const bool dist = partitioned() && !split.empty();
-    // Several ranks: the first selection comes before the gradients are exchanged, so
-    // that this step's exchange already follows it (top-k is unaffected by clipping's
-    // uniform scale; a non-finite score means a skipped step, which selects nothing).
-    if (dist && zenflow() && !in_warmup() && !selection.selected) {
+    return rep;
+  }
+
+  bool exchanges_gradients() const { return partitioned() && !split.empty(); }
+
+  // Several ranks: the first selection comes before the gradients are exchanged, so that
+  // this step's exchange already follows it (top-k is unaffected by clipping's uniform
+  // scale; a non-finite score means a skipped step, which selects nothing); then the
+  // split gradients are exchanged (sync_split_gradients). One rank: nothing.
+  SyncedGradients exchange_gradients(const std::vector<at::Tensor>& g, int64_t epoch) {
+    if (!exchanges_gradients()) return SyncedGradients{};
+    if (zenflow() && !in_warmup() && !selection.selected) {
       at::Tensor sc;
       stalled(StallCause::kAllreduce, [&] {
         std::vector<at::Tensor> parts;
@@ -1255,13 +1306,13 @@ struct ZenFlowOptimizer::Impl {
         sc = at::cat(parts);
         coll->allreduce_sum_(sc, CollectiveTraffic::kSelection);
       });
-      if (std::isfinite(sc.sum().item<double>())) select_all(g, sc, ctx.epoch);
+      if (std::isfinite(sc.sum().item<double>())) select_all(g, sc, epoch);
     }
-    SyncedGradients synced;
-    if (dist) synced = sync_split_gradients(g, zenflow() && !in_warmup());
+    return sync_split_gradients(g, zenflow() && !in_warmup());
+  }
 
-    ClockSpan dev_span = clock_span();
-    // §5: global norm, non-finite check, clipping before the split.
+  // §5: the global L2 norm of the (averaged) gradient, before clipping.
+  double global_norm(const std::vector<at::Tensor>& g, const SyncedGradients& synced) const {
     std::vector<at::Tensor> norms;
     norms.reserve(g.size() + 2);
     // fp32 norms; on CUDA a low-precision gradient is read as it is (accumulated in fp32),
@@ -1271,7 +1322,7 @@ struct ZenFlowOptimizer::Impl {
       if (x.is_cuda()) return at::linalg_vector_norm(x, 2, at::OptionalIntArrayRef{}, false, at::kFloat);
       return x.to(at::kFloat).norm();
     };
-    if (!dist) {
+    if (!exchanges_gradients()) {
       for (auto& x : g) norms.push_back(norm32(x));
     } else {
       // Split parameters' local gradients are not the averaged ones: their norm is the
@@ -1280,164 +1331,175 @@ struct ZenFlowOptimizer::Impl {
       norms.push_back(synced.replicated_sq.sqrt());
       norms.push_back(synced.shards_sq.to(at::kFloat).sqrt());
     }
-    const double norm = at::stack(norms).norm().item<double>();
-    rep.grad_norm = norm;
-    if (!std::isfinite(norm)) {
-      ++skipped;
-      rep.skipped = true;
-      dev_span.end(TimeKind::kDeviceOptimizer);
-      return rep;
-    }
-    schedule.note_staleness(rep.staleness_windows);
+    return at::stack(norms).norm().item<double>();
+  }
+
+  // §5: clipping, once, to the whole gradient before the split (and to the exchanged
+  // shard and scores with several ranks).
+  void clip(std::vector<at::Tensor>& g, SyncedGradients& synced, double norm) const {
     if (opt.grad_clip > 0) {
       const double coef = opt.grad_clip / (norm + 1e-6);
       if (coef < 1.0) {
         for (auto& x : g) x.mul_(coef);
-        if (dist) {
+        if (exchanges_gradients()) {
           synced.shard.mul_(coef);
           if (synced.scores.defined()) synced.scores.mul_(opt.importance == Importance::kL1 ? coef : coef * coef);
         }
       }
     }
+  }
 
-    const bool warm = in_warmup();
-    last_lr = ctx.lr;
-    // §2: first selection, on the first step after warm-up, from this step's gradient.
-    if (zenflow() && !warm && !selection.selected) select_all(g, synced.scores, ctx.epoch);
-
-    // §3 device updater: always-device parameters and selected columns.
+  // §3 device updater: always-device parameters and selected columns.
+  void update_on_device(const std::vector<at::Tensor>& g, double lr) {
     ++device_step;
-    for (auto& d : dense) {
-      device_ops::dense_adamw(d.p, g[d.index], d.master, d.m, d.v,
-                              coeffs(ctx.lr, d.weight_decay, device_step), 1.0f);
-    }
+    for (auto& d : dense)
+      device_ops::dense_adamw(d.p, g[d.index], d.master, d.m, d.v, coeffs(lr, d.weight_decay, device_step),
+                              1.0f);
     if (selection.selected) {
       for (auto& s : split)
         if (s.k > 0)
           device_ops::selected_adamw(s.w2d, g[s.index].view({s.out, s.in}), s.sel, s.dev_master, s.dev_m,
-                                     s.dev_v, coeffs(ctx.lr, s.weight_decay, device_step), 1.0f);
+                                     s.dev_v, coeffs(lr, s.weight_decay, device_step), 1.0f);
     }
-    if (zenflow() && !warm) {
-      int64_t off = 0;
-      for (auto& s : split) {
-        if (dist)
-          s.score_acc.add_(synced.scores.narrow(0, off, s.in));
-        else
-          device_ops::accumulate_column_scores(g[s.index].view({s.out, s.in}),
-                                               opt.importance == Importance::kL1, s.score_acc);
-        off += s.in;
-      }
-    }
-    dev_span.end(TimeKind::kDeviceOptimizer);
-    schedule.step_taken();
-    if (split.empty()) return rep;
+  }
 
-    if (warm) {
-      // Warm-up and offload mode: one synchronous host step over every host column.
-      StepJob job;
-      if (streaming) {
-        job = make_step_job(ctx.lr, at::Tensor(), -1, 1.0f, 0, stream_gradients(g, synced.shard));
-        job.before = [h2d = h2d_from_out[0]]() mutable { h2d.wait(); };
-      } else {
-        job = make_step_job(ctx.lr, ring[0], -1, 1.0f, 0);
-        job.before = [d2h = stage_gradients(g, synced.shard, ring[0]), h2d = h2d_from_out[0]]() mutable {
-          d2h.wait();
-          h2d.wait();
-        };
-      }
-      auto work = host->submit(std::move(job));
-      wait_for(StallCause::kHostOptimizer, work);
-      applied_host_seconds = work->run_seconds();
-      apply_host_result(0);
-      return rep;
+  // §2: this step's column scores into the window's (all-reduced with several ranks).
+  void accumulate_scores(const std::vector<at::Tensor>& g, const SyncedGradients& synced) {
+    int64_t off = 0;
+    for (auto& s : split) {
+      if (exchanges_gradients())
+        s.score_acc.add_(synced.scores.narrow(0, off, s.in));
+      else
+        device_ops::accumulate_column_scores(g[s.index].view({s.out, s.in}),
+                                             opt.importance == Importance::kL1, s.score_acc);
+      off += s.in;
     }
+  }
 
-    const int64_t pos = schedule.add_to_window();
-    selection.step_in_window();
-    const bool boundary = schedule.closes_window([&] { return zen_auto_window_ready(); });
-    const int parity = schedule.parity();
-    if (!boundary && streaming) {
-      pending_accumulates.push_back(host->submit(
-          make_accumulate_job(at::Tensor(), parity, pos == 1, stream_gradients(g, synced.shard))));
-      return rep;
-    }
-    if (!boundary) {
-      // Mid-window: stage into a ring buffer the accumulate job has released.
-      const int r = static_cast<int>((pos - 1) % 2);
-      if (ring_busy[r]) wait_for(StallCause::kHostOptimizer, ring_busy[r]);
-      AccumulateJob job = make_accumulate_job(ring[r], parity, pos == 1);
-      job.before = [d2h = stage_gradients(g, synced.shard, ring[r])]() mutable { d2h.wait(); };
-      auto work = host->submit(std::move(job));
-      ring_busy[r] = work;
-      pending_accumulates.push_back(work);
-      return rep;
-    }
-
-    // Boundary (§4): hand the window to the host updater.
-    rep.boundary = true;
-    CopyHandle d2h;
-    std::shared_ptr<GradSource> source;
-    if (streaming)
-      source = stream_gradients(g, synced.shard);
-    else
-      d2h = stage_gradients(g, synced.shard, last_grad[parity]);
-    const int64_t len = schedule.position;
-    std::vector<std::shared_ptr<HostWork>> window_accs = std::move(pending_accumulates);
-    pending_accumulates.clear();
-    const int out = out_index(parity);
-    StepJob job = make_step_job(ctx.lr, streaming ? at::Tensor() : last_grad[parity], len > 1 ? parity : -1,
-                                1.0f / static_cast<float>(len), out, std::move(source));
-    // Before the host step reads and writes: its last D2H and the H2D out of the param_out
-    // buffer it writes (two windows ago; streaming: the one buffer, whose H2D of window
-    // k-1 was started before) must have completed. The window's accumulates run before
-    // it by the HostOptimizer ordering rule; waiting for them here would cost a remote
-    // backend a round trip at every boundary, so they are waited for with the step.
-    auto before = [&] {
-      return [d2h, h2d = h2d_from_out[out]]() mutable {
+  // Warm-up and offload mode: one synchronous host step over every host column.
+  void host_step_now(const std::vector<at::Tensor>& g, const at::Tensor& shard, double lr) {
+    StepJob job;
+    if (streaming) {
+      job = make_step_job(lr, at::Tensor(), -1, 1.0f, 0, stream_gradients(g, shard));
+      job.before = [h2d = h2d_from_out[0]]() mutable { h2d.wait(); };
+    } else {
+      job = make_step_job(lr, ring[0], -1, 1.0f, 0);
+      job.before = [d2h = stage_gradients(g, shard, ring[0]), h2d = h2d_from_out[0]]() mutable {
         d2h.wait();
         h2d.wait();
       };
-    };
+    }
+    auto work = host->submit(std::move(job));
+    wait_for(StallCause::kHostOptimizer, work);
+    applied_host_seconds = work->run_seconds();
+    apply_host_result(0);
+  }
+
+  // Mid-window (`pos`: the step's position in it): the host-owned gradient columns go to
+  // the host and are added to the window's accumulator (overwriting it at position 1).
+  void accumulate_on_host(const std::vector<at::Tensor>& g, const at::Tensor& shard, int64_t pos) {
+    const int parity = schedule.parity();
+    if (streaming) {
+      pending_accumulates.push_back(
+          host->submit(make_accumulate_job(at::Tensor(), parity, pos == 1, stream_gradients(g, shard))));
+      return;
+    }
+    // Staged into a ring buffer the accumulate job has released.
+    const int r = static_cast<int>((pos - 1) % 2);
+    if (ring_busy[r]) wait_for(StallCause::kHostOptimizer, ring_busy[r]);
+    AccumulateJob job = make_accumulate_job(ring[r], parity, pos == 1);
+    job.before = [d2h = stage_gradients(g, shard, ring[r])]() mutable { d2h.wait(); };
+    auto work = host->submit(std::move(job));
+    ring_busy[r] = work;
+    pending_accumulates.push_back(work);
+  }
+
+  // A closed window's host step, built but not yet submitted (submit_window).
+  struct WindowHandover {
+    StepJob job;
+    CopyHandle d2h;  // the D2H of the window's last gradient (none when streaming)
+    int parity = 0;  // the window's accumulator
+    int out = 0;     // the param_out buffer the step writes
+    int64_t len = 0;  // the window's steps
+    std::vector<std::shared_ptr<HostWork>> accumulates;  // the window's accumulate jobs
+  };
+
+  // Boundary (§4): stages the window's last gradient, builds the host step over the
+  // window's mean gradient (the host updater's next step count; the learning rate of the
+  // window's last step) and closes the window.
+  WindowHandover close_window(const std::vector<at::Tensor>& g, const at::Tensor& shard, double lr) {
+    WindowHandover w;
+    w.parity = schedule.parity();
+    std::shared_ptr<GradSource> source;
+    if (streaming)
+      source = stream_gradients(g, shard);
+    else
+      w.d2h = stage_gradients(g, shard, last_grad[w.parity]);
+    w.len = schedule.position;
+    w.accumulates = std::move(pending_accumulates);
+    pending_accumulates.clear();
+    w.out = out_index(w.parity);
+    w.job = make_step_job(lr, streaming ? at::Tensor() : last_grad[w.parity], w.len > 1 ? w.parity : -1,
+                          1.0f / static_cast<float>(w.len), w.out, std::move(source));
     schedule.close_window();
     selection.window_closed();
-    if (!opt.overlap_step) {
-      job.before = before();
-      auto work = host->submit(std::move(job));
-      wait_for(StallCause::kHostOptimizer, work);
-      for (auto& w : window_accs) wait_for(StallCause::kHostOptimizer, w);
-      apply_host_result(out);
-      schedule.window_applied();
-      reselect(ctx.epoch, rep, nullptr);
-    } else {
-      // Re-selection (§4) is decided at the boundary from this window's scores, before
-      // window k is handed over: the columns that enter the device get this window's host
-      // step on the device now, the others keep their slots, and window k runs on the host
-      // during window k+1 like any other — no pipeline drain. The plan reads only the
-      // scores (its device-to-host read waits for this step's device work, not for the H2D
-      // that applying window k-1 enqueues next).
-      Reselection plan = plan_reselection(ctx.epoch);
-      complete_inflight();  // window k-1: waits (stall host_optimizer), then H2D
-      if (plan.changed) {
-        for (auto& w : window_accs) wait_for(StallCause::kHostOptimizer, w);
-        ClockSpan span = clock_span();
-        std::vector<EnterReads> reads(split.size());
-        ColumnBatch batch;
-        for (size_t i = 0; i < split.size(); ++i)
-          if (!plan.moves[i].entering.empty())
-            reads[i] = read_entering(split[i], plan.moves[i].entering, len, parity, batch);
-        gather(batch);
-        for (size_t i = 0; i < split.size(); ++i)
-          if (!plan.moves[i].entering.empty())
-            plan.ready[i] = enter_window_step(split[i], plan.moves[i].entering, reads[i], g, synced.shard, len,
-                                              coeffs(ctx.lr, split[i].weight_decay, host_step));
-        span.end(TimeKind::kDeviceOptimizer);
-      }
-      job.before = before();
-      inflight.reset(new InFlight{host->submit(std::move(job)), out, std::move(window_accs)});
-      reselect(ctx.epoch, rep, &plan);
+    return w;
+  }
+
+  // Before the host step reads and writes: its last D2H and the H2D out of the param_out
+  // buffer it writes (two windows ago; streaming: the one buffer, whose H2D of window
+  // k-1 was started before) must have completed — so this is called after window k-1 was
+  // applied. The window's accumulates run before it by the HostOptimizer ordering rule;
+  // waiting for them here would cost a remote backend a round trip at every boundary,
+  // so they are waited for with the step.
+  std::shared_ptr<HostWork> submit_window(WindowHandover& w) {
+    w.job.before = [d2h = w.d2h, h2d = h2d_from_out[w.out]]() mutable {
+      d2h.wait();
+      h2d.wait();
+    };
+    return host->submit(std::move(w.job));
+  }
+
+  // overlap_step false: the window's host step runs now and reaches the device before
+  // the next step; then the re-selection, if one is due.
+  void run_window_now(WindowHandover w, int64_t epoch, StepReport& rep) {
+    auto work = submit_window(w);
+    wait_for(StallCause::kHostOptimizer, work);
+    for (auto& a : w.accumulates) wait_for(StallCause::kHostOptimizer, a);
+    apply_host_result(w.out);
+    schedule.window_applied();
+    reselect(epoch, rep, nullptr);
+  }
+
+  // overlap_step true, the one-deep pipeline: window k-1's host step is waited for and
+  // applied, window k's goes to the host to run during window k+1. Re-selection (§4) is
+  // decided at the boundary from this window's scores, before window k is handed over:
+  // the columns that enter the device get this window's host step on the device now,
+  // the others keep their slots, and window k runs on the host like any other — no
+  // pipeline drain. The plan reads only the scores (its device-to-host read waits for
+  // this step's device work, not for the H2D that applying window k-1 enqueues next).
+  void pipeline_window(WindowHandover w, const std::vector<at::Tensor>& g, const at::Tensor& shard,
+                       const StepContext& ctx, StepReport& rep) {
+    Reselection plan = plan_reselection(ctx.epoch);
+    complete_inflight();  // window k-1: waits (stall host_optimizer), then H2D
+    if (plan.changed) {
+      for (auto& a : w.accumulates) wait_for(StallCause::kHostOptimizer, a);
+      ClockSpan span = clock_span();
+      std::vector<EnterReads> reads(split.size());
+      ColumnBatch batch;
+      for (size_t i = 0; i < split.size(); ++i)
+        if (!plan.moves[i].entering.empty())
+          reads[i] = read_entering(split[i], plan.moves[i].entering, w.len, w.parity, batch);
+      gather(batch);
+      for (size_t i = 0; i < split.size(); ++i)
+        if (!plan.moves[i].entering.empty())
+          plan.ready[i] = enter_window_step(split[i], plan.moves[i].entering, reads[i], g, shard, w.len,
+                                            coeffs(ctx.lr, split[i].weight_decay, host_step));
+      span.end(TimeKind::kDeviceOptimizer);
     }
-    for (auto& s : split) s.score_acc.zero_();
-    return rep;
+    auto work = submit_window(w);
+    inflight.reset(new InFlight{std::move(work), w.out, std::move(w.accumulates)});
+    reselect(ctx.epoch, rep, &plan);
   }
 
   // Applies the in-flight host step, then closes an open window early so that no
