@@ -1,12 +1,13 @@
-// The engine's pure parts (worker/engine/): the shard layout, the window schedule and the
-// selection plan, with concrete numbers and no tensors. ZenFlowOptimizer's own tests pin what they do inside
-// the engine.
+// The engine's pure parts (worker/engine/): the shard layout, the window schedule, the
+// selection plan and the engine state's counters, with concrete numbers and no tensors. ZenFlowOptimizer's
+// own tests pin what they do inside the engine.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <functional>
 #include <vector>
 
+#include "worker/engine/engine_scalars.h"
 #include "worker/engine/selection_plan.h"
 #include "worker/engine/shard_layout.h"
 #include "worker/engine/window_schedule.h"
@@ -338,6 +339,47 @@ TEST(PartOrder, BalancedMovesOnEveryRankStaySlotForSlot) {
   EXPECT_TRUE(slot_for_slot(two, m));
   EXPECT_EQ(part_order_after(two, 0, {4, 2, 0}, m), (Cols{4, 1, 0}));
   EXPECT_EQ(part_order_after(two, 1, {9, 5, 7}, m), (Cols{9, 5, 7}));
+}
+
+TEST(EngineScalars, CountersKeepTheirCheckpointPositions) {
+  EngineScalars e;
+  e.schedule.steps = 101;
+  e.skipped = 102;
+  e.device_step = 103;
+  e.host_step = 104;
+  e.selection.selected = true;
+  e.schedule.windows = 106;
+  e.schedule.position = 107;
+  e.schedule.windows_applied = 108;
+  e.schedule.max_staleness = 109;
+  e.selection.steps_since = 110;
+  e.selection.windows_since = 111;
+  e.selection.epoch_at = 112;
+  e.selection.reselections = 113;
+  e.pending_apply = true;
+  EXPECT_EQ(e.to_vector(), (Cols{101, 102, 103, 104, 1, 106, 107, 108, 109, 110, 111, 112, 113, 1}));
+  EXPECT_EQ(e.to_vector().size(), EngineScalars::kCount);
+}
+
+TEST(EngineScalars, ReadBackIntoTheRunningEnginesSettings) {
+  const Cols saved = {40, 2, 38, 12, 1, 9, 3, 8, 1, 5, 2, 1, 4, 1};
+  WindowSchedule w;
+  w.warm_up_rounds = 2;
+  w.update_interval = 4;
+  SelectionSchedule s;
+  s.strategy = SelectStrategy::kStep;
+  s.interval = 8;
+  const EngineScalars e = EngineScalars::from_vector(saved, w, s);
+  EXPECT_EQ(e.to_vector(), saved);
+  EXPECT_EQ(e.schedule.warm_up_rounds, 2);
+  EXPECT_EQ(e.schedule.update_interval, 4);
+  EXPECT_EQ(e.schedule.last_window_steps, 4);  // not saved: the fixed interval's
+  EXPECT_EQ(e.schedule.stale_steps(), 4);      // windows 9, applied 8
+  EXPECT_EQ(e.selection.strategy, SelectStrategy::kStep);
+  EXPECT_EQ(e.selection.interval, 8);
+  EXPECT_TRUE(e.selection.selected);
+  EXPECT_TRUE(e.pending_apply);
+  EXPECT_FALSE(EngineScalars::from_vector({40, 2, 38, 12, 0, 9, 3, 8, 1, 5, 2, 1, 4, 0}, w, s).pending_apply);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "worker/engine/device_ops.h"
 #include "worker/engine/device_streams.h"
+#include "worker/engine/engine_scalars.h"
 #include "worker/engine/gradient_staging.h"
 #include "worker/engine/host_optimizer.h"
 #include "worker/engine/host_thread_pool.h"
@@ -1522,29 +1523,15 @@ struct ZenFlowOptimizer::Impl {
   }
 };
 
-namespace {
-const char* const kScalarNames[] = {"t", "skipped", "device_step", "host_step", "selected", "window",
-                                    "window_pos", "windows_applied", "max_staleness",
-                                    "steps_since_selection", "windows_since_selection",
-                                    "epoch_at_selection", "reselections", "pending_apply"};
-constexpr size_t kNumScalars = sizeof(kScalarNames) / sizeof(kScalarNames[0]);
-}  // namespace
-
 std::vector<std::pair<std::string, at::Tensor>> ZenFlowOptimizer::state_dict() {
   Impl& i = *impl_;
   i.wait_accumulates();
   if (i.inflight && i.inflight->work) i.wait_for(StallCause::kCheckpoint, i.inflight->work);
   i.apply_slot_fixes();  // the host arrays must hold the leaving columns' state
   std::vector<std::pair<std::string, at::Tensor>> out;
-  const WindowSchedule& w = i.schedule;
-  const SelectionSchedule& sel = i.selection;
-  const int64_t scalars[kNumScalars] = {w.steps, i.skipped, i.device_step, i.host_step, sel.selected ? 1 : 0,
-                                        w.windows, w.position, w.windows_applied, w.max_staleness,
-                                        sel.steps_since, sel.windows_since,
-                                        sel.epoch_at, sel.reselections, i.inflight ? 1 : 0};
-  at::Tensor sc = at::empty({static_cast<int64_t>(kNumScalars)}, at::kLong);
-  std::copy(scalars, scalars + kNumScalars, sc.data_ptr<int64_t>());
-  out.emplace_back("engine/scalars", sc);
+  const EngineScalars scalars{i.schedule,    i.selection, i.skipped,
+                              i.device_step, i.host_step, i.inflight != nullptr};
+  out.emplace_back("engine/scalars", index_tensor(scalars.to_vector(), at::kCPU));
   out.emplace_back("engine/last_lr", at::full({1}, i.last_lr, at::kDouble));
   out.emplace_back("engine/partition", index_tensor({i.me, i.world}, at::kCPU));
   auto cpu = [](const at::Tensor& x) { return x.to(at::kCPU).clone(); };
@@ -1557,7 +1544,7 @@ std::vector<std::pair<std::string, at::Tensor>> ZenFlowOptimizer::state_dict() {
     out.emplace_back(p + "host_master", i.host_view(HostBuf::kMaster, s).clone());
     out.emplace_back(p + "host_m", i.host_view(HostBuf::kM, s).clone());
     out.emplace_back(p + "host_v", i.host_view(HostBuf::kV, s).clone());
-    if (w.position > 0) out.emplace_back(p + "acc", i.host_view(acc_buffer(parity), s).clone());
+    if (i.schedule.position > 0) out.emplace_back(p + "acc", i.host_view(acc_buffer(parity), s).clone());
     out.emplace_back(p + "score_acc", cpu(s.score_acc));
     if (s.dev_m.defined()) {
       out.emplace_back(p + "dev_m", cpu(s.dev_m));
@@ -1608,18 +1595,14 @@ void ZenFlowOptimizer::load_state_shards(
   };
   // Everything but the host state is replicated: rank 0's shard has it.
   auto get = [&](const std::string& key, at::IntArrayRef shape) { return get_from(0, key, shape); };
-  at::Tensor sc = get("engine/scalars", {static_cast<int64_t>(kNumScalars)}).to(at::kLong);
-  const int64_t* a = sc.data_ptr<int64_t>();
-  i.schedule.restore(a[0], a[5], a[6], a[7], a[8]);
-  i.skipped = a[1];
-  i.device_step = a[2];
-  i.host_step = a[3];
-  i.selection.selected = a[4] != 0;
-  i.selection.steps_since = a[9];
-  i.selection.windows_since = a[10];
-  i.selection.epoch_at = a[11];
-  i.selection.reselections = a[12];
-  if (a[13] != 0) i.inflight.reset(new InFlight{nullptr, -1, {}});
+  const EngineScalars scalars = EngineScalars::from_vector(
+      to_vector(get("engine/scalars", {static_cast<int64_t>(EngineScalars::kCount)})), i.schedule, i.selection);
+  i.schedule = scalars.schedule;
+  i.selection = scalars.selection;
+  i.skipped = scalars.skipped;
+  i.device_step = scalars.device_step;
+  i.host_step = scalars.host_step;
+  if (scalars.pending_apply) i.inflight.reset(new InFlight{nullptr, -1, {}});
   i.last_lr = get("engine/last_lr", {1}).item<double>();
   const int parity = i.schedule.parity();
   for (auto& s : i.split) {
