@@ -199,7 +199,7 @@ struct ZenFlowOptimizer::Impl {
   std::vector<std::shared_ptr<HostWork>> pending_accumulates;
   int64_t capacity = 0;
 
-  // Progress (see state_dict for what is persisted).
+  // Progress; engine_scalars.h lists the counters the engine state persists.
   WindowSchedule schedule;  // steps, warm-up, windows, staleness (§4)
   int64_t skipped = 0;
   int64_t device_step = 0;  // device updater's bias-correction count
