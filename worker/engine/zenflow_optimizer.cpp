@@ -13,9 +13,12 @@
 
 #include "worker/engine/device_ops.h"
 #include "worker/engine/device_streams.h"
+#include "worker/engine/engine_scalars.h"
 #include "worker/engine/gradient_staging.h"
 #include "worker/engine/host_optimizer.h"
 #include "worker/engine/host_thread_pool.h"
+#include "worker/engine/shard_layout.h"
+#include "worker/engine/window_schedule.h"
 
 namespace zenflow::engine {
 
@@ -90,7 +93,7 @@ struct SplitParam {
   std::vector<int64_t> sel_cpu, unsel_cpu;  // sel ascending; unsel: host-owned columns of all ranks,
                                             // rank by rank in storage order
   at::Tensor sel;                           // sel_cpu, int64 on the device
-  std::vector<int64_t> range_lo, range_hi;  // per rank: the columns whose host state it owns
+  ColumnRanges ranges;                      // per rank: the columns whose host state it owns
   std::vector<Part> parts;                  // per rank: unsel_cpu within its range
   int me = 0;                               // this rank
   at::Tensor dev_m, dev_v, dev_master;      // [out, k] fp32 on the device
@@ -101,9 +104,7 @@ struct SplitParam {
   const Part& own() const { return parts[static_cast<size_t>(me)]; }
   int64_t n_own() const { return static_cast<int64_t>(own().cols.size()); }
   int64_t own_elems() const { return n_own() * out; }
-  bool owns(int64_t c) const {
-    return c >= range_lo[static_cast<size_t>(me)] && c < range_hi[static_cast<size_t>(me)];
-  }
+  bool owns(int64_t c) const { return ranges.holds(me, c); }
 };
 
 // A parameter updated in full on the device every step.
@@ -143,8 +144,8 @@ struct ZenFlowOptimizer::Impl {
   std::unique_ptr<HostOptimizer> host;
   Collectives* coll = nullptr;  // null: one rank
   int world = 1, me = 0;
-  std::vector<int64_t> shard_sizes, shard_begin;  // per rank, in the packed staging layout
-  int64_t own_total = 0;                          // this rank's shard
+  StagingLayout staging;  // the packed staging of every rank's host-owned columns (relayout)
+  int64_t own_total() const { return staging.shard_size[static_cast<size_t>(me)]; }  // this rank's shard
   // This rank's updated columns packed from the fp32 master (pinned, in the weights'
   // dtype): the source of the H2D on CUDA and of the all-gather with W > 1, so no copy
   // ever reads the master itself. Not allocated for low-precision weights on one rank,
@@ -194,29 +195,17 @@ struct ZenFlowOptimizer::Impl {
   CopyHandle* staged_h2d = nullptr;  // an H2D of a host result into dev_h2d not yet applied
   int staged_buffer = 0;             // its source (result_buffer numbering)
   int dev_slot = 0;
-  int64_t staged_total = 0;  // elements of host-owned columns (all ranks), packed
   std::shared_ptr<HostWork> ring_busy[2];
   std::vector<std::shared_ptr<HostWork>> pending_accumulates;
   int64_t capacity = 0;
 
-  // Progress (see state_dict for what is persisted).
-  int64_t t = 0;           // non-skipped steps
+  // Progress; engine_scalars.h lists the counters the engine state persists.
+  WindowSchedule schedule;  // steps, warm-up, windows, staleness (§4)
   int64_t skipped = 0;
   int64_t device_step = 0;  // device updater's bias-correction count
   int64_t host_step = 0;    // host updater's bias-correction count
   double applied_host_seconds = -1;  // the host step complete_inflight() applied (StepReport)
-  bool selected = false;
-  int64_t window = 0;       // windows completed since warm-up
-  int64_t window_pos = 0;   // steps accumulated in the open window
-  int64_t windows_applied = 0;
-  // Steps of the last closed window: StepReport::staleness_steps. Not persisted; a resume
-  // knows it only with a fixed update_interval.
-  int64_t last_window_steps = 0;
-  int64_t max_staleness = 0;
-  int64_t steps_since_selection = 0;
-  int64_t windows_since_selection = 0;
-  int64_t epoch_at_selection = 0;
-  int64_t reselections = 0;
+  SelectionSchedule selection;  // selected yet, re-selection due, re-selections (§2)
   std::unique_ptr<InFlight> inflight;
   std::vector<SlotFix> slot_fixes;  // for the in-flight step's layout change (see SlotFix)
   double last_lr = 0;
@@ -224,7 +213,7 @@ struct ZenFlowOptimizer::Impl {
 
   bool zenflow() const { return opt.mode == OptimizerMode::kZenFlow; }
   bool partitioned() const { return world > 1; }
-  bool in_warmup() const { return !zenflow() || t < opt.full_warm_up_rounds; }
+  bool in_warmup() const { return !zenflow() || schedule.warming_up(); }
 
   void bytes(Direction d, int64_t n) {
     if (clock) clock->add_bytes(d, n);
@@ -343,53 +332,36 @@ struct ZenFlowOptimizer::Impl {
   }
   // Splits unsel_cpu into the ranks' parts.
   void assign_parts(SplitParam& s) const {
+    std::vector<std::vector<int64_t>> by_rank = s.ranges.split(s.unsel_cpu);
     s.parts.assign(static_cast<size_t>(world), Part{});
-    for (int64_t c : s.unsel_cpu) {
-      int r = 0;
-      while (c >= s.range_hi[static_cast<size_t>(r)] || c < s.range_lo[static_cast<size_t>(r)]) ++r;
-      s.parts[static_cast<size_t>(r)].cols.push_back(c);
+    for (size_t r = 0; r < s.parts.size(); ++r) {
+      s.parts[r].cols = std::move(by_rank[r]);
+      s.parts[r].idx = index_tensor(s.parts[r].cols, device);
     }
-    for (auto& p : s.parts) p.idx = index_tensor(p.cols, device);
   }
+  // The staging offsets after the parts changed (shard_layout.h).
   void relayout() {
-    staged_total = 0;
-    shard_sizes.assign(static_cast<size_t>(world), 0);
-    shard_begin.assign(static_cast<size_t>(world), 0);
-    for (int r = 0; r < world; ++r) {
-      shard_begin[static_cast<size_t>(r)] = staged_total;
-      for (auto& s : split) {
-        Part& p = s.parts[static_cast<size_t>(r)];
-        p.stage_offset = staged_total;
-        staged_total += static_cast<int64_t>(p.cols.size()) * s.out;
-      }
-      shard_sizes[static_cast<size_t>(r)] = staged_total - shard_begin[static_cast<size_t>(r)];
-    }
-    own_total = shard_sizes[static_cast<size_t>(me)];
-    for (auto& s : split) s.local_offset = s.own().stage_offset - shard_begin[static_cast<size_t>(me)];
-  }
-  // Column ranges: even per matrix when it has at least W columns, else the whole
-  // matrix to the rank holding the fewest elements so far (offload mode's 1-D
-  // parameters are one column each).
-  void assign_ranges() {
-    std::vector<int64_t> load(static_cast<size_t>(world), 0);
+    std::vector<int64_t> rows;
+    std::vector<std::vector<int64_t>> widths;
     for (auto& s : split) {
-      s.me = me;
-      s.range_lo.assign(static_cast<size_t>(world), 0);
-      s.range_hi.assign(static_cast<size_t>(world), 0);
-      if (s.in >= world) {
-        int64_t lo = 0;
-        for (int r = 0; r < world; ++r) {
-          const int64_t n = s.in / world + (r < s.in % world ? 1 : 0);
-          s.range_lo[static_cast<size_t>(r)] = lo;
-          s.range_hi[static_cast<size_t>(r)] = lo + n;
-          load[static_cast<size_t>(r)] += n * s.out;
-          lo += n;
-        }
-      } else {
-        const size_t r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-        s.range_hi[r] = s.in;
-        load[r] += s.in * s.out;
-      }
+      rows.push_back(s.out);
+      widths.emplace_back();
+      for (auto& p : s.parts) widths.back().push_back(static_cast<int64_t>(p.cols.size()));
+    }
+    staging = pack_staging(rows, widths, world);
+    for (size_t i = 0; i < split.size(); ++i) {
+      SplitParam& s = split[i];
+      for (size_t r = 0; r < s.parts.size(); ++r) s.parts[r].stage_offset = staging.offset[i][r];
+      s.local_offset = staging.local_offset(i, me);
+    }
+  }
+  void assign_ranges() {
+    std::vector<MatrixShape> shapes;
+    for (auto& s : split) shapes.push_back({s.out, s.in});
+    std::vector<ColumnRanges> ranges = assign_column_ranges(shapes, world);
+    for (size_t i = 0; i < split.size(); ++i) {
+      split[i].me = me;
+      split[i].ranges = std::move(ranges[i]);
     }
   }
 
@@ -414,6 +386,12 @@ struct ZenFlowOptimizer::Impl {
 
   void build() {
     validate();
+    schedule.warm_up_rounds = opt.full_warm_up_rounds;
+    schedule.update_interval = opt.update_interval;
+    schedule.max_update_interval = opt.max_update_interval;
+    selection.strategy = opt.select_strategy;
+    selection.interval = opt.select_interval;
+    selection.threshold = opt.reselect_threshold;
     if (params.empty()) throw std::invalid_argument("ZenFlowOptimizer: no parameters");
     device = params.front().param.device();
     bool have_split_dtype = false;
@@ -466,9 +444,8 @@ struct ZenFlowOptimizer::Impl {
       // This rank's share of the host state (all of it with one rank).
       assign_ranges();
       for (auto& s : split) {
-        const int64_t cols = s.range_hi[static_cast<size_t>(me)] - s.range_lo[static_cast<size_t>(me)];
         s.host_offset = capacity;
-        capacity += s.out * cols;
+        capacity += s.out * s.ranges.width(me);
       }
       HostStateLayout layout;
       layout.elements = capacity;
@@ -510,14 +487,14 @@ struct ZenFlowOptimizer::Impl {
         s.sel_cpu.clear();
         s.sel = index_tensor(s.sel_cpu, device);
         assign_parts(s);
-        const int64_t lo = s.range_lo[static_cast<size_t>(me)];
+        const int64_t lo = s.ranges.lo[static_cast<size_t>(me)];
         at::Tensor init = host_matrix(HostBuf::kMaster, s, s.n_own(), false);
         init.copy_(s.w2d.narrow(1, lo, s.n_own()).to(at::kCPU).to(at::kFloat));
         host_commit(HostBuf::kMaster, s, init);
         s.score_acc = at::zeros({s.in}, at::TensorOptions().dtype(at::kFloat).device(device));
       }
-      relayout();
     }
+    relayout();  // with nothing split: an empty layout, own_total() 0
   }
 
   std::vector<at::Tensor> grads() {
@@ -560,7 +537,7 @@ struct ZenFlowOptimizer::Impl {
     ClockSpan span = clock_span();
     CopyHandle done;
     if (partitioned()) {
-      done = streams->copy_d2h(shard, buf.narrow(0, 0, own_total));
+      done = streams->copy_d2h(shard, buf.narrow(0, 0, own_total()));
     } else if (!device.is_cuda()) {
       gather_parts(g, buf);
     } else {
@@ -568,10 +545,10 @@ struct ZenFlowOptimizer::Impl {
       dev_slot ^= 1;
       dev_stage_busy[slot].make_compute_wait();  // its previous D2H has read it
       gather_parts(g, dev_stage[slot]);
-      done = streams->copy_d2h(dev_stage[slot].narrow(0, 0, staged_total), buf.narrow(0, 0, staged_total));
+      done = streams->copy_d2h(dev_stage[slot].narrow(0, 0, staging.total), buf.narrow(0, 0, staging.total));
       dev_stage_busy[slot] = done;
     }
-    bytes(Direction::kD2H, own_total * buf.element_size());
+    bytes(Direction::kD2H, own_total() * buf.element_size());
     span.end(TimeKind::kStall, StallCause::kTransferD2H);
     return done;
   }
@@ -590,11 +567,11 @@ struct ZenFlowOptimizer::Impl {
       staged = shard.contiguous().view({-1});
     } else {
       gather_parts(g, dev_stage[slot]);
-      staged = dev_stage[slot].narrow(0, 0, staged_total);
+      staged = dev_stage[slot].narrow(0, 0, staging.total);
     }
     stream_busy[slot] = std::make_shared<ReleaseLatch>();
     auto source = make_staged_gradient(*streams, stream_ring, staged, streams->mark_compute(), stream_busy[slot]);
-    bytes(Direction::kD2H, own_total * at::elementSize(split_dtype));
+    bytes(Direction::kD2H, own_total() * at::elementSize(split_dtype));
     span.end(TimeKind::kStall, StallCause::kTransferD2H);
     return source;
   }
@@ -616,7 +593,7 @@ struct ZenFlowOptimizer::Impl {
       for (auto& s : split) parts.push_back(scores_of(g[s.index], s));
     // Selected columns: all-reduced (mean), written back into the gradients.
     out.replicated_sq = at::zeros({}, f32);
-    if (selected) {
+    if (selection.selected) {
       int64_t n = 0;
       for (auto& s : split) n += s.k * s.out;
       if (n > 0) {
@@ -640,7 +617,7 @@ struct ZenFlowOptimizer::Impl {
     }
     // Host-owned columns: reduce-scattered (mean) to their owners.
     gather_parts(g, dev_stage[0]);
-    out.shard = coll->reduce_scatter_mean(dev_stage[0].narrow(0, 0, staged_total), shard_sizes,
+    out.shard = coll->reduce_scatter_mean(dev_stage[0].narrow(0, 0, staging.total), staging.shard_size,
                                           CollectiveTraffic::kGradients);
     // One small all-reduce: the column scores and the shards' squared norms.
     parts.push_back(out.shard.to(at::kFloat).pow(2).sum().reshape({1}));
@@ -662,7 +639,7 @@ struct ZenFlowOptimizer::Impl {
   void stage_h2d(int buffer) {
     CopyHandle* from = nullptr;
     const at::Tensor src = packed_result(buffer, &from);
-    *from = streams->copy_h2d(src, dev_h2d.narrow(0, 0, own_total));
+    *from = streams->copy_h2d(src, dev_h2d.narrow(0, 0, own_total()));
     staged_h2d = from;
     staged_buffer = buffer;
   }
@@ -689,7 +666,7 @@ struct ZenFlowOptimizer::Impl {
 
   void apply_host_result(int out_buffer) {
     const int buffer = result_buffer(out_buffer);
-    bytes(Direction::kH2D, own_total * at::elementSize(split_dtype));
+    bytes(Direction::kH2D, own_total() * at::elementSize(split_dtype));
     if (partitioned()) {
       apply_partitioned(buffer);
       return;
@@ -762,7 +739,7 @@ struct ZenFlowOptimizer::Impl {
   at::Tensor packed_result(int out_buffer, CopyHandle** from) {
     if (out_buffer >= 0) {
       *from = &h2d_from_out[out_buffer];
-      return param_out[out_buffer].narrow(0, 0, own_total);
+      return param_out[out_buffer].narrow(0, 0, own_total());
     }
     const bool own_pack = pack_out.defined();
     *from = own_pack ? &h2d_from_pack : &h2d_from_out[0];
@@ -770,7 +747,7 @@ struct ZenFlowOptimizer::Impl {
     const at::Tensor buf = own_pack ? pack_out : param_out[0];
     for (auto& s : split)
       if (s.n_own() > 0) own_view(buf, s).copy_(host_view(HostBuf::kMaster, s));
-    return buf.narrow(0, 0, own_total);
+    return buf.narrow(0, 0, own_total());
   }
 
   // Several ranks: this rank's updated columns (the host step's low-precision output, or
@@ -781,7 +758,7 @@ struct ZenFlowOptimizer::Impl {
     stalled(StallCause::kTransferH2D, [&] {
       if (device.is_cuda()) {
         wait_staged_h2d(out_buffer);
-        src = dev_h2d.narrow(0, 0, own_total);
+        src = dev_h2d.narrow(0, 0, own_total());
       } else {
         CopyHandle* from = nullptr;
         src = packed_result(out_buffer, &from);
@@ -789,7 +766,7 @@ struct ZenFlowOptimizer::Impl {
     });
     at::Tensor all;
     stalled(StallCause::kAllreduce,
-            [&] { all = coll->all_gather(src, shard_sizes, CollectiveTraffic::kParameters); });
+            [&] { all = coll->all_gather(src, staging.shard_size, CollectiveTraffic::kParameters); });
     stalled(StallCause::kTransferH2D, [&] {
       for (auto& s : split)
         for (int r = 0; r < world; ++r)
@@ -860,7 +837,7 @@ struct ZenFlowOptimizer::Impl {
     apply_slot_fixes();
     inflight.reset();
     apply_host_result(buf);
-    ++windows_applied;
+    schedule.window_applied();
   }
 
   // Writes the leaving columns' state into the host slots the finished in-flight step
@@ -899,35 +876,6 @@ struct ZenFlowOptimizer::Impl {
     return out;
   }
 
-  // Storage order of rank r's host-owned columns of s after `entering` moved to the
-  // device and `leaving` to the host: when as many of the rank's columns leave the device
-  // as enter it (always, with one rank: k is fixed), the leaving columns take the slots of
-  // the entering ones in order, so a re-selection touches O(changed columns), not the
-  // whole host state; otherwise ascending (a full re-pack).
-  static std::vector<int64_t> new_part_order(const SplitParam& s, int r, const std::vector<int64_t>& entering,
-                                             const std::vector<int64_t>& leaving) {
-    const int64_t lo = s.range_lo[static_cast<size_t>(r)], hi = s.range_hi[static_cast<size_t>(r)];
-    auto in_range = [&](int64_t c) { return c >= lo && c < hi; };
-    const std::vector<int64_t>& old = s.parts[static_cast<size_t>(r)].cols;
-    std::vector<int64_t> leave_r, out;
-    for (int64_t c : leaving)
-      if (in_range(c)) leave_r.push_back(c);
-    size_t n_enter_r = 0;
-    for (int64_t c : entering) n_enter_r += in_range(c) ? 1 : 0;
-    if (n_enter_r == leave_r.size()) {
-      out = old;
-      size_t next = 0;
-      for (int64_t& c : out)
-        if (std::binary_search(entering.begin(), entering.end(), c)) c = leave_r[next++];
-      return out;
-    }
-    for (int64_t c : old)
-      if (!std::binary_search(entering.begin(), entering.end(), c)) out.push_back(c);
-    out.insert(out.end(), leave_r.begin(), leave_r.end());
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-
   // Moves master/m/v of columns whose owner changes (§3 "one set of moments per
   // column"): only entering and leaving columns cross between device and host; the host
   // arrays are re-packed in place by the backend (HostOptimizer::repack_columns, one row
@@ -944,22 +892,19 @@ struct ZenFlowOptimizer::Impl {
     using device_ops::scatter_columns;
     if (new_sel == s.sel_cpu) return;
     const auto f32cpu = at::TensorOptions().dtype(at::kFloat);
-    std::vector<int64_t> entering, leaving;
-    std::set_difference(new_sel.begin(), new_sel.end(), s.sel_cpu.begin(), s.sel_cpu.end(),
-                        std::back_inserter(entering));
-    std::set_difference(s.sel_cpu.begin(), s.sel_cpu.end(), new_sel.begin(), new_sel.end(),
-                        std::back_inserter(leaving));
+    const ColumnMoves moves = column_moves(s.sel_cpu, new_sel);
+    const std::vector<int64_t>& entering = moves.entering;
     std::vector<int64_t> leaving_own;
-    for (int64_t c : leaving)
+    for (int64_t c : moves.leaving)
       if (s.owns(c)) leaving_own.push_back(c);
     // Every rank's new storage order (all ranks compute all of them: the staging layout
     // depends on them); this rank's is new_own.
     std::vector<int64_t> new_unsel;
     for (int r = 0; r < world; ++r) {
-      const std::vector<int64_t> order = new_part_order(s, r, entering, leaving);
+      const std::vector<int64_t> order = part_order_after(s.ranges, r, s.parts[static_cast<size_t>(r)].cols, moves);
       new_unsel.insert(new_unsel.end(), order.begin(), order.end());
     }
-    const std::vector<int64_t> new_own = new_part_order(s, me, entering, leaving);
+    const std::vector<int64_t> new_own = part_order_after(s.ranges, me, s.own().cols, moves);
     // Positions of each column in this rank's old packed host arrays and the old device arrays.
     const std::vector<int64_t>& old_own = s.own().cols;
     std::vector<int64_t> host_pos(static_cast<size_t>(s.in), -1), dev_pos(static_cast<size_t>(s.in), -1);
@@ -1034,7 +979,7 @@ struct ZenFlowOptimizer::Impl {
     }
     if (static_cast<int64_t>(new_own.size()) == n_old) {
       // Slot for slot: each leaving column is written where a column that moved to the
-      // device was (new_part_order); nothing else moves.
+      // device was (part_order_after); nothing else moves.
       std::vector<int64_t> slots;
       for (size_t q = 0; q < new_own.size(); ++q)
         if (host_pos[static_cast<size_t>(new_own[q])] < 0) slots.push_back(static_cast<int64_t>(q));
@@ -1083,15 +1028,15 @@ struct ZenFlowOptimizer::Impl {
   struct Reselection {
     bool due = false;  // some matrix was due (resets the selection counters)
     bool changed = false;
-    std::vector<std::vector<int64_t>> fresh;     // per matrix; empty when unchanged
-    std::vector<std::vector<int64_t>> entering;  // per matrix: fresh minus the current set
-    std::vector<at::Tensor> ready;               // per matrix: enter_window_step's result
+    std::vector<std::vector<int64_t>> fresh;  // per matrix; empty when unchanged
+    std::vector<ColumnMoves> moves;           // per matrix: from the current set to fresh
+    std::vector<at::Tensor> ready;            // per matrix: enter_window_step's result
   };
 
   Reselection plan_reselection(int64_t epoch) {
     Reselection p;
     p.fresh.resize(split.size());
-    p.entering.resize(split.size());
+    p.moves.resize(split.size());
     p.ready.resize(split.size());
     const std::vector<bool> due = reselection_due(epoch);
     for (size_t i = 0; i < split.size(); ++i) {
@@ -1099,8 +1044,7 @@ struct ZenFlowOptimizer::Impl {
       p.due = true;
       std::vector<int64_t> fresh = top_k(split[i].score_acc, split[i].k);
       if (fresh == split[i].sel_cpu) continue;
-      std::set_difference(fresh.begin(), fresh.end(), split[i].sel_cpu.begin(), split[i].sel_cpu.end(),
-                          std::back_inserter(p.entering[i]));
+      p.moves[i] = column_moves(split[i].sel_cpu, fresh);
       p.fresh[i] = std::move(fresh);
       p.changed = true;
     }
@@ -1121,20 +1065,12 @@ struct ZenFlowOptimizer::Impl {
     ClockSpan span = clock_span();
     if (plan->changed) {
       const bool in_flight = inflight && inflight->work;
-      bool slot_for_slot = true;
-      for (size_t i = 0; i < split.size() && slot_for_slot; ++i) {
-        if (plan->fresh[i].empty()) continue;
-        std::vector<int64_t> leaving;
-        std::set_difference(split[i].sel_cpu.begin(), split[i].sel_cpu.end(), plan->fresh[i].begin(),
-                            plan->fresh[i].end(), std::back_inserter(leaving));
-        for (int r = 0; r < world; ++r)
-          if (new_part_order(split[i], r, plan->entering[i], leaving).size() !=
-              split[i].parts[static_cast<size_t>(r)].cols.size())
-            slot_for_slot = false;
-      }
+      bool in_place = true;  // every matrix's moves slot for slot
+      for (size_t i = 0; i < split.size(); ++i)
+        if (!plan->fresh[i].empty() && !slot_for_slot(split[i].ranges, plan->moves[i])) in_place = false;
       std::vector<std::vector<int64_t>> old_cols;
       std::vector<int64_t> old_offset;
-      if (in_flight && !slot_for_slot) {
+      if (in_flight && !in_place) {
         wait_for(StallCause::kHostOptimizer, inflight->work);
         for (auto& sp : split) {
           old_cols.push_back(sp.own().cols);
@@ -1142,14 +1078,12 @@ struct ZenFlowOptimizer::Impl {
         }
       }
       for (size_t i = 0; i < split.size(); ++i)
-        if (!plan->fresh[i].empty()) migrate(split[i], plan->fresh[i], plan->ready[i], in_flight && slot_for_slot);
+        if (!plan->fresh[i].empty()) migrate(split[i], plan->fresh[i], plan->ready[i], in_flight && in_place);
       relayout();
-      if (in_flight && !slot_for_slot && out_copy()) repack_param_out(inflight->buffer, old_cols, old_offset);
-      ++reselections;
+      if (in_flight && !in_place && out_copy()) repack_param_out(inflight->buffer, old_cols, old_offset);
+      ++selection.reselections;
     }
-    steps_since_selection = 0;
-    windows_since_selection = 0;
-    epoch_at_selection = epoch;
+    selection.restart(epoch);
     rep.reselected = plan->changed;
     span.end(TimeKind::kDeviceOptimizer);
   }
@@ -1219,7 +1153,7 @@ struct ZenFlowOptimizer::Impl {
   void repack_param_out(int buf, const std::vector<std::vector<int64_t>>& old_cols,
                         const std::vector<int64_t>& old_offset) {
     h2d_from_pack.wait();  // pack_out is the scratch here (a temporary when streaming)
-    at::Tensor out = pack_out.defined() ? pack_out : at::empty({own_total}, at::TensorOptions().dtype(split_dtype));
+    at::Tensor out = pack_out.defined() ? pack_out : at::empty({own_total()}, at::TensorOptions().dtype(split_dtype));
     for (size_t i = 0; i < split.size(); ++i) {
       SplitParam& sp = split[i];
       const int64_t n_old = static_cast<int64_t>(old_cols[i].size());
@@ -1241,7 +1175,7 @@ struct ZenFlowOptimizer::Impl {
         combined = at::cat({old_view, sp.w2d.index_select(1, index_tensor(leaving, device)).to(at::kCPU)}, 1);
       device_ops::gather_columns(combined.contiguous(), index_tensor(src, at::kCPU), own_view(out, sp));
     }
-    param_out[buf].narrow(0, 0, own_total).copy_(out.narrow(0, 0, own_total));
+    param_out[buf].narrow(0, 0, own_total()).copy_(out.narrow(0, 0, own_total()));
   }
 
   // `step_scores`: this step's all-reduced scores of all matrices (several ranks);
@@ -1253,15 +1187,14 @@ struct ZenFlowOptimizer::Impl {
       off += s.in;
       migrate(s, top_k(sc, s.k));
     }
-    selected = true;
     relayout();
-    steps_since_selection = 0;
-    windows_since_selection = 0;
-    epoch_at_selection = epoch;
+    selection.first_selection_made(epoch);
   }
 
-  // Per matrix: [selected mass, total mass] of this window's scores.
-  std::vector<std::pair<double, double>> window_masses(bool with_fresh, std::vector<double>* fresh) {
+  // Per matrix: the masses of this window's scores; `fresh` (or null): per matrix, the
+  // mass of the top-k by them.
+  std::vector<WindowMass> window_masses(std::vector<double>* fresh) {
+    const bool with_fresh = fresh != nullptr;
     std::vector<at::Tensor> parts;
     for (auto& s : split) {
       at::Tensor sel_mass = s.k > 0 ? s.score_acc.index_select(0, s.sel).sum() : at::zeros({}, s.score_acc.options());
@@ -1272,61 +1205,26 @@ struct ZenFlowOptimizer::Impl {
     }
     at::Tensor all = at::stack(parts).to(at::kCPU).to(at::kDouble);
     const double* a = all.data_ptr<double>();
-    std::vector<std::pair<double, double>> out;
+    std::vector<WindowMass> out;
     const size_t stride = with_fresh ? 3 : 2;
     for (size_t i = 0; i < split.size(); ++i) {
-      out.emplace_back(a[i * stride], a[i * stride + 1]);
+      out.push_back({a[i * stride], a[i * stride + 1], split[i].k, split[i].n_host()});
       if (with_fresh) fresh->push_back(a[i * stride + 2]);
     }
     return out;
   }
 
-  // Zen-auto (§4): does this step close the window?
-  bool auto_window_closes() {
-    if (window_pos >= opt.max_update_interval) return true;
-    auto masses = window_masses(false, nullptr);
-    int64_t ready = 0;
-    for (size_t i = 0; i < split.size(); ++i) {
-      const SplitParam& s = split[i];
-      if (s.k == 0 || s.n_host() == 0) {
-        ++ready;
-        continue;
-      }
-      const double sel = masses[i].first, unsel = masses[i].second - masses[i].first;
-      const double unsel_per_col = unsel / static_cast<double>(s.n_host());
-      const double sel_per_col_step = sel / static_cast<double>(s.k) / static_cast<double>(window_pos);
-      if (unsel_per_col >= sel_per_col_step) ++ready;
-    }
-    return static_cast<double>(ready) >= opt.auto_ratio * static_cast<double>(split.size());
-  }
+  // Zen-auto (§4): is the open window's mass ready for the host step?
+  bool zen_auto_window_ready() { return zen_auto_ready(window_masses(nullptr), schedule.position, opt.auto_ratio); }
 
-  // Which matrices to re-select at this boundary (empty = none).
+  // Which matrices to re-select at this boundary (none, all, or those that drifted).
   std::vector<bool> reselection_due(int64_t epoch) {
+    if (selection.all_due(epoch)) return std::vector<bool>(split.size(), true);
     std::vector<bool> due(split.size(), false);
-    bool all = false;
-    switch (opt.select_strategy) {
-      case SelectStrategy::kStep:
-        all = opt.select_interval > 0 ? steps_since_selection >= opt.select_interval
-                                      : windows_since_selection >= 10;
-        break;
-      case SelectStrategy::kEpoch:
-        all = epoch - epoch_at_selection >= std::max<int64_t>(1, opt.select_interval);
-        break;
-      case SelectStrategy::kAuto: {
-        all = epoch > epoch_at_selection;
-        if (!all) {
-          std::vector<double> fresh;
-          auto masses = window_masses(true, &fresh);
-          for (size_t i = 0; i < split.size(); ++i) {
-            const double total = masses[i].second;
-            if (split[i].k == 0 || split[i].n_host() == 0 || total <= 0) continue;
-            due[i] = masses[i].first / total < opt.reselect_threshold * (fresh[i] / total);
-          }
-        }
-        break;
-      }
-    }
-    if (all) std::fill(due.begin(), due.end(), true);
+    if (!selection.drift_decides()) return due;
+    std::vector<double> fresh;
+    const std::vector<WindowMass> masses = window_masses(&fresh);
+    for (size_t i = 0; i < split.size(); ++i) due[i] = selection_drifted(masses[i], fresh[i], selection.threshold);
     return due;
   }
 
@@ -1339,16 +1237,69 @@ struct ZenFlowOptimizer::Impl {
     return rep;
   }
 
+  // One step, section by section of docs/semantics.md.
   StepReport step_work(const StepContext& ctx) {
-    StepReport rep;
-    rep.staleness_windows = zenflow() && selected ? window - windows_applied : 0;
-    rep.staleness_steps = rep.staleness_windows * last_window_steps;
+    StepReport rep = staleness_report();  // §4: what this step's gradient did not see
     std::vector<at::Tensor> g = grads();
-    const bool dist = partitioned() && !split.empty();
-    // Several ranks: the first selection comes before the gradients are exchanged, so
-    // that this step's exchange already follows it (top-k is unaffected by clipping's
-    // uniform scale; a non-finite score means a skipped step, which selects nothing).
-    if (dist && zenflow() && !in_warmup() && !selected) {
+    SyncedGradients synced = exchange_gradients(g, ctx.epoch);  // §9 (several ranks)
+    ClockSpan dev_span = clock_span();
+    rep.grad_norm = global_norm(g, synced);  // §5
+    if (!std::isfinite(rep.grad_norm)) {
+      ++skipped;
+      rep.skipped = true;
+      dev_span.end(TimeKind::kDeviceOptimizer);
+      return rep;
+    }
+    schedule.note_staleness(rep.staleness_windows);
+    clip(g, synced, rep.grad_norm);  // §5
+    const bool warm = in_warmup();
+    last_lr = ctx.lr;
+    // §2: first selection, on the first step after warm-up, from this step's gradient.
+    if (zenflow() && !warm && !selection.selected) select_all(g, synced.scores, ctx.epoch);
+    update_on_device(g, ctx.lr);  // §3 device updater
+    if (zenflow() && !warm) accumulate_scores(g, synced);  // §2: the window's summed scores
+    dev_span.end(TimeKind::kDeviceOptimizer);
+    schedule.step_taken();
+    if (split.empty()) return rep;
+    if (warm) {
+      host_step_now(g, synced.shard, ctx.lr);  // §4 warm-up (and offload mode)
+      return rep;
+    }
+    const int64_t pos = schedule.add_to_window();
+    selection.step_in_window();
+    if (!schedule.closes_window([&] { return zen_auto_window_ready(); })) {
+      accumulate_on_host(g, synced.shard, pos);  // §3 host updater, mid-window
+      return rep;
+    }
+    rep.boundary = true;  // §4 boundary: hand the window over, apply, re-select
+    WindowHandover w = close_window(g, synced.shard, ctx.lr);
+    if (opt.overlap_step)
+      pipeline_window(std::move(w), g, synced.shard, ctx, rep);
+    else
+      run_window_now(std::move(w), ctx.epoch, rep);
+    for (auto& s : split) s.score_acc.zero_();
+    return rep;
+  }
+
+  // --- The step's sections ---
+  StepReport staleness_report() const {
+    StepReport rep;
+    if (zenflow() && selection.selected) {
+      rep.staleness_windows = schedule.stale_windows();
+      rep.staleness_steps = schedule.stale_steps();
+    }
+    return rep;
+  }
+
+  bool exchanges_gradients() const { return partitioned() && !split.empty(); }
+
+  // Several ranks: the first selection comes before the gradients are exchanged, so that
+  // this step's exchange already follows it (top-k is unaffected by clipping's uniform
+  // scale; a non-finite score means a skipped step, which selects nothing); then the
+  // split gradients are exchanged (sync_split_gradients). One rank: nothing.
+  SyncedGradients exchange_gradients(const std::vector<at::Tensor>& g, int64_t epoch) {
+    if (!exchanges_gradients()) return SyncedGradients{};
+    if (zenflow() && !in_warmup() && !selection.selected) {
       at::Tensor sc;
       stalled(StallCause::kAllreduce, [&] {
         std::vector<at::Tensor> parts;
@@ -1356,13 +1307,13 @@ struct ZenFlowOptimizer::Impl {
         sc = at::cat(parts);
         coll->allreduce_sum_(sc, CollectiveTraffic::kSelection);
       });
-      if (std::isfinite(sc.sum().item<double>())) select_all(g, sc, ctx.epoch);
+      if (std::isfinite(sc.sum().item<double>())) select_all(g, sc, epoch);
     }
-    SyncedGradients synced;
-    if (dist) synced = sync_split_gradients(g, zenflow() && !in_warmup());
+    return sync_split_gradients(g, zenflow() && !in_warmup());
+  }
 
-    ClockSpan dev_span = clock_span();
-    // §5: global norm, non-finite check, clipping before the split.
+  // §5: the global L2 norm of the (averaged) gradient, before clipping.
+  double global_norm(const std::vector<at::Tensor>& g, const SyncedGradients& synced) const {
     std::vector<at::Tensor> norms;
     norms.reserve(g.size() + 2);
     // fp32 norms; on CUDA a low-precision gradient is read as it is (accumulated in fp32),
@@ -1372,7 +1323,7 @@ struct ZenFlowOptimizer::Impl {
       if (x.is_cuda()) return at::linalg_vector_norm(x, 2, at::OptionalIntArrayRef{}, false, at::kFloat);
       return x.to(at::kFloat).norm();
     };
-    if (!dist) {
+    if (!exchanges_gradients()) {
       for (auto& x : g) norms.push_back(norm32(x));
     } else {
       // Split parameters' local gradients are not the averaged ones: their norm is the
@@ -1381,166 +1332,175 @@ struct ZenFlowOptimizer::Impl {
       norms.push_back(synced.replicated_sq.sqrt());
       norms.push_back(synced.shards_sq.to(at::kFloat).sqrt());
     }
-    const double norm = at::stack(norms).norm().item<double>();
-    rep.grad_norm = norm;
-    if (!std::isfinite(norm)) {
-      ++skipped;
-      rep.skipped = true;
-      dev_span.end(TimeKind::kDeviceOptimizer);
-      return rep;
-    }
-    max_staleness = std::max(max_staleness, rep.staleness_windows);
+    return at::stack(norms).norm().item<double>();
+  }
+
+  // §5: clipping, once, to the whole gradient before the split (and to the exchanged
+  // shard and scores with several ranks).
+  void clip(std::vector<at::Tensor>& g, SyncedGradients& synced, double norm) const {
     if (opt.grad_clip > 0) {
       const double coef = opt.grad_clip / (norm + 1e-6);
       if (coef < 1.0) {
         for (auto& x : g) x.mul_(coef);
-        if (dist) {
+        if (exchanges_gradients()) {
           synced.shard.mul_(coef);
           if (synced.scores.defined()) synced.scores.mul_(opt.importance == Importance::kL1 ? coef : coef * coef);
         }
       }
     }
+  }
 
-    const bool warm = in_warmup();
-    last_lr = ctx.lr;
-    // §2: first selection, on the first step after warm-up, from this step's gradient.
-    if (zenflow() && !warm && !selected) select_all(g, synced.scores, ctx.epoch);
-
-    // §3 device updater: always-device parameters and selected columns.
+  // §3 device updater: always-device parameters and selected columns.
+  void update_on_device(const std::vector<at::Tensor>& g, double lr) {
     ++device_step;
-    for (auto& d : dense) {
-      device_ops::dense_adamw(d.p, g[d.index], d.master, d.m, d.v,
-                              coeffs(ctx.lr, d.weight_decay, device_step), 1.0f);
-    }
-    if (selected) {
+    for (auto& d : dense)
+      device_ops::dense_adamw(d.p, g[d.index], d.master, d.m, d.v, coeffs(lr, d.weight_decay, device_step),
+                              1.0f);
+    if (selection.selected) {
       for (auto& s : split)
         if (s.k > 0)
           device_ops::selected_adamw(s.w2d, g[s.index].view({s.out, s.in}), s.sel, s.dev_master, s.dev_m,
-                                     s.dev_v, coeffs(ctx.lr, s.weight_decay, device_step), 1.0f);
+                                     s.dev_v, coeffs(lr, s.weight_decay, device_step), 1.0f);
     }
-    if (zenflow() && !warm) {
-      int64_t off = 0;
-      for (auto& s : split) {
-        if (dist)
-          s.score_acc.add_(synced.scores.narrow(0, off, s.in));
-        else
-          device_ops::accumulate_column_scores(g[s.index].view({s.out, s.in}),
-                                               opt.importance == Importance::kL1, s.score_acc);
-        off += s.in;
-      }
-    }
-    dev_span.end(TimeKind::kDeviceOptimizer);
-    ++t;
-    if (split.empty()) return rep;
+  }
 
-    if (warm) {
-      // Warm-up and offload mode: one synchronous host step over every host column.
-      StepJob job;
-      if (streaming) {
-        job = make_step_job(ctx.lr, at::Tensor(), -1, 1.0f, 0, stream_gradients(g, synced.shard));
-        job.before = [h2d = h2d_from_out[0]]() mutable { h2d.wait(); };
-      } else {
-        job = make_step_job(ctx.lr, ring[0], -1, 1.0f, 0);
-        job.before = [d2h = stage_gradients(g, synced.shard, ring[0]), h2d = h2d_from_out[0]]() mutable {
-          d2h.wait();
-          h2d.wait();
-        };
-      }
-      auto work = host->submit(std::move(job));
-      wait_for(StallCause::kHostOptimizer, work);
-      applied_host_seconds = work->run_seconds();
-      apply_host_result(0);
-      return rep;
+  // §2: this step's column scores into the window's (all-reduced with several ranks).
+  void accumulate_scores(const std::vector<at::Tensor>& g, const SyncedGradients& synced) {
+    int64_t off = 0;
+    for (auto& s : split) {
+      if (exchanges_gradients())
+        s.score_acc.add_(synced.scores.narrow(0, off, s.in));
+      else
+        device_ops::accumulate_column_scores(g[s.index].view({s.out, s.in}),
+                                             opt.importance == Importance::kL1, s.score_acc);
+      off += s.in;
     }
+  }
 
-    ++window_pos;
-    ++steps_since_selection;
-    const bool boundary = opt.update_interval > 0 ? window_pos >= opt.update_interval : auto_window_closes();
-    const int parity = static_cast<int>(window % 2);
-    if (!boundary && streaming) {
-      pending_accumulates.push_back(host->submit(
-          make_accumulate_job(at::Tensor(), parity, window_pos == 1, stream_gradients(g, synced.shard))));
-      return rep;
-    }
-    if (!boundary) {
-      // Mid-window: stage into a ring buffer the accumulate job has released.
-      const int r = static_cast<int>((window_pos - 1) % 2);
-      if (ring_busy[r]) wait_for(StallCause::kHostOptimizer, ring_busy[r]);
-      AccumulateJob job = make_accumulate_job(ring[r], parity, window_pos == 1);
-      job.before = [d2h = stage_gradients(g, synced.shard, ring[r])]() mutable { d2h.wait(); };
-      auto work = host->submit(std::move(job));
-      ring_busy[r] = work;
-      pending_accumulates.push_back(work);
-      return rep;
-    }
-
-    // Boundary (§4): hand the window to the host updater.
-    rep.boundary = true;
-    CopyHandle d2h;
-    std::shared_ptr<GradSource> source;
-    if (streaming)
-      source = stream_gradients(g, synced.shard);
-    else
-      d2h = stage_gradients(g, synced.shard, last_grad[parity]);
-    const int64_t len = window_pos;
-    last_window_steps = len;
-    std::vector<std::shared_ptr<HostWork>> window_accs = std::move(pending_accumulates);
-    pending_accumulates.clear();
-    const int out = out_index(parity);
-    StepJob job = make_step_job(ctx.lr, streaming ? at::Tensor() : last_grad[parity], len > 1 ? parity : -1,
-                                1.0f / static_cast<float>(len), out, std::move(source));
-    // Before the host step reads and writes: its last D2H and the H2D out of the param_out
-    // buffer it writes (two windows ago; streaming: the one buffer, whose H2D of window
-    // k-1 was started before) must have completed. The window's accumulates run before
-    // it by the HostOptimizer ordering rule; waiting for them here would cost a remote
-    // backend a round trip at every boundary, so they are waited for with the step.
-    auto before = [&] {
-      return [d2h, h2d = h2d_from_out[out]]() mutable {
+  // Warm-up and offload mode: one synchronous host step over every host column.
+  void host_step_now(const std::vector<at::Tensor>& g, const at::Tensor& shard, double lr) {
+    StepJob job;
+    if (streaming) {
+      job = make_step_job(lr, at::Tensor(), -1, 1.0f, 0, stream_gradients(g, shard));
+      job.before = [h2d = h2d_from_out[0]]() mutable { h2d.wait(); };
+    } else {
+      job = make_step_job(lr, ring[0], -1, 1.0f, 0);
+      job.before = [d2h = stage_gradients(g, shard, ring[0]), h2d = h2d_from_out[0]]() mutable {
         d2h.wait();
         h2d.wait();
       };
-    };
-    ++window;
-    ++windows_since_selection;
-    window_pos = 0;
-    if (!opt.overlap_step) {
-      job.before = before();
-      auto work = host->submit(std::move(job));
-      wait_for(StallCause::kHostOptimizer, work);
-      for (auto& w : window_accs) wait_for(StallCause::kHostOptimizer, w);
-      apply_host_result(out);
-      ++windows_applied;
-      reselect(ctx.epoch, rep, nullptr);
-    } else {
-      // Re-selection (§4) is decided at the boundary from this window's scores, before
-      // window k is handed over: the columns that enter the device get this window's host
-      // step on the device now, the others keep their slots, and window k runs on the host
-      // during window k+1 like any other — no pipeline drain. The plan reads only the
-      // scores (its device-to-host read waits for this step's device work, not for the H2D
-      // that applying window k-1 enqueues next).
-      Reselection plan = plan_reselection(ctx.epoch);
-      complete_inflight();  // window k-1: waits (stall host_optimizer), then H2D
-      if (plan.changed) {
-        for (auto& w : window_accs) wait_for(StallCause::kHostOptimizer, w);
-        ClockSpan span = clock_span();
-        std::vector<EnterReads> reads(split.size());
-        ColumnBatch batch;
-        for (size_t i = 0; i < split.size(); ++i)
-          if (!plan.entering[i].empty())
-            reads[i] = read_entering(split[i], plan.entering[i], len, parity, batch);
-        gather(batch);
-        for (size_t i = 0; i < split.size(); ++i)
-          if (!plan.entering[i].empty())
-            plan.ready[i] = enter_window_step(split[i], plan.entering[i], reads[i], g, synced.shard, len,
-                                              coeffs(ctx.lr, split[i].weight_decay, host_step));
-        span.end(TimeKind::kDeviceOptimizer);
-      }
-      job.before = before();
-      inflight.reset(new InFlight{host->submit(std::move(job)), out, std::move(window_accs)});
-      reselect(ctx.epoch, rep, &plan);
     }
-    for (auto& s : split) s.score_acc.zero_();
-    return rep;
+    auto work = host->submit(std::move(job));
+    wait_for(StallCause::kHostOptimizer, work);
+    applied_host_seconds = work->run_seconds();
+    apply_host_result(0);
+  }
+
+  // Mid-window (`pos`: the step's position in it): the host-owned gradient columns go to
+  // the host and are added to the window's accumulator (overwriting it at position 1).
+  void accumulate_on_host(const std::vector<at::Tensor>& g, const at::Tensor& shard, int64_t pos) {
+    const int parity = schedule.parity();
+    if (streaming) {
+      pending_accumulates.push_back(
+          host->submit(make_accumulate_job(at::Tensor(), parity, pos == 1, stream_gradients(g, shard))));
+      return;
+    }
+    // Staged into a ring buffer the accumulate job has released.
+    const int r = static_cast<int>((pos - 1) % 2);
+    if (ring_busy[r]) wait_for(StallCause::kHostOptimizer, ring_busy[r]);
+    AccumulateJob job = make_accumulate_job(ring[r], parity, pos == 1);
+    job.before = [d2h = stage_gradients(g, shard, ring[r])]() mutable { d2h.wait(); };
+    auto work = host->submit(std::move(job));
+    ring_busy[r] = work;
+    pending_accumulates.push_back(work);
+  }
+
+  // A closed window's host step, built but not yet submitted (submit_window).
+  struct WindowHandover {
+    StepJob job;
+    CopyHandle d2h;  // the D2H of the window's last gradient (none when streaming)
+    int parity = 0;  // the window's accumulator
+    int out = 0;     // the param_out buffer the step writes
+    int64_t len = 0;  // the window's steps
+    std::vector<std::shared_ptr<HostWork>> accumulates;  // the window's accumulate jobs
+  };
+
+  // Boundary (§4): stages the window's last gradient, builds the host step over the
+  // window's mean gradient (the host updater's next step count; the learning rate of the
+  // window's last step) and closes the window.
+  WindowHandover close_window(const std::vector<at::Tensor>& g, const at::Tensor& shard, double lr) {
+    WindowHandover w;
+    w.parity = schedule.parity();
+    std::shared_ptr<GradSource> source;
+    if (streaming)
+      source = stream_gradients(g, shard);
+    else
+      w.d2h = stage_gradients(g, shard, last_grad[w.parity]);
+    w.len = schedule.position;
+    w.accumulates = std::move(pending_accumulates);
+    pending_accumulates.clear();
+    w.out = out_index(w.parity);
+    w.job = make_step_job(lr, streaming ? at::Tensor() : last_grad[w.parity], w.len > 1 ? w.parity : -1,
+                          1.0f / static_cast<float>(w.len), w.out, std::move(source));
+    schedule.close_window();
+    selection.window_closed();
+    return w;
+  }
+
+  // Before the host step reads and writes: its last D2H and the H2D out of the param_out
+  // buffer it writes (two windows ago; streaming: the one buffer, whose H2D of window
+  // k-1 was started before) must have completed — so this is called after window k-1 was
+  // applied. The window's accumulates run before it by the HostOptimizer ordering rule;
+  // waiting for them here would cost a remote backend a round trip at every boundary,
+  // so they are waited for with the step.
+  std::shared_ptr<HostWork> submit_window(WindowHandover& w) {
+    w.job.before = [d2h = w.d2h, h2d = h2d_from_out[w.out]]() mutable {
+      d2h.wait();
+      h2d.wait();
+    };
+    return host->submit(std::move(w.job));
+  }
+
+  // overlap_step false: the window's host step runs now and reaches the device before
+  // the next step; then the re-selection, if one is due.
+  void run_window_now(WindowHandover w, int64_t epoch, StepReport& rep) {
+    auto work = submit_window(w);
+    wait_for(StallCause::kHostOptimizer, work);
+    for (auto& a : w.accumulates) wait_for(StallCause::kHostOptimizer, a);
+    apply_host_result(w.out);
+    schedule.window_applied();
+    reselect(epoch, rep, nullptr);
+  }
+
+  // overlap_step true, the one-deep pipeline: window k-1's host step is waited for and
+  // applied, window k's goes to the host to run during window k+1. Re-selection (§4) is
+  // decided at the boundary from this window's scores, before window k is handed over:
+  // the columns that enter the device get this window's host step on the device now,
+  // the others keep their slots, and window k runs on the host like any other — no
+  // pipeline drain. The plan reads only the scores (its device-to-host read waits for
+  // this step's device work, not for the H2D that applying window k-1 enqueues next).
+  void pipeline_window(WindowHandover w, const std::vector<at::Tensor>& g, const at::Tensor& shard,
+                       const StepContext& ctx, StepReport& rep) {
+    Reselection plan = plan_reselection(ctx.epoch);
+    complete_inflight();  // window k-1: waits (stall host_optimizer), then H2D
+    if (plan.changed) {
+      for (auto& a : w.accumulates) wait_for(StallCause::kHostOptimizer, a);
+      ClockSpan span = clock_span();
+      std::vector<EnterReads> reads(split.size());
+      ColumnBatch batch;
+      for (size_t i = 0; i < split.size(); ++i)
+        if (!plan.moves[i].entering.empty())
+          reads[i] = read_entering(split[i], plan.moves[i].entering, w.len, w.parity, batch);
+      gather(batch);
+      for (size_t i = 0; i < split.size(); ++i)
+        if (!plan.moves[i].entering.empty())
+          plan.ready[i] = enter_window_step(split[i], plan.moves[i].entering, reads[i], g, shard, w.len,
+                                            coeffs(ctx.lr, split[i].weight_decay, host_step));
+      span.end(TimeKind::kDeviceOptimizer);
+    }
+    auto work = submit_window(w);
+    inflight.reset(new InFlight{std::move(work), w.out, std::move(w.accumulates)});
+    reselect(ctx.epoch, rep, &plan);
   }
 
   // Applies the in-flight host step, then closes an open window early so that no
@@ -1548,28 +1508,20 @@ struct ZenFlowOptimizer::Impl {
   void finish() {
     wait_accumulates();
     complete_inflight();
-    if (window_pos == 0 || split.empty()) return;
-    const int parity = static_cast<int>(window % 2);
+    if (schedule.position == 0 || split.empty()) return;
+    const int parity = schedule.parity();
     const int out = out_index(parity);
-    StepJob job = make_step_job(last_lr, at::Tensor(), parity, 1.0f / static_cast<float>(window_pos), out);
+    const int64_t len = schedule.position;
+    StepJob job = make_step_job(last_lr, at::Tensor(), parity, 1.0f / static_cast<float>(len), out);
     job.before = [h2d = h2d_from_out[out]]() mutable { h2d.wait(); };
     auto work = host->submit(std::move(job));
     wait_for(StallCause::kHostOptimizer, work);
     apply_host_result(out);
-    ++window;
-    ++windows_applied;
-    window_pos = 0;
+    schedule.close_window();
+    schedule.window_applied();
     for (auto& s : split) s.score_acc.zero_();
   }
 };
-
-namespace {
-const char* const kScalarNames[] = {"t", "skipped", "device_step", "host_step", "selected", "window",
-                                    "window_pos", "windows_applied", "max_staleness",
-                                    "steps_since_selection", "windows_since_selection",
-                                    "epoch_at_selection", "reselections", "pending_apply"};
-constexpr size_t kNumScalars = sizeof(kScalarNames) / sizeof(kScalarNames[0]);
-}  // namespace
 
 std::vector<std::pair<std::string, at::Tensor>> ZenFlowOptimizer::state_dict() {
   Impl& i = *impl_;
@@ -1577,17 +1529,13 @@ std::vector<std::pair<std::string, at::Tensor>> ZenFlowOptimizer::state_dict() {
   if (i.inflight && i.inflight->work) i.wait_for(StallCause::kCheckpoint, i.inflight->work);
   i.apply_slot_fixes();  // the host arrays must hold the leaving columns' state
   std::vector<std::pair<std::string, at::Tensor>> out;
-  const int64_t scalars[kNumScalars] = {i.t, i.skipped, i.device_step, i.host_step, i.selected ? 1 : 0,
-                                        i.window, i.window_pos, i.windows_applied, i.max_staleness,
-                                        i.steps_since_selection, i.windows_since_selection,
-                                        i.epoch_at_selection, i.reselections, i.inflight ? 1 : 0};
-  at::Tensor sc = at::empty({static_cast<int64_t>(kNumScalars)}, at::kLong);
-  std::copy(scalars, scalars + kNumScalars, sc.data_ptr<int64_t>());
-  out.emplace_back("engine/scalars", sc);
+  const EngineScalars scalars{i.schedule,    i.selection, i.skipped,
+                              i.device_step, i.host_step, i.inflight != nullptr};
+  out.emplace_back("engine/scalars", index_tensor(scalars.to_vector(), at::kCPU));
   out.emplace_back("engine/last_lr", at::full({1}, i.last_lr, at::kDouble));
   out.emplace_back("engine/partition", index_tensor({i.me, i.world}, at::kCPU));
   auto cpu = [](const at::Tensor& x) { return x.to(at::kCPU).clone(); };
-  const int parity = static_cast<int>(i.window % 2);
+  const int parity = i.schedule.parity();
   for (auto& s : i.split) {
     const std::string p = "split/" + i.params[s.index].name + "/";
     out.emplace_back(p + "sel", index_tensor(s.sel_cpu, at::kCPU));
@@ -1596,7 +1544,7 @@ std::vector<std::pair<std::string, at::Tensor>> ZenFlowOptimizer::state_dict() {
     out.emplace_back(p + "host_master", i.host_view(HostBuf::kMaster, s).clone());
     out.emplace_back(p + "host_m", i.host_view(HostBuf::kM, s).clone());
     out.emplace_back(p + "host_v", i.host_view(HostBuf::kV, s).clone());
-    if (i.window_pos > 0) out.emplace_back(p + "acc", i.host_view(acc_buffer(parity), s).clone());
+    if (i.schedule.position > 0) out.emplace_back(p + "acc", i.host_view(acc_buffer(parity), s).clone());
     out.emplace_back(p + "score_acc", cpu(s.score_acc));
     if (s.dev_m.defined()) {
       out.emplace_back(p + "dev_m", cpu(s.dev_m));
@@ -1647,33 +1595,24 @@ void ZenFlowOptimizer::load_state_shards(
   };
   // Everything but the host state is replicated: rank 0's shard has it.
   auto get = [&](const std::string& key, at::IntArrayRef shape) { return get_from(0, key, shape); };
-  at::Tensor sc = get("engine/scalars", {static_cast<int64_t>(kNumScalars)}).to(at::kLong);
-  const int64_t* a = sc.data_ptr<int64_t>();
-  i.t = a[0];
-  i.skipped = a[1];
-  i.device_step = a[2];
-  i.host_step = a[3];
-  i.selected = a[4] != 0;
-  i.window = a[5];
-  i.window_pos = a[6];
-  i.windows_applied = a[7];
-  i.last_window_steps = i.opt.update_interval > 0 ? i.opt.update_interval : 0;
-  i.max_staleness = a[8];
-  i.steps_since_selection = a[9];
-  i.windows_since_selection = a[10];
-  i.epoch_at_selection = a[11];
-  i.reselections = a[12];
-  if (a[13] != 0) i.inflight.reset(new InFlight{nullptr, -1, {}});
+  const EngineScalars scalars = EngineScalars::from_vector(
+      to_vector(get("engine/scalars", {static_cast<int64_t>(EngineScalars::kCount)})), i.schedule, i.selection);
+  i.schedule = scalars.schedule;
+  i.selection = scalars.selection;
+  i.skipped = scalars.skipped;
+  i.device_step = scalars.device_step;
+  i.host_step = scalars.host_step;
+  if (scalars.pending_apply) i.inflight.reset(new InFlight{nullptr, -1, {}});
   i.last_lr = get("engine/last_lr", {1}).item<double>();
-  const int parity = static_cast<int>(i.window % 2);
+  const int parity = i.schedule.parity();
   for (auto& s : i.split) {
     const std::string p = "split/" + i.params[s.index].name + "/";
     const at::Tensor* sel_t = find(0, p + "sel");
     if (!sel_t) throw std::runtime_error("engine state: missing '" + p + "sel'");
     std::vector<int64_t> sel = to_vector(*sel_t);
-    if (static_cast<int64_t>(sel.size()) != (i.selected ? s.k : 0))
+    if (static_cast<int64_t>(sel.size()) != (i.selection.selected ? s.k : 0))
       throw std::runtime_error("engine state: '" + p + "sel' has " + std::to_string(sel.size()) +
-                               " columns, expected " + std::to_string(i.selected ? s.k : 0));
+                               " columns, expected " + std::to_string(i.selection.selected ? s.k : 0));
     s.sel_cpu = sel;
     s.unsel_cpu = complement(sel, s.in);
     s.sel = index_tensor(s.sel_cpu, i.device);
@@ -1682,7 +1621,7 @@ void ZenFlowOptimizer::load_state_shards(
     // without host_cols (one rank) holds every host-owned column.
     std::vector<std::string> names = {"host_master", "host_m", "host_v"};
     std::vector<HostBuf> into = {HostBuf::kMaster, HostBuf::kM, HostBuf::kV};
-    if (i.window_pos > 0) {
+    if (i.schedule.position > 0) {
       names.push_back("acc");
       into.push_back(acc_buffer(parity));
     }
@@ -1721,7 +1660,7 @@ void ZenFlowOptimizer::load_state_shards(
                                i.params[s.index].name + "' are in no shard (a rank's engine state is missing?)");
     s.score_acc.copy_(get(p + "score_acc", {s.in}));
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(i.device);
-    if (i.selected) {
+    if (i.selection.selected) {
       // Copies, never aliases of the caller's tensors (copy = true).
       s.dev_m = get(p + "dev_m", {s.out, s.k}).to(f32, false, true);
       s.dev_v = get(p + "dev_v", {s.out, s.k}).to(f32, false, true);
@@ -1776,13 +1715,13 @@ void ZenFlowOptimizer::zero_grad() {
 StepReport ZenFlowOptimizer::step(const StepContext& ctx) { return impl_->step(ctx); }
 void ZenFlowOptimizer::finish() { impl_->finish(); }
 const EngineOptions& ZenFlowOptimizer::options() const { return impl_->opt; }
-int64_t ZenFlowOptimizer::steps() const { return impl_->t; }
+int64_t ZenFlowOptimizer::steps() const { return impl_->schedule.steps; }
 int64_t ZenFlowOptimizer::skipped_steps() const { return impl_->skipped; }
 int64_t ZenFlowOptimizer::host_steps() const { return impl_->host_step; }
-int64_t ZenFlowOptimizer::windows_completed() const { return impl_->window; }
-int64_t ZenFlowOptimizer::max_staleness_windows() const { return impl_->max_staleness; }
-bool ZenFlowOptimizer::at_boundary() const { return impl_->window_pos == 0; }
-int64_t ZenFlowOptimizer::reselections() const { return impl_->reselections; }
+int64_t ZenFlowOptimizer::windows_completed() const { return impl_->schedule.windows; }
+int64_t ZenFlowOptimizer::max_staleness_windows() const { return impl_->schedule.max_staleness; }
+bool ZenFlowOptimizer::at_boundary() const { return impl_->schedule.position == 0; }
+int64_t ZenFlowOptimizer::reselections() const { return impl_->selection.reselections; }
 
 std::vector<int64_t> ZenFlowOptimizer::selected_columns(const std::string& name) const {
   for (auto& s : impl_->split)

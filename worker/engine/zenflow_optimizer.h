@@ -68,12 +68,12 @@
 #include "worker/engine/adamw_kernel.h"
 #include "worker/engine/collectives.h"
 #include "worker/engine/host_optimizer.h"
+#include "worker/engine/selection_plan.h"  // SelectStrategy
 #include "worker/engine/stall_clock.h"
 
 namespace zenflow::engine {
 
 enum class OptimizerMode { kDevice, kOffload, kZenFlow };
-enum class SelectStrategy { kAuto, kStep, kEpoch };
 enum class Importance { kL2, kL1 };
 
 OptimizerMode parse_optimizer_mode(const std::string& s);  // "device" | "offload" | "zenflow"

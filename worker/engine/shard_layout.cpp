@@ -1,0 +1,66 @@
+// Shard layout: column ranges per rank and the packed staging offsets.
+#include "worker/engine/shard_layout.h"
+
+#include <algorithm>
+
+namespace zenflow::engine {
+
+int ColumnRanges::owner(int64_t col) const {
+  int r = 0;
+  while (!holds(r, col)) ++r;
+  return r;
+}
+
+std::vector<std::vector<int64_t>> ColumnRanges::split(const std::vector<int64_t>& cols) const {
+  std::vector<std::vector<int64_t>> out(lo.size());
+  for (int64_t c : cols) out[static_cast<size_t>(owner(c))].push_back(c);
+  return out;
+}
+
+std::vector<ColumnRanges> assign_column_ranges(const std::vector<MatrixShape>& shapes, int world) {
+  const size_t w = static_cast<size_t>(world);
+  std::vector<int64_t> load(w, 0);  // elements assigned to each rank so far
+  std::vector<ColumnRanges> out;
+  out.reserve(shapes.size());
+  for (const MatrixShape& m : shapes) {
+    ColumnRanges c;
+    c.lo.assign(w, 0);
+    c.hi.assign(w, 0);
+    if (m.in >= world) {
+      int64_t lo = 0;
+      for (size_t r = 0; r < w; ++r) {
+        const int64_t n = m.in / world + (static_cast<int64_t>(r) < m.in % world ? 1 : 0);
+        c.lo[r] = lo;
+        c.hi[r] = lo + n;
+        load[r] += n * m.out;
+        lo += n;
+      }
+    } else {
+      const size_t r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+      c.hi[r] = m.in;
+      load[r] += m.in * m.out;
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+StagingLayout pack_staging(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& widths,
+                           int world) {
+  const size_t w = static_cast<size_t>(world);
+  StagingLayout l;
+  l.offset.assign(rows.size(), std::vector<int64_t>(w, 0));
+  l.shard_begin.assign(w, 0);
+  l.shard_size.assign(w, 0);
+  for (size_t r = 0; r < w; ++r) {
+    l.shard_begin[r] = l.total;
+    for (size_t m = 0; m < rows.size(); ++m) {
+      l.offset[m][r] = l.total;
+      l.total += widths[m][r] * rows[m];
+    }
+    l.shard_size[r] = l.total - l.shard_begin[r];
+  }
+  return l;
+}
+
+}  // namespace zenflow::engine

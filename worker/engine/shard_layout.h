@@ -1,0 +1,59 @@
+// Shard layout: which rank's host updater holds which columns of each split matrix, and
+// where every rank's host-owned columns sit in the packed gradient staging (semantics §9).
+//
+// Pure integers, no tensors: ZenFlowOptimizer keeps the device index tensors beside them.
+// With one rank every column is rank 0's and the staging is the matrices back to back.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace zenflow::engine {
+
+// The columns of one matrix whose host state each rank owns: [lo[r], hi[r]) for rank r.
+// A column keeps its owner while it stays host-owned, whatever the selection does.
+struct ColumnRanges {
+  std::vector<int64_t> lo, hi;  // per rank
+
+  bool holds(int rank, int64_t col) const {
+    return col >= lo[static_cast<size_t>(rank)] && col < hi[static_cast<size_t>(rank)];
+  }
+  // The rank whose range holds `col` (a column of the matrix, so there is one).
+  int owner(int64_t col) const;
+  int64_t width(int rank) const { return hi[static_cast<size_t>(rank)] - lo[static_cast<size_t>(rank)]; }
+  // `cols` by owner: per rank, its columns among them in the order given.
+  std::vector<std::vector<int64_t>> split(const std::vector<int64_t>& cols) const;
+};
+
+struct MatrixShape {
+  int64_t out = 0;  // rows
+  int64_t in = 0;   // columns
+};
+
+// Per matrix, in order: with at least `world` columns, contiguous ranges as even as
+// possible (the first in % world ranks get one column more); with fewer (offload mode's
+// 1-D parameters are one column each), the whole matrix to the rank holding the fewest
+// elements so far, the lowest such rank on a tie, so small matrices spread by bytes.
+std::vector<ColumnRanges> assign_column_ranges(const std::vector<MatrixShape>& shapes, int world);
+
+// The packed staging of host-owned columns: rank by rank (rank 0's columns of every
+// matrix, then rank 1's, ...), so each rank's shard is one contiguous range for the
+// reduce-scatter and the all-gather, and each transfer is one copy.
+struct StagingLayout {
+  std::vector<std::vector<int64_t>> offset;  // [matrix][rank]: start of rank r's columns of it
+  std::vector<int64_t> shard_begin;          // per rank
+  std::vector<int64_t> shard_size;           // per rank, elements
+  int64_t total = 0;                         // elements of every rank's shards
+
+  // Where rank r's columns of `matrix` start within r's own shard.
+  int64_t local_offset(size_t matrix, int rank) const {
+    return offset[matrix][static_cast<size_t>(rank)] - shard_begin[static_cast<size_t>(rank)];
+  }
+};
+
+// rows[m]: matrix m's rows; widths[m][r]: how many host-owned columns of m rank r holds.
+StagingLayout pack_staging(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& widths,
+                           int world);
+
+}  // namespace zenflow::engine
