@@ -35,6 +35,25 @@
 namespace zenflow::cli {
 namespace {
 
+// A Llama-2 shape (heads of 128, vocab 32000) in bf16 at sequence 2048 with activation
+// checkpointing, on one GPU.
+std::string gpu_llama_preset(const std::string& name, int hidden, int layers, int intermediate, int micro_batch,
+                             int steps) {
+  const std::string heads = std::to_string(hidden / 128);
+  return "name: bench-" + name + "\nmodel: {arch: llama, config: {hidden_size: " + std::to_string(hidden) +
+         ", num_hidden_layers: " + std::to_string(layers) + ", num_attention_heads: " + heads +
+         ", num_key_value_heads: " + heads + ", intermediate_size: " + std::to_string(intermediate) +
+         ", vocab_size: 32000, max_position_embeddings: 4096}}\n"
+         "data: {train: DATA, tokenizer: byte, val_fraction: 0.05}\n"
+         "train: {steps: " + std::to_string(steps) + ", micro_batch: " + std::to_string(micro_batch) +
+         ", seq_len: 2048, lr: 1.0e-5, schedule: constant, warmup_steps: 0, grad_clip: 1.0, seed: 1, "
+         "device: cuda, dtype: bfloat16, activation_checkpointing: true}\n"
+         "optimizer:\n  mode: zenflow\n  zenflow: {topk_ratio: 0.1, select_strategy: auto, update_interval: 4, "
+         "full_warm_up_rounds: 1, overlap_step: true}\n"
+         "  host: {threads: auto, reserved_cores: auto}\n"
+         "checkpoint: {every_steps: 0}\n";
+}
+
 // Presets: YAML job specs validated by the same parser users go through.
 const std::map<std::string, std::string>& presets() {
   static const std::map<std::string, std::string> p = {
@@ -84,39 +103,10 @@ optimizer:
   host: {threads: auto, reserved_cores: auto}
 checkpoint: {every_steps: 0}
 )"},
-      // Llama-2-7B's shape (hidden 4096, 32 layers, 32 heads, intermediate 11008, vocab
-      // 32000) in bf16 at sequence 2048 with activation checkpointing: the model our users
-      // rent one GPU for. Device mode needs ~16 bytes a parameter on the GPU (~110 GB): an
-      // 80 GB card runs offload and zenflow only.
-      {"gpu-7b", R"(name: bench-gpu-7b
-model: {arch: llama, config: {hidden_size: 4096, num_hidden_layers: 32, num_attention_heads: 32,
-        num_key_value_heads: 32, intermediate_size: 11008, vocab_size: 32000,
-        max_position_embeddings: 4096}}
-data: {train: DATA, tokenizer: byte, val_fraction: 0.05}
-train: {steps: 8, micro_batch: 4, seq_len: 2048, lr: 1.0e-5, schedule: constant, warmup_steps: 0,
-        grad_clip: 1.0, seed: 1, device: cuda, dtype: bfloat16, activation_checkpointing: true}
-optimizer:
-  mode: zenflow
-  zenflow: {topk_ratio: 0.1, select_strategy: auto, update_interval: 4, full_warm_up_rounds: 1,
-            overlap_step: true}
-  host: {threads: auto, reserved_cores: auto}
-checkpoint: {every_steps: 0}
-)"},
-      // Llama-2-13B's shape (hidden 5120, 40 layers, 40 heads, intermediate 13824).
-      {"gpu-13b", R"(name: bench-gpu-13b
-model: {arch: llama, config: {hidden_size: 5120, num_hidden_layers: 40, num_attention_heads: 40,
-        num_key_value_heads: 40, intermediate_size: 13824, vocab_size: 32000,
-        max_position_embeddings: 4096}}
-data: {train: DATA, tokenizer: byte, val_fraction: 0.05}
-train: {steps: 6, micro_batch: 2, seq_len: 2048, lr: 1.0e-5, schedule: constant, warmup_steps: 0,
-        grad_clip: 1.0, seed: 1, device: cuda, dtype: bfloat16, activation_checkpointing: true}
-optimizer:
-  mode: zenflow
-  zenflow: {topk_ratio: 0.1, select_strategy: auto, update_interval: 4, full_warm_up_rounds: 1,
-            overlap_step: true}
-  host: {threads: auto, reserved_cores: auto}
-checkpoint: {every_steps: 0}
-)"},
+      // Llama-2-7B's shape: the model our users rent one GPU for. Device mode needs ~16
+      // bytes a parameter on the GPU (~110 GB): an 80 GB card runs offload and zenflow only.
+      {"gpu-7b", gpu_llama_preset("gpu-7b", 4096, 32, 11008, 4, 8)},
+      {"gpu-13b", gpu_llama_preset("gpu-13b", 5120, 40, 13824, 2, 6)},
   };
   return p;
 }
