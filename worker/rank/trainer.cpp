@@ -815,7 +815,9 @@ class TrainingRun {
       // Compute time: on CUDA what the compute stream spent on forward and backward.
       engine::ClockSpan compute(&clock_, device_);
       peaks_->begin_micro_batch();
-      const bool gradients_allocated = gradients_exist();
+      // Gradient buffers stay once allocated (zero_grad zeroes them in place): look until then.
+      gradients_allocated_ = gradients_allocated_ || gradients_exist();
+      const bool gradients_allocated = gradients_allocated_;
       at::Tensor loss;
       {
         model::CudaAutocast autocast(use_autocast_, autocast_dtype_);
@@ -983,6 +985,7 @@ class TrainingRun {
   }
 
   std::optional<DevicePeaks> peaks_;
+  bool gradients_allocated_ = false;  // every parameter has its .grad() (see gradients_exist)
   const JobSpec& spec_;
   const RunOptions& options_;
   const std::atomic<bool>* stop_;
