@@ -28,6 +28,20 @@ std::vector<NamedTensor> NamedParameterModel::parameters() {
   return out;
 }
 
+void NamedParameterModel::replace_parameters(const std::vector<at::Tensor>& tensors) {
+  if (tensors.size() != params_.size())
+    throw std::invalid_argument("replace_parameters: " + std::to_string(tensors.size()) + " tensors for " +
+                                std::to_string(params_.size()) + " parameters");
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].second = tensors[i];
+}
+
+at::Tensor NamedParameterModel::run_unit(UnitKind kind, const LayerBody& body, const at::Tensor& x,
+                                         const std::vector<at::Tensor>& weights) const {
+  const bool checkpoint = kind == UnitKind::kLayer && checkpoint_layers_;
+  if (runner_) return runner_->run(kind, body, x, weights, checkpoint);
+  return checkpoint ? checkpointed_layer(body, x, weights) : body(x, weights);
+}
+
 void NamedParameterModel::to(at::Device device, at::ScalarType dtype) {
   for (auto& p : params_) {
     if (p.second.device() == device && p.second.scalar_type() == dtype) continue;

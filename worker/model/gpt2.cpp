@@ -47,21 +47,24 @@ class GPT2 final : public NamedParameterModel {
     const int64_t E = config_.n_embd;
     const double eps = config_.layer_norm_epsilon;
 
-    const at::Tensor positions = at::arange(T, input_ids.options());
-    at::Tensor x = at::embedding(*wte_, input_ids) + at::embedding(*wpe_, positions);  // [B, T, E]
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      if (checkpoint_layers_) {
-        x = checkpointed_layer(
-            [this, l](const at::Tensor& in, const std::vector<at::Tensor>& w) {
-              return block(in, fields_.bound(w), l);
-            },
-            x, fields_.weights(layers_[l]));
-      } else {
-        x = block(x, layers_[l], l);
-      }
-    }
-    x = at::layer_norm(x, {E}, *ln_f_w_, *ln_f_b_, eps);
-    return at::linear(x, config_.tie_word_embeddings ? *wte_ : *lm_head_);  // [B, T, V]
+    at::Tensor x = run_unit(
+        UnitKind::kEmbedding,
+        [](const at::Tensor& ids, const std::vector<at::Tensor>& w) {
+          const at::Tensor positions = at::arange(ids.size(1), ids.options());
+          return at::embedding(w[0], ids) + at::embedding(w[1], positions);  // [B, T, E]
+        },
+        input_ids, {*wte_, *wpe_});
+    for (size_t l = 0; l < layers_.size(); ++l)
+      x = run_unit(
+          UnitKind::kLayer,
+          [this, l](const at::Tensor& in, const std::vector<at::Tensor>& w) { return block(in, fields_.bound(w), l); },
+          x, fields_.weights(layers_[l]));
+    return run_unit(
+        UnitKind::kHead,
+        [E, eps](const at::Tensor& in, const std::vector<at::Tensor>& w) {
+          return at::linear(at::layer_norm(in, {E}, w[0], w[1], eps), w[2]);  // [B, T, V]
+        },
+        x, {*ln_f_w_, *ln_f_b_, config_.tie_word_embeddings ? *wte_ : *lm_head_});
   }
 
   int64_t vocab_size() const override { return config_.vocab_size; }

@@ -8,6 +8,7 @@
 
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <utility>
 
 #include "worker/model/autocast_scope.h"
@@ -39,8 +40,7 @@ struct RngState {
 // What the backward needs besides the saved tensors; kept in the autograd context.
 struct Recompute : torch::CustomClassHolder {
   LayerBody body;
-  AutocastState autocast;
-  std::vector<RngState> rng;
+  ForwardState state;
 };
 
 struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
@@ -67,17 +67,7 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
     for (const at::Tensor& t : saved) leaves.push_back(t.detach().requires_grad_(t.requires_grad()));
     const std::vector<at::Tensor> weights(leaves.begin() + 1, leaves.end());
 
-    at::Tensor y;
-    for (RngState& r : recompute->rng) r.swap();
-    try {
-      at::AutoGradMode grad_on(true);
-      CudaAutocast autocast(recompute->autocast.enabled, recompute->autocast.dtype);
-      y = recompute->body(leaves[0], weights);
-    } catch (...) {
-      for (RngState& r : recompute->rng) r.swap();
-      throw;
-    }
-    for (RngState& r : recompute->rng) r.swap();
+    const at::Tensor y = recompute->state.replay([&] { return recompute->body(leaves[0], weights); });
 
     variable_list wanted;
     std::vector<size_t> index;
@@ -101,10 +91,43 @@ at::Tensor checkpointed_layer(const LayerBody& body, const at::Tensor& x, const 
   if (!c10::GradMode::is_enabled()) return body(x, weights);
   auto recompute = c10::make_intrusive<Recompute>();
   recompute->body = body;
-  if (x.is_cuda()) recompute->autocast = current_cuda_autocast();
-  recompute->rng.push_back(RngState::of(at::globalContext().defaultGenerator(at::kCPU)));
-  if (!x.is_cpu()) recompute->rng.push_back(RngState::of(at::globalContext().defaultGenerator(x.device())));
+  recompute->state = ForwardState::capture(x);
   return CheckpointedLayer::apply(x, at::TensorList(weights), std::move(recompute))[0];
+}
+
+struct ForwardState::Impl {
+  AutocastState autocast;
+  std::vector<RngState> rng;
+};
+
+ForwardState::ForwardState() = default;
+ForwardState::~ForwardState() = default;
+ForwardState::ForwardState(ForwardState&&) noexcept = default;
+ForwardState& ForwardState::operator=(ForwardState&&) noexcept = default;
+
+ForwardState ForwardState::capture(const at::Tensor& x) {
+  ForwardState s;
+  s.impl_ = std::make_unique<Impl>();
+  if (x.is_cuda()) s.impl_->autocast = current_cuda_autocast();
+  s.impl_->rng.push_back(RngState::of(at::globalContext().defaultGenerator(at::kCPU)));
+  if (!x.is_cpu()) s.impl_->rng.push_back(RngState::of(at::globalContext().defaultGenerator(x.device())));
+  return s;
+}
+
+at::Tensor ForwardState::replay(const std::function<at::Tensor()>& f) {
+  if (!impl_) throw std::logic_error("ForwardState::replay: nothing was captured");
+  at::Tensor y;
+  for (RngState& r : impl_->rng) r.swap();
+  try {
+    at::AutoGradMode grad_on(true);
+    CudaAutocast autocast(impl_->autocast.enabled, impl_->autocast.dtype);
+    y = f();
+  } catch (...) {
+    for (RngState& r : impl_->rng) r.swap();
+    throw;
+  }
+  for (RngState& r : impl_->rng) r.swap();
+  return y;
 }
 
 }  // namespace zenflow::model

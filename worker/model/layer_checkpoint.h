@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 namespace zenflow::model {
@@ -23,6 +24,26 @@ using LayerBody = std::function<at::Tensor(const at::Tensor& x, const std::vecto
 // into the weights as it would without checkpointing (hooks on a weight fire once).
 // With grad mode off (evaluation) it is body(x, weights).
 at::Tensor checkpointed_layer(const LayerBody& body, const at::Tensor& x, const std::vector<at::Tensor>& weights);
+
+// What a recompute must run under to repeat a forward exactly: the forward's CUDA autocast
+// state and random-number state (the CPU's and that of the input's device). For units that
+// recompute in their backward (checkpointed_layer, sharded units).
+class ForwardState {
+ public:
+  ForwardState();
+  ~ForwardState();
+  ForwardState(ForwardState&&) noexcept;
+  ForwardState& operator=(ForwardState&&) noexcept;
+  // The state now, before a forward over `x`.
+  static ForwardState capture(const at::Tensor& x);
+  // f() with grad mode on under the captured state; the current state is back afterwards
+  // (also when f throws).
+  at::Tensor replay(const std::function<at::Tensor()>& f);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace zenflow::model
 

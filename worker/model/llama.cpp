@@ -64,25 +64,28 @@ class Llama final : public NamedParameterModel {
                                   std::to_string(config_.max_position_embeddings));
     const double eps = config_.rms_norm_eps;
 
-    at::Tensor x = at::embedding(*embed_tokens_, input_ids);  // [B, T, H]
+    at::Tensor x = run_unit(
+        UnitKind::kEmbedding,
+        [](const at::Tensor& ids, const std::vector<at::Tensor>& w) { return at::embedding(w[0], ids); },
+        input_ids, {*embed_tokens_});  // [B, T, H]
     const auto rope = rotary(T, x.device(), x.scalar_type());
     const at::Tensor& cos = rope.first;  // [T, hd]
     const at::Tensor& sin = rope.second;
 
-    for (const Layer& L : layers_) {
-      if (checkpoint_layers_) {
-        x = checkpointed_layer(
-            [this, cos, sin](const at::Tensor& in, const std::vector<at::Tensor>& w) {
-              return decoder_layer(in, fields_.bound(w), cos, sin);
-            },
-            x, fields_.weights(L));
-      } else {
-        x = decoder_layer(x, L, cos, sin);
-      }
-    }
-    x = rms_norm(x, *norm_, eps);
+    for (const Layer& L : layers_)
+      x = run_unit(
+          UnitKind::kLayer,
+          [this, cos, sin](const at::Tensor& in, const std::vector<at::Tensor>& w) {
+            return decoder_layer(in, fields_.bound(w), cos, sin);
+          },
+          x, fields_.weights(L));
     const at::Tensor& head = config_.tie_word_embeddings ? *embed_tokens_ : *lm_head_;
-    return at::linear(x, head);  // [B, T, V]
+    return run_unit(
+        UnitKind::kHead,
+        [eps](const at::Tensor& in, const std::vector<at::Tensor>& w) {
+          return at::linear(rms_norm(in, w[0], eps), w[1]);  // [B, T, V]
+        },
+        x, {*norm_, head});
   }
 
   int64_t vocab_size() const override { return config_.vocab_size; }
