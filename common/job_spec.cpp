@@ -752,6 +752,11 @@ void rows(V& v, Of<TrainSpec>) {
          "Keep only each decoder layer's input through the forward and recompute the layer in the backward "
          "(about one more forward of compute for a fraction of the activation memory)"},
     &TrainSpec::activation_checkpointing);
+  v(Choice{"shard", {"none", "gradients", "parameters"},
+           "Across data-parallel ranks: gradients: each rank keeps 1/ranks of the gradients and optimizer "
+           "state (ZeRO-2); parameters: of the weights too, each layer's gathered just before its forward and "
+           "its recomputing backward (ZeRO-3; needs activation_checkpointing); device and offload modes"},
+    &TrainSpec::shard);
 }
 
 template <typename V>
@@ -915,6 +920,21 @@ void check_rules(HostSpec& h, const Section& s, const ReadContext&, std::string_
 }
 
 void check_rules(JobSpec& spec, const Section&, const ReadContext& ctx, std::string_view after) {
+  // Sharding (docs/semantics.md §10) cuts every parameter into row ranges; zenflow's split
+  // matrices need column ranges with a global selection, which is not built yet.
+  if (after == "optimizer" && spec.train.shard != "none") {
+    if (spec.optimizer.mode == "zenflow")
+      throw SpecError("train.shard", "'" + spec.train.shard +
+                                         "' works with optimizer.mode device or offload; with zenflow it is not "
+                                         "built yet (set train.shard: none, or optimizer.mode: offload)");
+    if (spec.optimizer.host.nodes > 0 || !spec.optimizer.host.addresses.empty())
+      throw SpecError("train.shard", "'" + spec.train.shard +
+                                         "' keeps the optimizer state in the ranks; it does not work with remote "
+                                         "optimizer nodes (optimizer.host.nodes / addresses)");
+  }
+  if (after == "train" && spec.train.shard == "parameters" && !spec.train.activation_checkpointing)
+    throw SpecError("train.shard", "'parameters' needs train.activation_checkpointing: true (each layer's "
+                                   "weights are gathered again for its backward, which recomputes the layer)");
   if (after == "checkpoint") {
     // Written: against the spec's directory, like every path (its row). Absent: the current
     // directory's runs/<name>, so a shared spec (the checkout's examples/) never collects runs

@@ -109,6 +109,9 @@ struct TrainSpec {
   int64_t compute_threads = 0;  // 0 = auto (cores minus the host optimizer's)
   // Each decoder layer's forward keeps only its input; backward recomputes the rest.
   bool activation_checkpointing = false;
+  // Data-parallel sharding (docs/semantics.md §10): none | gradients (each rank keeps its
+  // shard of the gradients and optimizer state) | parameters (of the weights too).
+  std::string shard = "none";
 };
 
 struct ZenflowSpec {

@@ -18,8 +18,10 @@
 #include <nlohmann/json.hpp>
 
 #include "common/remove_tree.h"
+#include "tests/support/killed_rank.h"
 #include "tests/support/ranks.h"
 #include "tests/support/shell.h"
+#include "tests/support/zenflow_run.h"
 #include "worker/model/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -44,20 +46,7 @@ int run_zenflow(const std::string& spec_path, int nproc) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-// Runs `zenflow run SPEC --json` with `nproc` ranks and extra flags; returns rank 0's
-// summary, with its exit status in "exit" and its standard error in "stderr".
-nlohmann::json run_json(const std::string& spec_path, int nproc, const std::string& flags) {
-  const std::string err = spec_path + ".stderr";
-  const std::string cmd = std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow run " + spec_path +
-                          " --quiet --json --nproc " + std::to_string(nproc) + " " + flags + " 2>" + err;
-  std::string out;
-  const int rc = zenflow::test_support::run(cmd, &out);
-  nlohmann::json j = rc == 0 ? nlohmann::json::parse(out) : nlohmann::json::object();
-  j["exit"] = rc;
-  std::ifstream in(err);
-  j["stderr"] = std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return j;
-}
+using zenflow::test_support::run_json;
 
 // Expects `got` within 1% of `want` at every step (step numbers from `first_step`);
 // returns the worst relative difference.
@@ -141,48 +130,7 @@ TEST(DistributedTraining, KilledRankFailsTheJobNamingIt) {
   const fs::path dir = fs::temp_directory_path() / ("zenflow-dp-kill-" + std::to_string(::getpid()));
   zenflow::remove_tree(dir);
   fs::create_directories(dir);
-  std::string text = spec_text("device", (dir / "ckpt").string(), 2, "update_interval: 1");
-  text.replace(text.find("steps: 10"), 9, "steps: 1000000");
-  const std::string spec = (dir / "long.yaml").string();
-  std::ofstream(spec) << text;
-  const std::string log = (dir / "log.txt").string();
-  const pid_t launcher = fork();
-  ASSERT_GE(launcher, 0);
-  if (launcher == 0) {
-    if (!freopen(log.c_str(), "w", stderr)) _exit(126);
-    const std::string bin = std::string(ZENFLOW_BINARY_DIR) + "/bin/zenflow";
-    execl(bin.c_str(), bin.c_str(), "run", spec.c_str(), "--nproc", "2", "--quiet", "--no-resume",
-          static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  // The launcher's children are the ranks; wait (bounded) until rank 0 holds checkpoint.dir
-  // (its lock file exists once the ranks have met).
-  std::vector<pid_t> ranks;
-  for (int i = 0; i < 600 && (ranks.size() < 2 || !fs::exists(dir / "ckpt" / ".zenflow.lock")); ++i) {
-    usleep(50 * 1000);
-    ranks.clear();
-    std::ifstream children("/proc/" + std::to_string(launcher) + "/task/" + std::to_string(launcher) + "/children");
-    for (pid_t p; children >> p;) ranks.push_back(p);
-  }
-  ASSERT_EQ(ranks.size(), 2u);
-  usleep(500 * 1000);
-  kill(ranks[1], SIGKILL);
-  int status = 0;
-  bool exited = false;
-  for (int i = 0; i < 600 && !exited; ++i) {  // 30 s bound
-    exited = waitpid(launcher, &status, WNOHANG) == launcher;
-    if (!exited) usleep(50 * 1000);
-  }
-  if (!exited) {
-    kill(launcher, SIGKILL);
-    for (pid_t p : ranks) kill(p, SIGKILL);
-    waitpid(launcher, &status, 0);
-    FAIL() << "the job did not stop within 30 s of losing a rank";
-  }
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-  std::ifstream in(log);
-  const std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_NE(out.find("rank 1 (pid " + std::to_string(ranks[1]) + ") failed"), std::string::npos) << out;
+  zenflow::test_support::expect_killed_rank_fails_the_job(spec_text("device", (dir / "ckpt").string(), 2, "update_interval: 1"), dir);
   zenflow::remove_tree(dir);
 }
 

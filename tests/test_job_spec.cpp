@@ -183,6 +183,26 @@ TEST(JobSpec, RejectsNegativeSteps) {
                "must be in [1, 1000000000], got -5");
 }
 
+// train.shard cuts parameters by rows: zenflow's column shards are not built, and sharded
+// parameters are gathered again for a recomputing backward.
+TEST(JobSpec, ShardIsCheckedAgainstTheModeTheNodesAndCheckpointing) {
+  expect_error(std::string(kMinimalSpec) + "train: {shard: gradients}\n", "train.shard",
+               "'gradients' works with optimizer.mode device or offload");
+  expect_error(std::string(kMinimalSpec) + "train: {shard: parameters, activation_checkpointing: true}\n",
+               "train.shard", "with zenflow it is not built yet");
+  expect_error(std::string(kMinimalSpec) + "train: {shard: parameters}\noptimizer: {mode: device}\n", "train.shard",
+               "'parameters' needs train.activation_checkpointing: true");
+  expect_error(std::string(kMinimalSpec) + "train: {shard: gradients}\noptimizer: {mode: offload, host: {nodes: 2}}\n",
+               "train.shard", "does not work with remote optimizer nodes");
+  expect_error(std::string(kMinimalSpec) + "train: {shard: zero3}\n", "train.shard", "zero3");
+  const JobSpec ok = parse_job_spec(std::string(kMinimalSpec) +
+                                        "train: {shard: parameters, activation_checkpointing: true}\n"
+                                        "optimizer: {mode: offload}\n",
+                                    {}, "/base");
+  EXPECT_EQ(ok.train.shard, "parameters");
+  EXPECT_EQ(parse_job_spec(kMinimalSpec, {}, "/base").train.shard, "none");
+}
+
 TEST(JobSpec, RejectsNonNumericSteps) {
   expect_error(std::string(kMinimalSpec) + "train: {steps: abc}\n", "train.steps",
                "must be an integer, got 'abc'");

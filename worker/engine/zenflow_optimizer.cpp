@@ -144,6 +144,9 @@ struct ZenFlowOptimizer::Impl {
   std::unique_ptr<HostOptimizer> host;
   Collectives* coll = nullptr;  // null: one rank
   int world = 1, me = 0;
+  // EngineOptions::parameters_sharded: the group of ranks whose shards make up the model,
+  // used for the global gradient norm only (the engine is otherwise a one-rank engine).
+  Collectives* norm_group = nullptr;
   StagingLayout staging;  // the packed staging of every rank's host-owned columns (relayout)
   int64_t own_total() const { return staging.shard_size[static_cast<size_t>(me)]; }  // this rank's shard
   // This rank's updated columns packed from the fp32 master (pinned, in the weights'
@@ -1323,6 +1326,14 @@ struct ZenFlowOptimizer::Impl {
       if (x.is_cuda()) return at::linalg_vector_norm(x, 2, at::OptionalIntArrayRef{}, false, at::kFloat);
       return x.to(at::kFloat).norm();
     };
+    if (norm_group) {
+      // This rank's shards of every parameter: the squares summed over the group.
+      for (auto& x : g) norms.push_back(norm32(x));
+      at::Tensor sq = norms.empty() ? at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device))
+                                    : at::stack(norms).pow(2).sum().reshape({1});
+      norm_group->allreduce_sum_(sq, CollectiveTraffic::kGradients);
+      return sq.sqrt().item<double>();
+    }
     if (!exchanges_gradients()) {
       for (auto& x : g) norms.push_back(norm32(x));
     } else {
@@ -1687,7 +1698,9 @@ ZenFlowOptimizer::ZenFlowOptimizer(std::vector<ParamSpec> params, const EngineOp
     : impl_(new Impl) {
   impl_->opt = options;
   impl_->clock = clock;
-  if (collectives && collectives->world_size() > 1) {
+  if (collectives && collectives->world_size() > 1 && options.parameters_sharded) {
+    impl_->norm_group = collectives;
+  } else if (collectives && collectives->world_size() > 1) {
     impl_->coll = collectives;
     impl_->world = collectives->world_size();
     impl_->me = collectives->rank();

@@ -112,6 +112,11 @@ struct EngineOptions {
   // enough sends in flight to keep a link busy; fewer make the training thread wait
   // sooner. (On the CPU device the staging is host memory and is sent in place.)
   int stream_ring_chunks = 12;
+  // train.shard (worker/distributed/sharded_parameters.h): the parameters are this rank's
+  // shards of the model's, their gradients already averaged over the ranks, and the engine
+  // updates them as one rank would; the Collectives group only sums the squared gradient
+  // norm (clipping and skipping see the whole model's norm, so every rank decides alike).
+  bool parameters_sharded = false;
 };
 
 struct ParamSpec {

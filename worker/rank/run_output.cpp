@@ -138,6 +138,9 @@ void print_summary_table(std::ostream& out, const JobSpec& spec, const RunSummar
   if (s.world_size > 1 && steps > 0) {
     auto kib = [&](int64_t b) { return fmt(static_cast<double>(b) / static_cast<double>(steps) / 1024.0, 1) + " KiB"; };
     row("ranks", std::to_string(s.world_size) + (s.ranks_identical ? " (weights bit-identical)" : " (WEIGHTS DIFFER)"));
+    if (s.shard != "none")
+      row("shard", s.shard + ": gathered weights peak " + fmt(static_cast<double>(s.shard_gathered_peak_bytes) / 1048576.0, 1) +
+                       " MiB, gathers and reduce-scatters " + fmt(s.shard_comm_seconds, 2) + " s (not overlapped)");
     row("collectives / step", "gradients " + kib(s.comm_gradient_bytes) + ", selection " +
                                   kib(s.comm_selection_bytes) + ", parameters " + kib(s.comm_parameter_bytes));
   }
@@ -202,6 +205,9 @@ nlohmann::json summary_json(const RunSummary& s, const std::optional<RunCost>& c
                                 {"total_peak", m.total_peak}};
   }
   j["ranks_identical"] = s.ranks_identical;
+  j["shard"] = s.shard;
+  j["shard_gathered_peak_bytes"] = s.shard_gathered_peak_bytes;
+  j["shard_comm_seconds"] = s.shard_comm_seconds;
   j["comm_bytes"] = {{"gradients", s.comm_gradient_bytes},
                      {"selection", s.comm_selection_bytes},
                      {"parameters", s.comm_parameter_bytes}};

@@ -27,6 +27,7 @@
 #include "worker/distributed/engine_collectives.h"
 #include "worker/distributed/grad_reducer.h"
 #include "worker/distributed/rendezvous.h"
+#include "worker/distributed/sharded_parameters.h"
 #include "worker/rank/model_factory.h"
 #include "worker/rank/preflight.h"
 #include "worker/engine/cuda_ops.h"
@@ -516,6 +517,11 @@ class TrainingRun {
     lm_->train(true);
     lm_->set_activation_checkpointing(spec_.train.activation_checkpointing);
     sum_.activation_checkpointing = spec_.train.activation_checkpointing;
+    for (auto& nt : lm_->parameters()) sum_.params += nt.tensor.numel();
+    sum_.shard = spec_.train.shard;
+    if (spec_.train.shard != "none" && comm_ && world_ > 1)
+      shards_ = std::make_unique<distributed::ShardedParameters>(*comm_, *lm_,
+                                                                 distributed::parse_shard_mode(spec_.train.shard));
   }
 
   void build_data() {
@@ -546,16 +552,17 @@ class TrainingRun {
       p.weight_decay = nt.tensor.dim() >= 2;
       p.weight_decay_value = spec_.train.weight_decay;
       params_.push_back(p);
-      sum_.params += nt.tensor.numel();
     }
     engine::EngineOptions eo = engine_options(spec_);
     eo.host_threads = static_cast<int>(std::max<size_t>(1, cores_.host.size()));
     eo.host_cores = cores_.host;
     eo.host_backend = host_backend(spec_, cores_.host);
+    eo.parameters_sharded = shards_ != nullptr;
     if (comm_) collectives_ = std::make_unique<distributed::EngineCollectives>(*comm_);
     opt_.emplace(params_, eo, &clock_, collectives_.get());
-    // The reducer averages the parameters the engine does not exchange itself.
-    if (comm_) {
+    // The reducer averages the parameters the engine does not exchange itself (sharded: the
+    // units' backward reduce-scatters every gradient).
+    if (comm_ && !shards_) {
       std::vector<at::Tensor> ps;
       for (auto& p : params_)
         if (!opt_->is_split(p.name)) ps.push_back(p.param);
@@ -614,15 +621,24 @@ class TrainingRun {
     }
     std::map<std::string, at::Tensor> saved(ck.model.begin(), ck.model.end());
     c10::NoGradGuard no_grad;
-    for (auto& nt : lm_->parameters()) {
+    const std::vector<model::NamedTensor> params = lm_->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const model::NamedTensor& nt = params[i];
       auto it = saved.find(nt.name);
       if (it == saved.end()) throw ResumeRefused(ck.path + ": model tensor '" + nt.name + "' missing");
-      if (it->second.sizes() != nt.tensor.sizes())
+      const at::Tensor mine = shards_ && it->second.dim() > 0 ? shards_->slice_rows(i, it->second) : it->second;
+      if (mine.sizes() != nt.tensor.sizes())
         throw ResumeRefused(ck.path + ": model tensor '" + nt.name + "' has a different shape");
-      nt.tensor.detach().copy_(it->second);
+      nt.tensor.detach().copy_(mine);
     }
+    if (shards_) shards_->all_gather_weights();
     try {
-      if (ck.world_size == world_) {
+      if (shards_) {
+        // The one-rank state (merged when an unsharded run of several ranks wrote it), cut.
+        std::vector<NamedTensors> shards;
+        for (int r = 0; r < static_cast<int>(ck.world_size); ++r) shards.push_back(load_engine_shard(ck, r));
+        opt_->load_state(shards_->slice_engine_state(distributed::merge_engine_shards(shards)));
+      } else if (ck.world_size == world_) {
         opt_->load_state(load_engine_shard(ck, static_cast<int>(rank_)));
       } else {
         // Re-shard: this rank's columns come from whichever old ranks held them.
@@ -654,6 +670,14 @@ class TrainingRun {
     if (!options_.write_checkpoints || spec_.checkpoint.dir.empty() || at_step == last_saved_) return;
     Stopwatch sw;
     NamedTensors engine_state = opt_->state_dict();
+    // Sharded: every rank's shards gathered into what one rank would write (collectives).
+    NamedTensors model_state;
+    if (shards_) {
+      engine_state = shards_->gather_engine_state(engine_state);
+      for (size_t i = 0; i < shards_->size(); ++i) model_state.emplace_back(shards_->name(i), shards_->full_tensor(i));
+    } else {
+      for (auto& nt : lm_->parameters()) model_state.emplace_back(nt.name, nt.tensor.detach());
+    }
     // A checkpoint that a resume would refuse is not written: weights or optimizer state that
     // overflowed (lr far too high) end the run here, naming the tensor.
     auto require_finite = [&](const std::string& what, const std::string& name, const at::Tensor& t) {
@@ -663,9 +687,9 @@ class TrainingRun {
                                  "diverged: lower train.lr or set train.grad_clip");
     };
     for (const auto& [name, t] : engine_state) require_finite("optimizer state", name, t);
-    for (auto& nt : lm_->parameters()) require_finite("weight", nt.name, nt.tensor.detach());
+    for (const auto& [name, t] : model_state) require_finite("weight", name, t);
     if (rank_ == 0) begin_checkpoint(spec_.checkpoint.dir, at_step);
-    if (world_ > 1) {
+    if (world_ > 1 && !shards_) {
       comm_->barrier();
       if (rank_ != 0)
         write_engine_shard(spec_.checkpoint.dir, at_step, static_cast<int>(rank_), engine_state);
@@ -673,7 +697,7 @@ class TrainingRun {
     }
     if (rank_ == 0) {
       CheckpointContents contents;
-      for (auto& nt : lm_->parameters()) contents.model.emplace_back(nt.name, nt.tensor.detach());
+      contents.model = std::move(model_state);
       contents.engine = std::move(engine_state);
       contents.trainer["job"] = spec_.name;
       contents.trainer["loader_epoch"] = loader_->position().epoch;
@@ -683,7 +707,7 @@ class TrainingRun {
       contents.run_yaml = run_yaml_;
       contents.identity = identity_;
       sum_.last_checkpoint = commit_checkpoint(spec_.checkpoint.dir, at_step, contents, spec_.checkpoint.keep,
-                                               static_cast<int>(world_), options_.commit_fence);
+                                               shards_ ? 1 : static_cast<int>(world_), options_.commit_fence);
       if (options_.reporter) options_.reporter->on_checkpoint(at_step, sum_.last_checkpoint);
     }
     last_saved_ = at_step;
@@ -770,7 +794,7 @@ class TrainingRun {
   // allocated (before the first backward) count as they will be: the weights' shapes and dtype.
   DeviceMemoryBytes device_memory() {
     DeviceMemoryBytes m;
-    for (auto& nt : lm_->parameters()) {
+    for (auto& nt : lm_->parameters()) {  // sharded: this rank's shards
       const auto bytes = static_cast<int64_t>(nt.tensor.nbytes());
       m.parameters += bytes;
       m.gradients += nt.tensor.grad().defined() ? static_cast<int64_t>(nt.tensor.grad().nbytes()) : bytes;
@@ -778,9 +802,21 @@ class TrainingRun {
     const engine::EngineDeviceBytes e = opt_->device_bytes();
     m.optimizer_state = e.optimizer_state;
     m.communication_buffers = e.buffers + (reducer_ ? reducer_->buffer_bytes() : 0);
+    if (shards_) {
+      m.parameters += shards_->kept_full_bytes();  // gradients: every rank's full weights
+      m.communication_buffers += shards_->gathered_peak_bytes();
+    }
     m.activations_peak = peaks_->activations();
     m.total_peak = peaks_->total();
     return m;
+  }
+
+  // The model's full weights: sharded, gathered from the ranks (a collective per tensor).
+  std::vector<model::NamedTensor> full_parameters() {
+    if (!shards_) return lm_->parameters();
+    std::vector<model::NamedTensor> out;
+    for (size_t i = 0; i < shards_->size(); ++i) out.push_back({shards_->name(i), shards_->full_tensor(i)});
+    return out;
   }
 
   // Whether every parameter has its gradient buffer (from the second micro-batch on): the
@@ -856,6 +892,7 @@ class TrainingRun {
     ctx.lr = lr;
     ctx.epoch = out.epoch;
     out.report = opt_->step(ctx);
+    if (shards_) shards_->all_gather_weights();
     if (!comm_) loss_sum = loss_acc.item<double>();  // the step's own reads have synchronised
     out.loss = loss_sum / static_cast<double>(spec_.train.grad_accum);
     return out;
@@ -940,7 +977,7 @@ class TrainingRun {
     }
     if (options_.final_weights) {
       options_.final_weights->clear();
-      for (auto& nt : lm_->parameters())
+      for (auto& nt : full_parameters())
         options_.final_weights->emplace_back(nt.name, nt.tensor.detach().to(at::kCPU).to(at::kFloat).clone());
     }
   }
@@ -966,7 +1003,7 @@ class TrainingRun {
     if (comm_) {
       // Every update is replicated or all-gathered, so the ranks' weights must be equal
       // bit for bit; a difference is a bug worth shouting about.
-      at::Tensor mine = at::full({1}, weights_fingerprint(lm_->parameters()), at::kLong).to(device_);
+      at::Tensor mine = at::full({1}, weights_fingerprint(full_parameters()), at::kLong).to(device_);
       const at::Tensor all =
           comm_->all_gather(mine, std::vector<int64_t>(static_cast<size_t>(world_), 1)).to(at::kCPU);
       std::string differ;
@@ -979,6 +1016,10 @@ class TrainingRun {
       sum_.comm_gradient_bytes = cs.traffic_bytes(distributed::Traffic::kGradients);
       sum_.comm_selection_bytes = cs.traffic_bytes(distributed::Traffic::kSelection);
       sum_.comm_parameter_bytes = cs.traffic_bytes(distributed::Traffic::kParameters);
+    }
+    if (shards_) {
+      sum_.shard_gathered_peak_bytes = shards_->gathered_peak_bytes();
+      sum_.shard_comm_seconds = shards_->comm_seconds();
     }
     sum_.device_memory = device_memory();
     sum_.wall_seconds = wall_.seconds();
@@ -1012,6 +1053,8 @@ class TrainingRun {
   std::string model_key_;
   model::LoadedModel info_;
   std::unique_ptr<model::CausalLM> lm_;
+  // train.shard: the model's parameters cut across the ranks (destroyed before lm_ and comm_)
+  std::unique_ptr<distributed::ShardedParameters> shards_;
   std::shared_ptr<model::TokenDataset> train_ds_, val_ds_;
   std::optional<model::DataLoader> loader_;
   // build_optimizer

@@ -108,6 +108,12 @@ struct RunSummary {
   int64_t transfer_buffer_bytes = 0;
   DeviceMemoryBytes device_memory;  // this rank's, at the end (training_observer.h)
   bool activation_checkpointing = false;
+  // train.shard, and with parameters (or gradients) sharded across the ranks: the most bytes of
+  // gathered full weights a rank held at once (one unit's, with their transfer buffer) and
+  // the seconds its gathers and reduce-scatters blocked it (not overlapped yet).
+  std::string shard = "none";
+  int64_t shard_gathered_peak_bytes = 0;
+  double shard_comm_seconds = 0;
   int64_t host_threads = 0;
   int64_t compute_threads = 0;
   // Where the host optimizer state lived (HostOptimizer::describe: "in-process", or the

@@ -1,0 +1,375 @@
+// Row shards of a model's parameters across data-parallel ranks (see sharded_parameters.h).
+#include "worker/distributed/sharded_parameters.h"
+
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <numeric>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace zenflow::distributed {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Engine state keys are "<split|dense>/<parameter name>/<field>"; the fields that hold one
+// row per row of the parameter (2-D views [rows, columns]; a 1-D parameter is [n, 1]).
+bool row_field(const std::string& key, std::string* param) {
+  static const char* const kSplit[] = {"host_master", "host_m", "host_v", "acc", "dev_m", "dev_v", "dev_master"};
+  static const char* const kDense[] = {"m", "v", "master"};
+  const size_t slash = key.find('/'), last = key.rfind('/');
+  if (slash == std::string::npos || last == slash) return false;
+  const std::string kind = key.substr(0, slash), field = key.substr(last + 1);
+  *param = key.substr(slash + 1, last - slash - 1);
+  if (kind == "split") return std::find(std::begin(kSplit), std::end(kSplit), field) != std::end(kSplit);
+  if (kind == "dense") return std::find(std::begin(kDense), std::end(kDense), field) != std::end(kDense);
+  return false;
+}
+
+}  // namespace
+
+ShardMode parse_shard_mode(const std::string& s) {
+  if (s == "gradients") return ShardMode::kGradients;
+  if (s == "parameters") return ShardMode::kParameters;
+  throw std::invalid_argument("train.shard must be gradients or parameters here, got '" + s + "'");
+}
+
+// One unit as an autograd function of its input and its weights' shards: the body sees the
+// full weights, the shards receive the reduce-scattered gradients.
+struct ShardedParameters::Unit : torch::autograd::Function<Unit> {
+  struct Context : torch::CustomClassHolder {
+    ShardedParameters* owner = nullptr;
+    model::LayerBody body;
+    std::vector<size_t> idx;
+    bool recompute = false;
+    model::ForwardState state;  // recompute: the forward's autocast and RNG state
+    // Not recomputing: the forward's own graph, from these leaves to y.
+    at::Tensor y;
+    std::vector<at::Tensor> leaves;  // x, then the full weights
+  };
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList shards,
+                               c10::intrusive_ptr<Context> c) {
+    std::vector<at::Tensor> full = c->owner->materialize(c->idx);
+    at::Tensor y;
+    if (c->recompute) {
+      c->state = model::ForwardState::capture(x);
+      y = c->body(x, full);  // grad mode is off in a Function's forward
+      ctx->save_for_backward({x});
+    } else {
+      at::AutoGradMode grad_on(true);
+      c->leaves.push_back(x.detach().requires_grad_(x.requires_grad()));
+      for (const at::Tensor& w : full) c->leaves.push_back(w.detach().requires_grad_(true));
+      c->y = c->body(c->leaves[0], std::vector<at::Tensor>(c->leaves.begin() + 1, c->leaves.end()));
+      y = c->y.detach();
+    }
+    ctx->saved_data["unit"] = c10::IValue::make_capsule(std::move(c));
+    (void)shards;
+    return {y};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    auto c = c10::static_intrusive_pointer_cast<Context>(ctx->saved_data["unit"].toCapsule());
+    if (c->recompute) {
+      const at::Tensor x = ctx->get_saved_variables()[0];
+      std::vector<at::Tensor> full = c->owner->materialize(c->idx);
+      c->leaves.push_back(x.detach().requires_grad_(x.requires_grad()));
+      for (const at::Tensor& w : full) c->leaves.push_back(w.detach().requires_grad_(true));
+      const std::vector<at::Tensor> weights(c->leaves.begin() + 1, c->leaves.end());
+      c->y = c->state.replay([&] { return c->body(c->leaves[0], weights); });
+    }
+    variable_list wanted;
+    const bool want_x = c->leaves[0].requires_grad();
+    if (want_x) wanted.push_back(c->leaves[0]);
+    wanted.insert(wanted.end(), c->leaves.begin() + 1, c->leaves.end());
+    variable_list grads = torch::autograd::grad({c->y}, wanted, {grad_out[0]}, /*retain_graph=*/false,
+                                                /*create_graph=*/false, /*allow_unused=*/true);
+    // The full weights and the graph go before the reduce-scatter allocates.
+    c->y = at::Tensor();
+    c->leaves.clear();
+    variable_list out;
+    out.push_back(want_x ? grads[0] : at::Tensor());
+    const std::vector<at::Tensor> full_grads(grads.begin() + (want_x ? 1 : 0), grads.end());
+    std::vector<at::Tensor> shard_grads = c->owner->reduce_scatter(c->idx, full_grads);
+    out.insert(out.end(), shard_grads.begin(), shard_grads.end());
+    out.emplace_back();  // the Context argument
+    return out;
+  }
+};
+
+ShardedParameters::ShardedParameters(Communicator& comm, model::CausalLM& model, ShardMode mode)
+    : comm_(comm), model_(model), mode_(mode), world_(comm.world_size()), rank_(comm.rank()) {
+  std::vector<at::Tensor> shards;
+  c10::NoGradGuard no_grad;
+  for (auto& nt : model.parameters()) {
+    const at::Tensor& t = nt.tensor;
+    if (t.dim() == 0 || t.size(0) < world_)
+      throw std::invalid_argument("train.shard: parameter '" + nt.name + "' has " +
+                                  std::to_string(t.dim() == 0 ? 1 : t.size(0)) + " rows, fewer than the " +
+                                  std::to_string(world_) + " ranks it would be cut across");
+    Param p;
+    p.name = nt.name;
+    p.full_shape = t.sizes().vec();
+    p.rows = Communicator::even_shards(t.size(0), world_);
+    p.row_begin = std::accumulate(p.rows.begin(), p.rows.begin() + rank_, int64_t{0});
+    p.row_numel = t.numel() / t.size(0);
+    p.shard = t.detach().narrow(0, p.row_begin, p.rows[static_cast<size_t>(rank_)]).clone().requires_grad_(true);
+    if (mode_ == ShardMode::kGradients) p.full = t.detach();
+    shards.push_back(p.shard);
+    params_.push_back(std::move(p));
+  }
+  model_.replace_parameters(shards);
+  model_.set_unit_runner(this);
+}
+
+ShardedParameters::~ShardedParameters() { model_.set_unit_runner(nullptr); }
+
+size_t ShardedParameters::index_of(const at::Tensor& shard) const {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].shard.unsafeGetTensorImpl() == shard.unsafeGetTensorImpl()) return i;
+  throw std::logic_error("ShardedParameters: a unit's weight is none of the shards it made");
+}
+
+at::Tensor ShardedParameters::run(model::UnitKind, const model::LayerBody& body, const at::Tensor& x,
+                                  const std::vector<at::Tensor>& weights, bool checkpoint) {
+  std::vector<size_t> idx;
+  idx.reserve(weights.size());
+  for (const at::Tensor& w : weights) idx.push_back(index_of(w));
+  if (!c10::GradMode::is_enabled()) return body(x, materialize(idx));
+  auto c = c10::make_intrusive<Unit::Context>();
+  c->owner = this;
+  c->body = body;
+  c->idx = idx;
+  c->recompute = checkpoint || mode_ == ShardMode::kParameters;
+  return Unit::apply(x, at::TensorList(weights), std::move(c))[0];
+}
+
+std::vector<at::Tensor> ShardedParameters::materialize(const std::vector<size_t>& idx) {
+  std::vector<at::Tensor> full;
+  full.reserve(idx.size());
+  if (mode_ == ShardMode::kGradients) {
+    for (size_t i : idx) full.push_back(params_[i].full);
+    return full;
+  }
+  // One all-gather: every rank's shards of these weights, concatenated rank by rank.
+  std::vector<int64_t> sizes(static_cast<size_t>(world_), 0);
+  std::vector<at::Tensor> mine;
+  for (size_t i : idx) {
+    const Param& p = params_[i];
+    for (int r = 0; r < world_; ++r) sizes[static_cast<size_t>(r)] += p.rows[static_cast<size_t>(r)] * p.row_numel;
+    mine.push_back(p.shard.detach().reshape({-1}));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const at::Tensor all = comm_.all_gather(at::cat(mine), sizes, Traffic::kParameters);
+  comm_seconds_ += seconds_since(t0);
+  std::vector<std::vector<at::Tensor>> pieces(idx.size());
+  int64_t at_ = 0;
+  for (int r = 0; r < world_; ++r)
+    for (size_t k = 0; k < idx.size(); ++k) {
+      const Param& p = params_[idx[k]];
+      const int64_t n = p.rows[static_cast<size_t>(r)] * p.row_numel;
+      pieces[k].push_back(all.narrow(0, at_, n));
+      at_ += n;
+    }
+  int64_t bytes = static_cast<int64_t>(all.nbytes());
+  for (size_t k = 0; k < idx.size(); ++k) {
+    full.push_back(at::cat(pieces[k]).view(params_[idx[k]].full_shape));
+    bytes += static_cast<int64_t>(full.back().nbytes());
+  }
+  gathered_peak_ = std::max(gathered_peak_, bytes);
+  return full;
+}
+
+std::vector<at::Tensor> ShardedParameters::reduce_scatter(const std::vector<size_t>& idx,
+                                                          const std::vector<at::Tensor>& grads) {
+  std::vector<int64_t> sizes(static_cast<size_t>(world_), 0);
+  std::vector<at::Tensor> parts;
+  for (int r = 0; r < world_; ++r)
+    for (size_t k = 0; k < idx.size(); ++k) {
+      const Param& p = params_[idx[k]];
+      const int64_t rows = p.rows[static_cast<size_t>(r)];
+      const int64_t begin = std::accumulate(p.rows.begin(), p.rows.begin() + r, int64_t{0});
+      sizes[static_cast<size_t>(r)] += rows * p.row_numel;
+      const at::Tensor g = grads[k].defined() ? grads[k] : at::zeros(p.full_shape, p.shard.options());
+      parts.push_back(g.narrow(0, begin, rows).reshape({-1}));
+    }
+  const auto t0 = std::chrono::steady_clock::now();
+  at::Tensor flat = at::cat(parts);
+  parts.clear();
+  const at::Tensor mine = comm_.reduce_scatter(flat, sizes, Reduction::kMean, Traffic::kGradients);
+  comm_seconds_ += seconds_since(t0);
+  std::vector<at::Tensor> out;
+  int64_t at_ = 0;
+  for (size_t i : idx) {
+    const Param& p = params_[i];
+    const int64_t n = p.rows[static_cast<size_t>(rank_)] * p.row_numel;
+    out.push_back(mine.narrow(0, at_, n).view(p.shard.sizes()).to(p.shard.scalar_type()));
+    at_ += n;
+  }
+  return out;
+}
+
+void ShardedParameters::all_gather_weights() {
+  if (mode_ != ShardMode::kGradients) return;
+  c10::NoGradGuard no_grad;
+  for (Param& p : params_) {
+    std::vector<int64_t> sizes;
+    for (int64_t rows : p.rows) sizes.push_back(rows * p.row_numel);
+    const auto t0 = std::chrono::steady_clock::now();
+    const at::Tensor all = comm_.all_gather(p.shard.detach().reshape({-1}), sizes, Traffic::kParameters);
+    comm_seconds_ += seconds_since(t0);
+    p.full.copy_(all.view(p.full_shape));
+  }
+}
+
+at::Tensor ShardedParameters::full_tensor(size_t i) {
+  if (mode_ == ShardMode::kGradients) return params_[i].full;
+  c10::NoGradGuard no_grad;
+  return materialize({i})[0];
+}
+
+at::Tensor ShardedParameters::slice_rows(size_t i, const at::Tensor& full) const {
+  const Param& p = params_[i];
+  return full.narrow(0, p.row_begin, p.rows[static_cast<size_t>(rank_)]);
+}
+
+NamedTensors ShardedParameters::gather_engine_state(const NamedTensors& local) {
+  std::unordered_map<std::string, size_t> by_name;
+  for (size_t i = 0; i < params_.size(); ++i) by_name[params_[i].name] = i;
+  NamedTensors out;
+  const at::Device device = comm_.device_type() == at::kCUDA ? at::Device(at::kCUDA, c10::DeviceIndex(-1))
+                                                              : at::Device(at::kCPU);
+  for (const auto& [key, t] : local) {
+    std::string param;
+    if (key == "engine/partition") {
+      out.emplace_back(key, at::tensor(std::vector<int64_t>{0, 1}, at::kLong));
+      continue;
+    }
+    if (!row_field(key, &param) || !by_name.count(param)) {
+      out.emplace_back(key, t);  // replicated: every rank holds the same
+      continue;
+    }
+    // Rows are contiguous whether the state is [rows, ...] or flat: per_row elements each.
+    const Param& p = params_[by_name[param]];
+    const int64_t local_rows = p.rows[static_cast<size_t>(rank_)];
+    if (t.numel() % local_rows != 0)
+      throw std::runtime_error("engine state: '" + key + "' has " + std::to_string(t.numel()) +
+                               " elements, not a whole number of the shard's " + std::to_string(local_rows) + " rows");
+    const int64_t per_row = t.numel() / local_rows;
+    std::vector<int64_t> sizes;
+    for (int64_t rows : p.rows) sizes.push_back(rows * per_row);
+    std::vector<int64_t> shape = t.sizes().vec();
+    shape[0] = t.dim() == 1 ? p.full_shape[0] * per_row : p.full_shape[0];
+    at::Tensor src = t.contiguous().reshape({-1});
+    if (device.is_cuda()) src = src.to(at::Device(at::kCUDA));
+    const auto t0 = std::chrono::steady_clock::now();
+    const at::Tensor all = comm_.all_gather(src, sizes, Traffic::kParameters);
+    comm_seconds_ += seconds_since(t0);
+    out.emplace_back(key, all.view(shape).to(at::kCPU));
+  }
+  return out;
+}
+
+NamedTensors ShardedParameters::slice_engine_state(const NamedTensors& full) const {
+  std::unordered_map<std::string, size_t> by_name;
+  for (size_t i = 0; i < params_.size(); ++i) by_name[params_[i].name] = i;
+  NamedTensors out;
+  for (const auto& [key, t] : full) {
+    std::string param;
+    if (!row_field(key, &param) || !by_name.count(param)) {
+      out.emplace_back(key, t);
+      continue;
+    }
+    const Param& p = params_[by_name[param]];
+    const int64_t rows = p.full_shape[0];
+    if (t.dim() == 0 || t.numel() % rows != 0 || (t.dim() > 1 && t.size(0) != rows))
+      throw std::runtime_error("engine state: '" + key + "' (shape " + c10::str(t.sizes()) +
+                               ") does not hold the rows of parameter '" + p.name + "' (" + std::to_string(rows) + ")");
+    const int64_t per_row = t.dim() == 1 ? t.numel() / rows : 1;
+    out.emplace_back(key, t.narrow(0, p.row_begin * per_row, p.rows[static_cast<size_t>(rank_)] * per_row).contiguous());
+  }
+  return out;
+}
+
+int64_t ShardedParameters::shard_bytes() const {
+  int64_t n = 0;
+  for (const Param& p : params_) n += static_cast<int64_t>(p.shard.nbytes());
+  return n;
+}
+
+int64_t ShardedParameters::kept_full_bytes() const {
+  int64_t n = 0;
+  for (const Param& p : params_)
+    if (p.full.defined()) n += static_cast<int64_t>(p.full.nbytes());
+  return n;
+}
+
+NamedTensors merge_engine_shards(const std::vector<NamedTensors>& shards) {
+  if (shards.empty()) throw std::runtime_error("engine state: no shards");
+  if (shards.size() == 1) return shards[0];
+  std::vector<std::map<std::string, at::Tensor>> maps;
+  for (const auto& s : shards) maps.emplace_back(s.begin(), s.end());
+  static const char* const kHostFields[] = {"host_master", "host_m", "host_v", "acc"};
+  NamedTensors out;
+  for (const auto& [key, t] : shards[0]) {
+    const size_t last = key.rfind('/');
+    const std::string field = last == std::string::npos ? key : key.substr(last + 1);
+    const std::string prefix = key.substr(0, last + 1);
+    if (key == "engine/partition") {
+      out.emplace_back(key, at::tensor(std::vector<int64_t>{0, 1}, at::kLong));
+      continue;
+    }
+    const bool host = key.rfind("split/", 0) == 0 &&
+                      (field == "host_cols" || std::find(std::begin(kHostFields), std::end(kHostFields), field) !=
+                                                   std::end(kHostFields));
+    if (!host) {
+      out.emplace_back(key, t);
+      continue;
+    }
+    // Every shard's host columns, and where each lands among all of them (sorted).
+    std::vector<std::vector<int64_t>> cols(shards.size());
+    std::vector<int64_t> all;
+    for (size_t r = 0; r < shards.size(); ++r) {
+      auto it = maps[r].find(prefix + "host_cols");
+      if (it == maps[r].end())
+        throw std::runtime_error("engine state: '" + prefix + "host_cols' missing in the shard of rank " +
+                                 std::to_string(r));
+      const at::Tensor c = it->second.to(at::kLong).contiguous();
+      cols[r].assign(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+      all.insert(all.end(), cols[r].begin(), cols[r].end());
+    }
+    std::sort(all.begin(), all.end());
+    if (field == "host_cols") {
+      out.emplace_back(key, at::tensor(all, at::kLong));
+      continue;
+    }
+    std::vector<at::Tensor> parts;
+    std::vector<int64_t> order;  // the position in `all` of each column, shard by shard
+    for (size_t r = 0; r < shards.size(); ++r) {
+      auto it = maps[r].find(key);
+      if (it == maps[r].end())
+        throw std::runtime_error("engine state: '" + key + "' missing in the shard of rank " + std::to_string(r));
+      parts.push_back(it->second);
+      for (int64_t c : cols[r])
+        order.push_back(std::lower_bound(all.begin(), all.end(), c) - all.begin());
+    }
+    const at::Tensor cat = at::cat(parts, 1);
+    at::Tensor merged = at::empty_like(cat);
+    merged.index_copy_(1, at::tensor(order, at::kLong), cat);
+    out.emplace_back(key, merged);
+  }
+  return out;
+}
+
+}  // namespace zenflow::distributed
