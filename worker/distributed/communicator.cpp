@@ -930,46 +930,64 @@ at::Tensor Communicator::reduce_scatter(const at::Tensor& flat_in, const std::ve
 
 at::Tensor Communicator::all_gather(const at::Tensor& shard_in, const std::vector<int64_t>& shard_sizes,
                                     Traffic traffic) {
+  auto result = std::make_shared<at::Tensor>();
+  CommWork w = all_gather_async(shard_in, shard_sizes, traffic, result);
+  if (w.valid()) w.wait();
+  return *result;
+}
+
+CommWork Communicator::all_gather_async(const at::Tensor& shard_in, const std::vector<int64_t>& shard_sizes,
+                                        Traffic traffic, std::shared_ptr<at::Tensor> result) {
   auto& im = *impl_;
+  if (!result) throw std::invalid_argument("all_gather_async: no result holder");
   im.check_tensor(shard_in, "all_gather");
-  if (im.backend == "gloo" && shard_in.scalar_type() == at::kBFloat16)  // no bf16 in Gloo here
-    return all_gather(shard_in.to(at::kFloat), shard_sizes, traffic).to(at::kBFloat16);
+  // Gloo (LibTorch 1.13) moves no bf16: the shards travel as fp32 and come back rounded.
+  const bool widen = im.backend == "gloo" && shard_in.scalar_type() == at::kBFloat16;
+  const at::Tensor shard = widen ? shard_in.to(at::kFloat) : shard_in;
   const int world = world_size();
   const int me = rank();
   check_shards("all_gather", shard_sizes, world, 0, false);
-  if (shard_in.numel() != shard_sizes[me]) {
+  if (shard.numel() != shard_sizes[me]) {
     throw std::invalid_argument("all_gather: rank " + std::to_string(me) + " passed " +
-                                std::to_string(shard_in.numel()) + " elements, its shard size is " +
+                                std::to_string(shard.numel()) + " elements, its shard size is " +
                                 std::to_string(shard_sizes[me]));
   }
   const int64_t m = *std::max_element(shard_sizes.begin(), shard_sizes.end());
   int64_t total = 0;
   for (int64_t s : shard_sizes) total += s;
-  if (m == 0) return shard_in.new_empty({0});
-  at::Tensor padded = at::zeros({m}, shard_in.options());
-  padded.narrow(0, 0, shard_sizes[me]).copy_(shard_in.reshape({-1}));
-  at::Tensor gathered = at::empty({world, m}, shard_in.options());
+  if (m == 0) {
+    *result = shard_in.new_empty({0});
+    return CommWork();
+  }
+  at::Tensor padded = at::zeros({m}, shard.options());
+  padded.narrow(0, 0, shard_sizes[me]).copy_(shard.reshape({-1}));
+  at::Tensor gathered = at::empty({world, m}, shard.options());
   const int64_t bytes = total * static_cast<int64_t>(shard_in.element_size());
+  CommWork w;
   if (im.backend == "nccl") {
     at::Tensor out = gathered.view({-1});
-    im.run(im.launch(CollectiveKind::kAllGather, bytes, traffic, [&] {
+    w.op_ = im.launch(CollectiveKind::kAllGather, bytes, traffic, [&] {
       c10d::AllgatherOptions o;
       o.timeout = im.info.timeout;
       return im.pg->_allgather_base(out, padded, o);
-    }));
+    });
   } else {
     std::vector<std::vector<at::Tensor>> outs(1);
     for (int r = 0; r < world; ++r) outs[0].push_back(gathered[r]);
     std::vector<at::Tensor> ins{padded};
-    im.run(im.launch(CollectiveKind::kAllGather, bytes, traffic, [&] {
+    w.op_ = im.launch(CollectiveKind::kAllGather, bytes, traffic, [&] {
       c10d::AllgatherOptions o;
       o.timeout = im.info.timeout;
       return im.pg->allgather(outs, ins, o);
-    }));
+    });
   }
-  std::vector<at::Tensor> parts;
-  for (int r = 0; r < world; ++r) parts.push_back(gathered[r].narrow(0, 0, shard_sizes[r]));
-  return at::cat(parts);
+  // The shards in rank order, without the padding, once the collective is done.
+  w.op_->after = [result, gathered, padded, shard_sizes, world, widen] {
+    std::vector<at::Tensor> parts;
+    for (int r = 0; r < world; ++r) parts.push_back(gathered[r].narrow(0, 0, shard_sizes[static_cast<size_t>(r)]));
+    *result = widen ? at::cat(parts).to(at::kBFloat16) : at::cat(parts);
+  };
+  return w;
 }
 
 void Communicator::broadcast_(at::Tensor& t, int root, Traffic traffic) {

@@ -174,6 +174,11 @@ class Communicator {
   // the concatenation of all shards in rank order (sum(shard_sizes) elements).
   at::Tensor all_gather(const at::Tensor& shard, const std::vector<int64_t>& shard_sizes,
                         Traffic traffic = Traffic::kOther);
+  // The same, asynchronous: `*result` holds all_gather's return value once the returned
+  // work has been waited for (an empty work when every shard is empty: `*result` is set
+  // at once). `shard` may be reused at once.
+  CommWork all_gather_async(const at::Tensor& shard, const std::vector<int64_t>& shard_sizes, Traffic traffic,
+                            std::shared_ptr<at::Tensor> result);
   // Copies root's tensor into every rank's `t` (same shape and dtype on every rank).
   void broadcast_(at::Tensor& t, int root, Traffic traffic = Traffic::kOther);
   void barrier();
