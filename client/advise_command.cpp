@@ -119,6 +119,10 @@ int advise(const AdviseArgs& a) {
     std::cerr << "zenflow: --set activation_checkpointing needs --model-config (activations are counted "
                  "from the model's layer shapes)\n";
     return kExitBadInput;
+  } else if (explicitly("shard=")) {
+    std::cerr << "zenflow: --set shard needs --model-config (what a rank holds is counted from the model's "
+                 "shapes)\n";
+    return kExitBadInput;
   }
   // Every row trains the job's global batch: W GPUs share it instead of each taking its own.
   base.global_batch = base.micro_batch * base.grad_accum * std::max<int64_t>(1, base.ranks);
@@ -191,7 +195,8 @@ CommandRegistrar reg(45, [](CommandContext& ctx) {
   cmd->add_option("--set", args->sets,
                   "Ask about the job with another setting: mode, micro_batch, grad_accum, seq_len, ranks, "
                   "update_interval, topk_ratio, host_threads, compute_threads, parameters (7B), "
-                  "activation_checkpointing (with --model-config; default: only where needed) (repeatable)");
+                  "activation_checkpointing and shard (none, gradients, parameters; both with --model-config; default: "
+                  "only where needed) (repeatable)");
   cmd->add_option(
       "--model-config", args->model_config,
       "A Hugging Face config.json (Llama, Mistral, Qwen2, GPT-2) or its model directory: size the "

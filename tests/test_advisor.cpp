@@ -707,7 +707,7 @@ const nlohmann::json& row(const nlohmann::json& advice, const std::string& insta
 // host state (32 B per split element, 243 GiB) exceeds p5.4xlarge's usable RAM.
 TEST(AdvisorModelConfig, Llama3_8BFitsZenflowWithActivationCheckpointing) {
   const fs::path dir = scratch();
-  nlohmann::json a = advise_llama3(dir, "--set seq_len=8192");
+  nlohmann::json a = advise_llama3(dir, "--set seq_len=8192 --set shard=none");
   const nlohmann::json& h200 = row(a, "p5en.48xlarge", "zenflow");
   EXPECT_TRUE(h200["fits"].get<bool>()) << h200["why_not"];
   EXPECT_TRUE(h200["activation_checkpointing"].get<bool>());
@@ -729,12 +729,21 @@ TEST(AdvisorModelConfig, Llama3_8BFitsZenflowWithActivationCheckpointing) {
     }
   // The table says it too: a ckpt column and the note on what checkpointing costs.
   std::string text;
-  ASSERT_EQ(advise_cli(dir, dir / "config.json", "--set seq_len=8192", nullptr, &text), 0) << text;
+  ASSERT_EQ(advise_cli(dir, dir / "config.json", "--set seq_len=8192 --set shard=none", nullptr, &text), 0) << text;
   EXPECT_NE(text.find("ckpt"), std::string::npos) << text;
   EXPECT_NE(text.find("note: ckpt yes: activation checkpointing assumed"), std::string::npos) << text;
   // Fixed off by --set, the same row no longer fits.
-  a = advise_llama3(dir, "--set seq_len=8192 --set train.activation_checkpointing=false");
+  a = advise_llama3(dir, "--set seq_len=8192 --set train.activation_checkpointing=false --set shard=none");
   EXPECT_FALSE(row(a, "p5en.48xlarge", "zenflow")["fits"].get<bool>());
+  // Free to shard, an 8-GPU row keeps 1/8 of the gradients and optimizer state per GPU: zenflow
+  // then fits 8 x H100 (p5.48xlarge), where unsharded it did not.
+  EXPECT_FALSE(row(advise_llama3(dir, "--set seq_len=8192 --set shard=none"), "p5.48xlarge", "zenflow")["fits"]
+                   .get<bool>());
+  a = advise_llama3(dir, "--set seq_len=8192");
+  const nlohmann::json& sharded = row(a, "p5.48xlarge", "zenflow");
+  EXPECT_TRUE(sharded["fits"].get<bool>()) << sharded["why_not"];
+  EXPECT_NE(sharded["shard"], "none");
+  EXPECT_NEAR(sharded["gpu_memory_parts_gib"]["gradients"].get<double>(), 2 * 8030261248.0 / 8 / (1 << 30), 1e-6);
   std::error_code ec;
   fs::remove_all(dir, ec);
 }
@@ -766,17 +775,40 @@ TEST(AdvisorModelConfig, EightGpusTrainTheGlobalBatchOfOne) {
 }
 
 // Llama-2-70B's bf16 weights and gradients alone (257 GiB) exceed every GPU of the catalog:
-// without sharded parameters (train.shard, not in the engine) nothing fits.
-TEST(AdvisorModelConfig, Llama2_70BFitsNothingWithoutShardedParameters) {
+// unsharded nothing fits. With train.shard: parameters an 8-GPU row keeps 1/8 of the weights,
+// gradients and device optimizer state per GPU; still nothing in the catalog holds it, and the
+// advisor names why: zenflow's host state (32 B per element, 2.2 TB) exceeds the largest
+// host's RAM, and the engine's device staging of the split gradients (3 x 2 B per element of
+// the rank's rows, 48 GiB) an 80 GB GPU; device mode's optimizer state (12 B per element / 8,
+// 96 GiB) any GPU of the catalog.
+TEST(AdvisorModelConfig, Llama2_70BNeedsShardedParametersAndStillFitsNothing) {
   const fs::path dir = scratch();
   nlohmann::json a;
   std::string text;
-  ASSERT_EQ(advise_cli(dir, write_config(dir, "config.json", kLlama2_70B), "--json", &a, &text), 0) << text;
+  const fs::path cfg = write_config(dir, "config.json", kLlama2_70B);
+  ASSERT_EQ(advise_cli(dir, cfg, "--json --set shard=none", &a, &text), 0) << text;
   EXPECT_TRUE(a["best"].is_null());
   for (const nlohmann::json& r : a["predictions"]) {
     EXPECT_FALSE(r["fits"].get<bool>()) << r["instance"] << " " << r["mode"];
     EXPECT_NEAR(r["gpu_memory_parts_gib"]["weights"].get<double>(), 2 * 68976648192.0 / (1 << 30), 1e-6);
   }
+  ASSERT_EQ(advise_cli(dir, cfg, "--json", &a, &text), 0) << text;
+  EXPECT_TRUE(a["best"].is_null());
+  const double gib = 1 << 30;
+  for (const nlohmann::json& r : a["predictions"]) {
+    EXPECT_FALSE(r["fits"].get<bool>()) << r["instance"] << " " << r["mode"];
+    if (r["ranks"] != 8) continue;
+    EXPECT_EQ(r["shard"], "parameters") << r["instance"];  // the least GPU memory of the settings
+    EXPECT_NEAR(r["gpu_memory_parts_gib"]["weights"].get<double>(), 2 * 68976648192.0 / 8 / gib, 1e-6);
+    EXPECT_NEAR(r["gpu_memory_parts_gib"]["gradients"].get<double>(), 2 * 68976648192.0 / 8 / gib, 1e-6);
+  }
+  const nlohmann::json& zen = row(a, "p5.48xlarge", "zenflow");
+  EXPECT_NEAR(zen["gpu_memory_parts_gib"]["transfer_staging"].get<double>(), 3 * 2 * 68976648192.0 / 8 / gib, 0.5);
+  bool host_ram = false;
+  for (const nlohmann::json& w : zen["why_not"]) host_ram |= w.get<std::string>().find("host RAM") != std::string::npos;
+  EXPECT_TRUE(host_ram) << zen["why_not"];
+  ASSERT_EQ(advise_cli(dir, cfg, "", nullptr, &text), 0) << text;
+  EXPECT_NE(text.find("params"), std::string::npos) << text;
   std::error_code ec;
   fs::remove_all(dir, ec);
 }

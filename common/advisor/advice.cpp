@@ -123,6 +123,11 @@ Advice rank(std::vector<Prediction> preds, int64_t steps, std::optional<double> 
       notes.insert(
           "ckpt yes: activation checkpointing assumed (train.activation_checkpointing: true): no micro-batch "
           "fits the GPU without it, or it is faster; it recomputes one forward, compute x 4/3");
+    if (p.shard != "none")
+      notes.insert("shard " + p.shard + ": train.shard: " + p.shard +
+                   " assumed: the GPUs do not hold the job without it, or it is faster; each rank keeps 1/GPUs of "
+                   "the gradients and optimizer state" +
+                   (p.shard == "parameters" ? " and of the weights, which are gathered layer by layer" : ""));
     for (const std::string& s : p.assumed) notes.insert("assumed: " + s);
     for (const std::string& f : p.flags) notes.insert(p.instance + ": " + f);
   }
@@ -139,8 +144,8 @@ void print_advice(std::ostream& out, const Advice& a, const JobProfile& profile)
   if (a.budget_usd) out << ", budget $" << fmt(*a.budget_usd, 2);
   out << "\n\n";
   char line[512];
-  std::snprintf(line, sizeof line, "%-3s %-20s %-8s %-4s %4s %-9s %-4s %9s %6s  %-28s %10s %11s %10s\n", "",
-                "instance", "mode", "fits", "GPUs", "mb x acc", "ckpt", "s/step", "stall", "largest stalls",
+  std::snprintf(line, sizeof line, "%-3s %-20s %-8s %-4s %4s %-9s %-4s %-6s %9s %6s  %-28s %10s %11s %10s\n", "",
+                "instance", "mode", "fits", "GPUs", "mb x acc", "ckpt", "shard", "s/step", "stall", "largest stalls",
                 "$/1M tok", "job $", "$ stalls");
   out << line;
   std::set<int> pareto(a.pareto.begin(), a.pareto.end()), flips(a.flips.begin(), a.flips.end());
@@ -155,9 +160,10 @@ void print_advice(std::ostream& out, const Advice& a, const JobProfile& profile)
       stalls += (k ? " " : "") + cause_words(st[k].second) + " " + pct(st[k].first / p.step_seconds);
     const std::string mark = i == a.best ? "=>" : (flips.count(i) ? "~" : (pareto.count(i) ? "P" : ""));
     const std::string batch = std::to_string(p.micro_batch) + " x " + std::to_string(p.grad_accum);
-    std::snprintf(line, sizeof line, "%-3s %-20s %-8s %-4s %4lld %-9s %-4s %9.4f %6s  %-28s %10s %11s %10s\n",
+    const char* shard = p.shard == "parameters" ? "params" : (p.shard == "gradients" ? "grads" : "-");
+    std::snprintf(line, sizeof line, "%-3s %-20s %-8s %-4s %4lld %-9s %-4s %-6s %9.4f %6s  %-28s %10s %11s %10s\n",
                   mark.c_str(), p.instance.c_str(), p.mode.c_str(), p.fits ? "yes" : "no",
-                  static_cast<long long>(p.ranks), batch.c_str(), p.activation_checkpointing ? "yes" : "no",
+                  static_cast<long long>(p.ranks), batch.c_str(), p.activation_checkpointing ? "yes" : "no", shard,
                   p.step_seconds, pct(p.stall_total / p.step_seconds).c_str(), stalls.c_str(),
                   p.priced ? fmt(p.usd_per_1m_tokens, 3).c_str() : "-",
                   p.priced ? fmt(p.job_usd, 2).c_str() : "-",
@@ -203,6 +209,7 @@ nlohmann::json advice_json(const Advice& a, const JobProfile& profile) {
     r["grad_accum"] = p.grad_accum;
     r["global_batch"] = p.global_batch > 0 ? json(p.global_batch) : json(nullptr);
     r["activation_checkpointing"] = p.activation_checkpointing;
+    r["shard"] = p.shard;
     if (p.memory) {
       constexpr double gib = 1024.0 * 1024.0 * 1024.0;
       const RankMemory& m = *p.memory;

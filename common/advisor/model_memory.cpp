@@ -129,10 +129,18 @@ ModelShape load_model_shape(const std::string& path) {
   return model_shape_from_hf(config, file);
 }
 
+int64_t ModelShape::largest_unit_parameters() const {
+  const int64_t embedding = vocab * hidden;
+  const int64_t layer = layers > 0 ? std::max<int64_t>(0, parameters - embedding) / layers : 0;
+  return std::max(embedding + hidden, layer);  // the head: the final norm and a vocabulary projection
+}
+
 RankMemory rank_memory(const ModelShape& m, const RankJob& job) {
   const double e = static_cast<double>(job.dtype_bytes);
   const double W = static_cast<double>(std::max<int64_t>(1, job.ranks));
-  const double shards = static_cast<double>(std::max<int64_t>(1, job.parameter_shards));
+  const bool sharded = job.ranks > 1 && job.shard != "none";
+  const bool params_sharded = sharded && job.shard == "parameters";
+  const double unit = static_cast<double>(m.largest_unit_parameters()) * e;
   const double P = static_cast<double>(m.parameters);
   // What the host updater owns (preflight.cpp: offload every parameter, zenflow the split
   // matrices) and what AdamW updates on the device.
@@ -144,9 +152,10 @@ RankMemory rank_memory(const ModelShape& m, const RankJob& job) {
     device_updated = P - split + static_cast<double>(m.selected_parameters(job.topk_ratio));
   }
   RankMemory r;
-  r.weights = P * e / shards;
-  r.gradients = P * e / shards;
-  r.optimizer_state = device_updated * optimizer_state_per_element(job.dtype_bytes) / shards;
+  // gradients: every rank keeps the full weights and its updated shard of them.
+  r.weights = params_sharded ? P * e / W : (sharded ? P * e * (1 + 1 / W) : P * e);
+  r.gradients = sharded ? P * e / W : P * e;
+  r.optimizer_state = device_updated * optimizer_state_per_element(job.dtype_bytes) / (sharded ? W : 1);
   if (split > 0) {
     // zenflow_optimizer.cpp build(): the host owns every column of a split matrix until the
     // first selection, so all of them are allocated (this rank's 1/W share); fp32 master,
@@ -156,16 +165,19 @@ RankMemory rank_memory(const ModelShape& m, const RankJob& job) {
     const bool low_precision = job.dtype_bytes != 4;
     const bool pack_out = W > 1 || (job.cuda && !low_precision);
     r.host_optimizer = capacity * (5 * 4 + 4 * e + (low_precision ? 2 * e : 0) + (pack_out ? e : 0));
+    // Sharded, the engine stages its own rows only (every rank runs a one-rank engine on them).
     if (job.cuda)
-      r.transfer_staging = 2 * split * e + capacity * e;  // two stages of all ranks' columns, the H2D buffer
-    else if (W > 1)
+      r.transfer_staging = (sharded ? 2 * capacity : 2 * split) * e + capacity * e;  // two stages, the H2D buffer
+    else if (W > 1 && !sharded)
       r.transfer_staging = split * e;  // the reduce-scatter's input
   }
   if (W > 1 && job.cuda) {
     // Gradients all-reduced on the device go through one flat buffer (zenflow: the selected
-    // columns; device mode: an upper bound, every gradient at once).
+    // columns; device mode: an upper bound, every gradient at once). Sharded: one unit's
+    // gradients reduce-scattered at a time and, with parameters, its gathered weights, their
+    // flat buffer and the next unit's prefetched one.
     const double reduced = job.mode == "offload" ? 0 : device_updated;
-    r.collective_buffers = reduced * e / shards + kNcclBufferBytes;
+    r.collective_buffers = (sharded ? (params_sharded ? 4 : 1) * unit : reduced * e) + kNcclBufferBytes;
   }
   const double tokens = static_cast<double>(job.micro_batch) * static_cast<double>(job.seq_len);
   const double layer = m.layer_activation_bytes_per_token(job.dtype_bytes) * tokens;

@@ -39,6 +39,9 @@ struct ModelShape {
   std::vector<std::pair<int64_t, int64_t>> split_matrices;
 
   int64_t split_parameters() const;  // the elements of split_matrices
+  // The most parameters one unit of the forward holds (the embedding, a decoder layer, the
+  // head): what train.shard: parameters gathers at once.
+  int64_t largest_unit_parameters() const;
   // The elements of the top-k columns zenflow keeps on the device: per matrix
   // rows x min(columns, max(1, floor(topk_ratio x columns))), as the engine's SplitParam::k.
   int64_t selected_parameters(double topk_ratio) const;
@@ -66,9 +69,11 @@ struct RankJob {
   bool activation_checkpointing = false;
   bool cuda = true;         // false: the CPU is the device (no device staging of split gradients)
   int64_t dtype_bytes = 2;  // weights and gradients (bf16 on a GPU)
-  // Ranks each parameter, gradient and device optimizer state is sharded over (train.shard,
-  // ZeRO-3 style). The engine does not shard yet: always 1, and the one place to change.
-  int64_t parameter_shards = 1;
+  // train.shard over the `ranks` (worker/distributed/sharded_parameters.h): none; gradients
+  // (the gradients and the optimizer state 1/W, the full weights kept beside this rank's
+  // shard); parameters (the weights too, a unit's gathered while it runs and the next one's
+  // prefetched).
+  std::string shard = "none";
 };
 
 // Bytes one rank needs, by kind.

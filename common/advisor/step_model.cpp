@@ -234,7 +234,10 @@ Terms raw_terms(Context& c) {
   if (c.W > 1) {
     note(c, "busbw_gbps", in.busbw_gbps);
     const double wf = static_cast<double>(c.W - 1) / static_cast<double>(c.W);
-    const double bytes = sh.params * b * 2 * wf;
+    // train.shard: parameters gathers the weights twice (forward, recomputing backward) and
+    // reduce-scatters the gradients: 3 model-sized transfers where all-reduce's ring makes 2.
+    const double transfers = s.shard.value_or("none") == "parameters" ? 3 : 2;
+    const double bytes = sh.params * b * transfers * wf;
     const double coll = bytes / (in.busbw_gbps.value * 1e9);
     t.coll = std::max(0.0, coll - kBackwardOverlap * t.compute * 2.0 / 3.0);
     note(c, "backward_overlap",
@@ -374,6 +377,10 @@ void apply_setting(Scenario& s, const std::string& kv) {
   } else if (key == "activation_checkpointing" || key == "train.activation_checkpointing") {
     if (v != "true" && v != "false") throw std::invalid_argument(key + ": must be true or false, got " + v);
     s.activation_checkpointing = v == "true";
+  } else if (key == "shard" || key == "train.shard") {
+    if (v != "none" && v != "gradients" && v != "parameters")
+      throw std::invalid_argument(key + ": must be none, gradients or parameters, got " + v);
+    s.shard = v;
   } else if (key == "topk_ratio" || key == "optimizer.zenflow.topk_ratio") {
     char* end = nullptr;
     const double r = std::strtod(v.c_str(), &end);
@@ -397,7 +404,7 @@ void apply_setting(Scenario& s, const std::string& kv) {
     throw std::invalid_argument(
         "--set " + key +
         ": unknown key (mode, micro_batch, grad_accum, seq_len, ranks, update_interval, "
-        "topk_ratio, host_threads, compute_threads, parameters, activation_checkpointing)");
+        "topk_ratio, host_threads, compute_threads, parameters, activation_checkpointing, shard)");
   }
 }
 
@@ -439,6 +446,7 @@ Prediction predict_on_ranks(const JobProfile& p, const Instance& in, const Scena
   out.micro_batch = s.micro_batch;
   out.grad_accum = s.grad_accum;
   out.activation_checkpointing = s.activation_checkpointing.value_or(false);
+  out.shard = s.shard.value_or("none");
   const bool profile_gpu = p.measured_on.device == "cuda";
   const bool same_device = in.cpu_device ? p.measured_on.device == "cpu" : profile_gpu;
   Context c{p, in, s, same_device, W, &out.assumed, &out.inputs};
@@ -486,6 +494,7 @@ Prediction predict_on_ranks(const JobProfile& p, const Instance& in, const Scena
     job.micro_batch = s.micro_batch, job.seq_len = s.seq_len;
     job.topk_ratio = s.topk_ratio;
     job.activation_checkpointing = out.activation_checkpointing;
+    job.shard = out.shard;
     job.cuda = !in.cpu_device;
     job.dtype_bytes = in.cpu_device ? p.model.weight_dtype_bytes : kGpuWeightBytes;
     out.memory = rank_memory(*s.model, job);
@@ -575,15 +584,20 @@ Prediction predict(const JobProfile& p, const Instance& in, const Scenario& s_in
   const int64_t per_rank = s.micro_batch * s.grad_accum;
   std::vector<bool> checkpointing = {false, true};
   if (s.activation_checkpointing) checkpointing = {*s.activation_checkpointing};
+  std::vector<std::string> shards = {"none"};
+  if (s.shard) shards = {*s.shard};
+  else if (W > 1) shards = {"none", "gradients", "parameters"};
   std::optional<Prediction> best;
   for (int64_t mb = s.micro_batch; mb >= 1; --mb) {
     if (per_rank % mb != 0) continue;
-    for (const bool ckpt : checkpointing) {
-      Scenario c = s;
-      c.micro_batch = mb, c.grad_accum = per_rank / mb, c.activation_checkpointing = ckpt;
-      Prediction pr = predict_on_ranks(p, in, c, W, steps, out);
-      if (!best || better(pr, *best)) best = std::move(pr);
-    }
+    for (const bool ckpt : checkpointing)
+      for (const std::string& shard : shards) {
+        if (shard == "parameters" && !ckpt) continue;  // the job spec requires it (a recomputing backward)
+        Scenario c = s;
+        c.micro_batch = mb, c.grad_accum = per_rank / mb, c.activation_checkpointing = ckpt, c.shard = shard;
+        Prediction pr = predict_on_ranks(p, in, c, W, steps, out);
+        if (!best || better(pr, *best)) best = std::move(pr);
+      }
   }
   return *best;
 }

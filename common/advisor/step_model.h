@@ -56,13 +56,16 @@ struct Scenario {
   // train.activation_checkpointing. Unset: off, except with a model config, where predict()
   // picks it (see predict()).
   std::optional<bool> activation_checkpointing;
+  // train.shard (none | gradients | parameters). Unset: none, except with a model config
+  // on several GPUs, where predict() picks it.
+  std::optional<std::string> shard;
 };
 
 // The profile's own configuration.
 Scenario scenario_of(const JobProfile& profile);
 // Applies one --set key=value: mode, micro_batch, grad_accum, seq_len, ranks,
 // update_interval, topk_ratio, host_threads, compute_threads, parameters (7e9, 7B, 70B),
-// activation_checkpointing (true or false).
+// activation_checkpointing (true or false), shard (none, gradients or parameters).
 // std::invalid_argument naming the key for an unknown key or a bad value.
 void apply_setting(Scenario& s, const std::string& key_equals_value);
 
@@ -79,6 +82,7 @@ struct Prediction {
   int64_t micro_batch = 0, grad_accum = 1;  // per rank, as predicted
   int64_t global_batch = 0;                 // sequences per step over all ranks when held; else 0
   bool activation_checkpointing = false;    // assumed for this answer (see Scenario)
+  std::string shard = "none";               // train.shard assumed for this answer (see Scenario)
   std::optional<RankMemory> memory;         // with a model config: one rank's memory by kind
   double gpu_memory_gib = 0;                // needed per GPU (device memory; host RAM on a CPU device)
   double host_ram_gib = 0;                  // needed on the node
@@ -95,9 +99,10 @@ struct Prediction {
 // Predicts one mode of `s` on `instance` for `steps` steps. Never throws for a job that
 // does not fit: fits = false and why_not say why (the times are still computed). With a
 // model config, the fastest setting that fits among micro-batches of at most micro_batch
-// that divide the rank's sequences per step (the rest accumulated) and activation
-// checkpointing off or on (where activation_checkpointing is unset); none fitting, the one
-// needing the least GPU memory.
+// that divide the rank's sequences per step (the rest accumulated), activation
+// checkpointing off or on (where activation_checkpointing is unset) and, on several GPUs,
+// train.shard none, gradients or parameters (with checkpointing; where shard is unset);
+// none fitting, the one needing the least GPU memory.
 Prediction predict(const JobProfile& profile, const Instance& instance, const Scenario& s, int64_t steps);
 
 }  // namespace zenflow::advisor
