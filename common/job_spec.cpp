@@ -755,7 +755,7 @@ void rows(V& v, Of<TrainSpec>) {
   v(Choice{"shard", {"none", "gradients", "parameters"},
            "Across data-parallel ranks: gradients: each rank keeps 1/ranks of the gradients and optimizer "
            "state (ZeRO-2); parameters: of the weights too, each layer's gathered just before its forward and "
-           "its recomputing backward (ZeRO-3; needs activation_checkpointing); device and offload modes"},
+           "its recomputing backward (ZeRO-3; needs activation_checkpointing)"},
     &TrainSpec::shard);
 }
 
@@ -920,13 +920,8 @@ void check_rules(HostSpec& h, const Section& s, const ReadContext&, std::string_
 }
 
 void check_rules(JobSpec& spec, const Section&, const ReadContext& ctx, std::string_view after) {
-  // Sharding (docs/semantics.md §10) cuts every parameter into row ranges; zenflow's split
-  // matrices need column ranges with a global selection, which is not built yet.
+  // Sharding (docs/semantics.md §10) keeps each rank's host state in the rank.
   if (after == "optimizer" && spec.train.shard != "none") {
-    if (spec.optimizer.mode == "zenflow")
-      throw SpecError("train.shard", "'" + spec.train.shard +
-                                         "' works with optimizer.mode device or offload; with zenflow it is not "
-                                         "built yet (set train.shard: none, or optimizer.mode: offload)");
     if (spec.optimizer.host.nodes > 0 || !spec.optimizer.host.addresses.empty())
       throw SpecError("train.shard", "'" + spec.train.shard +
                                          "' keeps the optimizer state in the ranks; it does not work with remote "

@@ -183,13 +183,9 @@ TEST(JobSpec, RejectsNegativeSteps) {
                "must be in [1, 1000000000], got -5");
 }
 
-// train.shard cuts parameters by rows: zenflow's column shards are not built, and sharded
-// parameters are gathered again for a recomputing backward.
-TEST(JobSpec, ShardIsCheckedAgainstTheModeTheNodesAndCheckpointing) {
-  expect_error(std::string(kMinimalSpec) + "train: {shard: gradients}\n", "train.shard",
-               "'gradients' works with optimizer.mode device or offload");
-  expect_error(std::string(kMinimalSpec) + "train: {shard: parameters, activation_checkpointing: true}\n",
-               "train.shard", "with zenflow it is not built yet");
+// train.shard: sharded parameters are gathered again for a recomputing backward, and the
+// host state stays in the ranks.
+TEST(JobSpec, ShardIsCheckedAgainstTheNodesAndCheckpointing) {
   expect_error(std::string(kMinimalSpec) + "train: {shard: parameters}\noptimizer: {mode: device}\n", "train.shard",
                "'parameters' needs train.activation_checkpointing: true");
   expect_error(std::string(kMinimalSpec) + "train: {shard: gradients}\noptimizer: {mode: offload, host: {nodes: 2}}\n",
@@ -200,6 +196,8 @@ TEST(JobSpec, ShardIsCheckedAgainstTheModeTheNodesAndCheckpointing) {
                                         "optimizer: {mode: offload}\n",
                                     {}, "/base");
   EXPECT_EQ(ok.train.shard, "parameters");
+  EXPECT_EQ(parse_job_spec(std::string(kMinimalSpec) + "train: {shard: gradients}\n", {}, "/base").optimizer.mode,
+            "zenflow");
   EXPECT_EQ(parse_job_spec(kMinimalSpec, {}, "/base").train.shard, "none");
 }
 

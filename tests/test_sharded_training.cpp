@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -286,15 +287,21 @@ std::string describe(const Leg& l) {
 }
 
 // Steps 1-5 as `first`, resumed as `then` for steps 6-10, against `then` run straight
-// through: losses 6-10 and the final weights within `tol`.
-void expect_resume_matches(const std::string& name, const Leg& first, const Leg& then, double tol) {
+// through: losses 6-10 and the final weights within `tol`. The first run goes on to step 10
+// and its step-10 checkpoint is removed, so the step-5 checkpoint is a periodic one (a run
+// that ended at step 5 would have closed zenflow's open window early).
+void expect_resume_matches(const std::string& name, const Leg& first, const Leg& then, double tol,
+                           const std::string& mode = "device", const std::string& zen = "update_interval: 1") {
   const fs::path dir = fresh_dir(name);
   const std::string constant = "--set train.schedule=constant";
   const std::string spec = (dir / "job.yaml").string(), straight_spec = (dir / "straight.yaml").string();
-  std::ofstream(spec) << spec_text("device", (dir / "ckpt").string(), first.micro_batch, first.shard);
-  std::ofstream(straight_spec) << spec_text("device", (dir / "straight").string(), then.micro_batch, then.shard);
-  const nlohmann::json head = run_json(spec, first.ranks, "--no-resume --set train.steps=5 " + constant);
+  std::ofstream(spec) << spec_text(mode, (dir / "ckpt").string(), first.micro_batch, first.shard, true, zen);
+  std::ofstream(straight_spec) << spec_text(mode, (dir / "straight").string(), then.micro_batch, then.shard, true,
+                                            zen);
+  const nlohmann::json head =
+      run_json(spec, first.ranks, "--no-resume --set checkpoint.every_steps=5 --set checkpoint.keep=10 " + constant);
   ASSERT_EQ(head["exit"], 0) << head["stderr"];
+  zenflow::remove_tree(step_dir(dir / "ckpt", 10));
   if (std::string(first.shard) != "none" || first.ranks == 1)
     expect_one_rank_format(step_dir(dir / "ckpt", 5), describe(first) + ", step 5");
   const nlohmann::json resumed =
@@ -333,6 +340,22 @@ TEST(ShardedTraining, TwoRankParameterShardedCheckpointResumesUnshardedOnTwoRank
   expect_resume_matches("resume-2to2", {2, 2, "parameters"}, {2, 2, "none"}, 1e-6);
 }
 
+// An unsharded 2-rank offload checkpoint holds each rank's host columns (engine-rank-*): a
+// sharded run merges them into the one-rank state before taking its rows.
+TEST(ShardedTraining, UnshardedTwoRankOffloadCheckpointResumesShardingParameters) {
+  REQUIRE_GLOO();
+  expect_resume_matches("resume-offload", {2, 2, "none"}, {2, 2, "parameters"}, 1e-6, "offload");
+}
+
+// zenflow with windows of 4 and overlap, checkpointed at step 5: mid-window (accumulators
+// held), a host step in flight, host columns partitioned by rank. Resumed sharding
+// gradients, it continues as the sharded run would have.
+TEST(ShardedTraining, UnshardedZenflowCheckpointMidWindowResumesShardingGradients) {
+  REQUIRE_GLOO();
+  expect_resume_matches("resume-zenflow", {2, 2, "none"}, {2, 2, "gradients"}, 1e-6, "zenflow",
+                        "update_interval: 4, overlap_step: true, full_warm_up_rounds: 1, topk_ratio: 0.25");
+}
+
 // ---------------------------------------------------------------------------------------
 // (d) Kill one rank of a running `zenflow run --nproc 2` sharding parameters (the ranks
 // gather every unit's weights for its forward and backward): the job fails fast, naming it.
@@ -344,20 +367,79 @@ TEST(ShardedTraining, KilledRankWhileShardedFailsTheJobNamingIt) {
 }
 
 // ---------------------------------------------------------------------------------------
-// (e) The spec's rules, before any rank starts: exit status 2, the message naming the keys.
+// (e) zenflow on shards, and the spec's rules.
 
-TEST(ShardedTraining, ShardingWithZenflowModeIsRefused) {
-  const fs::path dir = fresh_dir("refuse-zenflow");
-  for (const char* shard : {"gradients", "parameters"}) {
-    const std::string spec = (dir / (std::string(shard) + ".yaml")).string();
-    std::ofstream(spec) << spec_text("zenflow", (dir / "ckpt").string(), 2, shard);
-    const nlohmann::json j = run_json(spec, 2, "--no-resume");
-    EXPECT_EQ(j["exit"], 2) << shard << ": " << j["stderr"];
-    const std::string err = j["stderr"].get<std::string>();
-    EXPECT_NE(err.find("train.shard"), std::string::npos) << shard << ": " << err;
-    EXPECT_NE(err.find("optimizer.mode"), std::string::npos) << shard << ": " << err;
-    EXPECT_FALSE(fs::exists(step_dir(dir / "ckpt", 10))) << shard;  // nothing trained
+// The `split/<name>/sel` tensors (zenflow's selected columns of each split matrix) of a
+// step's engine.safetensors, by name.
+std::map<std::string, std::vector<int64_t>> selections(const fs::path& step) {
+  zenflow::model::SafetensorsFile f((step / "engine.safetensors").string());
+  std::map<std::string, std::vector<int64_t>> out;
+  for (const auto& name : f.names()) {
+    if (name.size() < 4 || name.compare(name.size() - 4, 4, "/sel") != 0) continue;
+    const at::Tensor t = f.tensor(name).to(at::kLong).contiguous();
+    out[name].assign(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
   }
+  return out;
+}
+
+// zenflow on shards (semantics.md §10) with windows of 4, the host step overlapped with the
+// next window and every window re-selecting: every rank scores its local gradient and the
+// scores are summed over the ranks before any averaging, as unsharded, so a sharded run
+// selects the same columns and ends with the same weights. The embeddings are tied: the
+// shared matrix's gradient is scored once, summed over both of its units.
+TEST(ShardedTraining, ZenflowWithWindowsOverlapAndReselectionOnShardsEqualsUnsharded) {
+  REQUIRE_GLOO();
+  const fs::path dir = fresh_dir("zenflow-u4");
+  const std::string zen =
+      "update_interval: 4, overlap_step: true, full_warm_up_rounds: 1, topk_ratio: 0.25, select_strategy: step, "
+      "select_interval: 4";
+  const char* shards[] = {"none", "gradients", "parameters"};
+  nlohmann::json runs[3];
+  for (int s = 0; s < 3; ++s) {
+    std::string text = spec_text("zenflow", (dir / shards[s]).string(), 2, shards[s], true, zen, "0.0");
+    text.replace(text.find("max_position_embeddings: 32}"), 28, "max_position_embeddings: 32, tie_word_embeddings: 1}");
+    const std::string spec = (dir / (std::string(shards[s]) + ".yaml")).string();
+    std::ofstream(spec) << text;
+    runs[s] = run_json(spec, 2, "--no-resume");
+    ASSERT_EQ(runs[s]["exit"], 0) << shards[s] << ": " << runs[s]["stderr"];
+    EXPECT_EQ(runs[s]["shard"], shards[s]);
+  }
+  EXPECT_GE(runs[0]["reselections"].get<int>(), 1);  // the selection moved at least once
+  const auto want = selections(step_dir(dir / "none", 10));
+  ASSERT_FALSE(want.empty());
+  double worst = 0;
+  for (int s = 1; s < 3; ++s) {
+    const std::string what = std::string("zenflow U=4 overlap, shard ") + shards[s] + " vs none";
+    EXPECT_EQ(selections(step_dir(dir / shards[s], 10)), want) << what;
+    EXPECT_EQ(runs[s]["reselections"], runs[0]["reselections"]) << what;
+    worst = std::max(worst, expect_models_close(step_dir(dir / shards[s], 10) / "model.safetensors",
+                                                step_dir(dir / "none", 10) / "model.safetensors", 1e-6, what));
+    expect_losses_close(runs[s]["losses"], runs[0]["losses"], 1e-6, 1, what);
+  }
+  std::printf("[figure] 2 ranks zenflow U=4 overlap, re-selecting every window (%d re-selections): shard "
+              "gradients/parameters vs none: the same selected columns, worst weight %.3g\n",
+              runs[0]["reselections"].get<int>(), worst);
+  zenflow::remove_tree(dir);
+}
+
+// zenflow with windows of one step and no overlap updates every column every step: on 4 ranks
+// sharding parameters it is the unsharded device-mode run.
+TEST(ShardedTraining, ZenflowUpdatingEveryStepOnShardsEqualsDeviceModeUnsharded) {
+  REQUIRE_GLOO();
+  const fs::path dir = fresh_dir("zenflow-u1");
+  const std::string zen = "update_interval: 1, overlap_step: false, full_warm_up_rounds: 0, topk_ratio: 0.25";
+  const std::string zspec = (dir / "zen.yaml").string(), dspec = (dir / "dev.yaml").string();
+  std::ofstream(zspec) << spec_text("zenflow", (dir / "zen").string(), 2, "parameters", true, zen, "0.0");
+  std::ofstream(dspec) << spec_text("device", (dir / "dev").string(), 2, "none", true, zen, "0.0");
+  const nlohmann::json z = run_json(zspec, 4, "--no-resume");
+  const nlohmann::json d = run_json(dspec, 4, "--no-resume");
+  ASSERT_EQ(z["exit"], 0) << z["stderr"];
+  ASSERT_EQ(d["exit"], 0) << d["stderr"];
+  const double worst = expect_models_close(step_dir(dir / "zen", 10) / "model.safetensors",
+                                           step_dir(dir / "dev", 10) / "model.safetensors", 1e-6,
+                                           "zenflow U=1 shard parameters vs device none");
+  expect_losses_close(z["losses"], d["losses"], 1e-6, 1, "zenflow U=1 shard parameters vs device none");
+  std::printf("[figure] 4 ranks zenflow U=1 shard parameters vs device unsharded: worst weight %.3g\n", worst);
   zenflow::remove_tree(dir);
 }
 
@@ -396,3 +478,39 @@ TEST(ShardedTraining, ShardingGradientsWithoutActivationCheckpointingTrains) {
 }
 
 }  // namespace
+
+// `zenflow bench shard` runs the rows it is asked for and reports what rank 0 holds: two
+// ranks sharding parameters hold less than one rank does, and the gathers took time.
+TEST(ShardedTraining, BenchShardReportsEachRowsMemoryAndExposedGathers) {
+  REQUIRE_GLOO();
+  const fs::path dir = fresh_dir("bench");
+  std::string out;
+  const std::string cmd = std::string(ZENFLOW_BINARY_DIR) +
+                          "/bin/zenflow bench shard --ranks 1,2 --shards none,parameters --hidden 32 --layers 2 "
+                          "--seq 16 --steps 2 --dir " + dir.string() + " 2>/dev/null";
+  ASSERT_EQ(zenflow::test_support::run(cmd, &out), 0) << out;
+  const nlohmann::json j = nlohmann::json::parse(out);
+  ASSERT_EQ(j["rows"].size(), 3u) << out;  // 1 rank none; 2 ranks none and parameters
+  EXPECT_EQ(j["rows"][0]["ranks"], 1);
+  EXPECT_EQ(j["rows"][2]["shard"], "parameters");
+  const double one = j["rows"][0]["parameters_plus_gradients_bytes"].get<double>();
+  const double two_none = j["rows"][1]["parameters_plus_gradients_bytes"].get<double>();
+  const double two_sharded = j["rows"][2]["parameters_plus_gradients_bytes"].get<double>();
+  EXPECT_EQ(two_none, one);  // unsharded, every rank holds everything
+  EXPECT_LT(two_sharded, 0.6 * one);
+  EXPECT_EQ(j["rows"][1]["shard_comm_seconds"].get<double>(), 0);
+  EXPECT_GT(j["rows"][2]["shard_comm_seconds"].get<double>(), 0);
+  const double share = j["rows"][2]["shard_comm_exposed_share"].get<double>();
+  EXPECT_GT(share, 0);
+  EXPECT_LT(share, 1);
+  zenflow::remove_tree(dir);
+}
+
+// The other way: a sharded zenflow checkpoint mid-window (gathered into the one-rank state:
+// accumulators, device state of the selected columns, the window's scores) resumed unsharded,
+// which partitions the host columns by rank again.
+TEST(ShardedTraining, ShardedZenflowCheckpointMidWindowResumesUnsharded) {
+  REQUIRE_GLOO();
+  expect_resume_matches("resume-zenflow-back", {2, 2, "parameters"}, {2, 2, "none"}, 1e-6, "zenflow",
+                        "update_interval: 4, overlap_step: true, full_warm_up_rounds: 1, topk_ratio: 0.25");
+}

@@ -12,6 +12,8 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "worker/engine/device_ops.h"
+
 namespace zenflow::distributed {
 
 using torch::autograd::AutogradContext;
@@ -101,15 +103,20 @@ struct ShardedParameters::Unit : torch::autograd::Function<Unit> {
     variable_list out;
     out.push_back(want_x ? grads[0] : at::Tensor());
     const std::vector<at::Tensor> full_grads(grads.begin() + (want_x ? 1 : 0), grads.end());
-    std::vector<at::Tensor> shard_grads = c->owner->reduce_scatter(c->idx, full_grads);
+    std::vector<at::Tensor> shard_grads = c->owner->gradients_ready(c->idx, full_grads);
     out.insert(out.end(), shard_grads.begin(), shard_grads.end());
     out.emplace_back();  // the Context argument
     return out;
   }
 };
 
-ShardedParameters::ShardedParameters(Communicator& comm, model::CausalLM& model, ShardMode mode)
-    : comm_(comm), model_(model), mode_(mode), world_(comm.world_size()), rank_(comm.rank()) {
+ShardedParameters::ShardedParameters(Communicator& comm, model::CausalLM& model, ShardOptions options)
+    : comm_(comm),
+      model_(model),
+      mode_(options.mode),
+      options_(options),
+      world_(comm.world_size()),
+      rank_(comm.rank()) {
   std::vector<at::Tensor> shards;
   c10::NoGradGuard no_grad;
   for (auto& nt : model.parameters()) {
@@ -126,6 +133,8 @@ ShardedParameters::ShardedParameters(Communicator& comm, model::CausalLM& model,
     p.row_numel = t.numel() / t.size(0);
     p.shard = t.detach().narrow(0, p.row_begin, p.rows[static_cast<size_t>(rank_)]).clone().requires_grad_(true);
     if (mode_ == ShardMode::kGradients) p.full = t.detach();
+    if (options_.column_scores && t.dim() == 2)
+      p.scores = at::zeros({t.size(1)}, at::TensorOptions().dtype(at::kFloat).device(t.device()));
     shards.push_back(p.shard);
     params_.push_back(std::move(p));
   }
@@ -133,7 +142,15 @@ ShardedParameters::ShardedParameters(Communicator& comm, model::CausalLM& model,
   model_.set_unit_runner(this);
 }
 
-ShardedParameters::~ShardedParameters() { model_.set_unit_runner(nullptr); }
+ShardedParameters::~ShardedParameters() {
+  model_.set_unit_runner(nullptr);
+  if (prefetched_ && prefetched_->work.valid()) {
+    try {
+      prefetched_->work.wait();
+    } catch (const std::exception&) {  // the communicator failed: the run is ending anyway
+    }
+  }
+}
 
 size_t ShardedParameters::index_of(const at::Tensor& shard) const {
   for (size_t i = 0; i < params_.size(); ++i)
@@ -141,8 +158,12 @@ size_t ShardedParameters::index_of(const at::Tensor& shard) const {
   throw std::logic_error("ShardedParameters: a unit's weight is none of the shards it made");
 }
 
-at::Tensor ShardedParameters::run(model::UnitKind, const model::LayerBody& body, const at::Tensor& x,
+at::Tensor ShardedParameters::run(model::UnitKind kind, const model::LayerBody& body, const at::Tensor& x,
                                   const std::vector<at::Tensor>& weights, bool checkpoint) {
+  if (kind == model::UnitKind::kEmbedding) {  // a forward begins: the last sequence is complete
+    if (!sequence_.empty()) last_sequence_ = std::move(sequence_);
+    sequence_.clear();
+  }
   std::vector<size_t> idx;
   idx.reserve(weights.size());
   for (const at::Tensor& w : weights) idx.push_back(index_of(w));
@@ -152,6 +173,7 @@ at::Tensor ShardedParameters::run(model::UnitKind, const model::LayerBody& body,
   c->body = body;
   c->idx = idx;
   c->recompute = checkpoint || mode_ == ShardMode::kParameters;
+  for (size_t i : idx) ++params_[i].uses;
   return Unit::apply(x, at::TensorList(weights), std::move(c))[0];
 }
 
@@ -162,17 +184,23 @@ std::vector<at::Tensor> ShardedParameters::materialize(const std::vector<size_t>
     for (size_t i : idx) full.push_back(params_[i].full);
     return full;
   }
-  // One all-gather: every rank's shards of these weights, concatenated rank by rank.
-  std::vector<int64_t> sizes(static_cast<size_t>(world_), 0);
-  std::vector<at::Tensor> mine;
-  for (size_t i : idx) {
-    const Param& p = params_[i];
-    for (int r = 0; r < world_; ++r) sizes[static_cast<size_t>(r)] += p.rows[static_cast<size_t>(r)] * p.row_numel;
-    mine.push_back(p.shard.detach().reshape({-1}));
+  Gather now;
+  if (prefetched_ && prefetched_->idx == idx) {
+    now = std::move(*prefetched_);
+  } else {
+    if (prefetched_) finish_gather(*prefetched_);  // launched on every rank: completed, unused
+    now = launch_gather(idx);
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  const at::Tensor all = comm_.all_gather(at::cat(mine), sizes, Traffic::kParameters);
-  comm_seconds_ += seconds_since(t0);
+  prefetched_.reset();
+  // Where the last micro-batch's sequence had this gather, the next one starts now.
+  const size_t pos = sequence_.size();
+  sequence_.push_back(idx);
+  int64_t next_bytes = 0;
+  if (pos + 1 < last_sequence_.size() && last_sequence_[pos] == idx) {
+    prefetched_ = std::make_unique<Gather>(launch_gather(last_sequence_[pos + 1]));
+    next_bytes = prefetched_->bytes;
+  }
+  const at::Tensor all = finish_gather(now);
   std::vector<std::vector<at::Tensor>> pieces(idx.size());
   int64_t at_ = 0;
   for (int r = 0; r < world_; ++r)
@@ -182,13 +210,43 @@ std::vector<at::Tensor> ShardedParameters::materialize(const std::vector<size_t>
       pieces[k].push_back(all.narrow(0, at_, n));
       at_ += n;
     }
-  int64_t bytes = static_cast<int64_t>(all.nbytes());
+  int64_t bytes = now.bytes + next_bytes;
   for (size_t k = 0; k < idx.size(); ++k) {
     full.push_back(at::cat(pieces[k]).view(params_[idx[k]].full_shape));
     bytes += static_cast<int64_t>(full.back().nbytes());
   }
   gathered_peak_ = std::max(gathered_peak_, bytes);
   return full;
+}
+
+ShardedParameters::Gather ShardedParameters::launch_gather(const std::vector<size_t>& idx) {
+  // One all-gather: every rank's shards of these weights, concatenated rank by rank.
+  Gather g;
+  g.idx = idx;
+  std::vector<int64_t> sizes(static_cast<size_t>(world_), 0);
+  std::vector<at::Tensor> mine;
+  for (size_t i : idx) {
+    const Param& p = params_[i];
+    for (int r = 0; r < world_; ++r) sizes[static_cast<size_t>(r)] += p.rows[static_cast<size_t>(r)] * p.row_numel;
+    mine.push_back(p.shard.detach().reshape({-1}));
+  }
+  g.flat = std::make_shared<at::Tensor>();
+  const auto t0 = std::chrono::steady_clock::now();
+  g.work = comm_.all_gather_async(at::cat(mine), sizes, Traffic::kParameters, g.flat);
+  comm_seconds_ += seconds_since(t0);
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  g.bytes = total * static_cast<int64_t>(params_[idx.front()].shard.element_size());
+  return g;
+}
+
+at::Tensor ShardedParameters::finish_gather(Gather& g) {
+  if (g.work.valid()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    g.work.wait();
+    comm_seconds_ += seconds_since(t0);
+  }
+  return *g.flat;
 }
 
 std::vector<at::Tensor> ShardedParameters::reduce_scatter(const std::vector<size_t>& idx,
@@ -220,16 +278,104 @@ std::vector<at::Tensor> ShardedParameters::reduce_scatter(const std::vector<size
   return out;
 }
 
+void ShardedParameters::add_column_scores(const std::vector<size_t>& idx, const std::vector<at::Tensor>& grads) {
+  std::vector<at::Tensor> parts;
+  std::vector<size_t> which;
+  for (size_t k = 0; k < idx.size(); ++k) {
+    const Param& p = params_[idx[k]];
+    if (!p.scores.defined()) continue;
+    which.push_back(idx[k]);
+    parts.push_back(grads[k].defined()
+                        ? engine::device_ops::column_scores(grads[k].view({p.full_shape[0], p.full_shape[1]}), options_.l1)
+                        : at::zeros_like(p.scores));
+  }
+  if (parts.empty()) return;
+  at::Tensor all = at::cat(parts);
+  const auto t0 = std::chrono::steady_clock::now();
+  comm_.allreduce_sum_(all, Traffic::kSelection);
+  comm_seconds_ += seconds_since(t0);
+  int64_t at_ = 0;
+  for (size_t i : which) {
+    Param& p = params_[i];
+    p.scores.add_(all.narrow(0, at_, p.scores.numel()));
+    at_ += p.scores.numel();
+  }
+}
+
+void ShardedParameters::begin_step() {
+  for (Param& p : params_) {
+    if (p.scores.defined()) p.scores.zero_();
+    p.uses = 0;
+    p.pending = at::Tensor();
+  }
+}
+
+std::vector<at::Tensor> ShardedParameters::gradients_ready(const std::vector<size_t>& idx,
+                                                           const std::vector<at::Tensor>& grads) {
+  std::vector<size_t> ready;
+  std::vector<at::Tensor> ready_grads;
+  std::vector<int> position(idx.size(), -1);
+  for (size_t k = 0; k < idx.size(); ++k) {
+    Param& p = params_[idx[k]];
+    at::Tensor g = grads[k];
+    if (p.pending.defined()) g = g.defined() ? p.pending + g : p.pending;
+    p.pending = at::Tensor();
+    if (p.uses > 1) {  // another unit's backward still brings some: keep the sum so far
+      --p.uses;
+      p.pending = g.defined() ? g : at::zeros(p.full_shape, p.shard.options());
+      continue;
+    }
+    p.uses = 0;
+    position[k] = static_cast<int>(ready.size());
+    ready.push_back(idx[k]);
+    ready_grads.push_back(g);
+  }
+  std::vector<at::Tensor> out(idx.size());
+  if (ready.empty()) return out;
+  add_column_scores(ready, ready_grads);
+  const std::vector<at::Tensor> shards = reduce_scatter(ready, ready_grads);
+  for (size_t k = 0; k < idx.size(); ++k)
+    if (position[k] >= 0) out[k] = shards[static_cast<size_t>(position[k])];
+  return out;
+}
+
+int64_t ShardedParameters::full_numel(size_t i) const {
+  int64_t n = 1;
+  for (int64_t d : params_[i].full_shape) n *= d;
+  return n;
+}
+
 void ShardedParameters::all_gather_weights() {
   if (mode_ != ShardMode::kGradients) return;
   c10::NoGradGuard no_grad;
-  for (Param& p : params_) {
-    std::vector<int64_t> sizes;
-    for (int64_t rows : p.rows) sizes.push_back(rows * p.row_numel);
-    const auto t0 = std::chrono::steady_clock::now();
-    const at::Tensor all = comm_.all_gather(p.shard.detach().reshape({-1}), sizes, Traffic::kParameters);
-    comm_seconds_ += seconds_since(t0);
-    p.full.copy_(all.view(p.full_shape));
+  // Buckets of consecutive parameters, at most kBucketBytes of full weights each (a larger
+  // parameter alone): one collective each, all in flight at once, then copied out in order.
+  constexpr int64_t kBucketBytes = int64_t{32} << 20;
+  std::vector<std::vector<size_t>> buckets;
+  int64_t bytes = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int64_t b = static_cast<int64_t>(params_[i].full.nbytes());
+    if (buckets.empty() || bytes + b > kBucketBytes) {
+      buckets.emplace_back();
+      bytes = 0;
+    }
+    buckets.back().push_back(i);
+    bytes += b;
+  }
+  std::vector<Gather> gathers;
+  for (const auto& bucket : buckets) gathers.push_back(launch_gather(bucket));
+  for (Gather& g : gathers) {
+    const at::Tensor all = finish_gather(g);
+    int64_t at_ = 0;
+    for (int r = 0; r < world_; ++r)
+      for (size_t i : g.idx) {
+        Param& p = params_[i];
+        const int64_t n = p.rows[static_cast<size_t>(r)] * p.row_numel;
+        const int64_t begin = std::accumulate(p.rows.begin(), p.rows.begin() + r, int64_t{0});
+        p.full.narrow(0, begin, p.rows[static_cast<size_t>(r)]).copy_(all.narrow(0, at_, n).view(
+            p.full.narrow(0, begin, p.rows[static_cast<size_t>(r)]).sizes()));
+        at_ += n;
+      }
   }
 }
 

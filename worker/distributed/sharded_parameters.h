@@ -18,11 +18,21 @@
 //     spec), and freed once the gradients are reduce-scattered.
 // A unit's weights move as one collective each way (their shards concatenated rank by rank).
 // Every rank runs the same units in the same order, so the collectives match (c10d's rule).
-// Gathers are not prefetched yet: their time is exposed (comm_seconds()).
+// Prefetching (kParameters): the sequence of gathers of the last micro-batch (its units'
+// forwards, then their backwards in reverse) is replayed: a gather that is where the
+// sequence had it launches the next one asynchronously (all_gather_async; NCCL's own
+// stream on a GPU), which then overlaps this unit's compute; comm_seconds() counts only
+// the time a rank was blocked. A sequence that changes (evaluation, a checkpoint's
+// gathers) costs one gather that waits unused.
 //
 // Numbers: the reduce-scatter averages as the unsharded GradReducer does (sum, then divide by
 // W), in another order of additions: a sharded run equals the unsharded one within float
 // rounding (tests/test_sharded_training.cpp: 1e-6 relative).
+//
+// zenflow (semantics.md §10): split matrices are row-sharded too, so every rank holds all
+// the columns of its rows and the selection (of columns) is the same everywhere: the unit's
+// backward sums every rank's column scores of its local gradient (ShardOptions) as the
+// unsharded engine's all-reduce does, and the engine selects from them.
 //
 // Checkpoints: full_tensor() and gather_engine_state() rebuild what a one-rank run holds
 // (collectives: every rank calls them, in the same order); slice_rows() and
@@ -52,6 +62,15 @@ namespace zenflow::distributed {
 enum class ShardMode { kGradients, kParameters };
 ShardMode parse_shard_mode(const std::string& s);  // "gradients" | "parameters"
 
+struct ShardOptions {
+  ShardMode mode = ShardMode::kParameters;
+  // zenflow's selection (semantics §2, §10): every 2-D parameter's column importance of
+  // each rank's own local gradient (L2: sum of squares, or L1), summed over the ranks in
+  // the unit's backward, before the gradients are averaged: column_scores().
+  bool column_scores = false;
+  bool l1 = false;
+};
+
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 class ShardedParameters final : public model::UnitRunner {
@@ -59,8 +78,8 @@ class ShardedParameters final : public model::UnitRunner {
   // Cuts `model`'s parameters (on the Communicator's device), gives the model this rank's
   // shards and makes itself the model's unit runner. The model must outlive this object,
   // which detaches itself from the model when destroyed.
-  ShardedParameters(Communicator& comm, model::CausalLM& model, ShardMode mode);
-  ~ShardedParameters() override;
+  ShardedParameters(Communicator& comm, model::CausalLM& model, ShardOptions options);
+  ~ShardedParameters() override;  // waits for a prefetch still in flight
   ShardedParameters(const ShardedParameters&) = delete;
   ShardedParameters& operator=(const ShardedParameters&) = delete;
 
@@ -72,6 +91,13 @@ class ShardedParameters final : public model::UnitRunner {
   void all_gather_weights();
 
   ShardMode mode() const { return mode_; }
+  // ShardOptions::column_scores: parameter i's scores of this step so far (fp32 [columns]
+  // on the device, identical on every rank), the tensor ParamSpec::column_scores takes;
+  // undefined for a 1-D parameter or without the option.
+  at::Tensor column_scores(size_t i) const { return params_[i].scores; }
+  // Before each step's first forward: the scores to zero, no gradient pending.
+  void begin_step();
+  int64_t full_numel(size_t i) const;
   size_t size() const { return params_.size(); }
   const std::string& name(size_t i) const { return params_[i].name; }
   // Parameter i's full tensor: gathered (a collective) or, kGradients, the kept copy.
@@ -90,7 +116,8 @@ class ShardedParameters final : public model::UnitRunner {
   int64_t shard_bytes() const;
   int64_t kept_full_bytes() const;
   int64_t gathered_peak_bytes() const { return gathered_peak_; }
-  // Seconds blocked in the gathers and reduce-scatters so far (none is overlapped yet).
+  // Seconds blocked in the gathers and reduce-scatters so far (a prefetched gather counts
+  // only the wait for what it did not hide).
   double comm_seconds() const { return comm_seconds_; }
 
  private:
@@ -102,6 +129,13 @@ class ShardedParameters final : public model::UnitRunner {
     int64_t row_numel = 1;      // elements per row
     at::Tensor shard;           // the leaf the optimizer updates
     at::Tensor full;            // kGradients: the kept full weights
+    at::Tensor scores;          // ShardOptions::column_scores, 2-D parameters
+    // A parameter several units use (tied embeddings): the forwards since its last
+    // gradient, and the local gradient of the backwards so far: it is scored and
+    // reduce-scattered once, when its last use's backward is done, as the sum an unsharded
+    // run's .grad holds.
+    int uses = 0;
+    at::Tensor pending;
   };
   struct Unit;  // the autograd function of one unit
   friend struct Unit;
@@ -109,16 +143,35 @@ class ShardedParameters final : public model::UnitRunner {
   size_t index_of(const at::Tensor& shard) const;
   // The full weights of shards `idx` (gathered in one collective, or the kept copies).
   std::vector<at::Tensor> materialize(const std::vector<size_t>& idx);
+  // The local full gradients of a unit's parameters `idx` (its backward) -> their shard
+  // gradients for those whose last use this was (see Param::uses), undefined for the rest.
+  std::vector<at::Tensor> gradients_ready(const std::vector<size_t>& idx, const std::vector<at::Tensor>& grads);
+  // Adds the column scores of the local full gradients `grads` (undefined = zeros) of
+  // parameters `idx`, summed over the ranks in one collective, into their scores.
+  void add_column_scores(const std::vector<size_t>& idx, const std::vector<at::Tensor>& grads);
   // Full gradients (undefined = zeros) of parameters `idx` -> this rank's shard gradients,
   // mean over ranks, in one collective.
   std::vector<at::Tensor> reduce_scatter(const std::vector<size_t>& idx, const std::vector<at::Tensor>& grads);
 
+  // A gather in flight: parameters `idx`, their shards concatenated rank by rank into `flat`.
+  struct Gather {
+    std::vector<size_t> idx;
+    CommWork work;
+    std::shared_ptr<at::Tensor> flat;
+    int64_t bytes = 0;  // of the gathered buffer
+  };
+  Gather launch_gather(const std::vector<size_t>& idx);
+  at::Tensor finish_gather(Gather& g);
+
   Communicator& comm_;
   model::CausalLM& model_;
   ShardMode mode_;
+  ShardOptions options_;
   int world_, rank_;
   std::vector<Param> params_;
   int64_t gathered_peak_ = 0;
+  std::vector<std::vector<size_t>> last_sequence_, sequence_;  // gathers of the last and this micro-batch
+  std::unique_ptr<Gather> prefetched_;
   double comm_seconds_ = 0;
 };
 

@@ -414,7 +414,7 @@ struct ZenFlowOptimizer::Impl {
       bool to_split = false;
       if (opt.mode == OptimizerMode::kOffload) to_split = true;
       if (opt.mode == OptimizerMode::kZenFlow)
-        to_split = p.dim() == 2 && p.numel() >= opt.min_split_numel;
+        to_split = p.dim() == 2 && (ps.full_numel > 0 ? ps.full_numel : p.numel()) >= opt.min_split_numel;
       if (to_split) {
         if (have_split_dtype && st != split_dtype)
           throw std::invalid_argument("split parameters must share one dtype ('" + ps.name + "' differs)");
@@ -868,6 +868,7 @@ struct ZenFlowOptimizer::Impl {
 
   // --- Selection (§2) ---
   at::Tensor scores_of(const at::Tensor& g, const SplitParam& s) const {
+    if (const at::Tensor& given = params[s.index].column_scores; given.defined()) return given;  // sharded
     return device_ops::column_scores(g.view({s.out, s.in}), opt.importance == Importance::kL1);
   }
 
@@ -1353,6 +1354,9 @@ struct ZenFlowOptimizer::Impl {
       const double coef = opt.grad_clip / (norm + 1e-6);
       if (coef < 1.0) {
         for (auto& x : g) x.mul_(coef);
+        for (auto& s : split)  // sharded: the given scores are of the unclipped gradients
+          if (const at::Tensor& given = params[s.index].column_scores; given.defined())
+            given.mul_(opt.importance == Importance::kL1 ? coef : coef * coef);
         if (exchanges_gradients()) {
           synced.shard.mul_(coef);
           if (synced.scores.defined()) synced.scores.mul_(opt.importance == Importance::kL1 ? coef : coef * coef);
@@ -1381,6 +1385,8 @@ struct ZenFlowOptimizer::Impl {
     for (auto& s : split) {
       if (exchanges_gradients())
         s.score_acc.add_(synced.scores.narrow(0, off, s.in));
+      else if (const at::Tensor& given = params[s.index].column_scores; given.defined())
+        s.score_acc.add_(given);  // sharded: the whole matrix's scores
       else
         device_ops::accumulate_column_scores(g[s.index].view({s.out, s.in}),
                                              opt.importance == Importance::kL1, s.score_acc);

@@ -113,9 +113,11 @@ struct EngineOptions {
   // sooner. (On the CPU device the staging is host memory and is sent in place.)
   int stream_ring_chunks = 12;
   // train.shard (worker/distributed/sharded_parameters.h): the parameters are this rank's
-  // shards of the model's, their gradients already averaged over the ranks, and the engine
-  // updates them as one rank would; the Collectives group only sums the squared gradient
-  // norm (clipping and skipping see the whole model's norm, so every rank decides alike).
+  // row shards of the model's, their gradients already averaged over the ranks, and the
+  // engine updates them as one rank would; the Collectives group only sums the squared
+  // gradient norm (clipping and skipping see the whole model's norm), and zenflow's
+  // selection reads ParamSpec::column_scores (the whole matrix's), so every rank decides
+  // alike and selects what an unsharded run selects.
   bool parameters_sharded = false;
 };
 
@@ -124,6 +126,15 @@ struct ParamSpec {
   at::Tensor param;  // a leaf with requires_grad; updated in place
   bool weight_decay = true;
   double weight_decay_value = 0.0;
+  // EngineOptions::parameters_sharded: `param` holds some rows of the model's parameter,
+  // which has full_numel elements (what min_split_numel is held against; 0: param.numel()),
+  // and column_scores (fp32 [columns] on the device) is, by the time step() runs, this
+  // step's column importance of the whole matrix: the sum over the ranks of each rank's
+  // scores of its own local gradient, as the unsharded engine's all-reduce makes it. The
+  // engine reads it instead of scoring the (averaged) shard gradient, and scales it in place
+  // when it clips. Undefined: the scores come from the gradient.
+  int64_t full_numel = 0;
+  at::Tensor column_scores;
 };
 
 struct StepContext {

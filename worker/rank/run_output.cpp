@@ -140,7 +140,7 @@ void print_summary_table(std::ostream& out, const JobSpec& spec, const RunSummar
     row("ranks", std::to_string(s.world_size) + (s.ranks_identical ? " (weights bit-identical)" : " (WEIGHTS DIFFER)"));
     if (s.shard != "none")
       row("shard", s.shard + ": gathered weights peak " + fmt(static_cast<double>(s.shard_gathered_peak_bytes) / 1048576.0, 1) +
-                       " MiB, gathers and reduce-scatters " + fmt(s.shard_comm_seconds, 2) + " s (not overlapped)");
+                       " MiB, blocked in gathers and reduce-scatters " + fmt(s.shard_comm_seconds, 2) + " s");
     row("collectives / step", "gradients " + kib(s.comm_gradient_bytes) + ", selection " +
                                   kib(s.comm_selection_bytes) + ", parameters " + kib(s.comm_parameter_bytes));
   }

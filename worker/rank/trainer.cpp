@@ -519,9 +519,13 @@ class TrainingRun {
     sum_.activation_checkpointing = spec_.train.activation_checkpointing;
     for (auto& nt : lm_->parameters()) sum_.params += nt.tensor.numel();
     sum_.shard = spec_.train.shard;
-    if (spec_.train.shard != "none" && comm_ && world_ > 1)
-      shards_ = std::make_unique<distributed::ShardedParameters>(*comm_, *lm_,
-                                                                 distributed::parse_shard_mode(spec_.train.shard));
+    if (spec_.train.shard != "none" && comm_ && world_ > 1) {
+      distributed::ShardOptions so;
+      so.mode = distributed::parse_shard_mode(spec_.train.shard);
+      so.column_scores = spec_.optimizer.mode == "zenflow";  // the selection is the whole matrix's
+      so.l1 = spec_.optimizer.zenflow.importance == "l1";
+      shards_ = std::make_unique<distributed::ShardedParameters>(*comm_, *lm_, so);
+    }
   }
 
   void build_data() {
@@ -544,10 +548,16 @@ class TrainingRun {
 
   // The engine over the model's parameters, the reducer for the rest, the schedule.
   void build_optimizer() {
-    for (auto& nt : lm_->parameters()) {
+    const std::vector<model::NamedTensor> model_params = lm_->parameters();
+    for (size_t i = 0; i < model_params.size(); ++i) {
+      const model::NamedTensor& nt = model_params[i];
       engine::ParamSpec p;
       p.name = nt.name;
       p.param = nt.tensor;
+      if (shards_) {
+        p.full_numel = shards_->full_numel(i);
+        p.column_scores = shards_->column_scores(i);
+      }
       // No decay on norms and biases (1-D parameters).
       p.weight_decay = nt.tensor.dim() >= 2;
       p.weight_decay_value = spec_.train.weight_decay;
@@ -631,13 +641,13 @@ class TrainingRun {
         throw ResumeRefused(ck.path + ": model tensor '" + nt.name + "' has a different shape");
       nt.tensor.detach().copy_(mine);
     }
-    if (shards_) shards_->all_gather_weights();
     try {
       if (shards_) {
         // The one-rank state (merged when an unsharded run of several ranks wrote it), cut.
         std::vector<NamedTensors> shards;
         for (int r = 0; r < static_cast<int>(ck.world_size); ++r) shards.push_back(load_engine_shard(ck, r));
         opt_->load_state(shards_->slice_engine_state(distributed::merge_engine_shards(shards)));
+        shards_->all_gather_weights();  // loading may apply a host step that was in flight
       } else if (ck.world_size == world_) {
         opt_->load_state(load_engine_shard(ck, static_cast<int>(rank_)));
       } else {
@@ -832,6 +842,8 @@ class TrainingRun {
   StepOutcome train_step(double lr) {
     StepOutcome out;
     opt_->zero_grad();
+    if (shards_) shards_->begin_step();
+    const double comm_before = shards_ ? shards_->comm_seconds() : 0.0;
     at::Tensor loss_acc;  // fp64 on the device: read once per step, not per micro-batch
     int64_t tokens = 0;
     for (int64_t micro = 0; micro < spec_.train.grad_accum; ++micro) {
@@ -892,7 +904,10 @@ class TrainingRun {
     ctx.lr = lr;
     ctx.epoch = out.epoch;
     out.report = opt_->step(ctx);
-    if (shards_) shards_->all_gather_weights();
+    if (shards_) {
+      shards_->all_gather_weights();
+      sum_.shard_comm_seconds += shards_->comm_seconds() - comm_before;  // the steps' only
+    }
     if (!comm_) loss_sum = loss_acc.item<double>();  // the step's own reads have synchronised
     out.loss = loss_sum / static_cast<double>(spec_.train.grad_accum);
     return out;
@@ -964,6 +979,7 @@ class TrainingRun {
         log("stopped at step " + std::to_string(step_) + "; checkpoint " + sum_.last_checkpoint);
     } else {
       opt_->finish();
+      if (shards_) shards_->all_gather_weights();  // the last window's host step
       if (step_ > first_) save(step_);
     }
     sum_.finish_times = clock_.end_step();
@@ -1017,10 +1033,7 @@ class TrainingRun {
       sum_.comm_selection_bytes = cs.traffic_bytes(distributed::Traffic::kSelection);
       sum_.comm_parameter_bytes = cs.traffic_bytes(distributed::Traffic::kParameters);
     }
-    if (shards_) {
-      sum_.shard_gathered_peak_bytes = shards_->gathered_peak_bytes();
-      sum_.shard_comm_seconds = shards_->comm_seconds();
-    }
+    if (shards_) sum_.shard_gathered_peak_bytes = shards_->gathered_peak_bytes();
     sum_.device_memory = device_memory();
     sum_.wall_seconds = wall_.seconds();
   }

@@ -109,8 +109,9 @@ struct RunSummary {
   DeviceMemoryBytes device_memory;  // this rank's, at the end (training_observer.h)
   bool activation_checkpointing = false;
   // train.shard, and with parameters (or gradients) sharded across the ranks: the most bytes of
-  // gathered full weights a rank held at once (one unit's, with their transfer buffer) and
-  // the seconds its gathers and reduce-scatters blocked it (not overlapped yet).
+  // gathered full weights a rank held at once (a unit's and the next one's prefetched, with
+  // their transfer buffers) and the seconds its gathers and reduce-scatters blocked its
+  // training steps (not evaluation's or checkpoints').
   std::string shard = "none";
   int64_t shard_gathered_peak_bytes = 0;
   double shard_comm_seconds = 0;
