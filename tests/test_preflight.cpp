@@ -354,5 +354,46 @@ TEST(Preflight, ActivationCheckpointingKeepsOneLayersIntermediatesInTheEstimate)
   }
 }
 
+// train.shard on 4 ranks: parameters divides the weights, gradients and device optimizer
+// state by 4 (the engine stages its own rows only) and adds four of the largest unit's
+// weights; gradients keeps the whole weights beside the rank's rows and one unit's
+// gradients for the reduce-scatter. One rank has nothing to shard across.
+TEST(Preflight, ShardingDividesWhatEachRankHolds) {
+  const std::string model =
+      "{arch: llama, config: {hidden_size: 64, num_hidden_layers: 4, num_attention_heads: 4, "
+      "intermediate_size: 128}}";
+  const std::vector<std::string> base = {"optimizer.mode=zenflow", "train.activation_checkpointing=true"};
+  auto with = [&](const char* shard) {
+    std::vector<std::string> sets = base;
+    sets.push_back(std::string("train.shard=") + shard);
+    return job(model, sets);
+  };
+  for (const bool cuda : {false, true}) {
+    SCOPED_TRACE(cuda ? "cuda" : "cpu");
+    const int e = cuda ? 2 : 4;
+    const MemoryEstimate none = estimate(with("none"), 4, cuda, e);
+    const MemoryEstimate params = estimate(with("parameters"), 4, cuda, e);
+    const MemoryEstimate grads = estimate(with("gradients"), 4, cuda, e);
+    const int64_t P = none.parameters, H = 64, V = 256, L = 4;
+    EXPECT_EQ(none.weight_bytes, P * e);
+    EXPECT_EQ(params.weight_bytes, P * e / 4);
+    EXPECT_EQ(params.gradient_bytes, P * e / 4);
+    EXPECT_EQ(grads.weight_bytes, P * e + P * e / 4);
+    EXPECT_EQ(grads.gradient_bytes, P * e / 4);
+    const int64_t unit = std::max(V * H + H, (P - V * H) / L);
+    EXPECT_EQ(params.shard_buffer_bytes, 4 * unit * e);
+    EXPECT_EQ(grads.shard_buffer_bytes, unit * e);
+    EXPECT_EQ(none.shard_buffer_bytes, 0);
+    EXPECT_LT(params.device_optimizer_bytes, none.device_optimizer_bytes / 3);
+    EXPECT_EQ(params.host_optimizer_bytes, none.host_optimizer_bytes);  // the host state was 1/4 already
+    EXPECT_LT(params.total_device_bytes, none.total_device_bytes);
+    EXPECT_EQ(params.total_device_bytes, params.weight_bytes + params.gradient_bytes + params.device_optimizer_bytes +
+                                             params.activation_bytes + params.shard_buffer_bytes);
+    const MemoryEstimate one = estimate(with("parameters"), 1, cuda, e);
+    EXPECT_EQ(one.weight_bytes, P * e);
+    EXPECT_EQ(one.shard_buffer_bytes, 0);
+  }
+}
+
 }  // namespace
 }  // namespace zenflow

@@ -463,17 +463,33 @@ TEST(ShardedTraining, ShardingParametersWithoutActivationCheckpointingIsRefused)
 }
 
 // Sharding only gradients keeps the full weights for the forward: it needs no activation
-// checkpointing, and such a run trains.
-TEST(ShardedTraining, ShardingGradientsWithoutActivationCheckpointingTrains) {
+// checkpointing (each unit's backward runs the graph its forward kept), and without it the
+// run is the unsharded one without it, in zenflow mode (tied embeddings, windows of 2)
+// as in device mode.
+TEST(ShardedTraining, ShardingGradientsWithoutActivationCheckpointingEqualsUnsharded) {
   REQUIRE_GLOO();  // ranks on the CPU talk through Gloo
   const fs::path dir = fresh_dir("grads-no-ac");
-  const std::string spec = (dir / "job.yaml").string();
-  std::ofstream(spec) << spec_text("offload", (dir / "ckpt").string(), 2, "gradients", false);
-  const nlohmann::json j = run_json(spec, 2, "--no-resume --set train.steps=2");
-  ASSERT_EQ(j["exit"], 0) << j["stderr"];
-  EXPECT_EQ(j["shard"], "gradients");
-  EXPECT_EQ(j["losses"].size(), 2u);
-  expect_one_rank_format(step_dir(dir / "ckpt", 2), "2 ranks shard gradients, step 2");
+  for (const char* mode : {"device", "zenflow"}) {
+    nlohmann::json runs[2];
+    const char* shards[] = {"none", "gradients"};
+    for (int s = 0; s < 2; ++s) {
+      const std::string name = std::string(mode) + "-" + shards[s];
+      std::string text = spec_text(mode, (dir / name).string(), 2, shards[s], false,
+                                   "update_interval: 2, full_warm_up_rounds: 1, topk_ratio: 0.25", "0.0");
+      text.replace(text.find("max_position_embeddings: 32}"), 28, "max_position_embeddings: 32, tie_word_embeddings: 1}");
+      const std::string spec = (dir / (name + ".yaml")).string();
+      std::ofstream(spec) << text;
+      runs[s] = run_json(spec, 2, "--no-resume");
+      ASSERT_EQ(runs[s]["exit"], 0) << name << ": " << runs[s]["stderr"];
+      EXPECT_EQ(runs[s]["shard"], shards[s]);
+      EXPECT_FALSE(runs[s]["activation_checkpointing"].get<bool>());
+    }
+    const std::string what = std::string(mode) + ", no activation checkpointing: shard gradients vs none";
+    expect_one_rank_format(step_dir(dir / (std::string(mode) + "-gradients"), 10), what);
+    expect_models_close(step_dir(dir / (std::string(mode) + "-gradients"), 10) / "model.safetensors",
+                        step_dir(dir / (std::string(mode) + "-none"), 10) / "model.safetensors", 1e-6, what);
+    expect_losses_close(runs[1]["losses"], runs[0]["losses"], 1e-6, 1, what);
+  }
   zenflow::remove_tree(dir);
 }
 

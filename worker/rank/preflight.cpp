@@ -258,11 +258,13 @@ MemoryEstimate estimate_job_memory(const JobSpec& spec, const model::LoadedModel
     }
   }
   const LD P = est.parameters;
-  est.weight_bytes = saturate(P * e);
-  est.gradient_bytes = saturate(P * e);
+  const LD W = world_size;
+  const bool sharded = world_size > 1 && spec.train.shard != "none";
+  const bool params_sharded = sharded && spec.train.shard == "parameters";
+  est.weight_bytes = saturate(params_sharded ? P * e / W : (sharded ? P * e + P * e / W : P * e));
+  est.gradient_bytes = saturate(sharded ? P * e / W : P * e);
 
   // Host updater (zenflow_optimizer.cpp build()): this rank's share of the split elements.
-  const LD W = world_size;
   const LD capacity = std::ceil(split / W);
   LD host = 0, staging = 0;
   if (split > 0) {
@@ -271,13 +273,15 @@ MemoryEstimate estimate_job_memory(const JobSpec& spec, const model::LoadedModel
                        + 4 * e                        // two gradient rings, two last gradients
                        + (low_precision ? 2 * e : 0)  // two weight-out buffers
                        + (pack_out ? e : 0));
+    // Sharded, every rank's engine is a one-rank engine over its own rows.
     if (device_is_cuda)
-      staging = 2 * split * e + capacity * e;  // two device stages of all ranks' columns, the h2d buffer
-    else if (world_size > 1)
+      staging = 2 * (sharded ? capacity : split) * e + capacity * e;  // two device stages, the h2d buffer
+    else if (world_size > 1 && !sharded)
       staging = split * e;  // the reduce-scatter input
   }
   est.host_optimizer_bytes = saturate(host);
-  est.device_optimizer_bytes = saturate((dense + selected) * state_per_element + staging);
+  const LD device_state = (dense + selected) * state_per_element / (sharded ? W : 1);
+  est.device_optimizer_bytes = saturate(device_state + staging);
 
   // Activations: a documented rough upper bound (preflight.h), not a measurement.
   const Shape s = shape_of(described);
@@ -300,8 +304,13 @@ MemoryEstimate estimate_job_memory(const JobSpec& spec, const model::LoadedModel
   est.activation_key = attention > (kept_layers + logits) ? "train.seq_len" : "train.micro_batch";
   est.model_key = model_key_of(spec, described, est.parameters);
 
-  const LD device_total =
-      P * e * 2 + (dense + selected) * state_per_element + staging + static_cast<LD>(est.activation_bytes);
+  if (sharded) {
+    const LD embedding = static_cast<LD>(s.vocab) * s.hidden;
+    const LD unit = std::max(embedding + s.hidden, s.layers > 0 ? std::max<LD>(0, P - embedding) / s.layers : 0);
+    est.shard_buffer_bytes = saturate((params_sharded ? 4 : 1) * unit * e);
+  }
+  const LD device_total = static_cast<LD>(est.weight_bytes) + static_cast<LD>(est.gradient_bytes) + device_state +
+                          staging + static_cast<LD>(est.activation_bytes) + static_cast<LD>(est.shard_buffer_bytes);
   est.total_device_bytes = saturate(device_total);
   est.device_is_cuda = device_is_cuda;
   if (device_is_cuda) {

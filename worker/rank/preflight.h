@@ -28,6 +28,7 @@ struct MemoryEstimate {
   int64_t device_optimizer_bytes = 0;  // fp32 m, v (+ master) of device-updated state, staging
   int64_t host_optimizer_bytes = 0;    // the host updater's buffers (this rank's share)
   int64_t activation_bytes = 0;        // saved for backward, one micro-batch (upper bound)
+  int64_t shard_buffer_bytes = 0;      // train.shard: gathered units and reduce-scatter buffers
   int64_t total_host_bytes = 0;        // host RAM; on the CPU this includes the device terms
   int64_t total_device_bytes = 0;      // weights + gradients + device optimizer + activations
   // The spec key that drives the binding total (host RAM on the CPU, device memory on
@@ -62,6 +63,13 @@ struct MemoryEstimate {
 //                        attention; 2.x's fused attention does not). With
 //                        train.activation_checkpointing: each layer's input (micro_batch x
 //                        seq_len x hidden x dtype bytes) and one layer's worth of the above.
+//   train.shard          (world_size > 1; sharded_parameters.h) gradients: the gradients and
+//                        the device optimizer state 1/world_size, the weights kept whole beside
+//                        this rank's rows, the engine's staging of its own rows only, and one
+//                        unit's gradients for the reduce-scatter (shard_buffer_bytes);
+//                        parameters: the weights 1/world_size too, and four of the largest
+//                        unit's weights (the unit, its flat gather, the next one prefetched)
+//                        instead. A unit: the embedding, a decoder layer, or the head.
 // On CUDA a random init is built in fp32 on the host first (init_host_bytes, freed before
 // the optimizer allocates): total_host_bytes is the larger of it and the host optimizer. Sums saturate at
 // INT64_MAX. Throws std::invalid_argument("model.config:
