@@ -238,19 +238,8 @@ TEST(ShardedTraining, RankZeroHoldsAQuarterOfTheModelOnFourRanks) {
   ASSERT_GT(full_g, 0);
   EXPECT_EQ(one["shard_gathered_peak_bytes"].get<double>(), 0);
 
-  // shard: parameters.
-  const double p = bytes_of(params, "parameters"), g = bytes_of(params, "gradients");
-  const double gathered = params["shard_gathered_peak_bytes"].get<double>();
-  EXPECT_GT(gathered, 0);
-  // One unit at a time (embedding, a layer, the head), never the whole model at once.
-  EXPECT_LT(gathered, full_p);
-  const double bound = (full_p + full_g) / 4 + gathered;
-  EXPECT_LE(p + g, bound);
-  std::printf("[figure] 4 ranks shard parameters: rank 0 holds %.0f B of weights + gradients "
-              "(bound %.0f B = 1-rank unsharded %.0f B / 4 + gathered peak %.0f B)\n",
-              p + g, bound, full_p + full_g, gathered);
-
-  // shard: gradients. One row of every tensor is the slack of the uneven shards.
+  // Uneven shards: one row of every tensor is the slack (even_shards gives the first rows % 4
+  // ranks one row more).
   zenflow::model::SafetensorsFile model((step_dir(dir / "one", 2) / "model.safetensors").string());
   double row_slack = 0;
   for (const auto& name : model.names()) {
@@ -259,6 +248,21 @@ TEST(ShardedTraining, RankZeroHoldsAQuarterOfTheModelOnFourRanks) {
     row_slack += static_cast<double>(t.numel() / std::max<int64_t>(1, rows)) *
                  static_cast<double>(std::max<int64_t>(4, static_cast<int64_t>(t.element_size())));
   }
+
+  // shard: parameters. The shards are a quarter; the gathered units (the one running, the
+  // next one prefetched, their flat buffers) are communication buffers, never the whole model.
+  const double p = bytes_of(params, "parameters"), g = bytes_of(params, "gradients");
+  const double gathered = params["shard_gathered_peak_bytes"].get<double>();
+  EXPECT_GT(gathered, 0);
+  EXPECT_LT(gathered, full_p);
+  EXPECT_GE(bytes_of(params, "communication_buffers"), gathered);
+  const double bound = (full_p + full_g) / 4 + 2 * row_slack;
+  EXPECT_LE(p + g, bound);
+  std::printf("[figure] 4 ranks shard parameters: rank 0 holds %.0f B of weights + gradients (bound %.0f B = "
+              "1-rank unsharded %.0f B / 4 + a row per tensor each), gathered peak %.0f B\n",
+              p + g, bound, full_p + full_g, gathered);
+
+  // shard: gradients.
   const double gg = bytes_of(grads, "gradients"), gp = bytes_of(grads, "parameters");
   EXPECT_GT(gg, 0);
   EXPECT_LE(gg, full_g / 4 + row_slack);

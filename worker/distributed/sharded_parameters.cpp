@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
-#include <numeric>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -61,6 +60,12 @@ struct ShardedParameters::Unit : torch::autograd::Function<Unit> {
     std::vector<at::Tensor> leaves;  // x, then the full weights
   };
 
+  // The graph's leaves: x (a gradient wanted where x wants one) and the full weights.
+  static void make_leaves(Context& c, const at::Tensor& x, const std::vector<at::Tensor>& full) {
+    c.leaves.push_back(x.detach().requires_grad_(x.requires_grad()));
+    for (const at::Tensor& w : full) c.leaves.push_back(w.detach().requires_grad_(true));
+  }
+
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList shards,
                                c10::intrusive_ptr<Context> c) {
     std::vector<at::Tensor> full = c->owner->materialize(c->idx);
@@ -71,8 +76,7 @@ struct ShardedParameters::Unit : torch::autograd::Function<Unit> {
       ctx->save_for_backward({x});
     } else {
       at::AutoGradMode grad_on(true);
-      c->leaves.push_back(x.detach().requires_grad_(x.requires_grad()));
-      for (const at::Tensor& w : full) c->leaves.push_back(w.detach().requires_grad_(true));
+      make_leaves(*c, x, full);
       c->y = c->body(c->leaves[0], std::vector<at::Tensor>(c->leaves.begin() + 1, c->leaves.end()));
       y = c->y.detach();
     }
@@ -85,9 +89,7 @@ struct ShardedParameters::Unit : torch::autograd::Function<Unit> {
     auto c = c10::static_intrusive_pointer_cast<Context>(ctx->saved_data["unit"].toCapsule());
     if (c->recompute) {
       const at::Tensor x = ctx->get_saved_variables()[0];
-      std::vector<at::Tensor> full = c->owner->materialize(c->idx);
-      c->leaves.push_back(x.detach().requires_grad_(x.requires_grad()));
-      for (const at::Tensor& w : full) c->leaves.push_back(w.detach().requires_grad_(true));
+      make_leaves(*c, x, c->owner->materialize(c->idx));
       const std::vector<at::Tensor> weights(c->leaves.begin() + 1, c->leaves.end());
       c->y = c->state.replay([&] { return c->body(c->leaves[0], weights); });
     }
@@ -129,13 +131,18 @@ ShardedParameters::ShardedParameters(Communicator& comm, model::CausalLM& model,
     p.name = nt.name;
     p.full_shape = t.sizes().vec();
     p.rows = Communicator::even_shards(t.size(0), world_);
-    p.row_begin = std::accumulate(p.rows.begin(), p.rows.begin() + rank_, int64_t{0});
+    p.row_offset.assign(1, 0);
+    for (int64_t rows : p.rows) p.row_offset.push_back(p.row_offset.back() + rows);
     p.row_numel = t.numel() / t.size(0);
-    p.shard = t.detach().narrow(0, p.row_begin, p.rows[static_cast<size_t>(rank_)]).clone().requires_grad_(true);
+    p.shard = t.detach().narrow(0, p.row_offset[static_cast<size_t>(rank_)], p.rows[static_cast<size_t>(rank_)])
+                  .clone()
+                  .requires_grad_(true);
     if (mode_ == ShardMode::kGradients) p.full = t.detach();
     if (options_.column_scores && t.dim() == 2)
       p.scores = at::zeros({t.size(1)}, at::TensorOptions().dtype(at::kFloat).device(t.device()));
     shards.push_back(p.shard);
+    by_shard_[p.shard.unsafeGetTensorImpl()] = params_.size();
+    by_name_[p.name] = params_.size();
     params_.push_back(std::move(p));
   }
   model_.replace_parameters(shards);
@@ -153,9 +160,33 @@ ShardedParameters::~ShardedParameters() {
 }
 
 size_t ShardedParameters::index_of(const at::Tensor& shard) const {
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (params_[i].shard.unsafeGetTensorImpl() == shard.unsafeGetTensorImpl()) return i;
-  throw std::logic_error("ShardedParameters: a unit's weight is none of the shards it made");
+  auto it = by_shard_.find(shard.unsafeGetTensorImpl());
+  if (it == by_shard_.end()) throw std::logic_error("ShardedParameters: a unit's weight is none of the shards it made");
+  return it->second;
+}
+
+std::vector<int64_t> ShardedParameters::rank_sizes(const std::vector<size_t>& idx) const {
+  std::vector<int64_t> sizes(static_cast<size_t>(world_), 0);
+  for (size_t i : idx)
+    for (int r = 0; r < world_; ++r)
+      sizes[static_cast<size_t>(r)] += params_[i].rows[static_cast<size_t>(r)] * params_[i].row_numel;
+  return sizes;
+}
+
+std::vector<std::vector<at::Tensor>> ShardedParameters::unpack(const std::vector<size_t>& idx,
+                                                               const at::Tensor& flat) const {
+  std::vector<std::vector<at::Tensor>> pieces(idx.size());
+  int64_t at_ = 0;
+  for (int r = 0; r < world_; ++r)
+    for (size_t k = 0; k < idx.size(); ++k) {
+      const Param& p = params_[idx[k]];
+      const int64_t rows = p.rows[static_cast<size_t>(r)];
+      std::vector<int64_t> shape = p.full_shape;
+      shape[0] = rows;
+      pieces[k].push_back(flat.narrow(0, at_, rows * p.row_numel).view(shape));
+      at_ += rows * p.row_numel;
+    }
+  return pieces;
 }
 
 at::Tensor ShardedParameters::run(model::UnitKind kind, const model::LayerBody& body, const at::Tensor& x,
@@ -200,19 +231,10 @@ std::vector<at::Tensor> ShardedParameters::materialize(const std::vector<size_t>
     prefetched_ = std::make_unique<Gather>(launch_gather(last_sequence_[pos + 1]));
     next_bytes = prefetched_->bytes;
   }
-  const at::Tensor all = finish_gather(now);
-  std::vector<std::vector<at::Tensor>> pieces(idx.size());
-  int64_t at_ = 0;
-  for (int r = 0; r < world_; ++r)
-    for (size_t k = 0; k < idx.size(); ++k) {
-      const Param& p = params_[idx[k]];
-      const int64_t n = p.rows[static_cast<size_t>(r)] * p.row_numel;
-      pieces[k].push_back(all.narrow(0, at_, n));
-      at_ += n;
-    }
+  const std::vector<std::vector<at::Tensor>> pieces = unpack(idx, finish_gather(now));
   int64_t bytes = now.bytes + next_bytes;
   for (size_t k = 0; k < idx.size(); ++k) {
-    full.push_back(at::cat(pieces[k]).view(params_[idx[k]].full_shape));
+    full.push_back(at::cat(pieces[k]));
     bytes += static_cast<int64_t>(full.back().nbytes());
   }
   gathered_peak_ = std::max(gathered_peak_, bytes);
@@ -223,13 +245,9 @@ ShardedParameters::Gather ShardedParameters::launch_gather(const std::vector<siz
   // One all-gather: every rank's shards of these weights, concatenated rank by rank.
   Gather g;
   g.idx = idx;
-  std::vector<int64_t> sizes(static_cast<size_t>(world_), 0);
+  const std::vector<int64_t> sizes = rank_sizes(idx);
   std::vector<at::Tensor> mine;
-  for (size_t i : idx) {
-    const Param& p = params_[i];
-    for (int r = 0; r < world_; ++r) sizes[static_cast<size_t>(r)] += p.rows[static_cast<size_t>(r)] * p.row_numel;
-    mine.push_back(p.shard.detach().reshape({-1}));
-  }
+  for (size_t i : idx) mine.push_back(params_[i].shard.detach().reshape({-1}));
   g.flat = std::make_shared<at::Tensor>();
   const auto t0 = std::chrono::steady_clock::now();
   g.work = comm_.all_gather_async(at::cat(mine), sizes, Traffic::kParameters, g.flat);
@@ -251,16 +269,13 @@ at::Tensor ShardedParameters::finish_gather(Gather& g) {
 
 std::vector<at::Tensor> ShardedParameters::reduce_scatter(const std::vector<size_t>& idx,
                                                           const std::vector<at::Tensor>& grads) {
-  std::vector<int64_t> sizes(static_cast<size_t>(world_), 0);
+  const std::vector<int64_t> sizes = rank_sizes(idx);
   std::vector<at::Tensor> parts;
   for (int r = 0; r < world_; ++r)
     for (size_t k = 0; k < idx.size(); ++k) {
       const Param& p = params_[idx[k]];
-      const int64_t rows = p.rows[static_cast<size_t>(r)];
-      const int64_t begin = std::accumulate(p.rows.begin(), p.rows.begin() + r, int64_t{0});
-      sizes[static_cast<size_t>(r)] += rows * p.row_numel;
       const at::Tensor g = grads[k].defined() ? grads[k] : at::zeros(p.full_shape, p.shard.options());
-      parts.push_back(g.narrow(0, begin, rows).reshape({-1}));
+      parts.push_back(g.narrow(0, p.row_offset[static_cast<size_t>(r)], p.rows[static_cast<size_t>(r)]).reshape({-1}));
     }
   const auto t0 = std::chrono::steady_clock::now();
   at::Tensor flat = at::cat(parts);
@@ -365,17 +380,13 @@ void ShardedParameters::all_gather_weights() {
   std::vector<Gather> gathers;
   for (const auto& bucket : buckets) gathers.push_back(launch_gather(bucket));
   for (Gather& g : gathers) {
-    const at::Tensor all = finish_gather(g);
-    int64_t at_ = 0;
-    for (int r = 0; r < world_; ++r)
-      for (size_t i : g.idx) {
-        Param& p = params_[i];
-        const int64_t n = p.rows[static_cast<size_t>(r)] * p.row_numel;
-        const int64_t begin = std::accumulate(p.rows.begin(), p.rows.begin() + r, int64_t{0});
-        p.full.narrow(0, begin, p.rows[static_cast<size_t>(r)]).copy_(all.narrow(0, at_, n).view(
-            p.full.narrow(0, begin, p.rows[static_cast<size_t>(r)]).sizes()));
-        at_ += n;
-      }
+    const std::vector<std::vector<at::Tensor>> pieces = unpack(g.idx, finish_gather(g));
+    for (size_t k = 0; k < g.idx.size(); ++k) {
+      Param& p = params_[g.idx[k]];
+      for (int r = 0; r < world_; ++r)
+        p.full.narrow(0, p.row_offset[static_cast<size_t>(r)], p.rows[static_cast<size_t>(r)])
+            .copy_(pieces[k][static_cast<size_t>(r)]);
+    }
   }
 }
 
@@ -387,12 +398,10 @@ at::Tensor ShardedParameters::full_tensor(size_t i) {
 
 at::Tensor ShardedParameters::slice_rows(size_t i, const at::Tensor& full) const {
   const Param& p = params_[i];
-  return full.narrow(0, p.row_begin, p.rows[static_cast<size_t>(rank_)]);
+  return full.narrow(0, p.row_offset[static_cast<size_t>(rank_)], p.rows[static_cast<size_t>(rank_)]);
 }
 
 NamedTensors ShardedParameters::gather_engine_state(const NamedTensors& local) {
-  std::unordered_map<std::string, size_t> by_name;
-  for (size_t i = 0; i < params_.size(); ++i) by_name[params_[i].name] = i;
   NamedTensors out;
   const at::Device device = comm_.device_type() == at::kCUDA ? at::Device(at::kCUDA, c10::DeviceIndex(-1))
                                                               : at::Device(at::kCPU);
@@ -402,12 +411,12 @@ NamedTensors ShardedParameters::gather_engine_state(const NamedTensors& local) {
       out.emplace_back(key, at::tensor(std::vector<int64_t>{0, 1}, at::kLong));
       continue;
     }
-    if (!row_field(key, &param) || !by_name.count(param)) {
+    if (!row_field(key, &param) || !by_name_.count(param)) {
       out.emplace_back(key, t);  // replicated: every rank holds the same
       continue;
     }
     // Rows are contiguous whether the state is [rows, ...] or flat: per_row elements each.
-    const Param& p = params_[by_name[param]];
+    const Param& p = params_[by_name_.at(param)];
     const int64_t local_rows = p.rows[static_cast<size_t>(rank_)];
     if (t.numel() % local_rows != 0)
       throw std::runtime_error("engine state: '" + key + "' has " + std::to_string(t.numel()) +
@@ -428,22 +437,22 @@ NamedTensors ShardedParameters::gather_engine_state(const NamedTensors& local) {
 }
 
 NamedTensors ShardedParameters::slice_engine_state(const NamedTensors& full) const {
-  std::unordered_map<std::string, size_t> by_name;
-  for (size_t i = 0; i < params_.size(); ++i) by_name[params_[i].name] = i;
   NamedTensors out;
   for (const auto& [key, t] : full) {
     std::string param;
-    if (!row_field(key, &param) || !by_name.count(param)) {
+    if (!row_field(key, &param) || !by_name_.count(param)) {
       out.emplace_back(key, t);
       continue;
     }
-    const Param& p = params_[by_name[param]];
+    const Param& p = params_[by_name_.at(param)];
     const int64_t rows = p.full_shape[0];
     if (t.dim() == 0 || t.numel() % rows != 0 || (t.dim() > 1 && t.size(0) != rows))
       throw std::runtime_error("engine state: '" + key + "' (shape " + c10::str(t.sizes()) +
                                ") does not hold the rows of parameter '" + p.name + "' (" + std::to_string(rows) + ")");
     const int64_t per_row = t.dim() == 1 ? t.numel() / rows : 1;
-    out.emplace_back(key, t.narrow(0, p.row_begin * per_row, p.rows[static_cast<size_t>(rank_)] * per_row).contiguous());
+    out.emplace_back(key, t.narrow(0, p.row_offset[static_cast<size_t>(rank_)] * per_row,
+                                   p.rows[static_cast<size_t>(rank_)] * per_row)
+                              .contiguous());
   }
   return out;
 }

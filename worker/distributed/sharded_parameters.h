@@ -51,6 +51,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -124,9 +125,9 @@ class ShardedParameters final : public model::UnitRunner {
   struct Param {
     std::string name;
     std::vector<int64_t> full_shape;
-    std::vector<int64_t> rows;  // per rank
-    int64_t row_begin = 0;      // this rank's first row
-    int64_t row_numel = 1;      // elements per row
+    std::vector<int64_t> rows;        // per rank
+    std::vector<int64_t> row_offset;  // per rank and one past the last: where its rows begin
+    int64_t row_numel = 1;            // elements per row
     at::Tensor shard;           // the leaf the optimizer updates
     at::Tensor full;            // kGradients: the kept full weights
     at::Tensor scores;          // ShardOptions::column_scores, 2-D parameters
@@ -141,6 +142,11 @@ class ShardedParameters final : public model::UnitRunner {
   friend struct Unit;
 
   size_t index_of(const at::Tensor& shard) const;
+  // Elements per rank of parameters `idx` together (the layout of their collectives: each
+  // rank's rows of every one of them, rank after rank).
+  std::vector<int64_t> rank_sizes(const std::vector<size_t>& idx) const;
+  // The inverse: `flat` in that layout -> per parameter, each rank's rows (views).
+  std::vector<std::vector<at::Tensor>> unpack(const std::vector<size_t>& idx, const at::Tensor& flat) const;
   // The full weights of shards `idx` (gathered in one collective, or the kept copies).
   std::vector<at::Tensor> materialize(const std::vector<size_t>& idx);
   // The local full gradients of a unit's parameters `idx` (its backward) -> their shard
@@ -169,6 +175,8 @@ class ShardedParameters final : public model::UnitRunner {
   ShardOptions options_;
   int world_, rank_;
   std::vector<Param> params_;
+  std::unordered_map<const c10::TensorImpl*, size_t> by_shard_;  // the shard leaves
+  std::unordered_map<std::string, size_t> by_name_;
   int64_t gathered_peak_ = 0;
   std::vector<std::vector<size_t>> last_sequence_, sequence_;  // gathers of the last and this micro-batch
   std::unique_ptr<Gather> prefetched_;

@@ -681,13 +681,9 @@ class TrainingRun {
     Stopwatch sw;
     NamedTensors engine_state = opt_->state_dict();
     // Sharded: every rank's shards gathered into what one rank would write (collectives).
+    if (shards_) engine_state = shards_->gather_engine_state(engine_state);
     NamedTensors model_state;
-    if (shards_) {
-      engine_state = shards_->gather_engine_state(engine_state);
-      for (size_t i = 0; i < shards_->size(); ++i) model_state.emplace_back(shards_->name(i), shards_->full_tensor(i));
-    } else {
-      for (auto& nt : lm_->parameters()) model_state.emplace_back(nt.name, nt.tensor.detach());
-    }
+    for (auto& nt : full_parameters()) model_state.emplace_back(nt.name, nt.tensor.detach());
     // A checkpoint that a resume would refuse is not written: weights or optimizer state that
     // overflowed (lr far too high) end the run here, naming the tensor.
     auto require_finite = [&](const std::string& what, const std::string& name, const at::Tensor& t) {
