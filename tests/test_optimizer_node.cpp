@@ -560,6 +560,25 @@ TEST(OptimizerNode, GarbageAtItsPortLeavesTheNodeServingARealSession) {
   std::vector<int> crowd;  // silent, and one stalls mid-frame: held until the deadline
   for (int i = 0; i < 100; ++i) crowd.push_back(ts::connect_raw(port));
   ts::send_all(crowd[0], "ZFNH");
+  // UCX's own sockets (tcp's listeners, besides the node's port) hear only addresses that
+  // hold a session: the request that aborts UCX 1.13 (tcp_cm.c:688), from 127.0.0.2, is
+  // closed unread before the session and during it.
+  std::vector<int> ucx_ports;
+  for (const std::string& a : ts::listening_sockets(std::to_string(node.process().pid())))
+    if (a.rfind("127.0.0.1:", 0) == 0 && a != "127.0.0.1:" + std::to_string(port))
+      ucx_ports.push_back(std::stoi(a.substr(a.rfind(':') + 1)));
+  ASSERT_FALSE(ucx_ports.empty()) << "the node's UCX opened no socket of its own: nothing is checked";
+  auto short_requests_from_a_stranger = [&](const char* when) {
+    for (int ucx_port : ucx_ports) {
+      const int fd = ts::connect_raw(ucx_port, "127.0.0.2");
+      ASSERT_GE(fd, 0) << when << ": UCX's socket " << ucx_port << " is gone: " << node.process().output();
+      ts::send_all(fd, ts::ucx_tcp_short_connection_request());
+      EXPECT_TRUE(ts::wait_closed(fd, std::chrono::seconds(10))) << when;
+      ::close(fd);
+    }
+  };
+  short_requests_from_a_stranger("before the session");
+  ASSERT_TRUE(node.process().running()) << node.process().output();
   auto opts = remote({node.address()}, "after-garbage");
   opts.connect_timeout_s = 60;  // it waits for the crowd's deadline (5 s) in the backlog
   auto after = zenflow::transport::make_remote_host_optimizer(opts, layout_of(1000));
@@ -567,9 +586,13 @@ TEST(OptimizerNode, GarbageAtItsPortLeavesTheNodeServingARealSession) {
     if (fd >= 0) ::close(fd);
   std::vector<float> buf(1000, 2.5f), back(1000, 0.0f);
   after->write(zenflow::engine::HostBuf::kMaster, 0, 1000, buf.data());
+  short_requests_from_a_stranger("during the session");
   after->read(zenflow::engine::HostBuf::kMaster, 0, 1000, back.data());
   EXPECT_EQ(back, buf);
   EXPECT_TRUE(node.process().running()) << node.process().output();
+  EXPECT_NE(node.process().output().find("closed a connection to UCX's own listening socket from 127.0.0.2"),
+            std::string::npos)
+      << node.process().output();
 }
 
 // A rank's UCX opens its own sockets (tcp's listeners) only on the interfaces it reaches its

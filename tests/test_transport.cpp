@@ -5,6 +5,7 @@
 // UCX_TLS=sm no TCP lane exists for data: a channel that works there runs on shared memory.
 // Peer-failure tests run the server in a child process (this binary re-executed with a
 // hidden test) and kill it by PID.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -15,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -41,6 +43,7 @@
 #include "tests/support/process.h"
 #include "worker/transport/handshake.h"
 #include "worker/transport/transport.h"
+#include "worker/transport/ucx_socket_guard.h"
 #include "worker/transport/wire.h"
 
 namespace zenflow::transport {
@@ -971,6 +974,139 @@ TEST_P(TransportTest, WithALocalHostUcxListensOnItsInterfaceOnly) {
         << e.what();
   }
   setenv("UCX_NET_DEVICES", "lo", 1);
+}
+
+// ---- UCX's own listening sockets (ucx_socket_guard.h) -----------------------------------------
+
+// The ports on 127.0.0.1 this process listens on now and did not in `before`.
+std::vector<int> new_loopback_ports(const std::vector<std::string>& before) {
+  std::vector<int> ports;
+  for (const auto& a : listening_sockets())
+    if (a.rfind("127.0.0.1:", 0) == 0 && std::find(before.begin(), before.end(), a) == before.end())
+      ports.push_back(std::stoi(a.substr(a.rfind(':') + 1)));
+  return ports;
+}
+
+// Sends the short connection request to each port from `from`; true when every connection
+// was closed within 10 s.
+bool send_short_connection_requests(const std::vector<int>& ports, const char* from) {
+  bool all_closed = true;
+  for (int port : ports) {
+    const int fd = test_support::connect_raw(port, from);
+    if (fd < 0) return false;
+    test_support::send_all(fd, test_support::ucx_tcp_short_connection_request());
+    all_closed &= test_support::wait_closed(fd, 10s);
+    ::close(fd);
+  }
+  return all_closed;
+}
+
+TEST(UcxSocketGuard, AnAddressIsAllowedWhileAnAllowanceForItLives) {
+  sockaddr_in in{};
+  in.sin_family = AF_INET;
+  in.sin_addr.s_addr = htonl(0x7f0000fe);  // 127.0.0.254: no test's channel uses it
+  socket_guard::Address a{};
+  ASSERT_TRUE(socket_guard::address_of(reinterpret_cast<sockaddr*>(&in), sizeof in, &a));
+  EXPECT_EQ(socket_guard::address_text(a), "127.0.0.254");
+  sockaddr_in6 mapped{};  // the same host as an IPv4-mapped IPv6 address
+  mapped.sin6_family = AF_INET6;
+  ASSERT_EQ(inet_pton(AF_INET6, "::ffff:127.0.0.254", &mapped.sin6_addr), 1);
+  socket_guard::Address b{};
+  ASSERT_TRUE(socket_guard::address_of(reinterpret_cast<sockaddr*>(&mapped), sizeof mapped, &b));
+  EXPECT_EQ(a, b);
+  sockaddr unix_family{};
+  unix_family.sa_family = AF_UNIX;
+  EXPECT_FALSE(socket_guard::address_of(&unix_family, sizeof unix_family, &b));
+
+  EXPECT_FALSE(socket_guard::allowed(a));
+  {
+    socket_guard::Allowance first(a);
+    EXPECT_TRUE(socket_guard::allowed(a));
+    {
+      socket_guard::Allowance second(b);  // two channels from one host
+      socket_guard::Allowance moved(std::move(second));
+      socket_guard::Allowance empty;
+      empty = std::move(moved);
+      EXPECT_TRUE(socket_guard::allowed(a));
+    }
+    EXPECT_TRUE(socket_guard::allowed(a)) << "the second channel's end took the first one's allowance";
+  }
+  EXPECT_FALSE(socket_guard::allowed(a)) << "the allowance outlived its channels";
+}
+
+// UCX's tcp transport listens on sockets of its own besides listen()'s port, and UCX 1.13
+// aborts the process on a short connection request there (tcp_cm.c:688; the next test shows
+// these bytes do). Only addresses holding a channel with this process reach them: sent from
+// 127.0.0.2 (another host, as far as the sockets know) it is closed unread at the server's
+// sockets before any channel exists, at both ends' while one is open, and the channel is
+// served throughout.
+TEST_P(TransportTest, UcxsOwnSocketsHearOnlyAddressesHoldingAChannel) {
+  const auto before_server = listening_sockets();
+  Inbox server_inbox, client_inbox;
+  TransportOptions o;
+  o.name = "server";
+  auto server = Transport::create(o);
+  const std::vector<int> server_ucx = new_loopback_ports(before_server);
+  ASSERT_FALSE(server_ucx.empty()) << "UCX opened no socket of its own: this test checks nothing";
+  std::promise<std::shared_ptr<Channel>> accepted;
+  const int port = server->listen("127.0.0.1", 0, [&](std::shared_ptr<Channel> ch) {
+    accepted.set_value(ch);
+    return server_inbox.handler();
+  });
+
+  int64_t refused = socket_guard::refused();
+  EXPECT_TRUE(send_short_connection_requests(server_ucx, "127.0.0.2")) << "a stranger's connection was kept";
+  EXPECT_EQ(socket_guard::refused() - refused, static_cast<int64_t>(server_ucx.size()));
+
+  const auto before_client = listening_sockets();
+  o.name = "client";
+  auto client = Transport::create(o);
+  const std::vector<int> client_ucx = new_loopback_ports(before_client);
+  auto channel = client->connect("127.0.0.1", port, client_inbox.handler(), 10.0);
+  auto accepted_future = accepted.get_future();
+  ASSERT_EQ(accepted_future.wait_for(10s), std::future_status::ready);
+  auto server_channel = accepted_future.get();
+  channel->send("one", 3, nullptr, 0, nullptr);
+  ASSERT_TRUE(server_inbox.wait_messages(1));
+
+  refused = socket_guard::refused();
+  std::vector<int> both = server_ucx;
+  both.insert(both.end(), client_ucx.begin(), client_ucx.end());
+  EXPECT_TRUE(send_short_connection_requests(both, "127.0.0.2")) << "a stranger's connection was kept";
+  EXPECT_EQ(socket_guard::refused() - refused, static_cast<int64_t>(both.size()))
+      << "a connection from an address without a channel reached UCX while a channel was open";
+
+  channel->send("two", 3, nullptr, 0, nullptr);
+  server_channel->send("back", 4, nullptr, 0, nullptr);
+  ASSERT_TRUE(server_inbox.wait_messages(2));
+  ASSERT_TRUE(client_inbox.wait_messages(1));
+  EXPECT_EQ(server_inbox.messages()[1].header, "two");
+  EXPECT_EQ(client_inbox.messages()[0].header, "back");
+  EXPECT_FALSE(channel->failed());
+}
+
+// The bytes above kill a process whose UCX hears them: from an address that holds a channel
+// (127.0.0.1, the client's), they abort it. That is the gap the guard leaves (docs/security.md).
+// A channel from 127.0.0.1, then the short connection request from there to the server's
+// UCX sockets; returns only if the process survived 20 s.
+void attack_from_an_address_holding_a_channel() {
+  const auto before = listening_sockets();
+  Inbox server_inbox;
+  Inbox client_inbox;
+  auto server = Transport::create({});
+  const std::vector<int> ucx = new_loopback_ports(before);
+  const int port =
+      server->listen("127.0.0.1", 0, [&](std::shared_ptr<Channel>) { return server_inbox.handler(); });
+  auto client = Transport::create({});
+  auto channel = client->connect("127.0.0.1", port, client_inbox.handler(), 10.0);
+  send_short_connection_requests(ucx, "127.0.0.1");
+  std::this_thread::sleep_for(20s);  // the abort comes on UCX's thread
+}
+
+TEST(UcxSocketGuard, TheShortConnectionRequestAbortsUcxWhenItsSenderHoldsAChannel) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  set_tls_env("tcp");
+  EXPECT_DEATH(attack_from_an_address_holding_a_channel(), "tcp_cm.c");
 }
 
 // ---- Peer failure: the server in a child process ---------------------------------------------

@@ -20,9 +20,19 @@
 
 namespace zenflow::test_support {
 
-// A TCP connection to 127.0.0.1:port; -1 when none is made.
-inline int connect_raw(int port) {
+// A TCP connection to 127.0.0.1:port, from `from` when given (any 127/8 address is lo's, so
+// "127.0.0.2" is a second host on this one); -1 when none is made.
+inline int connect_raw(int port, const char* from = nullptr) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && from) {
+    sockaddr_in src{};
+    src.sin_family = AF_INET;
+    if (::inet_pton(AF_INET, from, &src.sin_addr) != 1 ||
+        ::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0) {
+      ::close(fd);
+      return -1;
+    }
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -56,6 +66,22 @@ inline bool wait_closed(int fd, std::chrono::milliseconds limit, std::string* go
     if (n <= 0) return true;  // closed (or reset)
     if (got) got->append(buf, static_cast<size_t>(n));
   }
+}
+
+// What aborts a UCX 1.13 process through its tcp transport's own listening socket: UCX's
+// public magic number, then a connection-manager message (active message id 32,
+// UCT_AM_ID_MAX) announcing 4 bytes that say CONN_REQ (1): a request shorter than its
+// packet, which tcp_cm.c:688 asserts on before anything checks who sent it.
+inline std::string ucx_tcp_short_connection_request() {
+  std::string b;
+  auto put = [&b](uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) b.push_back(static_cast<char>(v >> (8 * i)));
+  };
+  put(0xCAFEBABE12345678ull, 8);  // UCT_TCP_MAGIC_NUMBER
+  put(32, 1);                     // uct_tcp_am_hdr_t::am_id: UCT_TCP_EP_CM_AM_ID
+  put(4, 4);                      // uct_tcp_am_hdr_t::length
+  put(1, 4);                      // uct_tcp_cm_conn_event_t: UCT_TCP_CM_CONN_REQ
+  return b;
 }
 
 // One attack: the bytes a stranger sends before closing its connection.

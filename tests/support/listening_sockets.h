@@ -17,21 +17,23 @@
 
 namespace zenflow::test_support {
 
-// The address of every TCP socket this process listens on ("127.0.0.1:PORT").
-inline std::vector<std::string> listening_sockets() {
+// The address of every TCP socket a process (this one, or the PID given) listens on
+// ("127.0.0.1:PORT").
+inline std::vector<std::string> listening_sockets(const std::string& pid = "self") {
+  const std::string proc = "/proc/" + pid;
   std::set<std::string> inodes;
-  if (DIR* d = opendir("/proc/self/fd")) {
+  if (DIR* d = opendir((proc + "/fd").c_str())) {
     while (dirent* e = readdir(d)) {
       char link[64] = {};
-      const std::string path = std::string("/proc/self/fd/") + e->d_name;
+      const std::string path = proc + "/fd/" + e->d_name;
       if (readlink(path.c_str(), link, sizeof link - 1) > 0 && std::strncmp(link, "socket:[", 8) == 0)
         inodes.insert(std::string(link + 8, std::strlen(link) - 9));
     }
     closedir(d);
   }
   std::vector<std::string> out;
-  for (const char* table : {"/proc/self/net/tcp", "/proc/self/net/tcp6"}) {
-    std::ifstream in(table);
+  for (const char* table : {"/net/tcp", "/net/tcp6"}) {
+    std::ifstream in(proc + table);
     std::string line;
     std::getline(in, line);  // the column names
     while (std::getline(in, line)) {

@@ -78,6 +78,7 @@ bool send_some(int fd, std::string& out) {
 struct Conn {
   int fd = -1;
   std::string from;
+  sockaddr_storage from_addr;
   Clock::time_point deadline;
   handshake::ServerHandshake hs;
   uint64_t own_channel = 0;
@@ -124,7 +125,7 @@ struct HandshakeListener::Impl {
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       const uint64_t id = handshake::random_channel_id();
       conns.push_back(
-          Conn{fd, address_text(reinterpret_cast<sockaddr*>(&ss), len),
+          Conn{fd, address_text(reinterpret_cast<sockaddr*>(&ss), len), ss,
                Clock::now() + std::chrono::microseconds(static_cast<int64_t>(opt.timeout_s * 1e6)),
                handshake::ServerHandshake(opt.secret_for, {opt.address, id}, handshake::random_nonce()), id, "",
                false});
@@ -147,7 +148,7 @@ struct HandshakeListener::Impl {
     } else if (c.hs.state() == State::kAccepted) {
       bool admitted = false;
       try {
-        admitted = admit(c.hs.peer(), c.own_channel, c.from);
+        admitted = admit(c.hs.peer(), c.own_channel, c.from, c.from_addr);
       } catch (const std::exception& e) {
         log_failure(c, std::string("admitting it threw: ") + e.what());
       }
@@ -240,7 +241,8 @@ HandshakeListener::~HandshakeListener() {
 int HandshakeListener::port() const { return impl_->port; }
 
 handshake::Endpoint client_handshake(const std::string& host, int port, const std::string& secret,
-                                     const std::string& key, const handshake::Endpoint& local, double timeout_s) {
+                                     const std::string& key, const handshake::Endpoint& local, double timeout_s,
+                                     sockaddr_storage* peer_addr) {
   const std::string where = host + ":" + std::to_string(port);
   const auto deadline =
       Clock::now() + std::chrono::microseconds(static_cast<int64_t>(std::max(0.0, timeout_s) * 1e6));
@@ -301,6 +303,7 @@ handshake::Endpoint client_handshake(const std::string& host, int port, const st
     if (hs.authentication_failed()) throw AuthenticationError("connect to " + where + ": " + hs.error());
     throw TransportError("connect to " + where + ": " + hs.error());
   }
+  if (peer_addr) *peer_addr = addr;
   return hs.peer();
 }
 

@@ -10,6 +10,8 @@
 // Failures are logged to stderr, at most one line a second.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <functional>
 #include <memory>
 #include <string>
@@ -30,9 +32,10 @@ class HandshakeListener {
  public:
   // Called on the listener's thread for a peer that proved the secret, before ACCEPT goes
   // out: `peer` is its endpoint, `own_channel` the id this side receives the channel on,
-  // `from` the peer's "HOST:PORT". Returns false to refuse (closed without an ACCEPT).
-  using Admit =
-      std::function<bool(const handshake::Endpoint& peer, uint64_t own_channel, const std::string& from)>;
+  // `from` the peer's "HOST:PORT" and `from_addr` its socket address. Returns false to
+  // refuse (closed without an ACCEPT).
+  using Admit = std::function<bool(const handshake::Endpoint& peer, uint64_t own_channel, const std::string& from,
+                                   const sockaddr_storage& from_addr)>;
 
   // Binds host:port (0: a free one) and starts the thread; throws TransportError naming
   // the address.
@@ -52,8 +55,10 @@ class HandshakeListener {
 // The connecting side over a fresh TCP connection to host:port, all within timeout_s,
 // proving `secret` under the name `key`; returns the peer's endpoint. Throws AuthenticationError (transport.h) when either side's
 // proof of the secret failed, TransportError for anything else (no connection, malformed
-// answer, timeout), naming the address.
+// answer, timeout), naming the address. `peer_addr` (when given) receives the address
+// connected to.
 handshake::Endpoint client_handshake(const std::string& host, int port, const std::string& secret,
-                                     const std::string& key, const handshake::Endpoint& local, double timeout_s);
+                                     const std::string& key, const handshake::Endpoint& local, double timeout_s,
+                                     sockaddr_storage* peer_addr = nullptr);
 
 }  // namespace zenflow::transport

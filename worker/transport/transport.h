@@ -24,9 +24,11 @@
 //
 // What the handshake does not protect: after it, messages go over UCX in clear and
 // unauthenticated (anyone on the path can read them, or inject with a channel id seen on
-// the wire); and UCX's own transports keep listening sockets of their own (tcp: one per
-// interface in use; TransportOptions::local_host limits them to one interface). UCX 1.13's
-// tcp socket aborts the process on a crafted connection request (docs/security.md).
+// the wire). UCX's own transports keep listening sockets of their own (tcp: one per
+// interface in use; TransportOptions::local_host limits them to one interface), and UCX
+// 1.13's tcp socket aborts the process on a crafted connection request: those sockets accept
+// only addresses that hold an authenticated channel with this process at the time
+// (ucx_socket_guard.h), so a stranger's bytes never reach UCX there either.
 //
 // Threads: send() and close() are safe from any thread (they queue to the progress
 // thread and wake it with ucp_worker_signal). Handlers run on the progress thread and

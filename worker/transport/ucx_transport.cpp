@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "worker/transport/handshake_listener.h"
+#include "worker/transport/ucx_socket_guard.h"
 #include "worker/transport/transport.h"
 
 namespace zenflow::transport {
@@ -101,6 +102,13 @@ bool may_select(const char* tls, std::initializer_list<const char*> names) {
 
 void put_channel_id(unsigned char* p, uint64_t id) {
   for (size_t i = 0; i < kChannelIdBytes; ++i) p[i] = static_cast<unsigned char>(id >> (8 * i));
+}
+
+// An authenticated peer's address, allowed to reach UCX's own listening sockets.
+socket_guard::Allowance allow(const sockaddr_storage& addr) {
+  socket_guard::Address a{};
+  if (!socket_guard::address_of(reinterpret_cast<const sockaddr*>(&addr), sizeof addr, &a)) return {};
+  return socket_guard::Allowance(a);
 }
 
 }  // namespace
@@ -270,6 +278,9 @@ class UcxChannel final : public Channel, public std::enable_shared_from_this<Ucx
   std::chrono::steady_clock::time_point accept_deadline;
   uint64_t rx_id = 0;  // on this side's messages from the peer
   uint64_t tx_id = 0;  // on this side's messages to the peer
+  // The peer's address may reach UCX's own listening sockets while the channel lives
+  // (ucx_socket_guard.h): UCX connects over them after the handshake.
+  socket_guard::Allowance allowance;
 
  private:
   std::shared_ptr<CommandQueue> queue_;
@@ -316,7 +327,8 @@ class UcxTransport final : public Transport {
   void on_bye(const std::shared_ptr<UcxChannel>& ch);
   static void send_control(const UcxChannel& ch, unsigned id);
   // Listener thread: a peer that proved the secret gets a channel awaiting its HELLO.
-  bool admit(const handshake::Endpoint& peer, uint64_t own_channel, const std::string& from);
+  bool admit(const handshake::Endpoint& peer, uint64_t own_channel, const std::string& from,
+             const sockaddr_storage& from_addr);
   void on_hello(const std::shared_ptr<UcxChannel>& ch);
   bool create_ep(UcxChannel& ch, const std::string& peer_address);
   void forget(ucp_ep_h ep);
@@ -397,6 +409,8 @@ void UcxChannel::post_close(bool force) {
 // ---- Transport: setup and teardown ------------------------------------------------------
 
 UcxTransport::UcxTransport(const TransportOptions& options) : options_(options) {
+  // Before UCX opens a socket: from now on its listeners hear authenticated peers only.
+  socket_guard::enable();
   const char* tls = std::getenv("UCX_TLS");
   tls_ = tls && *tls ? tls : "default";
   ucp_config_t* config = nullptr;
@@ -693,8 +707,9 @@ int UcxTransport::listen(const std::string& host, int port, Accept accept) {
   lo.max_in_progress = options_.max_handshakes;
   lo.name = options_.name;
   listener_ = std::make_unique<HandshakeListener>(
-      host, port, lo, [this](const handshake::Endpoint& peer, uint64_t own, const std::string& from) {
-        return admit(peer, own, from);
+      host, port, lo,
+      [this](const handshake::Endpoint& peer, uint64_t own, const std::string& from, const sockaddr_storage& addr) {
+        return admit(peer, own, from, addr);
       });
   return listener_->port();
 }
@@ -719,8 +734,10 @@ bool UcxTransport::create_ep(UcxChannel& ch, const std::string& peer_address) {
   return true;
 }
 
-bool UcxTransport::admit(const handshake::Endpoint& peer, uint64_t own_channel, const std::string& from) {
+bool UcxTransport::admit(const handshake::Endpoint& peer, uint64_t own_channel, const std::string& from,
+                         const sockaddr_storage& from_addr) {
   auto ch = std::make_shared<UcxChannel>(this, queue_, from);
+  ch->allowance = allow(from_addr);  // before ACCEPT: the peer's UCX connects right after it
   ch->rx_id = own_channel;
   ch->tx_id = peer.channel;
   auto created = std::make_shared<std::promise<bool>>();
@@ -781,14 +798,17 @@ std::shared_ptr<Channel> UcxTransport::connect(const std::string& host, int port
   ch->handler = std::move(handler);
   ch->rx_id = handshake::random_channel_id();
   handshake::Endpoint peer;
+  sockaddr_storage peer_addr{};
   try {
-    peer = client_handshake(host, port, options_.secret, options_.key, {address_, ch->rx_id}, timeout_s);
+    peer = client_handshake(host, port, options_.secret, options_.key, {address_, ch->rx_id}, timeout_s,
+                            &peer_addr);
   } catch (const AuthenticationError& e) {
     throw AuthenticationError(std::string(e.what()) + " (" + options_.name + ")");
   } catch (const TransportError& e) {
     throw TransportError(std::string(e.what()) + " (" + options_.name + ")");
   }
   ch->tx_id = peer.channel;
+  ch->allowance = allow(peer_addr);  // before HELLO: the peer's UCX connects when it has it
   auto answer = std::make_shared<std::promise<std::string>>();
   auto future = answer->get_future();
   // The endpoint is created before connect_mu_ is released (the command runs while this
