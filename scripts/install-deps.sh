@@ -21,7 +21,7 @@ packages=(
   libtorch-dev libopenblas0-openmp libgloo-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libucx-dev ucx-utils
-  libcivetweb-dev libsqlite3-dev libssl-dev
+  libcivetweb-dev libsqlite3-dev libssl-dev libcurl4-openssl-dev libexpat1-dev
   libyaml-cpp-dev libyaml-dev nlohmann-json3-dev libcli11-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
   python3 python3-torch

@@ -16,6 +16,7 @@
 #include "common/advisor/model_memory.h"
 #include "common/advisor/step_model.h"
 #include "common/pricing.h"
+#include "tests/support/error_of.h"
 #include "tests/support/shell.h"
 
 namespace zenflow::advisor {
@@ -507,14 +508,7 @@ TEST(AdvisorFits, SeventyBillionGoesWhereTheHostRamIs) {
   EXPECT_NE(a.predictions[a.best].mode, "device");
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
+using zenflow::test_support::error_of;
 
 TEST(AdvisorInputs, RejectsAnotherVersionAMissingPriceSourceAndANegativePrice) {
   const std::string yaml = qwen_profile().to_yaml();

@@ -15,6 +15,7 @@
 #include "common/job_spec.h"
 #include "common/remove_tree.h"
 #include "tests/support/bounded_call.h"
+#include "tests/support/error_of.h"
 #include "worker/model/causal_lm.h"
 #include "worker/model/dataset.h"
 #include "worker/model/tokenizer.h"
@@ -76,14 +77,7 @@ Example example(const zm::TokenDataset& ds, int64_t i) {
 
 std::vector<int64_t> bytes(const std::string& s) { return std::vector<int64_t>(s.begin(), s.end()); }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
+using zenflow::test_support::error_of;
 
 }  // namespace
 
