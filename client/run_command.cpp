@@ -72,6 +72,10 @@ CommandRegistrar reg(train_verb("run")->order, [](CommandContext& ctx) {
                   "Seconds to wait for another process to release checkpoint.dir's lock before failing "
                   "(default 0: fail at once)")
       ->check(CLI::Range(0.0, 86400.0));
+  cmd->add_option("--staging-dir", args->staging_dir,
+                  "With checkpoint.dir: s3://BUCKET/PREFIX, where checkpoints are written before their upload "
+                  "and downloaded to for a resume: DIR/BUCKET/PREFIX (default: $ZENFLOW_STAGING_DIR, else "
+                  "~/.cache/zenflow/checkpoints)");
   cmd->callback([args, &ctx] {
     args->argv = ctx.argv;
     ctx.exit_code = run_rank(*args);

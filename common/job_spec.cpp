@@ -17,6 +17,7 @@
 
 #include "common/allowed_roots.h"
 #include "common/input_file.h"
+#include "common/storage/s3_uri.h"
 #include "common/yaml_tree.h"
 
 namespace zenflow {
@@ -409,6 +410,12 @@ fs::path comparable_path(const fs::path& p) {
 
 void check_checkpoint_dir(const CheckpointSpec& c, const std::string& name, const std::string& spec_dir,
                           SpecSite site) {
+  if (storage::is_s3_uri(c.dir)) {  // its syntax was checked as it was read
+    if (storage::parse_s3_uri(c.dir).key.empty())
+      throw SpecError("checkpoint.dir", "must not be a whole bucket (" + c.dir + "); use a prefix such as " + c.dir +
+                                            (c.dir.back() == '/' ? "" : "/") + "runs/" + name);
+    return;
+  }
   const std::string use = "; use a subdirectory such as runs/" + name;
   if (site == SpecSite::kRunsElsewhere) {  // lexical rules only: no system call
     auto lexical = [](const fs::path& p) {
@@ -670,6 +677,7 @@ struct Path {
   const char* if_empty = nullptr;  // the reason an empty value is refused; nullptr: allowed
   const char* word = nullptr;      // a value that is not a path (data.tokenizer: "byte")
   bool omit_empty = false;         // to_yaml leaves the key out when empty
+  bool s3_ok = false;              // an s3://bucket/prefix URI is taken as it is (checkpoint.dir)
 };
 // A list the parse function reads and checks: std::vector<T>, or (bool is_auto,
 // std::vector<T>) when "auto" is allowed too.
@@ -847,7 +855,10 @@ void rows(V& v, Of<ResourcesSpec>) {
 
 template <typename V>
 void rows(V& v, Of<CheckpointSpec>) {
-  v(Path{"dir", "Where step-N checkpoints are written; absent: runs/<name> under the current directory", true},
+  v(Path{"dir",
+         "Where step-N checkpoints are written: a directory, or s3://bucket/prefix (written through a local "
+         "staging directory, uploaded in the background); absent: runs/<name> under the current directory",
+         true, nullptr, nullptr, false, true},
     &CheckpointSpec::dir);
   v(Int{"every_steps", {0, kBillion}, "Steps between periodic checkpoints; 0: none"}, &CheckpointSpec::every_steps);
   v(Int{"keep", {1, kMillion}, "Checkpoints kept; older ones are pruned"}, &CheckpointSpec::keep);
@@ -1010,6 +1021,15 @@ class Reader {
     std::string& path = out_.*m;
     read_string(s_, r.key, path, r.null_ok);
     if (r.if_empty && path.empty()) s_.fail(r.key, r.if_empty);
+    if (storage::is_s3_uri(path)) {
+      if (!r.s3_ok) s_.fail(r.key, "is an s3:// URI; only checkpoint.dir may be one so far (got " + path.substr(0, 200) + ")");
+      try {
+        storage::parse_s3_uri(path);
+      } catch (const std::invalid_argument& e) {
+        s_.fail(r.key, e.what());
+      }
+      return;
+    }
     if (!r.word || path != r.word) path = resolve_path(ctx_.base_dir, path);
   }
   void read(const IntOrAuto& r, bool S::*auto_flag, int64_t S::*m) {
@@ -1368,7 +1388,7 @@ JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& o
   JobSpec spec = parse_from(text, overrides, dir.string(), path);
   // The default checkpoint.dir is relative to the current directory: made absolute here, so
   // what `zenflow submit` sends and what `zenflow run` prints is the directory it means.
-  if (!fs::path(spec.checkpoint.dir).is_absolute()) {
+  if (!fs::path(spec.checkpoint.dir).is_absolute() && !storage::is_s3_uri(spec.checkpoint.dir)) {
     fs::path cwd = fs::current_path(ec);
     if (!ec) spec.checkpoint.dir = (cwd / spec.checkpoint.dir).lexically_normal().string();
   }
@@ -1380,7 +1400,7 @@ JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& o
 std::vector<std::pair<const char*, std::string>> confined_paths(const JobSpec& spec) {
   std::vector<std::pair<const char*, std::string>> out;
   auto add = [&](const char* key, const std::string& path) {
-    if (!path.empty()) out.emplace_back(key, path);
+    if (!path.empty() && !storage::is_s3_uri(path)) out.emplace_back(key, path);  // a bucket is no local path
   };
   add("model.from", spec.model.from);
   add("data.train", spec.data.train);

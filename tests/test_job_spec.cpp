@@ -820,6 +820,33 @@ TEST(JobSpecCheckpointDir, ElsewhereKeepsOnlyTheLexicalRules) {
   EXPECT_NE(checkpoint_dir_error(home.string(), ".", SpecSite::kRunsHere), "");
 }
 
+// checkpoint.dir may be a bucket prefix: taken as written (not resolved against the spec's
+// directory, not confined to a worker's roots), its syntax checked where it is read; the
+// other path keys may not be one yet.
+TEST(JobSpecCheckpointDir, AnS3PrefixIsTakenAsWrittenAndCheckedForSyntax) {
+  for (SpecSite site : {SpecSite::kRunsHere, SpecSite::kRunsElsewhere}) {
+    EXPECT_EQ(checkpoint_dir_error("s3://zf-runs/team/m", "/base", site), "");
+    EXPECT_EQ(parse_job_spec(std::string(kMinimalSpec) + "checkpoint: {dir: s3://zf-runs/team/m}\n", {}, "/base", site)
+                  .checkpoint.dir,
+              "s3://zf-runs/team/m");
+    EXPECT_EQ(checkpoint_dir_error("s3://zf-runs", "/base", site),
+              "checkpoint.dir: must not be a whole bucket (s3://zf-runs); use a prefix such as s3://zf-runs/runs/m");
+    EXPECT_EQ(checkpoint_dir_error("s3://zf-runs/", "/base", site),
+              "checkpoint.dir: must not be a whole bucket (s3://zf-runs/); use a prefix such as s3://zf-runs/runs/m");
+    EXPECT_EQ(checkpoint_dir_error("s3://ZF_runs/m", "/base", site),
+              "checkpoint.dir: 's3://ZF_runs/m': the bucket name 'ZF_runs' is not 3-63 characters of a-z, 0-9, '.' "
+              "and '-'");
+  }
+  const SpecError e = expect_rejected("name: m\ndata: {train: s3://zf-data/corpus.txt}\n");
+  EXPECT_EQ(e.path(), "data.train");
+  EXPECT_EQ(std::string(e.what()),
+            "data.train: is an s3:// URI; only checkpoint.dir may be one so far (got s3://zf-data/corpus.txt)");
+  // A worker's allowed roots confine local paths only.
+  const JobSpec spec = parse_job_spec(std::string(kMinimalSpec) + "checkpoint: {dir: s3://zf-runs/m}\n", {}, "/base");
+  for (const auto& [key, path] : confined_paths(spec)) EXPECT_NE(std::string(key), "checkpoint.dir") << path;
+  EXPECT_NO_THROW(check_allowed_roots(spec, {"/base"}));
+}
+
 // Runs `f` on its own thread and waits at most `seconds`: a regression that blocks (a FIFO
 // opened for reading) fails the test instead of hanging it. The thread is detached; a
 // blocked one dies with the process.

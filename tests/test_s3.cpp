@@ -47,15 +47,7 @@ void write_text(const fs::path& p, const std::string& text) {
   std::ofstream(p) << text;
 }
 
-// A fresh directory under the system's temp dir, removed when the test binary exits.
-fs::path scratch_dir(const std::string& name) {
-  static std::atomic<int> n{0};
-  const fs::path dir = fs::temp_directory_path() /
-                       ("zenflow-" + name + "-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return test_support::removed_at_exit(dir);
-}
+fs::path scratch_dir(const std::string& name) { return test_support::fresh_scratch_dir(name); }
 
 using test_support::error_of;
 

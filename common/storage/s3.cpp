@@ -471,36 +471,6 @@ void check_endpoint(const std::string& url, const std::string& var) {
 
 }  // namespace
 
-// ---- URIs -------------------------------------------------------------------------------------
-
-bool is_s3_uri(const std::string& s) { return s.rfind("s3://", 0) == 0; }
-
-S3Uri S3Uri::child(const std::string& name) const {
-  S3Uri c = *this;
-  if (!c.key.empty() && c.key.back() != '/') c.key += '/';
-  c.key += name.size() && name[0] == '/' ? name.substr(1) : name;
-  return c;
-}
-
-S3Uri parse_s3_uri(const std::string& uri) {
-  if (!is_s3_uri(uri)) throw std::invalid_argument("'" + uri + "' is not an s3:// URI");
-  const std::string rest = uri.substr(5);
-  const size_t slash = rest.find('/');
-  S3Uri u{rest.substr(0, slash), slash == std::string::npos ? "" : rest.substr(slash + 1)};
-  // S3's bucket naming rules: 3-63 characters of a-z, 0-9, '.', '-', starting and ending
-  // with a letter or digit.
-  bool ok = u.bucket.size() >= 3 && u.bucket.size() <= 63;
-  for (char c : u.bucket) ok &= std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == '-';
-  ok &= ok && std::isalnum(static_cast<unsigned char>(u.bucket.front())) && std::isalnum(static_cast<unsigned char>(u.bucket.back()));
-  if (!ok)
-    throw std::invalid_argument("'" + uri + "': the bucket name '" + u.bucket +
-                                "' is not 3-63 characters of a-z, 0-9, '.' and '-'");
-  if (u.key.size() > 1024) throw std::invalid_argument("'" + uri + "': the key is longer than 1024 bytes");
-  for (unsigned char c : u.key)
-    if (c < 0x20 || c == 0x7f) throw std::invalid_argument("'" + uri.substr(0, 200) + "': the key holds a control character");
-  return u;
-}
-
 std::string crc32c_base64(uint32_t crc) {
   const unsigned char be[4] = {static_cast<unsigned char>(crc >> 24), static_cast<unsigned char>(crc >> 16),
                                static_cast<unsigned char>(crc >> 8), static_cast<unsigned char>(crc)};

@@ -37,19 +37,9 @@
 #include <string>
 #include <vector>
 
-namespace zenflow::storage {
+#include "common/storage/s3_uri.h"
 
-// "s3://bucket/key..." (key may be empty or a prefix).
-bool is_s3_uri(const std::string& s);
-struct S3Uri {
-  std::string bucket;
-  std::string key;
-  std::string text() const { return "s3://" + bucket + (key.empty() ? "" : "/" + key); }
-  // This URI with `name` appended after a '/' (none doubled).
-  S3Uri child(const std::string& name) const;
-};
-// Throws std::invalid_argument naming `uri` and what is wrong with it.
-S3Uri parse_s3_uri(const std::string& uri);
+namespace zenflow::storage {
 
 class S3Error : public std::runtime_error {
  public:

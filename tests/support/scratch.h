@@ -5,10 +5,12 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
 #include <set>
+#include <string>
 #include <system_error>
 
 #include "common/remove_tree.h"
@@ -32,6 +34,18 @@ inline std::filesystem::path removed_at_exit(const std::filesystem::path& dir) {
   std::lock_guard<std::mutex> lock(registry.mu);
   registry.dirs.insert(dir);
   return dir;
+}
+
+// A fresh, empty directory under the system's temp dir, named after `name` and this process,
+// removed at exit (removed_at_exit).
+inline std::filesystem::path fresh_scratch_dir(const std::string& name) {
+  static std::atomic<int> n{0};
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      ("zenflow-" + name + "-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return removed_at_exit(dir);
 }
 
 }  // namespace zenflow::test_support

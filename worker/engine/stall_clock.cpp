@@ -12,6 +12,7 @@ const char* stall_cause_name(StallCause cause) {
     case StallCause::kAllreduce: return "allreduce";
     case StallCause::kData: return "data";
     case StallCause::kCheckpoint: return "checkpoint";
+    case StallCause::kCheckpointUpload: return "checkpoint_upload";
   }
   return "unknown";
 }

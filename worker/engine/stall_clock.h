@@ -29,8 +29,9 @@ enum class StallCause {
   kAllreduce,
   kData,
   kCheckpoint,
+  kCheckpointUpload,  // a checkpoint waiting for the previous one's upload (checkpoint.dir: s3://)
 };
-constexpr int kNumStallCauses = 7;
+constexpr int kNumStallCauses = 8;
 const char* stall_cause_name(StallCause cause);  // "host_optimizer", "transfer_d2h", ...
 
 enum class Direction { kD2H = 0, kH2D = 1 };

@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/checkpoint_names.h"
 #include "common/crc32c.h"
 #include "common/input_file.h"
 #include "common/job_spec.h"
@@ -32,7 +33,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kManifest = "manifest.json";
+constexpr const char* kManifest = kCheckpointManifest;
 constexpr const char* kTrainer = "trainer.json";
 constexpr const char* kModel = "model.safetensors";
 constexpr const char* kRunYaml = "run.yaml";
@@ -126,11 +127,7 @@ model::SafetensorsFile open_checked(const fs::path& path) {
   }
 }
 
-std::string step_name(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "step-%08lld", static_cast<long long>(step));
-  return buf;
-}
+std::string step_name(int64_t step) { return checkpoint_step_name(step); }
 
 fs::path tmp_dir(const std::string& dir, int64_t step) { return fs::path(dir) / (step_name(step) + ".tmp"); }
 
@@ -173,15 +170,7 @@ nlohmann::json parse_json_file(const fs::path& file, int64_t max_bytes) {
 }
 
 // The step of a directory name step-NNNNNNNN (digits only), or -1.
-int64_t step_of_name(const std::string& name) {
-  if (name.size() <= 5 || name.rfind("step-", 0) != 0) return -1;
-  int64_t v = 0;
-  for (size_t i = 5; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9' || v > (INT64_MAX - 9) / 10) return -1;
-    v = v * 10 + (name[i] - '0');
-  }
-  return v;
-}
+int64_t step_of_name(const std::string& name) { return checkpoint_step_of(name); }
 
 // A name beside `path` that does not exist yet: path + suffix, then path + suffix + ".2", …
 fs::path free_name(const fs::path& path, const std::string& suffix) {

@@ -250,12 +250,13 @@ advisor::JobProfile build_job_profile(const JobSpec& spec, const RunSummary& sum
   double parts = m.compute_seconds + m.device_optimizer_seconds;
   for (int c = 0; c < engine::kNumStallCauses; ++c) {
     const auto cause = static_cast<StallCause>(c);
-    if (cause == StallCause::kCheckpoint) continue;
+    if (cause == StallCause::kCheckpoint || cause == StallCause::kCheckpointUpload) continue;
     p.step.stall_seconds[engine::stall_cause_name(cause)] = m.stall_seconds[c];
     parts += m.stall_seconds[c];
   }
   p.step.other_seconds =
-      std::max(0.0, m.wall_seconds - parts - m.stall_seconds[static_cast<int>(StallCause::kCheckpoint)]);
+      std::max(0.0, m.wall_seconds - parts - m.stall_seconds[static_cast<int>(StallCause::kCheckpoint)] -
+                        m.stall_seconds[static_cast<int>(StallCause::kCheckpointUpload)]);
   p.step.step_seconds = parts + p.step.other_seconds;  // checkpoints are not a step's
   p.step.d2h_bytes = m.transfer_bytes[0];
   p.step.h2d_bytes = m.transfer_bytes[1];

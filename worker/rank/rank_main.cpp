@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -25,6 +26,8 @@
 #include "common/input_file.h"
 #include "common/job_spec.h"
 #include "common/pricing.h"
+#include "common/storage/checkpoint_mirror.h"
+#include "common/storage/s3.h"
 #include "worker/distributed/launcher.h"
 #include "worker/distributed/rendezvous.h"
 #include "worker/engine/host_optimizer.h"
@@ -288,6 +291,50 @@ int run_rank(const RankArgs& a) {
     if (rank0)
       for (const std::string& w : warnings) std::cerr << "zenflow: warning: " << w << "\n";
   }
+  // checkpoint.dir: s3:// — the run works in a local staging directory that the mirror keeps
+  // the bucket in step with (checkpoint_mirror.h); one rank per host brings the newest
+  // checkpoint down first (the others wait for it at the rendezvous).
+  std::unique_ptr<CheckpointMirror> mirror;
+  const std::string checkpoint_uri = storage::is_s3_uri(spec.checkpoint.dir) ? spec.checkpoint.dir : "";
+  if (!checkpoint_uri.empty()) {
+    const storage::S3Uri remote = storage::parse_s3_uri(checkpoint_uri);  // the spec checked it
+    std::shared_ptr<storage::S3Client> client;
+    try {
+      client = std::make_shared<storage::S3Client>(storage::s3_settings_from_environment());
+    } catch (const std::runtime_error& e) {
+      std::cerr << "zenflow: checkpoint.dir " << checkpoint_uri << ": " << e.what() << "\n";
+      return attempt::kExitBadInput;
+    }
+    MirrorOptions mo;
+    mo.keep = spec.checkpoint.keep;
+    mo.log = [rank0](const std::string& line) {
+      if (rank0) std::cerr << "zenflow: " << line << "\n";
+    };
+    const bool first_on_host =
+        !distributed::distributed_env_present() || distributed::local_placement_from_env().rank == 0;
+    try {
+      mirror = std::make_unique<CheckpointMirror>(client, remote, staging_dir_for(remote, a.staging_dir), mo);
+      if (a.fresh && rank0) {
+        if (const int64_t newest = mirror->newest_remote_step(); newest >= 0) {
+          std::cerr << "zenflow: --fresh: " << checkpoint_uri << " already holds checkpoints (the newest is step "
+                    << newest << "); a bucket's checkpoints are never overwritten: give the job another "
+                    << "checkpoint.dir to start over\n";
+          return attempt::kExitBadInput;
+        }
+      } else if (!a.fresh && first_on_host) {
+        const auto started = std::chrono::steady_clock::now();
+        const CheckpointMirror::Pulled p = mirror->pull();
+        if (p.step >= 0 && rank0)
+          std::cerr << "zenflow: step " << p.step << " from " << checkpoint_uri << ": " << (p.bytes_downloaded >> 20)
+                    << " MiB downloaded, " << (p.bytes_reused >> 20) << " MiB already staged, in "
+                    << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() << " s\n";
+      }
+    } catch (const std::exception& e) {
+      std::cerr << "zenflow: error: checkpoint.dir " << checkpoint_uri << ": " << e.what() << "\n";
+      return attempt::kExitFailed;
+    }
+    spec.checkpoint.dir = mirror->local_dir();
+  }
   ProgressPrinter progress(std::cerr, isatty(2) != 0 && !a.quiet && rank0, a.quiet || !rank0);
   FanoutReporter reporters;
   reporters.add(&progress);
@@ -310,6 +357,8 @@ int run_rank(const RankArgs& a) {
       if (!k.empty()) opts.allow_spec_change.push_back(k);
   }
   opts.on_training_start = [] { g_training.store(true); };
+  if (mirror && rank0)
+    opts.on_checkpoint_committed = [&](int64_t step, const std::string& dir) { return mirror->push(dir, step); };
   // Rank 0 records the run in its directory (checkpoint.dir/steps.jsonl) for `zenflow report`.
   FanoutObserver observers;
   opts.observer = &observers;
@@ -329,7 +378,9 @@ int run_rank(const RankArgs& a) {
     observers.add(profiler.get());
   }
   if (rank0) std::cerr << "zenflow: job " << spec.name << " (" << spec.optimizer.mode << " mode), " << spec.train.steps
-            << " steps, checkpoints in " << spec.checkpoint.dir << "\n";
+            << " steps, checkpoints in "
+            << (checkpoint_uri.empty() ? spec.checkpoint.dir : checkpoint_uri + " (staged in " + spec.checkpoint.dir + ")")
+            << "\n";
   // /metrics and /healthz while it trains. With --nproc and a fixed port only rank 0 serves
   // (its own rank's series: the others would collide on the port). With --metrics-port-file
   // (the worker agent) every rank serves, on a port of its own, and writes the port there.
@@ -411,6 +462,19 @@ int run_rank(const RankArgs& a) {
                 "the job does not fit in this machine's memory (reduce train.micro_batch, train.seq_len or the model size)");
   } catch (const std::exception& e) {
     return fail(attempt::kExitFailed, "error", e.what());
+  }
+  // The last checkpoint is durable only once its manifest is in the bucket: wait for it (a
+  // SIGTERM's checkpoint too) before the run reports its end.
+  if (mirror && rank0) {
+    try {
+      const CheckpointMirror::Durable d = mirror->flush();
+      if (d.step >= 0)
+        std::cerr << "zenflow: checkpoint step " << d.step << " durable in " << mirror->remote().text() << "/step-"
+                  << std::setw(8) << std::setfill('0') << d.step << std::setfill(' ') << " ("
+                  << d.seconds_to_durable << " s after it was written)\n";
+    } catch (const std::exception& e) {
+      return fail(attempt::kExitFailed, "error", std::string("checkpoint upload to ") + checkpoint_uri + ": " + e.what());
+    }
   }
   lease.reset();  // nothing more is written to checkpoint.dir: an agent gone now changes nothing
   progress.finish();

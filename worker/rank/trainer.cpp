@@ -679,6 +679,7 @@ class TrainingRun {
   void save(int64_t at_step) {
     if (!options_.write_checkpoints || spec_.checkpoint.dir.empty() || at_step == last_saved_) return;
     Stopwatch sw;
+    double upload_wait = 0;
     NamedTensors engine_state = opt_->state_dict();
     // Sharded: every rank's shards gathered into what one rank would write (collectives).
     if (shards_) engine_state = shards_->gather_engine_state(engine_state);
@@ -715,9 +716,12 @@ class TrainingRun {
       sum_.last_checkpoint = commit_checkpoint(spec_.checkpoint.dir, at_step, contents, spec_.checkpoint.keep,
                                                shards_ ? 1 : static_cast<int>(world_), options_.commit_fence);
       if (options_.reporter) options_.reporter->on_checkpoint(at_step, sum_.last_checkpoint);
+      if (options_.on_checkpoint_committed)
+        upload_wait = options_.on_checkpoint_committed(at_step, sum_.last_checkpoint);
     }
     last_saved_ = at_step;
-    clock_.add_stall(StallCause::kCheckpoint, sw.seconds());
+    clock_.add_stall(StallCause::kCheckpoint, std::max(0.0, sw.seconds() - upload_wait));
+    clock_.add_stall(StallCause::kCheckpointUpload, upload_wait);
   }
 
   // Setup is done: from here `stop` ends the run with a checkpoint. Tells the caller, the

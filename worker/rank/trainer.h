@@ -61,6 +61,10 @@ struct RunOptions {
   // visible (checkpoint.h): when it refuses, nothing is committed and run_training throws
   // CommitFenced. Empty: every commit is allowed. `zenflow run --lease-fd` passes its Lease.
   CommitFence commit_fence;
+  // Called by rank 0 after each checkpoint it committed (the step and its directory); returns
+  // the seconds training waited before going on (checkpoint.dir: s3://, the previous
+  // checkpoint's upload: stall cause checkpoint_upload). Empty: nothing.
+  std::function<double(int64_t step, const std::string& dir)> on_checkpoint_committed;
   // How long rank 0 waits for another process to release checkpoint.dir's lock before it
   // fails with CheckpointDirBusy (0: fail at once). A requeued attempt waits for the
   // previous attempt's processes to let go.
