@@ -12,8 +12,10 @@
 #include "client/commands.h"
 #if ZENFLOW_HAVE_REPORT
 #include "common/input_file.h"
+#include "common/report/bucket_record.h"
 #include "common/report/report_html.h"
 #include "common/report/run_record.h"
+#include "common/storage/s3.h"
 #endif
 
 namespace zenflow::cli {
@@ -61,13 +63,29 @@ std::string write_atomically(const std::string& path, const std::string& text) {
 
 int run_report(const ReportArgs& a) {
   report::RunRecord record;
+  const bool bucket = storage::is_s3_uri(a.run_dir);
+  if (bucket && a.out.empty()) {
+    std::cerr << "zenflow report: --out is required for a run in a bucket (" << a.run_dir << ")\n";
+    return kExitBadInput;
+  }
   try {
-    record = report::read_run_record(a.run_dir);
+    if (bucket) {
+      storage::S3Client client(storage::s3_settings_from_environment());
+      record = report::read_bucket_run_record(a.run_dir, client);
+    } else {
+      record = report::read_run_record(a.run_dir);
+    }
+  } catch (const storage::S3Error& e) {
+    std::cerr << "zenflow report: " << e.what() << "\n";
+    return kExitFailure;
   } catch (const report::RunRecordError& e) {
     std::cerr << "zenflow report: " << e.what() << "\n";
     return kExitBadInput;
   } catch (const InputError& e) {
     std::cerr << "zenflow report: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const std::runtime_error& e) {  // the environment's AWS settings
+    std::cerr << "zenflow report: " << a.run_dir << ": " << e.what() << "\n";
     return kExitBadInput;
   }
   for (const std::string& w : record.warnings) std::cerr << "zenflow report: warning: " << w << "\n";
@@ -97,7 +115,8 @@ const CommandRegistrar kReportCommand(35, [](CommandContext& ctx) {
   CLI::App* cmd = ctx.root->add_subcommand(
       "report",
       "Write a run's page: loss, step time, stalls, PCIe bytes, host memory and cost (one HTML file)");
-  cmd->add_option("run_dir", args->run_dir, "The run's checkpoint.dir (its steps.jsonl)")->required();
+  cmd->add_option("run_dir", args->run_dir, "The run's checkpoint.dir (its steps.jsonl), a directory or s3://BUCKET/PREFIX")
+      ->required();
   cmd->add_option("--out", args->out, "The HTML file to write (default: RUN_DIR/report.html)");
   cmd->footer(
       "The page is self-contained (charts included): open it in a browser, offline too.\n"

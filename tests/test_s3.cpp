@@ -223,6 +223,19 @@ TEST(S3Retries, ClientErrorsAreNotRetried) {
   EXPECT_FALSE(client.head(parse_s3_uri("s3://bkt/missing")).has_value()) << "HEAD of a missing key is nullopt";
 }
 
+TEST(S3Retries, AnAnonymousRequestRefusedSaysNoCredentialsWereFound) {
+  HttpStub stub([](const HttpRequest&) {
+    return HttpReply{403, {}, "<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"};
+  });
+  std::vector<double> waits;
+  S3Settings s = stub_settings(stub, &waits);
+  s.credentials = nullptr;
+  EXPECT_EQ(error_of([&] { S3Client(s).get(parse_s3_uri("s3://bkt/k")); }),
+            "GET s3://bkt/k: HTTP 403 AccessDenied: Access Denied (no AWS credentials were found)");
+  ASSERT_EQ(stub.requests().size(), 1u);
+  EXPECT_EQ(stub.requests()[0].headers.count("authorization"), 0u) << "an anonymous request was signed";
+}
+
 TEST(S3Retries, NoServerIsRetriedThenNamesTheEndpoint) {
   const int port = test_support::free_tcp_port();  // nobody listens there
   std::vector<double> waits;

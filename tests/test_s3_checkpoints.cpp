@@ -309,6 +309,48 @@ TEST_F(S3Run, AResumeOnAnotherWorkerFromTheBucketTrainsExactlyAsALocalResume) {
   EXPECT_NE(record.find("\"step\":1,"), std::string::npos);
   EXPECT_NE(record.find("\"step\":12,"), std::string::npos);
 
+  // zenflow export from the bucket: the same model as from the local directory, to the byte.
+  auto export_to = [&](const std::string& from, const fs::path& out_dir, std::string* e) {
+    std::string o;
+    const std::string cmd = "env AWS_ENDPOINT_URL=" + moto_->url() + " AWS_ACCESS_KEY_ID=" + moto_->key_id() +
+                            " AWS_SECRET_ACCESS_KEY=" + moto_->secret() + " " + ZENFLOW_BINARY_DIR +
+                            "/bin/zenflow export " + from + " --out " + out_dir.string() + " 2>" +
+                            (dir_ / "export.stderr").string();
+    const int rc = test_support::run(cmd, &o);
+    *e = test_support::read_file(dir_ / "export.stderr");
+    return rc;
+  };
+  ASSERT_EQ(export_to(uri + "/step-00000012", dir_ / "from-bucket", &err), 0) << err;
+  ASSERT_EQ(export_to(local, dir_ / "from-dir", &err), 0) << err;
+  EXPECT_EQ(test_support::read_file(dir_ / "from-bucket/model.safetensors"),
+            test_support::read_file(dir_ / "from-dir/model.safetensors"));
+  EXPECT_EQ(export_to(uri + "/step-00000003", dir_ / "none", &err), 2) << err;
+  EXPECT_NE(err.find(uri + "/step-00000003 is not a checkpoint in the bucket (no manifest.json)"), std::string::npos)
+      << err;
+
+  // zenflow report from the bucket: both runs' steps, as the bucket's steps.jsonl holds them.
+  {
+    std::string o;
+    const std::string env = "env AWS_ENDPOINT_URL=" + moto_->url() + " AWS_ACCESS_KEY_ID=" + moto_->key_id() +
+                            " AWS_SECRET_ACCESS_KEY=" + moto_->secret() + " " + ZENFLOW_BINARY_DIR + "/bin/zenflow report ";
+    const fs::path page = dir_ / "report.html";
+    ASSERT_EQ(test_support::run(env + uri + " --out " + page.string() + " 2>" + (dir_ / "report.err").string(), &o), 0)
+        << test_support::read_file(dir_ / "report.err");
+    EXPECT_NE(test_support::read_file(dir_ / "report.err").find("12 steps of " + uri + "/steps.jsonl"), std::string::npos)
+        << test_support::read_file(dir_ / "report.err");
+    EXPECT_GT(fs::file_size(page), 1000u);
+    EXPECT_EQ(test_support::run(env + uri + " 2>" + (dir_ / "report.err").string(), &o), 2);
+    EXPECT_NE(test_support::read_file(dir_ / "report.err").find("--out is required for a run in a bucket"),
+              std::string::npos);
+    EXPECT_EQ(test_support::run(env + "s3://zf-ck/runs/nothing --out " + page.string() + " 2>" +
+                                    (dir_ / "report.err").string(), &o),
+              2);
+    EXPECT_NE(test_support::read_file(dir_ / "report.err")
+                  .find("s3://zf-ck/runs/nothing/steps.jsonl: not in the bucket"),
+              std::string::npos)
+        << test_support::read_file(dir_ / "report.err");
+  }
+
   // --fresh never overwrites what the bucket holds.
   ASSERT_EQ(run("--fresh --set checkpoint.dir=" + uri + " --staging-dir " + (dir_ / "C").string(), &out, &err), 2)
       << err;

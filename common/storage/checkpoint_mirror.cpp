@@ -282,11 +282,14 @@ int64_t CheckpointMirror::newest_remote_step() {
   return -1;
 }
 
-CheckpointMirror::Pulled CheckpointMirror::pull() {
+CheckpointMirror::Pulled CheckpointMirror::pull(int64_t only_step) {
   Impl& i = *impl_;
   Pulled out;
   const std::map<int64_t, RemoteStep> steps = i.list_steps();
+  if (only_step >= 0 && (!steps.count(only_step) || !steps.at(only_step).committed()))
+    throw std::runtime_error(i.step_uri(only_step).text() + " is not a checkpoint in the bucket (no " + kManifest + ")");
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (only_step >= 0 && it->first != only_step) continue;
     if (!it->second.committed()) continue;  // an upload that never finished
     if (i.fetch_step(it->first, it->second, &out)) {
       out.step = it->first;

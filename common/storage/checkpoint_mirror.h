@@ -57,7 +57,9 @@ class CheckpointMirror {
     int64_t bytes_reused = 0;  // already in the staging directory
     int64_t damaged = 0;       // newer steps skipped as damaged
   };
-  Pulled pull();
+  // `only_step` >= 0: that step or nothing (no fallback); throws std::runtime_error when the
+  // bucket has no committed step of that number.
+  Pulled pull(int64_t only_step = -1);
   // The newest step whose manifest is in the bucket (-1: none). One LIST.
   int64_t newest_remote_step();
 

@@ -688,8 +688,11 @@ void Agent::Impl::start_attempt(const v1::Assignment& a) {
       break;
     }
     // Everything the child needs, built before fork (only async-signal-safe calls after).
+    // checkpoint.dir: s3:// is staged in this worker's work dir, shared by its attempts of a
+    // job (a requeued attempt here reuses what is staged; elsewhere it comes from the bucket).
     std::vector<std::string> args = {o.trainer, "run", spec, "--quiet", "--lock-wait", "60",
-                                     "--lease-fd", "4", "--lease-timeout", lease_timeout};
+                                     "--lease-fd", "4", "--lease-timeout", lease_timeout,
+                                     "--staging-dir", o.work_dir + "/staging"};
     if (rank == 0) {
       args.push_back("--report-fd");
       args.push_back("3");
