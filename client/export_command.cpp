@@ -16,14 +16,24 @@
 #include "client/commands.h"
 #include "client/verbs.h"
 #include "common/checkpoint_names.h"
+#include "common/storage/s3_uri.h"
+#if ZENFLOW_HAVE_S3
 #include "common/storage/checkpoint_mirror.h"
 #include "common/storage/s3.h"
+#endif
 #include "worker/rank/error_text.h"
 #include "worker/rank/run_export.h"
 
 namespace zenflow::cli {
 namespace {
 
+struct ExportArgs {
+  std::string run_dir;
+  std::string out;
+  std::string dtype = "auto";
+};
+
+#if ZENFLOW_HAVE_S3
 // A directory made under $TMPDIR (or /tmp), removed with everything in it when destroyed.
 struct TempDir {
   explicit TempDir(const std::string& name) {
@@ -39,11 +49,6 @@ struct TempDir {
   std::string path;
 };
 
-struct ExportArgs {
-  std::string run_dir;
-  std::string out;
-  std::string dtype = "auto";
-};
 
 // s3://BUCKET/PREFIX[/step-N]: that step (or the newest that verifies) downloaded into a
 // temporary directory first (common/storage/checkpoint_mirror.h); "" and *step -1 for a
@@ -83,6 +88,14 @@ std::string stage_from_bucket(const std::string& uri, std::shared_ptr<TempDir>* 
             << " MiB downloaded)\n";
   return (*tmp)->path;
 }
+
+#else
+std::string stage_from_bucket(const std::string& uri, std::shared_ptr<void>*) {
+  throw ExportInputError(uri + ": this build has no s3:// support (libcurl4-openssl-dev and libexpat1-dev were "
+                               "not found when it was built)");
+}
+using TempDir = void;
+#endif
 
 int run_export(const ExportArgs& a) {
   try {

@@ -12,9 +12,12 @@
 #include "client/commands.h"
 #if ZENFLOW_HAVE_REPORT
 #include "common/input_file.h"
-#include "common/report/bucket_record.h"
 #include "common/report/report_html.h"
 #include "common/report/run_record.h"
+#include "common/storage/s3_uri.h"
+#endif
+#if ZENFLOW_HAVE_S3
+#include "common/report/bucket_record.h"
 #include "common/storage/s3.h"
 #endif
 
@@ -70,14 +73,21 @@ int run_report(const ReportArgs& a) {
   }
   try {
     if (bucket) {
+#if ZENFLOW_HAVE_S3
       storage::S3Client client(storage::s3_settings_from_environment());
       record = report::read_bucket_run_record(a.run_dir, client);
+#else
+      throw report::RunRecordError(a.run_dir + ": this build has no s3:// support (libcurl4-openssl-dev and "
+                                               "libexpat1-dev were not found when it was built)");
+#endif
     } else {
       record = report::read_run_record(a.run_dir);
     }
+#if ZENFLOW_HAVE_S3
   } catch (const storage::S3Error& e) {
     std::cerr << "zenflow report: " << e.what() << "\n";
     return kExitFailure;
+#endif
   } catch (const report::RunRecordError& e) {
     std::cerr << "zenflow report: " << e.what() << "\n";
     return kExitBadInput;

@@ -1,9 +1,12 @@
 #include "server/job_report_page.h"
 
-#include "common/report/bucket_record.h"
 #include "common/report/report_html.h"
 #include "common/report/run_record.h"
+#include "common/storage/s3_uri.h"
+#if ZENFLOW_HAVE_S3
+#include "common/report/bucket_record.h"
 #include "common/storage/s3.h"
+#endif
 
 namespace zenflow::server {
 
@@ -20,6 +23,7 @@ metrics::MetricsServer::Page job_page(Coordinator& coordinator, const std::strin
   const std::string id = rest.substr(0, rest.size() - suffix.size());
   v1::JobStatus st;
   if (const grpc::Status s = coordinator.get(id, &st); !s.ok()) return text(404, s.error_message());
+#if ZENFLOW_HAVE_S3
   if (storage::is_s3_uri(st.checkpoint_dir())) {
     // The bucket, with this coordinator's own AWS credentials (its environment); a page
     // request does not wait out long retries.
@@ -40,6 +44,11 @@ metrics::MetricsServer::Page job_page(Coordinator& coordinator, const std::strin
                            "endpoint); or run `zenflow report " + st.checkpoint_dir() + " --out FILE` where they are.");
     }
   }
+#else
+  if (storage::is_s3_uri(st.checkpoint_dir()))
+    return text(503, "job " + id + ": its records are in " + st.checkpoint_dir() +
+                         " and this coordinator was built without s3:// support");
+#endif
   try {
     return {200, "text/html; charset=utf-8", report::render_report_html(report::read_run_record(st.checkpoint_dir()))};
   } catch (const report::RunRecordError& e) {

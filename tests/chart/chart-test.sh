@@ -92,6 +92,13 @@ check_template() {
   expect optimizer-nodes "the optimizer Deployment" 'command: \[zenflow-optimizer\]'
   expect optimizer-nodes "its UCX port" '--listen=\$\(POD_IP\):7080'
   expect optimizer-nodes "pinned cores" '--cores=0-31'
+  expect s3-storage "the bucket's endpoint" 'name: AWS_ENDPOINT_URL_S3'
+  expect s3-storage "its region" 'value: "eu-west-1"'
+  expect s3-storage "the credentials Secret" 'name: zenflow-s3$'
+  expect s3-storage "IRSA's role on the service account" 'eks.amazonaws.com/role-arn: arn:aws:iam::123456789012:role/zenflow'
+  expect s3-storage "no shared volume" 'PersistentVolumeClaim' absent
+  expect s3-storage "no shared allowed root" '--allowed-root=/shared' absent
+  expect defaults "no bucket settings by default" 'AWS_ENDPOINT_URL_S3' absent
   expect monitoring-off "no Prometheus Operator objects" 'monitoring.coreos.com' absent
   expect monitoring-off "no dashboards" 'grafana_dashboard' absent
 }
@@ -130,6 +137,10 @@ check_schema() {
     -f <(printf 'serviceMonitor:\n  enabled: "yes"\n')
   reject "TLS without a certificate source" "tls.enabled needs tls.existingSecret" --set tls.enabled=true
   reject "plaintext refused" "coordinator.insecurePlaintext" --set coordinator.insecurePlaintext=false
+  reject "an endpoint with a path" "storage.s3.endpoint: Does not match pattern" --set storage.s3.endpoint=http://minio:9000/bucket
+  reject "a role that is not an IAM role ARN" "storage.s3.roleArn: Does not match pattern" --set storage.s3.roleArn=zenflow
+  reject "IRSA's role without the chart's service account" "storage.s3.roleArn annotates the chart's service account" \
+    --set storage.s3.enabled=true --set storage.s3.roleArn=arn:aws:iam::123456789012:role/r --set serviceAccount.create=false
   reject "cert-manager without an issuer" "tls.certManager.issuerRef.name" \
     --set tls.enabled=true --set tls.certManager.enabled=true
 }

@@ -26,8 +26,7 @@
 #include "common/input_file.h"
 #include "common/job_spec.h"
 #include "common/pricing.h"
-#include "common/storage/checkpoint_mirror.h"
-#include "common/storage/s3.h"
+#include "common/storage/s3_uri.h"
 #include "worker/distributed/launcher.h"
 #include "worker/distributed/rendezvous.h"
 #include "worker/engine/host_optimizer.h"
@@ -39,6 +38,10 @@
 #include "worker/rank/run_reporter.h"
 #include "worker/rank/step_log.h"
 #include "worker/rank/trainer.h"
+#if ZENFLOW_HAVE_S3
+#include "common/storage/checkpoint_mirror.h"
+#include "common/storage/s3.h"
+#endif
 #if ZENFLOW_HAVE_METRICS
 #include "common/metrics/http_server.h"
 #include "common/metrics/registry.h"
@@ -294,8 +297,9 @@ int run_rank(const RankArgs& a) {
   // checkpoint.dir: s3:// — the run works in a local staging directory that the mirror keeps
   // the bucket in step with (checkpoint_mirror.h); one rank per host brings the newest
   // checkpoint down first (the others wait for it at the rendezvous).
-  std::unique_ptr<CheckpointMirror> mirror;
   const std::string checkpoint_uri = storage::is_s3_uri(spec.checkpoint.dir) ? spec.checkpoint.dir : "";
+#if ZENFLOW_HAVE_S3
+  std::unique_ptr<CheckpointMirror> mirror;
   if (!checkpoint_uri.empty()) {
     const storage::S3Uri remote = storage::parse_s3_uri(checkpoint_uri);  // the spec checked it
     std::shared_ptr<storage::S3Client> client;
@@ -335,6 +339,14 @@ int run_rank(const RankArgs& a) {
     }
     spec.checkpoint.dir = mirror->local_dir();
   }
+#else
+  if (!checkpoint_uri.empty()) {
+    std::cerr << "zenflow: invalid job spec: checkpoint.dir: " << checkpoint_uri
+              << ": this build has no s3:// support (libcurl4-openssl-dev and libexpat1-dev were not found when it "
+                 "was built)\n";
+    return attempt::kExitBadInput;
+  }
+#endif
   ProgressPrinter progress(std::cerr, isatty(2) != 0 && !a.quiet && rank0, a.quiet || !rank0);
   FanoutReporter reporters;
   reporters.add(&progress);
@@ -357,8 +369,10 @@ int run_rank(const RankArgs& a) {
       if (!k.empty()) opts.allow_spec_change.push_back(k);
   }
   opts.on_training_start = [] { g_training.store(true); };
+#if ZENFLOW_HAVE_S3
   if (mirror && rank0)
     opts.on_checkpoint_committed = [&](int64_t step, const std::string& dir) { return mirror->push(dir, step); };
+#endif
   // Rank 0 records the run in its directory (checkpoint.dir/steps.jsonl) for `zenflow report`.
   FanoutObserver observers;
   opts.observer = &observers;
@@ -463,6 +477,7 @@ int run_rank(const RankArgs& a) {
   } catch (const std::exception& e) {
     return fail(attempt::kExitFailed, "error", e.what());
   }
+#if ZENFLOW_HAVE_S3
   // The last checkpoint is durable only once its manifest is in the bucket: wait for it (a
   // SIGTERM's checkpoint too) before the run reports its end.
   if (mirror && rank0) {
@@ -476,6 +491,7 @@ int run_rank(const RankArgs& a) {
       return fail(attempt::kExitFailed, "error", std::string("checkpoint upload to ") + checkpoint_uri + ": " + e.what());
     }
   }
+#endif
   lease.reset();  // nothing more is written to checkpoint.dir: an agent gone now changes nothing
   progress.finish();
   if (sum.already_complete) {

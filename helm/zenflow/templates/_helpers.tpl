@@ -86,6 +86,9 @@ helm.sh/chart: {{ include "zenflow.chart" .ctx }}
 {{- if and .Values.tls.enabled .Values.tls.certManager.enabled (not .Values.tls.certManager.issuerRef.name) -}}
 {{- fail "tls.certManager.enabled needs tls.certManager.issuerRef.name" -}}
 {{- end -}}
+{{- if and .Values.storage.s3.enabled .Values.storage.s3.roleArn (not .Values.serviceAccount.create) -}}
+{{- fail "storage.s3.roleArn annotates the chart's service account, but serviceAccount.create is false: annotate yours with eks.amazonaws.com/role-arn instead" -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Token files, mounted read-only; key: "admin" or "worker" picks the one file a pod gets. */}}
@@ -134,4 +137,28 @@ allowPrivilegeEscalation: false
 readOnlyRootFilesystem: true
 capabilities:
   drop: [ALL]
+{{- end -}}
+
+{{/* storage.s3: where the bucket is and the credentials, for the workers and the coordinator. */}}
+{{- define "zenflow.s3Env" -}}
+{{- $s := .Values.storage.s3 -}}
+{{- if $s.enabled }}
+{{- with $s.endpoint }}
+- name: AWS_ENDPOINT_URL_S3
+  value: {{ . | quote }}
+{{- end }}
+{{- with $s.region }}
+- name: AWS_REGION
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "zenflow.s3EnvFrom" -}}
+{{- $s := .Values.storage.s3 -}}
+{{- if and $s.enabled $s.credentialsSecret }}
+envFrom:
+  - secretRef:
+      name: {{ $s.credentialsSecret }}
+{{- end }}
 {{- end -}}

@@ -84,6 +84,8 @@ spec:
               fieldPath: status.podIP
         - name: HOME
           value: /tmp
+        {{- include "zenflow.s3Env" . | nindent 8 }}
+      {{- include "zenflow.s3EnvFrom" . | nindent 6 }}
       ports:
         - name: metrics
           containerPort: {{ $w.metricsPort }}
