@@ -177,7 +177,17 @@ struct CheckpointMirror::Impl {
         continue;
       }
       const auto started = std::chrono::steady_clock::now();
-      client->get_file(dir.child(name), (tmp / name).string());
+      // Long downloads say how far they are, every 10 s.
+      auto last = started;
+      client->get_file(dir.child(name), (tmp / name).string(), [&](int64_t done, int64_t) {
+        const auto now = std::chrono::steady_clock::now();
+        if (now - last < std::chrono::seconds(10)) return;
+        last = now;
+        const double s = std::chrono::duration<double>(now - started).count();
+        log("downloading " + dir.child(name).text() + ": " + std::to_string(done >> 20) + " of " +
+            std::to_string(want.bytes >> 20) + " MiB (" + std::to_string(static_cast<int>(100.0 * done / std::max<int64_t>(1, want.bytes))) +
+            "%, " + std::to_string(static_cast<int>(static_cast<double>(done >> 20) / s)) + " MiB/s)");
+      });
       if (!file_matches(tmp / name, want)) {
         fs::remove_all(tmp, ec);
         log(dir.text() + " is damaged: " + name + " does not have the manifest's checksum " + want.crc32c +
