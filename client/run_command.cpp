@@ -76,6 +76,10 @@ CommandRegistrar reg(train_verb("run")->order, [](CommandContext& ctx) {
                   "With checkpoint.dir: s3://BUCKET/PREFIX, where checkpoints are written before their upload "
                   "and downloaded to for a resume: DIR/BUCKET/PREFIX (default: $ZENFLOW_STAGING_DIR, else "
                   "~/.cache/zenflow/checkpoints)");
+  cmd->add_option("--cache-dir", args->cache_dir,
+                  "Where model.from, data.* and data.tokenizer given as s3:// URIs are downloaded, once, and "
+                  "shared by runs (default: $ZENFLOW_CACHE_DIR, else ~/.cache/zenflow/objects; at most "
+                  "$ZENFLOW_CACHE_MAX_GB, default 200, least recently used entries evicted first)");
   cmd->callback([args, &ctx] {
     args->argv = ctx.argv;
     ctx.exit_code = run_rank(*args);

@@ -708,20 +708,25 @@ template <typename V>
 void rows(V& v, Of<ModelSpec>) {
   v(Choice{"arch", {"llama", "gpt2"}, "Architecture; with model.from and arch both written, the directory's must be it"},
     &ModelSpec::arch, &ModelSpec::arch_given);
-  v(Path{"from", "Directory with config.json and safetensors weights; empty: random initialization", true},
+  v(Path{"from",
+         "Directory with config.json and safetensors weights, or its s3://bucket/prefix (downloaded into the "
+         "worker's cache); empty: random initialization",
+         true, nullptr, nullptr, false, true},
     &ModelSpec::from);
   v(ModelConfig{"config"}, &ModelSpec::config);
 }
 
 template <typename V>
 void rows(V& v, Of<DataSpec>) {
-  v(Path{"train", "Training data: a file, or a directory (its regular files, sorted)", true,
-         "required (a file or directory of training data)"},
+  v(Path{"train", "Training data: a file, or a directory (its regular files, sorted); or an s3:// object or prefix",
+         true, "required (a file or directory of training data)", nullptr, false, true},
     &DataSpec::train);
-  v(Path{"val", "Validation data; empty: hold out data.val_fraction of train", true}, &DataSpec::val);
+  v(Path{"val", "Validation data (a path or an s3:// URI); empty: hold out data.val_fraction of train", true, nullptr,
+         nullptr, false, true},
+    &DataSpec::val);
   v(Choice{"format", {"text", "jsonl", "tokens"}, "How the data files are read"}, &DataSpec::format);
-  v(Path{"tokenizer", "\"byte\", or a tokenizer.json (or a directory holding one)", false,
-         "must be \"byte\" or a tokenizer.json path, got ''", "byte"},
+  v(Path{"tokenizer", "\"byte\", or a tokenizer.json (or a directory holding one; or an s3:// URI of either)", false,
+         "must be \"byte\" or a tokenizer.json path, got ''", "byte", false, true},
     &DataSpec::tokenizer);
   v(Real{"val_fraction", closed(0, 0.5), "Share of train held out for validation when data.val is empty"},
     &DataSpec::val_fraction);
@@ -1022,7 +1027,7 @@ class Reader {
     read_string(s_, r.key, path, r.null_ok);
     if (r.if_empty && path.empty()) s_.fail(r.key, r.if_empty);
     if (storage::is_s3_uri(path)) {
-      if (!r.s3_ok) s_.fail(r.key, "is an s3:// URI; only checkpoint.dir may be one so far (got " + path.substr(0, 200) + ")");
+      if (!r.s3_ok) s_.fail(r.key, "is an s3:// URI; this key takes a local path (got " + path.substr(0, 200) + ")");
       try {
         storage::parse_s3_uri(path);
       } catch (const std::invalid_argument& e) {
@@ -1454,6 +1459,10 @@ std::vector<std::string> allowed_roots_from_env() {
 }
 
 void check_spec_paths(const JobSpec& spec) {
+  // s3:// URIs are fetched (object_cache.h) and checked as the local copies they become.
+  auto check_input_path = [](const char* key, const std::string& p, const char* what, auto kind) {
+    if (!storage::is_s3_uri(p)) zenflow::check_input_path(key, p, what, kind);
+  };
   const DataSpec& d = spec.data;
   check_input_path("data.train", d.train, "a regular file or a directory", regular_or_directory);
   if (!d.val.empty()) {

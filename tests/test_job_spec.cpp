@@ -837,10 +837,22 @@ TEST(JobSpecCheckpointDir, AnS3PrefixIsTakenAsWrittenAndCheckedForSyntax) {
               "checkpoint.dir: 's3://ZF_runs/m': the bucket name 'ZF_runs' is not 3-63 characters of a-z, 0-9, '.' "
               "and '-'");
   }
-  const SpecError e = expect_rejected("name: m\ndata: {train: s3://zf-data/corpus.txt}\n");
-  EXPECT_EQ(e.path(), "data.train");
+  // The data, the tokenizer and the model may come from a bucket too, taken as written.
+  const JobSpec remote = parse_job_spec(
+      "name: m\ndata: {train: s3://zf-data/corpus/, val: s3://zf-data/val.txt, tokenizer: s3://zf-data/tok.json}\n"
+      "model: {from: s3://zf-models/llama}\n",
+      {}, "/base");
+  EXPECT_EQ(remote.data.train, "s3://zf-data/corpus/");
+  EXPECT_EQ(remote.data.val, "s3://zf-data/val.txt");
+  EXPECT_EQ(remote.data.tokenizer, "s3://zf-data/tok.json");
+  EXPECT_EQ(remote.model.from, "s3://zf-models/llama");
+  EXPECT_NO_THROW(check_spec_paths(remote));  // checked as the local copies they become
+  EXPECT_EQ(expect_rejected("name: m\ndata: {train: s3://Bad_Bucket/x}\n").path(), "data.train");
+  const SpecError e = expect_rejected(
+      "name: m\ndata: {train: corpus.txt}\noptimizer: {mode: zenflow, host: {token_file: s3://zf-data/token}}\n");
+  EXPECT_EQ(e.path(), "optimizer.host.token_file");
   EXPECT_EQ(std::string(e.what()),
-            "data.train: is an s3:// URI; only checkpoint.dir may be one so far (got s3://zf-data/corpus.txt)");
+            "optimizer.host.token_file: is an s3:// URI; this key takes a local path (got s3://zf-data/token)");
   // A worker's allowed roots confine local paths only.
   const JobSpec spec = parse_job_spec(std::string(kMinimalSpec) + "checkpoint: {dir: s3://zf-runs/m}\n", {}, "/base");
   for (const auto& [key, path] : confined_paths(spec)) EXPECT_NE(std::string(key), "checkpoint.dir") << path;

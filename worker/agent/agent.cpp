@@ -692,7 +692,7 @@ void Agent::Impl::start_attempt(const v1::Assignment& a) {
     // job (a requeued attempt here reuses what is staged; elsewhere it comes from the bucket).
     std::vector<std::string> args = {o.trainer, "run", spec, "--quiet", "--lock-wait", "60",
                                      "--lease-fd", "4", "--lease-timeout", lease_timeout,
-                                     "--staging-dir", o.work_dir + "/staging"};
+                                     "--staging-dir", o.work_dir + "/staging", "--cache-dir", o.work_dir + "/cache"};
     if (rank == 0) {
       args.push_back("--report-fd");
       args.push_back("3");

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -40,6 +41,7 @@
 #include "worker/rank/trainer.h"
 #if ZENFLOW_HAVE_S3
 #include "common/storage/checkpoint_mirror.h"
+#include "common/storage/object_cache.h"
 #include "common/storage/s3.h"
 #endif
 #if ZENFLOW_HAVE_METRICS
@@ -294,26 +296,68 @@ int run_rank(const RankArgs& a) {
     if (rank0)
       for (const std::string& w : warnings) std::cerr << "zenflow: warning: " << w << "\n";
   }
-  // checkpoint.dir: s3:// — the run works in a local staging directory that the mirror keeps
-  // the bucket in step with (checkpoint_mirror.h); one rank per host brings the newest
-  // checkpoint down first (the others wait for it at the rendezvous).
+  // s3:// URIs in the spec. The inputs (model.from, data.*) are fetched into the worker's
+  // object cache (object_cache.h) and read from there; the job's identity keeps the URIs, so
+  // a resume on another worker (another cache) is the same job. checkpoint.dir: the run works
+  // in a local staging directory that the mirror keeps the bucket in step with
+  // (checkpoint_mirror.h); one rank per host brings the newest checkpoint down first (the
+  // others wait for it at the rendezvous).
   const std::string checkpoint_uri = storage::is_s3_uri(spec.checkpoint.dir) ? spec.checkpoint.dir : "";
+  std::map<std::string, std::string> opts_input_uris;  // key -> its URI, for the job's identity
+  std::vector<std::pair<const char*, std::string*>> inputs;
+  for (auto [key, field] : {std::pair<const char*, std::string*>{"model.from", &spec.model.from},
+                            {"data.train", &spec.data.train},
+                            {"data.val", &spec.data.val},
+                            {"data.tokenizer", &spec.data.tokenizer}})
+    if (storage::is_s3_uri(*field)) inputs.emplace_back(key, field);
 #if ZENFLOW_HAVE_S3
   std::unique_ptr<CheckpointMirror> mirror;
-  if (!checkpoint_uri.empty()) {
-    const storage::S3Uri remote = storage::parse_s3_uri(checkpoint_uri);  // the spec checked it
-    std::shared_ptr<storage::S3Client> client;
+  std::vector<storage::ObjectCache::Entry> cached;  // held (against eviction) for the whole run
+  std::shared_ptr<storage::S3Client> client;
+  if (!checkpoint_uri.empty() || !inputs.empty()) {
     try {
       client = std::make_shared<storage::S3Client>(storage::s3_settings_from_environment());
     } catch (const std::runtime_error& e) {
-      std::cerr << "zenflow: checkpoint.dir " << checkpoint_uri << ": " << e.what() << "\n";
+      std::cerr << "zenflow: invalid job spec: " << (checkpoint_uri.empty() ? inputs[0].first : "checkpoint.dir")
+                << ": " << e.what() << "\n";
       return attempt::kExitBadInput;
     }
+  }
+  auto log0 = [rank0](const std::string& line) {
+    if (rank0) std::cerr << "zenflow: " << line << "\n";
+  };
+  if (!inputs.empty()) {
+    const char* max_gb = std::getenv("ZENFLOW_CACHE_MAX_GB");
+    const int64_t max_bytes = static_cast<int64_t>((max_gb && *max_gb ? std::atof(max_gb) : 200.0) * (1LL << 30));
+    const char* key = "";
+    try {
+      storage::ObjectCache cache(storage::object_cache_dir(a.cache_dir), max_bytes, client, log0);
+      for (auto& [k, field] : inputs) {
+        key = k;
+        opts_input_uris[k] = *field;
+        cached.push_back(cache.fetch(storage::parse_s3_uri(*field)));
+        if (cached.back().downloaded && rank0)
+          std::cerr << "zenflow: " << k << " " << *field << ": " << storage::size_text(cached.back().bytes)
+                    << " downloaded into the cache\n";
+        *field = cached.back().path;
+      }
+      check_spec_paths(spec);  // the local copies, as a local spec's paths are checked
+    } catch (const SpecError& e) {
+      std::cerr << "zenflow: invalid job spec: " << e.what() << "\n";
+      return attempt::kExitBadInput;
+    } catch (const storage::S3Error& e) {
+      std::cerr << "zenflow: error: " << key << ": " << e.what() << "\n";
+      return e.http_status == 404 || e.http_status == 403 ? attempt::kExitBadInput : attempt::kExitFailed;
+    } catch (const std::exception& e) {
+      std::cerr << "zenflow: error: " << key << ": " << e.what() << "\n";
+      return attempt::kExitBadInput;
+    }
+  }
+  if (!checkpoint_uri.empty()) {
+    const storage::S3Uri remote = storage::parse_s3_uri(checkpoint_uri);  // the spec checked it
     MirrorOptions mo;
     mo.keep = spec.checkpoint.keep;
-    mo.log = [rank0](const std::string& line) {
-      if (rank0) std::cerr << "zenflow: " << line << "\n";
-    };
+    mo.log = log0;
     const bool first_on_host =
         !distributed::distributed_env_present() || distributed::local_placement_from_env().rank == 0;
     try {
@@ -340,8 +384,8 @@ int run_rank(const RankArgs& a) {
     spec.checkpoint.dir = mirror->local_dir();
   }
 #else
-  if (!checkpoint_uri.empty()) {
-    std::cerr << "zenflow: invalid job spec: checkpoint.dir: " << checkpoint_uri
+  if (!checkpoint_uri.empty() || !inputs.empty()) {
+    std::cerr << "zenflow: invalid job spec: " << (checkpoint_uri.empty() ? inputs[0].first : "checkpoint.dir")
               << ": this build has no s3:// support (libcurl4-openssl-dev and libexpat1-dev were not found when it "
                  "was built)\n";
     return attempt::kExitBadInput;
@@ -369,6 +413,7 @@ int run_rank(const RankArgs& a) {
       if (!k.empty()) opts.allow_spec_change.push_back(k);
   }
   opts.on_training_start = [] { g_training.store(true); };
+  opts.input_uris = opts_input_uris;
 #if ZENFLOW_HAVE_S3
   if (mirror && rank0)
     opts.on_checkpoint_committed = [&](int64_t step, const std::string& dir) { return mirror->push(dir, step); };

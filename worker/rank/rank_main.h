@@ -31,6 +31,7 @@ struct RankArgs {
   double lease_timeout = 3;          // seconds without a byte on lease_fd before the lease expires
   double lock_wait = 0;              // seconds to wait for checkpoint.dir's lock
   std::string staging_dir;           // checkpoint.dir: s3:// is staged under it (checkpoint_mirror.h)
+  std::string cache_dir;             // s3:// inputs are cached there (object_cache.h)
   std::vector<std::string> argv;     // this process's argv, for the rank processes
 };
 

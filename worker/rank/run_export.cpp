@@ -7,10 +7,15 @@
 
 #include "common/input_file.h"
 #include "common/job_spec.h"
+#include "common/storage/s3_uri.h"
 #include "worker/rank/checkpoint.h"
 #include "worker/model/hf_model.h"
 #include "worker/model/tokenizer.h"
 #include "worker/rank/model_factory.h"
+#if ZENFLOW_HAVE_S3
+#include "common/storage/object_cache.h"
+#include "common/storage/s3.h"
+#endif
 
 namespace zenflow {
 
@@ -38,6 +43,26 @@ ExportSummary export_run(const std::string& run_dir, const std::string& out_dir,
     throw ExportInputError(job_file.string() + ": " + e.what());
   }
 
+  // A model or tokenizer the run read from a bucket: fetched into this machine's cache.
+#if ZENFLOW_HAVE_S3
+  std::vector<storage::ObjectCache::Entry> cached;
+#endif
+  for (auto [key, field] : {std::pair<const char*, std::string*>{"model.from", &spec.model.from},
+                            {"data.tokenizer", &spec.data.tokenizer}}) {
+    if (!storage::is_s3_uri(*field)) continue;
+#if ZENFLOW_HAVE_S3
+    try {
+      auto client = std::make_shared<storage::S3Client>(storage::s3_settings_from_environment());
+      storage::ObjectCache cache(storage::object_cache_dir(), int64_t{200} << 30, client, warn);
+      cached.push_back(cache.fetch(storage::parse_s3_uri(*field)));
+      *field = cached.back().path;
+    } catch (const std::exception& e) {
+      throw ExportInputError(std::string(key) + ": " + e.what());
+    }
+#else
+    throw ExportInputError(std::string(key) + ": " + *field + ": this build has no s3:// support");
+#endif
+  }
   int64_t vocab = 0;
   try {
     vocab = model::load_tokenizer(spec.data.tokenizer)->vocab_size();

@@ -594,6 +594,7 @@ class TrainingRun {
   // checkpoints moved aside.
   void resume() {
     identity_ = job_identity(spec_, world_);
+    for (const auto& [key, uri] : options_.input_uris) identity_[key] = uri;
     if (options_.resume && !spec_.checkpoint.dir.empty()) {
       CheckpointScan scan = scan_checkpoints(
           spec_.checkpoint.dir, [&](const std::string& s) { log(s); }, /*quarantine=*/owns_dir_);
@@ -727,7 +728,15 @@ class TrainingRun {
   // Setup is done: from here `stop` ends the run with a checkpoint. Tells the caller, the
   // observer and the reporter.
   void begin_training() {
-    run_yaml_ = to_yaml(spec_);
+    // run.yaml keeps the URIs of inputs read from a bucket, not this worker's copies.
+    JobSpec written = spec_;
+    for (const auto& [key, uri] : options_.input_uris) {
+      if (key == "model.from") written.model.from = uri;
+      if (key == "data.train") written.data.train = uri;
+      if (key == "data.val") written.data.val = uri;
+      if (key == "data.tokenizer") written.data.tokenizer = uri;
+    }
+    run_yaml_ = to_yaml(written);
     if (options_.on_training_start) options_.on_training_start();
     if (options_.observer) {
       RunFacts facts;

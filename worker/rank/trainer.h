@@ -61,6 +61,10 @@ struct RunOptions {
   // visible (checkpoint.h): when it refuses, nothing is committed and run_training throws
   // CommitFenced. Empty: every commit is allowed. `zenflow run --lease-fd` passes its Lease.
   CommitFence commit_fence;
+  // Spec keys whose value is a local copy of an s3:// URI (object_cache.h), and the URI: the
+  // job's identity (checkpoint.h, job_identity) records the URI, so a resume elsewhere,
+  // from another copy, is the same job.
+  std::map<std::string, std::string> input_uris;
   // Called by rank 0 after each checkpoint it committed (the step and its directory); returns
   // the seconds training waited before going on (checkpoint.dir: s3://, the previous
   // checkpoint's upload: stall cause checkpoint_upload). Empty: nothing.
