@@ -563,7 +563,7 @@ TEST_F(PrometheusLive, ScrapesARunAndEveryRuleAndAlertEvaluates) {
   };
   EXPECT_EQ(label_values("zenflow_stall_seconds_total", "cause"),
             (std::set<std::string>{"host_optimizer", "transfer_d2h", "transfer_h2d", "network", "allreduce",
-                                   "data", "checkpoint"}));
+                                   "data", "checkpoint", "checkpoint_upload"}));
   EXPECT_EQ(label_values("zenflow_transfer_bytes_total", "direction"), (std::set<std::string>{"d2h", "h2d"}));
   EXPECT_EQ(label_values("zenflow_host_memory_bytes", "kind"),
             (std::set<std::string>{"master", "moments", "accumulators", "pinned", "staging", "host_total"}));

@@ -25,6 +25,9 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "tests/support/http_client.h"
+#if ZENFLOW_TEST_S3
+#include "tests/support/moto.h"
+#endif
 #include "tests/support/service_cluster.h"
 #include "tests/support/shell.h"
 #include "tests/support/tiny_job.h"
@@ -186,6 +189,61 @@ TEST(Service, KilledWorkerAgentJobResumesFromItsCheckpointElsewhere) {
   EXPECT_NEAR(st.value("usd_per_1m_tokens", 0.0), usd * 1e6 / double(tokens), 1e-9);
   EXPECT_NEAR(st.value("usd_lost_to_stalls", 0.0), usd * st.value("stall_share", 0.0), 1e-12);
 }
+
+#if ZENFLOW_TEST_S3
+// checkpoint.dir: s3:// — no directory is shared: each worker stages the job's checkpoints
+// in its own work dir and uploads them to the bucket (moto_server). The worker running it
+// is killed; the job resumes on the other, from the bucket, and ends with the loss of an
+// uninterrupted local run.
+TEST(Service, AJobWithItsCheckpointsInABucketResumesOnAnotherWorkerSharingNoDirectory) {
+  const std::string moto = test_support::find_moto_server();
+  if (moto.empty()) GTEST_SKIP() << "moto_server is not installed (pip install 'moto[server]'): no S3 server to test against";
+  Cluster c("s3-resume");
+  test_support::MotoServer bucket(moto, c.dir() / "moto.log", /*check_signatures=*/false);
+  bucket.create_bucket("zf-svc");
+  // The agents pass their environment (AWS_*) to their ranks.
+  struct Env {
+    std::vector<std::string> names;
+    void set(const std::string& k, const std::string& v) {
+      ::setenv(k.c_str(), v.c_str(), 1);
+      names.push_back(k);
+    }
+    ~Env() {
+      for (const std::string& k : names) ::unsetenv(k.c_str());
+    }
+  } env;
+  env.set("AWS_ENDPOINT_URL", bucket.url());
+  env.set("AWS_ACCESS_KEY_ID", bucket.key_id());
+  env.set("AWS_SECRET_ACCESS_KEY", bucket.secret());
+  c.start_coordinator();
+  c.start_worker("w1", 1, kShortFence);
+  c.start_worker("w2", 1, kShortFence);
+  const fs::path spec = write_job(c, "s3job", 3000, 100);
+  std::string text = read_file(spec);
+  const std::string local_dir = "dir: " + (c.dir() / "ckpt-s3job").string();
+  text.replace(text.find(local_dir), local_dir.size(), "dir: s3://zf-svc/jobs/s3job");
+  write_file(spec, text);
+  const std::string id = c.submit(spec);
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(wait_until([&] { return step_of(c, id) >= 150; }, 120s)) << c.status(id).dump() << logs_of(c, id);
+  const std::string victim = placement0(c.status(id));
+  const std::string other = victim == "w1" ? "w2" : "w1";
+  // Its checkpoints are staged in the victim's own work dir only.
+  const fs::path staged = c.dir() / ("work-" + victim) / "staging/zf-svc/jobs/s3job";
+  int committed = 0;
+  for (const auto& e : fs::directory_iterator(staged)) committed += fs::exists(e.path() / "manifest.json");
+  EXPECT_GE(committed, 1);
+  EXPECT_FALSE(fs::exists(c.dir() / ("work-" + other) / "staging/zf-svc/jobs/s3job"));
+  c.worker(victim).signal(SIGKILL);
+  ASSERT_TRUE(c.wait_state(id, "SUCCEEDED", 180s)) << c.status(id).dump() << logs_of(c, id);
+  const nlohmann::json st = c.status(id);
+  EXPECT_EQ(placement0(st), other);
+  EXPECT_GE(i64(st, "resumed_from_step", 0), 100) << "it started over instead of resuming from the bucket";
+  EXPECT_NE(logs_of(c, id).find("from s3://zf-svc/jobs/s3job: "), std::string::npos) << logs_of(c, id);
+  EXPECT_DOUBLE_EQ(st.value("last_loss", 0.0), reference_loss(c, spec));
+  EXPECT_TRUE(fs::exists(c.dir() / ("work-" + other) / "staging/zf-svc/jobs/s3job/step-00003000/manifest.json"));
+}
+#endif
 
 TEST(Service, PausedWorkerIsFencedAndItsStaleAttemptEnds) {
   Cluster c("sigstop");
