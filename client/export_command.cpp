@@ -54,8 +54,7 @@ struct TempDir {
 // temporary directory first (common/storage/checkpoint_mirror.h); "" and *step -1 for a
 // local run directory. Throws ExportInputError for a bad URI or environment.
 std::string stage_from_bucket(const std::string& uri, std::shared_ptr<TempDir>* tmp) {
-  storage::S3Uri remote = storage::parse_s3_uri(uri);
-  while (!remote.key.empty() && remote.key.back() == '/') remote.key.pop_back();
+  storage::S3Uri remote = storage::parse_s3_uri(uri).trimmed();
   int64_t step = -1;
   const size_t slash = remote.key.rfind('/');
   if (const int64_t s = checkpoint_step_of(remote.key.substr(slash == std::string::npos ? 0 : slash + 1)); s >= 0) {

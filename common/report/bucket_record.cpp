@@ -5,11 +5,10 @@ namespace zenflow::report {
 RunRecord read_bucket_run_record(const std::string& uri, storage::S3Client& client) {
   storage::S3Uri prefix;
   try {
-    prefix = storage::parse_s3_uri(uri);
+    prefix = storage::parse_s3_uri(uri).trimmed();
   } catch (const std::invalid_argument& e) {
     throw RunRecordError(e.what());
   }
-  while (!prefix.key.empty() && prefix.key.back() == '/') prefix.key.pop_back();
   const storage::S3Uri log = prefix.child("steps.jsonl");
   std::string text;
   try {

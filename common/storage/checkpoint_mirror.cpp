@@ -82,17 +82,8 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }  // namespace
 
 std::string staging_dir_for(const S3Uri& remote, const std::string& base) {
-  std::string dir = base;
-  auto env = [](const char* name) -> std::string {
-    const char* v = std::getenv(name);
-    return v ? v : "";
-  };
-  if (dir.empty()) dir = env("ZENFLOW_STAGING_DIR");
-  if (dir.empty() && !env("XDG_CACHE_HOME").empty()) dir = env("XDG_CACHE_HOME") + "/zenflow/checkpoints";
-  if (dir.empty()) dir = (env("HOME").empty() ? std::string("/tmp") : env("HOME")) + "/.cache/zenflow/checkpoints";
-  std::string key = remote.key;
-  while (!key.empty() && key.back() == '/') key.pop_back();
-  return (fs::path(dir) / remote.bucket / key).lexically_normal().string();
+  const std::string dir = storage::zenflow_cache_dir(base, "ZENFLOW_STAGING_DIR", "checkpoints");
+  return (fs::path(dir) / remote.bucket / remote.trimmed().key).lexically_normal().string();
 }
 
 struct CheckpointMirror::Impl {
@@ -263,9 +254,8 @@ struct CheckpointMirror::Impl {
 CheckpointMirror::CheckpointMirror(std::shared_ptr<storage::S3Client> client, S3Uri remote, std::string local_dir,
                                    MirrorOptions options)
     : impl_(new Impl) {
-  while (!remote.key.empty() && remote.key.back() == '/') remote.key.pop_back();
   impl_->client = std::move(client);
-  impl_->remote = std::move(remote);
+  impl_->remote = remote.trimmed();
   impl_->local = std::move(local_dir);
   impl_->opt = std::move(options);
   fs::create_directories(impl_->local);

@@ -96,14 +96,7 @@ std::string size_text(int64_t bytes) {
 }
 
 std::string object_cache_dir(const std::string& base) {
-  auto env = [](const char* name) -> std::string {
-    const char* v = std::getenv(name);
-    return v ? v : "";
-  };
-  if (!base.empty()) return base;
-  if (!env("ZENFLOW_CACHE_DIR").empty()) return env("ZENFLOW_CACHE_DIR");
-  if (!env("XDG_CACHE_HOME").empty()) return env("XDG_CACHE_HOME") + "/zenflow/objects";
-  return (env("HOME").empty() ? std::string("/tmp") : env("HOME")) + "/.cache/zenflow/objects";
+  return zenflow_cache_dir(base, "ZENFLOW_CACHE_DIR", "objects");
 }
 
 ObjectCache::Entry::Entry(Entry&& o) noexcept

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cctype>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -15,6 +16,12 @@ struct S3Uri {
   std::string bucket;
   std::string key;
   std::string text() const { return "s3://" + bucket + (key.empty() ? "" : "/" + key); }
+  // This URI as a prefix without its trailing '/'s ("s3://b/run/" -> "s3://b/run").
+  S3Uri trimmed() const {
+    S3Uri t = *this;
+    while (!t.key.empty() && t.key.back() == '/') t.key.pop_back();
+    return t;
+  }
   // This URI with `name` appended after a '/' (none doubled).
   S3Uri child(const std::string& name) const {
     S3Uri c = *this;
@@ -23,6 +30,19 @@ struct S3Uri {
     return c;
   }
 };
+
+// A directory for zenflow's local copies: `given` when not empty, else $<env_var>, else
+// $XDG_CACHE_HOME/zenflow/<sub>, else $HOME/.cache/zenflow/<sub> (/tmp without a $HOME).
+inline std::string zenflow_cache_dir(const std::string& given, const char* env_var, const std::string& sub) {
+  auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v ? v : "";
+  };
+  if (!given.empty()) return given;
+  if (!env(env_var).empty()) return env(env_var);
+  if (!env("XDG_CACHE_HOME").empty()) return env("XDG_CACHE_HOME") + "/zenflow/" + sub;
+  return (env("HOME").empty() ? std::string("/tmp") : env("HOME")) + "/.cache/zenflow/" + sub;
+}
 
 // Throws std::invalid_argument naming `uri` and what is wrong with it: S3's bucket naming
 // rules (3-63 characters of a-z, 0-9, '.' and '-', starting and ending with a letter or a
