@@ -867,6 +867,10 @@ void rows(V& v, Of<CheckpointSpec>) {
     &CheckpointSpec::dir);
   v(Int{"every_steps", {0, kBillion}, "Steps between periodic checkpoints; 0: none"}, &CheckpointSpec::every_steps);
   v(Int{"keep", {1, kMillion}, "Checkpoints kept; older ones are pruned"}, &CheckpointSpec::keep);
+  v(Int{"upload_mib_per_s", {0, kMillion},
+        "With an s3:// dir: the most MiB/s the background upload sends, over all its parts (each rank's shard "
+        "upload too), to leave the network to training; 0: no cap"},
+    &CheckpointSpec::upload_mib_per_s);
 }
 
 template <typename V>

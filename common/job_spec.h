@@ -177,6 +177,7 @@ struct CheckpointSpec {
   std::string dir;            // when not given: runs/<name> under the current directory (above)
   int64_t every_steps = 100;  // 0 disables periodic checkpoints
   int64_t keep = 3;
+  int64_t upload_mib_per_s = 0;  // s3://: the background upload's bandwidth cap; 0: none
 };
 
 struct CostSpec {

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -106,6 +107,16 @@ TEST(S3Settings, EnvironmentCredentialsEndpointAndRegionWinOverTheProfile) {
   EXPECT_EQ(s.region, "eu-west-3");
   EXPECT_EQ(s.endpoint, "https://s3.eu-west-3.amazonaws.com");
   EXPECT_FALSE(s.path_style);
+  EXPECT_EQ(s.max_attempts, 6);
+
+  // Attempts per request: AWS_MAX_ATTEMPTS, else the profile's max_attempts; nonsense is refused.
+  write_text(home / ".aws/config", "[default]\nregion = eu-west-3\nmax_attempts = 9\n");
+  EXPECT_EQ(s3_settings_from_environment(env_of({{"HOME", home.string()}})).max_attempts, 9);
+  EXPECT_EQ(s3_settings_from_environment(env_of({{"HOME", home.string()}, {"AWS_MAX_ATTEMPTS", "2"}})).max_attempts, 2);
+  const std::string e = error_of([&] { s3_settings_from_environment(env_of({{"AWS_MAX_ATTEMPTS", "lots"}})); });
+  EXPECT_NE(e.find("AWS_MAX_ATTEMPTS (or the profile's max_attempts) is 'lots': an integer from 1 to 100 was expected"),
+            std::string::npos)
+      << e;
 }
 
 TEST(S3Settings, NamedProfilesFromTheCredentialsAndConfigFiles) {
@@ -369,6 +380,40 @@ TEST(S3Credentials, TheContainerEndpointGivesTemporaryCredentialsThatSignRequest
                                                             {"AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", (dir / "token").string()}}));
   EXPECT_EQ(error_of([&] { refused.credentials->current(); }),
             "the container credentials endpoint " + creds.url() + "/creds: HTTP 401");
+}
+
+// checkpoint.upload_mib_per_s: a capped upload cannot go faster than its cap (loopback to a
+// stub that takes everything at once would, by orders of magnitude). Lower bounds only.
+TEST(S3Upload, ABandwidthCapHoldsOneObjectAndAParallelMultipartUnderIt) {
+  HttpStub stub([](const HttpRequest& r) {
+    if (r.method == "POST" && r.target.find("uploads") != std::string::npos)
+      return HttpReply{200, {}, "<InitiateMultipartUploadResult><UploadId>u1</UploadId></InitiateMultipartUploadResult>"};
+    return HttpReply{200, {{"ETag", "\"e\""}}, ""};
+  });
+  std::vector<double> waits;
+  S3Client client(stub_settings(stub, &waits));
+  const fs::path dir = test_support::fresh_scratch_dir("s3-cap");
+  auto file_of = [&](const std::string& name, size_t bytes) {
+    const fs::path p = dir / name;
+    std::ofstream(p, std::ios::binary) << std::string(bytes, 'z');
+    return p.string();
+  };
+  auto seconds_to_send = [&](const std::string& path, const UploadOptions& o) {
+    const auto t0 = std::chrono::steady_clock::now();
+    client.put_file(path, parse_s3_uri("s3://bkt/" + fs::path(path).filename().string()), o);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  UploadOptions one;
+  one.max_bytes_per_second = 1 << 20;
+  EXPECT_GE(seconds_to_send(file_of("one", 3 << 20), one), 2.0) << "3 MiB at 1 MiB/s";
+  UploadOptions parts;
+  parts.part_bytes = 5 << 20;
+  parts.parallel_parts = 2;
+  parts.max_bytes_per_second = 4 << 20;
+  EXPECT_GE(seconds_to_send(file_of("parts", 10 << 20), parts), 1.8) << "2 parts of 5 MiB at 2 MiB/s each";
+  size_t part_puts = 0;
+  for (const auto& r : stub.requests()) part_puts += r.method == "PUT" && r.target.find("partNumber") != std::string::npos;
+  EXPECT_EQ(part_puts, 2u);
 }
 
 TEST(S3Keys, AreSentUriEncodedOnceAsSigV4Wants) {

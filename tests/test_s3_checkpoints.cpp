@@ -17,7 +17,9 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -201,6 +203,79 @@ TEST_F(S3Checkpoints, PullBringsTheNewestStepThatVerifiesAndSkipsDamagedAndUnfin
                             "checkpoint");
 }
 
+// Ranks on two workers, each with its own staging directory: rank 1's worker sends its
+// shard; rank 0's upload of the step waits for it (the checksum rank 0 was told) and only
+// then commits the manifest; a shard that never arrives leaves the step uncommitted.
+TEST_F(S3Checkpoints, AStepCommitsOnlyOnceTheShardAnotherWorkerSendsHasArrived) {
+  const fs::path w0 = dir_ / "worker0", w1 = dir_ / "worker1";
+  auto add_remote_shard = [&](int64_t step, const std::string& bytes) {
+    char name[32];
+    std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
+    const fs::path p = make_step(w0, step, static_cast<unsigned>(step));
+    nlohmann::json m = nlohmann::json::parse(test_support::read_file(p / "manifest.json"));
+    m["world_size"] = 2;
+    m["files"]["engine-rank-00001.safetensors"] = {{"bytes", bytes.size()},
+                                                   {"crc32c", crc32c_hex(crc32c(bytes.data(), bytes.size()))}};
+    test_support::write_file(p / "manifest.json", m.dump());
+    const fs::path shard = w1 / (std::string(name) + ".tmp") / "engine-rank-00001.safetensors";
+    fs::create_directories(shard.parent_path());
+    test_support::write_file(shard, bytes);
+    test_support::write_file(shard.string() + ".crc32c", "{}\n");
+    return std::make_pair(p, shard);
+  };
+  const std::string shard6 = random_bytes(9000, 61);
+  auto [step6, shard_file6] = add_remote_shard(6, shard6);
+  auto m0 = mirror(w0), m1 = mirror(w1);
+  m0->push(step6.string(), 6);  // waits in the background for rank 1's shard
+  m1->push_shard(shard_file6.string(), 6, crc32c(shard6.data(), shard6.size()));
+  EXPECT_EQ(m1->flush().step, -1) << "a shard is not a checkpoint";
+  EXPECT_EQ(m0->flush().step, 6);
+  EXPECT_EQ(client_->get(parse_s3_uri("s3://zf-ck/runs/a/step-00000006/engine-rank-00001.safetensors")), shard6);
+  EXPECT_FALSE(fs::exists(shard_file6.parent_path())) << "worker 1 keeps no copy of what it sent";
+
+  // Step 9: the bucket holds an older attempt's shard 1 (another checksum) and no new one
+  // comes: the manifest never goes up.
+  const std::string shard9 = random_bytes(9000, 91);
+  auto [step9, shard_file9] = add_remote_shard(9, shard9);
+  client_->put(parse_s3_uri("s3://zf-ck/runs/a/step-00000009/engine-rank-00001.safetensors"), random_bytes(9000, 5));
+  client_->put(parse_s3_uri("s3://zf-ck/runs/a/step-00000009/engine-rank-00001.safetensors.crc32c"), "00000000\n");
+  MirrorOptions impatient;
+  impatient.shard_wait_s = 0.3;
+  CheckpointMirror m0b(client_, parse_s3_uri("s3://zf-ck/runs/a"), w0.string(), impatient);
+  m0b.push(step9.string(), 9);
+  try {
+    m0b.flush();
+    ADD_FAILURE() << "step 9 committed without rank 1's shard";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("s3://zf-ck/runs/a/step-00000009/engine-rank-00001.safetensors did not "
+                                         "arrive from its rank's worker within 0.3 s"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("found checksum 00000000, 9000 bytes"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(m0->newest_remote_step(), 6);
+
+  // Rank 1's worker resumes: it brings the shared files and its own shard, not rank 0's.
+  MirrorOptions own;
+  own.shard_wanted = [](int64_t world, int r) { return world != 2 || r == 1; };
+  CheckpointMirror r1(client_, parse_s3_uri("s3://zf-ck/runs/a"), (dir_ / "resume1").string(), own);
+  const CheckpointMirror::Pulled p1 = r1.pull_for_run(/*clean_uncommitted=*/false);
+  EXPECT_EQ(p1.step, 6);
+  EXPECT_EQ(test_support::read_file(dir_ / "resume1/step-00000006/engine-rank-00001.safetensors"), shard6);
+  EXPECT_FALSE(fs::exists(dir_ / "resume1/step-00000006/engine.safetensors"));
+  EXPECT_EQ(p1.bytes_downloaded, 7006 + 40 + 9000);
+  // Rank 0's worker resumes: step 9's leftovers go from the bucket, and its own step 9,
+  // which never reached the bucket, from the staging directory.
+  logged_.clear();
+  const CheckpointMirror::Pulled p0 = mirror(w0)->pull_for_run(/*clean_uncommitted=*/true);
+  EXPECT_EQ(p0.step, 6);
+  EXPECT_FALSE(fs::exists(step9));
+  EXPECT_TRUE(keys_of(*client_, parse_s3_uri("s3://zf-ck/runs/a/step-00000009/")).empty());
+  EXPECT_NE(std::find(logged_.begin(), logged_.end(),
+                      "s3://zf-ck/runs/a/step-00000009 never committed (no manifest.json): its objects were deleted"),
+            logged_.end());
+}
+
 // What a push sends, in order, to a scripted S3: the files, then the manifest with
 // If-None-Match, then steps.jsonl, then the rotation's LIST.
 TEST(S3CheckpointOrder, TheManifestGoesLastAndOnlyWhereNoneIs) {
@@ -280,6 +355,30 @@ class S3Run : public S3Checkpoints {
     *err = test_support::read_file(e);
     return rc;
   }
+  // Two ranks, each alone on its "worker" (ZENFLOW_LOCAL_WORLD_SIZE=1, as the agent places a
+  // job of resources.workers: 2), each staging in its own directory: no path is shared.
+  // Exit status of the pair (0 when both succeeded); rank 0's stdout in *out, the ranks'
+  // stderr in err[0], err[1].
+  int run_two_workers(const std::string& flags, const fs::path& stage0, const fs::path& stage1, std::string* out,
+                      std::string err[2]) {
+    const int n = runs_++;
+    const int port = test_support::free_tcp_port();
+    std::string cmd;
+    for (int r = 0; r < 2; ++r)
+      cmd += "env AWS_ENDPOINT_URL=" + moto_->url() + " AWS_ACCESS_KEY_ID=" + moto_->key_id() +
+             " AWS_SECRET_ACCESS_KEY=" + moto_->secret() + " ZENFLOW_RANK=" + std::to_string(r) +
+             " ZENFLOW_WORLD_SIZE=2 ZENFLOW_LOCAL_RANK=0 ZENFLOW_LOCAL_WORLD_SIZE=1 ZENFLOW_MASTER_ADDR=127.0.0.1"
+             " ZENFLOW_MASTER_PORT=" + std::to_string(port) + " ZENFLOW_DIST_TIMEOUT_S=120 " + ZENFLOW_BINARY_DIR +
+             "/bin/zenflow run " + spec_.string() + " --quiet --json " + flags + " --staging-dir " +
+             (r == 0 ? stage0 : stage1).string() + " 2>" + (dir_ / ("err-" + std::to_string(n) + "-" + std::to_string(r))).string() +
+             (r == 0 ? " >" + (dir_ / ("out-" + std::to_string(n))).string() + " & a=$!; " : " >/dev/null & b=$!; ");
+    cmd += "wait $a; ra=$?; wait $b; rb=$?; exit $((ra | rb))";
+    std::string ignored;
+    const int rc = test_support::run("/bin/sh -c '" + cmd + "'", &ignored);
+    *out = test_support::read_file(dir_ / ("out-" + std::to_string(n)));
+    for (int r = 0; r < 2; ++r) err[r] = test_support::read_file(dir_ / ("err-" + std::to_string(n) + "-" + std::to_string(r)));
+    return rc;
+  }
   fs::path spec_;
   int runs_ = 0;
 };
@@ -357,6 +456,55 @@ TEST_F(S3Run, AResumeOnAnotherWorkerFromTheBucketTrainsExactlyAsALocalResume) {
   EXPECT_NE(err.find("--fresh: " + uri + " already holds checkpoints (the newest is step 12)"), std::string::npos) << err;
 }
 
+// A job on two workers with no shared path: each rank's shard reaches the bucket from its own
+// worker, a resume on swapped workers brings each worker only its own shards, and the
+// numbers are those of the same ranks sharing one local directory, to the bit. One rank
+// afterwards re-shards the state of both from the bucket.
+TEST_F(S3Run, TwoWorkersSharingNoDirectoryCheckpointAndResumeEachWithItsOwnShards) {
+  const std::string uri = "s3://zf-ck/runs/pair";
+  const std::string set = " --set checkpoint.dir=" + uri;
+  std::string out, err[2];
+  ASSERT_EQ(run_two_workers("--set train.steps=8" + set, dir_ / "A", dir_ / "B", &out, err), 0) << err[0] << err[1];
+  EXPECT_NE(err[0].find("checkpoint step 8 durable in " + uri + "/step-00000008"), std::string::npos) << err[0];
+  const std::vector<std::string> step8 = keys_of(*client_, parse_s3_uri(uri + "/step-00000008/"));
+  EXPECT_EQ(step8, (std::vector<std::string>{"engine-rank-00001.safetensors", "engine-rank-00001.safetensors.crc32c",
+                                             "engine.safetensors", "manifest.json", "model.safetensors",
+                                             "run.yaml", "trainer.json"}));
+  const nlohmann::json manifest = nlohmann::json::parse(client_->get(parse_s3_uri(uri + "/step-00000008/manifest.json")));
+  EXPECT_EQ(manifest.at("world_size"), 2);
+  const std::string shard1 = client_->get(parse_s3_uri(uri + "/step-00000008/engine-rank-00001.safetensors"));
+  EXPECT_EQ(manifest.at("files").at("engine-rank-00001.safetensors").at("bytes").get<size_t>(), shard1.size());
+  EXPECT_EQ(manifest.at("files").at("engine-rank-00001.safetensors").at("crc32c"),
+            crc32c_hex(crc32c(shard1.data(), shard1.size())));
+  // Worker B keeps no step: it held only rank 1's shards, now in the bucket.
+  for (const auto& e : fs::directory_iterator(dir_ / "B/zf-ck/runs/pair"))
+    EXPECT_NE(e.path().filename().string().rfind("step-", 0), 0u) << e.path();
+  EXPECT_FALSE(fs::exists(dir_ / "A/zf-ck/runs/pair/step-00000008/engine-rank-00001.safetensors"));
+
+  // Resume with the workers swapped and a new one: rank 0 on C (empty), rank 1 on A.
+  ASSERT_EQ(run_two_workers("--set train.steps=12" + set, dir_ / "C", dir_ / "A", &out, err), 0) << err[0] << err[1];
+  const nlohmann::json bucket = nlohmann::json::parse(out);
+  EXPECT_EQ(bucket.at("start_step"), 8);
+  EXPECT_TRUE(fs::exists(dir_ / "C/zf-ck/runs/pair/step-00000008/engine.safetensors"));
+  EXPECT_FALSE(fs::exists(dir_ / "C/zf-ck/runs/pair/step-00000008/engine-rank-00001.safetensors"))
+      << "rank 0's worker downloaded rank 1's shard";
+  EXPECT_TRUE(fs::exists(dir_ / "A/zf-ck/runs/pair/step-00000008/engine-rank-00001.safetensors"));
+
+  // The same two runs, both ranks sharing one local directory.
+  const std::string local = (dir_ / "local").string();
+  std::string e1;
+  ASSERT_EQ(run("--nproc 2 --set train.steps=8 --set checkpoint.dir=" + local, &out, &e1), 0) << e1;
+  ASSERT_EQ(run("--nproc 2 --set train.steps=12 --set checkpoint.dir=" + local, &out, &e1), 0) << e1;
+  const nlohmann::json shared = nlohmann::json::parse(out);
+  EXPECT_EQ(bucket.at("losses"), shared.at("losses"));
+  EXPECT_EQ(bucket.at("final_loss").get<double>(), shared.at("final_loss").get<double>());
+
+  // One rank: it needs both shards (re-sharding), and its pull brings them.
+  ASSERT_EQ(run("--set train.steps=14 --set train.grad_accum=2" + set + " --staging-dir " + (dir_ / "D").string(), &out, &e1), 0) << e1;
+  EXPECT_NE(e1.find("re-sharded the optimizer state of 2 ranks over 1"), std::string::npos) << e1;
+  EXPECT_TRUE(fs::exists(dir_ / "D/zf-ck/runs/pair/step-00000012/engine-rank-00001.safetensors"));
+}
+
 // SIGTERM (a spot interruption notice) in the middle of a long run: its checkpoint is in the
 // bucket before the process exits, and it says so.
 TEST_F(S3Run, ASigtermsCheckpointIsDurableBeforeTheProcessExits) {
@@ -389,6 +537,77 @@ TEST_F(S3Run, ASigtermsCheckpointIsDurableBeforeTheProcessExits) {
   EXPECT_NE(err.find("checkpoint step " + std::to_string(newest) + " durable in " + uri + "/" + step_dir),
             std::string::npos)
       << err;
+}
+
+// The S3 server gone in the middle of an upload (its process killed: every connection cut,
+// new ones refused) and back a few seconds later: training goes on meanwhile, the upload's
+// requests are retried, the step commits, and the bucket's newest step verifies. moto keeps
+// its buckets in memory, so the process killed is a TCP proxy in front of it
+// (tests/support/tcp_proxy.py): to the client, the same thing.
+TEST_F(S3Run, TheServerKilledDuringAnUploadAndRestartedTheStepStillCommits) {
+  const std::string uri = "s3://zf-ck/runs/outage";
+  const fs::path spec = dir_ / "big.yaml";
+  std::string text = kSpec;
+  text.replace(text.find("hidden_size: 32"), 15, "hidden_size: 96");
+  text.replace(text.find("intermediate_size: 64"), 21, "intermediate_size: 384");
+  test_support::write_file(spec, text);
+  const int port = test_support::free_tcp_port();
+  const std::string moto_port = moto_->url().substr(moto_->url().rfind(':') + 1);
+  const std::vector<std::string> proxy_argv = {"/usr/bin/env", "python3", std::string(ZENFLOW_SOURCE_DIR) + "/tests/support/tcp_proxy.py",
+                                               std::to_string(port), moto_port};
+  auto start_proxy = [&](int n) {
+    auto p = std::make_unique<test_support::Process>(proxy_argv, dir_ / ("proxy-" + std::to_string(n) + ".log"));
+    EXPECT_TRUE(test_support::wait_until([&] { return p->output().find("listening") != std::string::npos; },
+                                         std::chrono::seconds(30)))
+        << p->output();
+    return p;
+  };
+  auto proxy = start_proxy(1);
+  const fs::path err_path = dir_ / "outage.stderr", stage = dir_ / "O/zf-ck/runs/outage";
+  // 1 MiB/s: each checkpoint (~3 MiB) takes seconds to upload, long enough to be cut; the
+  // next one comes later than that (~5 ms a step), so training need not wait for it.
+  const std::string cmd = "exec env AWS_ENDPOINT_URL=http://127.0.0.1:" + std::to_string(port) +
+                          " AWS_MAX_ATTEMPTS=12 AWS_ACCESS_KEY_ID=" + moto_->key_id() +
+                          " AWS_SECRET_ACCESS_KEY=" + moto_->secret() + " " + ZENFLOW_BINARY_DIR + "/bin/zenflow run " +
+                          spec.string() + " --quiet --set train.steps=1000000 --set checkpoint.every_steps=1000 " +
+                          "--set checkpoint.upload_mib_per_s=1 --set checkpoint.dir=" + uri + " --staging-dir " +
+                          (dir_ / "O").string() + " 2>" + err_path.string() + " >/dev/null";
+  test_support::Process run({"/bin/sh", "-c", cmd}, dir_ / "outage.log");
+  // An upload in flight: objects of a step whose manifest is not there yet.
+  int64_t cut = -1;
+  ASSERT_TRUE(test_support::wait_until(
+      [&] {
+        std::map<int64_t, std::set<std::string>> steps;
+        for (const std::string& k : keys_of(*client_, parse_s3_uri(uri + "/")))
+          if (k.rfind("step-", 0) == 0) steps[std::stoll(k.substr(5, 8))].insert(k.substr(14));
+        for (const auto& [step, files] : steps)
+          if (!files.count("manifest.json") && !files.empty()) cut = step;
+        return cut >= 0;
+      },
+      std::chrono::seconds(120)))
+      << test_support::read_file(err_path);
+  auto steps_logged = [&] {
+    const std::string log = test_support::read_file(stage / "steps.jsonl");
+    return std::count(log.begin(), log.end(), '\n');
+  };
+  const auto before = steps_logged();
+  proxy.reset();  // SIGKILL: the server is gone
+  // Down until training has taken steps without it (bounded).
+  EXPECT_TRUE(test_support::wait_until([&] { return steps_logged() > before + 5; }, std::chrono::seconds(60)))
+      << "training stopped while the S3 server was down";
+  EXPECT_FALSE(client_->head(parse_s3_uri(uri + "/step-" + std::string(8 - std::to_string(cut).size(), '0') +
+                                          std::to_string(cut) + "/manifest.json")))
+      << "step " << cut << " committed while the server was down";
+  proxy = start_proxy(2);
+  CheckpointMirror view(client_, parse_s3_uri(uri), (dir_ / "view").string(), MirrorOptions{});
+  ASSERT_TRUE(test_support::wait_until([&] { return view.newest_remote_step() >= cut; }, std::chrono::seconds(120)))
+      << test_support::read_file(err_path);
+  run.signal(SIGTERM);
+  EXPECT_EQ(run.wait_exit(std::chrono::seconds(120)), 130) << test_support::read_file(err_path);
+  const CheckpointMirror::Pulled p = view.pull();
+  EXPECT_GE(p.step, cut);
+  EXPECT_EQ(p.damaged, 0);
+  EXPECT_NE(proxy->output().find("connection"), std::string::npos) << "the upload never came back through the server";
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -60,6 +61,14 @@ std::map<std::string, ListedFile> manifest_files(const std::string& text) {
   return out;
 }
 
+// The number of ranks a manifest records (0 when it has none).
+int64_t manifest_world_size(const std::string& text) {
+  const nlohmann::json m = nlohmann::json::parse(text);
+  return m.contains("world_size") && m.at("world_size").is_number_integer() ? m.at("world_size").get<int64_t>() : 0;
+}
+
+constexpr const char* kShardChecksumSuffix = ".crc32c";  // beside a shard another worker sent
+
 std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -96,6 +105,7 @@ struct CheckpointMirror::Impl {
   std::condition_variable cv;
   std::thread uploader;
   bool busy = false;
+  bool abandoning = false;  // the mirror is being destroyed: stop waiting for other workers
   std::exception_ptr error;
   Durable durable;
 
@@ -135,6 +145,13 @@ struct CheckpointMirror::Impl {
       log(dir.text() + " is damaged: " + e.what() + "; trying the previous checkpoint");
       return false;
     }
+    // Every object must be there with its size (one LIST says so for all workers alike);
+    // this worker's files are fetched and verified by checksum.
+    const int64_t world = manifest_world_size(manifest);
+    auto wanted = [&](const std::string& name) {
+      const int r = checkpoint_shard_rank(name);
+      return r < 0 || r >= world || !opt.shard_wanted || opt.shard_wanted(world, r);
+    };
     for (const auto& [name, want] : files) {
       auto it = listed.objects.find(name);
       if (it == listed.objects.end() || it->second != want.bytes) {
@@ -150,9 +167,10 @@ struct CheckpointMirror::Impl {
     std::error_code ec;
     if (fs::exists(final_dir / kManifest, ec) && read_file(final_dir / kManifest) == manifest) {
       bool all = true;
-      for (const auto& [name, want] : files) all = all && file_matches(final_dir / name, want);
+      for (const auto& [name, want] : files) all = all && (!wanted(name) || file_matches(final_dir / name, want));
       if (all) {
-        for (const auto& [name, want] : files) out->bytes_reused += want.bytes;
+        for (const auto& [name, want] : files)
+          if (wanted(name)) out->bytes_reused += want.bytes;
         return true;
       }
     }
@@ -160,6 +178,7 @@ struct CheckpointMirror::Impl {
     fs::remove_all(tmp, ec);
     fs::create_directories(tmp);
     for (const auto& [name, want] : files) {
+      if (!wanted(name)) continue;
       const fs::path have = final_dir / name;
       if (file_matches(have, want)) {  // reused: a hard link (a copy across filesystems)
         fs::create_hard_link(have, tmp / name, ec);
@@ -211,7 +230,16 @@ struct CheckpointMirror::Impl {
     const S3Uri dir = step_uri(step);
     const std::string manifest = read_file(snapshot / kManifest);
     const std::map<std::string, ListedFile> files = manifest_files(manifest);
-    for (const auto& [name, want] : files) client->put_file((snapshot / name).string(), dir.child(name), opt.upload);
+    std::vector<std::pair<std::string, ListedFile>> elsewhere;  // shards other workers send
+    std::error_code ec;
+    for (const auto& [name, want] : files) {
+      if (checkpoint_shard_rank(name) > 0 && !fs::exists(snapshot / name, ec)) {
+        elsewhere.emplace_back(name, want);
+        continue;
+      }
+      client->put_file((snapshot / name).string(), dir.child(name), opt.upload);
+    }
+    for (const auto& [name, want] : elsewhere) wait_for_shard(dir, name, want);
     client->put(dir.child(kManifest), manifest, /*if_none_match=*/true);
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -234,6 +262,72 @@ struct CheckpointMirror::Impl {
         if (name != kManifest) client->remove(step_uri(s).child(name));
     }
   }
+
+  // A shard that a rank on another worker sends (push_shard): its checksum object, written
+  // after the shard, must hold the checksum rank 0 was told, and the shard the manifest's
+  // size. Polled with growing pauses, up to shard_wait_s.
+  void wait_for_shard(const S3Uri& dir, const std::string& name, const ListedFile& want) {
+    const auto started = std::chrono::steady_clock::now();
+    auto last_log = started;
+    double pause = 0.05;
+    std::string seen = "nothing";
+    for (;;) {
+      std::optional<storage::ObjectInfo> sum = client->head(dir.child(name + kShardChecksumSuffix));
+      if (sum && sum->size <= 64) {
+        std::string text = client->get(dir.child(name + kShardChecksumSuffix), 64);
+        while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+        const std::optional<storage::ObjectInfo> shard = client->head(dir.child(name));
+        if (text == want.crc32c && shard && shard->size == want.bytes) return;
+        seen = "checksum " + text + (shard ? ", " + std::to_string(shard->size) + " bytes" : ", no shard");
+      }
+      const double waited = seconds_since(started);
+      if (waited > opt.shard_wait_s) {
+        char limit[32];
+        std::snprintf(limit, sizeof limit, "%g", opt.shard_wait_s);
+        throw std::runtime_error(dir.child(name).text() + " did not arrive from its rank's worker within " +
+                                 limit + " s (CRC32C " + want.crc32c +
+                                 ", " + std::to_string(want.bytes) + " bytes wanted; found " + seen +
+                                 "), so step " + dir.key.substr(dir.key.rfind('/') + 1) + " was not committed");
+      }
+      if (std::chrono::steady_clock::now() - last_log > std::chrono::seconds(60)) {
+        last_log = std::chrono::steady_clock::now();
+        log("waiting for " + dir.child(name).text() + " from its rank's worker (" +
+            std::to_string(static_cast<int>(waited)) + " s so far)");
+      }
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        if (cv.wait_for(lock, std::chrono::duration<double>(pause), [&] { return abandoning; }))
+          throw std::runtime_error("step " + dir.key.substr(dir.key.rfind('/') + 1) +
+                                   " was not committed: the run ended while it waited for " + dir.child(name).text() +
+                                   " from its rank's worker");
+      }
+      pause = std::min(2.0, pause * 2);
+    }
+  }
+
+  // Runs `job` on the uploader thread (one at a time); `snapshot` is removed after it.
+  void start(const fs::path& snapshot, std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      busy = true;
+    }
+    uploader = std::thread([this, snapshot, job = std::move(job)] {
+      std::exception_ptr err;
+      try {
+        job();
+      } catch (...) {
+        err = std::current_exception();
+      }
+      std::error_code rm;
+      fs::remove_all(snapshot, rm);
+      std::lock_guard<std::mutex> lock(mu);
+      error = err;
+      busy = false;
+      cv.notify_all();
+    });
+  }
+
+  Pulled pull(int64_t only_step, bool for_run, bool clean_uncommitted);
 
   void wait_idle() {
     std::unique_lock<std::mutex> lock(mu);
@@ -262,6 +356,13 @@ CheckpointMirror::CheckpointMirror(std::shared_ptr<storage::S3Client> client, S3
 }
 
 CheckpointMirror::~CheckpointMirror() {
+  {
+    // flush() was not called (the run failed): an upload still waiting for another worker's
+    // shard gives up rather than hold the process for shard_wait_s.
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->abandoning = true;
+    impl_->cv.notify_all();
+  }
   impl_->wait_idle();
   if (impl_->error) {
     try {
@@ -282,10 +383,26 @@ int64_t CheckpointMirror::newest_remote_step() {
   return -1;
 }
 
-CheckpointMirror::Pulled CheckpointMirror::pull(int64_t only_step) {
-  Impl& i = *impl_;
+CheckpointMirror::Pulled CheckpointMirror::pull(int64_t only_step) { return impl_->pull(only_step, false, false); }
+
+CheckpointMirror::Pulled CheckpointMirror::pull_for_run(bool clean_uncommitted) {
+  return impl_->pull(-1, true, clean_uncommitted);
+}
+
+CheckpointMirror::Pulled CheckpointMirror::Impl::pull(int64_t only_step, bool for_run, bool clean_uncommitted) {
+  Impl& i = *this;
   Pulled out;
-  const std::map<int64_t, RemoteStep> steps = i.list_steps();
+  std::map<int64_t, RemoteStep> steps = i.list_steps();
+  if (clean_uncommitted) {
+    // Objects of steps whose manifest never arrived, newer than every committed step (an
+    // upload cut short): a later commit of the same step must not find them.
+    while (!steps.empty() && !steps.rbegin()->second.committed()) {
+      const int64_t step = steps.rbegin()->first;
+      for (const auto& [name, size] : steps.rbegin()->second.objects) i.client->remove(i.step_uri(step).child(name));
+      i.log(i.step_uri(step).text() + " never committed (no " + kManifest + "): its objects were deleted");
+      steps.erase(step);
+    }
+  }
   if (only_step >= 0 && (!steps.count(only_step) || !steps.at(only_step).committed()))
     throw std::runtime_error(i.step_uri(only_step).text() + " is not a checkpoint in the bucket (no " + kManifest + ")");
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
@@ -298,6 +415,16 @@ CheckpointMirror::Pulled CheckpointMirror::pull(int64_t only_step) {
     ++out.damaged;
   }
   std::error_code ec;
+  // Steps staged here that are newer than the bucket's: their upload never finished.
+  std::vector<fs::path> unconfirmed;
+  if (for_run)
+    for (const auto& e : fs::directory_iterator(i.local, ec))
+      if (step_of(e.path().filename().string()) > out.step && e.is_directory(ec)) unconfirmed.push_back(e.path());
+  for (const fs::path& p : unconfirmed) {
+    fs::remove_all(p, ec);
+    i.log(p.string() + " never reached the bucket (no " + kManifest + " there): deleted; the run resumes from " +
+          (out.step >= 0 ? i.step_uri(out.step).text() : std::string("step 0")));
+  }
   const fs::path log_path = fs::path(i.local) / kStepLog;
   if (out.step >= 0 && !fs::exists(log_path, ec)) {
     if (i.client->head(i.remote.child(kStepLog))) {
@@ -325,23 +452,31 @@ double CheckpointMirror::push(const std::string& step_dir, int64_t step) {
   }
   std::string step_log;
   if (fs::exists(fs::path(i.local) / kStepLog, ec)) step_log = read_file(fs::path(i.local) / kStepLog);
-  {
-    std::lock_guard<std::mutex> lock(i.mu);
-    i.busy = true;
-  }
-  i.uploader = std::thread([&i, snapshot, step, step_log, started] {
-    std::exception_ptr error;
-    try {
-      i.upload(snapshot, step, step_log, started);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    std::error_code rm;
-    fs::remove_all(snapshot, rm);
-    std::lock_guard<std::mutex> lock(i.mu);
-    i.error = error;
-    i.busy = false;
-    i.cv.notify_all();
+  i.start(snapshot, [&i, snapshot, step, step_log, started] { i.upload(snapshot, step, step_log, started); });
+  return waited;
+}
+
+double CheckpointMirror::push_shard(const std::string& shard_file, int64_t step, uint32_t crc32c) {
+  Impl& i = *impl_;
+  const auto started = std::chrono::steady_clock::now();
+  i.wait_idle();
+  const double waited = seconds_since(started);
+  i.rethrow();
+  const fs::path file(shard_file);
+  const std::string name = file.filename().string();
+  const fs::path snapshot = fs::path(i.local) / (".upload-" + step_name(step) + "-" + name);
+  std::error_code ec;
+  fs::remove_all(snapshot, ec);
+  fs::create_directories(snapshot);
+  fs::rename(file, snapshot / name);  // the same filesystem: the staging directory
+  // The rest of this worker's copy of the step (the checksum beside it; the directory once
+  // its last rank is done) is not needed here: rank 0's worker holds the checkpoint.
+  fs::remove(file.string() + kShardChecksumSuffix, ec);
+  fs::remove(file.parent_path(), ec);  // only when empty
+  const S3Uri dir = i.step_uri(step);
+  i.start(snapshot, [&i, snapshot, name, dir, crc32c] {
+    i.client->put_file((snapshot / name).string(), dir.child(name), i.opt.upload);
+    i.client->put(dir.child(name + kShardChecksumSuffix), crc32c_hex(crc32c) + "\n");
   });
   return waited;
 }

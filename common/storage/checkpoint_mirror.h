@@ -16,6 +16,12 @@
 //    of the step's files, so the local rotation of old steps cannot pull them away. One
 //    upload at a time: a push while the previous one runs waits for it (the returned
 //    seconds are the run's checkpoint_upload stall).
+//  - push_shard(): a rank on another worker than rank 0 (each worker stages its own copy)
+//    sends its engine shard of a step in the background, then a small FILE.crc32c object
+//    with its checksum; rank 0's upload of that step waits for each such shard (the
+//    checksum it was told over the ranks' communicator, the size the manifest says)
+//    before the manifest goes up. A worker's pull brings only its own ranks' shards
+//    (MirrorOptions::shard_wanted).
 //  - flush(): waits for the upload in flight (at the end of the run, and on SIGTERM: a spot
 //    notice gives 30 s to 2 min) and returns when the last checkpoint became durable.
 //
@@ -36,6 +42,13 @@ struct MirrorOptions {
   int64_t keep = 2;                  // checkpoint.keep: steps kept in the bucket
   storage::UploadOptions upload;     // part size, parallel parts, bandwidth
   std::function<void(const std::string&)> log;  // one line each (warnings, durability)
+  // Which engine shards this worker pulls (a checkpoint's number of ranks, a shard's rank;
+  // checkpoint_names.h): a worker's own ranks' when the ranks did not change, all of them
+  // to re-shard. Empty: every file.
+  std::function<bool(int64_t checkpoint_world_size, int rank)> shard_wanted;
+  // How long a step's upload waits for the shards that ranks on other workers send
+  // (push_shard) before it gives up; the step then never commits in the bucket.
+  double shard_wait_s = 1800;
 };
 
 // Where a run stages a bucket's checkpoints: DIR/<bucket>/<prefix> with DIR the first of
@@ -60,12 +73,23 @@ class CheckpointMirror {
   // `only_step` >= 0: that step or nothing (no fallback); throws std::runtime_error when the
   // bucket has no committed step of that number.
   Pulled pull(int64_t only_step = -1);
+  // Before a run resumes: pull(), then the steps in the staging directory newer than the
+  // one pulled, which never reached the bucket, are deleted (a checkpoint exists iff its
+  // manifest is in the bucket, and the workers must all resume from the same one). With
+  // `clean_uncommitted` (rank 0's worker), the objects of steps newer than the newest
+  // committed one, whose manifest never arrived, are deleted from the bucket first, so a
+  // later commit of the same step cannot find them.
+  Pulled pull_for_run(bool clean_uncommitted);
   // The newest step whose manifest is in the bucket (-1: none). One LIST.
   int64_t newest_remote_step();
 
   // Starts uploading `step_dir` (step `step`, committed); returns the seconds it waited for
   // the previous upload. Throws the previous upload's error.
   double push(const std::string& step_dir, int64_t step);
+  // Starts uploading one engine shard of step `step` (a rank on another worker than rank
+  // 0's; `crc32c` its checksum) and removes the local file; returns the seconds it waited
+  // for this mirror's previous upload. Throws the previous upload's error.
+  double push_shard(const std::string& shard_file, int64_t step, uint32_t crc32c);
 
   struct Durable {
     int64_t step = -1;          // the newest step whose manifest is in the bucket (-1: none yet)

@@ -513,6 +513,17 @@ S3Settings s3_settings_from_environment(const EnvLookup& env) {
 
   s.region = env_or(env, "AWS_REGION", env_or(env, "AWS_DEFAULT_REGION", from_profile("region")));
   if (s.region.empty()) s.region = "us-east-1";
+  // Attempts per request, as the AWS CLI reads them (a spot fleet's flaky endpoint, a MinIO
+  // restarting under a rolling upgrade: more; a test that must fail fast: 1).
+  const std::string attempts = env_or(env, "AWS_MAX_ATTEMPTS", from_profile("max_attempts"));
+  if (!attempts.empty()) {
+    char* end = nullptr;
+    const long n = std::strtol(attempts.c_str(), &end, 10);
+    if (end == attempts.c_str() || *end != '\0' || n < 1 || n > 100)
+      throw std::runtime_error("AWS_MAX_ATTEMPTS (or the profile's max_attempts) is '" + attempts +
+                               "': an integer from 1 to 100 was expected");
+    s.max_attempts = static_cast<int>(n);
+  }
   std::string endpoint = env_or(env, "AWS_ENDPOINT_URL_S3");
   std::string endpoint_var = "AWS_ENDPOINT_URL_S3";
   if (endpoint.empty()) endpoint = env_or(env, "AWS_ENDPOINT_URL"), endpoint_var = "AWS_ENDPOINT_URL";
@@ -636,8 +647,9 @@ S3Client::~S3Client() = default;
 
 const S3Settings& S3Client::settings() const { return impl_->s; }
 
-void S3Client::put(const S3Uri& dst, const std::string& bytes, bool if_none_match) {
+void S3Client::put(const S3Uri& dst, const std::string& bytes, bool if_none_match, int64_t max_bytes_per_second) {
   Request req;
+  if (max_bytes_per_second > 0) req.max_send_speed = max_bytes_per_second;
   req.method = "PUT";
   req.url = impl_->url(dst);
   req.body = bytes.data();
@@ -679,7 +691,7 @@ void S3Client::put_file(const std::string& path, const S3Uri& dst, const UploadO
   if (size < part) {
     std::string buf;
     read_range(0, size, buf);
-    put(dst, buf, options.if_none_match);
+    put(dst, buf, options.if_none_match, options.max_bytes_per_second);
     if (options.progress) options.progress(size, size);
     return;
   }

@@ -125,8 +125,9 @@ class S3Client {
 
   const S3Settings& settings() const;
 
-  // One PUT of `bytes`. With if_none_match, an existing object is never replaced.
-  void put(const S3Uri& dst, const std::string& bytes, bool if_none_match = false);
+  // One PUT of `bytes`. With if_none_match, an existing object is never replaced;
+  // max_bytes_per_second > 0 caps its sending speed.
+  void put(const S3Uri& dst, const std::string& bytes, bool if_none_match = false, int64_t max_bytes_per_second = 0);
   // A local file; multipart (parts in parallel, each with its CRC32C) when large.
   void put_file(const std::string& path, const S3Uri& dst, const UploadOptions& options = {});
 

@@ -131,12 +131,7 @@ std::string step_name(int64_t step) { return checkpoint_step_name(step); }
 
 fs::path tmp_dir(const std::string& dir, int64_t step) { return fs::path(dir) / (step_name(step) + ".tmp"); }
 
-std::string shard_name(int rank) {
-  if (rank == 0) return "engine.safetensors";
-  char buf[48];
-  std::snprintf(buf, sizeof(buf), "engine-rank-%05d.safetensors", rank);
-  return buf;
-}
+std::string shard_name(int rank) { return checkpoint_shard_name(rank); }
 
 nlohmann::json checksum_entry(const fs::path& file) {
   const FileChecksum c = checksum_file(file.string());
@@ -206,15 +201,26 @@ void begin_checkpoint(const std::string& dir, int64_t step) {
   if (ec) throw std::runtime_error("checkpoint: cannot create " + tmp.string() + ": " + ec.message());
 }
 
-void write_engine_shard(const std::string& dir, int64_t step, int rank, const NamedTensors& engine) {
-  const fs::path path = tmp_dir(dir, step) / shard_name(rank);
+std::string engine_shard_path(const std::string& dir, int64_t step, int rank) {
+  return (tmp_dir(dir, step) / shard_name(rank)).string();
+}
+
+ShardChecksum write_engine_shard(const std::string& dir, int64_t step, int rank, const NamedTensors& engine) {
+  const fs::path path = engine_shard_path(dir, step, rank);
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);  // rank 0 made it, unless this rank stages elsewhere
+  if (ec) throw std::runtime_error("checkpoint: cannot create " + path.parent_path().string() + ": " + ec.message());
   save_tensors(path, engine);
   // The checksum travels beside the shard to rank 0, which puts it in the manifest.
-  write_text_file(path.string() + kChecksumSuffix, checksum_entry(path).dump() + "\n");
+  const FileChecksum c = checksum_file(path.string());
+  write_text_file(path.string() + kChecksumSuffix,
+                  nlohmann::json{{"bytes", c.bytes}, {"crc32c", crc32c_hex(c.crc32c)}}.dump() + "\n");
+  return {c.bytes, c.crc32c};
 }
 
 std::string commit_checkpoint(const std::string& dir, int64_t step, const CheckpointContents& contents,
-                              int64_t keep, int world_size, const CommitFence& fence) {
+                              int64_t keep, int world_size, const CommitFence& fence,
+                              const std::map<int, ShardChecksum>& elsewhere) {
   const fs::path root(dir);
   const fs::path final_dir = root / step_name(step);
   const fs::path tmp = tmp_dir(dir, step);
@@ -223,6 +229,10 @@ std::string commit_checkpoint(const std::string& dir, int64_t step, const Checkp
     throw std::runtime_error("checkpoint: " + final_dir.string() + " already exists; a checkpoint is never replaced");
   nlohmann::json files = nlohmann::json::object();
   for (int r = 1; r < world_size; ++r) {
+    if (auto it = elsewhere.find(r); it != elsewhere.end()) {
+      files[shard_name(r)] = {{"bytes", it->second.bytes}, {"crc32c", crc32c_hex(it->second.crc32c)}};
+      continue;
+    }
     const fs::path shard = tmp / shard_name(r);
     const fs::path sum = shard.string() + kChecksumSuffix;
     if (!fs::is_regular_file(shard, ec) || !fs::is_regular_file(sum, ec))
@@ -286,7 +296,7 @@ NamedTensors load_engine_shard(const Checkpoint& c, int rank) {
   return out;
 }
 
-Checkpoint load_checkpoint(const std::string& step_dir) {
+Checkpoint load_checkpoint(const std::string& step_dir, const ShardFilter& needed) {
   const fs::path p(step_dir);
   const int64_t named_step = step_of_name(p.filename().string());
   if (named_step < 0) throw Damaged(p, "not a step-NNNNNNNN directory");
@@ -321,6 +331,7 @@ Checkpoint load_checkpoint(const std::string& step_dir) {
   for (int r = 0; r < static_cast<int>(c.world_size); ++r) required.push_back(shard_name(r));
   for (const std::string& name : required)
     if (!files.contains(name)) throw Damaged(manifest_path, "does not list " + name);
+  auto shard_needed = [&](int r) { return !needed || needed(c.world_size, r); };
   for (const auto& [name, entry] : files.items()) {
     if (name.find('/') != std::string::npos || name == "." || name == ".." || name == kManifest)
       throw Damaged(manifest_path, "lists a file outside the checkpoint: '" + name + "'");
@@ -328,6 +339,7 @@ Checkpoint load_checkpoint(const std::string& step_dir) {
     if (!entry.is_object() || !entry.contains("bytes") || !entry.contains("crc32c") ||
         !entry.at("bytes").is_number_integer() || !entry.at("crc32c").is_string())
       throw Damaged(manifest_path, "entry of " + name + " is malformed: " + entry.dump());
+    if (const int r = checkpoint_shard_rank(name); r >= 0 && r < c.world_size && !shard_needed(r)) continue;
     FileChecksum actual;
     try {
       actual = checksum_file(file.string());
@@ -368,14 +380,14 @@ Checkpoint load_checkpoint(const std::string& step_dir) {
   const model::SafetensorsFile model_file = open_checked(p / kModel);
   for (const std::string& name : model_file.names()) c.model.emplace_back(name, model_file.tensor(name).clone());
   for (int r = 0; r < static_cast<int>(c.world_size); ++r) {
-    open_checked(p / shard_name(r));
+    if (shard_needed(r)) open_checked(p / shard_name(r));
     c.engine_shards.push_back((p / shard_name(r)).string());
   }
   return c;
 }
 
 CheckpointScan scan_checkpoints(const std::string& dir, const std::function<void(const std::string&)>& warn,
-                                bool quarantine) {
+                                bool quarantine, const ShardFilter& needed) {
   CheckpointScan scan;
   std::error_code ec;
   if (fs::is_directory(dir, ec)) {
@@ -388,7 +400,7 @@ CheckpointScan scan_checkpoints(const std::string& dir, const std::function<void
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     const fs::path p(it->second);
     try {
-      scan.checkpoint = load_checkpoint(p.string());
+      scan.checkpoint = load_checkpoint(p.string(), needed);
       break;
     } catch (const std::exception& e) {
       std::string where = p.string();

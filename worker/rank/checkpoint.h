@@ -41,6 +41,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -115,10 +116,23 @@ std::string write_checkpoint(const std::string& dir, int64_t step, const Checkpo
 // 1..world_size-1 are there with their checksums, writes the manifest, then, through
 // `fence`, renames and rotates. When the fence refuses, it removes the temporary directory
 // and throws CommitFenced; the previous checkpoints are untouched.
+//
+// Ranks that do not share rank 0's directory (checkpoint.dir: s3:// across workers, each
+// with its own staging directory) write their shard into their own copy of `dir` (the
+// temporary directory is created there) and send it to the bucket themselves; rank 0 is
+// given their shards' checksums (`elsewhere`, gathered over the ranks' communicator) and
+// puts them in the manifest without reading the files.
+struct ShardChecksum {
+  int64_t bytes = 0;
+  uint32_t crc32c = 0;
+};
 void begin_checkpoint(const std::string& dir, int64_t step);
-void write_engine_shard(const std::string& dir, int64_t step, int rank, const NamedTensors& engine);
+ShardChecksum write_engine_shard(const std::string& dir, int64_t step, int rank, const NamedTensors& engine);
 std::string commit_checkpoint(const std::string& dir, int64_t step, const CheckpointContents& contents,
-                              int64_t keep, int world_size, const CommitFence& fence = {});
+                              int64_t keep, int world_size, const CommitFence& fence = {},
+                              const std::map<int, ShardChecksum>& elsewhere = {});
+// The path write_engine_shard wrote rank `rank`'s shard of step `step` to.
+std::string engine_shard_path(const std::string& dir, int64_t step, int rank);
 
 // Elements of `t` that are NaN or Inf (0 for non-floating types). CPU contiguous tensors are
 // scanned over their raw exponent bits at memory speed, without a temporary tensor. What a
@@ -131,7 +145,13 @@ NamedTensors load_engine_shard(const Checkpoint& c, int rank);
 // Verifies one step directory as described above and loads its model and trainer state
 // (the engine shards are verified, and read with load_engine_shard). Throws
 // std::runtime_error "<file>: <reason>" when it is damaged.
-Checkpoint load_checkpoint(const std::string& step_dir);
+//
+// `needed`, when set, says which engine shards this process reads (the checkpoint's number
+// of ranks, a shard's rank): the others are neither required on disk nor verified. A
+// worker that stages a bucket's checkpoint holds only its own ranks' shards (the manifest
+// still lists them all).
+using ShardFilter = std::function<bool(int64_t checkpoint_world_size, int rank)>;
+Checkpoint load_checkpoint(const std::string& step_dir, const ShardFilter& needed = {});
 
 struct CheckpointScan {
   std::optional<Checkpoint> checkpoint;  // the newest usable one
@@ -144,7 +164,7 @@ struct CheckpointScan {
 // one") and, when `quarantine`, renamed step-NNNNNNNN.damaged (a free .damaged.N name if
 // that exists). Only the run that holds the directory's lock may quarantine.
 CheckpointScan scan_checkpoints(const std::string& dir, const std::function<void(const std::string&)>& warn,
-                                bool quarantine);
+                                bool quarantine, const ShardFilter& needed = {});
 
 // scan_checkpoints without quarantine: the newest usable checkpoint, or nullopt.
 std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir,

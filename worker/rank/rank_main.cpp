@@ -304,6 +304,7 @@ int run_rank(const RankArgs& a) {
   // others wait for it at the rendezvous).
   const std::string checkpoint_uri = storage::is_s3_uri(spec.checkpoint.dir) ? spec.checkpoint.dir : "";
   std::map<std::string, std::string> opts_input_uris;  // key -> its URI, for the job's identity
+  int64_t opts_ranks_beside_rank0 = 0;                   // RunOptions::ranks_beside_rank0
   std::vector<std::pair<const char*, std::string*>> inputs;
   for (auto [key, field] : {std::pair<const char*, std::string*>{"model.from", &spec.model.from},
                             {"data.train", &spec.data.train},
@@ -357,9 +358,23 @@ int run_rank(const RankArgs& a) {
     const storage::S3Uri remote = storage::parse_s3_uri(checkpoint_uri);  // the spec checked it
     MirrorOptions mo;
     mo.keep = spec.checkpoint.keep;
+    mo.upload.max_bytes_per_second = spec.checkpoint.upload_mib_per_s << 20;
     mo.log = log0;
     const bool first_on_host =
         !distributed::distributed_env_present() || distributed::local_placement_from_env().rank == 0;
+    // Each worker stages its own copy: its ranks are [member * local, (member + 1) * local)
+    // (the agent's numbering), and its pull brings only their shards unless the ranks changed.
+    if (distributed::distributed_env_present()) {
+      const int64_t world = distributed::rank_info_from_env().world_size;
+      const int64_t local = distributed::local_placement_from_env().world_size;
+      const int64_t first = distributed::rank_info_from_env().rank / local * local;
+      if (local < world) {
+        mo.shard_wanted = [world, local, first](int64_t checkpoint_world, int r) {
+          return checkpoint_world != world || (r >= first && r < first + local);
+        };
+        opts_ranks_beside_rank0 = local;
+      }
+    }
     try {
       mirror = std::make_unique<CheckpointMirror>(client, remote, staging_dir_for(remote, a.staging_dir), mo);
       if (a.fresh && rank0) {
@@ -371,7 +386,7 @@ int run_rank(const RankArgs& a) {
         }
       } else if (!a.fresh && first_on_host) {
         const auto started = std::chrono::steady_clock::now();
-        const CheckpointMirror::Pulled p = mirror->pull();
+        const CheckpointMirror::Pulled p = mirror->pull_for_run(/*clean_uncommitted=*/rank0);
         if (p.step >= 0 && rank0)
           std::cerr << "zenflow: step " << p.step << " from " << checkpoint_uri << ": " << (p.bytes_downloaded >> 20)
                     << " MiB downloaded, " << (p.bytes_reused >> 20) << " MiB already staged, in "
@@ -417,6 +432,12 @@ int run_rank(const RankArgs& a) {
 #if ZENFLOW_HAVE_S3
   if (mirror && rank0)
     opts.on_checkpoint_committed = [&](int64_t step, const std::string& dir) { return mirror->push(dir, step); };
+  if (mirror && opts_ranks_beside_rank0 > 0) {
+    opts.ranks_beside_rank0 = opts_ranks_beside_rank0;
+    opts.on_shard_written = [&](int64_t step, const std::string& file, uint32_t crc) {
+      return mirror->push_shard(file, step, crc);
+    };
+  }
 #endif
   // Rank 0 records the run in its directory (checkpoint.dir/steps.jsonl) for `zenflow report`.
   FanoutObserver observers;
@@ -525,6 +546,14 @@ int run_rank(const RankArgs& a) {
 #if ZENFLOW_HAVE_S3
   // The last checkpoint is durable only once its manifest is in the bucket: wait for it (a
   // SIGTERM's checkpoint too) before the run reports its end.
+  // A rank on another worker waits for its last shard's upload (rank 0's manifest waits for it).
+  if (mirror && !rank0 && opts.ranks_beside_rank0 > 0) {
+    try {
+      mirror->flush();
+    } catch (const std::exception& e) {
+      return fail(attempt::kExitFailed, "error", std::string("checkpoint upload to ") + checkpoint_uri + ": " + e.what());
+    }
+  }
   if (mirror && rank0) {
     try {
       const CheckpointMirror::Durable d = mirror->flush();

@@ -412,7 +412,7 @@ class TrainingRun {
       const auto listed = list_checkpoints(spec_.checkpoint.dir);
       if (!listed.empty() && listed.back().first >= spec_.train.steps) {
         CheckpointScan scan = scan_checkpoints(
-            spec_.checkpoint.dir, [&](const std::string& s) { log(s); }, /*quarantine=*/owns_dir_);
+            spec_.checkpoint.dir, [&](const std::string& s) { log(s); }, /*quarantine=*/owns_dir_, shard_filter());
         if (scan.checkpoint && scan.checkpoint->step >= spec_.train.steps) {
           found_step = static_cast<double>(scan.checkpoint->step);
           found_loss = scan.checkpoint->losses.empty() ? std::nan("") : scan.checkpoint->losses.back();
@@ -597,7 +597,8 @@ class TrainingRun {
     for (const auto& [key, uri] : options_.input_uris) identity_[key] = uri;
     if (options_.resume && !spec_.checkpoint.dir.empty()) {
       CheckpointScan scan = scan_checkpoints(
-          spec_.checkpoint.dir, [&](const std::string& s) { log(s); }, /*quarantine=*/owns_dir_);
+          spec_.checkpoint.dir, [&](const std::string& s) { log(s); }, /*quarantine=*/owns_dir_, shard_filter());
+      if (staged_per_worker()) agree_on_resumed_step(scan.checkpoint ? scan.checkpoint->step : -1);
       if (!scan.checkpoint && !scan.damaged.empty()) {
         std::string list;
         for (const auto& d : scan.damaged) list += "\n  " + d;
@@ -614,6 +615,38 @@ class TrainingRun {
     sum_.start_step = step_;
     sum_.tokens_per_step = spec_.train.micro_batch * spec_.train.grad_accum * spec_.train.seq_len * world_;
     last_saved_ = step_;  // a resumed checkpoint already holds this step
+  }
+
+  // Whether the ranks' copies of checkpoint.dir differ (RunOptions::ranks_beside_rank0).
+  bool staged_per_worker() const {
+    return world_ > 1 && !shards_ && options_.ranks_beside_rank0 > 0 && options_.ranks_beside_rank0 < world_;
+  }
+
+  // Staged per worker, a rank holds only its worker's shards: when the ranks did not change
+  // it reads its own; otherwise (re-sharding) it needs them all, and its worker fetched them.
+  ShardFilter shard_filter() const {
+    if (!staged_per_worker()) return {};
+    const int64_t world = world_, rank = rank_;
+    return [world, rank](int64_t checkpoint_world, int r) { return checkpoint_world != world || r == rank; };
+  }
+
+  // Each worker chose its checkpoint from the bucket on its own (checkpoint_mirror.h): a
+  // shard damaged in the bucket makes one worker fall back while another does not. Mixing
+  // steps would train on inconsistent states, so the ranks compare before loading.
+  void agree_on_resumed_step(int64_t step) {
+    at::Tensor mine = at::full({1}, step, at::kLong).to(device_);
+    const at::Tensor all = comm_->all_gather(mine, std::vector<int64_t>(static_cast<size_t>(world_), 1)).to(at::kCPU);
+    std::string steps;
+    bool differ = false;
+    for (int64_t r = 0; r < world_; ++r) {
+      const int64_t s = all[r].item<int64_t>();
+      differ = differ || s != all[0].item<int64_t>();
+      steps += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + ": " + (s < 0 ? "none" : std::to_string(s));
+    }
+    if (differ)
+      throw ResumeRefused("the ranks found different newest usable checkpoints in their workers' copies of the bucket (" +
+                          steps + "): a step that one worker found damaged (its log names the file) must be removed "
+                          "from the bucket, or the job given another checkpoint.dir");
   }
 
   void load_checkpoint_state(const Checkpoint& ck) {
@@ -697,10 +730,21 @@ class TrainingRun {
     for (const auto& [name, t] : engine_state) require_finite("optimizer state", name, t);
     for (const auto& [name, t] : model_state) require_finite("weight", name, t);
     if (rank_ == 0) begin_checkpoint(spec_.checkpoint.dir, at_step);
+    std::map<int, ShardChecksum> elsewhere;  // rank 0: the shards written in other workers' copies
     if (world_ > 1 && !shards_) {
       comm_->barrier();
-      if (rank_ != 0)
-        write_engine_shard(spec_.checkpoint.dir, at_step, static_cast<int>(rank_), engine_state);
+      ShardChecksum mine;
+      if (rank_ != 0) mine = write_engine_shard(spec_.checkpoint.dir, at_step, static_cast<int>(rank_), engine_state);
+      if (staged_per_worker()) {
+        at::Tensor entry = at::tensor({mine.bytes, static_cast<int64_t>(mine.crc32c)}, at::kLong).to(device_);
+        const at::Tensor all =
+            comm_->all_gather(entry, std::vector<int64_t>(static_cast<size_t>(world_), 2)).to(at::kCPU);
+        for (int64_t r = options_.ranks_beside_rank0; r < world_; ++r)
+          elsewhere[static_cast<int>(r)] = {all[2 * r].item<int64_t>(), static_cast<uint32_t>(all[2 * r + 1].item<int64_t>())};
+        if (rank_ >= options_.ranks_beside_rank0 && options_.on_shard_written)
+          upload_wait = options_.on_shard_written(
+              at_step, engine_shard_path(spec_.checkpoint.dir, at_step, static_cast<int>(rank_)), mine.crc32c);
+      }
       comm_->barrier();
     }
     if (rank_ == 0) {
@@ -715,7 +759,8 @@ class TrainingRun {
       contents.run_yaml = run_yaml_;
       contents.identity = identity_;
       sum_.last_checkpoint = commit_checkpoint(spec_.checkpoint.dir, at_step, contents, spec_.checkpoint.keep,
-                                               shards_ ? 1 : static_cast<int>(world_), options_.commit_fence);
+                                               shards_ ? 1 : static_cast<int>(world_), options_.commit_fence,
+                                               elsewhere);
       if (options_.reporter) options_.reporter->on_checkpoint(at_step, sum_.last_checkpoint);
       if (options_.on_checkpoint_committed)
         upload_wait = options_.on_checkpoint_committed(at_step, sum_.last_checkpoint);

@@ -69,6 +69,16 @@ struct RunOptions {
   // the seconds training waited before going on (checkpoint.dir: s3://, the previous
   // checkpoint's upload: stall cause checkpoint_upload). Empty: nothing.
   std::function<double(int64_t step, const std::string& dir)> on_checkpoint_committed;
+  // checkpoint.dir staged per worker (s3:// with ranks on several workers, each worker its
+  // own copy of the directory): ranks [0, ranks_beside_rank0) write their engine shards into
+  // rank 0's copy, the others into their own worker's, and send them to the bucket through
+  // on_shard_written (the step and the shard's file; returns the seconds training waited for
+  // that rank's previous upload). Rank 0 gets their checksums over the communicator; a
+  // resume reads (and requires) only this rank's shard when the ranks did not change, and
+  // the ranks check that they resumed from the same step. 0: every rank shares rank 0's
+  // directory (a local or shared checkpoint.dir).
+  int64_t ranks_beside_rank0 = 0;
+  std::function<double(int64_t step, const std::string& shard_file, uint32_t crc32c)> on_shard_written;
   // How long rank 0 waits for another process to release checkpoint.dir's lock before it
   // fails with CheckpointDirBusy (0: fail at once). A requeued attempt waits for the
   // previous attempt's processes to let go.
