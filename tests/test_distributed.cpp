@@ -245,6 +245,44 @@ TEST(RankInfo, LocalPlacementParsesAndValidatesEnvironment) {
   }
 }
 
+// Which ranks share this worker's disk: the agent's explicit range (its local placement is
+// the machine's GPU slots, not the job's ranks), else the local launcher's contiguous one.
+TEST(WorkerRanks, AreTheAgentsRangeElseTheLocalLaunchersAndHoldTheRank) {
+  std::map<std::string, std::string> env;
+  auto lookup = [&](const char* n) -> const char* {
+    auto it = env.find(n);
+    return it == env.end() ? nullptr : it->second.c_str();
+  };
+  zd::WorkerRanks w = zd::worker_ranks_from_lookup(lookup);  // alone
+  EXPECT_EQ(w.first, 0);
+  EXPECT_EQ(w.count, 1);
+  // zenflow run --nproc 4: rank 2 is local rank 2 of 4.
+  env = {{"ZENFLOW_RANK", "2"}, {"ZENFLOW_LOCAL_RANK", "2"}, {"ZENFLOW_LOCAL_WORLD_SIZE", "4"}};
+  w = zd::worker_ranks_from_lookup(lookup);
+  EXPECT_EQ(w.first, 0);
+  EXPECT_EQ(w.count, 4);
+  // The agent: the job's second worker holds ranks 2 and 3, on GPU slots 5 and 6 of 8.
+  env = {{"ZENFLOW_RANK", "3"},
+         {"ZENFLOW_LOCAL_RANK", "6"},
+         {"ZENFLOW_LOCAL_WORLD_SIZE", "8"},
+         {"ZENFLOW_WORKER_FIRST_RANK", "2"},
+         {"ZENFLOW_WORKER_RANKS", "2"}};
+  w = zd::worker_ranks_from_lookup(lookup);
+  EXPECT_EQ(w.first, 2);
+  EXPECT_EQ(w.count, 2);
+  EXPECT_TRUE(w.holds(3));
+  EXPECT_FALSE(w.holds(1));
+  EXPECT_FALSE(w.holds(4));
+  env["ZENFLOW_WORKER_FIRST_RANK"] = "4";
+  try {
+    zd::worker_ranks_from_lookup(lookup);
+    FAIL() << "a rank outside its worker's range must be rejected";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("ZENFLOW_RANK=3 is not among this worker's ranks [4, 6)"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(RankInfo, ParsesAndValidatesEnvironment) {
   std::map<std::string, std::string> env{{"ZENFLOW_RANK", "1"},
                                          {"ZENFLOW_WORLD_SIZE", "4"},

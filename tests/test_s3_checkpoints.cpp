@@ -355,8 +355,9 @@ class S3Run : public S3Checkpoints {
     *err = test_support::read_file(e);
     return rc;
   }
-  // Two ranks, each alone on its "worker" (ZENFLOW_LOCAL_WORLD_SIZE=1, as the agent places a
-  // job of resources.workers: 2), each staging in its own directory: no path is shared.
+  // Two ranks, each alone on its "worker" as the agent places a job of resources.workers: 2
+  // (ZENFLOW_WORKER_FIRST_RANK/RANKS; the local placement is a GPU slot of the machine, not
+  // 0), each staging in its own directory: no path is shared.
   // Exit status of the pair (0 when both succeeded); rank 0's stdout in *out, the ranks'
   // stderr in err[0], err[1].
   int run_two_workers(const std::string& flags, const fs::path& stage0, const fs::path& stage1, std::string* out,
@@ -367,7 +368,9 @@ class S3Run : public S3Checkpoints {
     for (int r = 0; r < 2; ++r)
       cmd += "env AWS_ENDPOINT_URL=" + moto_->url() + " AWS_ACCESS_KEY_ID=" + moto_->key_id() +
              " AWS_SECRET_ACCESS_KEY=" + moto_->secret() + " ZENFLOW_RANK=" + std::to_string(r) +
-             " ZENFLOW_WORLD_SIZE=2 ZENFLOW_LOCAL_RANK=0 ZENFLOW_LOCAL_WORLD_SIZE=1 ZENFLOW_MASTER_ADDR=127.0.0.1"
+             " ZENFLOW_WORLD_SIZE=2 ZENFLOW_LOCAL_RANK=" + std::to_string(2 * r + 1) +
+             " ZENFLOW_LOCAL_WORLD_SIZE=4 ZENFLOW_WORKER_FIRST_RANK=" + std::to_string(r) +
+             " ZENFLOW_WORKER_RANKS=1 ZENFLOW_MASTER_ADDR=127.0.0.1"
              " ZENFLOW_MASTER_PORT=" + std::to_string(port) + " ZENFLOW_DIST_TIMEOUT_S=120 " + ZENFLOW_BINARY_DIR +
              "/bin/zenflow run " + spec_.string() + " --quiet --json " + flags + " --staging-dir " +
              (r == 0 ? stage0 : stage1).string() + " 2>" + (dir_ / ("err-" + std::to_string(n) + "-" + std::to_string(r))).string() +

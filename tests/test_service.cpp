@@ -198,7 +198,10 @@ TEST(Service, KilledWorkerAgentJobResumesFromItsCheckpointElsewhere) {
 TEST(Service, AJobWithItsCheckpointsInABucketResumesOnAnotherWorkerSharingNoDirectory) {
   const std::string moto = test_support::find_moto_server();
   if (moto.empty()) GTEST_SKIP() << "moto_server is not installed (pip install 'moto[server]'): no S3 server to test against";
-  Cluster c("s3-resume");
+  const int metrics_port = test_support::free_port();
+  test_support::ClusterOptions o;
+  o.coordinator_flags = {"--metrics-port", std::to_string(metrics_port)};
+  Cluster c("s3-resume", o);
   test_support::MotoServer bucket(moto, c.dir() / "moto.log", /*check_signatures=*/false);
   bucket.create_bucket("zf-svc");
   // The agents pass their environment (AWS_*) to their ranks.
@@ -242,6 +245,24 @@ TEST(Service, AJobWithItsCheckpointsInABucketResumesOnAnotherWorkerSharingNoDire
   EXPECT_NE(logs_of(c, id).find("from s3://zf-svc/jobs/s3job: "), std::string::npos) << logs_of(c, id);
   EXPECT_DOUBLE_EQ(st.value("last_loss", 0.0), reference_loss(c, spec));
   EXPECT_TRUE(fs::exists(c.dir() / ("work-" + other) / "staging/zf-svc/jobs/s3job/step-00003000/manifest.json"));
+
+  // The coordinator's page of the job: read from the bucket (no directory here holds the
+  // record), with both attempts' steps.
+  {
+    auto [status, body] = test_support::http_get(metrics_port, "/jobs/" + id + "/report");
+    EXPECT_EQ(status, 200) << body.substr(0, 500);
+    EXPECT_NE(body.find("<html"), std::string::npos);
+    EXPECT_NE(body.find("s3job"), std::string::npos) << "the job's name";
+  }
+  // A coordinator that cannot reach the bucket says why, and whose credentials it used.
+  env.set("AWS_ENDPOINT_URL", "http://127.0.0.1:" + std::to_string(test_support::free_port()));
+  c.start_coordinator();
+  {
+    auto [status, body] = test_support::http_get(metrics_port, "/jobs/" + id + "/report", 30);
+    EXPECT_EQ(status, 503) << body;
+    EXPECT_NE(body.find("cannot read its records in s3://zf-svc/jobs/s3job"), std::string::npos) << body;
+    EXPECT_NE(body.find("with the AWS credentials of its own environment"), std::string::npos) << body;
+  }
 }
 #endif
 

@@ -739,6 +739,9 @@ void Agent::Impl::start_attempt(const v1::Assignment& a) {
     // The slot picks the GPU and this rank's slice of the host's cores.
     env.push_back("ZENFLOW_LOCAL_RANK=" + std::to_string(at.slots[static_cast<size_t>(i)]));
     env.push_back("ZENFLOW_LOCAL_WORLD_SIZE=" + std::to_string(std::max<int64_t>(1, slots)));
+    // The job's ranks on this worker (they share its work dir: staging, cache).
+    env.push_back("ZENFLOW_WORKER_FIRST_RANK=" + std::to_string(a.first_rank()));
+    env.push_back("ZENFLOW_WORKER_RANKS=" + std::to_string(a.local_ranks()));
     (void)gpus;
     std::vector<char*> argv, envp;
     for (std::string& s : args) argv.push_back(s.data());

@@ -192,6 +192,32 @@ LocalPlacement local_placement_from_env() {
   return local_placement_from_lookup([](const char* name) { return std::getenv(name); });
 }
 
+WorkerRanks worker_ranks_from_env() {
+  return worker_ranks_from_lookup([](const char* name) { return std::getenv(name); });
+}
+
+WorkerRanks worker_ranks_from_lookup(const std::function<const char*(const char*)>& lookup) {
+  WorkerRanks w;
+  const char* rank_text = lookup(kEnvRank);
+  if (rank_text == nullptr || *rank_text == '\0') return w;
+  const int64_t rank = parse_integer(kEnvRank, rank_text);
+  const char* first = lookup(kEnvWorkerFirstRank);
+  const char* count = lookup(kEnvWorkerRanks);
+  if (first != nullptr && *first != '\0' && count != nullptr && *count != '\0') {
+    w.first = static_cast<int>(parse_integer(kEnvWorkerFirstRank, first));
+    w.count = static_cast<int>(parse_integer(kEnvWorkerRanks, count));
+  } else {
+    const LocalPlacement p = local_placement_from_lookup(lookup);
+    w.first = static_cast<int>(rank) - p.rank;
+    w.count = p.world_size;
+  }
+  if (w.first < 0 || w.count < 1 || !w.holds(rank))
+    throw std::invalid_argument(std::string(kEnvRank) + "=" + std::to_string(rank) + " is not among this worker's ranks [" +
+                                std::to_string(w.first) + ", " + std::to_string(w.first + w.count) + ") (" +
+                                kEnvWorkerFirstRank + ", " + kEnvWorkerRanks + ", or the local placement)");
+  return w;
+}
+
 LocalPlacement local_placement_from_lookup(const std::function<const char*(const char*)>& lookup) {
   LocalPlacement p;
   const char* rank = lookup(kEnvLocalRank);

@@ -40,6 +40,8 @@ inline constexpr const char* kEnvLocalAddr = "ZENFLOW_LOCAL_ADDR";
 inline constexpr const char* kEnvStoreExternal = "ZENFLOW_STORE_EXTERNAL";
 inline constexpr const char* kEnvLocalRank = "ZENFLOW_LOCAL_RANK";
 inline constexpr const char* kEnvLocalWorldSize = "ZENFLOW_LOCAL_WORLD_SIZE";
+inline constexpr const char* kEnvWorkerFirstRank = "ZENFLOW_WORKER_FIRST_RANK";
+inline constexpr const char* kEnvWorkerRanks = "ZENFLOW_WORKER_RANKS";
 inline constexpr std::chrono::milliseconds kDefaultDistTimeout{300'000};
 
 struct RankInfo {
@@ -110,5 +112,20 @@ struct LocalPlacement {
 };
 LocalPlacement local_placement_from_lookup(const std::function<const char*(const char*)>& lookup);
 LocalPlacement local_placement_from_env();
+
+// The ranks of this job that run on this process's worker, and so share its disk (a staging
+// directory, a cache): [first, first + count). The worker agent says so
+// (ZENFLOW_WORKER_FIRST_RANK, ZENFLOW_WORKER_RANKS: its slots, the local placement above,
+// are the machine's GPUs, not this job's ranks); otherwise ranks are placed as a local
+// launcher places them, [rank - local rank, + local world size); without the rendezvous
+// variables, {0, 1}. std::invalid_argument naming the variable when malformed or when the
+// rank is not among them.
+struct WorkerRanks {
+  int first = 0;
+  int count = 1;
+  bool holds(int64_t rank) const { return rank >= first && rank < first + count; }
+};
+WorkerRanks worker_ranks_from_lookup(const std::function<const char*(const char*)>& lookup);
+WorkerRanks worker_ranks_from_env();
 
 }  // namespace zenflow::distributed

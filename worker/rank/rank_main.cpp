@@ -360,19 +360,21 @@ int run_rank(const RankArgs& a) {
     mo.keep = spec.checkpoint.keep;
     mo.upload.max_bytes_per_second = spec.checkpoint.upload_mib_per_s << 20;
     mo.log = log0;
-    const bool first_on_host =
-        !distributed::distributed_env_present() || distributed::local_placement_from_env().rank == 0;
-    // Each worker stages its own copy: its ranks are [member * local, (member + 1) * local)
-    // (the agent's numbering), and its pull brings only their shards unless the ranks changed.
+    // Each worker stages its own copy, pulled by the first of its ranks; the pull brings only
+    // its ranks' shards unless the ranks changed.
+    bool first_on_host = true;
     if (distributed::distributed_env_present()) {
+      const distributed::WorkerRanks mine = distributed::worker_ranks_from_env();
+      const int64_t rank = distributed::rank_info_from_env().rank;
       const int64_t world = distributed::rank_info_from_env().world_size;
-      const int64_t local = distributed::local_placement_from_env().world_size;
-      const int64_t first = distributed::rank_info_from_env().rank / local * local;
-      if (local < world) {
-        mo.shard_wanted = [world, local, first](int64_t checkpoint_world, int r) {
-          return checkpoint_world != world || (r >= first && r < first + local);
+      first_on_host = rank == mine.first;
+      if (mine.count < world) {
+        mo.shard_wanted = [world, mine](int64_t checkpoint_world, int r) {
+          return checkpoint_world != world || mine.holds(r);
         };
-        opts_ranks_beside_rank0 = local;
+        // Rank 0's worker holds ranks [0, count) (the agent's numbering: worker m has
+        // [m * count, (m + 1) * count)).
+        opts_ranks_beside_rank0 = mine.count;
       }
     }
     try {
