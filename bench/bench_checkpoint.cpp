@@ -20,7 +20,12 @@
 #include "common/crc32c.h"
 #include "common/input_file.h"
 #include "common/remove_tree.h"
+#include "common/checkpoint_names.h"
 #include "worker/rank/checkpoint.h"
+#if ZENFLOW_HAVE_S3
+#include "common/storage/checkpoint_mirror.h"
+#include "common/storage/s3.h"
+#endif
 #include "worker/model/safetensors.h"
 
 namespace zenflow::cli {
@@ -33,6 +38,7 @@ struct CheckpointBenchArgs {
   int64_t bytes = int64_t{1} << 30;
   std::string dir;
   int reps = 3;
+  std::string to;  // s3://BUCKET/PREFIX: upload and download too, beside the AWS CLI
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -71,6 +77,76 @@ std::vector<fs::path> files_of(const fs::path& step_dir) {
   std::sort(out.begin(), out.end());
   return out;
 }
+
+#if ZENFLOW_HAVE_S3
+// Seconds a shell command took; throws naming it when it fails.
+double timed_command(const std::string& cmd) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (std::system(cmd.c_str()) != 0) throw std::runtime_error("failed: " + cmd);
+  return seconds_since(t0);
+}
+
+// --to s3://BUCKET/PREFIX: the step directory's upload (push, then flush: from written to
+// durable) and download (pull, verified) through the checkpoint mirror, each beside the AWS
+// CLI's `aws s3 cp --recursive` of the same files to and from the same server, in turns.
+// Everything it writes to the bucket goes under PREFIX/zenflow-bench-PID/ and is deleted.
+json s3_bench(const CheckpointBenchArgs& a, const fs::path& step_dir, int64_t bytes, const fs::path& root) {
+  auto client = std::make_shared<storage::S3Client>(storage::s3_settings_from_environment());
+  const storage::S3Uri base = storage::parse_s3_uri(a.to).trimmed().child("zenflow-bench-" + std::to_string(::getpid()));
+  const std::string endpoint = client->settings().path_style ? " --endpoint-url " + client->settings().endpoint : "";
+  const bool have_aws = std::system("command -v aws >/dev/null 2>&1") == 0;
+  std::vector<double> up, down, aws_up, aws_down;
+  const int64_t step = checkpoint_step_of(step_dir.filename().string());
+  for (int r = 0; r < a.reps; ++r) {
+    const storage::S3Uri mine = base.child("zenflow-" + std::to_string(r)), theirs = base.child("aws-" + std::to_string(r));
+    const fs::path stage = root / ("stage-" + std::to_string(r));
+    fs::create_directories(stage);
+    {
+      CheckpointMirror m(client, mine, stage.string(), MirrorOptions{});
+      auto t0 = std::chrono::steady_clock::now();
+      m.push(step_dir.string(), step);
+      m.flush();
+      up.push_back(seconds_since(t0));
+    }
+    {
+      CheckpointMirror m(client, mine, (root / ("pull-" + std::to_string(r))).string(), MirrorOptions{});
+      auto t0 = std::chrono::steady_clock::now();
+      if (m.pull().step != step) throw std::runtime_error("the uploaded step did not come back from " + mine.text());
+      down.push_back(seconds_since(t0));
+    }
+    if (have_aws) {
+      aws_up.push_back(timed_command("aws s3 cp --recursive --only-show-errors" + endpoint + " '" + step_dir.string() +
+                                     "' '" + theirs.text() + "/'"));
+      aws_down.push_back(timed_command("aws s3 cp --recursive --only-show-errors" + endpoint + " '" + theirs.text() +
+                                       "/' '" + (root / ("aws-" + std::to_string(r))).string() + "'"));
+    }
+    std::cerr << "zenflow bench checkpoint: s3 rep " << (r + 1) << "/" << a.reps << ": upload " << up.back()
+              << " s, download " << down.back() << " s";
+    if (have_aws) std::cerr << "; aws s3 cp: upload " << aws_up.back() << " s, download " << aws_down.back() << " s";
+    std::cerr << "\n";
+    fs::remove_all(root / ("pull-" + std::to_string(r)));
+    fs::remove_all(root / ("aws-" + std::to_string(r)));
+  }
+  for (const storage::ObjectInfo& o : client->list(storage::S3Uri{base.bucket, base.key + "/"}))
+    client->remove(storage::S3Uri{base.bucket, o.key});
+  const double mib = static_cast<double>(bytes) / (1 << 20);
+  json out = {{"to", a.to},
+              {"endpoint", client->settings().endpoint},
+              {"upload_seconds", median(up)},
+              {"upload_mib_per_s", mib / median(up)},
+              {"download_seconds", median(down)},
+              {"download_mib_per_s", mib / median(down)}};
+  if (have_aws) {
+    out["aws_upload_mib_per_s"] = mib / median(aws_up);
+    out["aws_download_mib_per_s"] = mib / median(aws_down);
+    out["upload_vs_aws"] = median(aws_up) / median(up);
+    out["download_vs_aws"] = median(aws_down) / median(down);
+  } else {
+    out["aws"] = "the aws CLI is not on PATH: no comparison";
+  }
+  return out;
+}
+#endif
 
 int run_checkpoint_bench(const CheckpointBenchArgs& a) {
   // A directory of our own inside --dir: nothing of the user's is touched.
@@ -117,10 +193,12 @@ int run_checkpoint_bench(const CheckpointBenchArgs& a) {
 
   std::vector<double> save, load, plain, hot, cold, disk;
   int64_t total = 0;
+  std::string last;
   for (int r = 0; r < a.reps; ++r) {
     auto t0 = std::chrono::steady_clock::now();
     const std::string path = write_checkpoint(root.string(), r + 1, contents, 1);
     save.push_back(seconds_since(t0));
+    last = path;
     const auto files = files_of(path);
     total = 0;
     for (const auto& f : files) total += static_cast<int64_t>(fs::file_size(f));
@@ -169,6 +247,22 @@ int run_checkpoint_bench(const CheckpointBenchArgs& a) {
   out["unverified_load_seconds"] = median(plain);
   out["verify_added_seconds"] = median(load) - median(plain);
   out["checksum_share_of_save"] = median(hot) / median(save);
+  if (!a.to.empty()) {
+#if ZENFLOW_HAVE_S3
+    try {
+      out["s3"] = s3_bench(a, last, total, root);
+    } catch (const std::exception& e) {
+      zenflow::remove_tree(root);
+      std::cerr << "zenflow bench checkpoint: --to " << a.to << ": " << e.what() << "\n";
+      return kExitFailure;
+    }
+#else
+    zenflow::remove_tree(root);
+    std::cerr << "zenflow bench checkpoint: --to: this build has no s3:// support (libcurl4-openssl-dev and "
+                 "libexpat1-dev were not found when it was built)\n";
+    return kExitBadInput;
+#endif
+  }
   zenflow::remove_tree(root);
   std::cout << out.dump() << std::endl;
   return kExitOk;
@@ -181,6 +275,9 @@ const CommandRegistrar kCheckpointBench(60, [](CommandContext& ctx) {
   cmd->add_option("--dir", args->dir, "Directory to write it in, in a subdirectory of its own that is removed after "
                   "(default: the temporary directory)");
   cmd->add_option("--reps", args->reps, "Repetitions (medians are printed)")->check(CLI::Range(1, 100));
+  cmd->add_option("--to", args->to,
+                  "s3://BUCKET/PREFIX: also upload and download the checkpoint there (AWS_* settings), beside "
+                  "`aws s3 cp --recursive` of the same files; what it writes there is deleted");
   CommandContext* context = &ctx;
   cmd->callback([args, context] { context->exit_code = run_checkpoint_bench(*args); });
 });
