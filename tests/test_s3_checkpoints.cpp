@@ -346,9 +346,11 @@ class S3Run : public S3Checkpoints {
   }
   // `zenflow run` with the bucket's endpoint and key in its environment; its exit status,
   // stdout in *out, stderr in *err.
-  int run(const std::string& flags, std::string* out, std::string* err) {
+  int run(const std::string& flags, std::string* out, std::string* err) { return run_at(moto_->url(), flags, out, err); }
+  // The same against another endpoint (a scripted server), AWS_MAX_ATTEMPTS=2.
+  int run_at(const std::string& endpoint, const std::string& flags, std::string* out, std::string* err) {
     const fs::path e = dir_ / ("stderr-" + std::to_string(runs_++));
-    const std::string cmd = "env AWS_ENDPOINT_URL=" + moto_->url() + " AWS_ACCESS_KEY_ID=" + moto_->key_id() +
+    const std::string cmd = "env AWS_MAX_ATTEMPTS=2 AWS_ENDPOINT_URL=" + endpoint + " AWS_ACCESS_KEY_ID=" + moto_->key_id() +
                             " AWS_SECRET_ACCESS_KEY=" + moto_->secret() + " " + ZENFLOW_BINARY_DIR +
                             "/bin/zenflow run " + spec_.string() + " --quiet --json " + flags + " 2>" + e.string();
     const int rc = test_support::run(cmd, out);
@@ -506,6 +508,48 @@ TEST_F(S3Run, TwoWorkersSharingNoDirectoryCheckpointAndResumeEachWithItsOwnShard
   ASSERT_EQ(run("--set train.steps=14 --set train.grad_accum=2" + set + " --staging-dir " + (dir_ / "D").string(), &out, &e1), 0) << e1;
   EXPECT_NE(e1.find("re-sharded the optimizer state of 2 ranks over 1"), std::string::npos) << e1;
   EXPECT_TRUE(fs::exists(dir_ / "D/zf-ck/runs/pair/step-00000012/engine-rank-00001.safetensors"));
+}
+
+// A bucket that says no fails the job before its first step, exit 2, naming checkpoint.dir,
+// the URI and S3's code: a missing bucket (moto), a wrong key (every request refused), and a
+// key that may list but not write (the write check; a scripted server).
+TEST_F(S3Run, ABucketThatSaysNoFailsBeforeTrainingNamingCheckpointDirAndTheCode) {
+  std::string out, err;
+  EXPECT_EQ(run("--set checkpoint.dir=s3://no-such-bucket/x --staging-dir " + (dir_ / "N").string(), &out, &err), 2)
+      << err;
+  EXPECT_NE(err.find("zenflow: invalid job spec: checkpoint.dir: s3://no-such-bucket/x: NoSuchBucket (LIST "),
+            std::string::npos)
+      << err;
+
+  auto refusal = [](const std::string& code) {
+    return test_support::HttpReply{403, {}, "<Error><Code>" + code + "</Code><Message>no</Message></Error>"};
+  };
+  test_support::HttpStub wrong_key([&](const test_support::HttpRequest&) { return refusal("InvalidAccessKeyId"); });
+  EXPECT_EQ(run_at(wrong_key.url(), "--set checkpoint.dir=s3://bkt/p --staging-dir " + (dir_ / "K").string(), &out, &err), 2)
+      << err;
+  EXPECT_NE(err.find("zenflow: invalid job spec: checkpoint.dir: s3://bkt/p: InvalidAccessKeyId (LIST s3://bkt/p/: HTTP 403 "
+                     "InvalidAccessKeyId: no)"),
+            std::string::npos)
+      << err;
+
+  std::mutex mu;
+  std::vector<std::string> writes;
+  test_support::HttpStub read_only([&](const test_support::HttpRequest& r) {
+    if (r.method == "GET")
+      return test_support::HttpReply{200, {}, "<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>"};
+    std::lock_guard<std::mutex> lock(mu);
+    writes.push_back(r.method + " " + r.target);
+    return refusal("AccessDenied");
+  });
+  EXPECT_EQ(run_at(read_only.url(), "--set checkpoint.dir=s3://ro-bkt/p --staging-dir " + (dir_ / "R").string(), &out, &err), 2)
+      << err;
+  EXPECT_NE(err.find("zenflow: invalid job spec: checkpoint.dir: s3://ro-bkt/p: AccessDenied (PUT s3://ro-bkt/p/.zenflow-write-check-"),
+            std::string::npos)
+      << err;
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(writes.size(), 1u) << "only the write check: nothing was trained or uploaded";
+  EXPECT_EQ(writes[0].rfind("PUT /ro-bkt/p/.zenflow-write-check-", 0), 0u) << writes[0];
+  EXPECT_FALSE(fs::exists(dir_ / "R/ro-bkt/p/steps.jsonl")) << "training started";
 }
 
 // SIGTERM (a spot interruption notice) in the middle of a long run: its checkpoint is in the

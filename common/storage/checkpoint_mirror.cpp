@@ -383,6 +383,12 @@ int64_t CheckpointMirror::newest_remote_step() {
   return -1;
 }
 
+void CheckpointMirror::check_writable() {
+  const S3Uri probe = impl_->remote.child(".zenflow-write-check-" + std::to_string(::getpid()));
+  impl_->client->put(probe, "zenflow checks that it may write here; this object is deleted at once\n");
+  impl_->client->remove(probe);
+}
+
 CheckpointMirror::Pulled CheckpointMirror::pull(int64_t only_step) { return impl_->pull(only_step, false, false); }
 
 CheckpointMirror::Pulled CheckpointMirror::pull_for_run(bool clean_uncommitted) {

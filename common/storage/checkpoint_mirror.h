@@ -82,6 +82,10 @@ class CheckpointMirror {
   Pulled pull_for_run(bool clean_uncommitted);
   // The newest step whose manifest is in the bucket (-1: none). One LIST.
   int64_t newest_remote_step();
+  // Writes and deletes a small object under the prefix (rank 0, before training), so that a
+  // key that may read but not write, or a prefix denied, fails before the first step rather
+  // than at the first upload. Throws storage::S3Error.
+  void check_writable();
 
   // Starts uploading `step_dir` (step `step`, committed); returns the seconds it waited for
   // the previous upload. Throws the previous upload's error.

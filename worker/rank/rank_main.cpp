@@ -347,8 +347,11 @@ int run_rank(const RankArgs& a) {
       std::cerr << "zenflow: invalid job spec: " << e.what() << "\n";
       return attempt::kExitBadInput;
     } catch (const storage::S3Error& e) {
-      std::cerr << "zenflow: error: " << key << ": " << e.what() << "\n";
-      return e.http_status == 404 || e.http_status == 403 ? attempt::kExitBadInput : attempt::kExitFailed;
+      const bool refused = e.http_status >= 400 && e.http_status < 500;
+      std::cerr << "zenflow: " << (refused ? "invalid job spec" : "error") << ": " << key << ": "
+                << opts_input_uris[key] << ": " << (e.code.empty() ? std::string("no answer") : e.code) << " ("
+                << e.what() << ")\n";
+      return refused ? attempt::kExitBadInput : attempt::kExitFailed;
     } catch (const std::exception& e) {
       std::cerr << "zenflow: error: " << key << ": " << e.what() << "\n";
       return attempt::kExitBadInput;
@@ -394,6 +397,14 @@ int run_rank(const RankArgs& a) {
                     << " MiB downloaded, " << (p.bytes_reused >> 20) << " MiB already staged, in "
                     << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() << " s\n";
       }
+      if (rank0) mirror->check_writable();
+    } catch (const storage::S3Error& e) {
+      // The bucket answered no (credentials, a missing bucket, a denied prefix): the spec's
+      // problem, before training; no answer at all: perhaps passing, a failure.
+      const bool refused = e.http_status >= 400 && e.http_status < 500;
+      std::cerr << "zenflow: " << (refused ? "invalid job spec" : "error") << ": checkpoint.dir: " << checkpoint_uri
+                << ": " << (e.code.empty() ? std::string("no answer") : e.code) << " (" << e.what() << ")\n";
+      return refused ? attempt::kExitBadInput : attempt::kExitFailed;
     } catch (const std::exception& e) {
       std::cerr << "zenflow: error: checkpoint.dir " << checkpoint_uri << ": " << e.what() << "\n";
       return attempt::kExitFailed;
