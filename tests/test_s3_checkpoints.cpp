@@ -408,6 +408,9 @@ TEST_F(S3Run, AResumeOnAnotherWorkerFromTheBucketTrainsExactlyAsALocalResume) {
   EXPECT_EQ(bucket.at("final_loss").get<double>(), dir.at("final_loss").get<double>());
 
   EXPECT_EQ(keys_of(*client_, parse_s3_uri(uri + "/")).size(), 2 * 5 + 1u) << "keep: 2 steps of 5 files, steps.jsonl";
+  // The run's record names the bucket, not a worker's staging copy.
+  EXPECT_NE(client_->get(parse_s3_uri(uri + "/step-00000012/run.yaml")).find("dir: \"" + uri + "\"\n"), std::string::npos)
+      << client_->get(parse_s3_uri(uri + "/step-00000012/run.yaml"));
   // The record continues in the bucket: both runs' steps.
   const std::string record = client_->get(parse_s3_uri(uri + "/steps.jsonl"));
   EXPECT_NE(record.find("\"step\":1,"), std::string::npos);

@@ -442,6 +442,7 @@ int run_rank(const RankArgs& a) {
   }
   opts.on_training_start = [] { g_training.store(true); };
   opts.input_uris = opts_input_uris;
+  opts.checkpoint_uri = checkpoint_uri;
 #if ZENFLOW_HAVE_S3
   if (mirror && rank0)
     opts.on_checkpoint_committed = [&](int64_t step, const std::string& dir) { return mirror->push(dir, step); };

@@ -781,6 +781,7 @@ class TrainingRun {
       if (key == "data.val") written.data.val = uri;
       if (key == "data.tokenizer") written.data.tokenizer = uri;
     }
+    if (!options_.checkpoint_uri.empty()) written.checkpoint.dir = options_.checkpoint_uri;
     run_yaml_ = to_yaml(written);
     if (options_.on_training_start) options_.on_training_start();
     if (options_.observer) {

@@ -65,6 +65,9 @@ struct RunOptions {
   // job's identity (checkpoint.h, job_identity) records the URI, so a resume elsewhere,
   // from another copy, is the same job.
   std::map<std::string, std::string> input_uris;
+  // checkpoint.dir's s3:// URI when the run works in a staging copy of it: what run.yaml
+  // records (not part of the identity: a job keeps its checkpoints where they are).
+  std::string checkpoint_uri;
   // Called by rank 0 after each checkpoint it committed (the step and its directory); returns
   // the seconds training waited before going on (checkpoint.dir: s3://, the previous
   // checkpoint's upload: stall cause checkpoint_upload). Empty: nothing.
