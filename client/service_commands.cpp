@@ -255,6 +255,7 @@ int submit(SubmitArgs& a) {
   v1::SubmitJobRequest req;
   // The resolved spec: absolute paths, every default written out.
   req.set_spec_yaml(to_yaml(spec));
+  req.set_checkpoint_dir_default(spec.checkpoint.dir_defaulted);
   req.set_request_id(a.request_id.empty() ? random_request_id() : a.request_id);
   fill_model_facts(spec, &req);
   v1::SubmitJobResponse resp;

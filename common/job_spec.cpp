@@ -862,7 +862,8 @@ template <typename V>
 void rows(V& v, Of<CheckpointSpec>) {
   v(Path{"dir",
          "Where step-N checkpoints are written: a directory, or s3://bucket/prefix (written through a local "
-         "staging directory, uploaded in the background); absent: runs/<name> under the current directory",
+         "staging directory, uploaded in the background); absent: runs/<name> under the current directory (submitted "
+         "to a coordinator with --checkpoint-root: ROOT/<name>)",
          true, nullptr, nullptr, false, true},
     &CheckpointSpec::dir);
   v(Int{"every_steps", {0, kBillion}, "Steps between periodic checkpoints; 0: none"}, &CheckpointSpec::every_steps);
@@ -954,7 +955,10 @@ void check_rules(JobSpec& spec, const Section&, const ReadContext& ctx, std::str
     // Written: against the spec's directory, like every path (its row). Absent: the current
     // directory's runs/<name>, so a shared spec (the checkout's examples/) never collects runs
     // beside it; load_job_spec makes it absolute.
-    if (spec.checkpoint.dir.empty()) spec.checkpoint.dir = "runs/" + spec.name;
+    if (spec.checkpoint.dir.empty()) {
+      spec.checkpoint.dir = "runs/" + spec.name;
+      spec.checkpoint.dir_defaulted = true;
+    }
     check_checkpoint_dir(spec.checkpoint, spec.name, ctx.base_dir, ctx.site);
   }
   // Learned position tables (gpt2) and rotary caches (llama) are sized by this.

@@ -178,6 +178,9 @@ struct CheckpointSpec {
   int64_t every_steps = 100;  // 0 disables periodic checkpoints
   int64_t keep = 3;
   int64_t upload_mib_per_s = 0;  // s3://: the background upload's bandwidth cap; 0: none
+  // Not a key: the spec named no dir, so it is the default runs/<name> (what `zenflow submit`
+  // tells a coordinator, which may put the job's checkpoints under its --checkpoint-root).
+  bool dir_defaulted = false;
 };
 
 struct CostSpec {

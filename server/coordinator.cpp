@@ -639,6 +639,8 @@ Status Coordinator::parse_submitted(const v1::SubmitJobRequest& req, JobSpec* sp
   } catch (const std::exception& e) {
     return bad(e.what());
   }
+  if (req.checkpoint_dir_default() && !options_.checkpoint_root.empty())
+    spec->checkpoint.dir = options_.checkpoint_root + "/" + spec->name;
   if (Status s = check_absolute(*spec); !s.ok()) return s;
   *yaml = to_yaml(*spec);
   return Status::OK;

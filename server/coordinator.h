@@ -95,6 +95,10 @@ struct CoordinatorOptions {
   std::function<void(const std::string&)> log;  // one line each; default: stderr
   // Prices for cost.instance_type (common/pricing.h); null: only cost.usd_per_hour prices.
   std::shared_ptr<const PricingCatalog> catalog;
+  // Where the checkpoints of jobs whose spec names no checkpoint.dir go: ROOT/<job name>
+  // (s3://BUCKET/PREFIX, or an absolute path on a volume every worker mounts). "": where the
+  // submitting client put them (runs/<name> under its directory).
+  std::string checkpoint_root;
   // Called (under the coordinator's lock, so it must be quick) with a job's wait in the
   // queue each time an attempt is placed: the queue-wait histogram (coordinator_metrics.h).
   std::function<void(double seconds)> on_placed;

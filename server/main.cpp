@@ -35,6 +35,7 @@
 #include "common/metrics/http_server.h"
 #include "common/metrics/registry.h"
 #include "common/pricing.h"
+#include "common/storage/s3_uri.h"
 #include "common/rpc/auth.h"
 #include "common/rpc/rpc.h"
 #include "common/version.h"
@@ -73,6 +74,7 @@ struct Flags {
   bool synchronous_normal = false;
   bool insecure_plaintext = false;
   std::vector<std::string> pricing;  // catalogs merged over the shipped deploy/pricing.yaml
+  std::string checkpoint_root;        // CoordinatorOptions::checkpoint_root
   int metrics_port = 0;              // 0: no /metrics (as zenflow run and zenflow-worker)
   std::string metrics_host = "127.0.0.1";
   int64_t max_job_log_mib = 64;
@@ -195,6 +197,7 @@ int run(const Flags& f) {
     co.backfill = !f.no_backfill;
     co.preemption = !f.no_preemption;
     co.catalog = catalog;
+    co.checkpoint_root = f.checkpoint_root;
     co.max_job_log_bytes = f.max_job_log_mib << 20;
     co.lost_worker_retention = std::chrono::milliseconds(static_cast<int64_t>(f.lost_worker_retention_hours * 3.6e6));
     co.issued_ids_path = f.db + ".ids";
@@ -355,10 +358,27 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   app.add_flag("--insecure-plaintext", f.insecure_plaintext,
                "Serve plaintext on a non-loopback address (tokens in the clear: only behind a network that encrypts)");
+  app.add_option("--checkpoint-root", f.checkpoint_root,
+                 "Where jobs whose spec names no checkpoint.dir keep their checkpoints: ROOT/<job name>; "
+                 "s3://BUCKET/PREFIX (the chart's storage.s3.bucket) or an absolute path every worker mounts")
+      ->check([](const std::string& v) -> std::string {
+        if (zenflow::storage::is_s3_uri(v)) {
+          try {
+            const zenflow::storage::S3Uri u = zenflow::storage::parse_s3_uri(v);
+            (void)u;
+            return "";
+          } catch (const std::exception& e) {
+            return e.what();
+          }
+        }
+        if (v.empty() || v[0] != '/') return "not an s3://BUCKET/PREFIX URI or an absolute path: '" + v + "'";
+        return "";
+      });
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  while (f.checkpoint_root.size() > 1 && f.checkpoint_root.back() == '/') f.checkpoint_root.pop_back();
   return run(f);
 }

@@ -1021,6 +1021,44 @@ TEST(Coordinator, ProgressOnAStreamBeatIsTakenAsReportProgressTakesIt) {
   EXPECT_EQ(status().step(), 30);
 }
 
+// A spec that named no checkpoint.dir (the client says so) goes under the coordinator's
+// --checkpoint-root, ROOT/<name>, and that is what its workers are given; one that named a
+// dir keeps it; without a root, the client's default stands.
+TEST(Coordinator, JobsThatNameNoCheckpointDirGoUnderTheCheckpointRoot) {
+  TestDir dir;
+  CoordinatorOptions o;
+  o.log = [](const std::string&) {};
+  o.checkpoint_root = "s3://zf-runs/team-a";
+  auto c = std::make_unique<Coordinator>(open_sqlite_store(dir.db()), o);
+  auto submit = [&](const std::string& name, bool defaulted) {
+    v1::SubmitJobRequest req = submit_request(dir, name, "rid-" + name);
+    req.set_checkpoint_dir_default(defaulted);
+    v1::SubmitJobResponse resp;
+    const grpc::Status s = c->submit(req, &resp);
+    EXPECT_TRUE(s.ok()) << describe(s);
+    return resp.job();
+  };
+  const v1::JobStatus defaulted = submit("unnamed", true);
+  EXPECT_EQ(defaulted.checkpoint_dir(), "s3://zf-runs/team-a/unnamed");
+  // The worker it is placed on is given that directory in the spec.
+  v1::RegisterWorkerResponse reg;
+  ASSERT_TRUE(c->register_worker(trainer("w", 29500), &reg).ok());
+  c->tick_now();
+  v1::FetchAssignmentsRequest fetch;
+  fetch.set_name("w");
+  fetch.set_incarnation(reg.incarnation());
+  v1::FetchAssignmentsResponse assigned;
+  ASSERT_TRUE(c->fetch_assignments(fetch, &assigned).ok());
+  ASSERT_EQ(assigned.assignments_size(), 1);
+  EXPECT_NE(assigned.assignments(0).spec_yaml().find("dir: \"s3://zf-runs/team-a/unnamed\""), std::string::npos)
+      << assigned.assignments(0).spec_yaml();
+  EXPECT_EQ(submit("named", false).checkpoint_dir(), dir.path() + "/ckpt-named");
+  o.checkpoint_root.clear();
+  c.reset();  // the store's lock
+  c = std::make_unique<Coordinator>(open_sqlite_store(dir.db()), o);
+  EXPECT_EQ(submit("no-root", true).checkpoint_dir(), dir.path() + "/ckpt-no-root");
+}
+
 // Rank 0's worker holds a rendezvous port per slot: two jobs running there at once get
 // different ports, and a port comes free when its job ends (many ended jobs later).
 TEST(Coordinator, JobsOnOneWorkerGetDistinctRendezvousPortsAndEndedOnesFreeTheirs) {

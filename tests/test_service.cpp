@@ -200,7 +200,7 @@ TEST(Service, AJobWithItsCheckpointsInABucketResumesOnAnotherWorkerSharingNoDire
   if (moto.empty()) GTEST_SKIP() << "moto_server is not installed (pip install 'moto[server]'): no S3 server to test against";
   const int metrics_port = test_support::free_port();
   test_support::ClusterOptions o;
-  o.coordinator_flags = {"--metrics-port", std::to_string(metrics_port)};
+  o.coordinator_flags = {"--metrics-port", std::to_string(metrics_port), "--checkpoint-root", "s3://zf-svc/root/"};
   Cluster c("s3-resume", o);
   test_support::MotoServer bucket(moto, c.dir() / "moto.log", /*check_signatures=*/false);
   bucket.create_bucket("zf-svc");
@@ -253,6 +253,22 @@ TEST(Service, AJobWithItsCheckpointsInABucketResumesOnAnotherWorkerSharingNoDire
     EXPECT_EQ(status, 200) << body.substr(0, 500);
     EXPECT_NE(body.find("<html"), std::string::npos);
     EXPECT_NE(body.find("s3job"), std::string::npos) << "the job's name";
+  }
+  // A spec that names no checkpoint.dir: under the coordinator's --checkpoint-root (the
+  // chart's storage.s3.bucket), not in a directory of the submitter's.
+  {
+    std::string text2 = test_support::tiny_job_spec("unnamed-dir", 30);
+    text2.replace(text2.find("checkpoint: {every_steps: 0}"), 28, "checkpoint: {every_steps: 10}");
+    const fs::path spec2 = c.dir() / "unnamed-dir.yaml";
+    write_file(spec2, text2 + "resources: {workers: 1, gpus_per_worker: 1}\n");
+    const std::string id2 = c.submit(spec2);
+    ASSERT_FALSE(id2.empty());
+    EXPECT_EQ(c.status(id2).value("checkpoint_dir", ""), "s3://zf-svc/root/unnamed-dir");
+    ASSERT_TRUE(c.wait_state(id2, "SUCCEEDED", 120s)) << c.status(id2).dump() << logs_of(c, id2);
+    const test_support::CurlReply listed = test_support::curl_request(
+        "GET", bucket.url() + "/zf-svc?list-type=2&prefix=root/unnamed-dir/", "", "s3", bucket.key_id(), bucket.secret());
+    EXPECT_NE(listed.body.find("root/unnamed-dir/step-00000030/manifest.json"), std::string::npos) << listed.body;
+    EXPECT_FALSE(fs::exists(c.dir() / "runs/unnamed-dir"));
   }
   // A coordinator that cannot reach the bucket says why, and whose credentials it used.
   env.set("AWS_ENDPOINT_URL", "http://127.0.0.1:" + std::to_string(test_support::free_port()));

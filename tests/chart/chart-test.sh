@@ -98,6 +98,8 @@ check_template() {
   expect s3-storage "IRSA's role on the service account" 'eks.amazonaws.com/role-arn: arn:aws:iam::123456789012:role/zenflow'
   expect s3-storage "no shared volume" 'PersistentVolumeClaim' absent
   expect s3-storage "no shared allowed root" '--allowed-root=/shared' absent
+  expect s3-storage "jobs without a checkpoint.dir go to the bucket" '--checkpoint-root=s3://zenflow-ckpt/team-a$'
+  expect defaults "no checkpoint root by default" '--checkpoint-root' absent
   expect defaults "no bucket settings by default" 'AWS_ENDPOINT_URL_S3' absent
   expect monitoring-off "no Prometheus Operator objects" 'monitoring.coreos.com' absent
   expect monitoring-off "no dashboards" 'grafana_dashboard' absent
@@ -139,6 +141,7 @@ check_schema() {
   reject "plaintext refused" "coordinator.insecurePlaintext" --set coordinator.insecurePlaintext=false
   reject "an endpoint with a path" "storage.s3.endpoint: Does not match pattern" --set storage.s3.endpoint=http://minio:9000/bucket
   reject "a role that is not an IAM role ARN" "storage.s3.roleArn: Does not match pattern" --set storage.s3.roleArn=zenflow
+  reject "a bucket name S3 refuses" "storage.s3.bucket: Does not match pattern" --set storage.s3.bucket=My_Bucket
   reject "IRSA's role without the chart's service account" "storage.s3.roleArn annotates the chart's service account" \
     --set storage.s3.enabled=true --set storage.s3.roleArn=arn:aws:iam::123456789012:role/r --set serviceAccount.create=false
   reject "cert-manager without an issuer" "tls.certManager.issuerRef.name" \
