@@ -138,18 +138,31 @@ if ((test_tools)); then
     ln -sfn "$layer_dir/kubectl/kubectl" /usr/local/bin/kubectl
   fi
 
-  chart_src="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/chart"
-  chart_dir=/usr/local/share/zenflow/npm/chart-validate
-  lock_sum=$(sha256sum "$chart_src/package-lock.json" | cut -d' ' -f1)
-  if [ "$(cat "$chart_dir/.zenflow-lock-sha256" 2>/dev/null)" != "$lock_sum" ] || [ ! -d "$chart_dir/node_modules" ]; then
-    echo "install-deps: installing the chart validators (tests/chart/package-lock.json) into $chart_dir"
+  # npm_ci_lock NAME MARKER DIR: `npm ci` of tests/NAME/package-lock.json into
+  # /usr/local/share/zenflow/npm/DIR, skipped while the installed lock's sha256 matches and
+  # DIR/MARKER exists.
+  npm_ci_lock() {
+    local name=$1 marker=$2 src dir sum tmp
+    src="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/$name"
+    dir=/usr/local/share/zenflow/npm/$3
+    sum=$(sha256sum "$src/package-lock.json" | cut -d' ' -f1)
+    if [ "$(cat "$dir/.zenflow-lock-sha256" 2>/dev/null)" = "$sum" ] && [ -e "$dir/$marker" ]; then return; fi
+    echo "install-deps: installing tests/$name/package-lock.json into $dir"
     tmp=$(mktemp -d)
-    cp "$chart_src/package.json" "$chart_src/package-lock.json" "$tmp/"
+    cp "$src/package.json" "$src/package-lock.json" "$tmp/"
     (cd "$tmp" && npm ci --silent --no-audit --no-fund --ignore-scripts >/dev/null) ||
-      { echo "install-deps: npm ci of the chart validators failed" >&2; rm -rf "$tmp"; exit 1; }
-    echo "$lock_sum" > "$tmp/.zenflow-lock-sha256"
+      { echo "install-deps: npm ci of tests/$name failed" >&2; rm -rf "$tmp"; exit 1; }
+    echo "$sum" > "$tmp/.zenflow-lock-sha256"
     chmod 755 "$tmp"
-    mkdir -p "$(dirname "$chart_dir")"
-    rm -rf "$chart_dir" && mv "$tmp" "$chart_dir"
-  fi
+    mkdir -p "$(dirname "$dir")"
+    rm -rf "$dir" && mv "$tmp" "$dir"
+  }
+  npm_ci_lock chart node_modules chart-validate
+
+  # An S3 API server for the s3:// tests: moto_server where it is installed (Python's moto;
+  # not a Debian package), else s3rver, installed here from tests/s3rver/'s lock file and
+  # linked into /usr/local/bin (tests/support/moto.h picks whichever is on PATH, moto first).
+  npm_ci_lock s3rver node_modules/s3rver/bin/s3rver.js s3rver
+  s3rver_dir=/usr/local/share/zenflow/npm/s3rver
+  ln -sfn "$s3rver_dir/node_modules/s3rver/bin/s3rver.js" /usr/local/bin/s3rver
 fi

@@ -49,8 +49,8 @@ std::string md5_hex(const std::string& s) {
 class ObjectCacheMoto : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string moto = test_support::find_moto_server();
-    if (moto.empty()) GTEST_SKIP() << "moto_server is not installed (pip install 'moto[server]'): no S3 server to test against";
+    const std::string moto = test_support::find_s3_server();
+    if (moto.empty()) GTEST_SKIP() << test_support::kNoS3Server;
     dir_ = test_support::fresh_scratch_dir("object-cache");
     moto_ = std::make_unique<test_support::MotoServer>(moto, dir_ / "moto.log", /*check_signatures=*/false);
     moto_->create_bucket("zf-data");

@@ -480,8 +480,8 @@ TEST(S3Credentials, AWebIdentityIsExchangedAtStsForTemporaryCredentials) {
 class S3Moto : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string moto = test_support::find_moto_server();
-    if (moto.empty()) GTEST_SKIP() << "moto_server is not installed (pip install 'moto[server]'): no S3 server to test against";
+    const std::string moto = test_support::find_s3_server();
+    if (moto.empty()) GTEST_SKIP() << test_support::kNoS3Server;
     dir_ = scratch_dir("s3-moto");
     moto_ = std::make_unique<test_support::MotoServer>(moto, dir_ / "moto.log");
     moto_->create_bucket("zf-test");
@@ -505,15 +505,16 @@ class S3Moto : public ::testing::Test {
 // too), so this runs on a second moto that checks none; what is sent for them is pinned by
 // S3Keys.AreSentUriEncodedOnceAsSigV4Wants.
 TEST_F(S3Moto, OddKeysRoundTripThroughPutHeadGetListAndDelete) {
-  test_support::MotoServer unchecked(test_support::find_moto_server(), dir_ / "moto-unchecked.log",
+  test_support::MotoServer unchecked(test_support::find_s3_server(), dir_ / "moto-unchecked.log",
                                      /*check_signatures=*/false);
   unchecked.create_bucket("zf-test");
   S3Settings s = settings();
   s.endpoint = unchecked.url();
   s.credentials = static_credentials({unchecked.key_id(), unchecked.secret(), "", 0, "test"});
   S3Client client(s);
-  const std::vector<std::string> keys = {"run/plain.bin", "run/with space+plus=eq&amp", "run/ünïcödé/ключ",
-                                         "run/a/../dots/./x", "run/semi;colon,comma~tilde*star'quote"};
+  std::vector<std::string> keys = {"run/plain.bin", "run/with space+plus=eq&amp", "run/ünïcödé/ключ",
+                                   "run/a/../dots/./x", "run/semi;colon,comma~tilde*star'quote"};
+  if (unchecked.is_s3rver()) keys.erase(keys.begin() + 3);  // s3rver resolves '..' in keys; S3 does not
   std::map<std::string, std::string> bodies;
   for (size_t i = 0; i < keys.size(); ++i) {
     std::string body(1000 + i * 37, '\0');
@@ -543,6 +544,7 @@ TEST_F(S3Moto, OddKeysRoundTripThroughPutHeadGetListAndDelete) {
 }
 
 TEST_F(S3Moto, IfNoneMatchNeverReplacesAnExistingObject) {
+  if (!moto_->conditional_writes()) GTEST_SKIP() << "s3rver ignores If-None-Match (it predates S3's conditional writes)";
   S3Client client(settings());
   const S3Uri manifest = parse_s3_uri("s3://zf-test/run/step-00000010/manifest.json");
   client.put(manifest, "first", /*if_none_match=*/true);
@@ -559,6 +561,7 @@ TEST_F(S3Moto, IfNoneMatchNeverReplacesAnExistingObject) {
 }
 
 TEST_F(S3Moto, AWrongSecretIsRefusedNamingTheSignatureAndIsNotRetried) {
+  if (moto_->is_s3rver()) GTEST_SKIP() << "s3rver does not check these requests' signatures against the secret";
   int waits = 0;
   S3Settings s = settings("not-the-secret");
   s.sleep = [&](double) { ++waits; };
@@ -605,7 +608,9 @@ TEST_F(S3Moto, LargeFilesGoAsParallelMultipartUploadsAndComeBackWhole) {
   const auto info = client.head(dst);
   ASSERT_TRUE(info);
   EXPECT_EQ(info->size, size);
-  EXPECT_NE(info->etag.find("-3"), std::string::npos) << "not a 3-part upload: " << info->etag;
+  if (!moto_->is_s3rver()) {  // s3rver's ETag of a multipart object is a plain MD5
+    EXPECT_NE(info->etag.find("-3"), std::string::npos) << "not a 3-part upload: " << info->etag;
+  }
   const fs::path back = dir_ / "back.bin";
   int64_t seen = 0;
   client.get_file(dst, back.string(), [&](int64_t done, int64_t) { seen = done; });

@@ -196,8 +196,8 @@ TEST(Service, KilledWorkerAgentJobResumesFromItsCheckpointElsewhere) {
 // is killed; the job resumes on the other, from the bucket, and ends with the loss of an
 // uninterrupted local run.
 TEST(Service, AJobWithItsCheckpointsInABucketResumesOnAnotherWorkerSharingNoDirectory) {
-  const std::string moto = test_support::find_moto_server();
-  if (moto.empty()) GTEST_SKIP() << "moto_server is not installed (pip install 'moto[server]'): no S3 server to test against";
+  const std::string moto = test_support::find_s3_server();
+  if (moto.empty()) GTEST_SKIP() << test_support::kNoS3Server;
   const int metrics_port = test_support::free_port();
   test_support::ClusterOptions o;
   o.coordinator_flags = {"--metrics-port", std::to_string(metrics_port), "--checkpoint-root", "s3://zf-svc/root/"};

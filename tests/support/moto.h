@@ -1,7 +1,9 @@
-// A real S3 API server for tests: moto_server (Python's moto) on 127.0.0.1 at a free port,
-// with request signing checked (INITIAL_NO_AUTH_ACTION_COUNT: the first three requests,
-// this file's IAM set-up, go unchecked; every later one must carry a valid SigV4 signature
-// of the access key made here). Killed (its process group) when destroyed.
+// A real S3 API server for tests on 127.0.0.1 at a free port, killed (its process group)
+// when destroyed: moto_server (Python's moto) where it is installed, with request signing
+// checked (INITIAL_NO_AUTH_ACTION_COUNT: the first three requests, this file's IAM set-up,
+// go unchecked; every later one must carry a valid SigV4 signature of the access key made
+// here); else s3rver (npm; scripts/install-deps.sh --test-tools installs it), which checks
+// signatures of its one key S3RVER. ZENFLOW_S3_TEST_SERVER=moto|s3rver picks one.
 #pragma once
 
 #include <arpa/inet.h>
@@ -19,17 +21,31 @@
 
 namespace zenflow::test_support {
 
-// moto_server's path, or "" when it is not installed.
-inline std::string find_moto_server() {
+// An executable's path on PATH, or "".
+inline std::string find_on_path(const std::string& name) {
   const char* path = std::getenv("PATH");
   std::stringstream dirs(path ? path : "");
   std::string dir;
   while (std::getline(dirs, dir, ':')) {
-    const std::string p = dir + "/moto_server";
+    const std::string p = dir + "/" + name;
     if (::access(p.c_str(), X_OK) == 0) return p;
   }
   return "";
 }
+
+// The S3 server to test against (moto_server, else s3rver; ZENFLOW_S3_TEST_SERVER picks),
+// or "" when neither is installed.
+inline std::string find_s3_server() {
+  const char* pick = std::getenv("ZENFLOW_S3_TEST_SERVER");
+  if (pick && *pick) return find_on_path(std::string(pick) == "moto" ? "moto_server" : pick);
+  const std::string moto = find_on_path("moto_server");
+  return moto.empty() ? find_on_path("s3rver") : moto;
+}
+
+// Why a test skips when find_s3_server() found none.
+inline constexpr const char* kNoS3Server =
+    "no S3 server to test against: neither moto_server (pip install 'moto[server]') nor s3rver "
+    "(scripts/install-deps.sh --test-tools) is on PATH";
 
 inline int free_tcp_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -92,6 +108,22 @@ class MotoServer {
   // with moto's output when it does not come up.
   MotoServer(const std::string& moto_server, const fs::path& log, bool check_signatures = true) {
     port_ = free_tcp_port();
+    if (fs::path(moto_server).filename() == "s3rver") {
+      // s3rver: objects in a directory beside the log; its one key; signatures checked
+      // unless asked not to (then any well-formed signature passes).
+      s3rver_ = true;
+      key_id_ = secret_ = "S3RVER";
+      const fs::path data = log.string() + ".data";
+      fs::create_directories(data);
+      std::vector<std::string> argv = {moto_server, "-d", data.string(), "-a", "127.0.0.1", "-p", std::to_string(port_),
+                                       "--silent", "--no-vhost-buckets"};
+      if (!check_signatures) argv.push_back("--allow-mismatched-signatures");
+      process_ = std::make_unique<Process>(argv, log);
+      if (!wait_until([&] { return curl_request("GET", url() + "/", "", "s3", key_id_, secret_).status == 200; },
+                      std::chrono::seconds(60)))
+        throw std::runtime_error("s3rver did not answer within 60 s: " + process_->output());
+      return;
+    }
     std::vector<std::string> argv = {"/usr/bin/env"};
     if (check_signatures) argv.push_back("INITIAL_NO_AUTH_ACTION_COUNT=3");
     for (const std::string& a : {moto_server, std::string("-H"), std::string("127.0.0.1"), std::string("-p"),
@@ -117,6 +149,9 @@ class MotoServer {
   }
 
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  // s3rver (2021) predates S3's conditional writes: it ignores If-None-Match.
+  bool conditional_writes() const { return !s3rver_; }
+  bool is_s3rver() const { return s3rver_; }
   const std::string& key_id() const { return key_id_; }
   const std::string& secret() const { return secret_; }
   Process& process() { return *process_; }
@@ -135,6 +170,7 @@ class MotoServer {
   }
 
   int port_ = 0;
+  bool s3rver_ = false;
   std::unique_ptr<Process> process_;
   std::string key_id_, secret_;
 };
