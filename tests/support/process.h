@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -31,7 +32,9 @@ inline bool wait_until(const std::function<bool()>& done, std::chrono::milliseco
 }
 
 // One child process, output to a file, in its own process group; killed (SIGKILL to the
-// group) and reaped when destroyed.
+// group) and reaped when destroyed, and killed by the kernel when the test process dies
+// first (a ctest timeout, a crash: PR_SET_PDEATHSIG), so no server outlives its test.
+// Create it on a thread that lives as long as it (the death signal follows the thread).
 class Process {
  public:
   Process(const std::vector<std::string>& argv, const fs::path& log) : log_(log) {
@@ -39,9 +42,12 @@ class Process {
     std::vector<char*> cargv;
     for (std::string& a : args) cargv.push_back(a.data());
     cargv.push_back(nullptr);
+    const pid_t parent = ::getpid();
     pid_ = ::fork();
     if (pid_ == 0) {
       ::setpgid(0, 0);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);  // the test died before the line above
       const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       ::dup2(fd, 1);
       ::dup2(fd, 2);
