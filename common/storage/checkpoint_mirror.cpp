@@ -339,6 +339,15 @@ struct CheckpointMirror::Impl {
     }
   }
 
+  // One upload at a time: waits for the one in flight (the seconds since `started`, the
+  // run's checkpoint_upload stall) and throws its error.
+  double wait_for_previous(std::chrono::steady_clock::time_point started) {
+    wait_idle();
+    const double waited = seconds_since(started);
+    rethrow();
+    return waited;
+  }
+
   void rethrow() {
     std::lock_guard<std::mutex> lock(mu);
     if (error) std::rethrow_exception(std::exchange(error, nullptr));
@@ -443,9 +452,7 @@ CheckpointMirror::Pulled CheckpointMirror::Impl::pull(int64_t only_step, bool fo
 double CheckpointMirror::push(const std::string& step_dir, int64_t step) {
   Impl& i = *impl_;
   const auto started = std::chrono::steady_clock::now();
-  i.wait_idle();
-  const double waited = seconds_since(started);
-  i.rethrow();
+  const double waited = i.wait_for_previous(started);
   // Hard links of the step's files: the local rotation may remove the step meanwhile.
   const fs::path snapshot = fs::path(i.local) / (".upload-" + step_name(step));
   std::error_code ec;
@@ -464,10 +471,7 @@ double CheckpointMirror::push(const std::string& step_dir, int64_t step) {
 
 double CheckpointMirror::push_shard(const std::string& shard_file, int64_t step, uint32_t crc32c) {
   Impl& i = *impl_;
-  const auto started = std::chrono::steady_clock::now();
-  i.wait_idle();
-  const double waited = seconds_since(started);
-  i.rethrow();
+  const double waited = i.wait_for_previous(std::chrono::steady_clock::now());
   const fs::path file(shard_file);
   const std::string name = file.filename().string();
   const fs::path snapshot = fs::path(i.local) / (".upload-" + step_name(step) + "-" + name);

@@ -617,6 +617,12 @@ class TrainingRun {
     last_saved_ = step_;  // a resumed checkpoint already holds this step
   }
 
+  // Every rank's `value`, in rank order, on the CPU (one collective).
+  at::Tensor gather_from_every_rank(int64_t value) {
+    const at::Tensor mine = at::full({1}, value, at::kLong).to(device_);
+    return comm_->all_gather(mine, std::vector<int64_t>(static_cast<size_t>(world_), 1)).to(at::kCPU);
+  }
+
   // Whether the ranks' copies of checkpoint.dir differ (RunOptions::ranks_beside_rank0).
   bool staged_per_worker() const {
     return world_ > 1 && !shards_ && options_.ranks_beside_rank0 > 0 && options_.ranks_beside_rank0 < world_;
@@ -634,8 +640,7 @@ class TrainingRun {
   // shard damaged in the bucket makes one worker fall back while another does not. Mixing
   // steps would train on inconsistent states, so the ranks compare before loading.
   void agree_on_resumed_step(int64_t step) {
-    at::Tensor mine = at::full({1}, step, at::kLong).to(device_);
-    const at::Tensor all = comm_->all_gather(mine, std::vector<int64_t>(static_cast<size_t>(world_), 1)).to(at::kCPU);
+    const at::Tensor all = gather_from_every_rank(step);
     std::string steps;
     bool differ = false;
     for (int64_t r = 0; r < world_; ++r) {
@@ -1074,9 +1079,7 @@ class TrainingRun {
     if (comm_) {
       // Every update is replicated or all-gathered, so the ranks' weights must be equal
       // bit for bit; a difference is a bug worth shouting about.
-      at::Tensor mine = at::full({1}, weights_fingerprint(full_parameters()), at::kLong).to(device_);
-      const at::Tensor all =
-          comm_->all_gather(mine, std::vector<int64_t>(static_cast<size_t>(world_), 1)).to(at::kCPU);
+      const at::Tensor all = gather_from_every_rank(weights_fingerprint(full_parameters()));
       std::string differ;
       for (int64_t r = 1; r < world_; ++r)
         if (all[r].item<int64_t>() != all[0].item<int64_t>())
