@@ -825,6 +825,11 @@ void rows(V& v, Of<HostSpec>) {
                       "What a lost node leads to, tried in order"},
     &HostSpec::on_node_loss);
   v(Flag{"huge_pages", "Back the host state with huge pages"}, &HostSpec::huge_pages);
+  v(Int{"device_staging_mib", {0, 1 << 20},
+        "Device memory that stages the host-owned columns' gradients and updates, in chunks; 0: two whole "
+        "gradients and one whole update (about 3 x 2 bytes per split bf16 element), so each copy overlaps the "
+        "next step. One rank, or train.shard, with the in-process host optimizer"},
+    &HostSpec::device_staging_mib);
 }
 
 template <typename V>
@@ -938,6 +943,9 @@ void check_rules(HostSpec& h, const Section& s, const ReadContext&, std::string_
       h.nodes != static_cast<int64_t>(h.addresses.size()))
     s.fail("nodes", "is " + std::to_string(h.nodes) + " but addresses lists " + std::to_string(h.addresses.size()) +
                         " nodes (give one of them, or make them agree)");
+  if (after == "device_staging_mib" && h.device_staging_mib > 0 && (h.nodes > 0 || !h.addresses.empty()))
+    s.fail("device_staging_mib", "applies to the in-process host optimizer; remote optimizer nodes (nodes / "
+                                 "addresses) read gradients from whole device staging as they send them");
 }
 
 void check_rules(JobSpec& spec, const Section&, const ReadContext& ctx, std::string_view after) {

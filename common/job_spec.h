@@ -144,6 +144,9 @@ struct HostSpec {
   // assigns), "in_process" (when this host has the RAM), "fail".
   std::vector<std::string> on_node_loss = {"spare", "in_process", "fail"};
   bool huge_pages = engine_defaults::kHugePages;
+  // Device memory for staging the host-owned columns' gradients and results; 0: whole
+  // gradients (EngineOptions::device_staging_bytes).
+  int64_t device_staging_mib = 0;
 };
 
 struct OptimizerSpec {

@@ -695,10 +695,12 @@ const nlohmann::json& row(const nlohmann::json& advice, const std::string& insta
 // Llama-3-8B at 8192 tokens a sequence, the profile's global batch of 16 sequences: zenflow
 // fits 8 x H200 (p5en.48xlarge) only with activation checkpointing (2 sequences per GPU in
 // one micro-batch: 31 GiB of activations; without checkpointing a micro-batch of 1 keeps 66),
-// and the advisor says it assumed it. No single 80 GB GPU holds it in any mode: the engine's device staging
-// of split gradients (two stages of every split element and the H2D buffer, 44.9 GiB in bf16) next to the
-// weights and gradients (15 GiB each) and the top-10% state (9 GiB) is 84 GiB before activations, and its
-// host state (32 B per split element, 243 GiB) exceeds p5.4xlarge's usable RAM.
+// and the advisor says it assumed it. One 80 GB GPU (p5.4xlarge) holds it only with chunked
+// device staging (optimizer.host.device_staging_mib): whole staging of the split gradients
+// (two stages of every split element and the H2D buffer, 44.9 GiB in bf16) next to the weights
+// and gradients (15 GiB each) and the top-10% state (9 GiB) is 84 GiB before activations, and
+// its host state (32 B per split element, 243 GiB) exceeds p5.4xlarge's usable RAM; chunked,
+// the device stages through 1 GiB and the host keeps 28 B per split element (213 GiB).
 TEST(AdvisorModelConfig, Llama3_8BFitsZenflowWithActivationCheckpointing) {
   const fs::path dir = scratch();
   nlohmann::json a = advise_llama3(dir, "--set seq_len=8192 --set shard=none");
@@ -710,14 +712,32 @@ TEST(AdvisorModelConfig, Llama3_8BFitsZenflowWithActivationCheckpointing) {
   EXPECT_EQ(h200["grad_accum"], 1);
   EXPECT_NEAR(h200["gpu_memory_parts_gib"]["activations"].get<double>(),
               2 * 8192 * (32 * 2 * 4096.0 + 221312 + 8 * 4096 + 12 * 128256) / (1 << 30), 1e-9);
-  EXPECT_EQ(a["recommendation"]["instance"], "p5en.48xlarge");
-  EXPECT_EQ(a["recommendation"]["mode"], "zenflow");
+  EXPECT_EQ(h200["device_staging_mib"], 0);  // 8 unsharded ranks: whole staging, their only kind
   const nlohmann::json& h100 = row(a, "p5.4xlarge", "zenflow");
-  EXPECT_FALSE(h100["fits"].get<bool>());
-  EXPECT_NEAR(h100["gpu_memory_parts_gib"]["transfer_staging"].get<double>(), 44.9, 0.05);
-  EXPECT_NE(h100["why_not"][0].get<std::string>().find("transfer staging 44.9"), std::string::npos)
-      << h100["why_not"];
-  for (const nlohmann::json& r : a["predictions"])
+  EXPECT_TRUE(h100["fits"].get<bool>()) << h100["why_not"];
+  EXPECT_EQ(h100["ranks"], 1);
+  EXPECT_TRUE(h100["activation_checkpointing"].get<bool>());
+  EXPECT_EQ(h100["device_staging_mib"], kChunkedStagingMib);
+  EXPECT_DOUBLE_EQ(h100["gpu_memory_parts_gib"]["transfer_staging"].get<double>(), 1.0);
+  const double split = 8030261248.0 - 65 * 4096;
+  EXPECT_NEAR(h100["host_ram_gib"].get<double>(), split * 28 / (1 << 30) + 4, 1e-6);
+  EXPECT_LT(h100["gpu_memory_gib"].get<double>(), 0.9 * 80);
+  EXPECT_EQ(a["recommendation"]["instance"], "p5.4xlarge");  // the cheapest row that fits
+  bool staging_note = false;
+  for (const nlohmann::json& n : a["notes"])
+    staging_note |= n.get<std::string>().find("staging 1024 MiB: optimizer.host.device_staging_mib: 1024") !=
+                    std::string::npos;
+  EXPECT_TRUE(staging_note) << a["notes"];
+  // Whole staging on one GPU: the staging and the host RAM say why not.
+  const nlohmann::json whole = advise_llama3(dir, "--set seq_len=8192 --set shard=none --set device_staging_mib=0");
+  const nlohmann::json& h100_whole = row(whole, "p5.4xlarge", "zenflow");
+  EXPECT_FALSE(h100_whole["fits"].get<bool>());
+  EXPECT_NEAR(h100_whole["gpu_memory_parts_gib"]["transfer_staging"].get<double>(), 44.9, 0.05);
+  EXPECT_NE(h100_whole["why_not"][0].get<std::string>().find("transfer staging 44.9"), std::string::npos)
+      << h100_whole["why_not"];
+  EXPECT_NE(h100_whole["why_not"][1].get<std::string>().find("host RAM"), std::string::npos)
+      << h100_whole["why_not"];
+  for (const nlohmann::json& r : whole["predictions"])
     if (r["ranks"] == 1) {
       EXPECT_FALSE(r["fits"].get<bool>()) << r["instance"] << " " << r["mode"];
     }
@@ -770,12 +790,14 @@ TEST(AdvisorModelConfig, EightGpusTrainTheGlobalBatchOfOne) {
 
 // Llama-2-70B's bf16 weights and gradients alone (257 GiB) exceed every GPU of the catalog:
 // unsharded nothing fits. With train.shard: parameters an 8-GPU row keeps 1/8 of the weights,
-// gradients and device optimizer state per GPU; still nothing in the catalog holds it, and the
-// advisor names why: zenflow's host state (32 B per element, 2.2 TB) exceeds the largest
-// host's RAM, and the engine's device staging of the split gradients (3 x 2 B per element of
-// the rank's rows, 48 GiB) an 80 GB GPU; device mode's optimizer state (12 B per element / 8,
-// 96 GiB) any GPU of the catalog.
-TEST(AdvisorModelConfig, Llama2_70BNeedsShardedParametersAndStillFitsNothing) {
+// gradients and device optimizer state per GPU, and with chunked device staging
+// (optimizer.host.device_staging_mib) zenflow fits 8 x H100 (p5.48xlarge, 2 TiB of RAM): the
+// host state is 28 B per split element (1.76 TiB) and the device stages through 1 GiB. With
+// whole staging nothing fits, and the advisor names why: the host state (32 B per element,
+// 2.0 TiB) exceeds the largest host's usable RAM, and the device staging of the split
+// gradients (3 x 2 B per element of the rank's rows, 48 GiB) an 80 GB GPU. Azure's 8 x H100
+// (1900 GiB) lacks the RAM even chunked.
+TEST(AdvisorModelConfig, Llama2_70BFitsEightH100sShardedWithChunkedStaging) {
   const fs::path dir = scratch();
   nlohmann::json a;
   std::string text;
@@ -786,9 +808,9 @@ TEST(AdvisorModelConfig, Llama2_70BNeedsShardedParametersAndStillFitsNothing) {
     EXPECT_FALSE(r["fits"].get<bool>()) << r["instance"] << " " << r["mode"];
     EXPECT_NEAR(r["gpu_memory_parts_gib"]["weights"].get<double>(), 2 * 68976648192.0 / (1 << 30), 1e-6);
   }
-  ASSERT_EQ(advise_cli(dir, cfg, "--json", &a, &text), 0) << text;
-  EXPECT_TRUE(a["best"].is_null());
   const double gib = 1 << 30;
+  ASSERT_EQ(advise_cli(dir, cfg, "--json --set device_staging_mib=0", &a, &text), 0) << text;
+  EXPECT_TRUE(a["best"].is_null());
   for (const nlohmann::json& r : a["predictions"]) {
     EXPECT_FALSE(r["fits"].get<bool>()) << r["instance"] << " " << r["mode"];
     if (r["ranks"] != 8) continue;
@@ -796,13 +818,33 @@ TEST(AdvisorModelConfig, Llama2_70BNeedsShardedParametersAndStillFitsNothing) {
     EXPECT_NEAR(r["gpu_memory_parts_gib"]["weights"].get<double>(), 2 * 68976648192.0 / 8 / gib, 1e-6);
     EXPECT_NEAR(r["gpu_memory_parts_gib"]["gradients"].get<double>(), 2 * 68976648192.0 / 8 / gib, 1e-6);
   }
-  const nlohmann::json& zen = row(a, "p5.48xlarge", "zenflow");
-  EXPECT_NEAR(zen["gpu_memory_parts_gib"]["transfer_staging"].get<double>(), 3 * 2 * 68976648192.0 / 8 / gib, 0.5);
+  const nlohmann::json& whole = row(a, "p5.48xlarge", "zenflow");
+  EXPECT_NEAR(whole["gpu_memory_parts_gib"]["transfer_staging"].get<double>(), 3 * 2 * 68976648192.0 / 8 / gib,
+              0.5);
   bool host_ram = false;
-  for (const nlohmann::json& w : zen["why_not"]) host_ram |= w.get<std::string>().find("host RAM") != std::string::npos;
-  EXPECT_TRUE(host_ram) << zen["why_not"];
+  for (const nlohmann::json& w : whole["why_not"])
+    host_ram |= w.get<std::string>().find("host RAM") != std::string::npos;
+  EXPECT_TRUE(host_ram) << whole["why_not"];
+
+  ASSERT_EQ(advise_cli(dir, cfg, "--json", &a, &text), 0) << text;
+  const nlohmann::json& zen = row(a, "p5.48xlarge", "zenflow");
+  EXPECT_TRUE(zen["fits"].get<bool>()) << zen["why_not"];
+  EXPECT_EQ(zen["ranks"], 8);
+  EXPECT_EQ(zen["shard"], "parameters");
+  EXPECT_TRUE(zen["activation_checkpointing"].get<bool>());
+  EXPECT_EQ(zen["device_staging_mib"], kChunkedStagingMib);
+  EXPECT_DOUBLE_EQ(zen["gpu_memory_parts_gib"]["transfer_staging"].get<double>(), 1.0);
+  const double split = 68976648192.0 - (2 * 80 + 1) * 8192;  // every matrix; not the 161 norms
+  EXPECT_NEAR(zen["host_ram_gib"].get<double>(), 8 * std::ceil(split / 8) * 28 / gib + 4, 1e-6);
+  EXPECT_LT(zen["host_ram_gib"].get<double>(), 0.9 * 2048);
+  EXPECT_LT(zen["gpu_memory_gib"].get<double>(), 0.9 * 80);
+  EXPECT_FALSE(a["best"].is_null());
+  const nlohmann::json& azure = row(a, "ND96isr_H100_v5", "zenflow");
+  EXPECT_FALSE(azure["fits"].get<bool>());
+  EXPECT_NE(azure["why_not"][0].get<std::string>().find("host RAM"), std::string::npos) << azure["why_not"];
   ASSERT_EQ(advise_cli(dir, cfg, "", nullptr, &text), 0) << text;
   EXPECT_NE(text.find("params"), std::string::npos) << text;
+  EXPECT_NE(text.find("staging 1024 MiB"), std::string::npos) << text;
   std::error_code ec;
   fs::remove_all(dir, ec);
 }

@@ -92,6 +92,52 @@ TEST(ShardLayout, OneRankStagingIsTheMatricesBackToBack) {
   EXPECT_EQ(l.local_offset(1, 0), 20);
 }
 
+// Matrices 4x5, 2x1, 3x0 (no packed column), 3x2 in chunks of 12 elements: whole rows
+// only, so the first chunk holds two rows of width 5 (10 elements), the next the last two
+// rows of the first matrix and both rows of the second (12), the last the third matrix's
+// 3 rows of width 2 (6); offsets follow the packed layout (pack_staging's with one rank).
+TEST(ShardLayout, StagingChunksCutThePackedLayoutAtRowBoundaries) {
+  const std::vector<int64_t> rows = {4, 2, 3, 3}, widths = {5, 1, 0, 2};
+  const std::vector<StagingChunk> c = plan_staging_chunks(rows, widths, 12);
+  ASSERT_EQ(c.size(), 3u);
+  EXPECT_EQ(c[0].offset, 0);
+  EXPECT_EQ(c[0].elems, 10);
+  ASSERT_EQ(c[0].pieces.size(), 1u);
+  EXPECT_EQ(c[0].pieces[0].matrix, 0u);
+  EXPECT_EQ(c[0].pieces[0].row, 0);
+  EXPECT_EQ(c[0].pieces[0].rows, 2);
+  EXPECT_EQ(c[1].offset, 10);
+  EXPECT_EQ(c[1].elems, 12);
+  ASSERT_EQ(c[1].pieces.size(), 2u);
+  EXPECT_EQ(c[1].pieces[0].row, 2);
+  EXPECT_EQ(c[1].pieces[0].rows, 2);
+  EXPECT_EQ(c[1].pieces[1].matrix, 1u);
+  EXPECT_EQ(c[1].pieces[1].rows, 2);
+  EXPECT_EQ(c[1].pieces[1].at, 10);
+  EXPECT_EQ(c[2].offset, 22);
+  EXPECT_EQ(c[2].elems, 6);
+  ASSERT_EQ(c[2].pieces.size(), 1u);
+  EXPECT_EQ(c[2].pieces[0].matrix, 3u);
+  EXPECT_EQ(c[2].pieces[0].rows, 3);
+  // Every element of the packed layout is in exactly one chunk, in order.
+  const StagingLayout l = pack_staging(rows, {{5}, {1}, {0}, {2}}, 1);
+  EXPECT_EQ(c.back().offset + c.back().elems, l.total);
+  EXPECT_EQ(l.offset[3][0], c[2].offset);
+}
+
+TEST(ShardLayout, AChunkSmallerThanARowGrowsToTheWidestRow) {
+  EXPECT_EQ(staging_chunk_elems({3, 7, 2}, 4), 7);
+  EXPECT_EQ(staging_chunk_elems({3, 7, 2}, 100), 100);
+  const std::vector<StagingChunk> c = plan_staging_chunks({2, 1}, {3, 7}, 4);
+  ASSERT_EQ(c.size(), 2u);  // chunks of 7: both rows of width 3, then the row of 7
+  EXPECT_EQ(c[0].elems, 6);
+  EXPECT_EQ(c[0].pieces[0].rows, 2);
+  EXPECT_EQ(c[1].elems, 7);
+  EXPECT_EQ(c[1].offset, 6);
+  EXPECT_TRUE(plan_staging_chunks({}, {}, 4).empty());
+  EXPECT_TRUE(plan_staging_chunks({5}, {0}, 4).empty());
+}
+
 TEST(ShardLayout, NothingSplitIsAnEmptyLayout) {
   const StagingLayout l = pack_staging({}, {}, 3);
   EXPECT_EQ(l.shard_size, (Cols{0, 0, 0}));

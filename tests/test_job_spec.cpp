@@ -201,6 +201,17 @@ TEST(JobSpec, ShardIsCheckedAgainstTheNodesAndCheckpointing) {
   EXPECT_EQ(parse_job_spec(kMinimalSpec, {}, "/base").train.shard, "none");
 }
 
+TEST(JobSpec, DeviceStagingIsMebibytesForTheInProcessHostOptimizer) {
+  EXPECT_EQ(parse_job_spec(kMinimalSpec, {}, "/base").optimizer.host.device_staging_mib, 0);
+  EXPECT_EQ(parse_job_spec(std::string(kMinimalSpec) + "optimizer: {host: {device_staging_mib: 512}}\n", {}, "/base")
+                .optimizer.host.device_staging_mib,
+            512);
+  expect_error(std::string(kMinimalSpec) + "optimizer: {host: {nodes: 2, device_staging_mib: 512}}\n",
+               "optimizer.host.device_staging_mib", "remote optimizer nodes");
+  expect_error(std::string(kMinimalSpec) + "optimizer: {host: {device_staging_mib: -1}}\n",
+               "optimizer.host.device_staging_mib", "-1");
+}
+
 TEST(JobSpec, RejectsNonNumericSteps) {
   expect_error(std::string(kMinimalSpec) + "train: {steps: abc}\n", "train.steps",
                "must be an integer, got 'abc'");

@@ -76,19 +76,20 @@ TEST(Preflight, ParameterCountEqualsTheBuiltModelExactly) {
 }
 
 // The engine's own count of the host buffers it allocated, for the same job.
-int64_t engine_host_bytes(const JobSpec& spec) {
+int64_t engine_host_bytes(const JobSpec& spec, at::ScalarType dtype = at::kFloat) {
   auto lm = make_model_from_spec(spec.model, 256, 1, nullptr);
   std::vector<engine::ParamSpec> params;
   for (auto& nt : lm->parameters()) {
     engine::ParamSpec p;
     p.name = nt.name;
-    p.param = nt.tensor;
+    p.param = nt.tensor.detach().to(dtype).requires_grad_(true);
     params.push_back(p);
   }
   engine::EngineOptions o;
   o.mode = engine::parse_optimizer_mode(spec.optimizer.mode);
   o.topk_ratio = spec.optimizer.zenflow.topk_ratio;
   o.min_split_numel = spec.optimizer.zenflow.min_split_numel;
+  o.device_staging_bytes = spec.optimizer.host.device_staging_mib << 20;
   o.huge_pages = false;
   engine::ZenFlowOptimizer opt(params, o);
   return opt.host_state_bytes();
@@ -122,6 +123,28 @@ TEST(Preflight, HostOptimizerBytesMatchTheEngineAndOrderTheModes) {
   EXPECT_EQ(o.host_optimizer_bytes, split * 36);
   EXPECT_EQ(o2.host_optimizer_bytes, (split + 1) / 2 * 40);
   EXPECT_LT(o2.host_optimizer_bytes, o.host_optimizer_bytes * 6 / 10);
+}
+
+// optimizer.host.device_staging_mib: on a GPU the staging is the budget instead of three
+// split-sized buffers; on the host one ring slot and one output buffer go (32 -> 28 bytes
+// per split bf16 element), as the engine counts its own buffers.
+TEST(Preflight, ChunkedDeviceStagingIsTheBudgetOnTheGpuAndLessOnTheHost) {
+  const std::string model =
+      "{arch: llama, config: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4}}";
+  const JobSpec whole = job(model);
+  const JobSpec chunked = job(model, {"optimizer.host.device_staging_mib=8"});
+  const MemoryEstimate w = estimate(whole, 1, true, 2), c = estimate(chunked, 1, true, 2);
+  const int64_t split = w.host_optimizer_bytes / 32;
+  EXPECT_EQ(w.host_optimizer_bytes, split * 32);
+  EXPECT_EQ(c.host_optimizer_bytes, split * 28);
+  EXPECT_EQ(w.device_optimizer_bytes - c.device_optimizer_bytes, 3 * 2 * split - (int64_t{8} << 20));
+  EXPECT_EQ(w.total_device_bytes - c.total_device_bytes, 3 * 2 * split - (int64_t{8} << 20));
+  // The engine's own count, bf16 and fp32 weights (fp32: the packed master replaces the
+  // ring slot dropped, so the bytes match whole staging's).
+  EXPECT_EQ(estimate(chunked, 1, false, 2).host_optimizer_bytes, engine_host_bytes(chunked, at::kBFloat16));
+  EXPECT_EQ(estimate(whole, 1, false, 2).host_optimizer_bytes, engine_host_bytes(whole, at::kBFloat16));
+  EXPECT_EQ(estimate(chunked).host_optimizer_bytes, engine_host_bytes(chunked));
+  EXPECT_EQ(estimate(chunked).host_optimizer_bytes, estimate(whole).host_optimizer_bytes);
 }
 
 TEST(Preflight, OversizedModelIsRefusedNamingTheKeyTheEstimateAndTheLimit) {
@@ -385,7 +408,10 @@ TEST(Preflight, ShardingDividesWhatEachRankHolds) {
     EXPECT_EQ(grads.shard_buffer_bytes, unit * e);
     EXPECT_EQ(none.shard_buffer_bytes, 0);
     EXPECT_LT(params.device_optimizer_bytes, none.device_optimizer_bytes / 3);
-    EXPECT_EQ(params.host_optimizer_bytes, none.host_optimizer_bytes);  // the host state was 1/4 already
+    // The host state was 1/4 already; a sharded rank's one-rank engine needs no packed
+    // output buffer (capacity x e) that the partitioned engine of `none` does.
+    const int64_t split = estimate(with("none"), 1, cuda, e).host_optimizer_bytes / (e == 4 ? 36 : 32);
+    EXPECT_EQ(none.host_optimizer_bytes - params.host_optimizer_bytes, (split + 3) / 4 * e);
     EXPECT_LT(params.total_device_bytes, none.total_device_bytes);
     EXPECT_EQ(params.total_device_bytes, params.weight_bytes + params.gradient_bytes + params.device_optimizer_bytes +
                                              params.activation_bytes + params.shard_buffer_bytes);

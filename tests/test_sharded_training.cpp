@@ -426,6 +426,43 @@ TEST(ShardedTraining, ZenflowWithWindowsOverlapAndReselectionOnShardsEqualsUnsha
   zenflow::remove_tree(dir);
 }
 
+// optimizer.host.device_staging_mib on shards: every rank's one-rank engine stages its rows
+// through four chunk buffers (of at least a row: many chunks a step here) and one host ring
+// slot; losses and weights are bit-identical to whole staging, in zenflow with overlapped,
+// re-selecting windows. With two unsharded ranks (a partitioned engine, whose staging is the
+// reduce-scatter's input) it is refused, naming what to change.
+TEST(ShardedTraining, ChunkedDeviceStagingOnShardsIsBitIdenticalAndRefusedUnsharded) {
+  REQUIRE_GLOO();
+  const fs::path dir = fresh_dir("chunked");
+  const std::string zen =
+      "update_interval: 4, overlap_step: true, full_warm_up_rounds: 1, topk_ratio: 0.25, select_strategy: step, "
+      "select_interval: 4";
+  nlohmann::json runs[2];
+  for (int chunked = 0; chunked < 2; ++chunked) {
+    std::string text = spec_text("zenflow", (dir / std::to_string(chunked)).string(), 2, "parameters", true, zen, "0.0");
+    if (chunked) text.replace(text.find("host: {threads: 1}"), 18, "host: {threads: 1, device_staging_mib: 1}");
+    const std::string spec = (dir / (std::to_string(chunked) + ".yaml")).string();
+    std::ofstream(spec) << text;
+    runs[chunked] = run_json(spec, 2, "--no-resume");
+    ASSERT_EQ(runs[chunked]["exit"], 0) << runs[chunked]["stderr"];
+  }
+  EXPECT_GE(runs[0]["reselections"].get<int>(), 1);
+  EXPECT_EQ(runs[1]["losses"], runs[0]["losses"]);
+  EXPECT_EQ(zenflow::test_support::read_file(step_dir(dir / "1", 10) / "model.safetensors"),
+            zenflow::test_support::read_file(step_dir(dir / "0", 10) / "model.safetensors"));
+  std::string text = spec_text("zenflow", (dir / "none").string(), 2, "none", true, zen, "0.0");
+  text.replace(text.find("host: {threads: 1}"), 18, "host: {threads: 1, device_staging_mib: 1}");
+  const std::string spec = (dir / "none.yaml").string();
+  std::ofstream(spec) << text;
+  const nlohmann::json refused = run_json(spec, 2, "--no-resume");
+  EXPECT_NE(refused["exit"], 0);
+  EXPECT_NE(refused["stderr"].get<std::string>().find(
+                "optimizer.host.device_staging_mib needs one rank's engine: with 2 data-parallel ranks"),
+            std::string::npos)
+      << refused["stderr"];
+  zenflow::remove_tree(dir);
+}
+
 // zenflow with windows of one step and no overlap updates every column every step: on 4 ranks
 // sharding parameters it is the unsharded device-mode run.
 TEST(ShardedTraining, ZenflowUpdatingEveryStepOnShardsEqualsDeviceModeUnsharded) {

@@ -128,6 +128,11 @@ Advice rank(std::vector<Prediction> preds, int64_t steps, std::optional<double> 
                    " assumed: the GPUs do not hold the job without it, or it is faster; each rank keeps 1/GPUs of "
                    "the gradients and optimizer state" +
                    (p.shard == "parameters" ? " and of the weights, which are gathered layer by layer" : ""));
+    if (p.device_staging_mib > 0)
+      notes.insert("staging " + std::to_string(p.device_staging_mib) +
+                   " MiB: optimizer.host.device_staging_mib: " + std::to_string(p.device_staging_mib) +
+                   " assumed: whole-gradient device staging does not fit the GPU (or is no faster); the host-owned columns' "
+                   "gradients and updates cross PCIe in chunks that the compute waits for (counted as stalls)");
     for (const std::string& s : p.assumed) notes.insert("assumed: " + s);
     for (const std::string& f : p.flags) notes.insert(p.instance + ": " + f);
   }
@@ -210,6 +215,7 @@ nlohmann::json advice_json(const Advice& a, const JobProfile& profile) {
     r["global_batch"] = p.global_batch > 0 ? json(p.global_batch) : json(nullptr);
     r["activation_checkpointing"] = p.activation_checkpointing;
     r["shard"] = p.shard;
+    r["device_staging_mib"] = p.device_staging_mib;
     if (p.memory) {
       constexpr double gib = 1024.0 * 1024.0 * 1024.0;
       const RankMemory& m = *p.memory;

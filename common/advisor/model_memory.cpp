@@ -160,13 +160,22 @@ RankMemory rank_memory(const ModelShape& m, const RankJob& job) {
     // zenflow_optimizer.cpp build(): the host owns every column of a split matrix until the
     // first selection, so all of them are allocated (this rank's 1/W share); fp32 master,
     // m, v and two accumulators, two gradient rings and two last gradients, two weight-out
-    // buffers with 16-bit weights, and the packed output with several ranks.
+    // buffers with 16-bit weights, and the packed output with a partitioned engine (several
+    // unsharded ranks) or fp32 weights on a GPU. Sharded, every rank runs a one-rank engine
+    // on its own rows. Chunked device staging (one-rank engines only) keeps one ring slot
+    // and one weight-out buffer.
     const double capacity = std::ceil(split / W);
     const bool low_precision = job.dtype_bytes != 4;
-    const bool pack_out = W > 1 || (job.cuda && !low_precision);
-    r.host_optimizer = capacity * (5 * 4 + 4 * e + (low_precision ? 2 * e : 0) + (pack_out ? e : 0));
-    // Sharded, the engine stages its own rows only (every rank runs a one-rank engine on them).
-    if (job.cuda)
+    const bool one_rank_engine = W <= 1 || sharded;
+    const bool chunked = job.device_staging_bytes > 0 && one_rank_engine;
+    const bool pack_out = !one_rank_engine || ((job.cuda || chunked) && !low_precision);
+    const double slots = chunked ? 1 : 2;
+    r.host_optimizer =
+        capacity * (5 * 4 + (slots + 2) * e + (low_precision ? slots * e : 0) + (pack_out ? e : 0));
+    if (job.cuda && chunked)  // four chunk buffers (zenflow_optimizer.cpp)
+      r.transfer_staging = std::max(job.device_staging_bytes,
+                                    4.0 * static_cast<double>(std::max(m.hidden, m.intermediate)) * e);
+    else if (job.cuda)
       r.transfer_staging = (sharded ? 2 * capacity : 2 * split) * e + capacity * e;  // two stages, the H2D buffer
     else if (W > 1 && !sharded)
       r.transfer_staging = split * e;  // the reduce-scatter's input

@@ -74,6 +74,10 @@ struct RankJob {
   // shard); parameters (the weights too, a unit's gathered while it runs and the next one's
   // prefetched).
   std::string shard = "none";
+  // optimizer.host.device_staging_mib, in bytes: 0 stages whole gradients on the device
+  // (two stages and the H2D buffer); > 0 (one rank, or sharded) four chunk buffers of a
+  // quarter each, at least a row of the widest matrix.
+  double device_staging_bytes = 0;
 };
 
 // Bytes one rank needs, by kind.
@@ -94,5 +98,9 @@ struct RankMemory {
 constexpr double kNcclBufferBytes = 0.5 * (1 << 30);
 
 RankMemory rank_memory(const ModelShape& model, const RankJob& job);
+
+// The device_staging_mib the advisor tries where whole-gradient staging does not fit: four
+// 256 MiB chunks, large enough that each copy runs at PCIe speed.
+constexpr int64_t kChunkedStagingMib = 1024;
 
 }  // namespace zenflow::advisor

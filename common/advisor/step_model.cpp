@@ -381,6 +381,11 @@ void apply_setting(Scenario& s, const std::string& kv) {
     if (v != "none" && v != "gradients" && v != "parameters")
       throw std::invalid_argument(key + ": must be none, gradients or parameters, got " + v);
     s.shard = v;
+  } else if (key == "device_staging_mib" || key == "optimizer.host.device_staging_mib") {
+    const int64_t mib = parse_count(key, v);
+    if (mib < 0 || mib > (1 << 20))
+      throw std::invalid_argument(key + ": must be 0 (whole gradients) to 1048576 MiB, got " + v);
+    s.device_staging_mib = mib;
   } else if (key == "topk_ratio" || key == "optimizer.zenflow.topk_ratio") {
     char* end = nullptr;
     const double r = std::strtod(v.c_str(), &end);
@@ -404,7 +409,8 @@ void apply_setting(Scenario& s, const std::string& kv) {
     throw std::invalid_argument(
         "--set " + key +
         ": unknown key (mode, micro_batch, grad_accum, seq_len, ranks, update_interval, "
-        "topk_ratio, host_threads, compute_threads, parameters, activation_checkpointing, shard)");
+        "topk_ratio, host_threads, compute_threads, parameters, activation_checkpointing, shard, "
+        "device_staging_mib)");
   }
 }
 
@@ -447,6 +453,12 @@ Prediction predict_on_ranks(const JobProfile& p, const Instance& in, const Scena
   out.grad_accum = s.grad_accum;
   out.activation_checkpointing = s.activation_checkpointing.value_or(false);
   out.shard = s.shard.value_or("none");
+  out.device_staging_mib = s.device_staging_mib.value_or(0);
+  // Chunked staging (one rank's engine: W = 1 or sharded) waits on the compute stream for
+  // every copy beyond its four chunks: the whole transfer is exposed, whatever the profile's
+  // (overlapped) copies measured.
+  const bool chunked = out.device_staging_mib > 0 && !in.cpu_device && s.mode != "device" &&
+                       (W <= 1 || out.shard != "none");
   const bool profile_gpu = p.measured_on.device == "cuda";
   const bool same_device = in.cpu_device ? p.measured_on.device == "cpu" : profile_gpu;
   Context c{p, in, s, same_device, W, &out.assumed, &out.inputs};
@@ -457,7 +469,7 @@ Prediction predict_on_ranks(const JobProfile& p, const Instance& in, const Scena
     // The device's passes over the gradients and its copies: the same engine code in every
     // mode, so their efficiency against the probes carries over.
     t.dopt_passes *= k.passes;
-    if (p.run.mode != "device") t.d2h *= k.d2h, t.h2d *= k.h2d;
+    if (p.run.mode != "device" && !chunked) t.d2h *= k.d2h, t.h2d *= k.h2d;
     const bool same_host_regime = (s.mode == "zenflow") == (p.run.mode == "zenflow");
     if (same_host_regime) t.host_sync *= k.host_run, t.host_win *= k.host_run;
     if (k.host_run_measured && same_host_regime && s.mode != "device")
@@ -495,6 +507,7 @@ Prediction predict_on_ranks(const JobProfile& p, const Instance& in, const Scena
     job.topk_ratio = s.topk_ratio;
     job.activation_checkpointing = out.activation_checkpointing;
     job.shard = out.shard;
+    job.device_staging_bytes = static_cast<double>(out.device_staging_mib) * (1 << 20);
     job.cuda = !in.cpu_device;
     job.dtype_bytes = in.cpu_device ? p.model.weight_dtype_bytes : kGpuWeightBytes;
     out.memory = rank_memory(*s.model, job);
@@ -587,17 +600,23 @@ Prediction predict(const JobProfile& p, const Instance& in, const Scenario& s_in
   std::vector<std::string> shards = {"none"};
   if (s.shard) shards = {*s.shard};
   else if (W > 1) shards = {"none", "gradients", "parameters"};
+  std::vector<int64_t> stagings = {0};
+  if (s.device_staging_mib) stagings = {*s.device_staging_mib};
+  else if (!in.cpu_device && s.mode != "device") stagings = {0, kChunkedStagingMib};
   std::optional<Prediction> best;
   for (int64_t mb = s.micro_batch; mb >= 1; --mb) {
     if (per_rank % mb != 0) continue;
     for (const bool ckpt : checkpointing)
-      for (const std::string& shard : shards) {
-        if (shard == "parameters" && !ckpt) continue;  // the job spec requires it (a recomputing backward)
-        Scenario c = s;
-        c.micro_batch = mb, c.grad_accum = per_rank / mb, c.activation_checkpointing = ckpt, c.shard = shard;
-        Prediction pr = predict_on_ranks(p, in, c, W, steps, out);
-        if (!best || better(pr, *best)) best = std::move(pr);
-      }
+      for (const std::string& shard : shards)
+        for (const int64_t staging : stagings) {
+          if (shard == "parameters" && !ckpt) continue;  // the job spec requires it (a recomputing backward)
+          if (staging > 0 && W > 1 && shard == "none") continue;  // the engine refuses it (zenflow_optimizer.h)
+          Scenario c = s;
+          c.micro_batch = mb, c.grad_accum = per_rank / mb, c.activation_checkpointing = ckpt, c.shard = shard;
+          c.device_staging_mib = staging;
+          Prediction pr = predict_on_ranks(p, in, c, W, steps, out);
+          if (!best || better(pr, *best)) best = std::move(pr);
+        }
   }
   return *best;
 }

@@ -59,13 +59,18 @@ struct Scenario {
   // train.shard (none | gradients | parameters). Unset: none, except with a model config
   // on several GPUs, where predict() picks it.
   std::optional<std::string> shard;
+  // optimizer.host.device_staging_mib. Unset: 0 (whole gradients), except with a model
+  // config on a GPU in offload or zenflow mode, where predict() also tries
+  // kChunkedStagingMib and keeps it only where whole staging does not fit or is slower.
+  std::optional<int64_t> device_staging_mib;
 };
 
 // The profile's own configuration.
 Scenario scenario_of(const JobProfile& profile);
 // Applies one --set key=value: mode, micro_batch, grad_accum, seq_len, ranks,
 // update_interval, topk_ratio, host_threads, compute_threads, parameters (7e9, 7B, 70B),
-// activation_checkpointing (true or false), shard (none, gradients or parameters).
+// activation_checkpointing (true or false), shard (none, gradients or parameters),
+// device_staging_mib (0, or MiB of chunked device staging).
 // std::invalid_argument naming the key for an unknown key or a bad value.
 void apply_setting(Scenario& s, const std::string& key_equals_value);
 
@@ -83,6 +88,7 @@ struct Prediction {
   int64_t global_batch = 0;                 // sequences per step over all ranks when held; else 0
   bool activation_checkpointing = false;    // assumed for this answer (see Scenario)
   std::string shard = "none";               // train.shard assumed for this answer (see Scenario)
+  int64_t device_staging_mib = 0;           // optimizer.host.device_staging_mib assumed (see Scenario)
   std::optional<RankMemory> memory;         // with a model config: one rank's memory by kind
   double gpu_memory_gib = 0;                // needed per GPU (device memory; host RAM on a CPU device)
   double host_ram_gib = 0;                  // needed on the node

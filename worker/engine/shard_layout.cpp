@@ -63,4 +63,35 @@ StagingLayout pack_staging(const std::vector<int64_t>& rows, const std::vector<s
   return l;
 }
 
+int64_t staging_chunk_elems(const std::vector<int64_t>& widths, int64_t chunk_elems) {
+  int64_t widest = 1;
+  for (int64_t w : widths) widest = std::max(widest, w);
+  return std::max(chunk_elems, widest);
+}
+
+std::vector<StagingChunk> plan_staging_chunks(const std::vector<int64_t>& rows, const std::vector<int64_t>& widths,
+                                              int64_t chunk_elems) {
+  const int64_t size = staging_chunk_elems(widths, chunk_elems);
+  std::vector<StagingChunk> chunks;
+  int64_t offset = 0;
+  for (size_t m = 0; m < rows.size(); ++m) {
+    const int64_t width = widths[m];
+    if (width == 0) continue;
+    for (int64_t row = 0; row < rows[m];) {
+      if (chunks.empty() || chunks.back().elems + width > size) {
+        StagingChunk c;
+        c.offset = offset;
+        chunks.push_back(std::move(c));
+      }
+      StagingChunk& c = chunks.back();
+      const int64_t n = std::min(rows[m] - row, (size - c.elems) / width);
+      c.pieces.push_back({m, row, n, c.elems});
+      c.elems += n * width;
+      offset += n * width;
+      row += n;
+    }
+  }
+  return chunks;
+}
+
 }  // namespace zenflow::engine

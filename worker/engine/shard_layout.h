@@ -56,4 +56,27 @@ struct StagingLayout {
 StagingLayout pack_staging(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& widths,
                            int world);
 
+// Chunked device staging (EngineOptions::device_staging_bytes, one rank): the packed
+// staging cut into consecutive chunks of at most `chunk_elems` elements at row
+// boundaries, so that each chunk is gathered from (or scattered into) whole rows of its
+// matrices and the device needs only a few chunk buffers instead of whole-gradient ones.
+struct StagingPiece {
+  size_t matrix = 0;
+  int64_t row = 0, rows = 0;  // rows [row, row + rows) of the matrix's packed columns
+  int64_t at = 0;             // where they start within the chunk
+};
+struct StagingChunk {
+  int64_t offset = 0;  // into the packed staging
+  int64_t elems = 0;
+  std::vector<StagingPiece> pieces;
+};
+// rows[m], widths[m]: matrix m's rows and packed columns (one rank's layout: matrices back
+// to back). A row never straddles two chunks, so a chunk may hold fewer than chunk_elems;
+// chunk_elems is raised to the widest row when it is smaller. Matrices with no packed
+// column take no piece.
+std::vector<StagingChunk> plan_staging_chunks(const std::vector<int64_t>& rows, const std::vector<int64_t>& widths,
+                                              int64_t chunk_elems);
+// The chunk size plan_staging_chunks uses: chunk_elems, or the widest row when wider.
+int64_t staging_chunk_elems(const std::vector<int64_t>& widths, int64_t chunk_elems);
+
 }  // namespace zenflow::engine

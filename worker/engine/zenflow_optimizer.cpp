@@ -175,7 +175,12 @@ struct ZenFlowOptimizer::Impl {
   std::shared_ptr<ReleaseLatch> stream_busy[2];
   int stream_slot = 0;
   // The param_out buffer a window's host step writes: one per parity, or the one.
-  int out_index(int parity) const { return streaming ? 0 : parity; }
+  // Chunked staging keeps one param_out and one ring slot too (the lean host side: 28
+  // instead of 32 B per split bf16 element): a host step writes the buffer once the H2D
+  // of the previous window's result out of it is done (it was started before), and a
+  // mid-window gradient is staged once the previous step's accumulate has read the slot.
+  int out_index(int parity) const { return streaming || chunked ? 0 : parity; }
+  int ring_slots() const { return chunked ? 1 : 2; }
   // Host steps write a copy of their result into param_out: low-precision weights, and
   // fp32 weights with a streaming backend where the worker holds a packed fp32 copy of
   // its columns anyway (the H2D source on CUDA, the all-gather's with several ranks):
@@ -190,6 +195,16 @@ struct ZenFlowOptimizer::Impl {
   std::unique_ptr<DeviceStreams> streams;
   at::Tensor dev_stage[2], dev_h2d;
   CopyHandle dev_stage_busy[2];
+  // EngineOptions::device_staging_bytes: instead of dev_stage and dev_h2d, kStagingChunks
+  // device buffers of a chunk each, used in turn by both directions; `chunks` cuts the
+  // packed staging into them (shard_layout.h), recomputed when the layout changes.
+  static constexpr int kStagingChunks = 4;
+  bool chunked = false;
+  int64_t chunk_elems = 0;
+  std::vector<StagingChunk> chunks;
+  at::Tensor dev_chunk[kStagingChunks];
+  CopyHandle dev_chunk_d2h[kStagingChunks];  // the last D2H out of each
+  int next_chunk = 0;
   // The last H2D out of each host buffer a copy reads: param_out[b] and pack_out. A host
   // buffer is not rewritten before the copy out of it completes; a host step waits only
   // for the copy out of the param_out buffer it writes (never for the one in flight).
@@ -357,6 +372,60 @@ struct ZenFlowOptimizer::Impl {
       for (size_t r = 0; r < s.parts.size(); ++r) s.parts[r].stage_offset = staging.offset[i][r];
       s.local_offset = staging.local_offset(i, me);
     }
+    if (chunked) {
+      std::vector<int64_t> own_widths;
+      for (auto& s : split) own_widths.push_back(s.n_own());
+      chunks = plan_staging_chunks(rows, own_widths, chunk_elems);
+    }
+  }
+
+  // Chunked device staging: the next of the device chunk buffers, in turn.
+  int take_chunk() {
+    const int b = next_chunk;
+    next_chunk = (next_chunk + 1) % kStagingChunks;
+    return b;
+  }
+  // Rows [p.row, p.row + p.rows) of s's packed host-owned columns in chunk buffer b.
+  at::Tensor chunk_view(int b, const StagingPiece& p, const SplitParam& s) const {
+    return dev_chunk[b].narrow(0, p.at, p.rows * s.n_own()).view({p.rows, s.n_own()});
+  }
+  // The gradient's host-owned columns into host `buf` chunk by chunk: gathered on the
+  // compute stream into a chunk buffer once that buffer's previous D2H has read it, then
+  // copied on the D2H stream. Returns the last copy's handle (the D2H stream runs them in
+  // order, so it completes last).
+  CopyHandle stage_in_chunks(const std::vector<at::Tensor>& g, const at::Tensor& buf) {
+    CopyHandle done;
+    for (const StagingChunk& c : chunks) {
+      const int b = take_chunk();
+      dev_chunk_d2h[b].make_compute_wait();
+      for (const StagingPiece& p : c.pieces) {
+        const SplitParam& s = split[p.matrix];
+        device_ops::gather_columns(g[s.index].view({s.out, s.in}).narrow(0, p.row, p.rows), s.own().idx,
+                                   chunk_view(b, p, s));
+      }
+      done = streams->copy_d2h(dev_chunk[b].narrow(0, 0, c.elems), buf.narrow(0, c.offset, c.elems));
+      dev_chunk_d2h[b] = done;
+    }
+    return done;
+  }
+  // A host result (result_buffer's numbering) into the weights chunk by chunk: copied on
+  // the H2D stream into a chunk buffer (after the compute work so far, and after that
+  // buffer's last D2H), then scattered on the compute stream once the copy is done.
+  void apply_in_chunks(int buffer) {
+    CopyHandle* from = nullptr;
+    const at::Tensor src = packed_result(buffer, &from);
+    CopyHandle last;
+    for (const StagingChunk& c : chunks) {
+      const int b = take_chunk();
+      dev_chunk_d2h[b].make_compute_wait();
+      last = streams->copy_h2d(src.narrow(0, c.offset, c.elems), dev_chunk[b].narrow(0, 0, c.elems));
+      last.make_compute_wait();
+      for (const StagingPiece& p : c.pieces) {
+        const SplitParam& s = split[p.matrix];
+        device_ops::scatter_columns(s.w2d.narrow(0, p.row, p.rows), s.own().idx, chunk_view(b, p, s));
+      }
+    }
+    *from = last;  // the host buffer is not rewritten before the last copy out of it is done
   }
   void assign_ranges() {
     std::vector<MatrixShape> shapes;
@@ -379,6 +448,12 @@ struct ZenFlowOptimizer::Impl {
       throw std::invalid_argument("select_interval must be a positive multiple of update_interval");
     if (opt.max_update_interval < 1) throw std::invalid_argument("max_update_interval must be >= 1");
     if (opt.stream_ring_chunks < 1) throw std::invalid_argument("stream_ring_chunks must be >= 1");
+    if (opt.device_staging_bytes < 0) throw std::invalid_argument("device_staging_bytes must be >= 0");
+    if (opt.device_staging_bytes > 0 && partitioned())
+      throw std::invalid_argument(
+          "optimizer.host.device_staging_mib needs one rank's engine: with " + std::to_string(world) +
+          " data-parallel ranks and train.shard none every rank stages the whole model's gradients for the "
+          "reduce-scatter; set train.shard to gradients or parameters, or device_staging_mib to 0");
     if (opt.mode == OptimizerMode::kOffload) {
       // ZeRO-Offload: everything on the host, one synchronous host step per step.
       opt.topk_ratio = 0;
@@ -468,20 +543,32 @@ struct ZenFlowOptimizer::Impl {
       streaming = host->gradient_chunk_bytes() > 0;
       if (streaming && device.is_cuda())
         stream_ring = std::make_shared<StagingRing>(*streams, opt.stream_ring_chunks, host->gradient_chunk_bytes());
+      chunked = opt.device_staging_bytes > 0 && !partitioned() && !streaming;
+      if (chunked) {
+        int64_t widest = 0;
+        for (auto& s : split) widest = std::max(widest, s.in);
+        chunk_elems = staging_chunk_elems(
+            {widest}, opt.device_staging_bytes / kStagingChunks / static_cast<int64_t>(at::elementSize(split_dtype)));
+        for (at::Tensor& t : dev_chunk)
+          t = at::empty({chunk_elems}, at::TensorOptions().dtype(split_dtype).device(device));
+      }
       for (int b = 0; b < 2; ++b) {
         if (!streaming) {
-          ring[b] = streams->alloc_host({capacity}, split_dtype);
+          if (b < ring_slots()) ring[b] = streams->alloc_host({capacity}, split_dtype);
           last_grad[b] = streams->alloc_host({capacity}, split_dtype);
         }
-        if (out_copy() && (b == 0 || !streaming)) param_out[b] = streams->alloc_host({capacity}, split_dtype);
+        if (out_copy() && out_index(b) == b) param_out[b] = streams->alloc_host({capacity}, split_dtype);
         // Device-side staging: the all-rank layout (the reduce-scatter's input with W > 1;
         // what a streaming backend reads with one rank).
-        if (device.is_cuda() || (partitioned() && b == 0) || (streaming && !partitioned()))
+        if (!chunked && (device.is_cuda() || (partitioned() && b == 0) || (streaming && !partitioned())))
           dev_stage[b] = at::empty({capacity_all}, at::TensorOptions().dtype(split_dtype).device(device));
       }
-      if (device.is_cuda()) dev_h2d = at::empty({capacity}, at::TensorOptions().dtype(split_dtype).device(device));
-      // Streaming packs the master (after a restore) into the one param_out.
-      if (!(streaming && out_copy()) && (partitioned() || (device.is_cuda() && split_dtype == at::kFloat)))
+      if (device.is_cuda() && !chunked)
+        dev_h2d = at::empty({capacity}, at::TensorOptions().dtype(split_dtype).device(device));
+      // Streaming packs the master (after a restore) into the one param_out; chunked
+      // staging copies fp32 results from a packed master too.
+      if (!(streaming && out_copy()) &&
+          (partitioned() || ((device.is_cuda() || chunked) && split_dtype == at::kFloat)))
         pack_out = streams->alloc_host({capacity}, split_dtype);
       // The host owns every column until the first selection (warm-up = offload).
       for (auto& s : split) {
@@ -541,6 +628,8 @@ struct ZenFlowOptimizer::Impl {
     CopyHandle done;
     if (partitioned()) {
       done = streams->copy_d2h(shard, buf.narrow(0, 0, own_total()));
+    } else if (chunked) {
+      done = stage_in_chunks(g, buf);
     } else if (!device.is_cuda()) {
       gather_parts(g, buf);
     } else {
@@ -661,7 +750,8 @@ struct ZenFlowOptimizer::Impl {
   // device at once, under the compute of the window's remaining steps; the boundary then
   // only scatters it into the weights (still applied at the boundary, §4).
   void prefetch_inflight() {
-    if (!device.is_cuda() || !inflight || !inflight->work || staged_h2d != nullptr || !inflight->work->done())
+    if (!device.is_cuda() || chunked || !inflight || !inflight->work || staged_h2d != nullptr ||
+        !inflight->work->done())
       return;
     apply_slot_fixes();
     stage_h2d(result_buffer(inflight->buffer));
@@ -677,6 +767,8 @@ struct ZenFlowOptimizer::Impl {
     ClockSpan span = clock_span();
     if (!device.is_cuda() && buffer < 0 && !host->local_data(HostBuf::kMaster)) {
       apply_remote_master();
+    } else if (chunked) {
+      apply_in_chunks(buffer);
     } else if (!device.is_cuda()) {
       for (auto& s : split) {
         if (s.n_own() == 0) continue;
@@ -1423,7 +1515,7 @@ struct ZenFlowOptimizer::Impl {
       return;
     }
     // Staged into a ring buffer the accumulate job has released.
-    const int r = static_cast<int>((pos - 1) % 2);
+    const int r = static_cast<int>((pos - 1) % ring_slots());
     if (ring_busy[r]) wait_for(StallCause::kHostOptimizer, ring_busy[r]);
     AccumulateJob job = make_accumulate_job(ring[r], parity, pos == 1);
     job.before = [d2h = stage_gradients(g, shard, ring[r])]() mutable { d2h.wait(); };
@@ -1794,7 +1886,8 @@ HostMemoryBytes ZenFlowOptimizer::host_memory_bytes() const {
   b.moments = 2 * resident;       // m, v
   b.accumulators = 2 * resident;  // acc[0], acc[1]
   for (int k = 0; k < 2; ++k) {
-    if (i.ring[k].defined()) b.transfer_buffers += i.ring[k].nbytes() + i.last_grad[k].nbytes();
+    if (i.ring[k].defined()) b.transfer_buffers += i.ring[k].nbytes();
+    if (i.last_grad[k].defined()) b.transfer_buffers += i.last_grad[k].nbytes();
     if (i.param_out[k].defined()) b.transfer_buffers += i.param_out[k].nbytes();
   }
   if (i.pack_out.defined()) b.transfer_buffers += i.pack_out.nbytes();
@@ -1821,6 +1914,7 @@ EngineDeviceBytes ZenFlowOptimizer::device_bytes() const {
   }
   for (const at::Tensor& t : i.dev_stage) add(b.buffers, t);
   add(b.buffers, i.dev_h2d);
+  for (const at::Tensor& t : i.dev_chunk) add(b.buffers, t);
   return b;
 }
 

@@ -112,6 +112,16 @@ struct EngineOptions {
   // enough sends in flight to keep a link busy; fewer make the training thread wait
   // sooner. (On the CPU device the staging is host memory and is sent in place.)
   int stream_ring_chunks = 12;
+  // optimizer.host.device_staging_mib: 0 stages each gradient's host-owned columns in two
+  // device buffers of the whole packed size and each host result in a third, so a step's
+  // D2H overlaps the next step's compute (3 x 2 B per split element in bf16). > 0, with
+  // one rank (or train.shard) and an in-process backend: the device stages them through 4
+  // buffers of a quarter of this many bytes each (at least one matrix row), gathering and
+  // copying chunk by chunk; the compute stream waits for the copies beyond those buffers
+  // (the `transfer_d2h` / `transfer_h2d` stalls) and a finished host step's H2D is no
+  // longer started before the boundary. Numbers are identical either way; on the CPU
+  // device it changes only the copies' path.
+  int64_t device_staging_bytes = 0;
   // train.shard (worker/distributed/sharded_parameters.h): the parameters are this rank's
   // row shards of the model's, their gradients already averaged over the ranks, and the
   // engine updates them as one rank would; the Collectives group only sums the squared

@@ -240,6 +240,7 @@ MemoryEstimate estimate_job_memory(const JobSpec& spec, const model::LoadedModel
   const ZenflowSpec& z = spec.optimizer.zenflow;
   MemoryEstimate est;
   LD split = 0, dense = 0, selected = 0;
+  LD widest = 1;  // the longest row of a split matrix (1-D parameters: one column each)
   for (const model::NamedTensor& nt : meta->parameters()) {
     const int64_t n = nt.tensor.numel();
     est.parameters += n;
@@ -250,6 +251,7 @@ MemoryEstimate estimate_job_memory(const JobSpec& spec, const model::LoadedModel
       continue;
     }
     split += n;
+    if (nt.tensor.dim() == 2) widest = std::max<LD>(widest, static_cast<LD>(nt.tensor.size(1)));
     if (mode == "zenflow" && z.topk_ratio > 0) {  // as the engine's SplitParam::k
       const int64_t in = nt.tensor.size(1);
       const int64_t k =
@@ -268,13 +270,20 @@ MemoryEstimate estimate_job_memory(const JobSpec& spec, const model::LoadedModel
   const LD capacity = std::ceil(split / W);
   LD host = 0, staging = 0;
   if (split > 0) {
-    const bool pack_out = world_size > 1 || (device_is_cuda && !low_precision);
-    host = capacity * (5 * 4                          // master, m, v, two accumulators (fp32)
-                       + 4 * e                        // two gradient rings, two last gradients
-                       + (low_precision ? 2 * e : 0)  // two weight-out buffers
+    // Sharded, every rank's engine is a one-rank engine over its own rows. Chunked device
+    // staging (one-rank engines) keeps one ring slot and one weight-out buffer.
+    const bool one_rank_engine = world_size <= 1 || sharded;
+    const LD staging_budget = static_cast<LD>(spec.optimizer.host.device_staging_mib) * (1 << 20);
+    const bool chunked = staging_budget > 0 && one_rank_engine;
+    const bool pack_out = !one_rank_engine || ((device_is_cuda || chunked) && !low_precision);
+    const LD slots = chunked ? 1 : 2;
+    host = capacity * (5 * 4                              // master, m, v, two accumulators (fp32)
+                       + (slots + 2) * e                  // gradient ring slots, two last gradients
+                       + (low_precision ? slots * e : 0)  // weight-out buffers
                        + (pack_out ? e : 0));
-    // Sharded, every rank's engine is a one-rank engine over its own rows.
-    if (device_is_cuda)
+    if (device_is_cuda && chunked)
+      staging = std::max(staging_budget, 4 * widest * e);  // four chunk buffers, at least a row each
+    else if (device_is_cuda)
       staging = 2 * (sharded ? capacity : split) * e + capacity * e;  // two device stages, the h2d buffer
     else if (world_size > 1 && !sharded)
       staging = split * e;  // the reduce-scatter input

@@ -103,6 +103,7 @@ engine::EngineOptions engine_options(const JobSpec& spec) {
   o.max_update_interval = z.max_update_interval;
   o.min_split_numel = z.min_split_numel;
   o.huge_pages = spec.optimizer.host.huge_pages;
+  o.device_staging_bytes = spec.optimizer.host.device_staging_mib << 20;
   return o;
 }
 
