@@ -341,11 +341,12 @@ TEST_P(ChunkedStaging, GivesBitIdenticalWeightsAndHoldsFourChunksOnTheDevice) {
   if (!dev.is_cuda()) {
     EXPECT_EQ(opt_a.device_bytes().buffers, 0) << "the CPU device stages into host memory";
   }
-  // The host keeps one ring slot, two last-gradient buffers and one output buffer (bf16),
-  // or the packed fp32 master's copy (fp32): four split-sized buffers where whole staging
-  // keeps six (bf16: two of each) or four (fp32: no output buffers on one rank).
+  // The host keeps one ring slot and one output buffer (bf16) or the packed fp32 master's
+  // copy (fp32), no last-gradient buffer: two split-sized buffers where whole staging keeps
+  // six (bf16: two ring slots, two last gradients, two outputs) or four (fp32: no outputs on
+  // one rank).
   const int64_t e = static_cast<int64_t>(at::elementSize(c.dtype)), n = opt_b.split_elements();
-  EXPECT_EQ(opt_b.host_memory_bytes().transfer_buffers, 4 * n * e);
+  EXPECT_EQ(opt_b.host_memory_bytes().transfer_buffers, 2 * n * e);
   EXPECT_EQ(opt_a.host_memory_bytes().transfer_buffers, (c.dtype == at::kFloat ? 4 : 6) * n * e);
 }
 

@@ -162,8 +162,8 @@ RankMemory rank_memory(const ModelShape& m, const RankJob& job) {
     // m, v and two accumulators, two gradient rings and two last gradients, two weight-out
     // buffers with 16-bit weights, and the packed output with a partitioned engine (several
     // unsharded ranks) or fp32 weights on a GPU. Sharded, every rank runs a one-rank engine
-    // on its own rows. Chunked device staging (one-rank engines only) keeps one ring slot
-    // and one weight-out buffer.
+    // on its own rows. Chunked device staging (one-rank engines only) keeps one ring slot,
+    // one weight-out buffer and no last gradients.
     const double capacity = std::ceil(split / W);
     const bool low_precision = job.dtype_bytes != 4;
     const bool one_rank_engine = W <= 1 || sharded;
@@ -171,7 +171,7 @@ RankMemory rank_memory(const ModelShape& m, const RankJob& job) {
     const bool pack_out = !one_rank_engine || ((job.cuda || chunked) && !low_precision);
     const double slots = chunked ? 1 : 2;
     r.host_optimizer =
-        capacity * (5 * 4 + (slots + 2) * e + (low_precision ? slots * e : 0) + (pack_out ? e : 0));
+        capacity * (5 * 4 + (chunked ? 1 : 4) * e + (low_precision ? slots * e : 0) + (pack_out ? e : 0));
     if (job.cuda && chunked)  // four chunk buffers (zenflow_optimizer.cpp)
       r.transfer_staging = std::max(job.device_staging_bytes,
                                     4.0 * static_cast<double>(std::max(m.hidden, m.intermediate)) * e);

@@ -181,6 +181,10 @@ struct ZenFlowOptimizer::Impl {
   // mid-window gradient is staged once the previous step's accumulate has read the slot.
   int out_index(int parity) const { return streaming || chunked ? 0 : parity; }
   int ring_slots() const { return chunked ? 1 : 2; }
+  // Chunked staging keeps no last-gradient buffers either (24 B per split bf16 element in
+  // all): a window's last gradient is accumulated like the others (close_window) and its
+  // host step reads the accumulator alone, (acc + last) * (1/len) either way, bit for bit.
+  bool last_in_acc() const { return chunked; }
   // Host steps write a copy of their result into param_out: low-precision weights, and
   // fp32 weights with a streaming backend where the worker holds a packed fp32 copy of
   // its columns anyway (the H2D source on CUDA, the all-gather's with several ranks):
@@ -555,7 +559,7 @@ struct ZenFlowOptimizer::Impl {
       for (int b = 0; b < 2; ++b) {
         if (!streaming) {
           if (b < ring_slots()) ring[b] = streams->alloc_host({capacity}, split_dtype);
-          last_grad[b] = streams->alloc_host({capacity}, split_dtype);
+          if (!last_in_acc()) last_grad[b] = streams->alloc_host({capacity}, split_dtype);
         }
         if (out_copy() && out_index(b) == b) param_out[b] = streams->alloc_host({capacity}, split_dtype);
         // Device-side staging: the all-rank layout (the reduce-scatter's input with W > 1;
@@ -1206,9 +1210,10 @@ struct ZenFlowOptimizer::Impl {
     }
     if (r.epos.empty()) return r;
     const at::Tensor pos_cpu = index_tensor(r.epos, at::kCPU);
-    r.state = at::empty({len > 1 ? 4 : 3, s.out, static_cast<int64_t>(r.epos.size())}, at::kFloat);
+    const bool acc = len > 1 || last_in_acc();
+    r.state = at::empty({acc ? 4 : 3, s.out, static_cast<int64_t>(r.epos.size())}, at::kFloat);
     for (int i = 0; i < 3; ++i) host_gather(kStateBufs[i], s, pos_cpu, r.state[i], batch);
-    if (len > 1) host_gather(acc_buffer(parity), s, pos_cpu, r.state[3], batch);
+    if (acc) host_gather(acc_buffer(parity), s, pos_cpu, r.state[3], batch);
     return r;
   }
 
@@ -1228,11 +1233,16 @@ struct ZenFlowOptimizer::Impl {
     if (r.state.defined()) {
       const at::Tensor state = r.state.to(device);
       at::Tensor w = state[0], mm = state[1], vv = state[2];
-      at::Tensor last = partitioned()
-                            ? own_view(shard, s).index_select(1, index_tensor(r.epos, device))
-                            : g[s.index].view({s.out, s.in}).index_select(1, index_tensor(r.ecols, device));
-      at::Tensor grad = last.to(at::kFloat);
-      if (len > 1) grad = state[3].add_(grad);  // (acc + last) * (1/len), as the host kernel
+      at::Tensor grad;
+      if (last_in_acc()) {
+        grad = state[3];  // the window's sum, its last gradient included (close_window)
+      } else {
+        at::Tensor last = partitioned()
+                              ? own_view(shard, s).index_select(1, index_tensor(r.epos, device))
+                              : g[s.index].view({s.out, s.in}).index_select(1, index_tensor(r.ecols, device));
+        grad = last.to(at::kFloat);
+        if (len > 1) grad = state[3].add_(grad);  // (acc + last) * (1/len), as the host kernel
+      }
       device_ops::dense_adamw(w, grad.contiguous(), at::Tensor(), mm, vv, c, 1.0f / static_cast<float>(len));
       const at::Tensor slot_idx = index_tensor(r.eslot, device);
       all[0].index_copy_(1, slot_idx, w);
@@ -1543,14 +1553,18 @@ struct ZenFlowOptimizer::Impl {
     std::shared_ptr<GradSource> source;
     if (streaming)
       source = stream_gradients(g, shard);
+    else if (last_in_acc())
+      accumulate_on_host(g, shard, schedule.position);
     else
       w.d2h = stage_gradients(g, shard, last_grad[w.parity]);
     w.len = schedule.position;
     w.accumulates = std::move(pending_accumulates);
     pending_accumulates.clear();
     w.out = out_index(w.parity);
-    w.job = make_step_job(lr, streaming ? at::Tensor() : last_grad[w.parity], w.len > 1 ? w.parity : -1,
-                          1.0f / static_cast<float>(w.len), w.out, std::move(source));
+    const bool from_acc = streaming || last_in_acc();
+    w.job = make_step_job(lr, from_acc ? at::Tensor() : last_grad[w.parity],
+                          w.len > 1 || last_in_acc() ? w.parity : -1, 1.0f / static_cast<float>(w.len), w.out,
+                          std::move(source));
     schedule.close_window();
     selection.window_closed();
     return w;

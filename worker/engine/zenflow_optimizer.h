@@ -119,8 +119,10 @@ struct EngineOptions {
   // buffers of a quarter of this many bytes each (at least one matrix row), gathering and
   // copying chunk by chunk; the compute stream waits for the copies beyond those buffers
   // (the `transfer_d2h` / `transfer_h2d` stalls) and a finished host step's H2D is no
-  // longer started before the boundary. Numbers are identical either way; on the CPU
-  // device it changes only the copies' path.
+  // longer started before the boundary. The host keeps one gradient ring slot, one output
+  // buffer and no last-gradient buffers (24 instead of 32 B per split bf16 element): a
+  // window's last gradient is accumulated and its step reads the accumulator. Numbers are
+  // identical either way; on the CPU device the copies take another path.
   int64_t device_staging_bytes = 0;
   // train.shard (worker/distributed/sharded_parameters.h): the parameters are this rank's
   // row shards of the model's, their gradients already averaged over the ranks, and the

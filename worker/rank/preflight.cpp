@@ -271,14 +271,15 @@ MemoryEstimate estimate_job_memory(const JobSpec& spec, const model::LoadedModel
   LD host = 0, staging = 0;
   if (split > 0) {
     // Sharded, every rank's engine is a one-rank engine over its own rows. Chunked device
-    // staging (one-rank engines) keeps one ring slot and one weight-out buffer.
+    // staging (one-rank engines) keeps one ring slot, one weight-out buffer and no last
+    // gradients.
     const bool one_rank_engine = world_size <= 1 || sharded;
     const LD staging_budget = static_cast<LD>(spec.optimizer.host.device_staging_mib) * (1 << 20);
     const bool chunked = staging_budget > 0 && one_rank_engine;
     const bool pack_out = !one_rank_engine || ((device_is_cuda || chunked) && !low_precision);
     const LD slots = chunked ? 1 : 2;
     host = capacity * (5 * 4                              // master, m, v, two accumulators (fp32)
-                       + (slots + 2) * e                  // gradient ring slots, two last gradients
+                       + (chunked ? 1 : 4) * e            // gradient ring slots and last gradients
                        + (low_precision ? slots * e : 0)  // weight-out buffers
                        + (pack_out ? e : 0));
     if (device_is_cuda && chunked)
