@@ -147,6 +147,52 @@ TEST(Preflight, ChunkedDeviceStagingIsTheBudgetOnTheGpuAndLessOnTheHost) {
   EXPECT_EQ(estimate(chunked).host_optimizer_bytes * 36, estimate(whole).host_optimizer_bytes * 28);
 }
 
+// A job that lacks only what whole-gradient staging takes is refused naming
+// optimizer.host.device_staging_mib (exit 2 like every preflight refusal), with the bytes it
+// would save; one that lacks more is refused as before; with the key set the estimate is
+// what the suggestion promised.
+TEST(Preflight, AJobShortOnlyByWholeStagingIsToldToStageInChunks) {
+  const std::string model =
+      "{arch: llama, config: {hidden_size: 2048, num_hidden_layers: 16, num_attention_heads: 16, "
+      "intermediate_size: 5632, vocab_size: 32000}}";
+  const JobSpec whole = job(model, {"train.micro_batch=1", "train.seq_len=512"});
+  const MemoryEstimate gpu = estimate(whole, 1, true, 2);
+  const int64_t split = gpu.host_optimizer_bytes / 32;
+  EXPECT_EQ(gpu.host_optimizer_bytes, split * 32);
+  EXPECT_EQ(gpu.chunked_staging_saves_device, 3 * 2 * split - kGiB);  // three whole stages against 1 GiB
+  EXPECT_EQ(gpu.chunked_staging_saves_host, split * 8);               // 32 -> 24 B per split element
+  const int64_t host = gpu.total_host_bytes, fits = gpu.total_device_bytes - gpu.chunked_staging_saves_device;
+  std::string msg = error_of([&] { check_job_fits(whole, gpu, host, fits); });
+  EXPECT_EQ(msg.rfind("optimizer.host.device_staging_mib: the job needs an estimated " +
+                          format_bytes(gpu.total_device_bytes) + " of device memory",
+                      0),
+            0u)
+      << msg;
+  EXPECT_NE(msg.find("staging whole gradients takes " + format_bytes(gpu.chunked_staging_saves_device) +
+                     " of it that optimizer.host.device_staging_mib: 1024 would not"),
+            std::string::npos)
+      << msg;
+  msg = error_of([&] { check_job_fits(whole, gpu, host, fits - 1); });
+  EXPECT_EQ(msg.rfind(gpu.dominant_key + ": ", 0), 0u) << msg;
+  // Host memory: short by no more than what chunked staging saves there.
+  const MemoryEstimate init_free = estimate(job(model, {"train.micro_batch=1", "train.seq_len=512"}), 1, false, 2);
+  msg = error_of([&] {
+    check_job_fits(whole, init_free, init_free.total_host_bytes - init_free.chunked_staging_saves_host, 0);
+  });
+  EXPECT_EQ(msg.rfind("optimizer.host.device_staging_mib: the job needs an estimated", 0), 0u) << msg;
+  EXPECT_NE(msg.find("of host memory"), std::string::npos) << msg;
+  // Set, the estimate is the promised one and nothing more is suggested.
+  const MemoryEstimate chunked =
+      estimate(job(model, {"train.micro_batch=1", "train.seq_len=512", "optimizer.host.device_staging_mib=1024"}), 1,
+               true, 2);
+  EXPECT_EQ(chunked.total_device_bytes, fits);
+  EXPECT_EQ(chunked.host_optimizer_bytes, gpu.host_optimizer_bytes - gpu.chunked_staging_saves_host);
+  EXPECT_EQ(chunked.chunked_staging_saves_device, 0);
+  EXPECT_EQ(error_of([&] { check_job_fits(whole, chunked, host, fits); }), "");
+  // Unsharded ranks cannot stage in chunks: nothing is suggested.
+  EXPECT_EQ(estimate(whole, 2, true, 2).chunked_staging_saves_device, 0);
+}
+
 TEST(Preflight, OversizedModelIsRefusedNamingTheKeyTheEstimateAndTheLimit) {
   // Within the spec's bounds, but ~7e13 parameters.
   const JobSpec huge =

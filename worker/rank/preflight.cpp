@@ -269,25 +269,33 @@ MemoryEstimate estimate_job_memory(const JobSpec& spec, const model::LoadedModel
   // Host updater (zenflow_optimizer.cpp build()): this rank's share of the split elements.
   const LD capacity = std::ceil(split / W);
   LD host = 0, staging = 0;
-  if (split > 0) {
-    // Sharded, every rank's engine is a one-rank engine over its own rows. Chunked device
-    // staging (one-rank engines) keeps one ring slot, one weight-out buffer and no last
-    // gradients.
-    const bool one_rank_engine = world_size <= 1 || sharded;
-    const LD staging_budget = static_cast<LD>(spec.optimizer.host.device_staging_mib) * (1 << 20);
-    const bool chunked = staging_budget > 0 && one_rank_engine;
+  // Sharded, every rank's engine is a one-rank engine over its own rows. Chunked device
+  // staging (one-rank engines) keeps one ring slot, one weight-out buffer and no last
+  // gradients on the host, and four chunk buffers of a quarter of the budget (at least a
+  // row each) on the device.
+  const bool one_rank_engine = world_size <= 1 || sharded;
+  auto host_bytes = [&](bool chunked) {
     const bool pack_out = !one_rank_engine || ((device_is_cuda || chunked) && !low_precision);
-    const LD slots = chunked ? 1 : 2;
-    host = capacity * (5 * 4                              // master, m, v, two accumulators (fp32)
-                       + (chunked ? 1 : 4) * e            // gradient ring slots and last gradients
-                       + (low_precision ? slots * e : 0)  // weight-out buffers
+    return capacity * (5 * 4                                            // master, m, v, two accumulators
+                       + (chunked ? 1 : 4) * e                          // ring slots, last gradients
+                       + (low_precision ? (chunked ? 1 : 2) * e : 0)    // weight-out buffers
                        + (pack_out ? e : 0));
-    if (device_is_cuda && chunked)
-      staging = std::max(staging_budget, 4 * widest * e);  // four chunk buffers, at least a row each
-    else if (device_is_cuda)
-      staging = 2 * (sharded ? capacity : split) * e + capacity * e;  // two device stages, the h2d buffer
-    else if (world_size > 1 && !sharded)
-      staging = split * e;  // the reduce-scatter input
+  };
+  auto staging_bytes = [&](LD budget) -> LD {
+    if (device_is_cuda && budget > 0 && one_rank_engine) return std::max(budget, 4 * widest * e);
+    if (device_is_cuda) return 2 * (sharded ? capacity : split) * e + capacity * e;  // two stages, the h2d buffer
+    if (world_size > 1 && !sharded) return split * e;                               // the reduce-scatter input
+    return 0;
+  };
+  if (split > 0) {
+    const LD budget = static_cast<LD>(spec.optimizer.host.device_staging_mib) * (1 << 20);
+    host = host_bytes(budget > 0 && one_rank_engine);
+    staging = staging_bytes(budget);
+    if (budget == 0 && one_rank_engine) {
+      const LD chunked_budget = static_cast<LD>(kSuggestedStagingMib) * (1 << 20);
+      est.chunked_staging_saves_host = saturate(host - host_bytes(true));
+      est.chunked_staging_saves_device = saturate(std::max<LD>(0, staging - staging_bytes(chunked_budget)));
+    }
   }
   est.host_optimizer_bytes = saturate(host);
   const LD device_state = (dense + selected) * state_per_element / (sharded ? W : 1);
@@ -345,6 +353,26 @@ void check_job_fits(const JobSpec& spec, const MemoryEstimate& est, int64_t avai
                                    format_bytes(est.gradient_bytes) + ", optimizer state " +
                                    format_bytes(est.device_optimizer_bytes) + " on the device";
   const std::string activations = ", activations " + format_bytes(est.activation_bytes);
+  // What would fit with optimizer.host.device_staging_mib, when that is all it lacks.
+  const bool staging_fits_device =
+      cpu || available_device_bytes <= 0 ||
+      est.total_device_bytes - est.chunked_staging_saves_device <= available_device_bytes;
+  const int64_t host_with_chunks =
+      cpu ? est.total_host_bytes - est.chunked_staging_saves_host
+          : std::max(est.host_optimizer_bytes - est.chunked_staging_saves_host, est.init_host_bytes);
+  const bool staging_fits_host = available_host_bytes <= 0 || host_with_chunks <= available_host_bytes;
+  const bool device_short = !cpu && available_device_bytes > 0 && est.total_device_bytes > available_device_bytes;
+  const bool host_short = available_host_bytes > 0 && est.total_host_bytes > available_host_bytes;
+  if ((device_short || host_short) && staging_fits_device && staging_fits_host &&
+      (est.chunked_staging_saves_device > 0 || est.chunked_staging_saves_host > 0)) {
+    const std::string mib = std::to_string(kSuggestedStagingMib);
+    fail_fit("optimizer.host.device_staging_mib", device_short ? "device memory" : "host memory",
+             device_short ? est.total_device_bytes : est.total_host_bytes,
+             params + ": staging whole gradients takes " +
+                 format_bytes(device_short ? est.chunked_staging_saves_device : est.chunked_staging_saves_host) +
+                 " of it that optimizer.host.device_staging_mib: " + mib + " would not (it fits with that)",
+             device_short ? available_device_bytes : available_host_bytes);
+  }
   if (available_host_bytes > 0 && est.total_host_bytes > available_host_bytes) {
     if (cpu) {
       fail_fit(key_for(est, est.total_host_bytes, true), "host memory", est.total_host_bytes,

@@ -39,7 +39,15 @@ struct MemoryEstimate {
   std::string activation_key;   // train.micro_batch or train.seq_len
   bool device_is_cuda = false;  // as passed: false means the device terms are host RAM too
   int64_t init_host_bytes = 0;  // CUDA random init: the fp32 copy built on the host first
+  // With optimizer.host.device_staging_mib 0 on a one-rank engine (one rank, or
+  // train.shard): the device and host bytes that kSuggestedStagingMib would save
+  // (check_job_fits names that key when it is all a job lacks). 0 otherwise.
+  int64_t chunked_staging_saves_device = 0;
+  int64_t chunked_staging_saves_host = 0;
 };
+
+// The device_staging_mib the preflight suggests (and the advisor tries: kChunkedStagingMib).
+constexpr int64_t kSuggestedStagingMib = 1024;
 
 // Memory one rank of `spec` needs, from `described` (describe_model_from_spec: its config
 // is the HF config.json the model is built from), `world_size` data-parallel ranks (host
