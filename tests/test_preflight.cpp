@@ -125,8 +125,8 @@ TEST(Preflight, HostOptimizerBytesMatchTheEngineAndOrderTheModes) {
   EXPECT_LT(o2.host_optimizer_bytes, o.host_optimizer_bytes * 6 / 10);
 }
 
-// optimizer.host.device_staging_mib: on a GPU the staging is the budget instead of three
-// split-sized buffers; on the host a ring slot, an output buffer and both last-gradient
+// optimizer.host.device_staging_mib: on a GPU the staging is the budget (at most the split
+// gradient's size) instead of three split-sized buffers; on the host a ring slot, an output buffer and both last-gradient
 // buffers go (32 -> 24 bytes per split bf16 element), as the engine counts its own buffers.
 TEST(Preflight, ChunkedDeviceStagingIsTheBudgetOnTheGpuAndLessOnTheHost) {
   const std::string model =
@@ -137,8 +137,11 @@ TEST(Preflight, ChunkedDeviceStagingIsTheBudgetOnTheGpuAndLessOnTheHost) {
   const int64_t split = w.host_optimizer_bytes / 32;
   EXPECT_EQ(w.host_optimizer_bytes, split * 32);
   EXPECT_EQ(c.host_optimizer_bytes, split * 24);
-  EXPECT_EQ(w.device_optimizer_bytes - c.device_optimizer_bytes, 3 * 2 * split - (int64_t{8} << 20));
-  EXPECT_EQ(w.total_device_bytes - c.total_device_bytes, 3 * 2 * split - (int64_t{8} << 20));
+  // 8 MiB is more than this model's split gradient: four chunks of a quarter of it.
+  const int64_t chunks = 4 * ((split + 3) / 4) * 2;
+  EXPECT_LT(chunks, int64_t{8} << 20);
+  EXPECT_EQ(w.device_optimizer_bytes - c.device_optimizer_bytes, 3 * 2 * split - chunks);
+  EXPECT_EQ(w.total_device_bytes - c.total_device_bytes, 3 * 2 * split - chunks);
   // The engine's own count, bf16 and fp32 weights (fp32: 20 + 4 + 4 for the packed master
   // against whole staging's 20 + 16).
   EXPECT_EQ(estimate(chunked, 1, false, 2).host_optimizer_bytes, engine_host_bytes(chunked, at::kBFloat16));

@@ -350,6 +350,20 @@ TEST_P(ChunkedStaging, GivesBitIdenticalWeightsAndHoldsFourChunksOnTheDevice) {
   EXPECT_EQ(opt_a.host_memory_bytes().transfer_buffers, (c.dtype == at::kFloat ? 4 : 6) * n * e);
 }
 
+// A budget larger than the gradient stages in four chunks of a quarter of the split
+// elements (108 here: 27 each), never more device memory than one whole gradient; a budget
+// of one byte in chunks of the widest row (big2's 12 columns).
+TEST(ZenFlowOptimizer, ChunkedStagingNeverTakesMoreThanTheGradientNorLessThanARow) {
+  Problem p = make_problem(kSmallSpecs, random_values(kSmallSpecs, 5));
+  ze::EngineOptions o = zen_options();
+  o.device_staging_bytes = int64_t{1} << 40;
+  EXPECT_EQ(ze::ZenFlowOptimizer(p.param_specs(), o).device_bytes().buffers, 4 * 27 * 4);
+  o.device_staging_bytes = 1;
+  EXPECT_EQ(ze::ZenFlowOptimizer(p.param_specs(), o).device_bytes().buffers, 4 * 12 * 4);
+  o.device_staging_bytes = -1;
+  EXPECT_THROW(ze::ZenFlowOptimizer(p.param_specs(), o), std::invalid_argument);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Modes, ChunkedStaging,
     ::testing::Values(ChunkedCase{"offload_f32", ze::OptimizerMode::kOffload, 1, false, at::kFloat},

@@ -172,9 +172,11 @@ RankMemory rank_memory(const ModelShape& m, const RankJob& job) {
     const double slots = chunked ? 1 : 2;
     r.host_optimizer =
         capacity * (5 * 4 + (chunked ? 1 : 4) * e + (low_precision ? slots * e : 0) + (pack_out ? e : 0));
-    if (job.cuda && chunked)  // four chunk buffers (zenflow_optimizer.cpp)
-      r.transfer_staging = std::max(job.device_staging_bytes,
-                                    4.0 * static_cast<double>(std::max(m.hidden, m.intermediate)) * e);
+    if (job.cuda && chunked)  // four chunk buffers of a quarter, at most the split's (zenflow_optimizer.cpp)
+      r.transfer_staging =
+          4 * e *
+          std::max(static_cast<double>(std::max(m.hidden, m.intermediate)),
+                   std::min(std::floor(job.device_staging_bytes / 4 / e), std::ceil(capacity / 4)));
     else if (job.cuda)
       r.transfer_staging = (sharded ? 2 * capacity : 2 * split) * e + capacity * e;  // two stages, the H2D buffer
     else if (W > 1 && !sharded)

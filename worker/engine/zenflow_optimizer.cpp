@@ -551,8 +551,12 @@ struct ZenFlowOptimizer::Impl {
       if (chunked) {
         int64_t widest = 0;
         for (auto& s : split) widest = std::max(widest, s.in);
+        // A quarter of the budget, but no more than a quarter of the split elements (a
+        // larger budget stages in four chunks, never more than the gradient's size).
+        const int64_t quarter = opt.device_staging_bytes / kStagingChunks /
+                                static_cast<int64_t>(at::elementSize(split_dtype));
         chunk_elems = staging_chunk_elems(
-            {widest}, opt.device_staging_bytes / kStagingChunks / static_cast<int64_t>(at::elementSize(split_dtype)));
+            {widest}, std::min(quarter, (capacity + kStagingChunks - 1) / kStagingChunks));
         for (at::Tensor& t : dev_chunk)
           t = at::empty({chunk_elems}, at::TensorOptions().dtype(split_dtype).device(device));
       }

@@ -282,7 +282,8 @@ MemoryEstimate estimate_job_memory(const JobSpec& spec, const model::LoadedModel
                        + (pack_out ? e : 0));
   };
   auto staging_bytes = [&](LD budget) -> LD {
-    if (device_is_cuda && budget > 0 && one_rank_engine) return std::max(budget, 4 * widest * e);
+    if (device_is_cuda && budget > 0 && one_rank_engine)  // four chunks: a quarter each, at most the
+      return 4 * e * std::max(widest, std::min(std::floor(budget / 4 / e), std::ceil(capacity / 4)));  // split's
     if (device_is_cuda) return 2 * (sharded ? capacity : split) * e + capacity * e;  // two stages, the h2d buffer
     if (world_size > 1 && !sharded) return split * e;                               // the reduce-scatter input
     return 0;
