@@ -123,6 +123,10 @@ int advise(const AdviseArgs& a) {
     std::cerr << "zenflow: --set shard needs --model-config (what a rank holds is counted from the model's "
                  "shapes)\n";
     return kExitBadInput;
+  } else if (explicitly("device_staging_mib")) {
+    std::cerr << "zenflow: --set device_staging_mib needs --model-config (the staging is counted from the "
+                 "model's shapes)\n";
+    return kExitBadInput;
   }
   // Every row trains the job's global batch: W GPUs share it instead of each taking its own.
   base.global_batch = base.micro_batch * base.grad_accum * std::max<int64_t>(1, base.ranks);
@@ -195,8 +199,9 @@ CommandRegistrar reg(45, [](CommandContext& ctx) {
   cmd->add_option("--set", args->sets,
                   "Ask about the job with another setting: mode, micro_batch, grad_accum, seq_len, ranks, "
                   "update_interval, topk_ratio, host_threads, compute_threads, parameters (7B), "
-                  "activation_checkpointing and shard (none, gradients, parameters; both with --model-config; default: "
-                  "only where needed) (repeatable)");
+                  "activation_checkpointing, shard (none, gradients, parameters) and device_staging_mib (0: whole "
+                  "gradients, or MiB of chunked device staging); the last three with --model-config; default: only "
+                  "where needed (repeatable)");
   cmd->add_option(
       "--model-config", args->model_config,
       "A Hugging Face config.json (Llama, Mistral, Qwen2, GPT-2) or its model directory: size the "

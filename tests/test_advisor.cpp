@@ -878,6 +878,10 @@ TEST(AdvisorModelConfig, MalformedConfigNamesThePathAndTheKey) {
   EXPECT_EQ(
       run(kZenflow + " advise " + profile.string() + " --set activation_checkpointing=true 2>&1", &text), 2);
   EXPECT_NE(text.find("needs --model-config"), std::string::npos) << text;
+  EXPECT_EQ(run(kZenflow + " advise " + profile.string() + " --set device_staging_mib=1024 2>&1", &text), 2);
+  EXPECT_NE(text.find("--set device_staging_mib needs --model-config"), std::string::npos) << text;
+  EXPECT_EQ(advise_cli(dir, dir / "ok.json", "--set device_staging_mib=-4", nullptr, &text), 2);
+  EXPECT_NE(text.find("device_staging_mib: must be"), std::string::npos) << text;
   std::error_code ec;
   fs::remove_all(dir, ec);
 }
