@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <memory>
 #include <fstream>
 #include <limits>
 #include <stdexcept>
@@ -76,7 +77,7 @@ TEST(Preflight, ParameterCountEqualsTheBuiltModelExactly) {
 }
 
 // The engine's own count of the host buffers it allocated, for the same job.
-int64_t engine_host_bytes(const JobSpec& spec, at::ScalarType dtype = at::kFloat) {
+std::unique_ptr<engine::ZenFlowOptimizer> engine_for(const JobSpec& spec, at::ScalarType dtype = at::kFloat) {
   auto lm = make_model_from_spec(spec.model, 256, 1, nullptr);
   std::vector<engine::ParamSpec> params;
   for (auto& nt : lm->parameters()) {
@@ -91,8 +92,11 @@ int64_t engine_host_bytes(const JobSpec& spec, at::ScalarType dtype = at::kFloat
   o.min_split_numel = spec.optimizer.zenflow.min_split_numel;
   o.device_staging_bytes = spec.optimizer.host.device_staging_mib << 20;
   o.huge_pages = false;
-  engine::ZenFlowOptimizer opt(params, o);
-  return opt.host_state_bytes();
+  return std::make_unique<engine::ZenFlowOptimizer>(params, o);
+}
+
+int64_t engine_host_bytes(const JobSpec& spec, at::ScalarType dtype = at::kFloat) {
+  return engine_for(spec, dtype)->host_state_bytes();
 }
 
 TEST(Preflight, HostOptimizerBytesMatchTheEngineAndOrderTheModes) {
@@ -148,6 +152,24 @@ TEST(Preflight, ChunkedDeviceStagingIsTheBudgetOnTheGpuAndLessOnTheHost) {
   EXPECT_EQ(estimate(whole, 1, false, 2).host_optimizer_bytes, engine_host_bytes(whole, at::kBFloat16));
   EXPECT_EQ(estimate(chunked).host_optimizer_bytes, engine_host_bytes(chunked));
   EXPECT_EQ(estimate(chunked).host_optimizer_bytes * 36, estimate(whole).host_optimizer_bytes * 28);
+  // On the CPU device the chunks are host memory the estimate counts, as the engine does.
+  EXPECT_EQ(estimate(chunked, 1, false, 2).device_optimizer_bytes - estimate(whole, 1, false, 2).device_optimizer_bytes,
+            engine_for(chunked, at::kBFloat16)->device_bytes().buffers);
+  EXPECT_EQ(estimate(chunked).device_optimizer_bytes - estimate(whole).device_optimizer_bytes,
+            engine_for(chunked)->device_bytes().buffers);
+  // Unsharded data-parallel ranks stage for the reduce-scatter: refused before the model
+  // loads, as the engine would refuse it; device mode stages nothing, so it stands.
+  EXPECT_NE(error_of([&] { estimate(chunked, 2, true, 2); })
+                .find("optimizer.host.device_staging_mib needs one rank's engine: with 2 data-parallel ranks"),
+            std::string::npos);
+  EXPECT_EQ(error_of([&] {
+              estimate(job(model, {"optimizer.host.device_staging_mib=8", "optimizer.mode=device"}), 2, true, 2);
+            }),
+            "");
+  EXPECT_EQ(error_of([&] {
+              estimate(job(model, {"optimizer.host.device_staging_mib=8", "train.shard=gradients"}), 2, true, 2);
+            }),
+            "");
 }
 
 // A job that lacks only what whole-gradient staging takes is refused naming

@@ -89,7 +89,8 @@ struct Problem {
     return out;
   }
   void set_grads(const std::vector<at::Tensor>& g) {
-    for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = g[i].to(params[i].device()).clone();
+    for (size_t i = 0; i < params.size(); ++i)
+      params[i].mutable_grad() = g[i].to(params[i].device(), params[i].scalar_type()).clone();
   }
   std::vector<at::Tensor> snapshot() const {
     std::vector<at::Tensor> out;
@@ -688,10 +689,17 @@ INSTANTIATE_TEST_SUITE_P(Values, NonFiniteGradientSkipsStep,
 struct ResumeCase {
   int64_t K;
   bool auto_strategy;
+  bool chunked = false;  // B and C stage in chunks (EngineOptions::device_staging_bytes); A does not
+  bool bf16 = false;     // 16-bit weights: the host step's output and a pending apply go through param_out
 };
 
+void PrintTo(const ResumeCase& c, std::ostream* os) {
+  *os << "K=" << c.K << (c.auto_strategy ? " auto" : " step") << (c.chunked ? " chunked" : "") << (c.bf16 ? " bf16" : "");
+}
+
 std::string resume_case_name(const ::testing::TestParamInfo<ResumeCase>& i) {
-  return std::string(i.param.K == 4 ? "Boundary" : "MidWindow") + (i.param.auto_strategy ? "_auto" : "_stepNoReselect");
+  return std::string(i.param.K == 4 ? "Boundary" : "MidWindow") + (i.param.auto_strategy ? "_auto" : "_stepNoReselect") +
+         (i.param.chunked ? "_chunked" : "") + (i.param.bf16 ? "_bf16" : "");
 }
 
 const auto kResumeCases = ::testing::Values(ResumeCase{4, true}, ResumeCase{5, true}, ResumeCase{4, false},
@@ -717,14 +725,18 @@ TEST_P(ResumeFromStateDict, MatchesUninterruptedRun) {
   o.overlap_step = true;
   o.grad_clip = 1.0;
   set_resume_strategy(o, GetParam().auto_strategy);
-  const std::vector<at::Tensor> init = random_values(kSmallSpecs, 41);
+  std::vector<at::Tensor> init = random_values(kSmallSpecs, 41);
+  if (GetParam().bf16)
+    for (auto& t : init) t = t.to(at::kBFloat16);
   std::vector<std::vector<at::Tensor>> grads;
   for (int64_t s = 0; s < steps; ++s) grads.push_back(random_values(kSmallSpecs, 700 + static_cast<uint64_t>(s), 2.0));
   auto epoch_of = [](int64_t s) { return s / 4; };
+  ze::EngineOptions o_bc = o;  // B and C
+  if (GetParam().chunked) o_bc.device_staging_bytes = 64;  // chunks of a row
 
   // A: uninterrupted. B: the same, taking a state_dict at K and carrying on.
   Problem a = make_problem(kSmallSpecs, init), b = make_problem(kSmallSpecs, init);
-  ze::ZenFlowOptimizer oa(a.param_specs(), o), ob(b.param_specs(), o);
+  ze::ZenFlowOptimizer oa(a.param_specs(), o), ob(b.param_specs(), o_bc);
   std::vector<std::vector<at::Tensor>> traj;
   std::vector<ze::StepReport> reports;
   std::vector<std::pair<std::string, at::Tensor>> state;
@@ -757,8 +769,10 @@ TEST_P(ResumeFromStateDict, MatchesUninterruptedRun) {
 
   // C: new optimizer on fresh parameters holding the values at K, state loaded.
   ASSERT_FALSE(state.empty());
+  if (GetParam().bf16)
+    for (auto& t : values_at_k) t = t.to(at::kBFloat16);  // snapshots are fp32 copies
   Problem c = make_problem(kSmallSpecs, values_at_k);
-  ze::ZenFlowOptimizer oc(c.param_specs(), o);
+  ze::ZenFlowOptimizer oc(c.param_specs(), o_bc);
   oc.load_state(state);
   EXPECT_EQ(oc.steps(), K);
   for (int64_t s = K; s < steps; ++s) {
@@ -821,6 +835,13 @@ TEST(ZenFlowOptimizer, OverlappedStateResumedWithoutOverlapAppliesThePendingStep
 
 // K = 4: just after window 0's boundary (its host step in flight); K = 5: mid-window.
 INSTANTIATE_TEST_SUITE_P(At, ResumeFromStateDict, kResumeCases, resume_case_name);
+// Chunked staging: one ring slot, one output buffer and the last gradient in the
+// accumulator, saved and resumed at a boundary and mid-window with a host step in flight.
+INSTANTIATE_TEST_SUITE_P(Chunked, ResumeFromStateDict,
+                         ::testing::Values(ResumeCase{4, true, true, false}, ResumeCase{5, true, true, false},
+                                           ResumeCase{4, false, true, true}, ResumeCase{5, false, true, true},
+                                           ResumeCase{5, true, true, true}, ResumeCase{5, false, false, true}),
+                         resume_case_name);
 
 // The same on the Llama model, where stale or lost host updates change the gradients:
 // the resumed run's losses equal the uninterrupted run's, step by step.

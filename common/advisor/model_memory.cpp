@@ -172,7 +172,7 @@ RankMemory rank_memory(const ModelShape& m, const RankJob& job) {
     const double slots = chunked ? 1 : 2;
     r.host_optimizer =
         capacity * (5 * 4 + (chunked ? 1 : 4) * e + (low_precision ? slots * e : 0) + (pack_out ? e : 0));
-    if (job.cuda && chunked)  // four chunk buffers of a quarter, at most the split's (zenflow_optimizer.cpp)
+    if (chunked)  // four chunk buffers of a quarter, at most the split's (zenflow_optimizer.cpp; the CPU device too)
       r.transfer_staging =
           4 * e *
           std::max(static_cast<double>(std::max(m.hidden, m.intermediate)),

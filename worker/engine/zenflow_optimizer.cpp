@@ -453,11 +453,6 @@ struct ZenFlowOptimizer::Impl {
     if (opt.max_update_interval < 1) throw std::invalid_argument("max_update_interval must be >= 1");
     if (opt.stream_ring_chunks < 1) throw std::invalid_argument("stream_ring_chunks must be >= 1");
     if (opt.device_staging_bytes < 0) throw std::invalid_argument("device_staging_bytes must be >= 0");
-    if (opt.device_staging_bytes > 0 && partitioned())
-      throw std::invalid_argument(
-          "optimizer.host.device_staging_mib needs one rank's engine: with " + std::to_string(world) +
-          " data-parallel ranks and train.shard none every rank stages the whole model's gradients for the "
-          "reduce-scatter; set train.shard to gradients or parameters, or device_staging_mib to 0");
     if (opt.mode == OptimizerMode::kOffload) {
       // ZeRO-Offload: everything on the host, one synchronous host step per step.
       opt.topk_ratio = 0;
@@ -547,7 +542,12 @@ struct ZenFlowOptimizer::Impl {
       streaming = host->gradient_chunk_bytes() > 0;
       if (streaming && device.is_cuda())
         stream_ring = std::make_shared<StagingRing>(*streams, opt.stream_ring_chunks, host->gradient_chunk_bytes());
-      chunked = opt.device_staging_bytes > 0 && !partitioned() && !streaming;
+      if (opt.device_staging_bytes > 0 && partitioned())
+        throw std::invalid_argument(
+            "optimizer.host.device_staging_mib needs one rank's engine: with " + std::to_string(world) +
+            " data-parallel ranks and train.shard none every rank stages the whole model's gradients for the "
+            "reduce-scatter; set train.shard to gradients or parameters, or device_staging_mib to 0");
+      chunked = opt.device_staging_bytes > 0 && !streaming;
       if (chunked) {
         int64_t widest = 0;
         for (auto& s : split) widest = std::max(widest, s.in);
@@ -1502,6 +1502,9 @@ struct ZenFlowOptimizer::Impl {
 
   // Warm-up and offload mode: one synchronous host step over every host column.
   void host_step_now(const std::vector<at::Tensor>& g, const at::Tensor& shard, double lr) {
+    // Warm-up comes before any window and offload mode has none: no accumulate reads ring[0].
+    if (ring_busy[0] && !ring_busy[0]->done())
+      throw std::logic_error("engine: a synchronous host step while an accumulate still reads the gradient ring");
     StepJob job;
     if (streaming) {
       job = make_step_job(lr, at::Tensor(), -1, 1.0f, 0, stream_gradients(g, shard));

@@ -116,7 +116,8 @@ struct EngineOptions {
   // device buffers of the whole packed size and each host result in a third, so a step's
   // D2H overlaps the next step's compute (3 x 2 B per split element in bf16). > 0, with
   // one rank (or train.shard) and an in-process backend: the device stages them through 4
-  // buffers of a quarter of this many bytes each (at least one matrix row), gathering and
+  // buffers of a quarter of this many bytes each (at least one matrix row, at most a quarter
+  // of the split elements: never more than one whole gradient), gathering and
   // copying chunk by chunk; the compute stream waits for the copies beyond those buffers
   // (the `transfer_d2h` / `transfer_h2d` stalls) and a finished host step's H2D is no
   // longer started before the boundary. The host keeps one gradient ring slot, one output
