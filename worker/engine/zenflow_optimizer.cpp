@@ -414,22 +414,34 @@ struct ZenFlowOptimizer::Impl {
   }
   // A host result (result_buffer's numbering) into the weights chunk by chunk: copied on
   // the H2D stream into a chunk buffer (after the compute work so far, and after that
-  // buffer's last D2H), then scattered on the compute stream once the copy is done.
+  // buffer's last D2H), then scattered on the compute stream once its copy is done. The
+  // copies of the first kStagingChunks chunks start at once; each later one starts once the
+  // scatter out of its buffer is enqueued, so up to three copies run under each scatter.
   void apply_in_chunks(int buffer) {
     CopyHandle* from = nullptr;
     const at::Tensor src = packed_result(buffer, &from);
-    CopyHandle last;
-    for (const StagingChunk& c : chunks) {
+    const size_t n = chunks.size();
+    std::vector<CopyHandle> copies(n);
+    std::vector<int> buffer_of(n);
+    auto start_copy = [&](size_t c) {
       const int b = take_chunk();
+      buffer_of[c] = b;
       dev_chunk_d2h[b].make_compute_wait();
-      last = streams->copy_h2d(src.narrow(0, c.offset, c.elems), dev_chunk[b].narrow(0, 0, c.elems));
-      last.make_compute_wait();
-      for (const StagingPiece& p : c.pieces) {
+      copies[c] = streams->copy_h2d(src.narrow(0, chunks[c].offset, chunks[c].elems),
+                                    dev_chunk[b].narrow(0, 0, chunks[c].elems));
+    };
+    for (size_t c = 0; c < std::min<size_t>(n, kStagingChunks); ++c) start_copy(c);
+    for (size_t c = 0; c < n; ++c) {
+      copies[c].make_compute_wait();
+      for (const StagingPiece& p : chunks[c].pieces) {
         const SplitParam& s = split[p.matrix];
-        device_ops::scatter_columns(s.w2d.narrow(0, p.row, p.rows), s.own().idx, chunk_view(b, p, s));
+        device_ops::scatter_columns(s.w2d.narrow(0, p.row, p.rows), s.own().idx, chunk_view(buffer_of[c], p, s));
       }
+      if (c + kStagingChunks < n) start_copy(c + kStagingChunks);  // into the buffer just scattered from
     }
-    *from = last;  // the host buffer is not rewritten before the last copy out of it is done
+    // The H2D stream runs the copies in order: the host buffer is not rewritten before the
+    // last one out of it is done.
+    if (n > 0) *from = copies[n - 1];
   }
   void assign_ranges() {
     std::vector<MatrixShape> shapes;
