@@ -325,7 +325,10 @@ class UcxTransport final : public Transport {
   void complete_send(SendOp* op, bool ok, const std::string& error);
   void finish_recv(RecvOp* r, ucs_status_t status);
   void on_bye(const std::shared_ptr<UcxChannel>& ch);
-  static void send_control(const UcxChannel& ch, unsigned id);
+  // A control message (its header only). `in_flight` (progress thread only), when given,
+  // counts the send until its callback runs: incremented here when UCX keeps a request.
+  static void send_control(const UcxChannel& ch, unsigned id, int* in_flight = nullptr);
+  int shutdown_byes_in_flight_ = 0;  // the BYEs of shutdown_on_progress_thread not yet sent
   // Listener thread: a peer that proved the secret gets a channel awaiting its HELLO.
   bool admit(const handshake::Endpoint& peer, uint64_t own_channel, const std::string& from,
              const sockaddr_storage& from_addr);
@@ -654,9 +657,13 @@ void UcxTransport::shutdown_on_progress_thread() {
   for (auto& kv : channels_) all.push_back(kv.second);
   // A peer over shared memory has nothing that fails when this worker goes while its
   // process lives on (its keepalive checks the process): tell it, then force the close.
+  // The BYE may queue behind sends still in flight on its endpoint (a force close would drop
+  // it, and the peer would never hear): progress until every BYE has left, for kByeWait.
   for (auto& ch : all)
-    if (!ch->failed_ && !ch->ep_closing) send_control(*ch, kByeAm);
-  for (int i = 0; i < 16; ++i) ucp_worker_progress(worker_);
+    if (!ch->failed_ && !ch->ep_closing) send_control(*ch, kByeAm, &shutdown_byes_in_flight_);
+  const auto bye_deadline = std::chrono::steady_clock::now() + kByeWait;
+  for (int i = 0; i < 16 || (shutdown_byes_in_flight_ > 0 && std::chrono::steady_clock::now() < bye_deadline); ++i)
+    ucp_worker_progress(worker_);
   for (auto& ch : all) {
     ch->close_requested = true;
     close_ep(ch, /*force=*/true);
@@ -912,21 +919,31 @@ void UcxTransport::forget(ucp_ep_h ep) {
   channels_.erase(it);
 }
 
-void UcxTransport::send_control(const UcxChannel& ch, unsigned id) {
+void UcxTransport::send_control(const UcxChannel& ch, unsigned id, int* in_flight) {
   // The header must outlive the send (1.13 has no UCP_AM_SEND_FLAG_COPY_HEADER, and a send
   // queued until the endpoint is connected reads it later): freed by the callback.
-  auto* header = new unsigned char[kChannelIdBytes];
-  put_channel_id(header, ch.tx_id);
+  struct Control {
+    unsigned char header[kChannelIdBytes];
+    int* in_flight;
+  };
+  auto* c = new Control{{}, in_flight};
+  put_channel_id(c->header, ch.tx_id);
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   p.flags = UCP_AM_SEND_FLAG_EAGER;
   p.cb.send = [](void* request, ucs_status_t, void* user_data) {
-    delete[] static_cast<unsigned char*>(user_data);
+    auto* done = static_cast<Control*>(user_data);
+    if (done->in_flight) --*done->in_flight;
+    delete done;
     ucp_request_free(request);
   };
-  p.user_data = header;
-  ucs_status_ptr_t r = ucp_am_send_nbx(ch.ep, id, header, kChannelIdBytes, nullptr, 0, &p);
-  if (!UCS_PTR_IS_PTR(r)) delete[] header;  // done (or failed) already: no callback
+  p.user_data = c;
+  ucs_status_ptr_t r = ucp_am_send_nbx(ch.ep, id, c->header, kChannelIdBytes, nullptr, 0, &p);
+  if (!UCS_PTR_IS_PTR(r)) {
+    delete c;  // done (or failed) already: no callback
+  } else if (in_flight) {
+    ++*in_flight;
+  }
 }
 
 // The peer closes: everything it sent before has been handled (same endpoint, in order).
