@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <random>
@@ -165,45 +166,62 @@ std::vector<ze::ParamSpec> llama_param_specs(zm::CausalLM& model) {
   return out;
 }
 
+// Two copies of the same Llama in `dtype`, one optimized with options `a`, the other with
+// `b`, trained side by side on the same batches.
+struct LlamaPair {
+  std::unique_ptr<zm::CausalLM> model_a = zm::make_llama(llama_config(), 7);
+  std::unique_ptr<zm::CausalLM> model_b = zm::make_llama(llama_config(), 7);
+  std::unique_ptr<ze::ZenFlowOptimizer> opt_a, opt_b;
+
+  LlamaPair(const ze::EngineOptions& a, const ze::EngineOptions& b, at::ScalarType dtype = at::kFloat) {
+    model_a->to(test_device(), dtype);
+    model_b->to(test_device(), dtype);
+    opt_a = std::make_unique<ze::ZenFlowOptimizer>(llama_param_specs(*model_a), a);
+    opt_b = std::make_unique<ze::ZenFlowOptimizer>(llama_param_specs(*model_b), b);
+  }
+  // `steps` steps (none may be skipped); after each, `agree(step, loss_a, loss_b)`, which
+  // ends the training by returning false.
+  void train(int steps, uint64_t seed, const std::function<bool(int, double, double)>& agree) {
+    at::Generator gen = at::detail::createCPUGenerator(seed);
+    for (int s = 0; s < steps; ++s) {
+      const at::Tensor ids = at::randint(64, {2, 17}, gen, at::TensorOptions().dtype(at::kLong)).to(test_device());
+      const at::Tensor inputs = ids.narrow(1, 0, 16), targets = ids.narrow(1, 1, 16);
+      double losses[2];
+      int which = 0;
+      for (auto [model, opt] : {std::make_pair(model_a.get(), opt_a.get()), std::make_pair(model_b.get(), opt_b.get())}) {
+        opt->zero_grad();
+        at::Tensor loss = zm::causal_lm_loss(model->forward(inputs), targets);
+        loss.backward();
+        losses[which++] = loss.item<double>();
+        ze::StepContext ctx;
+        ctx.lr = 3e-3 * (1.0 + 0.5 * std::sin(0.9 * s));
+        const ze::StepReport rep = opt->step(ctx);
+        EXPECT_FALSE(rep.skipped) << "step " << s;
+      }
+      if (!agree(s, losses[0], losses[1])) return;
+    }
+  }
+};
+
 // Trains two copies of the same Llama with options `a` and `b` on the same batches for
 // `steps` steps and expects every parameter to agree to 1e-6 relative after every step.
 // Returns the optimizer run with `b` for further checks.
 std::unique_ptr<ze::ZenFlowOptimizer> expect_llama_runs_agree(const ze::EngineOptions& a,
                                                              const ze::EngineOptions& b, int steps) {
-  const at::Device dev = test_device();
-  auto model_a = zm::make_llama(llama_config(), 7);
-  auto model_b = zm::make_llama(llama_config(), 7);
-  model_a->to(dev, at::kFloat);
-  model_b->to(dev, at::kFloat);
-  auto opt_a = std::make_unique<ze::ZenFlowOptimizer>(llama_param_specs(*model_a), a);
-  auto opt_b = std::make_unique<ze::ZenFlowOptimizer>(llama_param_specs(*model_b), b);
-  at::Generator gen = at::detail::createCPUGenerator(1234);
-  for (int s = 0; s < steps; ++s) {
-    const at::Tensor ids = at::randint(64, {2, 17}, gen, at::TensorOptions().dtype(at::kLong)).to(dev);
-    const at::Tensor inputs = ids.narrow(1, 0, 16), targets = ids.narrow(1, 1, 16);
-    double losses[2];
-    int which = 0;
-    for (auto [model, opt] : {std::make_pair(model_a.get(), opt_a.get()), std::make_pair(model_b.get(), opt_b.get())}) {
-      opt->zero_grad();
-      at::Tensor loss = zm::causal_lm_loss(model->forward(inputs), targets);
-      loss.backward();
-      losses[which++] = loss.item<double>();
-      ze::StepContext ctx;
-      ctx.lr = 3e-3 * (1.0 + 0.5 * std::sin(0.9 * s));
-      const ze::StepReport rep = opt->step(ctx);
-      EXPECT_FALSE(rep.skipped) << "step " << s;
-    }
-    EXPECT_NEAR(losses[1], losses[0], 1e-5 * std::max(1.0, std::fabs(losses[0]))) << "loss at step " << s;
-    auto pa = model_a->parameters(), pb = model_b->parameters();
+  LlamaPair pair(a, b);
+  pair.train(steps, 1234, [&](int s, double loss_a, double loss_b) {
+    EXPECT_NEAR(loss_b, loss_a, 1e-5 * std::max(1.0, std::fabs(loss_a))) << "loss at step " << s;
+    auto pa = pair.model_a->parameters(), pb = pair.model_b->parameters();
     for (size_t i = 0; i < pa.size(); ++i) {
       auto r = close(pb[i].tensor, pa[i].tensor, 1e-6, pa[i].name + " after step " + std::to_string(s));
       if (!r) {
         ADD_FAILURE() << r.message();
-        return opt_b;
+        return false;
       }
     }
-  }
-  return opt_b;
+    return true;
+  });
+  return std::move(pair.opt_b);
 }
 
 ze::EngineOptions device_mode() {
@@ -299,47 +317,32 @@ TEST_P(ChunkedStaging, GivesBitIdenticalWeightsAndHoldsFourChunksOnTheDevice) {
   ze::EngineOptions chunked = whole;
   chunked.device_staging_bytes = 1000;
 
-  const at::Device dev = test_device();
-  auto model_a = zm::make_llama(llama_config(), 7);
-  auto model_b = zm::make_llama(llama_config(), 7);
-  model_a->to(dev, c.dtype);
-  model_b->to(dev, c.dtype);
-  ze::ZenFlowOptimizer opt_a(llama_param_specs(*model_a), whole);
-  ze::ZenFlowOptimizer opt_b(llama_param_specs(*model_b), chunked);
-  at::Generator gen = at::detail::createCPUGenerator(99);
-  for (int s = 0; s < 16; ++s) {
-    const at::Tensor ids = at::randint(64, {2, 17}, gen, at::TensorOptions().dtype(at::kLong)).to(dev);
-    const at::Tensor inputs = ids.narrow(1, 0, 16), targets = ids.narrow(1, 1, 16);
-    double losses[2];
-    int which = 0;
-    for (auto [model, opt] : {std::make_pair(model_a.get(), &opt_a), std::make_pair(model_b.get(), &opt_b)}) {
-      opt->zero_grad();
-      at::Tensor loss = zm::causal_lm_loss(model->forward(inputs), targets);
-      loss.backward();
-      losses[which++] = loss.item<double>();
-      ze::StepContext ctx;
-      ctx.lr = 3e-3 * (1.0 + 0.5 * std::sin(0.9 * s));
-      opt->step(ctx);
-    }
-    ASSERT_EQ(losses[1], losses[0]) << "loss at step " << s;
-    auto pa = model_a->parameters(), pb = model_b->parameters();
+  LlamaPair pair(whole, chunked, c.dtype);
+  auto identical = [&](const std::string& when) {
+    auto pa = pair.model_a->parameters(), pb = pair.model_b->parameters();
     for (size_t i = 0; i < pa.size(); ++i) {
-      ASSERT_TRUE(at::equal(pb[i].tensor, pa[i].tensor)) << pa[i].name << " after step " << s;
+      if (!at::equal(pb[i].tensor, pa[i].tensor)) {
+        ADD_FAILURE() << pa[i].name << " " << when;
+        return false;
+      }
     }
-  }
+    return true;
+  };
+  pair.train(16, 99, [&](int s, double loss_a, double loss_b) {
+    EXPECT_EQ(loss_b, loss_a) << "loss at step " << s;
+    return loss_b == loss_a && identical("after step " + std::to_string(s));
+  });
+  ze::ZenFlowOptimizer &opt_a = *pair.opt_a, &opt_b = *pair.opt_b;
   opt_a.finish();
   opt_b.finish();
-  auto pa = model_a->parameters(), pb = model_b->parameters();
-  for (size_t i = 0; i < pa.size(); ++i) {
-    EXPECT_TRUE(at::equal(pb[i].tensor, pa[i].tensor)) << pa[i].name;
-  }
+  identical("after finish");
   if (c.mode == ze::OptimizerMode::kZenFlow) {
     EXPECT_GT(opt_b.reselections(), 0);
   }
   // Four buffers of a quarter of the budget, at least the widest row (the MLP's down
   // projection: 64 columns): 4 x 64 fp32 elements (62 would be a quarter), 4 x 125 bf16.
   EXPECT_EQ(opt_b.device_bytes().buffers, c.dtype == at::kFloat ? 4 * 64 * 4 : 4 * 125 * 2);
-  if (!dev.is_cuda()) {
+  if (!test_device().is_cuda()) {
     EXPECT_EQ(opt_a.device_bytes().buffers, 0) << "the CPU device stages into host memory";
   }
   // The host keeps one ring slot and one output buffer (bf16) or the packed fp32 master's

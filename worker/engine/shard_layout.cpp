@@ -69,6 +69,18 @@ int64_t staging_chunk_elems(const std::vector<int64_t>& widths, int64_t chunk_el
   return std::max(chunk_elems, widest);
 }
 
+int64_t device_staging_chunk_elems(int64_t budget_bytes, int64_t element_bytes, int64_t split_elements,
+                                   int64_t widest_row) {
+  const int64_t quarter = budget_bytes / kStagingChunks / element_bytes;
+  return std::max(widest_row, std::min(quarter, (split_elements + kStagingChunks - 1) / kStagingChunks));
+}
+
+std::string device_staging_needs_one_rank(int64_t world) {
+  return "optimizer.host.device_staging_mib needs one rank's engine: with " + std::to_string(world) +
+         " data-parallel ranks and train.shard none every rank stages the whole model's gradients for the "
+         "reduce-scatter; set train.shard to gradients or parameters, or device_staging_mib to 0";
+}
+
 std::vector<StagingChunk> plan_staging_chunks(const std::vector<int64_t>& rows, const std::vector<int64_t>& widths,
                                               int64_t chunk_elems) {
   const int64_t size = staging_chunk_elems(widths, chunk_elems);

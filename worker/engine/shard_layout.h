@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace zenflow::engine {
@@ -78,5 +79,16 @@ std::vector<StagingChunk> plan_staging_chunks(const std::vector<int64_t>& rows, 
                                               int64_t chunk_elems);
 // The chunk size plan_staging_chunks uses: chunk_elems, or the widest row when wider.
 int64_t staging_chunk_elems(const std::vector<int64_t>& widths, int64_t chunk_elems);
+
+// EngineOptions::device_staging_bytes > 0: the device chunk buffers, and the elements of
+// each: a kStagingChunks-th of the budget, at most a kStagingChunks-th of the split elements
+// (never more than one whole gradient), at least the widest row (what the engine allocates
+// and the preflight counts).
+constexpr int kStagingChunks = 4;
+int64_t device_staging_chunk_elems(int64_t budget_bytes, int64_t element_bytes, int64_t split_elements,
+                                   int64_t widest_row);
+// Why chunked staging is refused with `world` unsharded data-parallel ranks (the engine and
+// the preflight say the same).
+std::string device_staging_needs_one_rank(int64_t world);
 
 }  // namespace zenflow::engine

@@ -175,10 +175,9 @@ struct ZenFlowOptimizer::Impl {
   std::shared_ptr<ReleaseLatch> stream_busy[2];
   int stream_slot = 0;
   // The param_out buffer a window's host step writes: one per parity, or the one.
-  // Chunked staging keeps one param_out and one ring slot too (the lean host side: 28
-  // instead of 32 B per split bf16 element): a host step writes the buffer once the H2D
-  // of the previous window's result out of it is done (it was started before), and a
-  // mid-window gradient is staged once the previous step's accumulate has read the slot.
+  // Chunked staging keeps one param_out and one ring slot too: a host step writes the
+  // buffer once the H2D of the previous window's result out of it is done (it was started
+  // before), and a gradient is staged once the previous step's accumulate has read the slot.
   int out_index(int parity) const { return streaming || chunked ? 0 : parity; }
   int ring_slots() const { return chunked ? 1 : 2; }
   // Chunked staging keeps no last-gradient buffers either (24 B per split bf16 element in
@@ -202,7 +201,6 @@ struct ZenFlowOptimizer::Impl {
   // EngineOptions::device_staging_bytes: instead of dev_stage and dev_h2d, kStagingChunks
   // device buffers of a chunk each, used in turn by both directions; `chunks` cuts the
   // packed staging into them (shard_layout.h), recomputed when the layout changes.
-  static constexpr int kStagingChunks = 4;
   bool chunked = false;
   int64_t chunk_elems = 0;
   std::vector<StagingChunk> chunks;
@@ -555,20 +553,13 @@ struct ZenFlowOptimizer::Impl {
       if (streaming && device.is_cuda())
         stream_ring = std::make_shared<StagingRing>(*streams, opt.stream_ring_chunks, host->gradient_chunk_bytes());
       if (opt.device_staging_bytes > 0 && partitioned())
-        throw std::invalid_argument(
-            "optimizer.host.device_staging_mib needs one rank's engine: with " + std::to_string(world) +
-            " data-parallel ranks and train.shard none every rank stages the whole model's gradients for the "
-            "reduce-scatter; set train.shard to gradients or parameters, or device_staging_mib to 0");
+        throw std::invalid_argument(device_staging_needs_one_rank(world));
       chunked = opt.device_staging_bytes > 0 && !streaming;
       if (chunked) {
-        int64_t widest = 0;
+        int64_t widest = 1;
         for (auto& s : split) widest = std::max(widest, s.in);
-        // A quarter of the budget, but no more than a quarter of the split elements (a
-        // larger budget stages in four chunks, never more than the gradient's size).
-        const int64_t quarter = opt.device_staging_bytes / kStagingChunks /
-                                static_cast<int64_t>(at::elementSize(split_dtype));
-        chunk_elems = staging_chunk_elems(
-            {widest}, std::min(quarter, (capacity + kStagingChunks - 1) / kStagingChunks));
+        chunk_elems = device_staging_chunk_elems(opt.device_staging_bytes,
+                                                 static_cast<int64_t>(at::elementSize(split_dtype)), capacity, widest);
         for (at::Tensor& t : dev_chunk)
           t = at::empty({chunk_elems}, at::TensorOptions().dtype(split_dtype).device(device));
       }

@@ -16,6 +16,7 @@
 #include <stdexcept>
 
 #include "common/input_file.h"
+#include "worker/engine/shard_layout.h"
 #include "worker/model/causal_lm.h"
 #include "worker/model/gpt2.h"
 #include "worker/model/hf_model.h"
@@ -282,19 +283,19 @@ MemoryEstimate estimate_job_memory(const JobSpec& spec, const model::LoadedModel
                        + (pack_out ? e : 0));
   };
   auto staging_bytes = [&](LD budget) -> LD {
-    if (budget > 0 && one_rank_engine)  // four chunks (on the CPU device too): a quarter each, at most the split's
-      return 4 * e * std::max(widest, std::min(std::floor(budget / 4 / e), std::ceil(capacity / 4)));
+    if (budget > 0 && one_rank_engine)  // the chunk buffers (on the CPU device too)
+      return engine::kStagingChunks * e *
+             static_cast<LD>(engine::device_staging_chunk_elems(
+                 static_cast<int64_t>(budget), static_cast<int64_t>(e), static_cast<int64_t>(capacity),
+                 static_cast<int64_t>(widest)));
     if (device_is_cuda) return 2 * (sharded ? capacity : split) * e + capacity * e;  // two stages, the h2d buffer
     if (world_size > 1 && !sharded) return split * e;                               // the reduce-scatter input
     return 0;
   };
   if (split > 0) {
     const LD budget = static_cast<LD>(spec.optimizer.host.device_staging_mib) * (1 << 20);
-    if (budget > 0 && !one_rank_engine)  // as the engine refuses it (zenflow_optimizer.cpp)
-      throw std::invalid_argument(
-          "optimizer.host.device_staging_mib needs one rank's engine: with " + std::to_string(world_size) +
-          " data-parallel ranks and train.shard none every rank stages the whole model's gradients for the "
-          "reduce-scatter; set train.shard to gradients or parameters, or device_staging_mib to 0");
+    if (budget > 0 && !one_rank_engine)  // as the engine refuses it, before the model loads
+      throw std::invalid_argument(engine::device_staging_needs_one_rank(world_size));
     host = host_bytes(budget > 0 && one_rank_engine);
     staging = staging_bytes(budget);
     if (budget == 0 && one_rank_engine) {
