@@ -659,15 +659,15 @@ void UcxTransport::shutdown_on_progress_thread() {
   // process lives on (its keepalive checks the process): tell it, then force the close.
   // The BYE may queue behind sends still in flight on its endpoint (a force close would drop
   // it, and the peer would never hear): progress until every BYE has left, for kByeWait.
+  // No handler runs once the transport is being destroyed (the objects they call may be
+  // gone already): every channel counts as closed by its user before the worker progresses.
+  for (auto& ch : all) ch->close_requested = true;
   for (auto& ch : all)
     if (!ch->failed_ && !ch->ep_closing) send_control(*ch, kByeAm, &shutdown_byes_in_flight_);
   const auto bye_deadline = std::chrono::steady_clock::now() + kByeWait;
   for (int i = 0; i < 16 || (shutdown_byes_in_flight_ > 0 && std::chrono::steady_clock::now() < bye_deadline); ++i)
     ucp_worker_progress(worker_);
-  for (auto& ch : all) {
-    ch->close_requested = true;
-    close_ep(ch, /*force=*/true);
-  }
+  for (auto& ch : all) close_ep(ch, /*force=*/true);
   awaiting_accept_.clear();
   const auto deadline = std::chrono::steady_clock::now() + kShutdownWait;
   while ((requests_in_flight_ > 0 || !channels_.empty()) && std::chrono::steady_clock::now() < deadline) {
