@@ -2,8 +2,6 @@
 #include "worker/distributed/sharded_parameters.h"
 
 #include <c10/core/GradMode.h>
-#include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <chrono>
@@ -14,9 +12,6 @@
 #include "worker/engine/device_ops.h"
 
 namespace zenflow::distributed {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 namespace {
 
@@ -46,74 +41,9 @@ ShardMode parse_shard_mode(const std::string& s) {
   throw std::invalid_argument("train.shard must be gradients or parameters here, got '" + s + "'");
 }
 
-// One unit as an autograd function of its input and its weights' shards: the body sees the
-// full weights, the shards receive the reduce-scattered gradients.
-struct ShardedParameters::Unit : torch::autograd::Function<Unit> {
-  struct Context : torch::CustomClassHolder {
-    ShardedParameters* owner = nullptr;
-    model::LayerBody body;
-    std::vector<size_t> idx;
-    bool recompute = false;
-    model::ForwardState state;  // recompute: the forward's autocast and RNG state
-    // Not recomputing: the forward's own graph, from these leaves to y.
-    at::Tensor y;
-    std::vector<at::Tensor> leaves;  // x, then the full weights
-  };
-
-  // The graph's leaves: x (a gradient wanted where x wants one) and the full weights.
-  static void make_leaves(Context& c, const at::Tensor& x, const std::vector<at::Tensor>& full) {
-    c.leaves.push_back(x.detach().requires_grad_(x.requires_grad()));
-    for (const at::Tensor& w : full) c.leaves.push_back(w.detach().requires_grad_(true));
-  }
-
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList shards,
-                               c10::intrusive_ptr<Context> c) {
-    std::vector<at::Tensor> full = c->owner->materialize(c->idx);
-    at::Tensor y;
-    if (c->recompute) {
-      c->state = model::ForwardState::capture(x);
-      y = c->body(x, full);  // grad mode is off in a Function's forward
-      ctx->save_for_backward({x});
-    } else {
-      at::AutoGradMode grad_on(true);
-      make_leaves(*c, x, full);
-      c->y = c->body(c->leaves[0], std::vector<at::Tensor>(c->leaves.begin() + 1, c->leaves.end()));
-      y = c->y.detach();
-    }
-    ctx->saved_data["unit"] = c10::IValue::make_capsule(std::move(c));
-    (void)shards;
-    return {y};
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
-    auto c = c10::static_intrusive_pointer_cast<Context>(ctx->saved_data["unit"].toCapsule());
-    if (c->recompute) {
-      const at::Tensor x = ctx->get_saved_variables()[0];
-      make_leaves(*c, x, c->owner->materialize(c->idx));
-      const std::vector<at::Tensor> weights(c->leaves.begin() + 1, c->leaves.end());
-      c->y = c->state.replay([&] { return c->body(c->leaves[0], weights); });
-    }
-    variable_list wanted;
-    const bool want_x = c->leaves[0].requires_grad();
-    if (want_x) wanted.push_back(c->leaves[0]);
-    wanted.insert(wanted.end(), c->leaves.begin() + 1, c->leaves.end());
-    variable_list grads = torch::autograd::grad({c->y}, wanted, {grad_out[0]}, /*retain_graph=*/false,
-                                                /*create_graph=*/false, /*allow_unused=*/true);
-    // The full weights and the graph go before the reduce-scatter allocates.
-    c->y = at::Tensor();
-    c->leaves.clear();
-    variable_list out;
-    out.push_back(want_x ? grads[0] : at::Tensor());
-    const std::vector<at::Tensor> full_grads(grads.begin() + (want_x ? 1 : 0), grads.end());
-    std::vector<at::Tensor> shard_grads = c->owner->gradients_ready(c->idx, full_grads);
-    out.insert(out.end(), shard_grads.begin(), shard_grads.end());
-    out.emplace_back();  // the Context argument
-    return out;
-  }
-};
-
 ShardedParameters::ShardedParameters(Communicator& comm, model::CausalLM& model, ShardOptions options)
-    : comm_(comm),
+    : MaterializedUnits(model.parameters().size()),
+      comm_(comm),
       model_(model),
       mode_(options.mode),
       options_(options),
@@ -189,25 +119,6 @@ std::vector<std::vector<at::Tensor>> ShardedParameters::unpack(const std::vector
   return pieces;
 }
 
-at::Tensor ShardedParameters::run(model::UnitKind kind, const model::LayerBody& body, const at::Tensor& x,
-                                  const std::vector<at::Tensor>& weights, bool checkpoint) {
-  if (kind == model::UnitKind::kEmbedding) {  // a forward begins: the last sequence is complete
-    if (!sequence_.empty()) last_sequence_ = std::move(sequence_);
-    sequence_.clear();
-  }
-  std::vector<size_t> idx;
-  idx.reserve(weights.size());
-  for (const at::Tensor& w : weights) idx.push_back(index_of(w));
-  if (!c10::GradMode::is_enabled()) return body(x, materialize(idx));
-  auto c = c10::make_intrusive<Unit::Context>();
-  c->owner = this;
-  c->body = body;
-  c->idx = idx;
-  c->recompute = checkpoint || mode_ == ShardMode::kParameters;
-  for (size_t i : idx) ++params_[i].uses;
-  return Unit::apply(x, at::TensorList(weights), std::move(c))[0];
-}
-
 std::vector<at::Tensor> ShardedParameters::materialize(const std::vector<size_t>& idx) {
   std::vector<at::Tensor> full;
   full.reserve(idx.size());
@@ -224,11 +135,9 @@ std::vector<at::Tensor> ShardedParameters::materialize(const std::vector<size_t>
   }
   prefetched_.reset();
   // Where the last micro-batch's sequence had this gather, the next one starts now.
-  const size_t pos = sequence_.size();
-  sequence_.push_back(idx);
   int64_t next_bytes = 0;
-  if (pos + 1 < last_sequence_.size() && last_sequence_[pos] == idx) {
-    prefetched_ = std::make_unique<Gather>(launch_gather(last_sequence_[pos + 1]));
+  if (const std::vector<size_t>* next = sequence_.record(idx)) {
+    prefetched_ = std::make_unique<Gather>(launch_gather(*next));
     next_bytes = prefetched_->bytes;
   }
   const std::vector<std::vector<at::Tensor>> pieces = unpack(idx, finish_gather(now));
@@ -318,40 +227,15 @@ void ShardedParameters::add_column_scores(const std::vector<size_t>& idx, const 
 }
 
 void ShardedParameters::begin_step() {
-  for (Param& p : params_) {
+  for (Param& p : params_)
     if (p.scores.defined()) p.scores.zero_();
-    p.uses = 0;
-    p.pending = at::Tensor();
-  }
+  reset_uses();
 }
 
 std::vector<at::Tensor> ShardedParameters::gradients_ready(const std::vector<size_t>& idx,
                                                            const std::vector<at::Tensor>& grads) {
-  std::vector<size_t> ready;
-  std::vector<at::Tensor> ready_grads;
-  std::vector<int> position(idx.size(), -1);
-  for (size_t k = 0; k < idx.size(); ++k) {
-    Param& p = params_[idx[k]];
-    at::Tensor g = grads[k];
-    if (p.pending.defined()) g = g.defined() ? p.pending + g : p.pending;
-    p.pending = at::Tensor();
-    if (p.uses > 1) {  // another unit's backward still brings some: keep the sum so far
-      --p.uses;
-      p.pending = g.defined() ? g : at::zeros(p.full_shape, p.shard.options());
-      continue;
-    }
-    p.uses = 0;
-    position[k] = static_cast<int>(ready.size());
-    ready.push_back(idx[k]);
-    ready_grads.push_back(g);
-  }
-  std::vector<at::Tensor> out(idx.size());
-  if (ready.empty()) return out;
-  add_column_scores(ready, ready_grads);
-  const std::vector<at::Tensor> shards = reduce_scatter(ready, ready_grads);
-  for (size_t k = 0; k < idx.size(); ++k)
-    if (position[k] >= 0) out[k] = shards[static_cast<size_t>(position[k])];
-  return out;
+  add_column_scores(idx, grads);
+  return reduce_scatter(idx, grads);
 }
 
 int64_t ShardedParameters::full_numel(size_t i) const {

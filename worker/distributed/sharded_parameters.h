@@ -57,6 +57,7 @@
 
 #include "worker/distributed/communicator.h"
 #include "worker/model/causal_lm.h"
+#include "worker/model/materialized_units.h"
 
 namespace zenflow::distributed {
 
@@ -74,7 +75,7 @@ struct ShardOptions {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
-class ShardedParameters final : public model::UnitRunner {
+class ShardedParameters final : public model::MaterializedUnits {
  public:
   // Cuts `model`'s parameters (on the Communicator's device), gives the model this rank's
   // shards and makes itself the model's unit runner. The model must outlive this object,
@@ -83,9 +84,6 @@ class ShardedParameters final : public model::UnitRunner {
   ~ShardedParameters() override;  // waits for a prefetch still in flight
   ShardedParameters(const ShardedParameters&) = delete;
   ShardedParameters& operator=(const ShardedParameters&) = delete;
-
-  at::Tensor run(model::UnitKind kind, const model::LayerBody& body, const at::Tensor& x,
-                 const std::vector<at::Tensor>& weights, bool checkpoint) override;
 
   // kGradients: the updated shards into every rank's full weights (after each optimizer
   // step, and after shards were loaded). kParameters: nothing.
@@ -131,27 +129,25 @@ class ShardedParameters final : public model::UnitRunner {
     at::Tensor shard;           // the leaf the optimizer updates
     at::Tensor full;            // kGradients: the kept full weights
     at::Tensor scores;          // ShardOptions::column_scores, 2-D parameters
-    // A parameter several units use (tied embeddings): the forwards since its last
-    // gradient, and the local gradient of the backwards so far: it is scored and
-    // reduce-scattered once, when its last use's backward is done, as the sum an unsharded
-    // run's .grad holds.
-    int uses = 0;
-    at::Tensor pending;
   };
-  struct Unit;  // the autograd function of one unit
-  friend struct Unit;
 
-  size_t index_of(const at::Tensor& shard) const;
+  // MaterializedUnits: a parameter several units use (tied embeddings) is scored and
+  // reduce-scattered once, when its last use's backward is done, as the sum an unsharded
+  // run's .grad holds.
+  size_t index_of(const at::Tensor& shard) const override;
+  bool recomputes(bool checkpoint) const override { return checkpoint || mode_ == ShardMode::kParameters; }
+  void forward_begins() override { sequence_.restart(); }
   // Elements per rank of parameters `idx` together (the layout of their collectives: each
   // rank's rows of every one of them, rank after rank).
   std::vector<int64_t> rank_sizes(const std::vector<size_t>& idx) const;
   // The inverse: `flat` in that layout -> per parameter, each rank's rows (views).
   std::vector<std::vector<at::Tensor>> unpack(const std::vector<size_t>& idx, const at::Tensor& flat) const;
   // The full weights of shards `idx` (gathered in one collective, or the kept copies).
-  std::vector<at::Tensor> materialize(const std::vector<size_t>& idx);
-  // The local full gradients of a unit's parameters `idx` (its backward) -> their shard
-  // gradients for those whose last use this was (see Param::uses), undefined for the rest.
-  std::vector<at::Tensor> gradients_ready(const std::vector<size_t>& idx, const std::vector<at::Tensor>& grads);
+  std::vector<at::Tensor> materialize(const std::vector<size_t>& idx) override;
+  // The local full gradients of parameters `idx` (their last use's backward done) -> their
+  // shard gradients.
+  std::vector<at::Tensor> gradients_ready(const std::vector<size_t>& idx,
+                                          const std::vector<at::Tensor>& grads) override;
   // Adds the column scores of the local full gradients `grads` (undefined = zeros) of
   // parameters `idx`, summed over the ranks in one collective, into their scores.
   void add_column_scores(const std::vector<size_t>& idx, const std::vector<at::Tensor>& grads);
@@ -178,7 +174,7 @@ class ShardedParameters final : public model::UnitRunner {
   std::unordered_map<const c10::TensorImpl*, size_t> by_shard_;  // the shard leaves
   std::unordered_map<std::string, size_t> by_name_;
   int64_t gathered_peak_ = 0;
-  std::vector<std::vector<size_t>> last_sequence_, sequence_;  // gathers of the last and this micro-batch
+  model::UnitSequence sequence_;  // the gathers of the last micro-batch, to prefetch
   std::unique_ptr<Gather> prefetched_;
   double comm_seconds_ = 0;
 };
