@@ -38,7 +38,7 @@ namespace {
 // A Llama-2 shape (heads of 128, vocab 32000) in bf16 at sequence 2048 with activation
 // checkpointing, on one GPU.
 std::string gpu_llama_preset(const std::string& name, int hidden, int layers, int intermediate, int micro_batch,
-                             int steps) {
+                             int steps, const std::string& mode = "zenflow", const std::string& train_extra = "") {
   const std::string heads = std::to_string(hidden / 128);
   return "name: bench-" + name + "\nmodel: {arch: llama, config: {hidden_size: " + std::to_string(hidden) +
          ", num_hidden_layers: " + std::to_string(layers) + ", num_attention_heads: " + heads +
@@ -47,8 +47,8 @@ std::string gpu_llama_preset(const std::string& name, int hidden, int layers, in
          "data: {train: DATA, tokenizer: byte, val_fraction: 0.05}\n"
          "train: {steps: " + std::to_string(steps) + ", micro_batch: " + std::to_string(micro_batch) +
          ", seq_len: 2048, lr: 1.0e-5, schedule: constant, warmup_steps: 0, grad_clip: 1.0, seed: 1, "
-         "device: cuda, dtype: bfloat16, activation_checkpointing: true}\n"
-         "optimizer:\n  mode: zenflow\n  zenflow: {topk_ratio: 0.1, select_strategy: auto, update_interval: 4, "
+         "device: cuda, dtype: bfloat16, activation_checkpointing: true" + train_extra + "}\n"
+         "optimizer:\n  mode: " + mode + "\n  zenflow: {topk_ratio: 0.1, select_strategy: auto, update_interval: 4, "
          "full_warm_up_rounds: 1, overlap_step: true}\n"
          "  host: {threads: auto, reserved_cores: auto}\n"
          "checkpoint: {every_steps: 0}\n";
@@ -107,6 +107,9 @@ checkpoint: {every_steps: 0}
       // bytes a parameter on the GPU (~110 GB): an 80 GB card runs offload and zenflow only.
       {"gpu-7b", gpu_llama_preset("gpu-7b", 4096, 32, 11008, 4, 8)},
       {"gpu-13b", gpu_llama_preset("gpu-13b", 5120, 40, 13824, 2, 6)},
+      // Llama-2-13B on one GPU with its weights in host memory (train.offload_parameters,
+      // offload mode): the device holds two layers' weights and gradients, not 52 GB.
+      {"gpu-13b-1gpu", gpu_llama_preset("gpu-13b-1gpu", 5120, 40, 13824, 4, 4, "offload", ", offload_parameters: true")},
   };
   return p;
 }
@@ -205,9 +208,11 @@ nlohmann::json mode_json(const RunSummary& s) {
   j.erase("losses");
   const double n = static_cast<double>(std::max<size_t>(1, s.step_seconds.size()));
   // Per training step: the end-of-run flush of the last window is not a step.
-  j["transfer_bytes_per_step"] = {
-      {"d2h", static_cast<double>(s.totals.transfer_bytes[0] - s.finish_times.transfer_bytes[0]) / n},
-      {"h2d", static_cast<double>(s.totals.transfer_bytes[1] - s.finish_times.transfer_bytes[1]) / n}};
+  nlohmann::json bytes = nlohmann::json::object();
+  for (int d = 0; d < engine::kNumDirections; ++d)
+    bytes[engine::direction_name(static_cast<engine::Direction>(d))] =
+        static_cast<double>(s.totals.transfer_bytes[d] - s.finish_times.transfer_bytes[d]) / n;
+  j["transfer_bytes_per_step"] = bytes;
   double stall = 0;
   for (double x : s.totals.stall_seconds) stall += x;
   j["stall_fraction"] = s.totals.wall_seconds > 0 ? stall / s.totals.wall_seconds : 0;
@@ -318,7 +323,7 @@ int run_bench(const BenchArgs& a) {
   auto it = presets().find(a.preset);
   if (it == presets().end()) {
     std::cerr << "zenflow bench offload: unknown preset '" << a.preset
-              << "' (available: small-batch, convergence, gpu-1b, gpu-7b, gpu-13b)\n";
+              << "' (available: small-batch, convergence, gpu-1b, gpu-7b, gpu-13b, gpu-13b-1gpu)\n";
     return kExitBadInput;
   }
   std::string yaml = it->second;
@@ -480,7 +485,7 @@ int run_bench(const BenchArgs& a) {
 CommandRegistrar reg(60, [](CommandContext& ctx) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = ctx.bench->add_subcommand("offload", "device vs offload vs zenflow, same model and data");
-  cmd->add_option("--preset", args->preset, "small-batch | convergence | gpu-1b | gpu-7b | gpu-13b");
+  cmd->add_option("--preset", args->preset, "small-batch | convergence | gpu-1b | gpu-7b | gpu-13b | gpu-13b-1gpu");
   cmd->add_option("--modes", args->modes, "Comma-separated modes");
   cmd->add_option("--steps", args->steps, "Steps per mode (default: the preset's)");
   cmd->add_option("--data", args->data, "Training text (default /usr/share/common-licenses)");

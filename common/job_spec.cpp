@@ -770,6 +770,11 @@ void rows(V& v, Of<TrainSpec>) {
            "state (ZeRO-2); parameters: of the weights too, each layer's gathered just before its forward and "
            "its recomputing backward (ZeRO-3; needs activation_checkpointing)"},
     &TrainSpec::shard);
+  v(Flag{"offload_parameters",
+         "Keep the weights in host memory and copy each layer's to the device just before its forward and its "
+         "recomputing backward, one layer ahead, so the device holds two layers' weights instead of the model's; "
+         "the gradients go to the host layer by layer. optimizer.mode offload; needs activation_checkpointing"},
+    &TrainSpec::offload_parameters);
 }
 
 template <typename V>
@@ -956,6 +961,29 @@ void check_rules(JobSpec& spec, const Section&, const ReadContext& ctx, std::str
       throw SpecError("train.shard", "'" + spec.train.shard +
                                          "' keeps the optimizer state in the ranks; it does not work with remote "
                                          "optimizer nodes (optimizer.host.nodes / addresses)");
+  }
+  if (after == "train" && spec.train.offload_parameters) {
+    if (!spec.train.activation_checkpointing)
+      throw SpecError("train.offload_parameters", "needs train.activation_checkpointing: true (each layer's "
+                                                  "weights are streamed again for its backward, which recomputes "
+                                                  "the layer)");
+    if (spec.train.shard != "none")
+      throw SpecError("train.offload_parameters", "does not combine with train.shard: '" + spec.train.shard +
+                                                      "' (the weights are either streamed from this host or "
+                                                      "sharded across the ranks)");
+  }
+  if (after == "optimizer" && spec.train.offload_parameters) {
+    if (spec.optimizer.mode != "offload")
+      throw SpecError("train.offload_parameters",
+                      "needs optimizer.mode: offload, got '" + spec.optimizer.mode +
+                          (spec.optimizer.mode == "device"
+                               ? "' (device mode keeps every weight and its optimizer state on the device)"
+                               : "' (zenflow mode, where the selected columns stay on the device and only the others "
+                                 "stream, is not built yet)"));
+    if (spec.optimizer.host.nodes > 0 || !spec.optimizer.host.addresses.empty())
+      throw SpecError("train.offload_parameters", "runs the host optimizer in this process, over the weights "
+                                                  "it streams; not with remote optimizer nodes "
+                                                  "(optimizer.host.nodes / addresses)");
   }
   if (after == "train" && spec.train.shard == "parameters" && !spec.train.activation_checkpointing)
     throw SpecError("train.shard", "'parameters' needs train.activation_checkpointing: true (each layer's "

@@ -112,6 +112,9 @@ struct TrainSpec {
   // Data-parallel sharding (docs/semantics.md §10): none | gradients (each rank keeps its
   // shard of the gradients and optimizer state) | parameters (of the weights too).
   std::string shard = "none";
+  // The weights in host memory, each unit's streamed to the device just before it runs
+  // (forward and recomputing backward); optimizer.mode offload (docs/design.md §5.3).
+  bool offload_parameters = false;
 };
 
 struct ZenflowSpec {

@@ -154,7 +154,7 @@ TEST(Cli, RunJsonReportsLossesAndStalls) {
   EXPECT_GT(j.at("val_loss").get<double>(), 0.0);
   EXPECT_GT(j.at("step_seconds_median").get<double>(), 0.0);
   for (const char* cause : {"host_optimizer", "transfer_d2h", "transfer_h2d", "data", "allreduce", "network", "checkpoint",
-                            "checkpoint_upload"})
+                            "checkpoint_upload", "weight_stream"})
     EXPECT_TRUE(j.at("stall_seconds").contains(cause)) << cause;
   EXPECT_GT(j.at("transfer_bytes").at("d2h").get<double>(), 0.0);
   // Transfer buffers are part of the host state; pinned only on CUDA.

@@ -17,7 +17,9 @@
 #include "common/input_file.h"
 #include "common/job_spec.h"
 #include "common/remove_tree.h"
+#include "worker/engine/streamed_parameters.h"
 #include "worker/engine/zenflow_optimizer.h"
+#include "worker/model/causal_lm.h"
 #include "worker/model/hf_model.h"
 #include "worker/rank/model_factory.h"
 #include "worker/rank/preflight.h"
@@ -289,6 +291,61 @@ TEST(Preflight, TinyJobFitsAndAvailableMemoryIsReadFromTheSystem) {
   const MemoryEstimate e = estimate(tiny);
   EXPECT_EQ(error_of([&] { check_job_fits(tiny, e, e.total_host_bytes, 0); }), "");
   EXPECT_NE(error_of([&] { check_job_fits(tiny, e, e.total_host_bytes - 1, 0); }), "");
+}
+
+// train.offload_parameters: the device holds the runner's ring (two of the largest unit's
+// weights) and two consecutive units' gradients, exactly what a StreamedParameters runner
+// over the built model holds after a forward and backward; the weights, their gradients and
+// the staging are host memory. A 7B that no 24 GB GPU holds whole fits one with it.
+TEST(Preflight, OffloadParametersHoldsTwoUnitsOnTheDeviceAsTheRunnerDoes) {
+  const std::string model =
+      "{arch: llama, config: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, "
+      "tie_word_embeddings: false}}";
+  const std::vector<std::string> streamed = {"optimizer.mode=offload", "train.activation_checkpointing=true",
+                                             "train.offload_parameters=true", "train.micro_batch=2",
+                                             "train.seq_len=8"};
+  const JobSpec spec = job(model, streamed);
+  const JobSpec resident = job(model, {"optimizer.mode=offload", "train.activation_checkpointing=true"});
+  const MemoryEstimate est = estimate(spec, 1, true, 4), whole = estimate(resident, 1, true, 4);
+  EXPECT_EQ(whole.weight_bytes, est.parameters * 4);
+  EXPECT_EQ(est.device_optimizer_bytes, 0);  // the engine runs on the host: no device staging
+  EXPECT_EQ(est.streamed_host_bytes, 2 * est.parameters * 4 + est.gradient_bytes);
+  EXPECT_EQ(est.total_host_bytes,
+            std::max(est.host_optimizer_bytes + whole.device_optimizer_bytes + est.streamed_host_bytes,
+                     est.init_host_bytes));
+
+  std::unique_ptr<model::CausalLM> lm = make_model_from_spec(spec.model, 256, 1, nullptr);
+  engine::StreamedParameters runner(*lm, at::Device(at::kCPU), nullptr);
+  lm->set_activation_checkpointing(true);
+  runner.begin_step();
+  const at::Tensor ids = at::randint(0, 256, {2, 8}, at::kLong);
+  model::causal_lm_loss(lm->forward(ids), ids).backward();
+  runner.finish_backward();
+  EXPECT_EQ(est.weight_bytes, runner.ring_bytes());
+  EXPECT_EQ(est.gradient_bytes, runner.gradients_in_flight_bytes());
+  EXPECT_EQ(est.streamed_host_bytes - est.gradient_bytes, 2 * runner.host_bytes());
+  EXPECT_EQ(est.gradient_bytes, runner.staging_bytes());
+
+  // Llama-2-7B, bf16, micro-batch 1 x 2048 tokens on a 24 GB GPU: resident, the weights and
+  // gradients alone are 25 GiB; streamed, the device holds a few layers' worth.
+  const std::string llama7b =
+      "{arch: llama, config: {hidden_size: 4096, num_hidden_layers: 32, num_attention_heads: 32, "
+      "intermediate_size: 11008, vocab_size: 32000, max_position_embeddings: 4096}}";
+  const std::vector<std::string> big = {"optimizer.mode=offload", "train.activation_checkpointing=true",
+                                        "train.micro_batch=1", "train.seq_len=2048"};
+  std::vector<std::string> big_streamed = big;
+  big_streamed.push_back("train.offload_parameters=true");
+  const MemoryEstimate on = estimate(job(llama7b, big_streamed), 1, true, 2), off = estimate(job(llama7b, big), 1, true, 2);
+  const int64_t gpu = 24 * 1000 * 1000 * int64_t{1000};
+  EXPECT_GT(off.total_device_bytes, gpu);
+  EXPECT_LT(on.total_device_bytes, gpu / 4);
+  EXPECT_EQ(error_of([&] { check_job_fits(job(llama7b, big_streamed), on, 512 * kGiB, gpu); }), "");
+  EXPECT_NE(error_of([&] { check_job_fits(job(llama7b, big), off, 512 * kGiB, gpu); }), "");
+  std::printf("[figure] Llama-2-7B bf16, 1 x 2048 tokens: device %.1f GiB resident, %.1f GiB streamed "
+              "(weights ring %.2f GiB, gradients in flight %.2f GiB); host %.1f GiB\n",
+              static_cast<double>(off.total_device_bytes) / kGiB, static_cast<double>(on.total_device_bytes) / kGiB,
+              static_cast<double>(on.weight_bytes) / kGiB, static_cast<double>(on.gradient_bytes) / kGiB,
+              static_cast<double>(on.total_host_bytes) / kGiB);
 }
 
 TEST(Preflight, OnCudaHostAndDeviceAreCheckedSeparately) {

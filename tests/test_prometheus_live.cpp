@@ -563,8 +563,9 @@ TEST_F(PrometheusLive, ScrapesARunAndEveryRuleAndAlertEvaluates) {
   };
   EXPECT_EQ(label_values("zenflow_stall_seconds_total", "cause"),
             (std::set<std::string>{"host_optimizer", "transfer_d2h", "transfer_h2d", "network", "allreduce",
-                                   "data", "checkpoint", "checkpoint_upload"}));
-  EXPECT_EQ(label_values("zenflow_transfer_bytes_total", "direction"), (std::set<std::string>{"d2h", "h2d"}));
+                                   "data", "checkpoint", "checkpoint_upload", "weight_stream"}));
+  EXPECT_EQ(label_values("zenflow_transfer_bytes_total", "direction"),
+            (std::set<std::string>{"d2h", "h2d", "h2d_weights"}));
   EXPECT_EQ(label_values("zenflow_host_memory_bytes", "kind"),
             (std::set<std::string>{"master", "moments", "accumulators", "pinned", "staging", "host_total"}));
   EXPECT_FALSE(series("zenflow_build_info{job=\"zenflow-run\"}").empty());

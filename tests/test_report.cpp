@@ -284,8 +284,9 @@ TEST(StepLog, LinesReadBackExactlyAndAStepAllocatesNothing) {
   EXPECT_EQ(r.steps[0].wall, 1.0 / 3);
   EXPECT_EQ(r.steps[0].tokens, 64);
   EXPECT_EQ(r.steps[0].bytes_d2h, 123456789012);
-  EXPECT_EQ(r.stall_causes, (std::vector<std::string>{"host_optimizer", "transfer_d2h", "transfer_h2d", "network",
-                                                      "allreduce", "data", "checkpoint", "checkpoint_upload"}));
+  EXPECT_EQ(r.stall_causes,
+            (std::vector<std::string>{"host_optimizer", "transfer_d2h", "transfer_h2d", "network", "allreduce", "data",
+                                      "checkpoint", "checkpoint_upload", "weight_stream"}));
   EXPECT_EQ(r.steps[0].stall[0], 0.0625);
   EXPECT_EQ(r.steps[0].stall[6], 1e-7);
   EXPECT_TRUE(std::isnan(r.steps[1].loss));
@@ -347,7 +348,8 @@ fs::path write_golden_run(const std::string& name) {
   s.times.wall_seconds = 0.75;
   s.times.compute_seconds = 0.5;
   s.times.device_optimizer_seconds = 0.0625;
-  const double stalls[] = {0.25, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625, 0.001953125, 0.0009765625};
+  const double stalls[] = {0.25,       0.0625,      0.03125,      0.015625,     0.0078125,
+                           0.00390625, 0.001953125, 0.0009765625, 0.00048828125};
   static_assert(std::size(stalls) == engine::kNumStallCauses);
   std::copy(std::begin(stalls), std::end(stalls), s.times.stall_seconds.begin());
   s.times.transfer_bytes[static_cast<int>(engine::Direction::kD2H)] = 4096;
@@ -395,7 +397,8 @@ TEST(StepLogLines, TheWriterWritesTheDocumentedTextOfEachEvent) {
             R"("gpus_of_instance":8,"instance":"p4d.24xlarge","source":"catalog"}})");
   const std::string stall =
       R"("stall":{"host_optimizer":0.25,"transfer_d2h":0.0625,"transfer_h2d":0.03125,"network":0.015625,)"
-      R"("allreduce":0.0078125,"data":0.00390625,"checkpoint":0.001953125,"checkpoint_upload":0.0009765625},)"
+      R"("allreduce":0.0078125,"data":0.00390625,"checkpoint":0.001953125,"checkpoint_upload":0.0009765625,)"
+      R"("weight_stream":0.00048828125},)"
       R"("bytes":{"d2h":4096,"h2d":2048}})";
   EXPECT_EQ(
       lines[1],
@@ -411,7 +414,7 @@ TEST(StepLogLines, TheWriterWritesTheDocumentedTextOfEachEvent) {
   EXPECT_EQ(lines[4],
             R"({"event":"finish","steps":7,"interrupted":true,"wall":1.5,"stall":{"host_optimizer":0,)"
             R"("transfer_d2h":0,"transfer_h2d":0,"network":0,"allreduce":0,"data":0,"checkpoint":0.5,)"
-            R"("checkpoint_upload":0},)"
+            R"("checkpoint_upload":0,"weight_stream":0},)"
             R"("bytes":{"d2h":16,"h2d":8}})");
   EXPECT_EQ(lines[5],
             R"({"event":"summary","summary":{"cost_usd":0.5,"interrupted":true,"steps":7,"tokens":128}})");
@@ -432,10 +435,11 @@ TEST(StepLogLines, EveryFieldTheWriterWritesIsReadBackWithItsValue) {
   ASSERT_EQ(lines.size(), 6u);
   std::vector<nlohmann::ordered_json> parsed;
   for (const std::string& l : lines) parsed.push_back(nlohmann::ordered_json::parse(l));
-  const std::vector<std::string> causes = {"host_optimizer", "transfer_d2h", "transfer_h2d", "network",
-                                           "allreduce",      "data",         "checkpoint",   "checkpoint_upload"};
-  const std::vector<double> step_stalls = {0.25,      0.0625,     0.03125,     0.015625,
-                                           0.0078125, 0.00390625, 0.001953125, 0.0009765625};
+  const std::vector<std::string> causes = {"host_optimizer", "transfer_d2h", "transfer_h2d",
+                                           "network",        "allreduce",    "data",
+                                           "checkpoint",     "checkpoint_upload", "weight_stream"};
+  const std::vector<double> step_stalls = {0.25,       0.0625,      0.03125,      0.015625,     0.0078125,
+                                           0.00390625, 0.001953125, 0.0009765625, 0.00048828125};
   const auto expect_stall = [&](const std::vector<StallSeconds>& stall, const std::vector<double>& seconds) {
     ASSERT_EQ(stall.size(), causes.size());
     for (size_t c = 0; c < causes.size(); ++c) {
@@ -502,7 +506,7 @@ TEST(StepLogLines, EveryFieldTheWriterWritesIsReadBackWithItsValue) {
   EXPECT_EQ(finish.steps, 7);
   EXPECT_TRUE(finish.interrupted);
   EXPECT_EQ(finish.wall, 1.5);
-  expect_stall(finish.stall, {0, 0, 0, 0, 0, 0, 0.5, 0});
+  expect_stall(finish.stall, {0, 0, 0, 0, 0, 0, 0.5, 0, 0});
   EXPECT_EQ(finish.bytes_d2h, 16);
   EXPECT_EQ(finish.bytes_h2d, 8);
 
@@ -553,7 +557,7 @@ TEST(StepLogLines, EveryFieldTheWriterWritesIsReadBackWithItsValue) {
   EXPECT_EQ(seg.steps_run, 2);
   EXPECT_EQ(seg.last_step, 7);
   EXPECT_EQ(seg.step_wall_seconds, 1.5);
-  EXPECT_EQ(seg.step_stall_seconds, 2 * 0.3740234375);  // the eight causes' sum, twice
+  EXPECT_EQ(seg.step_stall_seconds, 2 * 0.37451171875);  // the nine causes' sum, twice
   EXPECT_EQ(seg.step_bytes_d2h, 8192);
   EXPECT_EQ(seg.step_bytes_h2d, 4096);
   EXPECT_TRUE(seg.finished);

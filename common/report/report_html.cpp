@@ -216,7 +216,8 @@ constexpr const char* kPageJs = R"js(
     const palette = {
       loss: '#2563eb', val: '#e11d48', wall: '#0f766e', compute: '#3b82f6', device_optimizer: '#8b5cf6',
       host_optimizer: '#f97316', transfer_d2h: '#eab308', transfer_h2d: '#84cc16', network: '#06b6d4',
-      allreduce: '#ec4899', data: '#a16207', checkpoint: '#64748b', checkpoint_upload: '#94a3b8', other: '#cbd5e1',
+      allreduce: '#ec4899', data: '#a16207', checkpoint: '#64748b', checkpoint_upload: '#94a3b8', weight_stream: '#7c3aed',
+      other: '#cbd5e1',
       d2h: '#db2777', h2d: '#0891b2', cost: '#16a34a', lost: '#dc2626'
     };
     const extra = ['#9333ea', '#0d9488', '#b91c1c', '#4d7c0f'];

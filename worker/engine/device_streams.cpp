@@ -375,6 +375,7 @@ void ClockSpan::end(TimeKind kind, StallCause cause, double cpu_seconds) {
     case TimeKind::kCompute: clock_->add_compute(s); break;
     case TimeKind::kDeviceOptimizer: clock_->add_device_optimizer(s); break;
     case TimeKind::kStall: clock_->add_stall(cause, s); break;
+    case TimeKind::kComputeStall: clock_->compute_was_stall(cause, s); break;
   }
 }
 

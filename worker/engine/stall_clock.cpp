@@ -13,6 +13,16 @@ const char* stall_cause_name(StallCause cause) {
     case StallCause::kData: return "data";
     case StallCause::kCheckpoint: return "checkpoint";
     case StallCause::kCheckpointUpload: return "checkpoint_upload";
+    case StallCause::kWeightStream: return "weight_stream";
+  }
+  return "unknown";
+}
+
+const char* direction_name(Direction dir) {
+  switch (dir) {
+    case Direction::kD2H: return "d2h";
+    case Direction::kH2D: return "h2d";
+    case Direction::kH2DWeights: return "h2d_weights";
   }
   return "unknown";
 }
@@ -42,6 +52,7 @@ const StepTimes& StallClock::end_step() {
       case TimeKind::kCompute: current_.compute_seconds += s; break;
       case TimeKind::kDeviceOptimizer: current_.device_optimizer_seconds += s; break;
       case TimeKind::kStall: current_.stall_seconds[static_cast<int>(d.cause)] += s; break;
+      case TimeKind::kComputeStall: compute_was_stall(d.cause, s); break;
     }
   }
   deferred_.clear();
@@ -56,7 +67,7 @@ StepTimes StallClock::totals() const {
     t.compute_seconds += s.compute_seconds;
     t.device_optimizer_seconds += s.device_optimizer_seconds;
     for (int i = 0; i < kNumStallCauses; ++i) t.stall_seconds[i] += s.stall_seconds[i];
-    for (int i = 0; i < 2; ++i) t.transfer_bytes[i] += s.transfer_bytes[i];
+    for (int i = 0; i < kNumDirections; ++i) t.transfer_bytes[i] += s.transfer_bytes[i];
   }
   return t;
 }

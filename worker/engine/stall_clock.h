@@ -30,23 +30,29 @@ enum class StallCause {
   kData,
   kCheckpoint,
   kCheckpointUpload,  // a checkpoint waiting for the previous one's upload (checkpoint.dir: s3://)
+  kWeightStream,      // the compute waiting for a unit's weights from the host (train.offload_parameters)
 };
-constexpr int kNumStallCauses = 8;
+constexpr int kNumStallCauses = 9;
 const char* stall_cause_name(StallCause cause);  // "host_optimizer", "transfer_d2h", ...
 
-enum class Direction { kD2H = 0, kH2D = 1 };
+// kH2DWeights: the weights streamed host to device before each unit runs
+// (train.offload_parameters), apart from the engine's H2D of host-step results.
+enum class Direction { kD2H = 0, kH2D = 1, kH2DWeights = 2 };
+constexpr int kNumDirections = 3;
+const char* direction_name(Direction dir);  // "d2h", "h2d", "h2d_weights"
 
 struct StepTimes {
   double wall_seconds = 0;
   double compute_seconds = 0;           // forward + backward (+ loss)
   double device_optimizer_seconds = 0;  // device updater, selection, clipping
   std::array<double, kNumStallCauses> stall_seconds{};
-  std::array<int64_t, 2> transfer_bytes{};  // indexed by Direction
+  std::array<int64_t, kNumDirections> transfer_bytes{};  // indexed by Direction
   double stall_total() const;
 };
 
-// What a duration counts as (add_deferred).
-enum class TimeKind { kCompute, kDeviceOptimizer, kStall };
+// What a duration counts as (add_deferred). kComputeStall: a stall inside a compute region,
+// moved from compute to its cause (compute_was_stall).
+enum class TimeKind { kCompute, kDeviceOptimizer, kStall, kComputeStall };
 
 class StallClock {
  public:
@@ -60,6 +66,12 @@ class StallClock {
     current_.stall_seconds[static_cast<int>(cause)] += seconds;
   }
   void add_bytes(Direction dir, int64_t bytes) { current_.transfer_bytes[static_cast<int>(dir)] += bytes; }
+  // Time inside a compute region that was in fact a stall: moved from compute to `cause`
+  // (the compute region around it counts it as compute when it ends).
+  void compute_was_stall(StallCause cause, double seconds) {
+    current_.compute_seconds -= seconds;
+    add_stall(cause, seconds);
+  }
   // `seconds` is called (and may block until the GPU reached its events) by end_step();
   // `cause` matters for TimeKind::kStall only.
   void add_deferred(TimeKind kind, StallCause cause, std::function<double()> seconds);

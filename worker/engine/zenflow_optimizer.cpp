@@ -236,7 +236,7 @@ struct ZenFlowOptimizer::Impl {
   bool in_warmup() const { return !zenflow() || schedule.warming_up(); }
 
   void bytes(Direction d, int64_t n) {
-    if (clock) clock->add_bytes(d, n);
+    if (clock && !opt.parameters_on_host) clock->add_bytes(d, n);
   }
 
   // Time accounting (ClockSpan): a measured region counts as device-optimizer time or as a

@@ -132,6 +132,12 @@ struct EngineOptions {
   // selection reads ParamSpec::column_scores (the whole matrix's), so every rank decides
   // alike and selects what an unsharded run selects.
   bool parameters_sharded = false;
+  // train.offload_parameters (streamed_parameters.h): the parameters are host copies that
+  // a StreamedParameters runner streams to the device, whose gradients it brought to the
+  // host (and counted); the engine runs over them on the CPU, and its staging and the host
+  // step's result moving into them are memory copies, not PCIe transfers: it counts no
+  // transfer bytes.
+  bool parameters_on_host = false;
 };
 
 struct ParamSpec {

@@ -100,7 +100,7 @@ StepTimes window_median(const std::vector<StepTimes>& steps, size_t begin, int64
     m.device_optimizer_seconds += med([](const StepTimes& s) { return s.device_optimizer_seconds; });
     for (int c = 0; c < engine::kNumStallCauses; ++c)
       m.stall_seconds[c] += med([c](const StepTimes& s) { return s.stall_seconds[c]; });
-    for (int d = 0; d < 2; ++d)
+    for (int d = 0; d < engine::kNumDirections; ++d)
       m.transfer_bytes[d] += static_cast<int64_t>(
           std::llround(med([d](const StepTimes& s) { return static_cast<double>(s.transfer_bytes[d]); })));
   }
@@ -259,7 +259,7 @@ advisor::JobProfile build_job_profile(const JobSpec& spec, const RunSummary& sum
                         m.stall_seconds[static_cast<int>(StallCause::kCheckpointUpload)]);
   p.step.step_seconds = parts + p.step.other_seconds;  // checkpoints are not a step's
   p.step.d2h_bytes = m.transfer_bytes[0];
-  p.step.h2d_bytes = m.transfer_bytes[1];
+  p.step.h2d_bytes = m.transfer_bytes[1] + m.transfer_bytes[2];  // the streamed weights are H2D too
   const double ran = static_cast<double>(std::max<int64_t>(1, sum.steps - sum.start_step));
   p.step.collective_bytes["gradients"] =
       static_cast<int64_t>(static_cast<double>(sum.comm_gradient_bytes) / ran);

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <limits>
 #include <sstream>
 #include <stdexcept>
@@ -305,7 +306,44 @@ MemoryEstimate estimate_job_memory(const JobSpec& spec, const model::LoadedModel
     }
   }
   est.host_optimizer_bytes = saturate(host);
-  const LD device_state = (dense + selected) * state_per_element / (sharded ? W : 1);
+  LD device_state = (dense + selected) * state_per_element / (sharded ? W : 1);
+  if (spec.train.offload_parameters) {
+    // The units in the order they run (the embedding, each layer, the head: the final norm
+    // and the output projection, or the embedding read again when tied), as the runner
+    // streams them; the engine runs on the host, so its staging is host memory.
+    std::vector<LD> units(1, 0);
+    std::map<int64_t, LD> layers;
+    LD head = 0, embedding = 0;
+    bool untied = false;
+    for (const model::NamedTensor& nt : meta->parameters()) {
+      const LD n = static_cast<LD>(nt.tensor.numel());
+      if (nt.name == "model.embed_tokens.weight" || nt.name == "transformer.wte.weight") {
+        embedding = n;
+        units[0] += n;
+      } else if (nt.name == "transformer.wpe.weight") {
+        units[0] += n;
+      } else if (nt.name.rfind("model.layers.", 0) == 0 || nt.name.rfind("transformer.h.", 0) == 0) {
+        const size_t from = nt.name.find('.', nt.name.find('.') + 1) + 1;
+        layers[std::stoll(nt.name.substr(from))] += n;
+      } else {
+        untied = untied || nt.name == "lm_head.weight";
+        head += n;
+      }
+    }
+    for (const auto& [i, n] : layers) units.push_back(n);
+    units.push_back(head + (untied ? 0 : embedding));
+    LD largest = 0, pair = 0;
+    for (size_t u = 0; u < units.size(); ++u) {
+      largest = std::max(largest, units[u]);
+      pair = std::max(pair, units[u] + (u + 1 < units.size() ? units[u + 1] : 0));
+    }
+    est.weight_bytes = saturate(2 * largest * e);
+    est.gradient_bytes = saturate(pair * e);
+    est.streamed_host_bytes = saturate(2 * P * e + pair * e);
+    host += static_cast<LD>(est.streamed_host_bytes) + staging;
+    staging = 0;
+    device_state = 0;
+  }
   est.device_optimizer_bytes = saturate(device_state + staging);
 
   // Activations: a documented rough upper bound (preflight.h), not a measurement.
@@ -341,7 +379,7 @@ MemoryEstimate estimate_job_memory(const JobSpec& spec, const model::LoadedModel
   if (device_is_cuda) {
     // A random init is made on the host in fp32 and moved; it is freed before the
     // optimizer allocates, so the host needs the larger of the two.
-    const LD init = spec.model.from.empty() ? P * 4 : 0;
+    const LD init = spec.model.from.empty() ? P * 4 + (spec.train.offload_parameters ? P * e : 0) : 0;
     est.init_host_bytes = saturate(init);
     est.total_host_bytes = saturate(std::max(host, init));
     est.dominant_key = key_for(est, est.total_device_bytes, true);

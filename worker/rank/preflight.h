@@ -44,6 +44,10 @@ struct MemoryEstimate {
   // (check_job_fits names that key when it is all a job lacks). 0 otherwise.
   int64_t chunked_staging_saves_device = 0;
   int64_t chunked_staging_saves_host = 0;
+  // train.offload_parameters: the weights and their gradients in host memory, with two
+  // units' gradient staging (weight_bytes and gradient_bytes are then the device's ring and
+  // gradients in flight).
+  int64_t streamed_host_bytes = 0;
 };
 
 // The device_staging_mib the preflight suggests (and the advisor tries: kChunkedStagingMib).
@@ -78,6 +82,11 @@ constexpr int64_t kSuggestedStagingMib = 1024;
 //                        parameters: the weights 1/world_size too, and four of the largest
 //                        unit's weights (the unit, its flat gather, the next one prefetched)
 //                        instead. A unit: the embedding, a decoder layer, or the head.
+//   train.offload_parameters (streamed_parameters.h) weights: two of the largest unit's (the
+//                        ring); gradients: the most two consecutive units' hold; no device
+//                        optimizer state or staging (the engine runs on the host). The host
+//                        holds the weights, their gradients and two units' gradient staging
+//                        (streamed_host_bytes) beside the host optimizer.
 // On CUDA a random init is built in fp32 on the host first (init_host_bytes, freed before
 // the optimizer allocates): total_host_bytes is the larger of it and the host optimizer. Sums saturate at
 // INT64_MAX. Throws std::invalid_argument("model.config:

@@ -53,8 +53,8 @@ void RunMetrics::on_start(const RunFacts& facts) {
                            .with(mine);
   auto& bytes =
       r.counter("zenflow_transfer_bytes_total", "Bytes copied between device and host", labels_direction);
-  transfer_bytes_[static_cast<size_t>(engine::Direction::kD2H)] = &bytes.with(with("d2h"));
-  transfer_bytes_[static_cast<size_t>(engine::Direction::kH2D)] = &bytes.with(with("h2d"));
+  for (int d = 0; d < engine::kNumDirections; ++d)
+    transfer_bytes_[static_cast<size_t>(d)] = &bytes.with(with(engine::direction_name(static_cast<engine::Direction>(d))));
   {
     std::vector<std::string> net_labels = labels;
     net_labels.push_back("direction");

@@ -9,7 +9,7 @@
 // zenflow_step_duration_seconds (histogram), zenflow_compute_seconds_total,
 // zenflow_stall_seconds_total{cause} (every StallClock cause, zero included),
 // zenflow_exposed_stall_ratio (stall / wall of the last step),
-// zenflow_device_optimizer_seconds_total, zenflow_transfer_bytes_total{direction=d2h|h2d},
+// zenflow_device_optimizer_seconds_total, zenflow_transfer_bytes_total{direction=d2h|h2d|h2d_weights},
 // zenflow_network_bytes_total{direction=sent|received,transport=ucx} (optimizer nodes),
 // zenflow_staleness_steps, zenflow_selected_ratio, zenflow_loss, zenflow_skipped_steps_total,
 // zenflow_pinned_host_bytes, zenflow_host_memory_bytes{kind=master|moments|accumulators|
@@ -68,7 +68,7 @@ class RunMetrics final : public TrainingObserver {
   std::array<metrics::Counter*, engine::kNumStallCauses> stall_{};
   metrics::Gauge* exposed_stall_ratio_ = nullptr;
   metrics::Counter* device_optimizer_ = nullptr;
-  std::array<metrics::Counter*, 2> transfer_bytes_{};  // by engine::Direction
+  std::array<metrics::Counter*, engine::kNumDirections> transfer_bytes_{};  // by engine::Direction
   metrics::Counter* network_sent_ = nullptr;      // zenflow_network_bytes_total{direction=sent,transport=ucx}
   metrics::Counter* network_received_ = nullptr;
   int64_t network_seen_[2] = {0, 0};  // cumulative bytes already counted (sent, received)

@@ -118,6 +118,8 @@ void print_summary_table(std::ostream& out, const JobSpec& spec, const RunSummar
     const auto& f = s.finish_times.transfer_bytes;  // the end-of-run flush is not a step
     row("bytes / step d2h, h2d", std::to_string((t.transfer_bytes[0] - f[0]) / steps) + ", " +
                                      std::to_string((t.transfer_bytes[1] - f[1]) / steps));
+    if (t.transfer_bytes[2] > 0)  // train.offload_parameters
+      row("bytes / step h2d weights", std::to_string((t.transfer_bytes[2] - f[2]) / steps));
   }
   if (s.host_state_bytes > 0) {
     auto mib = [&](int64_t b) { return fmt(static_cast<double>(b) / 1048576.0, 1) + " MiB"; };
@@ -134,6 +136,12 @@ void print_summary_table(std::ostream& out, const JobSpec& spec, const RunSummar
             ", comm " + mib(m.communication_buffers) + ", activations peak " + mib(m.activations_peak) +
             (s.activation_checkpointing ? " (checkpointed layers)" : "") + ", total peak " + mib(m.total_peak) +
             " MiB");
+  }
+  if (s.offload_parameters) {
+    auto mib = [&](int64_t b) { return fmt(static_cast<double>(b) / 1048576.0, 1) + " MiB"; };
+    row("offload parameters", "weights " + mib(s.streamed_weight_bytes) + " and their gradients on the host, " +
+                                  "staging " + mib(s.streamed_staging_bytes) + "; on the device " +
+                                  mib(s.device_memory.parameters) + " of weights");
   }
   if (s.world_size > 1 && steps > 0) {
     auto kib = [&](int64_t b) { return fmt(static_cast<double>(b) / static_cast<double>(steps) / 1024.0, 1) + " KiB"; };
@@ -189,7 +197,10 @@ nlohmann::json summary_json(const RunSummary& s, const std::optional<RunCost>& c
   for (int c = 0; c < engine::kNumStallCauses; ++c)
     stall[engine::stall_cause_name(static_cast<engine::StallCause>(c))] = s.totals.stall_seconds[c];
   j["stall_seconds"] = stall;
-  j["transfer_bytes"] = {{"d2h", s.totals.transfer_bytes[0]}, {"h2d", s.totals.transfer_bytes[1]}};
+  nlohmann::json bytes = nlohmann::json::object();
+  for (int d = 0; d < engine::kNumDirections; ++d)
+    bytes[engine::direction_name(static_cast<engine::Direction>(d))] = s.totals.transfer_bytes[d];
+  j["transfer_bytes"] = bytes;
   j["wall_seconds"] = s.wall_seconds;
   j["host_state_bytes"] = s.host_state_bytes;
   j["pinned_host_bytes"] = transfers_pinned(s) ? s.transfer_buffer_bytes : 0;
@@ -208,6 +219,9 @@ nlohmann::json summary_json(const RunSummary& s, const std::optional<RunCost>& c
   j["shard"] = s.shard;
   j["shard_gathered_peak_bytes"] = s.shard_gathered_peak_bytes;
   j["shard_comm_seconds"] = s.shard_comm_seconds;
+  j["offload_parameters"] = s.offload_parameters;
+  j["streamed_weight_bytes"] = s.streamed_weight_bytes;
+  j["streamed_staging_bytes"] = s.streamed_staging_bytes;
   j["comm_bytes"] = {{"gradients", s.comm_gradient_bytes},
                      {"selection", s.comm_selection_bytes},
                      {"parameters", s.comm_parameter_bytes}};

@@ -33,6 +33,7 @@
 #include "worker/engine/cuda_ops.h"
 #include "worker/engine/device_streams.h"
 #include "worker/engine/host_thread_pool.h"
+#include "worker/engine/streamed_parameters.h"
 #include "worker/engine/zenflow_optimizer.h"
 #include "worker/model/autocast_scope.h"
 #include "worker/model/causal_lm.h"
@@ -496,11 +497,18 @@ class TrainingRun {
     if (device_.is_cpu()) model::CpuMemoryMeter::install();
     peaks_.emplace(device_);
     // Weights go straight to the device (a memory-mapped checkpoint is never held in
-    // host RAM on a GPU host), unless initial weights replace them first.
+    // host RAM on a GPU host), unless initial weights replace them first; with
+    // train.offload_parameters to host memory, where they stay.
+    const bool streamed = spec_.train.offload_parameters;
+    if (streamed && world_ > 1 && device_.is_cuda())
+      throw std::invalid_argument("train.offload_parameters: with " + std::to_string(world_) +
+                                  " data-parallel ranks on GPUs, not yet (the gradients are on the host, "
+                                  "where NCCL does not reduce them); run one rank per job");
+    const at::Device weights_on = streamed ? at::Device(at::kCPU) : device_;
     lm_ = reading(model_key_, [&] {
       return options_.initial_weights.empty()
                  ? make_model_from_spec(spec_.model, tokenizer_->vocab_size(), spec_.train.seed, &info_,
-                                        device_, dtype_)
+                                        weights_on, dtype_)
                  : make_model_from_spec(spec_.model, tokenizer_->vocab_size(), spec_.train.seed, &info_);
     });
     if (!options_.initial_weights.empty()) {
@@ -514,7 +522,7 @@ class TrainingRun {
         nt.tensor.detach().copy_(it->second);
       }
     }
-    lm_->to(device_, dtype_);
+    lm_->to(weights_on, dtype_);
     lm_->train(true);
     lm_->set_activation_checkpointing(spec_.train.activation_checkpointing);
     sum_.activation_checkpointing = spec_.train.activation_checkpointing;
@@ -526,6 +534,11 @@ class TrainingRun {
       so.column_scores = spec_.optimizer.mode == "zenflow";  // the selection is the whole matrix's
       so.l1 = spec_.optimizer.zenflow.importance == "l1";
       shards_ = std::make_unique<distributed::ShardedParameters>(*comm_, *lm_, so);
+    }
+    if (streamed) {
+      streamed_ = std::make_unique<engine::StreamedParameters>(*lm_, device_, &clock_);
+      sum_.offload_parameters = true;
+      sum_.streamed_weight_bytes = streamed_->host_bytes();
     }
   }
 
@@ -569,6 +582,7 @@ class TrainingRun {
     eo.host_cores = cores_.host;
     eo.host_backend = host_backend(spec_, cores_.host);
     eo.parameters_sharded = shards_ != nullptr;
+    eo.parameters_on_host = streamed_ != nullptr;
     if (comm_) collectives_ = std::make_unique<distributed::EngineCollectives>(*comm_);
     opt_.emplace(params_, eo, &clock_, collectives_.get());
     // The reducer averages the parameters the engine does not exchange itself (sharded: the
@@ -865,10 +879,15 @@ class TrainingRun {
   // allocated (before the first backward) count as they will be: the weights' shapes and dtype.
   DeviceMemoryBytes device_memory() {
     DeviceMemoryBytes m;
-    for (auto& nt : lm_->parameters()) {  // sharded: this rank's shards
-      const auto bytes = static_cast<int64_t>(nt.tensor.nbytes());
-      m.parameters += bytes;
-      m.gradients += nt.tensor.grad().defined() ? static_cast<int64_t>(nt.tensor.grad().nbytes()) : bytes;
+    if (streamed_) {  // the weights and their gradients are host memory; the device has the ring
+      m.parameters = streamed_->ring_bytes();
+      m.gradients = streamed_->gradients_in_flight_bytes();
+    } else {
+      for (auto& nt : lm_->parameters()) {  // sharded: this rank's shards
+        const auto bytes = static_cast<int64_t>(nt.tensor.nbytes());
+        m.parameters += bytes;
+        m.gradients += nt.tensor.grad().defined() ? static_cast<int64_t>(nt.tensor.grad().nbytes()) : bytes;
+      }
     }
     const engine::EngineDeviceBytes e = opt_->device_bytes();
     m.optimizer_state = e.optimizer_state;
@@ -904,6 +923,7 @@ class TrainingRun {
     StepOutcome out;
     opt_->zero_grad();
     if (shards_) shards_->begin_step();
+    if (streamed_) streamed_->begin_step();
     const double comm_before = shards_ ? shards_->comm_seconds() : 0.0;
     at::Tensor loss_acc;  // fp64 on the device: read once per step, not per micro-batch
     int64_t tokens = 0;
@@ -933,6 +953,7 @@ class TrainingRun {
         loss = model::causal_lm_loss(lm_->forward(ids), targets);
       }
       (loss / static_cast<double>(spec_.train.grad_accum)).backward();
+      if (streamed_) streamed_->finish_backward();
       peaks_->end_micro_batch(gradients_allocated);
       compute.end(engine::TimeKind::kCompute);
       const at::Tensor l = loss.detach().to(at::kDouble);
@@ -1093,6 +1114,7 @@ class TrainingRun {
       sum_.comm_parameter_bytes = cs.traffic_bytes(distributed::Traffic::kParameters);
     }
     if (shards_) sum_.shard_gathered_peak_bytes = shards_->gathered_peak_bytes();
+    if (streamed_) sum_.streamed_staging_bytes = streamed_->staging_bytes();
     sum_.device_memory = device_memory();
     sum_.wall_seconds = wall_.seconds();
   }
@@ -1127,6 +1149,8 @@ class TrainingRun {
   std::unique_ptr<model::CausalLM> lm_;
   // train.shard: the model's parameters cut across the ranks (destroyed before lm_ and comm_)
   std::unique_ptr<distributed::ShardedParameters> shards_;
+  // train.offload_parameters: the weights in host memory, streamed (destroyed before lm_)
+  std::unique_ptr<engine::StreamedParameters> streamed_;
   std::shared_ptr<model::TokenDataset> train_ds_, val_ds_;
   std::optional<model::DataLoader> loader_;
   // build_optimizer

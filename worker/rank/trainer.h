@@ -136,6 +136,11 @@ struct RunSummary {
   std::string shard = "none";
   int64_t shard_gathered_peak_bytes = 0;
   double shard_comm_seconds = 0;
+  // train.offload_parameters (engine/streamed_parameters.h): the weights' host bytes (the
+  // leaves the optimizer updates) and the gradient staging's; 0 without it.
+  bool offload_parameters = false;
+  int64_t streamed_weight_bytes = 0;
+  int64_t streamed_staging_bytes = 0;
   int64_t host_threads = 0;
   int64_t compute_threads = 0;
   // Where the host optimizer state lived (HostOptimizer::describe: "in-process", or the

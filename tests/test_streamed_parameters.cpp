@@ -1,0 +1,226 @@
+// train.offload_parameters through `zenflow run` (engine/streamed_parameters.h): the weights
+// stay in host memory and each unit's are copied into a two-slot device ring before its
+// forward and again before its recomputing backward; the gradients go to the host unit by
+// unit. On the CPU the copies are memcpys through the same path, so a run with it must
+// equal the run without it bit for bit (activation checkpointing on in both), on 1 and 2
+// ranks, with tied embeddings (a parameter two units use) and gradient accumulation; the
+// bytes it moves and the device memory it holds are exact formulas of the model's shapes;
+// checkpoints resume across the setting exactly; what it does not combine with is refused
+// naming the keys.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/checkpoint_names.h"
+#include "tests/support/ranks.h"
+#include "tests/support/scratch.h"
+#include "tests/support/zenflow_run.h"
+#include "worker/model/safetensors.h"
+
+namespace fs = std::filesystem;
+using zenflow::test_support::run_json;
+
+namespace {
+
+struct Case {
+  const char* name;
+  int ranks;
+  bool tied;
+  int grad_accum;
+  const char* grad_clip;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+// Two decoder layers (units: the embedding, two layers, the head), fp32 on the CPU. AdamW's
+// eps is of the order of the gradients, so an update depends on their scale.
+std::string spec_text(const fs::path& ckpt, bool offload_parameters, const Case& c, const std::string& mode = "offload") {
+  return "name: streamed\n"
+         "model: {arch: llama, config: {hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 4, "
+         "intermediate_size: 64, max_position_embeddings: 32, tie_word_embeddings: " +
+         std::string(c.tied ? "true" : "false") +
+         "}}\n"
+         "data: {train: /usr/share/common-licenses, tokenizer: byte}\n"
+         "train: {steps: 10, micro_batch: 2, grad_accum: " + std::to_string(c.grad_accum) +
+         ", seq_len: 16, lr: 1.0e-3, warmup_steps: 1, device: cpu, compute_threads: 1, grad_clip: " + c.grad_clip +
+         ", activation_checkpointing: true, offload_parameters: " + (offload_parameters ? "true" : "false") +
+         "}\n"
+         "optimizer: {mode: " + mode + ", eps: 1.0e-3, host: {threads: 1}}\n"
+         "checkpoint: {every_steps: 0, dir: " + ckpt.string() + "}\n";
+}
+
+fs::path step_dir(const fs::path& ckpt, int step) { return ckpt / zenflow::checkpoint_step_name(step); }
+
+// Every tensor of the two safetensors files equal, bit for bit (at::equal: NaN != NaN).
+void expect_files_equal(const fs::path& got_file, const fs::path& want_file, const std::string& what) {
+  zenflow::model::SafetensorsFile got(got_file.string()), want(want_file.string());
+  ASSERT_EQ(got.names(), want.names()) << what;
+  for (const auto& name : want.names()) {
+    const at::Tensor x = got.tensor(name), y = want.tensor(name);
+    ASSERT_EQ(x.sizes(), y.sizes()) << what << ": " << name;
+    EXPECT_TRUE(at::equal(x, y)) << what << ": " << name << " differs by " << (x - y).abs().max().item<double>();
+  }
+}
+
+// Bytes of the model's units in the order the forward runs them: the embedding, each
+// decoder layer, the head (final norm and the output projection, or the tied embedding).
+std::vector<int64_t> unit_bytes(const fs::path& model_file) {
+  zenflow::model::SafetensorsFile model(model_file.string());
+  std::map<int, int64_t> layers;
+  int64_t embed = 0, head = 0;
+  for (const auto& name : model.names()) {
+    const at::Tensor t = model.tensor(name);
+    const auto b = static_cast<int64_t>(t.nbytes());
+    if (name == "model.embed_tokens.weight") {
+      embed += b;
+    } else if (name.rfind("model.layers.", 0) == 0) {
+      layers[std::stoi(name.substr(13))] += b;
+    } else {
+      head += b;  // model.norm.weight, lm_head.weight
+    }
+  }
+  std::vector<int64_t> units{embed};
+  for (const auto& [i, b] : layers) units.push_back(b);
+  const bool tied = std::find(model.names().begin(), model.names().end(), "lm_head.weight") == model.names().end();
+  units.push_back(head + (tied ? embed : 0));  // the head reads the embedding when tied
+  return units;
+}
+
+class StreamedParametersMatchDeviceResident : public ::testing::TestWithParam<Case> {};
+
+TEST_P(StreamedParametersMatchDeviceResident, BitIdenticalWeightsLossesAndEngineStateAfterTenSteps) {
+  const Case c = GetParam();
+  if (c.ranks > 1) REQUIRE_GLOO();
+  const fs::path dir = zenflow::test_support::fresh_scratch_dir(std::string("streamed-") + c.name);
+  nlohmann::json runs[2];
+  for (int on = 0; on < 2; ++on) {
+    const std::string spec = (dir / (on ? "on.yaml" : "off.yaml")).string();
+    std::ofstream(spec) << spec_text(dir / (on ? "on" : "off"), on == 1, c);
+    runs[on] = run_json(spec, c.ranks, "--no-resume");
+    ASSERT_EQ(runs[on]["exit"], 0) << runs[on]["stderr"];
+    ASSERT_EQ(runs[on]["losses"].size(), 10u);
+    EXPECT_EQ(runs[on]["offload_parameters"], on == 1);
+  }
+  const std::vector<double> off = runs[0]["losses"].get<std::vector<double>>(),
+                            on = runs[1]["losses"].get<std::vector<double>>();
+  for (size_t i = 0; i < off.size(); ++i) EXPECT_EQ(on[i], off[i]) << "step " << i + 1;
+  EXPECT_EQ(runs[1]["val_loss"].get<double>(), runs[0]["val_loss"].get<double>());
+  expect_files_equal(step_dir(dir / "on", 10) / "model.safetensors", step_dir(dir / "off", 10) / "model.safetensors",
+                     "weights");
+  for (int r = 0; r < c.ranks; ++r) {  // each rank's engine shard (its host columns)
+    const std::string engine = zenflow::checkpoint_shard_name(r);
+    expect_files_equal(step_dir(dir / "on", 10) / engine, step_dir(dir / "off", 10) / engine, "engine " + engine);
+  }
+
+  // What moved, per step, on rank 0 (the totals hold the 10 steps and the end-of-run flush,
+  // which moves nothing in offload mode): every unit's weights twice per micro-batch, each
+  // gradient once (tied: the sum of its uses), and no H2D of the host step's result.
+  const std::vector<int64_t> units = unit_bytes(step_dir(dir / "on", 10) / "model.safetensors");
+  ASSERT_FALSE(units.empty());
+  int64_t streamed = 0;
+  for (int64_t b : units) streamed += b;
+  zenflow::model::SafetensorsFile model((step_dir(dir / "on", 10) / "model.safetensors").string());
+  int64_t params = 0;
+  for (const auto& name : model.names()) params += static_cast<int64_t>(model.tensor(name).nbytes());
+  const nlohmann::json& bytes = runs[1]["transfer_bytes"];
+  EXPECT_EQ(bytes["h2d_weights"].get<int64_t>(), 10 * c.grad_accum * 2 * streamed);
+  EXPECT_EQ(bytes["d2h"].get<int64_t>(), 10 * c.grad_accum * params);
+  EXPECT_EQ(bytes["h2d"].get<int64_t>(), 0);
+  EXPECT_EQ(runs[0]["transfer_bytes"]["h2d_weights"].get<int64_t>(), 0);
+  EXPECT_GT(runs[0]["transfer_bytes"]["h2d"].get<int64_t>(), 0);  // the engine's, without streaming
+
+  // On the device: the ring (two slots of the largest unit) and the gradients of at most two
+  // consecutive units (one landing, one leaving); the model's weights and gradients are not.
+  const int64_t largest = *std::max_element(units.begin(), units.end());
+  EXPECT_EQ(runs[1]["device_memory_bytes"]["parameters"].get<int64_t>(), 2 * largest);
+  int64_t pair = 0;
+  for (size_t u = 0; u + 1 < units.size(); ++u) pair = std::max(pair, units[u] + units[u + 1]);
+  if (!c.tied) {
+    EXPECT_EQ(runs[1]["device_memory_bytes"]["gradients"].get<int64_t>(), pair);
+  }
+  EXPECT_LE(runs[1]["device_memory_bytes"]["gradients"].get<int64_t>(), pair);
+  EXPECT_EQ(runs[0]["device_memory_bytes"]["parameters"].get<int64_t>(), params);
+  EXPECT_LT(2 * largest, params);
+  EXPECT_EQ(runs[1]["streamed_weight_bytes"].get<int64_t>(), params);
+  std::printf("[figure] %s: streamed %lld B/step (2 x %lld B of weights x %d micro-batches), device weights %lld B "
+              "against %lld B resident\n",
+              c.name, static_cast<long long>(c.grad_accum * 2 * streamed), static_cast<long long>(streamed),
+              c.grad_accum, static_cast<long long>(2 * largest), static_cast<long long>(params));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, StreamedParametersMatchDeviceResident,
+                         ::testing::Values(Case{"rank1", 1, false, 1, "0.0"},
+                                           Case{"rank1_tied_accum2_clip", 1, true, 2, "1.0e-3"},
+                                           Case{"ranks2", 2, false, 1, "0.0"},
+                                           Case{"ranks2_tied_clip", 2, true, 1, "1.0e-3"}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// Steps 1-5 with the setting `first`, resumed with `then` for steps 6-10: the same losses and
+// weights, bit for bit, as `then` run straight through. The first run goes on to step 10 and
+// its step-10 checkpoint is removed, so the resumed one is a periodic step-5 checkpoint.
+void expect_resume_exact(bool first, bool then) {
+  const Case c{"resume", 1, false, 1, "1.0"};
+  const fs::path dir = zenflow::test_support::fresh_scratch_dir(std::string("streamed-resume-") +
+                                                                (first ? "on" : "off") + (then ? "on" : "off"));
+  const std::string spec = (dir / "job.yaml").string(), straight_spec = (dir / "straight.yaml").string();
+  std::ofstream(spec) << spec_text(dir / "ckpt", first, c);
+  std::ofstream(straight_spec) << spec_text(dir / "straight", then, c);
+  const nlohmann::json head = run_json(spec, 1, "--no-resume --set checkpoint.every_steps=5 --set checkpoint.keep=10");
+  ASSERT_EQ(head["exit"], 0) << head["stderr"];
+  fs::remove_all(step_dir(dir / "ckpt", 10));
+  const nlohmann::json resumed =
+      run_json(spec, 1, std::string("--set train.offload_parameters=") + (then ? "true" : "false"));
+  ASSERT_EQ(resumed["exit"], 0) << resumed["stderr"];
+  EXPECT_EQ(resumed["start_step"], 5);
+  EXPECT_EQ(resumed["offload_parameters"], then);
+  const nlohmann::json straight = run_json(straight_spec, 1, "--no-resume");
+  ASSERT_EQ(straight["exit"], 0) << straight["stderr"];
+  const std::vector<double> got = resumed["losses"].get<std::vector<double>>(),
+                            want = straight["losses"].get<std::vector<double>>();
+  ASSERT_EQ(got.size(), 5u);
+  ASSERT_EQ(want.size(), 10u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(got[i], want[5 + i]) << "step " << 6 + i;
+  expect_files_equal(step_dir(dir / "ckpt", 10) / "model.safetensors",
+                     step_dir(dir / "straight", 10) / "model.safetensors", "weights");
+  expect_files_equal(step_dir(dir / "ckpt", 10) / "engine.safetensors",
+                     step_dir(dir / "straight", 10) / "engine.safetensors", "engine state");
+}
+
+TEST(StreamedParameters, ACheckpointWrittenWithItResumesWithoutItExactly) { expect_resume_exact(true, false); }
+TEST(StreamedParameters, ACheckpointWrittenWithoutItResumesWithItExactly) { expect_resume_exact(false, true); }
+
+// What it does not combine with: exit 2 before anything runs, naming the keys.
+TEST(StreamedParameters, RefusedWhereItDoesNotApplyNamingTheKeys) {
+  const fs::path dir = zenflow::test_support::fresh_scratch_dir("streamed-refused");
+  const Case c{"refused", 1, false, 1, "1.0"};
+  struct Refusal {
+    std::string mode, flags;
+    std::vector<std::string> named;
+  };
+  const Refusal refusals[] = {
+      {"device", "", {"train.offload_parameters", "optimizer.mode", "device"}},
+      {"zenflow", "", {"train.offload_parameters", "optimizer.mode", "zenflow"}},
+      {"offload", "--set train.activation_checkpointing=false",
+       {"train.offload_parameters", "train.activation_checkpointing"}},
+      {"offload", "--set train.shard=parameters", {"train.offload_parameters", "train.shard"}},
+      {"offload", "--set optimizer.host.nodes=1", {"train.offload_parameters", "optimizer.host.nodes"}},
+  };
+  for (const Refusal& r : refusals) {
+    const std::string spec = (dir / (r.mode + ".yaml")).string();
+    std::ofstream(spec) << spec_text(dir / "ckpt", true, c, r.mode);
+    const nlohmann::json j = run_json(spec, 1, "--no-resume " + r.flags);
+    EXPECT_EQ(j["exit"], 2) << r.mode << " " << r.flags << ": " << j["stderr"];
+    for (const std::string& n : r.named)
+      EXPECT_NE(j["stderr"].get<std::string>().find(n), std::string::npos) << n << " in: " << j["stderr"];
+  }
+  EXPECT_FALSE(fs::exists(dir / "ckpt"));  // nothing ran
+}
+
+}  // namespace
