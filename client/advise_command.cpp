@@ -94,9 +94,13 @@ int advise(const AdviseArgs& a) {
     std::cerr << "zenflow: " << e.what() << "\n";
     return kExitBadInput;
   }
-  auto explicitly = [&](const char* key) {
-    for (const std::string& s : a.sets)
-      if (s.find(key) != std::string::npos) return true;
+  // Whether --set gave `key` (as itself, or under its spec section: train.shard for shard).
+  auto explicitly = [&](const std::string& key) {
+    for (const std::string& s : a.sets) {
+      const std::string k = s.substr(0, s.find('='));
+      if (k == key || (k.size() > key.size() && k.compare(k.size() - key.size() - 1, std::string::npos, "." + key) == 0))
+        return true;
+    }
     return false;
   };
   std::string model_line;
@@ -119,13 +123,17 @@ int advise(const AdviseArgs& a) {
     std::cerr << "zenflow: --set activation_checkpointing needs --model-config (activations are counted "
                  "from the model's layer shapes)\n";
     return kExitBadInput;
-  } else if (explicitly("shard=")) {
+  } else if (explicitly("shard")) {
     std::cerr << "zenflow: --set shard needs --model-config (what a rank holds is counted from the model's "
                  "shapes)\n";
     return kExitBadInput;
   } else if (explicitly("device_staging_mib")) {
     std::cerr << "zenflow: --set device_staging_mib needs --model-config (the staging is counted from the "
                  "model's shapes)\n";
+    return kExitBadInput;
+  } else if (explicitly("offload_parameters")) {
+    std::cerr << "zenflow: --set offload_parameters needs --model-config (the streamed layers are counted from "
+                 "the model's shapes)\n";
     return kExitBadInput;
   }
   // Every row trains the job's global batch: W GPUs share it instead of each taking its own.
@@ -199,8 +207,9 @@ CommandRegistrar reg(45, [](CommandContext& ctx) {
   cmd->add_option("--set", args->sets,
                   "Ask about the job with another setting: mode, micro_batch, grad_accum, seq_len, ranks, "
                   "update_interval, topk_ratio, host_threads, compute_threads, parameters (7B), "
-                  "activation_checkpointing, shard (none, gradients, parameters) and device_staging_mib (0: whole "
-                  "gradients, or MiB of chunked device staging); the last three with --model-config; default: only "
+                  "activation_checkpointing, shard (none, gradients, parameters), device_staging_mib (0: whole "
+                  "gradients, or MiB of chunked device staging) and offload_parameters (true, false: offload mode's "
+                  "weights streamed from host memory); the last four with --model-config; default: only "
                   "where needed (repeatable)");
   cmd->add_option(
       "--model-config", args->model_config,

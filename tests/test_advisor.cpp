@@ -701,6 +701,85 @@ const nlohmann::json& row(const nlohmann::json& advice, const std::string& insta
 // and gradients (15 GiB each) and the top-10% state (9 GiB) is 84 GiB before activations, and
 // its host state (32 B per split element, 243 GiB) exceeds p5.4xlarge's usable RAM; chunked,
 // the device stages through 1 GiB and the host keeps 24 B per split element (184 GiB).
+// Llama-2-7B's.
+const char* kLlama2_7B = R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+  "intermediate_size": 11008, "vocab_size": 32000, "max_position_embeddings": 4096,
+  "rope_theta": 10000.0, "rms_norm_eps": 1e-05, "hidden_act": "silu", "tie_word_embeddings": false})";
+
+// Llama-2-7B on one 24 GB GPU (an A10G row with the host RAM its optimizer state needs, in a
+// catalog of the test's own): its bf16 weights and gradients alone are 25 GiB, so no mode
+// holds it resident; offload mode with train.offload_parameters does (two layers' weights
+// and gradients on the device), and the advisor recommends it, saying so. Fixed off, the
+// same row does not fit and the GPU memory says why.
+TEST(AdvisorModelConfig, Llama2_7BFitsOne24GBGpuOnlyWithItsWeightsStreamed) {
+  const fs::path dir = scratch();
+  write_file(dir / "catalog.yaml",
+             "instances:\n"
+             "  - {name: a10g-256g, provider: test, region: null, gpu_model: A10G-24GB, gpu_count: 1,\n"
+             "     gpu_memory_gib: 24, vcpus: 64, ram_gib: 256, nic_gbps: null, pcie_gen: 4,\n"
+             "     on_demand_usd_per_hour: 4.0, spot_usd_per_hour: null, source: test, date: 2026-12-07,\n"
+             "     verified: false, note: test row}\n");
+  const fs::path config = write_config(dir, "config.json", kLlama2_7B);
+  const std::string flags = "--catalog " + (dir / "catalog.yaml").string() +
+                            " --instance a10g-256g --set seq_len=2048 --set micro_batch=1 --set grad_accum=4";
+  nlohmann::json a;
+  std::string text;
+  ASSERT_EQ(advise_cli(dir, config, flags + " --json", &a, &text), 0) << text;
+  const nlohmann::json& off = row(a, "a10g-256g", "offload");
+  ASSERT_TRUE(off["fits"].get<bool>()) << off["why_not"];
+  EXPECT_TRUE(off["offload_parameters"].get<bool>());
+  EXPECT_TRUE(off["activation_checkpointing"].get<bool>());
+  const double P = 6738415616.0, unit = std::floor((P - 32000.0 * 4096) / 32);  // ModelShape::largest_unit_parameters
+  EXPECT_DOUBLE_EQ(off["gpu_memory_parts_gib"]["weights"].get<double>(), 2 * unit * 2 / (1 << 30));
+  EXPECT_DOUBLE_EQ(off["gpu_memory_parts_gib"]["gradients"].get<double>(), 2 * unit * 2 / (1 << 30));
+  EXPECT_DOUBLE_EQ(off["gpu_memory_parts_gib"]["optimizer_state"].get<double>(), 0);
+  EXPECT_DOUBLE_EQ(off["gpu_memory_parts_gib"]["transfer_staging"].get<double>(), 0);
+  // Each micro-batch streams the weights twice: what the compute does not hide of 4 x 2 x 13.5 GB
+  // over the row's H2D bandwidth (here it hides all of it; at 256 tokens, not).
+  const auto streamed_stall = [&](const nlohmann::json& r) {
+    return std::max(0.0, r["grad_accum"].get<double>() * 2 * P * 2 /
+                                 (r["inputs"]["h2d_gbps"]["value"].get<double>() * 1e9) -
+                             r["compute_seconds"].get<double>());
+  };
+  EXPECT_NEAR(off["stall_seconds"]["weight_stream"].get<double>(), streamed_stall(off), 1e-9);
+  EXPECT_DOUBLE_EQ(off["stall_seconds"]["transfer_h2d"].get<double>(), 0);  // the host step's result stays there
+  nlohmann::json short_seqs;
+  ASSERT_EQ(advise_cli(dir, config,
+                       "--catalog " + (dir / "catalog.yaml").string() +
+                           " --instance a10g-256g --set seq_len=256 --set micro_batch=1 --set grad_accum=1 --json",
+                       &short_seqs, &text),
+            0)
+      << text.substr(0, 2000);
+  const nlohmann::json& short_off = row(short_seqs, "a10g-256g", "offload");
+  ASSERT_TRUE(short_off["offload_parameters"].get<bool>());
+  EXPECT_GT(short_off["stall_seconds"]["weight_stream"].get<double>(), 0);
+  EXPECT_NEAR(short_off["stall_seconds"]["weight_stream"].get<double>(), streamed_stall(short_off), 1e-9);
+  // Whole staging's 32 host bytes per parameter and the streamed weights and gradients are
+  // more than 90% of 256 GiB; chunked (the engine's staging is host memory here) 24 are not.
+  EXPECT_EQ(off["device_staging_mib"], kChunkedStagingMib);
+  EXPECT_LT(off["host_ram_gib"].get<double>(), 0.9 * 256);
+  for (const char* mode : {"device", "zenflow"}) EXPECT_FALSE(row(a, "a10g-256g", mode)["fits"].get<bool>()) << mode;
+  EXPECT_EQ(a["recommendation"]["instance"], "a10g-256g");
+  EXPECT_EQ(a["recommendation"]["mode"], "offload");
+  bool note = false;
+  for (const nlohmann::json& n : a["notes"])
+    note |= n.get<std::string>().find("streamed: train.offload_parameters: true") != std::string::npos;
+  EXPECT_TRUE(note) << a["notes"];
+
+  nlohmann::json resident;
+  ASSERT_EQ(advise_cli(dir, config, flags + " --set offload_parameters=false --json", &resident, &text), 0)
+      << text.substr(0, 2000);
+  const nlohmann::json& r = row(resident, "a10g-256g", "offload");
+  EXPECT_FALSE(r["fits"].get<bool>());
+  EXPECT_FALSE(r["offload_parameters"].get<bool>());
+  EXPECT_NE(r["why_not"][0].get<std::string>().find("GPU memory"), std::string::npos) << r["why_not"];
+  std::printf("[figure] Llama-2-7B, 4 x 2048 tokens a step on one A10G: streamed %.1f GiB of GPU memory, %.2f s/step "
+              "(weight_stream %.2f s); resident %.1f GiB\n",
+              off["gpu_memory_gib"].get<double>(), off["step_seconds"].get<double>(),
+              off["stall_seconds"]["weight_stream"].get<double>(), r["gpu_memory_gib"].get<double>());
+}
+
 TEST(AdvisorModelConfig, Llama3_8BFitsZenflowWithActivationCheckpointing) {
   const fs::path dir = scratch();
   nlohmann::json a = advise_llama3(dir, "--set seq_len=8192 --set shard=none");
@@ -806,6 +885,12 @@ TEST(AdvisorModelConfig, Llama2_70BFitsEightH100sShardedWithChunkedStaging) {
   EXPECT_TRUE(a["best"].is_null());
   for (const nlohmann::json& r : a["predictions"]) {
     EXPECT_FALSE(r["fits"].get<bool>()) << r["instance"] << " " << r["mode"];
+    if (r["offload_parameters"].get<bool>()) {  // a one-GPU offload row's least GPU memory: streamed weights
+      EXPECT_EQ(r["mode"], "offload");
+      EXPECT_EQ(r["ranks"], 1);
+      EXPECT_NE(r["why_not"][0].get<std::string>().find("host RAM"), std::string::npos) << r["why_not"];
+      continue;
+    }
     EXPECT_NEAR(r["gpu_memory_parts_gib"]["weights"].get<double>(), 2 * 68976648192.0 / (1 << 30), 1e-6);
   }
   const double gib = 1 << 30;

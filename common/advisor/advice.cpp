@@ -29,6 +29,7 @@ std::string cause_words(const std::string& c) {
   if (c == "transfer_d2h") return "PCIe D2H";
   if (c == "transfer_h2d") return "PCIe H2D";
   if (c == "allreduce") return "collectives";
+  if (c == "weight_stream") return "streamed weights";
   return c;
 }
 
@@ -128,6 +129,9 @@ Advice rank(std::vector<Prediction> preds, int64_t steps, std::optional<double> 
                    " assumed: the GPUs do not hold the job without it, or it is faster; each rank keeps 1/GPUs of "
                    "the gradients and optimizer state" +
                    (p.shard == "parameters" ? " and of the weights, which are gathered layer by layer" : ""));
+    if (p.offload_parameters)
+      notes.insert("streamed: train.offload_parameters: true (the weights in host memory, each layer's copied to "
+                   "the GPU as it runs)");
     if (p.device_staging_mib > 0)
       notes.insert("staging " + std::to_string(p.device_staging_mib) +
                    " MiB: optimizer.host.device_staging_mib: " + std::to_string(p.device_staging_mib) +
@@ -216,6 +220,7 @@ nlohmann::json advice_json(const Advice& a, const JobProfile& profile) {
     r["activation_checkpointing"] = p.activation_checkpointing;
     r["shard"] = p.shard;
     r["device_staging_mib"] = p.device_staging_mib;
+    r["offload_parameters"] = p.offload_parameters;
     if (p.memory) {
       constexpr double gib = 1024.0 * 1024.0 * 1024.0;
       const RankMemory& m = *p.memory;

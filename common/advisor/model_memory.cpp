@@ -190,6 +190,13 @@ RankMemory rank_memory(const ModelShape& m, const RankJob& job) {
     const double reduced = job.mode == "offload" ? 0 : device_updated;
     r.collective_buffers = (sharded ? (params_sharded ? 4 : 1) * unit : reduced * e) + kNcclBufferBytes;
   }
+  if (job.offload_parameters && job.mode == "offload") {
+    r.weights = 2 * unit;
+    r.gradients = 2 * unit;
+    r.optimizer_state = 0;
+    r.host_optimizer += r.transfer_staging + 2 * P * e + 2 * unit;  // the engine runs over the host weights
+    r.transfer_staging = 0;
+  }
   const double tokens = static_cast<double>(job.micro_batch) * static_cast<double>(job.seq_len);
   const double layer = m.layer_activation_bytes_per_token(job.dtype_bytes) * tokens;
   const double head = m.head_activation_bytes_per_token(job.dtype_bytes) * tokens;

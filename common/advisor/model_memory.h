@@ -78,6 +78,11 @@ struct RankJob {
   // (two stages and the H2D buffer); > 0 (one rank, or sharded) four chunk buffers of a
   // quarter each, at least a row of the widest matrix.
   double device_staging_bytes = 0;
+  // train.offload_parameters (offload mode, one rank; worker/engine/streamed_parameters.h):
+  // the device holds two of the largest unit's weights and at most two units' gradients, no
+  // optimizer state or staging; the host holds the weights, their gradients, two units'
+  // gradient staging and the engine's staging (its chunk buffers, if any) beside the host updater.
+  bool offload_parameters = false;
 };
 
 // Bytes one rank needs, by kind.

@@ -63,6 +63,12 @@ struct Scenario {
   // config on a GPU in offload or zenflow mode, where predict() also tries
   // kChunkedStagingMib and keeps it only where whole staging does not fit or is slower.
   std::optional<int64_t> device_staging_mib;
+  // train.offload_parameters. Unset: off, except with a model config on one GPU in offload
+  // mode, where predict() also tries it (with activation checkpointing) and keeps it only
+  // where the resident weights do not fit or it is faster. Every step then streams each
+  // unit's weights twice per micro-batch: the weight_stream stall is what of that the
+  // compute does not hide (streamed bytes over the H2D bandwidth, less the compute).
+  std::optional<bool> offload_parameters;
 };
 
 // The profile's own configuration.
@@ -70,7 +76,7 @@ Scenario scenario_of(const JobProfile& profile);
 // Applies one --set key=value: mode, micro_batch, grad_accum, seq_len, ranks,
 // update_interval, topk_ratio, host_threads, compute_threads, parameters (7e9, 7B, 70B),
 // activation_checkpointing (true or false), shard (none, gradients or parameters),
-// device_staging_mib (0, or MiB of chunked device staging).
+// device_staging_mib (0, or MiB of chunked device staging), offload_parameters (true or false).
 // std::invalid_argument naming the key for an unknown key or a bad value.
 void apply_setting(Scenario& s, const std::string& key_equals_value);
 
@@ -89,6 +95,7 @@ struct Prediction {
   bool activation_checkpointing = false;    // assumed for this answer (see Scenario)
   std::string shard = "none";               // train.shard assumed for this answer (see Scenario)
   int64_t device_staging_mib = 0;           // optimizer.host.device_staging_mib assumed (see Scenario)
+  bool offload_parameters = false;          // train.offload_parameters assumed (see Scenario)
   std::optional<RankMemory> memory;         // with a model config: one rank's memory by kind
   double gpu_memory_gib = 0;                // needed per GPU (device memory; host RAM on a CPU device)
   double host_ram_gib = 0;                  // needed on the node

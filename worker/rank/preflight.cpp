@@ -342,6 +342,7 @@ MemoryEstimate estimate_job_memory(const JobSpec& spec, const model::LoadedModel
     est.streamed_host_bytes = saturate(2 * P * e + pair * e);
     host += static_cast<LD>(est.streamed_host_bytes) + staging;
     staging = 0;
+    est.chunked_staging_saves_device = 0;  // there is no device staging to save
     device_state = 0;
   }
   est.device_optimizer_bytes = saturate(device_state + staging);
