@@ -60,6 +60,10 @@ struct Watchers {
     req.set_after_revision(after_revision);
     contexts.push_back(std::make_unique<grpc::ClientContext>());
     rpc::prepare_call(*contexts.back(), token, std::chrono::seconds(120));
+    // Through a connection attempt that fails (a few of 250 streams started at once on one
+    // new connection did: "tcp handshaker shutdown"), to the next: what is tested is the
+    // coordinator holding the streams, not the client's first connection.
+    contexts.back()->set_wait_for_ready(true);
     events.emplace_back();
     last.emplace_back();
     statuses.emplace_back();
@@ -144,7 +148,14 @@ TEST(CoordinatorLimits, TwoThousandStreamsAreServedWithoutAThreadEachAndOneChang
   // Each gets the job's status (QUEUED) at once, then waits.
   ASSERT_TRUE(w.pump([&] { return w.total_events >= kStreams || w.total_ended > 0; }, std::chrono::seconds(60)))
       << w.total_events << " of " << kStreams << " streams got their first event";
-  ASSERT_EQ(w.total_ended, 0) << w.statuses[0].error_message();
+  ASSERT_EQ(w.total_ended, 0) << [&] {  // which ended, and how (one of 2,000 did once in CI, unexplained)
+    std::string why;
+    for (size_t i = 0; i < w.ended.size(); ++i)
+      if (w.ended[i])
+        why += "stream " + std::to_string(i) + ": code " + std::to_string(w.statuses[i].error_code()) + " '" +
+               w.statuses[i].error_message() + "' after " + std::to_string(w.events[i]) + " events; ";
+    return why;
+  }();
   EXPECT_EQ(w.total_events, kStreams);
   EXPECT_EQ(w.last[0].job().state(), v1::QUEUED);
   const int threads_open = threads_of(c.coordinator().pid());

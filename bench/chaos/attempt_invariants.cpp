@@ -27,11 +27,11 @@ void AttemptInvariants::flag(const std::string& kind, int64_t t_ms, const std::s
 
 void AttemptInvariants::observe_processes(int64_t t_ms, const std::vector<RankProcess>& processes) {
   std::map<std::string, std::vector<RankProcess>> by_job;
-  std::set<std::pair<std::string, int64_t>> present;
+  std::set<std::pair<std::string, int64_t>> present, with_new_pid;
   for (const RankProcess& p : processes) {
     by_job[p.job_id].push_back(p);
     present.insert({p.job_id, p.attempt});
-    pids_[{p.job_id, p.attempt}].insert(p.pid);
+    if (pids_[{p.job_id, p.attempt}].insert(p.pid).second) with_new_pid.insert({p.job_id, p.attempt});
   }
   // Attempts that had processes and now have none have ended; one that comes back ran again.
   for (auto& [key, track] : attempts_) {
@@ -45,6 +45,10 @@ void AttemptInvariants::observe_processes(int64_t t_ms, const std::vector<RankPr
   for (const auto& key : present) {
     AttemptTrack& track = attempts_[key];
     if (track.first_ms < 0) track.first_ms = t_ms;
+    // Only processes it had before, back after a sample without them: the same processes, one
+    // of which the sample missed (a process in execve, `zenflow` becoming zenflow-train, has
+    // no cmdline for a moment). An attempt started again is a new process.
+    if (track.ended && with_new_pid.count(key) == 0) track.ended = false;
     if (track.ended && !track.restart_flagged) {
       track.restart_flagged = true;
       std::string pids;

@@ -123,6 +123,20 @@ TEST(ChaosInvariants, AStoppedOrZombieOldAttemptBesideANewOneIsNotTwoLive) {
   EXPECT_TRUE(c.violations().empty());
 }
 
+// A sample that misses an attempt's only process (mid-execve its cmdline reads empty) and the
+// next that sees the same pid again: the same process, not a restart. A new pid is one.
+TEST(ChaosInvariants, AProcessMissedByOneSampleIsNotARestartButANewOneIs) {
+  AttemptInvariants c(8000);
+  c.observe_processes(0, {rank(100, "j1", 1)});
+  c.observe_processes(50, {});
+  c.observe_processes(100, {rank(100, "j1", 1)});
+  EXPECT_TRUE(c.violations().empty());
+  c.observe_processes(150, {});
+  c.observe_processes(200, {rank(100, "j1", 1), rank(101, "j1", 1)});
+  ASSERT_EQ(count(c, "finished_attempt_restarted"), 1u);
+  EXPECT_NE(c.violations().back().evidence.find("none at +0.150s"), std::string::npos) << c.violations().back().evidence;
+}
+
 TEST(ChaosInvariants, AFinishedAttemptThatRunsAgainIsFlagged) {
   AttemptInvariants c(8000);
   c.observe_processes(0, {rank(100, "j1", 1)});
