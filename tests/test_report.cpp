@@ -191,6 +191,7 @@ TEST(RunRecord, PageIsSelfContainedAndItsDataCannotCloseTheScript) {
   EXPECT_NE(html.find("var uPlot="), std::string::npos);  // inlined, not fetched
   EXPECT_EQ(html.find("src=\"http"), std::string::npos);
   EXPECT_EQ(html.find("href=\"http"), std::string::npos);
+  EXPECT_EQ(html.find("bytes-h2d-weights"), std::string::npos);  // nothing streamed: no tile
 }
 
 TEST(RunRecord, LongRunsAreDrawnFromAtMostMaxChartPoints) {
@@ -259,6 +260,7 @@ TEST(StepLog, LinesReadBackExactlyAndAStepAllocatesNothing) {
   s.times.stall_seconds[static_cast<int>(engine::StallCause::kHostOptimizer)] = 0.0625;
   s.times.stall_seconds[static_cast<int>(engine::StallCause::kCheckpoint)] = 1e-7;
   s.times.transfer_bytes[static_cast<int>(engine::Direction::kD2H)] = 123456789012;
+  s.times.transfer_bytes[static_cast<int>(engine::Direction::kH2DWeights)] = 98765;
   g_allocations = 0;
   g_count_allocations = true;
   log.on_step(s);
@@ -272,6 +274,7 @@ TEST(StepLog, LinesReadBackExactlyAndAStepAllocatesNothing) {
   TrainingEnd end;
   end.steps = 2;
   end.finish.transfer_bytes[static_cast<int>(engine::Direction::kH2D)] = 4096;
+  end.finish.transfer_bytes[static_cast<int>(engine::Direction::kH2DWeights)] = 7;
   log.on_finish(end);
   log.write_summary({{"steps", 2}, {"tokens", 128}, {"losses", {0.1, nullptr}}, {"cost_usd", 0.5}});
 
@@ -284,6 +287,8 @@ TEST(StepLog, LinesReadBackExactlyAndAStepAllocatesNothing) {
   EXPECT_EQ(r.steps[0].wall, 1.0 / 3);
   EXPECT_EQ(r.steps[0].tokens, 64);
   EXPECT_EQ(r.steps[0].bytes_d2h, 123456789012);
+  EXPECT_EQ(r.steps[0].bytes_h2d, 0);
+  EXPECT_EQ(r.steps[0].bytes_h2d_weights, 98765);  // streamed weights apart from the engine's H2D
   EXPECT_EQ(r.stall_causes,
             (std::vector<std::string>{"host_optimizer", "transfer_d2h", "transfer_h2d", "network", "allreduce", "data",
                                       "checkpoint", "checkpoint_upload", "weight_stream"}));
@@ -306,6 +311,8 @@ TEST(StepLog, LinesReadBackExactlyAndAStepAllocatesNothing) {
   EXPECT_EQ(t.cost_usd, 0.5);
   EXPECT_EQ(t.tokens, 128);
   EXPECT_EQ(t.bytes_h2d, 4096);
+  EXPECT_EQ(t.bytes_h2d_weights, 2 * 98765 + 7);  // both steps and the finish
+  EXPECT_NE(render_report_html(r).find("id=\"bytes-h2d-weights\" data-value=\"197537\""), std::string::npos);
 }
 
 TEST(StepLog, AFailedWriteTurnsItOffAndNothingThrows) {
@@ -354,6 +361,7 @@ fs::path write_golden_run(const std::string& name) {
   std::copy(std::begin(stalls), std::end(stalls), s.times.stall_seconds.begin());
   s.times.transfer_bytes[static_cast<int>(engine::Direction::kD2H)] = 4096;
   s.times.transfer_bytes[static_cast<int>(engine::Direction::kH2D)] = 2048;
+  s.times.transfer_bytes[static_cast<int>(engine::Direction::kH2DWeights)] = 1024;
   log.on_step(s);
   log.on_eval(6, 2.25);
   s.step = 7;
@@ -367,6 +375,7 @@ fs::path write_golden_run(const std::string& name) {
   end.finish.stall_seconds[static_cast<int>(engine::StallCause::kCheckpoint)] = 0.5;
   end.finish.transfer_bytes[static_cast<int>(engine::Direction::kD2H)] = 16;
   end.finish.transfer_bytes[static_cast<int>(engine::Direction::kH2D)] = 8;
+  end.finish.transfer_bytes[static_cast<int>(engine::Direction::kH2DWeights)] = 4;
   log.on_finish(end);
   log.write_summary(
       {{"steps", 7}, {"tokens", 128}, {"losses", {2.5, nullptr}}, {"cost_usd", 0.5}, {"interrupted", true}});
@@ -399,7 +408,7 @@ TEST(StepLogLines, TheWriterWritesTheDocumentedTextOfEachEvent) {
       R"("stall":{"host_optimizer":0.25,"transfer_d2h":0.0625,"transfer_h2d":0.03125,"network":0.015625,)"
       R"("allreduce":0.0078125,"data":0.00390625,"checkpoint":0.001953125,"checkpoint_upload":0.0009765625,)"
       R"("weight_stream":0.00048828125},)"
-      R"("bytes":{"d2h":4096,"h2d":2048}})";
+      R"("bytes":{"d2h":4096,"h2d":2048,"h2d_weights":1024}})";
   EXPECT_EQ(
       lines[1],
       R"({"event":"step","step":6,"loss":2.5,"lr":0.0009765625,"tokens":64,"skipped":false,)"
@@ -415,7 +424,7 @@ TEST(StepLogLines, TheWriterWritesTheDocumentedTextOfEachEvent) {
             R"({"event":"finish","steps":7,"interrupted":true,"wall":1.5,"stall":{"host_optimizer":0,)"
             R"("transfer_d2h":0,"transfer_h2d":0,"network":0,"allreduce":0,"data":0,"checkpoint":0.5,)"
             R"("checkpoint_upload":0,"weight_stream":0},)"
-            R"("bytes":{"d2h":16,"h2d":8}})");
+            R"("bytes":{"d2h":16,"h2d":8,"h2d_weights":4}})");
   EXPECT_EQ(lines[5],
             R"({"event":"summary","summary":{"cost_usd":0.5,"interrupted":true,"steps":7,"tokens":128}})");
 }
@@ -492,6 +501,7 @@ TEST(StepLogLines, EveryFieldTheWriterWritesIsReadBackWithItsValue) {
     expect_stall(step.stall, step_stalls);
     EXPECT_EQ(step.bytes_d2h, 4096);
     EXPECT_EQ(step.bytes_h2d, 2048);
+    EXPECT_EQ(step.bytes_h2d_weights, 1024);
   }
 
   ASSERT_EQ(event_of(parsed[2]), EvalLine::kEvent);
@@ -509,6 +519,7 @@ TEST(StepLogLines, EveryFieldTheWriterWritesIsReadBackWithItsValue) {
   expect_stall(finish.stall, {0, 0, 0, 0, 0, 0, 0.5, 0, 0});
   EXPECT_EQ(finish.bytes_d2h, 16);
   EXPECT_EQ(finish.bytes_h2d, 8);
+  EXPECT_EQ(finish.bytes_h2d_weights, 4);
 
   ASSERT_EQ(event_of(parsed[5]), SummaryLine::kEvent);
   SummaryLine summary;
@@ -531,6 +542,7 @@ TEST(StepLogLines, EveryFieldTheWriterWritesIsReadBackWithItsValue) {
     EXPECT_EQ(s.stall, step_stalls);
     EXPECT_EQ(s.bytes_d2h, 4096);
     EXPECT_EQ(s.bytes_h2d, 2048);
+    EXPECT_EQ(s.bytes_h2d_weights, 1024);
     EXPECT_EQ(s.segment, 0u);
   }
   EXPECT_EQ(r.steps[0].step, 6);
@@ -560,12 +572,14 @@ TEST(StepLogLines, EveryFieldTheWriterWritesIsReadBackWithItsValue) {
   EXPECT_EQ(seg.step_stall_seconds, 2 * 0.37451171875);  // the nine causes' sum, twice
   EXPECT_EQ(seg.step_bytes_d2h, 8192);
   EXPECT_EQ(seg.step_bytes_h2d, 4096);
+  EXPECT_EQ(seg.step_bytes_h2d_weights, 2048);
   EXPECT_TRUE(seg.finished);
   EXPECT_TRUE(seg.interrupted);  // the finish line's, and the summary's
   EXPECT_EQ(seg.finish_wall_seconds, 1.5);
   EXPECT_EQ(seg.finish_stall_seconds, 0.5);
   EXPECT_EQ(seg.finish_bytes_d2h, 16);
   EXPECT_EQ(seg.finish_bytes_h2d, 8);
+  EXPECT_EQ(seg.finish_bytes_h2d_weights, 4);
   ASSERT_TRUE(seg.summary.has_value());
   EXPECT_EQ(*seg.summary, summary.summary);
 }

@@ -135,6 +135,12 @@ TEST_P(StreamedParametersMatchDeviceResident, BitIdenticalWeightsLossesAndEngine
   EXPECT_EQ(bytes["h2d"].get<int64_t>(), 0);
   EXPECT_EQ(runs[0]["transfer_bytes"]["h2d_weights"].get<int64_t>(), 0);
   EXPECT_GT(runs[0]["transfer_bytes"]["h2d"].get<int64_t>(), 0);  // the engine's, without streaming
+  // Nothing crossed to the device but the weights: no `transfer_h2d` stall (the engine's
+  // apply into the host leaves is host optimizer work), the compute's waits for them
+  // counted as `weight_stream`.
+  EXPECT_EQ(runs[1]["stall_seconds"]["transfer_h2d"].get<double>(), 0.0);
+  EXPECT_GT(runs[1]["stall_seconds"]["weight_stream"].get<double>(), 0.0);
+  EXPECT_EQ(runs[0]["stall_seconds"]["weight_stream"].get<double>(), 0.0);
 
   // On the device: the ring (two slots of the largest unit) and the gradients of at most two
   // consecutive units (one landing, one leaving); the model's weights and gradients are not.

@@ -106,16 +106,16 @@ json chart_data(const RunRecord& r, size_t* bucket_size) {
   const size_t bucket = n > kMaxChartPoints ? (n + kMaxChartPoints - 1) / kMaxChartPoints : 1;
   *bucket_size = bucket;
   const size_t causes = r.stall_causes.size();
-  std::vector<double> step, loss, wall, compute, devopt, other, d2h, h2d, cost, lost;
+  std::vector<double> step, loss, wall, compute, devopt, other, d2h, h2d, h2dw, cost, lost;
   std::vector<std::vector<double>> stall(causes);
   std::vector<double> val;
   size_t next_eval = 0;
   double cum_cost = 0, cum_lost = 0;
-  bool any_times = false, priced = false;
+  bool any_times = false, priced = false, streamed = false;
   for (const RunSegment& s : r.segments) priced = priced || s.usd_per_hour.has_value();
   for (size_t b = 0; b < n; b += bucket) {
     const size_t e = std::min(n, b + bucket);
-    double sum_loss = 0, k_loss = 0, sw = 0, sc = 0, sd = 0, so = 0, sb0 = 0, sb1 = 0;
+    double sum_loss = 0, k_loss = 0, sw = 0, sc = 0, sd = 0, so = 0, sb0 = 0, sb1 = 0, sb2 = 0;
     std::vector<double> ss(causes, 0.0);
     double v = NAN;
     for (size_t i = b; i < e; ++i) {
@@ -141,6 +141,7 @@ json chart_data(const RunRecord& r, size_t* bucket_size) {
       so += std::max(0.0, st.wall - accounted);
       sb0 += static_cast<double>(st.bytes_d2h);
       sb1 += static_cast<double>(st.bytes_h2d);
+      sb2 += static_cast<double>(st.bytes_h2d_weights);
       const auto& rate = r.segments[std::min(st.segment, r.segments.size() - 1)].usd_per_hour;
       if (rate) {
         cum_cost += *rate * st.wall / 3600.0;
@@ -160,6 +161,7 @@ json chart_data(const RunRecord& r, size_t* bucket_size) {
     for (size_t c = 0; c < causes; ++c) stall[c].push_back(ss[c] / k);
     d2h.push_back(sb0 / k);
     h2d.push_back(sb1 / k);
+    h2dw.push_back(sb2 / k);
     cost.push_back(cum_cost);
     lost.push_back(cum_lost);
   }
@@ -180,6 +182,8 @@ json chart_data(const RunRecord& r, size_t* bucket_size) {
     d["stall"] = st;
     d["d2h"] = arr(d2h);
     d["h2d"] = arr(h2d);
+    for (double b : h2dw) streamed = streamed || b > 0;
+    if (streamed) d["h2d_weights"] = arr(h2dw);  // train.offload_parameters
     if (priced) {
       d["cost"] = arr(cost);
       d["lost"] = arr(lost);
@@ -218,7 +222,7 @@ constexpr const char* kPageJs = R"js(
       host_optimizer: '#f97316', transfer_d2h: '#eab308', transfer_h2d: '#84cc16', network: '#06b6d4',
       allreduce: '#ec4899', data: '#a16207', checkpoint: '#64748b', checkpoint_upload: '#94a3b8', weight_stream: '#7c3aed',
       other: '#cbd5e1',
-      d2h: '#db2777', h2d: '#0891b2', cost: '#16a34a', lost: '#dc2626'
+      d2h: '#db2777', h2d: '#0891b2', h2d_weights: '#7c3aed', cost: '#16a34a', lost: '#dc2626'
     };
     const extra = ['#9333ea', '#0d9488', '#b91c1c', '#4d7c0f'];
     const colour = (k, i) => palette[k] || extra[i % extra.length];
@@ -274,8 +278,13 @@ constexpr const char* kPageJs = R"js(
         data.push(totals[k]);
       }
       draw('chart-time', series, data, secs, true);
-      draw('chart-bytes', [line('device → host (d2h)', 'd2h', bytes), line('host → device (h2d)', 'h2d', bytes)],
-           [x, D.d2h, D.h2d], bytes, true);
+      if (D.h2d_weights)
+        draw('chart-bytes', [line('device → host (d2h)', 'd2h', bytes), line('host → device (h2d)', 'h2d', bytes),
+                             line('host → device, weights (h2d_weights)', 'h2d_weights', bytes)],
+             [x, D.d2h, D.h2d, D.h2d_weights], bytes, true);
+      else
+        draw('chart-bytes', [line('device → host (d2h)', 'd2h', bytes), line('host → device (h2d)', 'h2d', bytes)],
+             [x, D.d2h, D.h2d], bytes, true);
       if (D.cost)
         draw('chart-cost', [line('spent in steps', 'cost', usd, { fill: 'rgba(22,163,74,0.12)' }),
                             line('lost to stalls', 'lost', usd, { fill: 'rgba(220,38,38,0.15)' })],
@@ -341,6 +350,9 @@ std::string render_report_html(const RunRecord& r) {
               std::to_string(t.bytes_d2h));
     h << tile("bytes-h2d", "PCIe host → device", format_bytes(static_cast<double>(t.bytes_h2d)),
               std::to_string(t.bytes_h2d));
+    if (t.bytes_h2d_weights > 0)  // train.offload_parameters
+      h << tile("bytes-h2d-weights", "PCIe host → device, weights streamed",
+                format_bytes(static_cast<double>(t.bytes_h2d_weights)), std::to_string(t.bytes_h2d_weights));
   }
   if (t.priced) {
     h << tile("cost-usd", "cost so far", printf_string("$%.6f", t.cost_usd), exact(t.cost_usd),

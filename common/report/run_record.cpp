@@ -72,6 +72,7 @@ class StepLogReader {
       s.finish_stall_seconds = stall_total(finish.stall);
       s.finish_bytes_d2h = finish.bytes_d2h;
       s.finish_bytes_h2d = finish.bytes_h2d;
+      s.finish_bytes_h2d_weights = finish.bytes_h2d_weights;
     } else if (event == SummaryLine::kEvent) {
       SummaryLine summary;
       from_json(j, summary);
@@ -139,6 +140,7 @@ class StepLogReader {
     }
     r.bytes_d2h = line.bytes_d2h;
     r.bytes_h2d = line.bytes_h2d;
+    r.bytes_h2d_weights = line.bytes_h2d_weights;
     r.segment = segments_.size() - 1;
     RunSegment& s = segments_.back();
     ++s.steps_run;
@@ -147,6 +149,7 @@ class StepLogReader {
     for (double x : r.stall) s.step_stall_seconds += x;
     s.step_bytes_d2h += r.bytes_d2h;
     s.step_bytes_h2d += r.bytes_h2d;
+    s.step_bytes_h2d_weights += r.bytes_h2d_weights;
     steps_[r.step] = std::move(r);
   }
 
@@ -287,6 +290,7 @@ RunTotals run_totals(const RunRecord& r) {
     t.stall_seconds += s.step_stall_seconds + s.finish_stall_seconds;
     t.bytes_d2h += s.step_bytes_d2h + s.finish_bytes_d2h;
     t.bytes_h2d += s.step_bytes_h2d + s.finish_bytes_h2d;
+    t.bytes_h2d_weights += s.step_bytes_h2d_weights + s.finish_bytes_h2d_weights;
     const double summary_cost = s.summary ? number_field(*s.summary, "cost_usd") : kNotRecorded;
     if (std::isfinite(summary_cost)) {
       t.priced = true;

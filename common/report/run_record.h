@@ -53,6 +53,7 @@ struct StepRecord {
   std::vector<double> stall;  // seconds by RunRecord::stall_causes
   int64_t bytes_d2h = 0;
   int64_t bytes_h2d = 0;
+  int64_t bytes_h2d_weights = 0;
   size_t segment = 0;  // index into RunRecord::segments
 };
 
@@ -76,6 +77,7 @@ struct RunSegment {
   double step_stall_seconds = 0;
   int64_t step_bytes_d2h = 0;
   int64_t step_bytes_h2d = 0;
+  int64_t step_bytes_h2d_weights = 0;
   // The finish line: the end of the run (last window's flush, final checkpoint).
   bool finished = false;
   bool interrupted = false;
@@ -83,6 +85,7 @@ struct RunSegment {
   double finish_stall_seconds = 0;
   int64_t finish_bytes_d2h = 0;
   int64_t finish_bytes_h2d = 0;
+  int64_t finish_bytes_h2d_weights = 0;
   std::optional<nlohmann::json> summary;  // `zenflow run --json`'s object, less "losses"
 };
 
@@ -114,6 +117,7 @@ struct RunTotals {
   double stall_seconds = 0;  // exposed, of those
   int64_t bytes_d2h = 0;     // moved in steps and run ends, every segment (the summaries' transfer_bytes)
   int64_t bytes_h2d = 0;
+  int64_t bytes_h2d_weights = 0;  // train.offload_parameters' streamed weights
   // Priced when any segment is: its cost is the summary's (`zenflow run --json`), else
   // its rate × its step and end time; unpriced segments add nothing.
   bool priced = false;

@@ -44,6 +44,7 @@ constexpr const char* kStall = "stall";
 constexpr const char* kBytes = "bytes";
 constexpr const char* kD2H = "d2h";
 constexpr const char* kH2D = "h2d";
+constexpr const char* kH2DWeights = "h2d_weights";
 constexpr const char* kValLoss = "val_loss";
 constexpr const char* kSteps = "steps";
 constexpr const char* kInterrupted = "interrupted";
@@ -96,10 +97,10 @@ class LineWriter {
     }
     put("}");
   }
-  void bytes(int64_t d2h, int64_t h2d) noexcept {
+  void bytes(int64_t d2h, int64_t h2d, int64_t h2d_weights) noexcept {
     key(key::kBytes);
-    put("{\"%s\":%lld,\"%s\":%lld}", key::kD2H, static_cast<long long>(d2h), key::kH2D,
-        static_cast<long long>(h2d));
+    put("{\"%s\":%lld,\"%s\":%lld,\"%s\":%lld}", key::kD2H, static_cast<long long>(d2h), key::kH2D,
+        static_cast<long long>(h2d), key::kH2DWeights, static_cast<long long>(h2d_weights));
   }
 
   // Closes the object and the line: the line's length, or -1.
@@ -145,10 +146,11 @@ std::vector<StallSeconds> stall_of(const Json& j) {
   return out;
 }
 
-void bytes_of(const Json& j, int64_t* d2h, int64_t* h2d) {
+void bytes_of(const Json& j, int64_t* d2h, int64_t* h2d, int64_t* h2d_weights) {
   if (const auto b = j.find(key::kBytes); b != j.end() && b->is_object()) {
     *d2h = integer_field(*b, key::kD2H);
     *h2d = integer_field(*b, key::kH2D);
+    *h2d_weights = integer_field(*b, key::kH2DWeights);  // logs before it: 0
   }
 }
 
@@ -167,7 +169,7 @@ int format_line(const StepLine& s, char* buf, int cap) noexcept {
   w.number(key::kCompute, s.compute);
   w.number(key::kDeviceOptimizer, s.device_optimizer);
   w.stall(s.stall);
-  w.bytes(s.bytes_d2h, s.bytes_h2d);
+  w.bytes(s.bytes_d2h, s.bytes_h2d, s.bytes_h2d_weights);
   return w.finish();
 }
 
@@ -184,7 +186,7 @@ int format_line(const FinishLine& f, char* buf, int cap) noexcept {
   w.boolean(key::kInterrupted, f.interrupted);
   w.number(key::kWall, f.wall);
   w.stall(f.stall);
-  w.bytes(f.bytes_d2h, f.bytes_h2d);
+  w.bytes(f.bytes_d2h, f.bytes_h2d, f.bytes_h2d_weights);
   return w.finish();
 }
 
@@ -257,7 +259,7 @@ void from_json(const Json& j, StepLine& out) {
   out.compute = number_field(j, key::kCompute);
   out.device_optimizer = number_field(j, key::kDeviceOptimizer);
   out.stall = stall_of(j);
-  bytes_of(j, &out.bytes_d2h, &out.bytes_h2d);
+  bytes_of(j, &out.bytes_d2h, &out.bytes_h2d, &out.bytes_h2d_weights);
 }
 
 void from_json(const Json& j, EvalLine& out) {
@@ -272,7 +274,7 @@ void from_json(const Json& j, FinishLine& out) {
   out.interrupted = boolean_field(j, key::kInterrupted);
   out.wall = number_field(j, key::kWall);
   out.stall = stall_of(j);
-  bytes_of(j, &out.bytes_d2h, &out.bytes_h2d);
+  bytes_of(j, &out.bytes_d2h, &out.bytes_h2d, &out.bytes_h2d_weights);
 }
 
 void from_json(const Json& j, SummaryLine& out) {

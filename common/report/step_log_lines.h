@@ -12,7 +12,8 @@
 //             "instance":..,"source":..} | null}
 //   {"event":"step","step":N,"loss":..,"lr":..,"tokens":..,"skipped":B,"staleness_steps":..,
 //    "selected_ratio":..,"wall":..,"compute":..,"device_optimizer":..,
-//    "stall":{"host_optimizer":..,...every stall cause of docs/design.md},"bytes":{"d2h":..,"h2d":..}}
+//    "stall":{"host_optimizer":..,...every stall cause of docs/design.md},
+//    "bytes":{"d2h":..,"h2d":..,"h2d_weights":..}}  (h2d_weights: absent before it was written; 0)
 //   {"event":"eval","step":N,"val_loss":..}
 //   {"event":"finish","steps":N,"interrupted":B,"wall":..,"stall":{...},"bytes":{...}}
 //   {"event":"summary","summary":{what `zenflow run --json` prints, less "losses"}}
@@ -106,6 +107,7 @@ struct StepLine {
   std::vector<StallSeconds> stall;  // in the line's order
   int64_t bytes_d2h = 0;
   int64_t bytes_h2d = 0;
+  int64_t bytes_h2d_weights = 0;  // train.offload_parameters' streamed weights (absent: 0)
 };
 
 struct EvalLine {
@@ -123,6 +125,7 @@ struct FinishLine {
   std::vector<StallSeconds> stall;
   int64_t bytes_d2h = 0;
   int64_t bytes_h2d = 0;
+  int64_t bytes_h2d_weights = 0;  // train.offload_parameters' streamed weights (absent: 0)
 };
 
 struct SummaryLine {

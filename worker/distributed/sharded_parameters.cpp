@@ -71,10 +71,10 @@ ShardedParameters::ShardedParameters(Communicator& comm, model::CausalLM& model,
     if (options_.column_scores && t.dim() == 2)
       p.scores = at::zeros({t.size(1)}, at::TensorOptions().dtype(at::kFloat).device(t.device()));
     shards.push_back(p.shard);
-    by_shard_[p.shard.unsafeGetTensorImpl()] = params_.size();
     by_name_[p.name] = params_.size();
     params_.push_back(std::move(p));
   }
+  register_leaves(shards, "ShardedParameters");
   model_.replace_parameters(shards);
   model_.set_unit_runner(this);
 }
@@ -87,12 +87,6 @@ ShardedParameters::~ShardedParameters() {
     } catch (const std::exception&) {  // the communicator failed: the run is ending anyway
     }
   }
-}
-
-size_t ShardedParameters::index_of(const at::Tensor& shard) const {
-  auto it = by_shard_.find(shard.unsafeGetTensorImpl());
-  if (it == by_shard_.end()) throw std::logic_error("ShardedParameters: a unit's weight is none of the shards it made");
-  return it->second;
 }
 
 std::vector<int64_t> ShardedParameters::rank_sizes(const std::vector<size_t>& idx) const {

@@ -134,7 +134,6 @@ class ShardedParameters final : public model::MaterializedUnits {
   // MaterializedUnits: a parameter several units use (tied embeddings) is scored and
   // reduce-scattered once, when its last use's backward is done, as the sum an unsharded
   // run's .grad holds.
-  size_t index_of(const at::Tensor& shard) const override;
   bool recomputes(bool checkpoint) const override { return checkpoint || mode_ == ShardMode::kParameters; }
   void forward_begins() override { sequence_.restart(); }
   // Elements per rank of parameters `idx` together (the layout of their collectives: each
@@ -171,7 +170,6 @@ class ShardedParameters final : public model::MaterializedUnits {
   ShardOptions options_;
   int world_, rank_;
   std::vector<Param> params_;
-  std::unordered_map<const c10::TensorImpl*, size_t> by_shard_;  // the shard leaves
   std::unordered_map<std::string, size_t> by_name_;
   int64_t gathered_peak_ = 0;
   model::UnitSequence sequence_;  // the gathers of the last micro-batch, to prefetch

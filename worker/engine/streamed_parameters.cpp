@@ -39,9 +39,9 @@ StreamedParameters::StreamedParameters(model::CausalLM& model, at::Device device
     at::Tensor leaf = streams_.alloc_host(t.sizes(), t.scalar_type());
     leaf.copy_(t.detach());
     leaf.requires_grad_(true);
-    by_leaf_[leaf.unsafeGetTensorImpl()] = leaves_.size();
     leaves_.push_back(leaf);
   }
+  register_leaves(leaves_, "StreamedParameters");
   model_.replace_parameters(leaves_);
   model_.set_unit_runner(this);
 }
@@ -55,13 +55,6 @@ StreamedParameters::~StreamedParameters() {
       for (CopyHandle& h : outgoing_->copies) h.wait();
   } catch (const std::exception&) {  // a CUDA error: the run is ending anyway
   }
-}
-
-size_t StreamedParameters::index_of(const at::Tensor& weight) const {
-  auto it = by_leaf_.find(weight.unsafeGetTensorImpl());
-  if (it == by_leaf_.end())
-    throw std::logic_error("StreamedParameters: a unit's weight is none of the host parameters it made");
-  return it->second;
 }
 
 void StreamedParameters::begin_step() { reset_uses(); }

@@ -35,7 +35,6 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <unordered_map>
 #include <vector>
 
 #include "worker/engine/device_streams.h"
@@ -87,7 +86,6 @@ class StreamedParameters final : public model::MaterializedUnits {
     int64_t device_bytes = 0;
   };
 
-  size_t index_of(const at::Tensor& weight) const override;
   std::vector<at::Tensor> materialize(const std::vector<size_t>& idx) override;
   std::vector<at::Tensor> gradients_ready(const std::vector<size_t>& idx,
                                           const std::vector<at::Tensor>& grads) override;
@@ -103,7 +101,6 @@ class StreamedParameters final : public model::MaterializedUnits {
   StallClock* clock_;
   DeviceStreams streams_;
   std::vector<at::Tensor> leaves_;  // the host weights, in the model's parameters() order
-  std::unordered_map<const c10::TensorImpl*, size_t> by_leaf_;
   std::array<at::Tensor, 2> ring_;   // device weight slots (flat, the parameters' dtype)
   int64_t ring_capacity_ = 0;        // elements of a slot: the largest unit seen
   std::array<at::Tensor, 2> stage_;  // host gradient staging slots (flat)

@@ -792,7 +792,9 @@ struct ZenFlowOptimizer::Impl {
       for (auto& s : split)
         if (s.n_own() > 0) device_ops::scatter_columns(s.w2d, s.own().idx, own_view(dev_h2d, s));
     }
-    span.end(TimeKind::kStall, StallCause::kTransferH2D);
+    // Host leaves (EngineOptions::parameters_on_host): a memory copy, the host updater's
+    // work, not a transfer.
+    span.end(TimeKind::kStall, opt.parameters_on_host ? StallCause::kHostOptimizer : StallCause::kTransferH2D);
   }
 
   // The CPU device's weights from a master on other machines (one rank, fp32 weights: no
@@ -858,10 +860,12 @@ struct ZenFlowOptimizer::Impl {
 
   // Several ranks: this rank's updated columns (the host step's low-precision output, or
   // the fp32 master) go to the device and are all-gathered into every rank's weights.
-  // The all-gather is stall `allreduce`, the rest `transfer_h2d`.
+  // The all-gather is stall `allreduce`, the rest `transfer_h2d` (`host_optimizer` for
+  // host leaves: memory copies).
   void apply_partitioned(int out_buffer) {
+    const StallCause local = opt.parameters_on_host ? StallCause::kHostOptimizer : StallCause::kTransferH2D;
     at::Tensor src;
-    stalled(StallCause::kTransferH2D, [&] {
+    stalled(local, [&] {
       if (device.is_cuda()) {
         wait_staged_h2d(out_buffer);
         src = dev_h2d.narrow(0, 0, own_total());
@@ -873,7 +877,7 @@ struct ZenFlowOptimizer::Impl {
     at::Tensor all;
     stalled(StallCause::kAllreduce,
             [&] { all = coll->all_gather(src, staging.shard_size, CollectiveTraffic::kParameters); });
-    stalled(StallCause::kTransferH2D, [&] {
+    stalled(local, [&] {
       for (auto& s : split)
         for (int r = 0; r < world; ++r)
           if (!s.parts[static_cast<size_t>(r)].cols.empty())

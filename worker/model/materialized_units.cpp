@@ -6,6 +6,8 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 namespace zenflow::model {
@@ -78,6 +80,22 @@ struct MaterializedUnits::Unit : torch::autograd::Function<Unit> {
 };
 
 MaterializedUnits::MaterializedUnits(size_t params) : uses_(params, 0), pending_(params) {}
+
+void MaterializedUnits::register_leaves(const std::vector<at::Tensor>& leaves, const char* runner) {
+  if (leaves.size() != uses_.size())
+    throw std::logic_error(std::string(runner) + ": " + std::to_string(leaves.size()) + " parameter tensors, " +
+                           std::to_string(uses_.size()) + " expected");
+  runner_ = runner;
+  by_leaf_.clear();
+  for (size_t i = 0; i < leaves.size(); ++i) by_leaf_[leaves[i].unsafeGetTensorImpl()] = i;
+}
+
+size_t MaterializedUnits::index_of(const at::Tensor& weight) const {
+  auto it = by_leaf_.find(weight.unsafeGetTensorImpl());
+  if (it == by_leaf_.end())
+    throw std::logic_error(std::string(runner_) + ": a unit's weight is none of the parameter tensors it made");
+  return it->second;
+}
 
 at::Tensor MaterializedUnits::run(UnitKind kind, const LayerBody& body, const at::Tensor& x,
                                   const std::vector<at::Tensor>& weights, bool checkpoint) {

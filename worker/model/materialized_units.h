@@ -28,6 +28,7 @@
 #include <ATen/ATen.h>
 
 #include <cstddef>
+#include <unordered_map>
 #include <vector>
 
 #include "worker/model/causal_lm.h"
@@ -40,11 +41,12 @@ class MaterializedUnits : public UnitRunner {
                  bool checkpoint) final;
 
  protected:
-  // `params`: how many parameter tensors there are (index_of's range).
+  // `params`: how many parameter tensors there are.
   explicit MaterializedUnits(size_t params);
 
-  // The parameter index of a weight tensor a unit was given (one of the model's).
-  virtual size_t index_of(const at::Tensor& weight) const = 0;
+  // The tensors the model holds as its parameters, in order (what a unit is given as its
+  // weights): a runner registers them before the model runs. `runner` names it in errors.
+  void register_leaves(const std::vector<at::Tensor>& leaves, const char* runner);
   // The weights parameters `idx` compute with, now (a unit's, in its order).
   virtual std::vector<at::Tensor> materialize(const std::vector<size_t>& idx) = 0;
   // The gradients of parameters `idx` whose every use this step is done (the sum over the
@@ -65,6 +67,12 @@ class MaterializedUnits : public UnitRunner {
   // A unit's backward: its weights' gradients -> per weight what autograd gives its tensor.
   std::vector<at::Tensor> backward_done(const std::vector<size_t>& idx, const std::vector<at::Tensor>& grads);
 
+  // The parameter index of a weight tensor a unit was given; std::logic_error for one that
+  // was not registered.
+  size_t index_of(const at::Tensor& weight) const;
+
+  const char* runner_ = "MaterializedUnits";
+  std::unordered_map<const c10::TensorImpl*, size_t> by_leaf_;
   std::vector<int> uses_;             // per parameter: forwards whose backward is still to come
   std::vector<at::Tensor> pending_;   // per parameter: the gradient of the backwards done so far
 };

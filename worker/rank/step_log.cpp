@@ -31,6 +31,7 @@ void copy_stalls_and_bytes(const engine::StepTimes& t, Line& line) noexcept {
     line.stall[static_cast<size_t>(c)].seconds = t.stall_seconds[c];
   line.bytes_d2h = t.transfer_bytes[static_cast<int>(engine::Direction::kD2H)];
   line.bytes_h2d = t.transfer_bytes[static_cast<int>(engine::Direction::kH2D)];
+  line.bytes_h2d_weights = t.transfer_bytes[static_cast<int>(engine::Direction::kH2DWeights)];
 }
 
 }  // namespace
