@@ -347,11 +347,14 @@ TEST_P(ChunkedStaging, GivesBitIdenticalWeightsAndHoldsFourChunksOnTheDevice) {
   }
   // The host keeps one ring slot and one output buffer (bf16) or the packed fp32 master's
   // copy (fp32), no last-gradient buffer: two split-sized buffers where whole staging keeps
-  // six (bf16: two ring slots, two last gradients, two outputs) or four (fp32: no outputs on
-  // one rank).
+  // six in zenflow mode (bf16: two ring slots, two last gradients, two outputs) or four
+  // (fp32: no outputs on one rank), and offload mode, which opens no window, one ring slot
+  // and (bf16) one output: two or one.
   const int64_t e = static_cast<int64_t>(at::elementSize(c.dtype)), n = opt_b.split_elements();
   EXPECT_EQ(opt_b.host_memory_bytes().transfer_buffers, 2 * n * e);
-  EXPECT_EQ(opt_a.host_memory_bytes().transfer_buffers, (c.dtype == at::kFloat ? 4 : 6) * n * e);
+  const bool zen = c.mode == ze::OptimizerMode::kZenFlow;
+  EXPECT_EQ(opt_a.host_memory_bytes().transfer_buffers,
+            (c.dtype == at::kFloat ? (zen ? 4 : 1) : (zen ? 6 : 2)) * n * e);
 }
 
 // A budget larger than the gradient stages in four chunks of a quarter of the split
@@ -1133,6 +1136,31 @@ TEST(ZenFlowOptimizer, HostMemoryIsCountedBufferByBuffer) {
     EXPECT_EQ(by_kind.moments, 2 * split * 4);
     EXPECT_EQ(by_kind.accumulators, 2 * split * 4);
     EXPECT_EQ(by_kind.transfer_buffers, transfer) << c10::toString(dtype);
+
+    // Offload mode opens no windows: no accumulators, one ring slot, no last gradients, and
+    // with bf16 weights one output buffer (12 + 2 or 12 + 4 B per element where zenflow
+    // keeps 20 + 8 or 20 + 12). Its numbers are the same either way (the engine tests
+    // above compare offload mode with AdamW step by step).
+    ze::EngineOptions off = zen_options();
+    off.mode = ze::OptimizerMode::kOffload;
+    Problem q = make_problem(kSmallSpecs, init);
+    ze::ZenFlowOptimizer opt_off(q.param_specs(), off);
+    const int64_t all = opt_off.split_elements();  // every parameter's: 108 + 6 + 15
+    EXPECT_EQ(all, split + 6 + 15);
+    const int64_t e = dtype == at::kFloat ? 4 : 2, off_transfer = (dtype == at::kFloat ? 1 : 2) * all * e;
+    const ze::HostMemoryBytes off_kind = opt_off.host_memory_bytes();
+    EXPECT_EQ(off_kind.master, all * 4);
+    EXPECT_EQ(off_kind.moments, 2 * all * 4);
+    EXPECT_EQ(off_kind.accumulators, 0);
+    EXPECT_EQ(off_kind.transfer_buffers, off_transfer) << c10::toString(dtype);
+    EXPECT_EQ(opt_off.host_state_bytes(), 3 * all * 4 + off_transfer);
+    EXPECT_EQ(opt_off.host_optimizer()->resident_state_bytes(), 3 * all * 4);
+    for (int t = 0; t < 3; ++t) {  // it steps with no accumulator and one buffer of each kind
+      q.set_grads(random_values(kSmallSpecs, 100 + t));
+      EXPECT_FALSE(opt_off.step(ctx_at(t)).skipped);
+    }
+    opt_off.finish();
+    EXPECT_EQ(opt_off.host_steps(), 3);
   }
 }
 

@@ -84,7 +84,9 @@ class InProcessHostOptimizer : public HostOptimizer {
  public:
   InProcessHostOptimizer(const InProcessHostOptions& o, const HostStateLayout& layout)
       : options_(o), layout_(layout), pool_(o.threads, o.cores), driver_([this] { run(); }) {
-    for (auto& b : bufs_) b = HostBuffer(layout.elements, o.first_touch ? &pool_ : nullptr, layout.huge_pages);
+    for (int b = 0; b < kNumHostBufs; ++b)
+      if (b < arrays())
+        bufs_[b] = HostBuffer(layout.elements, o.first_touch ? &pool_ : nullptr, layout.huge_pages);
   }
 
   ~InProcessHostOptimizer() override {
@@ -159,7 +161,7 @@ class InProcessHostOptimizer : public HostOptimizer {
   }
   float* local_data(HostBuf b) override { return buf(b); }
   int64_t resident_state_bytes() const override {
-    return static_cast<int64_t>(kNumHostBufs) * layout_.elements * static_cast<int64_t>(sizeof(float));
+    return static_cast<int64_t>(arrays()) * layout_.elements * static_cast<int64_t>(sizeof(float));
   }
   std::string describe() const override { return "in-process"; }
 
@@ -249,8 +251,9 @@ class InProcessHostOptimizer : public HostOptimizer {
         if (s.half_out && s.master_out) throw std::invalid_argument("host step: a span with two outputs");
         flat.add(s.n);
       }
+      if (job.acc >= 0)  // before it is read
+        for (const auto& s : job.spans) check_range(static_cast<HostBuf>(job.acc), s.offset, s.n);
       const float* acc = job.acc >= 0 ? buf(static_cast<HostBuf>(job.acc)) : nullptr;
-      if (job.acc >= kNumHostBufs) throw std::out_of_range("host step: accumulator " + std::to_string(job.acc));
       const int64_t chunk = std::max<int64_t>(options_.chunk_elements, kHostChunkAlign);
       for (int64_t c0 = 0; c0 < flat.total; c0 += chunk) {
         const int64_t c1 = std::min(flat.total, c0 + chunk);
@@ -298,7 +301,12 @@ class InProcessHostOptimizer : public HostOptimizer {
 
   float* buf(HostBuf b) const { return bufs_[static_cast<size_t>(b)].data(); }
   void check_range(HostBuf b, int64_t offset, int64_t n) const {
-    if (static_cast<uint32_t>(b) >= kNumHostBufs || offset < 0 || n < 0 || offset > layout_.elements - n)
+    if (static_cast<uint32_t>(b) >= kNumHostBufs)
+      throw std::out_of_range("host state: array " + std::to_string(static_cast<uint32_t>(b)) + " does not exist");
+    if (static_cast<int>(b) >= arrays())
+      throw std::out_of_range(std::string("host state: ") + host_buf_name(b) +
+                              " is not held: the engine opens no windows (offload mode)");
+    if (offset < 0 || n < 0 || offset > layout_.elements - n)
       throw std::out_of_range(std::string("host state: ") + host_buf_name(b) + "[" + std::to_string(offset) + ", +" +
                               std::to_string(n) + ") outside its " + std::to_string(layout_.elements) + " elements");
   }
@@ -312,6 +320,9 @@ class InProcessHostOptimizer : public HostOptimizer {
   }
 
   InProcessHostOptions options_;
+  // The arrays held: master, m, v, and the accumulators when the engine opens windows.
+  int arrays() const { return layout_.accumulators ? kNumHostBufs : static_cast<int>(HostBuf::kAcc0); }
+
   HostStateLayout layout_;
   HostBuffer bufs_[kNumHostBufs];
   HostThreadPool pool_;

@@ -81,6 +81,10 @@ struct HostStateLayout {
   bool huge_pages = true;
   int rank = 0;          // data-parallel rank whose shard this is (names, logs)
   int world = 1;
+  // false: the engine opens no windows (offload mode) and never addresses kAcc0 or kAcc1;
+  // a backend may hold no accumulator arrays (in-process: it holds none, so a job or a
+  // transfer that names one is out of range).
+  bool accumulators = true;
   // Ascending offsets where a matrix's slots begin (the first is 0). No job span and no
   // transfer crosses one, so a backend may split the arrays between machines there.
   std::vector<int64_t> segments;

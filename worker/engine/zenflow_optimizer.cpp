@@ -178,12 +178,16 @@ struct ZenFlowOptimizer::Impl {
   // Chunked staging keeps one param_out and one ring slot too: a host step writes the
   // buffer once the H2D of the previous window's result out of it is done (it was started
   // before), and a gradient is staged once the previous step's accumulate has read the slot.
-  int out_index(int parity) const { return streaming || chunked ? 0 : parity; }
-  int ring_slots() const { return chunked ? 1 : 2; }
+  // Offload mode (and zenflow's warm-up, which is offload) uses one of each: its host step
+  // is synchronous and opens no window, so it keeps one ring slot, one output buffer, no
+  // last-gradient buffers, one device stage and no accumulators (HostStateLayout).
+  int out_index(int parity) const { return streaming || chunked || !zenflow() ? 0 : parity; }
+  int ring_slots() const { return chunked || !zenflow() ? 1 : 2; }
   // Chunked staging keeps no last-gradient buffers either (24 B per split bf16 element in
   // all): a window's last gradient is accumulated like the others (close_window) and its
   // host step reads the accumulator alone, (acc + last) * (1/len) either way, bit for bit.
   bool last_in_acc() const { return chunked; }
+  bool keeps_last_grad() const { return zenflow() && !last_in_acc(); }
   // Host steps write a copy of their result into param_out: low-precision weights, and
   // fp32 weights with a streaming backend where the worker holds a packed fp32 copy of
   // its columns anyway (the H2D source on CUDA, the all-gather's with several ranks):
@@ -539,6 +543,7 @@ struct ZenFlowOptimizer::Impl {
       layout.huge_pages = opt.huge_pages;
       layout.rank = me;
       layout.world = world;
+      layout.accumulators = zenflow();
       for (auto& s : split) layout.segments.push_back(s.host_offset);
       if (opt.host_backend) {
         host = opt.host_backend(layout);
@@ -566,12 +571,13 @@ struct ZenFlowOptimizer::Impl {
       for (int b = 0; b < 2; ++b) {
         if (!streaming) {
           if (b < ring_slots()) ring[b] = streams->alloc_host({capacity}, split_dtype);
-          if (!last_in_acc()) last_grad[b] = streams->alloc_host({capacity}, split_dtype);
+          if (keeps_last_grad()) last_grad[b] = streams->alloc_host({capacity}, split_dtype);
         }
         if (out_copy() && out_index(b) == b) param_out[b] = streams->alloc_host({capacity}, split_dtype);
         // Device-side staging: the all-rank layout (the reduce-scatter's input with W > 1;
         // what a streaming backend reads with one rank).
-        if (!chunked && (device.is_cuda() || (partitioned() && b == 0) || (streaming && !partitioned())))
+        if (!chunked && ((device.is_cuda() && (b == 0 || zenflow() || streaming)) || (partitioned() && b == 0) ||
+                         (streaming && !partitioned())))
           dev_stage[b] = at::empty({capacity_all}, at::TensorOptions().dtype(split_dtype).device(device));
       }
       if (device.is_cuda() && !chunked)
@@ -645,7 +651,7 @@ struct ZenFlowOptimizer::Impl {
       gather_parts(g, buf);
     } else {
       const int slot = dev_slot;
-      dev_slot ^= 1;
+      if (dev_stage[1].defined()) dev_slot ^= 1;  // offload mode keeps one
       dev_stage_busy[slot].make_compute_wait();  // its previous D2H has read it
       gather_parts(g, dev_stage[slot]);
       done = streams->copy_d2h(dev_stage[slot].narrow(0, 0, staging.total), buf.narrow(0, 0, staging.total));
@@ -1741,6 +1747,9 @@ void ZenFlowOptimizer::load_state_shards(
   i.host_step = scalars.host_step;
   if (scalars.pending_apply) i.inflight.reset(new InFlight{nullptr, -1, {}});
   i.last_lr = get("engine/last_lr", {1}).item<double>();
+  if (!i.zenflow() && i.schedule.position > 0)
+    throw std::runtime_error("engine state: a window is open (zenflow mode, checkpointed mid-window); offload mode "
+                             "has no window to resume it into");
   const int parity = i.schedule.parity();
   for (auto& s : i.split) {
     const std::string p = "split/" + i.params[s.index].name + "/";
@@ -1912,7 +1921,7 @@ HostMemoryBytes ZenFlowOptimizer::host_memory_bytes() const {
   const int64_t resident = i.host && i.host->resident_state_bytes() > 0 ? i.capacity * 4 : 0;
   b.master = resident;            // master
   b.moments = 2 * resident;       // m, v
-  b.accumulators = 2 * resident;  // acc[0], acc[1]
+  b.accumulators = i.zenflow() ? 2 * resident : 0;  // acc[0], acc[1]; offload mode opens no windows
   for (int k = 0; k < 2; ++k) {
     if (i.ring[k].defined()) b.transfer_buffers += i.ring[k].nbytes();
     if (i.last_grad[k].defined()) b.transfer_buffers += i.last_grad[k].nbytes();

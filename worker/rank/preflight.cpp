@@ -275,12 +275,18 @@ MemoryEstimate estimate_job_memory(const JobSpec& spec, const model::LoadedModel
   // staging (one-rank engines) keeps one ring slot, one weight-out buffer and no last
   // gradients on the host, and four chunk buffers of a quarter of the budget (at least a
   // row each) on the device.
+  // Offload mode opens no windows: no accumulators, one ring slot, one weight-out buffer, no
+  // last gradients and one device stage, as with chunked staging.
   const bool one_rank_engine = world_size <= 1 || sharded;
+  const bool windows = mode == "zenflow";
+  // train.offload_parameters: the engine runs over host leaves, on the CPU device.
+  const bool engine_cuda = device_is_cuda && !spec.train.offload_parameters;
   auto host_bytes = [&](bool chunked) {
-    const bool pack_out = !one_rank_engine || ((device_is_cuda || chunked) && !low_precision);
-    return capacity * (5 * 4                                            // master, m, v, two accumulators
-                       + (chunked ? 1 : 4) * e                          // ring slots, last gradients
-                       + (low_precision ? (chunked ? 1 : 2) * e : 0)    // weight-out buffers
+    const bool pack_out = !one_rank_engine || ((engine_cuda || chunked) && !low_precision);
+    const bool single = chunked || !windows;
+    return capacity * ((windows ? 5 : 3) * 4                            // master, m, v (two accumulators)
+                       + (single ? 1 : 4) * e                           // ring slots, last gradients
+                       + (low_precision ? (single ? 1 : 2) * e : 0)     // weight-out buffers
                        + (pack_out ? e : 0));
   };
   auto staging_bytes = [&](LD budget) -> LD {
@@ -289,7 +295,8 @@ MemoryEstimate estimate_job_memory(const JobSpec& spec, const model::LoadedModel
              static_cast<LD>(engine::device_staging_chunk_elems(
                  static_cast<int64_t>(budget), static_cast<int64_t>(e), static_cast<int64_t>(capacity),
                  static_cast<int64_t>(widest)));
-    if (device_is_cuda) return 2 * (sharded ? capacity : split) * e + capacity * e;  // two stages, the h2d buffer
+    if (engine_cuda)  // two stages (offload: one), the h2d buffer
+      return (windows ? 2 : 1) * (sharded ? capacity : split) * e + capacity * e;
     if (world_size > 1 && !sharded) return split * e;                               // the reduce-scatter input
     return 0;
   };
