@@ -773,7 +773,8 @@ void rows(V& v, Of<TrainSpec>) {
   v(Flag{"offload_parameters",
          "Keep the weights in host memory and copy each layer's to the device just before its forward and its "
          "recomputing backward, one layer ahead, so the device holds two layers' weights instead of the model's; "
-         "the gradients go to the host layer by layer. optimizer.mode offload; needs activation_checkpointing"},
+         "the gradients go to the host layer by layer. optimizer.mode offload, or zenflow, where the selected "
+         "columns stay on the device and only the others stream (one rank); needs activation_checkpointing"},
     &TrainSpec::offload_parameters);
 }
 
@@ -973,13 +974,15 @@ void check_rules(JobSpec& spec, const Section&, const ReadContext& ctx, std::str
                                                       "sharded across the ranks)");
   }
   if (after == "optimizer" && spec.train.offload_parameters) {
-    if (spec.optimizer.mode != "offload")
+    if (spec.optimizer.mode == "device")
       throw SpecError("train.offload_parameters",
-                      "needs optimizer.mode: offload, got '" + spec.optimizer.mode +
-                          (spec.optimizer.mode == "device"
-                               ? "' (device mode keeps every weight and its optimizer state on the device)"
-                               : "' (zenflow mode, where the selected columns stay on the device and only the others "
-                                 "stream, is not built yet)"));
+                      "needs optimizer.mode: offload or zenflow, got 'device' (device mode keeps every weight and its "
+                      "optimizer state on the device)");
+    if (spec.optimizer.mode == "zenflow" && spec.optimizer.host.device_staging_mib > 0)
+      throw SpecError("train.offload_parameters",
+                      "in zenflow mode stages the host columns' gradients on the host unit by unit; not with "
+                      "optimizer.host.device_staging_mib (" +
+                          std::to_string(spec.optimizer.host.device_staging_mib) + ")");
     if (spec.optimizer.host.nodes > 0 || !spec.optimizer.host.addresses.empty())
       throw SpecError("train.offload_parameters", "runs the host optimizer in this process, over the weights "
                                                   "it streams; not with remote optimizer nodes "

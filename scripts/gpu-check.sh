@@ -26,8 +26,8 @@
 #              has the ~120 GB it needs; step time per mode, zenflow's stall share and the
 #              device memory by kind each run reports (gpu7b.json)
 #   gpu13b     (with 300 s of budget left) bench offload --preset gpu-13b-1gpu: Llama-2-13B
-#              in offload mode with train.offload_parameters; step time, the weight_stream
-#              stall share, streamed bytes and device memory by kind (gpu13b.json)
+#              in offload and zenflow mode with train.offload_parameters; step time, the
+#              weight_stream stall share, streamed bytes and device memory by kind (gpu13b.json)
 # A failed phase does not stop later ones (unless they need what it should have made);
 # the script exits 1 if any phase failed. Results go to $OUT (./gpu-check-out when OUT is
 # unset): summary.txt, bench-offload.json, host-adam.json, and gpu-check-logs.tar.gz with
@@ -419,7 +419,7 @@ fi
 # default): 13B's host state is ~210 GB and its first step minutes; left out, it is reported
 # as not run, not as a failure.
 bench_gpu13b() {
-  "$ZENFLOW" bench offload --preset gpu-13b-1gpu --modes offload --steps 3 --json >"$OUT/gpu13b.json"
+  "$ZENFLOW" bench offload --preset gpu-13b-1gpu --modes offload,zenflow --steps 3 --json >"$OUT/gpu13b.json"
 }
 export -f bench_gpu13b
 if ((CONFIGURED)) && [[ -x "$ZENFLOW" ]] && (($(seconds_left) > 300)); then
@@ -431,14 +431,14 @@ try:
 except (OSError, ValueError) as e:
     sys.exit(f"gpu-check: figure    gpu-13b-1gpu: none ({e})")
 for d in lines:
-    if d.get("mode") != "offload" or "step_seconds_median" not in d:
+    if d.get("mode") not in ("offload", "zenflow") or "step_seconds_median" not in d:
         continue
     mem = d.get("device_memory_bytes", {})
     kinds = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in mem.items()) or "not reported"
     stall = d.get("stall_seconds", {})
     wall = d.get("wall_seconds", 0) or 1
     b = d.get("transfer_bytes_per_step", {})
-    print(f"gpu-check: figure    gpu-13b-1gpu offload+streamed step median {d['step_seconds_median']:.3f} s; "
+    print(f"gpu-check: figure    gpu-13b-1gpu {d['mode']}+streamed step median {d['step_seconds_median']:.3f} s; "
           f"weight_stream share {stall.get('weight_stream', 0) / wall:.3f} (target <= 0.10); "
           f"h2d_weights {b.get('h2d_weights', 0) / 1e9:.1f} GB/step; device memory: {kinds}")
 PYEOF

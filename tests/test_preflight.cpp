@@ -351,6 +351,73 @@ TEST(Preflight, OffloadParametersHoldsTwoUnitsOnTheDeviceAsTheRunnerDoes) {
               static_cast<double>(on.total_host_bytes) / kGiB);
 }
 
+// Zenflow mode streams only the split matrices' host-owned columns: preflight's device
+// weights and gradients are what a runner and an engine over the built model hold after a
+// step of warm-up (ring sized for every column landed), its host bytes theirs; the device
+// keeps each split matrix's selected tenth.
+TEST(Preflight, OffloadParametersInZenflowModeCountsWhatTheRunnerAndTheEngineHold) {
+  const std::string model =
+      "{arch: llama, config: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, "
+      "tie_word_embeddings: false}}";
+  const JobSpec spec = job(model, {"optimizer.mode=zenflow", "train.activation_checkpointing=true",
+                                   "train.offload_parameters=true", "train.micro_batch=2", "train.seq_len=8",
+                                   "optimizer.zenflow.min_split_numel=1024"});
+  const MemoryEstimate est = estimate(spec, 1, true, 4);
+
+  std::unique_ptr<model::CausalLM> lm = make_model_from_spec(spec.model, 256, 1, nullptr);
+  engine::StreamedParameters runner(*lm, at::Device(at::kCPU), nullptr, 1024);
+  lm->set_activation_checkpointing(true);
+  std::vector<engine::ParamSpec> params;
+  for (auto& nt : lm->parameters()) {
+    engine::ParamSpec p;
+    p.name = nt.name;
+    p.param = nt.tensor;
+    params.push_back(p);
+  }
+  engine::EngineOptions o;
+  o.mode = engine::OptimizerMode::kZenFlow;
+  o.min_split_numel = 1024;
+  o.columns_streamed = true;
+  o.huge_pages = false;
+  engine::ZenFlowOptimizer opt(params, o);
+  runner.attach(&opt);
+  for (int step = 0; step < 2; ++step) {  // warm-up, then the first selection
+    opt.zero_grad();
+    runner.begin_step();
+    const at::Tensor ids = at::randint(0, 256, {2, 8}, at::kLong);
+    model::causal_lm_loss(lm->forward(ids), ids).backward();
+    runner.finish_backward();
+    opt.step({1e-3, 0});
+  }
+  const engine::EngineDeviceBytes dev = opt.device_bytes();
+  EXPECT_GT(dev.selected_weights, 0);
+  EXPECT_EQ(est.weight_bytes, runner.ring_bytes() + dev.selected_weights + runner.device_leaf_bytes());
+  EXPECT_EQ(est.gradient_bytes,
+            runner.gradients_in_flight_bytes() + dev.selected_gradients + runner.device_leaf_bytes());
+  EXPECT_EQ(est.host_optimizer_bytes + est.streamed_host_bytes, opt.host_state_bytes() + runner.host_bytes());
+  EXPECT_EQ(est.device_optimizer_bytes, dev.optimizer_state + dev.buffers);
+
+  // Llama-2-7B, bf16, 1 x 2048 tokens: zenflow keeps a tenth of every matrix and its AdamW
+  // state on the device, streamed or not; streaming drops the other nine tenths and their
+  // gradients, and the staging of whole gradients.
+  const std::string llama7b =
+      "{arch: llama, config: {hidden_size: 4096, num_hidden_layers: 32, num_attention_heads: 32, "
+      "intermediate_size: 11008, vocab_size: 32000, max_position_embeddings: 4096}}";
+  const std::vector<std::string> big = {"optimizer.mode=zenflow", "train.activation_checkpointing=true",
+                                        "train.micro_batch=1", "train.seq_len=2048"};
+  std::vector<std::string> big_streamed = big;
+  big_streamed.push_back("train.offload_parameters=true");
+  const MemoryEstimate on = estimate(job(llama7b, big_streamed), 1, true, 2), off = estimate(job(llama7b, big), 1, true, 2);
+  EXPECT_LT(on.total_device_bytes, off.total_device_bytes / 3);
+  EXPECT_LT(on.weight_bytes, off.weight_bytes / 4);
+  EXPECT_LT(on.device_optimizer_bytes, off.device_optimizer_bytes);  // no whole-gradient staging
+  std::printf("[figure] Llama-2-7B bf16, 1 x 2048 tokens, zenflow: device %.1f GiB resident, %.1f GiB streamed "
+              "(weights %.2f GiB, gradients %.2f GiB, optimizer state %.2f GiB); host %.1f GiB\n",
+              static_cast<double>(off.total_device_bytes) / kGiB, static_cast<double>(on.total_device_bytes) / kGiB,
+              static_cast<double>(on.weight_bytes) / kGiB, static_cast<double>(on.gradient_bytes) / kGiB,
+              static_cast<double>(on.device_optimizer_bytes) / kGiB, static_cast<double>(on.total_host_bytes) / kGiB);
+}
+
 // The largest Llama-2 shape one 80 GB GPU trains with train.offload_parameters (offload
 // mode, bf16, 1 x 2048 tokens): the device holds two of its layers' weights, two layers'
 // gradients and the activations, so a 70B fits with room to spare (resident, not even its

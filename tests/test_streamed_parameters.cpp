@@ -69,6 +69,35 @@ void expect_files_equal(const fs::path& got_file, const fs::path& want_file, con
   }
 }
 
+// Two engine states equal column for column: each matrix's host-owned columns may be stored in
+// another order (a resumed engine stores them ascending, a running one where re-selections
+// put them), so its host arrays are compared by column; everything else bit for bit.
+void expect_engine_states_equal(const fs::path& got_file, const fs::path& want_file) {
+  zenflow::model::SafetensorsFile got(got_file.string()), want(want_file.string());
+  ASSERT_EQ(got.names(), want.names());
+  auto by_column = [](zenflow::model::SafetensorsFile& f, const std::string& name) {
+    const std::string matrix = name.substr(0, name.rfind('/') + 1);
+    const at::Tensor order = std::get<1>(f.tensor(matrix + "host_cols").sort());
+    return f.tensor(name).index_select(1, order);
+  };
+  for (const auto& name : want.names()) {
+    const bool host_array = name.rfind("split/", 0) == 0 &&
+                            (name.size() > 12 && (name.find("/host_master") != std::string::npos ||
+                                                  name.find("/host_m") != std::string::npos ||
+                                                  name.find("/host_v") != std::string::npos ||
+                                                  name.substr(name.rfind('/')) == "/acc"));
+    const bool order = name.substr(name.rfind('/')) == "/host_cols";
+    const at::Tensor x = order ? std::get<0>(got.tensor(name).sort())
+                         : host_array ? by_column(got, name)
+                                      : got.tensor(name);
+    const at::Tensor y = order ? std::get<0>(want.tensor(name).sort())
+                         : host_array ? by_column(want, name)
+                                      : want.tensor(name);
+    ASSERT_EQ(x.sizes(), y.sizes()) << name;
+    EXPECT_TRUE(at::equal(x, y)) << "engine state: " << name;
+  }
+}
+
 // Bytes of the model's units in the order the forward runs them: the embedding, each
 // decoder layer, the head (final norm and the output projection, or the tied embedding).
 std::vector<int64_t> unit_bytes(const fs::path& model_file) {
@@ -91,6 +120,36 @@ std::vector<int64_t> unit_bytes(const fs::path& model_file) {
   const bool tied = std::find(model.names().begin(), model.names().end(), "lm_head.weight") == model.names().end();
   units.push_back(head + (tied ? embed : 0));  // the head reads the embedding when tied
   return units;
+}
+
+// --- Zenflow mode: the selected columns stay on the device, the others stream ---
+
+struct ZenCase {
+  const char* name;
+  const char* update_interval;  // "auto" or a number
+  bool overlap;
+  bool tied;
+  int grad_accum;
+  const char* grad_clip;
+};
+
+void PrintTo(const ZenCase& c, std::ostream* os) { *os << c.name; }
+
+// Every matrix of at least 512 elements is split (every 2-D one of this model), 10% of its
+// columns selected; re-selected at every window (step strategy: every update_interval
+// steps; auto: whenever the selected share of the window's importance is below 1).
+std::string zen_spec_text(const fs::path& ckpt, bool offload_parameters, const ZenCase& c) {
+  const Case base{c.name, 1, c.tied, c.grad_accum, c.grad_clip};
+  std::string text = spec_text(ckpt, offload_parameters, base, "zenflow");
+  const std::string u = c.update_interval;
+  const std::string select = u == "auto" ? "select_strategy: auto, reselect_threshold: 1.0"
+                                         : "select_strategy: step, select_interval: " + u;
+  const std::string zen = "optimizer: {mode: zenflow, eps: 1.0e-3, host: {threads: 1}, zenflow: {topk_ratio: 0.1, "
+                          "min_split_numel: 512, update_interval: " + u + ", overlap_step: " +
+                          (c.overlap ? "true" : "false") + ", " + select + "}}\n";
+  const size_t at = text.find("optimizer: {");
+  text.replace(at, text.find('\n', at) + 1 - at, zen);
+  return text;
 }
 
 class StreamedParametersMatchDeviceResident : public ::testing::TestWithParam<Case> {};
@@ -171,13 +230,32 @@ INSTANTIATE_TEST_SUITE_P(Cases, StreamedParametersMatchDeviceResident,
 // Steps 1-5 with the setting `first`, resumed with `then` for steps 6-10: the same losses and
 // weights, bit for bit, as `then` run straight through. The first run goes on to step 10 and
 // its step-10 checkpoint is removed, so the resumed one is a periodic step-5 checkpoint.
-void expect_resume_exact(bool first, bool then) {
+// Zenflow mode: windows of 4 overlapped, so the step-5 checkpoint is mid-window with a host
+// step in flight.
+void expect_resume_exact(bool first, bool then, bool zenflow = false);
+
+TEST(StreamedParameters, ACheckpointWrittenWithItResumesWithoutItExactly) { expect_resume_exact(true, false); }
+TEST(StreamedParameters, ACheckpointWrittenWithoutItResumesWithItExactly) { expect_resume_exact(false, true); }
+TEST(StreamedParameters, ZenflowCheckpointMidWindowWrittenWithItResumesWithoutItExactly) {
+  expect_resume_exact(true, false, true);
+}
+TEST(StreamedParameters, ZenflowCheckpointMidWindowWrittenWithoutItResumesWithItExactly) {
+  expect_resume_exact(false, true, true);
+}
+
+void expect_resume_exact(bool first, bool then, bool zenflow) {
   const Case c{"resume", 1, false, 1, "1.0"};
   const fs::path dir = zenflow::test_support::fresh_scratch_dir(std::string("streamed-resume-") +
-                                                                (first ? "on" : "off") + (then ? "on" : "off"));
+                                                                (zenflow ? "zen-" : "") + (first ? "on" : "off") +
+                                                                (then ? "on" : "off"));
   const std::string spec = (dir / "job.yaml").string(), straight_spec = (dir / "straight.yaml").string();
-  std::ofstream(spec) << spec_text(dir / "ckpt", first, c);
-  std::ofstream(straight_spec) << spec_text(dir / "straight", then, c);
+  if (zenflow) {
+    std::ofstream(spec) << zen_spec_text(dir / "ckpt", first, ZenCase{"resume", "4", true, false, 1, "0.0"});
+    std::ofstream(straight_spec) << zen_spec_text(dir / "straight", then, ZenCase{"resume", "4", true, false, 1, "0.0"});
+  } else {
+    std::ofstream(spec) << spec_text(dir / "ckpt", first, c);
+    std::ofstream(straight_spec) << spec_text(dir / "straight", then, c);
+  }
   const nlohmann::json head = run_json(spec, 1, "--no-resume --set checkpoint.every_steps=5 --set checkpoint.keep=10");
   ASSERT_EQ(head["exit"], 0) << head["stderr"];
   fs::remove_all(step_dir(dir / "ckpt", 10));
@@ -195,12 +273,13 @@ void expect_resume_exact(bool first, bool then) {
   for (size_t i = 0; i < 5; ++i) EXPECT_EQ(got[i], want[5 + i]) << "step " << 6 + i;
   expect_files_equal(step_dir(dir / "ckpt", 10) / "model.safetensors",
                      step_dir(dir / "straight", 10) / "model.safetensors", "weights");
-  expect_files_equal(step_dir(dir / "ckpt", 10) / "engine.safetensors",
-                     step_dir(dir / "straight", 10) / "engine.safetensors", "engine state");
+  if (zenflow)
+    expect_engine_states_equal(step_dir(dir / "ckpt", 10) / "engine.safetensors",
+                               step_dir(dir / "straight", 10) / "engine.safetensors");
+  else
+    expect_files_equal(step_dir(dir / "ckpt", 10) / "engine.safetensors",
+                       step_dir(dir / "straight", 10) / "engine.safetensors", "engine state");
 }
-
-TEST(StreamedParameters, ACheckpointWrittenWithItResumesWithoutItExactly) { expect_resume_exact(true, false); }
-TEST(StreamedParameters, ACheckpointWrittenWithoutItResumesWithItExactly) { expect_resume_exact(false, true); }
 
 // What it does not combine with: exit 2 before anything runs, naming the keys.
 TEST(StreamedParameters, RefusedWhereItDoesNotApplyNamingTheKeys) {
@@ -212,7 +291,8 @@ TEST(StreamedParameters, RefusedWhereItDoesNotApplyNamingTheKeys) {
   };
   const Refusal refusals[] = {
       {"device", "", {"train.offload_parameters", "optimizer.mode", "device"}},
-      {"zenflow", "", {"train.offload_parameters", "optimizer.mode", "zenflow"}},
+      {"zenflow", "--set optimizer.host.device_staging_mib=64",
+       {"train.offload_parameters", "optimizer.host.device_staging_mib"}},
       {"offload", "--set train.activation_checkpointing=false",
        {"train.offload_parameters", "train.activation_checkpointing"}},
       {"offload", "--set train.shard=parameters", {"train.offload_parameters", "train.shard"}},
@@ -228,5 +308,101 @@ TEST(StreamedParameters, RefusedWhereItDoesNotApplyNamingTheKeys) {
   }
   EXPECT_FALSE(fs::exists(dir / "ckpt"));  // nothing ran
 }
+
+class StreamedColumnsMatchDeviceResident : public ::testing::TestWithParam<ZenCase> {};
+
+// The same run with and without train.offload_parameters in zenflow mode: the same losses,
+// weights and engine state bit for bit (without clipping; with it the gradient norm, summed
+// in another order, may change the clipping factor in its last bits); what moved: every
+// micro-batch streams the host-owned columns' weights twice and sends their gradients once,
+// and the engine's H2D of the host step's result is gone; on the device, the selected
+// columns, the parameters never split and the ring.
+TEST_P(StreamedColumnsMatchDeviceResident, SameRunStepByStepWithOnlyTheHostColumnsMoving) {
+  const ZenCase c = GetParam();
+  const fs::path dir = zenflow::test_support::fresh_scratch_dir(std::string("streamed-zen-") + c.name);
+  nlohmann::json runs[2];
+  for (int on = 0; on < 2; ++on) {
+    const std::string spec = (dir / (on ? "on.yaml" : "off.yaml")).string();
+    std::ofstream(spec) << zen_spec_text(dir / (on ? "on" : "off"), on == 1, c);
+    runs[on] = run_json(spec, 1, "--no-resume");
+    ASSERT_EQ(runs[on]["exit"], 0) << runs[on]["stderr"];
+    ASSERT_EQ(runs[on]["losses"].size(), 10u);
+    EXPECT_EQ(runs[on]["offload_parameters"], on == 1);
+  }
+  EXPECT_GT(runs[1]["reselections"].get<int64_t>(), 0);
+  EXPECT_EQ(runs[1]["reselections"], runs[0]["reselections"]);
+  const std::vector<double> off = runs[0]["losses"].get<std::vector<double>>(),
+                            on = runs[1]["losses"].get<std::vector<double>>();
+  const bool exact = std::string(c.grad_clip) == "0.0";
+  for (size_t i = 0; i < off.size(); ++i) {
+    if (exact)
+      EXPECT_EQ(on[i], off[i]) << "step " << i + 1;
+    else
+      EXPECT_NEAR(on[i], off[i], 1e-5 * std::abs(off[i])) << "step " << i + 1;
+  }
+  const fs::path on_dir = step_dir(dir / "on", 10), off_dir = step_dir(dir / "off", 10);
+  if (exact) {
+    EXPECT_EQ(runs[1]["val_loss"].get<double>(), runs[0]["val_loss"].get<double>());
+    expect_files_equal(on_dir / "model.safetensors", off_dir / "model.safetensors", "weights");
+    expect_files_equal(on_dir / zenflow::checkpoint_shard_name(0), off_dir / zenflow::checkpoint_shard_name(0),
+                       "engine state");
+  } else {
+    zenflow::model::SafetensorsFile a((on_dir / "model.safetensors").string()),
+        b((off_dir / "model.safetensors").string());
+    for (const auto& name : b.names())
+      EXPECT_TRUE(at::allclose(a.tensor(name), b.tensor(name), 1e-5, 1e-6)) << name;
+  }
+
+  const nlohmann::json& bytes = runs[1]["transfer_bytes"];
+  EXPECT_EQ(bytes["h2d"].get<int64_t>(), 0);  // nothing goes back after a host step
+  EXPECT_GT(bytes["d2h"].get<int64_t>(), 0);
+  if (!c.tied) {  // each matrix in one unit: its host columns stream twice, their gradients leave once
+    EXPECT_EQ(bytes["h2d_weights"].get<int64_t>(), 2 * bytes["d2h"].get<int64_t>());
+  }
+  EXPECT_GT(runs[0]["transfer_bytes"]["h2d"].get<int64_t>(), 0);
+
+  // Device parameters: 10% of each split matrix's columns, every parameter that is not split,
+  // and the ring: two slots of the largest unit's matrices whole and their host columns
+  // landed (all of them during warm-up), so 2 x 2 x the largest unit's split bytes.
+  zenflow::model::SafetensorsFile model((on_dir / "model.safetensors").string());
+  int64_t selected = 0, always = 0, all = 0;
+  std::map<std::string, int64_t> split_of_unit;
+  for (const auto& name : model.names()) {
+    const at::Tensor t = model.tensor(name);
+    all += static_cast<int64_t>(t.nbytes());
+    if (t.dim() == 2 && t.numel() >= 512) {
+      selected += t.size(0) * (t.size(1) / 10) * static_cast<int64_t>(t.element_size());
+      const std::string unit = name.rfind("model.layers.", 0) == 0 ? name.substr(0, name.find('.', 13))
+                               : name == "lm_head.weight"          ? "head"
+                                                                   : "embed";
+      split_of_unit[unit] += static_cast<int64_t>(t.nbytes());
+    } else {
+      always += static_cast<int64_t>(t.nbytes());
+    }
+  }
+  if (c.tied) split_of_unit["head"] += split_of_unit["embed"];
+  int64_t largest = 0;
+  for (const auto& [unit, b] : split_of_unit) largest = std::max(largest, b);
+  const int64_t params = runs[1]["device_memory_bytes"]["parameters"].get<int64_t>();
+  EXPECT_EQ(params, selected + always + 2 * 2 * largest);
+  EXPECT_LT(selected + always, all / 5);
+  EXPECT_EQ(runs[0]["device_memory_bytes"]["parameters"].get<int64_t>(), all);
+  std::printf("[figure] zenflow %s: device weights %lld B (selected %lld + never split %lld + ring %lld) against "
+              "%lld B resident; per step h2d_weights %lld B, d2h %lld B, engine h2d 0 (resident: %lld B)\n",
+              c.name, static_cast<long long>(params), static_cast<long long>(selected), static_cast<long long>(always),
+              static_cast<long long>(4 * largest), static_cast<long long>(all),
+              static_cast<long long>(bytes["h2d_weights"].get<int64_t>() / 10),
+              static_cast<long long>(bytes["d2h"].get<int64_t>() / 10),
+              static_cast<long long>(runs[0]["transfer_bytes"]["h2d"].get<int64_t>() / 10));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, StreamedColumnsMatchDeviceResident,
+                         ::testing::Values(ZenCase{"u1", "1", false, false, 1, "0.0"},
+                                           ZenCase{"u4", "4", false, false, 1, "0.0"},
+                                           ZenCase{"u4_overlap", "4", true, false, 1, "0.0"},
+                                           ZenCase{"auto_overlap", "auto", true, false, 1, "0.0"},
+                                           ZenCase{"u2_overlap_tied_accum2", "2", true, true, 2, "0.0"},
+                                           ZenCase{"u2_overlap_clip", "2", true, false, 1, "1.0e-3"}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -10,20 +10,12 @@
 
 namespace zenflow::engine {
 
-namespace {
-
-int64_t numel_of(const std::vector<at::Tensor>& ts) {
-  int64_t n = 0;
-  for (const at::Tensor& t : ts) n += t.numel();
-  return n;
-}
-
-}  // namespace
-
-StreamedParameters::StreamedParameters(model::CausalLM& model, at::Device device, StallClock* clock)
+StreamedParameters::StreamedParameters(model::CausalLM& model, at::Device device, StallClock* clock,
+                                       int64_t by_column_min_split_numel)
     : MaterializedUnits(model.parameters().size()),
       model_(model),
       device_(device),
+      by_column_(by_column_min_split_numel >= 0),
       clock_(clock),
       streams_(device) {
   c10::NoGradGuard no_grad;
@@ -34,6 +26,14 @@ StreamedParameters::StreamedParameters(model::CausalLM& model, at::Device device
       throw std::invalid_argument("train.offload_parameters: parameter '" + nt.name + "' is " +
                                   std::string(c10::toString(t.scalar_type())) + ", the others " +
                                   c10::toString(params.front().tensor.scalar_type()) + " (one dtype is streamed)");
+    const Kind kind = !by_column_ ? Kind::kHost
+                      : zenflow_splits(t.sizes(), by_column_min_split_numel) ? Kind::kColumns
+                                                                             : Kind::kDevice;
+    kind_.push_back(kind);
+    if (kind == Kind::kDevice) {  // a fresh device leaf (the model was built on the host)
+      leaves_.push_back(t.detach().to(device_).clone().requires_grad_(true));
+      continue;
+    }
     // Pinned straight from the driver on a GPU (DeviceStreams::alloc_host); a fresh copy on
     // the CPU device, so the streamed path is the one that runs.
     at::Tensor leaf = streams_.alloc_host(t.sizes(), t.scalar_type());
@@ -57,6 +57,22 @@ StreamedParameters::~StreamedParameters() {
   }
 }
 
+void StreamedParameters::attach(ZenFlowOptimizer* engine) {
+  for (size_t i = 0; i < kind_.size(); ++i)
+    if ((kind_[i] == Kind::kColumns) != (engine != nullptr && engine->streams_columns(i)))
+      throw std::logic_error("StreamedParameters: the engine streams parameter " + std::to_string(i) +
+                             (kind_[i] == Kind::kColumns ? " not" : "") + " by column, this runner" +
+                             (kind_[i] == Kind::kColumns ? " does" : " does not"));
+  engine_ = engine;
+}
+
+int64_t StreamedParameters::device_leaf_bytes() const {
+  int64_t b = 0;
+  for (size_t i = 0; i < leaves_.size(); ++i)
+    if (kind_[i] == Kind::kDevice) b += static_cast<int64_t>(leaves_[i].nbytes());
+  return b;
+}
+
 void StreamedParameters::begin_step() { reset_uses(); }
 
 int64_t StreamedParameters::ring_bytes() const {
@@ -65,7 +81,8 @@ int64_t StreamedParameters::ring_bytes() const {
 
 int64_t StreamedParameters::host_bytes() const {
   int64_t b = 0;
-  for (const at::Tensor& t : leaves_) b += static_cast<int64_t>(t.nbytes());
+  for (size_t i = 0; i < leaves_.size(); ++i)
+    if (kind_[i] != Kind::kDevice) b += static_cast<int64_t>(leaves_[i].nbytes());
   return b;
 }
 
@@ -77,24 +94,54 @@ int64_t StreamedParameters::staging_bytes() const {
 }
 
 StreamedParameters::Fetch StreamedParameters::launch(const std::vector<size_t>& idx, int slot) {
+  if (by_column_ && engine_ == nullptr)
+    throw std::logic_error("StreamedParameters: zenflow mode runs a unit before attach()");
   Fetch f;
   f.idx = idx;
   f.slot = slot;
-  std::vector<at::Tensor> src;
-  src.reserve(idx.size());
-  for (size_t i : idx) src.push_back(leaves_[i].detach());
+  // The slot holds each streamed weight whole, and behind them (kColumns) where each one's
+  // host columns land.
+  int64_t need = 0;
+  f.columns.resize(idx.size());
+  f.landed.resize(idx.size());
+  for (size_t k = 0; k < idx.size(); ++k) {
+    const size_t i = idx[k];
+    if (kind_[i] == Kind::kDevice) continue;
+    need += leaves_[i].numel();
+    if (kind_[i] == Kind::kColumns) {
+      f.columns[k] = engine_->streamed_columns(i);
+      need += f.columns[k].host_weights.numel();
+    }
+  }
+  if (need == 0) {  // nothing streams: the device tensors themselves
+    for (size_t i : idx) f.weights.push_back(leaves_[i]);
+    return f;
+  }
   // Both slots grow to the largest unit seen (during the first micro-batch), each when next used.
-  ring_capacity_ = std::max(ring_capacity_, numel_of(src));
+  ring_capacity_ = std::max(ring_capacity_, need);
   at::Tensor& ring = ring_[static_cast<size_t>(slot)];
   if (!ring.defined() || ring.numel() < ring_capacity_)
-    ring = at::empty({ring_capacity_}, at::TensorOptions().dtype(src.front().scalar_type()).device(device_));
+    ring = at::empty({ring_capacity_}, at::TensorOptions().dtype(leaves_.front().scalar_type()).device(device_));
   int64_t at_ = 0;
-  for (const at::Tensor& s : src) {
-    at::Tensor dst = ring.narrow(0, at_, s.numel()).view(s.sizes());
-    f.copies.push_back(streams_.copy_h2d(s, dst));
-    f.weights.push_back(dst);
-    at_ += s.numel();
-    if (clock_) clock_->add_bytes(Direction::kH2DWeights, static_cast<int64_t>(s.nbytes()));
+  for (size_t k = 0; k < idx.size(); ++k) {
+    const at::Tensor& leaf = leaves_[idx[k]];
+    if (kind_[idx[k]] == Kind::kDevice) {
+      f.weights.push_back(leaf);
+      continue;
+    }
+    at::Tensor whole = ring.narrow(0, at_, leaf.numel()).view(leaf.sizes());
+    at_ += leaf.numel();
+    f.weights.push_back(whole);
+    const at::Tensor src = kind_[idx[k]] == Kind::kHost ? leaf.detach() : f.columns[k].host_weights;
+    at::Tensor dst = kind_[idx[k]] == Kind::kHost ? whole : ring.narrow(0, at_, src.numel()).view(src.sizes());
+    if (kind_[idx[k]] == Kind::kColumns) {
+      at_ += src.numel();
+      f.landed[k] = dst;
+      if (src.numel() == 0) continue;
+    }
+    f.copies.push_back(streams_.copy_h2d(src, dst));
+    if (kind_[idx[k]] == Kind::kColumns) engine_->streamed_copy(f.columns[k].buffer, f.copies.back());
+    if (clock_) clock_->add_bytes(Direction::kH2DWeights, static_cast<int64_t>(src.nbytes()));
   }
   return f;
 }
@@ -117,11 +164,37 @@ std::vector<at::Tensor> StreamedParameters::materialize(const std::vector<size_t
   if (const std::vector<size_t>* next = sequence_.record(idx)) prefetched_ = launch(*next, 1 - now.slot);
   for (const CopyHandle& h : now.copies) h.make_compute_wait();
   span.end(TimeKind::kComputeStall, StallCause::kWeightStream);
+  // Zenflow mode: each matrix from its host columns (landed) and its selected ones.
+  c10::NoGradGuard no_grad;
+  for (size_t k = 0; k < now.idx.size(); ++k) {
+    if (kind_[now.idx[k]] != Kind::kColumns) continue;
+    const StreamedColumns& c = now.columns[k];
+    at::Tensor whole = now.weights[k].view({c.host_weights.size(0), -1});
+    if (c.host_columns.numel() > 0) whole.index_copy_(1, c.host_columns, now.landed[k]);
+    if (c.selected.numel() > 0) whole.index_copy_(1, c.selected, c.selected_weights);
+  }
   return now.weights;
 }
 
 std::vector<at::Tensor> StreamedParameters::gradients_ready(const std::vector<size_t>& idx,
                                                             const std::vector<at::Tensor>& grads) {
+  if (by_column_) {
+    // Zenflow mode: streamed matrices' gradients to the engine (which keeps its selected
+    // columns and sends the rest to the host); the device tensors' to autograd.
+    std::vector<at::Tensor> to_tensors(idx.size());
+    int64_t in_flight = 0;
+    for (size_t k = 0; k < idx.size(); ++k) {
+      if (!grads[k].defined()) continue;
+      if (kind_[idx[k]] == Kind::kDevice) {
+        to_tensors[k] = grads[k];
+      } else {
+        in_flight += static_cast<int64_t>(grads[k].nbytes());
+        engine_->add_unit_gradient(idx[k], grads[k]);
+      }
+    }
+    grads_in_flight_peak_ = std::max(grads_in_flight_peak_, in_flight);
+    return to_tensors;
+  }
   Outgoing out;
   out.idx = idx;
   int64_t need = 0;

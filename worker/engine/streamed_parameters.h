@@ -25,6 +25,18 @@
 // largest unit's weights); gradients_in_flight_bytes(); the leaves and their gradients are
 // host memory (host_bytes(), staging_bytes()).
 //
+// Zenflow mode (by_column): the split matrices (zenflow_splits) stream only their host-owned
+// columns. Their parameter tensors are host copies that the engine writes only for
+// checkpoints (ZenFlowOptimizer::sync_parameters); the engine (EngineOptions::
+// columns_streamed, attach()) keeps their selected columns on the device and the others'
+// weights in the host step's output buffer. A unit's copy brings those host columns into its
+// ring slot, next to which the matrix is assembled on the device from both parts (two
+// index_copy_); its gradient goes to the engine (add_unit_gradient), which keeps the selected
+// columns' on the device and sends the rest to the host. The other parameters (norms, small
+// matrices) stay on the device as the model's own leaves, and autograd gives them their
+// gradients. Bytes per micro-batch: 2 x the host-owned columns' weights (h2d_weights) and
+// 1 x their gradients (d2h).
+//
 // Threads: as MaterializedUnits. The StallClock is used by both the training thread and
 // autograd's, never at once.
 #pragma once
@@ -39,6 +51,7 @@
 
 #include "worker/engine/device_streams.h"
 #include "worker/engine/stall_clock.h"
+#include "worker/engine/zenflow_optimizer.h"
 #include "worker/model/causal_lm.h"
 #include "worker/model/materialized_units.h"
 
@@ -51,10 +64,23 @@ class StreamedParameters final : public model::MaterializedUnits {
   // `clock` (may be null) gets the weight_stream stalls and the bytes. The model must
   // outlive this object, which detaches itself from the model when destroyed. Throws
   // std::invalid_argument when the parameters do not share one dtype.
-  StreamedParameters(model::CausalLM& model, at::Device device, StallClock* clock);
+  // `by_column_min_split_numel` >= 0: zenflow mode, the matrices zenflow_splits with it stream
+  // by column (attach() the engine before the model runs), the others stay on the device.
+  StreamedParameters(model::CausalLM& model, at::Device device, StallClock* clock,
+                     int64_t by_column_min_split_numel = -1);
   ~StreamedParameters() override;  // waits for the copies in flight
   StreamedParameters(const StreamedParameters&) = delete;
   StreamedParameters& operator=(const StreamedParameters&) = delete;
+
+  // Zenflow mode: the engine built over this runner's parameter tensors (their order), which
+  // must stream by column exactly the matrices this runner does (std::logic_error otherwise).
+  void attach(ZenFlowOptimizer* engine);
+  bool by_column() const { return by_column_; }
+  // Whether parameter i's tensor gets its gradient in .grad (not when it streams by column).
+  bool grad_in_tensor(size_t i) const { return kind_[i] != Kind::kColumns; }
+  // Device bytes of the parameter tensors kept on the device (zenflow mode) and of their
+  // gradients (allocated or not yet).
+  int64_t device_leaf_bytes() const;
 
   // Before each step's first forward: no use counted, no gradient pending.
   void begin_step();
@@ -71,12 +97,17 @@ class StreamedParameters final : public model::MaterializedUnits {
   int64_t staging_bytes() const;
 
  private:
+  // kHost: the whole tensor streams (offload mode); kColumns: its host-owned columns
+  // (zenflow mode); kDevice: a device tensor of the model's (zenflow mode).
+  enum class Kind { kHost, kColumns, kDevice };
   // A unit's weights on their way to a ring slot.
   struct Fetch {
     std::vector<size_t> idx;
     int slot = 0;
     std::vector<CopyHandle> copies;
-    std::vector<at::Tensor> weights;  // views of the slot
+    std::vector<at::Tensor> weights;  // views of the slot (kColumns: assembled once the copies are in)
+    std::vector<StreamedColumns> columns;  // per weight (kColumns), the parts
+    std::vector<at::Tensor> landed;        // per weight (kColumns), where its host columns land
   };
   // A unit's gradients on their way to a staging slot.
   struct Outgoing {
@@ -98,6 +129,9 @@ class StreamedParameters final : public model::MaterializedUnits {
 
   model::CausalLM& model_;
   at::Device device_;
+  bool by_column_ = false;
+  std::vector<Kind> kind_;  // per parameter
+  ZenFlowOptimizer* engine_ = nullptr;
   StallClock* clock_;
   DeviceStreams streams_;
   std::vector<at::Tensor> leaves_;  // the host weights, in the model's parameters() order

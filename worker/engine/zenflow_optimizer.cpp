@@ -22,6 +22,12 @@
 
 namespace zenflow::engine {
 
+bool zenflow_splits(at::IntArrayRef shape, int64_t min_split_numel) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  return shape.size() == 2 && numel >= min_split_numel;
+}
+
 OptimizerMode parse_optimizer_mode(const std::string& s) {
   if (s == "device") return OptimizerMode::kDevice;
   if (s == "offload") return OptimizerMode::kOffload;
@@ -100,6 +106,12 @@ struct SplitParam {
   int64_t host_offset = 0;                  // into this rank's host arenas (capacity out * range)
   int64_t local_offset = 0;                 // into this rank's packed staging (its shard)
   at::Tensor score_acc;                     // this window's column importance, fp32 [in]
+  // EngineOptions::columns_streamed: w2d is the host parameter tensor (written only by
+  // sync_parameters); the selected columns' weights and this step's gradient of them live
+  // here ([out, k] on the device, the weights' dtype), the host-owned ones' in param_out
+  // and host_grad. got_grad: a unit gradient arrived this step.
+  at::Tensor w_sel, g_sel;
+  bool got_grad = false;
   int64_t n_host() const { return static_cast<int64_t>(unsel_cpu.size()); }
   const Part& own() const { return parts[static_cast<size_t>(me)]; }
   int64_t n_own() const { return static_cast<int64_t>(own().cols.size()); }
@@ -195,7 +207,7 @@ struct ZenFlowOptimizer::Impl {
   // the next window, instead of being read from the nodes at the boundary. (One rank on
   // the CPU device reads it at the boundary and holds no copy.)
   bool out_copy() const {
-    return split_dtype != at::kFloat || (streaming && (partitioned() || device.is_cuda()));
+    return streamed() || split_dtype != at::kFloat || (streaming && (partitioned() || device.is_cuda()));
   }
   // Transfers: dedicated copy streams on CUDA, plain copies on the CPU. Device-side
   // staging (CUDA only) lets the D2H of step t overlap step t+1's compute.
@@ -236,6 +248,13 @@ struct ZenFlowOptimizer::Impl {
   int64_t capacity_all = 0;  // split elements of all ranks
 
   bool zenflow() const { return opt.mode == OptimizerMode::kZenFlow; }
+  // EngineOptions::columns_streamed: host_grad is this step's gradient of the host-owned
+  // columns (packed like the staging, summed over the micro-batches' units), applied_out the
+  // param_out buffer that holds their weights (what the runner streams).
+  bool streamed() const { return opt.columns_streamed; }
+  at::Tensor host_grad;
+  at::Tensor unit_stage;  // CUDA: pinned, where a unit gradient's host columns land (grows)
+  int applied_out = 0;
   bool partitioned() const { return world > 1; }
   bool in_warmup() const { return !zenflow() || schedule.warming_up(); }
 
@@ -467,6 +486,14 @@ struct ZenFlowOptimizer::Impl {
     if (opt.max_update_interval < 1) throw std::invalid_argument("max_update_interval must be >= 1");
     if (opt.stream_ring_chunks < 1) throw std::invalid_argument("stream_ring_chunks must be >= 1");
     if (opt.device_staging_bytes < 0) throw std::invalid_argument("device_staging_bytes must be >= 0");
+    if (streamed()) {
+      if (opt.mode != OptimizerMode::kZenFlow)
+        throw std::invalid_argument("columns_streamed is zenflow mode's (offload mode streams with parameters_on_host)");
+      if ((coll && coll->world_size() > 1) || opt.parameters_sharded || opt.parameters_on_host)
+        throw std::invalid_argument("columns_streamed: one rank, parameters neither sharded nor on the host, not yet more");
+      if (opt.host_backend || opt.device_staging_bytes > 0)
+        throw std::invalid_argument("columns_streamed: the in-process host backend with whole staging, not yet more");
+    }
     if (opt.mode == OptimizerMode::kOffload) {
       // ZeRO-Offload: everything on the host, one synchronous host step per step.
       opt.topk_ratio = 0;
@@ -485,13 +512,23 @@ struct ZenFlowOptimizer::Impl {
     selection.threshold = opt.reselect_threshold;
     if (params.empty()) throw std::invalid_argument("ZenFlowOptimizer: no parameters");
     device = params.front().param.device();
+    if (streamed()) {  // the split matrices on the host, the rest on the training device
+      device = at::kCPU;
+      for (const ParamSpec& ps : params)
+        if (ps.param.defined() && !zenflow_splits(ps.param.sizes(), opt.min_split_numel)) {
+          device = ps.param.device();
+          break;
+        }
+    }
     bool have_split_dtype = false;
     for (size_t i = 0; i < params.size(); ++i) {
       const ParamSpec& ps = params[i];
       if (!ps.param.defined()) throw std::invalid_argument("parameter '" + ps.name + "' is undefined");
-      if (ps.param.device() != device)
-        throw std::invalid_argument("parameter '" + ps.name + "' is on " + ps.param.device().str() +
-                                    ", others on " + device.str());
+      const bool host_side = streamed() && zenflow_splits(ps.param.sizes(), opt.min_split_numel);
+      const at::Device want = host_side ? at::Device(at::kCPU) : device;
+      if (ps.param.device() != want)
+        throw std::invalid_argument("parameter '" + ps.name + "' is on " + ps.param.device().str() + ", expected " +
+                                    want.str() + (host_side ? " (columns_streamed: split matrices on the host)" : ""));
       const auto st = ps.param.scalar_type();
       if (st != at::kFloat && st != at::kBFloat16 && st != at::kHalf)
         throw std::invalid_argument("parameter '" + ps.name + "' has unsupported dtype");
@@ -503,6 +540,8 @@ struct ZenFlowOptimizer::Impl {
       if (opt.mode == OptimizerMode::kOffload) to_split = true;
       if (opt.mode == OptimizerMode::kZenFlow)
         to_split = p.dim() == 2 && (ps.full_numel > 0 ? ps.full_numel : p.numel()) >= opt.min_split_numel;
+      if (host_side != (streamed() && to_split))
+        throw std::logic_error("engine: columns_streamed and the split rule disagree on '" + ps.name + "'");
       if (to_split) {
         if (have_split_dtype && st != split_dtype)
           throw std::invalid_argument("split parameters must share one dtype ('" + ps.name + "' differs)");
@@ -576,15 +615,17 @@ struct ZenFlowOptimizer::Impl {
         if (out_copy() && out_index(b) == b) param_out[b] = streams->alloc_host({capacity}, split_dtype);
         // Device-side staging: the all-rank layout (the reduce-scatter's input with W > 1;
         // what a streaming backend reads with one rank).
-        if (!chunked && ((device.is_cuda() && (b == 0 || zenflow() || streaming)) || (partitioned() && b == 0) ||
-                         (streaming && !partitioned())))
+        if (!chunked && !streamed() &&
+            ((device.is_cuda() && (b == 0 || zenflow() || streaming)) || (partitioned() && b == 0) ||
+             (streaming && !partitioned())))
           dev_stage[b] = at::empty({capacity_all}, at::TensorOptions().dtype(split_dtype).device(device));
       }
-      if (device.is_cuda() && !chunked)
+      if (device.is_cuda() && !chunked && !streamed())
         dev_h2d = at::empty({capacity}, at::TensorOptions().dtype(split_dtype).device(device));
+      if (streamed()) host_grad = streams->alloc_host({capacity}, split_dtype);
       // Streaming packs the master (after a restore) into the one param_out; chunked
       // staging copies fp32 results from a packed master too.
-      if (!(streaming && out_copy()) &&
+      if (!(streaming && out_copy()) && !streamed() &&
           (partitioned() || ((device.is_cuda() || chunked) && split_dtype == at::kFloat)))
         pack_out = streams->alloc_host({capacity}, split_dtype);
       // The host owns every column until the first selection (warm-up = offload).
@@ -599,15 +640,131 @@ struct ZenFlowOptimizer::Impl {
         init.copy_(s.w2d.narrow(1, lo, s.n_own()).to(at::kCPU).to(at::kFloat));
         host_commit(HostBuf::kMaster, s, init);
         s.score_acc = at::zeros({s.in}, at::TensorOptions().dtype(at::kFloat).device(device));
+        if (streamed()) s.w_sel = at::empty({s.out, 0}, at::TensorOptions().dtype(split_dtype).device(device));
       }
     }
     relayout();  // with nothing split: an empty layout, own_total() 0
+    if (streamed()) pack_host_weights();  // every column is the host's until the first selection
+  }
+
+  // --- EngineOptions::columns_streamed ---
+  // The host-owned columns' weights packed from the parameter tensors into param_out[0]
+  // and the selected ones' to the device (construction, a restore).
+  void pack_host_weights() {
+    for (auto& s : split) {
+      if (s.n_own() > 0) {
+        h2d_from_out[0].wait();
+        device_ops::gather_columns(s.w2d, index_tensor(s.own().cols, at::kCPU), own_view(param_out[0], s));
+      }
+      s.w_sel = s.w2d.index_select(1, index_tensor(s.sel_cpu, at::kCPU)).to(device).contiguous();
+    }
+    applied_out = 0;
+  }
+  const SplitParam* streamed_split(size_t param) const {
+    for (const SplitParam& s : split)
+      if (s.index == param) return streamed() ? &s : nullptr;
+    return nullptr;
+  }
+  // One unit's gradient of split matrix s: its selected columns into g_sel (the device), the
+  // host-owned ones packed to the host (a D2H on CUDA, which this waits for: the stall
+  // `transfer_d2h`) into host_grad; the first of a step overwrites, the others add, as
+  // autograd accumulates a leaf's gradient.
+  void add_unit_gradient(SplitParam& s, const at::Tensor& grad) {
+    c10::NoGradGuard no_grad;
+    const at::Tensor g2d = grad.detach().reshape({s.out, s.in}).contiguous();
+    if (g2d.scalar_type() != split_dtype || g2d.device() != device)
+      throw std::invalid_argument("engine: a unit gradient of " + params[s.index].name + " is " +
+                                  c10::toString(g2d.scalar_type()) + " on " + g2d.device().str() + ", expected " +
+                                  c10::toString(split_dtype) + " on " + device.str());
+    const bool first = !s.got_grad;
+    s.got_grad = true;
+    if (s.k > 0 && selection.selected) {
+      at::Tensor sel = at::empty({s.out, s.k}, g2d.options());
+      device_ops::gather_columns(g2d, s.sel, sel);
+      if (first)
+        s.g_sel = sel;
+      else
+        s.g_sel.add_(sel);
+    }
+    if (s.n_own() == 0) return;
+    ClockSpan span = clock_span();
+    at::Tensor packed = at::empty({s.out, s.n_own()}, g2d.options());
+    device_ops::gather_columns(g2d, s.own().idx, packed);
+    at::Tensor host = packed;
+    if (device.is_cuda()) {
+      if (!unit_stage.defined() || unit_stage.numel() < packed.numel())
+        unit_stage = streams->alloc_host({packed.numel()}, split_dtype);
+      host = unit_stage.narrow(0, 0, packed.numel()).view({s.out, s.n_own()});
+      CopyHandle h = streams->copy_d2h(packed, host);
+      h.wait();
+    }
+    const at::Tensor into = own_view(host_grad, s);
+    if (first)
+      into.copy_(host);
+    else
+      into.add_(host);
+    bytes(Direction::kD2H, static_cast<int64_t>(packed.nbytes()));
+    span.end(TimeKind::kStall, StallCause::kTransferD2H);
+  }
+  // The step's gradients of the streamed matrices that got none: zero, as zero_grad() makes
+  // a parameter's gradient.
+  void complete_unit_gradients() {
+    for (auto& s : split) {
+      if (s.got_grad) continue;
+      if (s.k > 0 && selection.selected) s.g_sel = at::zeros({s.out, s.k}, s.w_sel.options());
+      if (s.n_own() > 0) own_view(host_grad, s).zero_();
+      s.got_grad = true;
+    }
+  }
+  // Column scores of a streamed matrix's step gradient added onto `scores` ([in] fp32 on
+  // the device), column by column as accumulate_column_scores adds them for the whole
+  // gradient: the selected columns' from g_sel, the host-owned ones' on the host.
+  void accumulate_streamed_scores(const SplitParam& s, const at::Tensor& scores) const {
+    const bool l1 = opt.importance == Importance::kL1;
+    if (s.k > 0 && selection.selected) {
+      at::Tensor part = scores.index_select(0, s.sel).contiguous();
+      device_ops::accumulate_column_scores(s.g_sel, l1, part);
+      scores.index_copy_(0, s.sel, part);
+    }
+    if (s.n_own() > 0) {
+      at::Tensor part = scores.index_select(0, s.own().idx).to(at::kCPU).contiguous();
+      device_ops::accumulate_column_scores(own_view(host_grad, s), l1, part);
+      scores.index_copy_(0, s.own().idx, part.to(device));
+    }
+  }
+  // Re-packs a buffer in the staging layout after a re-selection that changed how many
+  // columns each matrix's host owns (the first selection): `old_cols` / `old_offset` per
+  // matrix are its layout before; every column the host owns now it owned then (one rank's
+  // first selection only moves columns to the device).
+  void repack_staged(const at::Tensor& buf, const std::vector<std::vector<int64_t>>& old_cols,
+                     const std::vector<int64_t>& old_offset) {
+    at::Tensor out = at::empty({own_total()}, buf.options());
+    for (size_t i = 0; i < split.size(); ++i) {
+      SplitParam& sp = split[i];
+      const int64_t n_old = static_cast<int64_t>(old_cols[i].size());
+      const at::Tensor old_view = buf.narrow(0, old_offset[i], n_old * sp.out).view({sp.out, n_old});
+      std::vector<int64_t> pos(static_cast<size_t>(sp.in), -1);
+      for (size_t q = 0; q < old_cols[i].size(); ++q) pos[static_cast<size_t>(old_cols[i][q])] = static_cast<int64_t>(q);
+      std::vector<int64_t> src;
+      for (int64_t c : sp.own().cols) {
+        if (pos[static_cast<size_t>(c)] < 0)
+          throw std::logic_error("engine: a column new to the host in a re-pack of the streamed buffers");
+        src.push_back(pos[static_cast<size_t>(c)]);
+      }
+      if (!src.empty()) device_ops::gather_columns(old_view.contiguous(), index_tensor(src, at::kCPU), own_view(out, sp));
+    }
+    buf.narrow(0, 0, own_total()).copy_(out);
   }
 
   std::vector<at::Tensor> grads() {
     std::vector<at::Tensor> out;
     out.reserve(params.size());
-    for (auto& ps : params) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      const ParamSpec& ps = params[i];
+      if (streamed_split(i)) {  // unit by unit: g_sel and host_grad
+        out.emplace_back();
+        continue;
+      }
       at::Tensor g = ps.param.grad();
       if (!g.defined()) g = at::zeros_like(ps.param);
       if (g.scalar_type() != ps.param.scalar_type() || g.device() != ps.param.device() ||
@@ -641,6 +798,10 @@ struct ZenFlowOptimizer::Impl {
   // columns (sync_split_gradients). Returns the copy's handle: the host job that reads
   // `buf` waits for it.
   CopyHandle stage_gradients(const std::vector<at::Tensor>& g, const at::Tensor& shard, const at::Tensor& buf) {
+    if (streamed()) {  // already on the host, where add_unit_gradient put it
+      buf.narrow(0, 0, own_total()).copy_(host_grad.narrow(0, 0, own_total()));
+      return CopyHandle();
+    }
     ClockSpan span = clock_span();
     CopyHandle done;
     if (partitioned()) {
@@ -767,7 +928,7 @@ struct ZenFlowOptimizer::Impl {
   // device at once, under the compute of the window's remaining steps; the boundary then
   // only scatters it into the weights (still applied at the boundary, §4).
   void prefetch_inflight() {
-    if (!device.is_cuda() || chunked || !inflight || !inflight->work || staged_h2d != nullptr ||
+    if (!device.is_cuda() || chunked || streamed() || !inflight || !inflight->work || staged_h2d != nullptr ||
         !inflight->work->done())
       return;
     apply_slot_fixes();
@@ -776,6 +937,14 @@ struct ZenFlowOptimizer::Impl {
 
   void apply_host_result(int out_buffer) {
     const int buffer = result_buffer(out_buffer);
+    if (streamed()) {  // its output buffer becomes what streams: nothing to copy (a restore: the master)
+      if (buffer < 0) {
+        CopyHandle* from = nullptr;
+        (void)packed_result(-1, &from);  // into param_out[0]
+      }
+      applied_out = buffer < 0 ? 0 : buffer;
+      return;
+    }
     bytes(Direction::kH2D, own_total() * at::elementSize(split_dtype));
     if (partitioned()) {
       apply_partitioned(buffer);
@@ -1031,9 +1200,16 @@ struct ZenFlowOptimizer::Impl {
     const int64_t n_enter = static_cast<int64_t>(entering.size());
 
     // Leaving columns this rank owns: device state -> host (small D2H).
-    at::Tensor dmaster = s.dev_master.defined() || s.sel_cpu.empty()
-                             ? s.dev_master
-                             : s.w2d.index_select(1, s.sel).to(at::kFloat);
+    at::Tensor dmaster = s.dev_master.defined() || s.sel_cpu.empty() ? s.dev_master
+                         : streamed()                                ? s.w_sel.to(at::kFloat)
+                                                                     : s.w2d.index_select(1, s.sel).to(at::kFloat);
+    // Streamed: the weights of the columns leaving the device, for the host's buffers.
+    at::Tensor leave_weights;
+    if (streamed() && n_leave > 0) {
+      std::vector<int64_t> lpos;
+      for (int64_t c : leaving_own) lpos.push_back(dev_pos[static_cast<size_t>(c)]);
+      leave_weights = s.w_sel.index_select(1, index_tensor(lpos, device)).to(at::kCPU).contiguous();
+    }
     at::Tensor leave_state[3];
     if (n_leave > 0) {
       std::vector<int64_t> lpos;
@@ -1092,7 +1268,10 @@ struct ZenFlowOptimizer::Impl {
       s.dev_v = combine(s.dev_v, enter_state[2]);
       s.dev_master = split_dtype != at::kFloat ? new_master : at::Tensor();
       // Entering columns' device copies take their master value.
-      if (n_enter > 0) scatter_columns(s.w2d, index_tensor(entering, device), enter_state[0]);
+      if (streamed())
+        s.w_sel = combine(s.w_sel, n_enter > 0 ? enter_state[0].to(split_dtype) : at::Tensor());
+      else if (n_enter > 0)
+        scatter_columns(s.w2d, index_tensor(entering, device), enter_state[0]);
     }
     if (static_cast<int64_t>(new_own.size()) == n_old) {
       // Slot for slot: each leaving column is written where a column that moved to the
@@ -1107,7 +1286,9 @@ struct ZenFlowOptimizer::Impl {
           f.split_index = static_cast<size_t>(&s - split.data());
           f.slots = sidx;
           for (int i = 0; i < 3; ++i) f.state[i] = leave_state[i];
-          if (out_copy())
+          if (streamed())
+            f.weights = leave_weights;
+          else if (out_copy())
             f.weights = s.w2d.index_select(1, index_tensor(leaving_own, device)).to(at::kCPU).contiguous();
           slot_fixes.push_back(std::move(f));
         } else {
@@ -1115,9 +1296,16 @@ struct ZenFlowOptimizer::Impl {
           for (int i = 0; i < 3; ++i) host_scatter(kStateBufs[i], s, sidx, leave_state[i], batch);
           scatter(batch);
         }
+        // Streamed: what streams next holds the leaving columns' weights in their slots now.
+        if (streamed()) {
+          h2d_from_out[applied_out].wait();
+          device_ops::scatter_columns(own_view(param_out[applied_out], s), sidx, leave_weights);
+        }
       }
     } else {
       if (defer_host) throw std::logic_error("migrate: a re-pack while a host step is in flight");
+      if (streamed() && n_leave > 0)  // one rank re-packs only at its first selection
+        throw std::logic_error("migrate: a streamed re-pack with columns leaving the device");
       // Re-pack this rank's host arrays: [old packed | leaving] -> new packed, row by row.
       std::vector<int64_t> src;
       size_t l = 0;
@@ -1254,9 +1442,10 @@ struct ZenFlowOptimizer::Impl {
       if (last_in_acc()) {
         grad = state[3];  // the window's sum, its last gradient included (close_window)
       } else {
-        at::Tensor last = partitioned()
-                              ? own_view(shard, s).index_select(1, index_tensor(r.epos, device))
-                              : g[s.index].view({s.out, s.in}).index_select(1, index_tensor(r.ecols, device));
+        at::Tensor last =
+            streamed()      ? own_view(host_grad, s).index_select(1, index_tensor(r.epos, at::kCPU)).to(device)
+            : partitioned() ? own_view(shard, s).index_select(1, index_tensor(r.epos, device))
+                            : g[s.index].view({s.out, s.in}).index_select(1, index_tensor(r.ecols, device));
         grad = last.to(at::kFloat);
         if (len > 1) grad = state[3].add_(grad);  // (acc + last) * (1/len), as the host kernel
       }
@@ -1304,6 +1493,10 @@ struct ZenFlowOptimizer::Impl {
   // `step_scores`: this step's all-reduced scores of all matrices (several ranks);
   // undefined: computed from g.
   void select_all(const std::vector<at::Tensor>& g, const at::Tensor& step_scores, int64_t epoch) {
+    if (streamed()) {
+      select_all_streamed(epoch);
+      return;
+    }
     int64_t off = 0;
     for (auto& s : split) {
       const at::Tensor sc = step_scores.defined() ? step_scores.narrow(0, off, s.in) : scores_of(g[s.index], s);
@@ -1312,6 +1505,31 @@ struct ZenFlowOptimizer::Impl {
     }
     relayout();
     selection.first_selection_made(epoch);
+  }
+
+  // The first selection with streamed columns: every column is the host's, so the scores and
+  // this step's gradient of the newly selected columns come from host_grad; then the host's
+  // buffers (the weights that stream, the step's gradient) are re-packed without them.
+  void select_all_streamed(int64_t epoch) {
+    std::vector<std::vector<int64_t>> old_cols;
+    std::vector<int64_t> old_offset;
+    for (auto& s : split) {
+      old_cols.push_back(s.own().cols);
+      old_offset.push_back(s.local_offset);
+      const at::Tensor host = own_view(host_grad, s);  // every column, in order
+      const std::vector<int64_t> fresh = top_k(column_scores_of(host).to(device), s.k);
+      const at::Tensor chosen = host.index_select(1, index_tensor(fresh, at::kCPU)).to(device).contiguous();
+      migrate(s, fresh);
+      s.g_sel = chosen;
+    }
+    relayout();
+    h2d_from_out[applied_out].wait();
+    repack_staged(param_out[applied_out], old_cols, old_offset);
+    repack_staged(host_grad, old_cols, old_offset);
+    selection.first_selection_made(epoch);
+  }
+  at::Tensor column_scores_of(const at::Tensor& grad2d) const {
+    return device_ops::column_scores(grad2d, opt.importance == Importance::kL1);
   }
 
   // Per matrix: the masses of this window's scores; `fresh` (or null): per matrix, the
@@ -1364,6 +1582,7 @@ struct ZenFlowOptimizer::Impl {
   StepReport step_work(const StepContext& ctx) {
     StepReport rep = staleness_report();  // §4: what this step's gradient did not see
     std::vector<at::Tensor> g = grads();
+    if (streamed()) complete_unit_gradients();
     SyncedGradients synced = exchange_gradients(g, ctx.epoch);  // §9 (several ranks)
     ClockSpan dev_span = clock_span();
     rep.grad_norm = global_norm(g, synced);  // §5
@@ -1454,7 +1673,14 @@ struct ZenFlowOptimizer::Impl {
       norm_group->allreduce_sum_(sq, CollectiveTraffic::kGradients);
       return sq.sqrt().item<double>();
     }
-    if (!exchanges_gradients()) {
+    if (streamed()) {
+      // Split matrices in two parts: their selected columns' (device) and every host-owned
+      // column's (host), norm of norms in another order than one tensor's norm.
+      for (auto& d : dense) norms.push_back(norm32(g[d.index]));
+      for (auto& s : split)
+        if (s.k > 0 && selection.selected) norms.push_back(norm32(s.g_sel));
+      if (own_total() > 0) norms.push_back(norm32(host_grad.narrow(0, 0, own_total())).to(device));
+    } else if (!exchanges_gradients()) {
       for (auto& x : g) norms.push_back(norm32(x));
     } else {
       // Split parameters' local gradients are not the averaged ones: their norm is the
@@ -1472,7 +1698,13 @@ struct ZenFlowOptimizer::Impl {
     if (opt.grad_clip > 0) {
       const double coef = opt.grad_clip / (norm + 1e-6);
       if (coef < 1.0) {
-        for (auto& x : g) x.mul_(coef);
+        for (auto& x : g)
+          if (x.defined()) x.mul_(coef);
+        if (streamed()) {
+          for (auto& s : split)
+            if (s.k > 0 && selection.selected) s.g_sel.mul_(coef);
+          host_grad.narrow(0, 0, own_total()).mul_(coef);
+        }
         for (auto& s : split)  // sharded: the given scores are of the unclipped gradients
           if (const at::Tensor& given = params[s.index].column_scores; given.defined())
             given.mul_(opt.importance == Importance::kL1 ? coef : coef * coef);
@@ -1490,7 +1722,12 @@ struct ZenFlowOptimizer::Impl {
     for (auto& d : dense)
       device_ops::dense_adamw(d.p, g[d.index], d.master, d.m, d.v, coeffs(lr, d.weight_decay, device_step),
                               1.0f);
-    if (selection.selected) {
+    if (selection.selected && streamed()) {  // the selected columns are a matrix of their own
+      for (auto& s : split)
+        if (s.k > 0)
+          device_ops::dense_adamw(s.w_sel, s.g_sel, s.dev_master, s.dev_m, s.dev_v,
+                                  coeffs(lr, s.weight_decay, device_step), 1.0f);
+    } else if (selection.selected) {
       for (auto& s : split)
         if (s.k > 0)
           device_ops::selected_adamw(s.w2d, g[s.index].view({s.out, s.in}), s.sel, s.dev_master, s.dev_m,
@@ -1506,6 +1743,8 @@ struct ZenFlowOptimizer::Impl {
         s.score_acc.add_(synced.scores.narrow(0, off, s.in));
       else if (const at::Tensor& given = params[s.index].column_scores; given.defined())
         s.score_acc.add_(given);  // sharded: the whole matrix's scores
+      else if (streamed())
+        accumulate_streamed_scores(s, s.score_acc);
       else
         device_ops::accumulate_column_scores(g[s.index].view({s.out, s.in}),
                                              opt.importance == Importance::kL1, s.score_acc);
@@ -1640,6 +1879,16 @@ struct ZenFlowOptimizer::Impl {
           plan.ready[i] = enter_window_step(split[i], plan.moves[i].entering, reads[i], g, shard, w.len,
                                             coeffs(ctx.lr, split[i].weight_decay, host_step));
       span.end(TimeKind::kDeviceOptimizer);
+    }
+    // Streamed: the weights that stream during window k+1 are those before window k's step,
+    // which must not write them: the first window after warm-up (or a restore) would (the
+    // warm-up's output is in the buffer of its parity); they move to the other buffer once.
+    if (streamed() && applied_out == w.out) {
+      const int other = 1 - w.out;
+      h2d_from_out[other].wait();
+      h2d_from_out[w.out].wait();
+      param_out[other].narrow(0, 0, own_total()).copy_(param_out[w.out].narrow(0, 0, own_total()));
+      applied_out = other;
     }
     auto work = submit_window(w);
     inflight.reset(new InFlight{std::move(work), w.out, std::move(w.accumulates)});
@@ -1816,6 +2065,9 @@ void ZenFlowOptimizer::load_state_shards(
     }
   }
   i.relayout();
+  // Streamed: the weights come from the parameter tensors, which hold the checkpoint's (a
+  // pending host step's result then comes from the master, when it is applied).
+  if (i.streamed()) i.pack_host_weights();
   for (auto& d : i.dense) {
     const std::string p = "dense/" + i.params[d.index].name + "/";
     d.m.copy_(get(p + "m", d.m.sizes()));
@@ -1851,7 +2103,10 @@ ZenFlowOptimizer::~ZenFlowOptimizer() {
 }
 
 void ZenFlowOptimizer::zero_grad() {
-  for (auto& ps : impl_->params) {
+  for (auto& s : impl_->split) s.got_grad = false;  // columns_streamed: the next unit's overwrites
+  for (size_t i = 0; i < impl_->params.size(); ++i) {
+    ParamSpec& ps = impl_->params[i];
+    if (impl_->streamed_split(i)) continue;  // unit by unit
     at::Tensor& g = ps.param.mutable_grad();
     if (g.defined())
       g.zero_();
@@ -1861,6 +2116,47 @@ void ZenFlowOptimizer::zero_grad() {
 }
 
 StepReport ZenFlowOptimizer::step(const StepContext& ctx) { return impl_->step(ctx); }
+
+bool ZenFlowOptimizer::streams_columns(size_t param) const { return impl_->streamed_split(param) != nullptr; }
+
+StreamedColumns ZenFlowOptimizer::streamed_columns(size_t param) const {
+  const Impl& i = *impl_;
+  const SplitParam* s = i.streamed_split(param);
+  if (!s) throw std::invalid_argument("engine: parameter " + std::to_string(param) + " does not stream by column");
+  StreamedColumns c;
+  c.selected_weights = s->w_sel;
+  c.selected = s->sel;
+  c.host_weights = i.own_view(i.param_out[i.applied_out], *s);
+  c.host_columns = s->own().idx;
+  c.buffer = i.applied_out;
+  return c;
+}
+
+void ZenFlowOptimizer::streamed_copy(int buffer, const CopyHandle& copy) {
+  if (buffer < 0 || buffer > 1) throw std::out_of_range("engine: output buffer " + std::to_string(buffer));
+  impl_->h2d_from_out[buffer] = copy;
+}
+
+void ZenFlowOptimizer::add_unit_gradient(size_t param, const at::Tensor& grad) {
+  Impl& i = *impl_;
+  if (!i.streamed_split(param))
+    throw std::invalid_argument("engine: parameter " + std::to_string(param) + " does not stream by column");
+  for (SplitParam& s : i.split)
+    if (s.index == param) i.add_unit_gradient(s, grad);
+}
+
+void ZenFlowOptimizer::sync_parameters() {
+  Impl& i = *impl_;
+  if (!i.streamed()) return;
+  c10::NoGradGuard no_grad;
+  for (SplitParam& s : i.split) {
+    if (s.k > 0 && i.selection.selected)
+      device_ops::scatter_columns(s.w2d, index_tensor(s.sel_cpu, at::kCPU), s.w_sel.to(at::kCPU));
+    if (s.n_own() > 0)
+      device_ops::scatter_columns(s.w2d, index_tensor(s.own().cols, at::kCPU),
+                                  i.own_view(i.param_out[i.applied_out], s));
+  }
+}
 void ZenFlowOptimizer::finish() { impl_->finish(); }
 const EngineOptions& ZenFlowOptimizer::options() const { return impl_->opt; }
 int64_t ZenFlowOptimizer::steps() const { return impl_->schedule.steps; }
@@ -1928,6 +2224,8 @@ HostMemoryBytes ZenFlowOptimizer::host_memory_bytes() const {
     if (i.param_out[k].defined()) b.transfer_buffers += i.param_out[k].nbytes();
   }
   if (i.pack_out.defined()) b.transfer_buffers += i.pack_out.nbytes();
+  if (i.host_grad.defined()) b.transfer_buffers += i.host_grad.nbytes();  // columns_streamed
+  if (i.unit_stage.defined()) b.transfer_buffers += i.unit_stage.nbytes();
   if (i.stream_ring) b.transfer_buffers += i.stream_ring->bytes();
   return b;
 }
@@ -1943,6 +2241,8 @@ EngineDeviceBytes ZenFlowOptimizer::device_bytes() const {
     add(b.optimizer_state, s.dev_m);
     add(b.optimizer_state, s.dev_v);
     add(b.optimizer_state, s.score_acc);
+    add(b.selected_weights, s.w_sel);
+    add(b.selected_gradients, s.g_sel);
   }
   for (const DenseParam& d : i.dense) {
     add(b.optimizer_state, d.master);

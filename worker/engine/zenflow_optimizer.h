@@ -67,6 +67,7 @@
 #include "common/engine_defaults.h"
 #include "worker/engine/adamw_kernel.h"
 #include "worker/engine/collectives.h"
+#include "worker/engine/device_streams.h"
 #include "worker/engine/host_optimizer.h"
 #include "worker/engine/selection_plan.h"  // SelectStrategy
 #include "worker/engine/stall_clock.h"
@@ -138,6 +139,32 @@ struct EngineOptions {
   // step's result moving into them are memory copies, not PCIe transfers: it counts no
   // transfer bytes.
   bool parameters_on_host = false;
+  // train.offload_parameters in zenflow mode (streamed_parameters.h; docs/design.md §5.3):
+  // the split matrices' parameter tensors are host tensors (the model's dtype) that hold
+  // their weights only when sync_parameters() wrote them there (checkpoints, export); the
+  // engine keeps each one's selected columns on the device ([out, k], streamed_columns())
+  // and its host-owned columns packed in host memory (the host step's output buffer, which
+  // the runner streams to the device before each unit runs: nothing else goes back). Their
+  // gradients come unit by unit (add_unit_gradient): selected columns stay on the device,
+  // the rest go to the host; no gradient of theirs is ever whole on the device. The other
+  // parameters are on the device and get their gradients as usual. One rank, the in-process
+  // host backend and whole staging only (std::invalid_argument otherwise). Numbers: those of
+  // the same run without it, bit for bit on the CPU except the gradient norm, summed in
+  // another order (grad_clip: the clipping factor can differ in its last bits).
+  bool columns_streamed = false;
+};
+
+// Whether zenflow mode splits a parameter of this shape (the rule the engine applies; for a
+// runner that must know before the engine exists).
+bool zenflow_splits(at::IntArrayRef shape, int64_t min_split_numel);
+
+// EngineOptions::columns_streamed: what a runner assembles a split matrix's weights from.
+struct StreamedColumns {
+  at::Tensor selected_weights;  // [out, k] on the device, the model's dtype (k may be 0)
+  at::Tensor selected;          // int64 [k] on the device: their columns
+  at::Tensor host_weights;      // [out, n] host (pinned on CUDA): the host-owned columns
+  at::Tensor host_columns;      // int64 [n] on the device: their columns, in that order
+  int buffer = 0;               // the output buffer host_weights is part of (streamed_copy)
 };
 
 struct ParamSpec {
@@ -192,6 +219,10 @@ struct EngineDeviceBytes {
   // Device-side transfer buffers: gradient staging for the D2H copy and the H2D landing
   // buffer of the host step's result (CUDA).
   int64_t buffers = 0;
+  // EngineOptions::columns_streamed: the split matrices' selected columns' weights and this
+  // step's gradient of them (the rest of their weights and gradients are host memory).
+  int64_t selected_weights = 0;
+  int64_t selected_gradients = 0;
 };
 
 class ZenFlowOptimizer {
@@ -209,6 +240,19 @@ class ZenFlowOptimizer {
 
   // One optimizer step with the gradients currently in the parameters' .grad().
   StepReport step(const StepContext& ctx);
+
+  // EngineOptions::columns_streamed (the index is the parameter's in the constructor's list):
+  // whether it is a split matrix whose columns are streamed; its weights' parts, valid until
+  // the next step(); a copy out of host_weights (the engine's next host step into that buffer
+  // waits for the last one); one unit's gradient of it (on the device, [out, in] or its
+  // parameter's shape): added to what this step's earlier micro-batches gave.
+  bool streams_columns(size_t param) const;
+  StreamedColumns streamed_columns(size_t param) const;
+  void streamed_copy(int buffer, const CopyHandle& copy);
+  void add_unit_gradient(size_t param, const at::Tensor& grad);
+  // Writes every streamed matrix's current weights into its parameter tensor (on the host),
+  // e.g. before a checkpoint; a no-op without columns_streamed.
+  void sync_parameters();
 
   // Waits for the in-flight host step (if any) and applies it to the device weights,
   // so the weights reflect every gradient seen. Call before evaluation or export.

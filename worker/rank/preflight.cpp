@@ -18,6 +18,7 @@
 
 #include "common/input_file.h"
 #include "worker/engine/shard_layout.h"
+#include "worker/engine/zenflow_optimizer.h"  // zenflow_splits
 #include "worker/model/causal_lm.h"
 #include "worker/model/gpt2.h"
 #include "worker/model/hf_model.h"
@@ -242,6 +243,7 @@ MemoryEstimate estimate_job_memory(const JobSpec& spec, const model::LoadedModel
   const ZenflowSpec& z = spec.optimizer.zenflow;
   MemoryEstimate est;
   LD split = 0, dense = 0, selected = 0;
+  LD score_columns = 0;  // zenflow: each split matrix's column importance, fp32 on the device
   LD widest = 1;  // the longest row of a split matrix (1-D parameters: one column each)
   for (const model::NamedTensor& nt : meta->parameters()) {
     const int64_t n = nt.tensor.numel();
@@ -260,6 +262,7 @@ MemoryEstimate estimate_job_memory(const JobSpec& spec, const model::LoadedModel
           std::min(in, std::max<int64_t>(1, static_cast<int64_t>(std::floor(z.topk_ratio * in))));
       selected += static_cast<LD>(nt.tensor.size(0)) * k;
     }
+    if (mode == "zenflow") score_columns += static_cast<LD>(nt.tensor.size(1));
   }
   const LD P = est.parameters;
   const LD W = world_size;
@@ -279,15 +282,19 @@ MemoryEstimate estimate_job_memory(const JobSpec& spec, const model::LoadedModel
   // last gradients and one device stage, as with chunked staging.
   const bool one_rank_engine = world_size <= 1 || sharded;
   const bool windows = mode == "zenflow";
-  // train.offload_parameters: the engine runs over host leaves, on the CPU device.
+  // train.offload_parameters: in offload mode the engine runs over host leaves, on the CPU
+  // device; in zenflow mode (by column) on the device, with no device staging (the runner
+  // hands it each unit's gradient) and the weights' output buffers whatever their dtype.
+  const bool by_column = spec.train.offload_parameters && mode == "zenflow";
   const bool engine_cuda = device_is_cuda && !spec.train.offload_parameters;
   auto host_bytes = [&](bool chunked) {
     const bool pack_out = !one_rank_engine || ((engine_cuda || chunked) && !low_precision);
     const bool single = chunked || !windows;
-    return capacity * ((windows ? 5 : 3) * 4                            // master, m, v (two accumulators)
-                       + (single ? 1 : 4) * e                           // ring slots, last gradients
-                       + (low_precision ? (single ? 1 : 2) * e : 0)     // weight-out buffers
-                       + (pack_out ? e : 0));
+    return capacity * ((windows ? 5 : 3) * 4                                 // master, m, v (two accumulators)
+                       + (single ? 1 : 4) * e                                // ring slots, last gradients
+                       + (low_precision || by_column ? (single ? 1 : 2) * e : 0)  // weight-out buffers
+                       + (pack_out && !by_column ? e : 0)                    // (by column: none)
+                       + (by_column ? e : 0));                               // the step's host gradient
   };
   auto staging_bytes = [&](LD budget) -> LD {
     if (budget > 0 && one_rank_engine)  // the chunk buffers (on the CPU device too)
@@ -313,17 +320,19 @@ MemoryEstimate estimate_job_memory(const JobSpec& spec, const model::LoadedModel
     }
   }
   est.host_optimizer_bytes = saturate(host);
-  LD device_state = (dense + selected) * state_per_element / (sharded ? W : 1);
+  LD device_state = (dense + selected) * state_per_element / (sharded ? W : 1) + score_columns * 4;
   if (spec.train.offload_parameters) {
     // The units in the order they run (the embedding, each layer, the head: the final norm
     // and the output projection, or the embedding read again when tied), as the runner
     // streams them; the engine runs on the host, so its staging is host memory.
+    // By column, only the split matrices stream: a unit is what of it streams.
     std::vector<LD> units(1, 0);
     std::map<int64_t, LD> layers;
     LD head = 0, embedding = 0;
     bool untied = false;
     for (const model::NamedTensor& nt : meta->parameters()) {
-      const LD n = static_cast<LD>(nt.tensor.numel());
+      const bool streams = !by_column || engine::zenflow_splits(nt.tensor.sizes(), z.min_split_numel);
+      const LD n = streams ? static_cast<LD>(nt.tensor.numel()) : 0;
       if (nt.name == "model.embed_tokens.weight" || nt.name == "transformer.wte.weight") {
         embedding = n;
         units[0] += n;
@@ -344,13 +353,28 @@ MemoryEstimate estimate_job_memory(const JobSpec& spec, const model::LoadedModel
       largest = std::max(largest, units[u]);
       pair = std::max(pair, units[u] + (u + 1 < units.size() ? units[u + 1] : 0));
     }
-    est.weight_bytes = saturate(2 * largest * e);
-    est.gradient_bytes = saturate(pair * e);
-    est.streamed_host_bytes = saturate(2 * P * e + pair * e);
-    host += static_cast<LD>(est.streamed_host_bytes) + staging;
-    staging = 0;
-    est.chunked_staging_saves_device = 0;  // there is no device staging to save
-    device_state = 0;
+    if (by_column) {
+      // The ring: two slots of a unit's matrices whole and their host columns landed (every
+      // column during warm-up); the selected columns and the parameters never split stay
+      // on the device, with their gradients; a unit's matrices' gradients are whole on the
+      // device until the engine has split them. The host: the parameter tensors (for
+      // checkpoints), beside the engine's buffers (host_bytes).
+      est.weight_bytes = saturate(2 * 2 * largest * e + (selected + dense) * e);
+      est.gradient_bytes = saturate(largest * e + (selected + dense) * e);
+      est.streamed_host_bytes = saturate(split * e);
+      host += static_cast<LD>(est.streamed_host_bytes);
+      staging = 0;
+      est.chunked_staging_saves_device = 0;
+      est.chunked_staging_saves_host = 0;
+    } else {
+      est.weight_bytes = saturate(2 * largest * e);
+      est.gradient_bytes = saturate(pair * e);
+      est.streamed_host_bytes = saturate(2 * P * e + pair * e);
+      host += static_cast<LD>(est.streamed_host_bytes) + staging;
+      staging = 0;
+      est.chunked_staging_saves_device = 0;  // there is no device staging to save
+      device_state = 0;
+    }
   }
   est.device_optimizer_bytes = saturate(device_state + staging);
 

@@ -504,6 +504,11 @@ class TrainingRun {
       throw std::invalid_argument("train.offload_parameters: with " + std::to_string(world_) +
                                   " data-parallel ranks on GPUs, not yet (the gradients are on the host, "
                                   "where NCCL does not reduce them); run one rank per job");
+    const bool by_column = streamed && spec_.optimizer.mode == "zenflow";
+    if (by_column && world_ > 1)
+      throw std::invalid_argument("train.offload_parameters: in zenflow mode with " + std::to_string(world_) +
+                                  " data-parallel ranks, not yet (each rank's host columns are a shard); run one "
+                                  "rank, or optimizer.mode: offload");
     const at::Device weights_on = streamed ? at::Device(at::kCPU) : device_;
     lm_ = reading(model_key_, [&] {
       return options_.initial_weights.empty()
@@ -536,7 +541,8 @@ class TrainingRun {
       shards_ = std::make_unique<distributed::ShardedParameters>(*comm_, *lm_, so);
     }
     if (streamed) {
-      streamed_ = std::make_unique<engine::StreamedParameters>(*lm_, device_, &clock_);
+      streamed_ = std::make_unique<engine::StreamedParameters>(
+          *lm_, device_, &clock_, by_column ? spec_.optimizer.zenflow.min_split_numel : -1);
       sum_.offload_parameters = true;
       sum_.streamed_weight_bytes = streamed_->host_bytes();
     }
@@ -582,9 +588,11 @@ class TrainingRun {
     eo.host_cores = cores_.host;
     eo.host_backend = host_backend(spec_, cores_.host);
     eo.parameters_sharded = shards_ != nullptr;
-    eo.parameters_on_host = streamed_ != nullptr;
+    eo.parameters_on_host = streamed_ != nullptr && !streamed_->by_column();
+    eo.columns_streamed = streamed_ != nullptr && streamed_->by_column();
     if (comm_) collectives_ = std::make_unique<distributed::EngineCollectives>(*comm_);
     opt_.emplace(params_, eo, &clock_, collectives_.get());
+    if (streamed_ && streamed_->by_column()) streamed_->attach(&*opt_);
     // The reducer averages the parameters the engine does not exchange itself (sharded: the
     // units' backward reduce-scatters every gradient).
     if (comm_ && !shards_) {
@@ -882,6 +890,11 @@ class TrainingRun {
     if (streamed_) {  // the weights and their gradients are host memory; the device has the ring
       m.parameters = streamed_->ring_bytes();
       m.gradients = streamed_->gradients_in_flight_bytes();
+      if (streamed_->by_column()) {  // + the selected columns and the parameters kept on the device
+        const engine::EngineDeviceBytes e = opt_->device_bytes();
+        m.parameters += e.selected_weights + streamed_->device_leaf_bytes();
+        m.gradients += e.selected_gradients + streamed_->device_leaf_bytes();
+      }
     } else {
       for (auto& nt : lm_->parameters()) {  // sharded: this rank's shards
         const auto bytes = static_cast<int64_t>(nt.tensor.nbytes());
@@ -903,6 +916,7 @@ class TrainingRun {
 
   // The model's full weights: sharded, gathered from the ranks (a collective per tensor).
   std::vector<model::NamedTensor> full_parameters() {
+    if (streamed_ && opt_) opt_->sync_parameters();  // zenflow mode: the engine holds the weights
     if (!shards_) return lm_->parameters();
     std::vector<model::NamedTensor> out;
     for (size_t i = 0; i < shards_->size(); ++i) out.push_back({shards_->name(i), shards_->full_tensor(i)});
@@ -912,8 +926,9 @@ class TrainingRun {
   // Whether every parameter has its gradient buffer (from the second micro-batch on): the
   // activation measurement leaves out the first backward, which allocates them.
   bool gradients_exist() {
-    for (auto& nt : lm_->parameters())
-      if (!nt.tensor.grad().defined()) return false;
+    const std::vector<model::NamedTensor> params = lm_->parameters();
+    for (size_t i = 0; i < params.size(); ++i)
+      if ((!streamed_ || streamed_->grad_in_tensor(i)) && !params[i].tensor.grad().defined()) return false;
     return true;
   }
 
