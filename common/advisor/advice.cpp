@@ -131,7 +131,7 @@ Advice rank(std::vector<Prediction> preds, int64_t steps, std::optional<double> 
                    (p.shard == "parameters" ? " and of the weights, which are gathered layer by layer" : ""));
     if (p.offload_parameters)
       notes.insert("streamed: train.offload_parameters: true (the weights in host memory, each layer's copied to "
-                   "the GPU as it runs)");
+                   "the GPU as it runs; zenflow mode: only the unselected columns')");
     if (p.device_staging_mib > 0)
       notes.insert("staging " + std::to_string(p.device_staging_mib) +
                    " MiB: optimizer.host.device_staging_mib: " + std::to_string(p.device_staging_mib) +

@@ -164,21 +164,30 @@ RankMemory rank_memory(const ModelShape& m, const RankJob& job) {
     // unsharded ranks) or fp32 weights on a GPU. Sharded, every rank runs a one-rank engine
     // on its own rows. Chunked device staging (one-rank engines only) keeps one ring slot,
     // one weight-out buffer and no last gradients.
+    // Offload mode opens no windows: no accumulators, one ring slot and one weight-out
+    // buffer, no last gradients, one device stage. Streamed offload mode's engine runs on the
+    // CPU device (no device staging); streamed zenflow's on the GPU, staging nothing there,
+    // with weight-out buffers in any dtype and the step's host gradient.
     const double capacity = std::ceil(split / W);
     const bool low_precision = job.dtype_bytes != 4;
     const bool one_rank_engine = W <= 1 || sharded;
+    const bool windows = job.mode == "zenflow";
+    const bool by_column = job.offload_parameters && windows;
+    const bool engine_cuda = job.cuda && !(job.offload_parameters && job.mode == "offload");
     const bool chunked = job.device_staging_bytes > 0 && one_rank_engine;
-    const bool pack_out = !one_rank_engine || ((job.cuda || chunked) && !low_precision);
-    const double slots = chunked ? 1 : 2;
-    r.host_optimizer =
-        capacity * (5 * 4 + (chunked ? 1 : 4) * e + (low_precision ? slots * e : 0) + (pack_out ? e : 0));
+    const bool single = chunked || !windows;
+    const bool pack_out = !by_column && (!one_rank_engine || ((engine_cuda || chunked) && !low_precision));
+    const double slots = single ? 1 : 2;
+    r.host_optimizer = capacity * ((windows ? 5 : 3) * 4 + (single ? 1 : 4) * e +
+                                   (low_precision || by_column ? slots * e : 0) + (pack_out ? e : 0) +
+                                   (by_column ? e : 0));
     if (chunked)  // four chunk buffers of a quarter, at most the split's (zenflow_optimizer.cpp; the CPU device too)
       r.transfer_staging =
           4 * e *
           std::max(static_cast<double>(std::max(m.hidden, m.intermediate)),
                    std::min(std::floor(job.device_staging_bytes / 4 / e), std::ceil(capacity / 4)));
-    else if (job.cuda)
-      r.transfer_staging = (sharded ? 2 * capacity : 2 * split) * e + capacity * e;  // two stages, the H2D buffer
+    else if (engine_cuda && !by_column)  // two stages (offload: one), the H2D buffer
+      r.transfer_staging = (windows ? 2 : 1) * (sharded ? capacity : split) * e + capacity * e;
     else if (W > 1 && !sharded)
       r.transfer_staging = split * e;  // the reduce-scatter's input
   }
@@ -196,6 +205,13 @@ RankMemory rank_memory(const ModelShape& m, const RankJob& job) {
     r.optimizer_state = 0;
     r.host_optimizer += r.transfer_staging + 2 * P * e + 2 * unit;  // the engine runs over the host weights
     r.transfer_staging = 0;
+  } else if (job.offload_parameters && job.mode == "zenflow") {
+    // The selected columns and the unsplit parameters stay; a ring of two slots of the
+    // largest unit whole and its host columns landed (all of them in warm-up); that unit's
+    // gradient whole until the engine splits it. The parameter tensors stay on the host.
+    r.weights = device_updated * e + 4 * unit;  // device_updated: the unsplit and the selected
+    r.gradients = device_updated * e + unit;
+    r.host_optimizer += split * e;
   }
   const double tokens = static_cast<double>(job.micro_batch) * static_cast<double>(job.seq_len);
   const double layer = m.layer_activation_bytes_per_token(job.dtype_bytes) * tokens;

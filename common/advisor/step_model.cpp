@@ -457,7 +457,8 @@ Prediction predict_on_ranks(const JobProfile& p, const Instance& in, const Scena
   out.activation_checkpointing = s.activation_checkpointing.value_or(false);
   out.shard = s.shard.value_or("none");
   out.device_staging_mib = s.device_staging_mib.value_or(0);
-  out.offload_parameters = s.offload_parameters.value_or(false) && s.mode == "offload" && s.model;
+  out.offload_parameters = s.offload_parameters.value_or(false) && s.model &&
+                           (s.mode == "offload" || (s.mode == "zenflow" && W == 1));
   // Chunked staging (one rank's engine: W = 1 or sharded) waits on the compute stream for
   // every copy beyond its four chunks: the whole transfer is exposed, whatever the profile's
   // (overlapped) copies measured.
@@ -499,11 +500,16 @@ Prediction predict_on_ranks(const JobProfile& p, const Instance& in, const Scena
   out.stall_seconds[in.cpu_device || W <= 8 ? "allreduce" : "network"] = t.coll;
   out.stall_seconds["data"] = t.data;
   if (out.offload_parameters) {
-    // The host step's result stays on the host (no H2D); every micro-batch streams each
-    // unit's weights twice, hidden behind the compute up to the H2D bandwidth, and sends
-    // every gradient D2H.
+    // The host step's result stays on the host (no H2D); every micro-batch streams what the
+    // host owns of each unit's weights twice (offload: every weight; zenflow: the split
+    // matrices' unselected columns), hidden behind the compute up to the H2D bandwidth, and
+    // sends their gradients D2H.
     const double e = static_cast<double>(in.cpu_device ? p.model.weight_dtype_bytes : kGpuWeightBytes);
-    const double streamed = 2 * static_cast<double>(s.model->parameters) * e * static_cast<double>(s.grad_accum);
+    const double host_owned =
+        s.mode == "zenflow" ? static_cast<double>(s.model->split_parameters() -
+                                                  s.model->selected_parameters(s.topk_ratio))
+                            : static_cast<double>(s.model->parameters);
+    const double streamed = 2 * host_owned * e * static_cast<double>(s.grad_accum);
     out.stall_seconds["transfer_h2d"] = 0;
     out.stall_seconds["transfer_d2h"] = t.d2h * static_cast<double>(s.grad_accum);
     out.stall_seconds["weight_stream"] = std::max(0.0, streamed / std::max(in.h2d_gbps.value * 1e9, 1.0) - t.compute);
@@ -620,8 +626,9 @@ Prediction predict(const JobProfile& p, const Instance& in, const Scenario& s_in
   if (s.device_staging_mib) stagings = {*s.device_staging_mib};
   else if (!in.cpu_device && s.mode != "device") stagings = {0, kChunkedStagingMib};
   std::vector<bool> streamings = {false};
-  if (s.offload_parameters) streamings = {*s.offload_parameters && s.mode == "offload"};
-  else if (!in.cpu_device && s.mode == "offload" && W == 1) streamings = {false, true};
+  const bool can_stream = s.mode == "offload" || (s.mode == "zenflow" && W == 1);
+  if (s.offload_parameters) streamings = {*s.offload_parameters && can_stream};
+  else if (!in.cpu_device && can_stream && W == 1) streamings = {false, true};
   std::optional<Prediction> best;
   for (int64_t mb = s.micro_batch; mb >= 1; --mb) {
     if (per_rank % mb != 0) continue;
@@ -634,6 +641,7 @@ Prediction predict(const JobProfile& p, const Instance& in, const Scenario& s_in
             // The job spec requires checkpointing and no shard (the engine's staging is then host
             // memory: chunked, it still keeps 24 instead of 32 B per element there).
             if (streamed && (!ckpt || shard != "none")) continue;
+            if (streamed && s.mode == "zenflow" && staging > 0) continue;  // the spec refuses it
             Scenario c = s;
             c.micro_batch = mb, c.grad_accum = per_rank / mb, c.activation_checkpointing = ckpt, c.shard = shard;
             c.device_staging_mib = staging;

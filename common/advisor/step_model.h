@@ -64,10 +64,11 @@ struct Scenario {
   // kChunkedStagingMib and keeps it only where whole staging does not fit or is slower.
   std::optional<int64_t> device_staging_mib;
   // train.offload_parameters. Unset: off, except with a model config on one GPU in offload
-  // mode, where predict() also tries it (with activation checkpointing) and keeps it only
-  // where the resident weights do not fit or it is faster. Every step then streams each
-  // unit's weights twice per micro-batch: the weight_stream stall is what of that the
-  // compute does not hide (streamed bytes over the H2D bandwidth, less the compute).
+  // or zenflow mode, where predict() also tries it (with activation checkpointing) and keeps
+  // it only where the resident weights do not fit or it is faster. Every step then streams
+  // what the host owns of each unit's weights (offload: all; zenflow: the unselected
+  // columns) twice per micro-batch: the weight_stream stall is what of that the compute does
+  // not hide (streamed bytes over the H2D bandwidth, less the compute).
   std::optional<bool> offload_parameters;
 };
 
