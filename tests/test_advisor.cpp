@@ -802,10 +802,13 @@ TEST(AdvisorModelConfig, Llama2_7BFitsOne24GBGpuOnlyWithItsWeightsStreamed) {
   EXPECT_FALSE(r["offload_parameters"].get<bool>());
   EXPECT_NE(r["why_not"][0].get<std::string>().find("GPU memory"), std::string::npos) << r["why_not"];
   EXPECT_FALSE(row(resident, "a10g-256g", "zenflow")["fits"].get<bool>());
-  std::printf("[figure] Llama-2-7B, 4 x 2048 tokens a step on one A10G: streamed %.1f GiB of GPU memory, %.2f s/step "
-              "(weight_stream %.2f s); resident %.1f GiB\n",
+  std::printf("[figure] Llama-2-7B, 4 x 2048 tokens a step on one A10G: offload streamed %.1f GiB of GPU memory, "
+              "%.2f s/step (weight_stream %.2f s); zenflow streamed %.1f GiB, %.2f s/step (weight_stream %.2f s); "
+              "resident offload %.1f GiB\n",
               off["gpu_memory_gib"].get<double>(), off["step_seconds"].get<double>(),
-              off["stall_seconds"]["weight_stream"].get<double>(), r["gpu_memory_gib"].get<double>());
+              off["stall_seconds"]["weight_stream"].get<double>(), zen["gpu_memory_gib"].get<double>(),
+              zen["step_seconds"].get<double>(), zen["stall_seconds"]["weight_stream"].get<double>(),
+              r["gpu_memory_gib"].get<double>());
 }
 
 TEST(AdvisorModelConfig, Llama3_8BFitsZenflowWithActivationCheckpointing) {
