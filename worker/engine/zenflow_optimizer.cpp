@@ -732,30 +732,6 @@ struct ZenFlowOptimizer::Impl {
       scores.index_copy_(0, s.own().idx, part.to(device));
     }
   }
-  // Re-packs a buffer in the staging layout after a re-selection that changed how many
-  // columns each matrix's host owns (the first selection): `old_cols` / `old_offset` per
-  // matrix are its layout before; every column the host owns now it owned then (one rank's
-  // first selection only moves columns to the device).
-  void repack_staged(const at::Tensor& buf, const std::vector<std::vector<int64_t>>& old_cols,
-                     const std::vector<int64_t>& old_offset) {
-    at::Tensor out = at::empty({own_total()}, buf.options());
-    for (size_t i = 0; i < split.size(); ++i) {
-      SplitParam& sp = split[i];
-      const int64_t n_old = static_cast<int64_t>(old_cols[i].size());
-      const at::Tensor old_view = buf.narrow(0, old_offset[i], n_old * sp.out).view({sp.out, n_old});
-      std::vector<int64_t> pos(static_cast<size_t>(sp.in), -1);
-      for (size_t q = 0; q < old_cols[i].size(); ++q) pos[static_cast<size_t>(old_cols[i][q])] = static_cast<int64_t>(q);
-      std::vector<int64_t> src;
-      for (int64_t c : sp.own().cols) {
-        if (pos[static_cast<size_t>(c)] < 0)
-          throw std::logic_error("engine: a column new to the host in a re-pack of the streamed buffers");
-        src.push_back(pos[static_cast<size_t>(c)]);
-      }
-      if (!src.empty()) device_ops::gather_columns(old_view.contiguous(), index_tensor(src, at::kCPU), own_view(out, sp));
-    }
-    buf.narrow(0, 0, own_total()).copy_(out);
-  }
-
   std::vector<at::Tensor> grads() {
     std::vector<at::Tensor> out;
     out.reserve(params.size());
@@ -1385,7 +1361,7 @@ struct ZenFlowOptimizer::Impl {
       for (size_t i = 0; i < split.size(); ++i)
         if (!plan->fresh[i].empty()) migrate(split[i], plan->fresh[i], plan->ready[i], in_flight && in_place);
       relayout();
-      if (in_flight && !in_place && out_copy()) repack_param_out(inflight->buffer, old_cols, old_offset);
+      if (in_flight && !in_place && out_copy()) repack_staged(param_out[inflight->buffer], old_cols, old_offset);
       ++selection.reselections;
     }
     selection.restart(epoch);
@@ -1459,17 +1435,21 @@ struct ZenFlowOptimizer::Impl {
     return all;
   }
 
-  // Re-pack of the in-flight step's low-precision output after a re-pack of the host
-  // arrays (several ranks, uneven moves): `old_cols` / `old_offset` per matrix describe its
-  // layout before; leaving columns get their current weights.
-  void repack_param_out(int buf, const std::vector<std::vector<int64_t>>& old_cols,
-                        const std::vector<int64_t>& old_offset) {
+  // Re-pack of a buffer in the staging layout after a re-pack of the host arrays (several
+  // ranks, uneven moves: the in-flight step's low-precision output; streamed, the first
+  // selection: the streamed weights and the step's host gradient). `old_cols` / `old_offset`
+  // per matrix describe its layout before; columns new to the host (leaving the device) get
+  // their current weights, which only the weights' buffers may be asked for.
+  void repack_staged(const at::Tensor& buf, const std::vector<std::vector<int64_t>>& old_cols,
+                     const std::vector<int64_t>& old_offset) {
     h2d_from_pack.wait();  // pack_out is the scratch here (a temporary when streaming)
-    at::Tensor out = pack_out.defined() ? pack_out : at::empty({own_total()}, at::TensorOptions().dtype(split_dtype));
+    at::Tensor out = pack_out.defined() && pack_out.scalar_type() == buf.scalar_type()
+                         ? pack_out
+                         : at::empty({own_total()}, buf.options());
     for (size_t i = 0; i < split.size(); ++i) {
       SplitParam& sp = split[i];
       const int64_t n_old = static_cast<int64_t>(old_cols[i].size());
-      const at::Tensor old_view = param_out[buf].narrow(0, old_offset[i], n_old * sp.out).view({sp.out, n_old});
+      const at::Tensor old_view = buf.narrow(0, old_offset[i], n_old * sp.out).view({sp.out, n_old});
       std::vector<int64_t> pos(static_cast<size_t>(sp.in), -1);
       for (size_t q = 0; q < old_cols[i].size(); ++q) pos[static_cast<size_t>(old_cols[i][q])] = static_cast<int64_t>(q);
       std::vector<int64_t> src, leaving;
@@ -1483,11 +1463,14 @@ struct ZenFlowOptimizer::Impl {
       }
       if (src.empty()) continue;
       at::Tensor combined = old_view;
-      if (!leaving.empty())
+      if (!leaving.empty()) {
+        if (streamed())  // the columns the device held are in w_sel, not w2d
+          throw std::logic_error("engine: a streamed re-pack with columns leaving the device");
         combined = at::cat({old_view, sp.w2d.index_select(1, index_tensor(leaving, device)).to(at::kCPU)}, 1);
+      }
       device_ops::gather_columns(combined.contiguous(), index_tensor(src, at::kCPU), own_view(out, sp));
     }
-    param_out[buf].narrow(0, 0, own_total()).copy_(out.narrow(0, 0, own_total()));
+    buf.narrow(0, 0, own_total()).copy_(out.narrow(0, 0, own_total()));
   }
 
   // `step_scores`: this step's all-reduced scores of all matrices (several ranks);
