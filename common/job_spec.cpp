@@ -774,7 +774,7 @@ void rows(V& v, Of<TrainSpec>) {
          "Keep the weights in host memory and copy each layer's to the device just before its forward and its "
          "recomputing backward, one layer ahead, so the device holds two layers' weights instead of the model's; "
          "the gradients go to the host layer by layer. optimizer.mode offload, or zenflow, where the selected "
-         "columns stay on the device and only the others stream (one rank); needs activation_checkpointing"},
+         "columns stay on the device and only the others stream; needs activation_checkpointing"},
     &TrainSpec::offload_parameters);
 }
 

@@ -12,11 +12,13 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/input_file.h"
 #include "common/job_spec.h"
 #include "common/remove_tree.h"
+#include "tests/support/thread_collectives.h"
 #include "worker/engine/streamed_parameters.h"
 #include "worker/engine/zenflow_optimizer.h"
 #include "worker/model/causal_lm.h"
@@ -351,44 +353,60 @@ TEST(Preflight, OffloadParametersHoldsTwoUnitsOnTheDeviceAsTheRunnerDoes) {
               static_cast<double>(on.total_host_bytes) / kGiB);
 }
 
+// Two layers of hidden 64, zenflow mode, the weights streamed by column.
+JobSpec streamed_zenflow_spec() {
+  const std::string model =
+      "{arch: llama, config: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, "
+      "tie_word_embeddings: false}}";
+  return job(model, {"optimizer.mode=zenflow", "train.activation_checkpointing=true", "train.offload_parameters=true",
+                     "train.micro_batch=2", "train.seq_len=8", "optimizer.zenflow.min_split_numel=1024"});
+}
+
+// A model, its StreamedParameters runner (by column) and a zenflow engine over it (one of
+// `collectives`' ranks, or one rank), after two steps: warm-up, then the first selection.
+struct StreamedZenflow {
+  std::unique_ptr<model::CausalLM> lm;
+  std::unique_ptr<engine::StreamedParameters> runner;
+  std::unique_ptr<engine::ZenFlowOptimizer> opt;
+  StreamedZenflow(const JobSpec& spec, engine::Collectives* collectives = nullptr) {
+    lm = make_model_from_spec(spec.model, 256, 1, nullptr);
+    runner = std::make_unique<engine::StreamedParameters>(*lm, at::Device(at::kCPU), nullptr, 1024);
+    lm->set_activation_checkpointing(true);
+    std::vector<engine::ParamSpec> params;
+    for (auto& nt : lm->parameters()) {
+      engine::ParamSpec p;
+      p.name = nt.name;
+      p.param = nt.tensor;
+      params.push_back(p);
+    }
+    engine::EngineOptions o;
+    o.mode = engine::OptimizerMode::kZenFlow;
+    o.min_split_numel = 1024;
+    o.columns_streamed = true;
+    o.huge_pages = false;
+    opt = std::make_unique<engine::ZenFlowOptimizer>(params, o, nullptr, collectives);
+    runner->attach(opt.get());
+    for (int step = 0; step < 2; ++step) {
+      opt->zero_grad();
+      runner->begin_step();
+      const at::Tensor ids = at::randint(0, 256, {2, 8}, at::kLong);
+      model::causal_lm_loss(lm->forward(ids), ids).backward();
+      runner->finish_backward();
+      opt->step({1e-3, 0});
+    }
+  }
+};
+
 // Zenflow mode streams only the split matrices' host-owned columns: preflight's device
 // weights and gradients are what a runner and an engine over the built model hold after a
 // step of warm-up (ring sized for every column landed), its host bytes theirs; the device
 // keeps each split matrix's selected tenth.
 TEST(Preflight, OffloadParametersInZenflowModeCountsWhatTheRunnerAndTheEngineHold) {
-  const std::string model =
-      "{arch: llama, config: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, "
-      "tie_word_embeddings: false}}";
-  const JobSpec spec = job(model, {"optimizer.mode=zenflow", "train.activation_checkpointing=true",
-                                   "train.offload_parameters=true", "train.micro_batch=2", "train.seq_len=8",
-                                   "optimizer.zenflow.min_split_numel=1024"});
+  const JobSpec spec = streamed_zenflow_spec();
   const MemoryEstimate est = estimate(spec, 1, true, 4);
-
-  std::unique_ptr<model::CausalLM> lm = make_model_from_spec(spec.model, 256, 1, nullptr);
-  engine::StreamedParameters runner(*lm, at::Device(at::kCPU), nullptr, 1024);
-  lm->set_activation_checkpointing(true);
-  std::vector<engine::ParamSpec> params;
-  for (auto& nt : lm->parameters()) {
-    engine::ParamSpec p;
-    p.name = nt.name;
-    p.param = nt.tensor;
-    params.push_back(p);
-  }
-  engine::EngineOptions o;
-  o.mode = engine::OptimizerMode::kZenFlow;
-  o.min_split_numel = 1024;
-  o.columns_streamed = true;
-  o.huge_pages = false;
-  engine::ZenFlowOptimizer opt(params, o);
-  runner.attach(&opt);
-  for (int step = 0; step < 2; ++step) {  // warm-up, then the first selection
-    opt.zero_grad();
-    runner.begin_step();
-    const at::Tensor ids = at::randint(0, 256, {2, 8}, at::kLong);
-    model::causal_lm_loss(lm->forward(ids), ids).backward();
-    runner.finish_backward();
-    opt.step({1e-3, 0});
-  }
+  StreamedZenflow z(spec);
+  const engine::StreamedParameters& runner = *z.runner;
+  const engine::ZenFlowOptimizer& opt = *z.opt;
   const engine::EngineDeviceBytes dev = opt.device_bytes();
   EXPECT_GT(dev.selected_weights, 0);
   EXPECT_EQ(est.weight_bytes, runner.ring_bytes() + dev.selected_weights + runner.device_leaf_bytes());
@@ -416,6 +434,39 @@ TEST(Preflight, OffloadParametersInZenflowModeCountsWhatTheRunnerAndTheEngineHol
               static_cast<double>(off.total_device_bytes) / kGiB, static_cast<double>(on.total_device_bytes) / kGiB,
               static_cast<double>(on.weight_bytes) / kGiB, static_cast<double>(on.gradient_bytes) / kGiB,
               static_cast<double>(on.device_optimizer_bytes) / kGiB, static_cast<double>(on.total_host_bytes) / kGiB);
+}
+
+// The same on two data-parallel ranks (threads with in-process collectives): each rank's host
+// holds its share of the host state, the step's gradient of every rank's host columns, its
+// reduced shard of them and every rank's host columns' weights (what streams); the device the
+// same as one rank's. The estimate's share is half the split elements; the ranks' shares add
+// up to them.
+TEST(Preflight, OffloadParametersInZenflowModeOnTwoRanksCountsWhatEachRankHolds) {
+  const JobSpec spec = streamed_zenflow_spec();
+  const MemoryEstimate est = estimate(spec, 2, true, 4);
+  zenflow::test_support::ThreadGroup group(2);
+  int64_t host[2] = {0, 0}, device_weights[2] = {0, 0}, split = 0;
+  std::string failure[2];
+  auto rank = [&](int r) {
+    try {
+      zenflow::test_support::ThreadCollectives coll(group, r);
+      StreamedZenflow z(spec, &coll);
+      host[r] = z.opt->host_state_bytes() + z.runner->host_bytes();
+      device_weights[r] = z.runner->ring_bytes() + z.opt->device_bytes().selected_weights + z.runner->device_leaf_bytes();
+      if (r == 0) split = z.opt->split_elements();
+    } catch (const std::exception& e) {
+      failure[r] = e.what();
+    }
+  };
+  std::thread other(rank, 1);
+  rank(0);
+  other.join();
+  ASSERT_EQ(failure[0], "");
+  ASSERT_EQ(failure[1], "");
+  ASSERT_EQ(split % 2, 0);
+  EXPECT_EQ(2 * (est.host_optimizer_bytes + est.streamed_host_bytes), host[0] + host[1]);
+  EXPECT_EQ(est.weight_bytes, device_weights[0]);
+  EXPECT_EQ(device_weights[0], device_weights[1]);
 }
 
 // The largest Llama-2 shape one 80 GB GPU trains with train.offload_parameters (offload

@@ -131,6 +131,7 @@ struct ZenCase {
   bool tied;
   int grad_accum;
   const char* grad_clip;
+  int ranks = 1;
 };
 
 void PrintTo(const ZenCase& c, std::ostream* os) { *os << c.name; }
@@ -231,8 +232,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, StreamedParametersMatchDeviceResident,
 // weights, bit for bit, as `then` run straight through. The first run goes on to step 10 and
 // its step-10 checkpoint is removed, so the resumed one is a periodic step-5 checkpoint.
 // Zenflow mode: windows of 4 overlapped, so the step-5 checkpoint is mid-window with a host
-// step in flight.
-void expect_resume_exact(bool first, bool then, bool zenflow = false);
+// step in flight. `ranks`: data-parallel ranks of every run (each rank's engine shard compared).
+void expect_resume_exact(bool first, bool then, bool zenflow = false, int ranks = 1);
 
 TEST(StreamedParameters, ACheckpointWrittenWithItResumesWithoutItExactly) { expect_resume_exact(true, false); }
 TEST(StreamedParameters, ACheckpointWrittenWithoutItResumesWithItExactly) { expect_resume_exact(false, true); }
@@ -242,12 +243,17 @@ TEST(StreamedParameters, ZenflowCheckpointMidWindowWrittenWithItResumesWithoutIt
 TEST(StreamedParameters, ZenflowCheckpointMidWindowWrittenWithoutItResumesWithItExactly) {
   expect_resume_exact(false, true, true);
 }
+TEST(StreamedParameters, ZenflowOnTwoRanksCheckpointMidWindowResumesAcrossTheSettingExactly) {
+  REQUIRE_GLOO();
+  expect_resume_exact(true, false, true, 2);
+  expect_resume_exact(false, true, true, 2);
+}
 
-void expect_resume_exact(bool first, bool then, bool zenflow) {
+void expect_resume_exact(bool first, bool then, bool zenflow, int ranks) {
   const Case c{"resume", 1, false, 1, "1.0"};
   const fs::path dir = zenflow::test_support::fresh_scratch_dir(std::string("streamed-resume-") +
                                                                 (zenflow ? "zen-" : "") + (first ? "on" : "off") +
-                                                                (then ? "on" : "off"));
+                                                                (then ? "on" : "off") + std::to_string(ranks));
   const std::string spec = (dir / "job.yaml").string(), straight_spec = (dir / "straight.yaml").string();
   if (zenflow) {
     std::ofstream(spec) << zen_spec_text(dir / "ckpt", first, ZenCase{"resume", "4", true, false, 1, "0.0"});
@@ -256,15 +262,16 @@ void expect_resume_exact(bool first, bool then, bool zenflow) {
     std::ofstream(spec) << spec_text(dir / "ckpt", first, c);
     std::ofstream(straight_spec) << spec_text(dir / "straight", then, c);
   }
-  const nlohmann::json head = run_json(spec, 1, "--no-resume --set checkpoint.every_steps=5 --set checkpoint.keep=10");
+  const nlohmann::json head =
+      run_json(spec, ranks, "--no-resume --set checkpoint.every_steps=5 --set checkpoint.keep=10");
   ASSERT_EQ(head["exit"], 0) << head["stderr"];
   fs::remove_all(step_dir(dir / "ckpt", 10));
   const nlohmann::json resumed =
-      run_json(spec, 1, std::string("--set train.offload_parameters=") + (then ? "true" : "false"));
+      run_json(spec, ranks, std::string("--set train.offload_parameters=") + (then ? "true" : "false"));
   ASSERT_EQ(resumed["exit"], 0) << resumed["stderr"];
   EXPECT_EQ(resumed["start_step"], 5);
   EXPECT_EQ(resumed["offload_parameters"], then);
-  const nlohmann::json straight = run_json(straight_spec, 1, "--no-resume");
+  const nlohmann::json straight = run_json(straight_spec, ranks, "--no-resume");
   ASSERT_EQ(straight["exit"], 0) << straight["stderr"];
   const std::vector<double> got = resumed["losses"].get<std::vector<double>>(),
                             want = straight["losses"].get<std::vector<double>>();
@@ -274,8 +281,9 @@ void expect_resume_exact(bool first, bool then, bool zenflow) {
   expect_files_equal(step_dir(dir / "ckpt", 10) / "model.safetensors",
                      step_dir(dir / "straight", 10) / "model.safetensors", "weights");
   if (zenflow)
-    expect_engine_states_equal(step_dir(dir / "ckpt", 10) / "engine.safetensors",
-                               step_dir(dir / "straight", 10) / "engine.safetensors");
+    for (int r = 0; r < ranks; ++r)
+      expect_engine_states_equal(step_dir(dir / "ckpt", 10) / zenflow::checkpoint_shard_name(r),
+                                 step_dir(dir / "straight", 10) / zenflow::checkpoint_shard_name(r));
   else
     expect_files_equal(step_dir(dir / "ckpt", 10) / "engine.safetensors",
                        step_dir(dir / "straight", 10) / "engine.safetensors", "engine state");
@@ -312,19 +320,21 @@ TEST(StreamedParameters, RefusedWhereItDoesNotApplyNamingTheKeys) {
 class StreamedColumnsMatchDeviceResident : public ::testing::TestWithParam<ZenCase> {};
 
 // The same run with and without train.offload_parameters in zenflow mode: the same losses,
-// weights and engine state bit for bit (without clipping; with it the gradient norm, summed
-// in another order, may change the clipping factor in its last bits); what moved: every
-// micro-batch streams the host-owned columns' weights twice and sends their gradients once,
-// and the engine's H2D of the host step's result is gone; on the device, the selected
-// columns, the parameters never split and the ring.
+// weights and engine state (every rank's shard) bit for bit (without clipping; with it and one
+// rank the gradient norm, summed in another order, may change the clipping factor in its last
+// bits; two ranks sum it as without streaming); what moved (one rank): every micro-batch
+// streams the host-owned columns' weights twice and sends their gradients once, and the
+// engine's H2D of the host step's result is gone; on the device, the selected columns, the
+// parameters never split and the ring.
 TEST_P(StreamedColumnsMatchDeviceResident, SameRunStepByStepWithOnlyTheHostColumnsMoving) {
   const ZenCase c = GetParam();
+  if (c.ranks > 1) REQUIRE_GLOO();
   const fs::path dir = zenflow::test_support::fresh_scratch_dir(std::string("streamed-zen-") + c.name);
   nlohmann::json runs[2];
   for (int on = 0; on < 2; ++on) {
     const std::string spec = (dir / (on ? "on.yaml" : "off.yaml")).string();
     std::ofstream(spec) << zen_spec_text(dir / (on ? "on" : "off"), on == 1, c);
-    runs[on] = run_json(spec, 1, "--no-resume");
+    runs[on] = run_json(spec, c.ranks, "--no-resume");
     ASSERT_EQ(runs[on]["exit"], 0) << runs[on]["stderr"];
     ASSERT_EQ(runs[on]["losses"].size(), 10u);
     EXPECT_EQ(runs[on]["offload_parameters"], on == 1);
@@ -333,7 +343,7 @@ TEST_P(StreamedColumnsMatchDeviceResident, SameRunStepByStepWithOnlyTheHostColum
   EXPECT_EQ(runs[1]["reselections"], runs[0]["reselections"]);
   const std::vector<double> off = runs[0]["losses"].get<std::vector<double>>(),
                             on = runs[1]["losses"].get<std::vector<double>>();
-  const bool exact = std::string(c.grad_clip) == "0.0";
+  const bool exact = std::string(c.grad_clip) == "0.0" || c.ranks > 1;
   for (size_t i = 0; i < off.size(); ++i) {
     if (exact)
       EXPECT_EQ(on[i], off[i]) << "step " << i + 1;
@@ -344,8 +354,9 @@ TEST_P(StreamedColumnsMatchDeviceResident, SameRunStepByStepWithOnlyTheHostColum
   if (exact) {
     EXPECT_EQ(runs[1]["val_loss"].get<double>(), runs[0]["val_loss"].get<double>());
     expect_files_equal(on_dir / "model.safetensors", off_dir / "model.safetensors", "weights");
-    expect_files_equal(on_dir / zenflow::checkpoint_shard_name(0), off_dir / zenflow::checkpoint_shard_name(0),
-                       "engine state");
+    for (int r = 0; r < c.ranks; ++r)
+      expect_files_equal(on_dir / zenflow::checkpoint_shard_name(r), off_dir / zenflow::checkpoint_shard_name(r),
+                         "engine state of rank " + std::to_string(r));
   } else {
     zenflow::model::SafetensorsFile a((on_dir / "model.safetensors").string()),
         b((off_dir / "model.safetensors").string());
@@ -354,10 +365,20 @@ TEST_P(StreamedColumnsMatchDeviceResident, SameRunStepByStepWithOnlyTheHostColum
   }
 
   const nlohmann::json& bytes = runs[1]["transfer_bytes"];
-  EXPECT_EQ(bytes["h2d"].get<int64_t>(), 0);  // nothing goes back after a host step
   EXPECT_GT(bytes["d2h"].get<int64_t>(), 0);
-  if (!c.tied) {  // each matrix in one unit: its host columns stream twice, their gradients leave once
-    EXPECT_EQ(bytes["h2d_weights"].get<int64_t>(), 2 * bytes["d2h"].get<int64_t>());
+  if (c.ranks == 1) {
+    EXPECT_EQ(bytes["h2d"].get<int64_t>(), 0);  // nothing goes back after a host step
+    if (!c.tied) {  // each matrix in one unit: its host columns stream twice, their gradients leave once
+      EXPECT_EQ(bytes["h2d_weights"].get<int64_t>(), 2 * bytes["d2h"].get<int64_t>());
+    }
+  } else if (!c.tied && c.grad_accum == 1) {
+    // Every rank's host columns: their weights stream twice, their gradients leave once and come
+    // back up once for the reduce-scatter through the device (which sends this rank's shard down
+    // again); after each host step this rank's shard goes up and every rank's comes down.
+    const int64_t weights = bytes["h2d_weights"].get<int64_t>() / 2;
+    EXPECT_GT(bytes["h2d"].get<int64_t>(), weights);
+    EXPECT_GT(bytes["d2h"].get<int64_t>(), weights);
+    EXPECT_LT(bytes["d2h"].get<int64_t>(), 3 * weights);
   }
   EXPECT_GT(runs[0]["transfer_bytes"]["h2d"].get<int64_t>(), 0);
 
@@ -402,7 +423,10 @@ INSTANTIATE_TEST_SUITE_P(Cases, StreamedColumnsMatchDeviceResident,
                                            ZenCase{"u4_overlap", "4", true, false, 1, "0.0"},
                                            ZenCase{"auto_overlap", "auto", true, false, 1, "0.0"},
                                            ZenCase{"u2_overlap_tied_accum2", "2", true, true, 2, "0.0"},
-                                           ZenCase{"u2_overlap_clip", "2", true, false, 1, "1.0e-3"}),
+                                           ZenCase{"u2_overlap_clip", "2", true, false, 1, "1.0e-3"},
+                                           ZenCase{"ranks2_u2_overlap_clip", "2", true, false, 1, "1.0e-3", 2},
+                                           ZenCase{"ranks2_auto_overlap_tied_accum2", "auto", true, true, 2, "0.0", 2},
+                                           ZenCase{"ranks2_u1", "1", false, false, 1, "0.0", 2}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -112,6 +112,11 @@ struct SplitParam {
   // and host_grad. got_grad: a unit gradient arrived this step.
   at::Tensor w_sel, g_sel;
   bool got_grad = false;
+  // ... and where every rank's host-owned columns are in the matrix-major buffers (host_grad,
+  // the streamed weights): [out, n_host()] at all_offset, columns in unsel_cpu order
+  // (`unsel` on the device). With one rank the same as this rank's staging layout.
+  at::Tensor unsel;
+  int64_t all_offset = 0;
   int64_t n_host() const { return static_cast<int64_t>(unsel_cpu.size()); }
   const Part& own() const { return parts[static_cast<size_t>(me)]; }
   int64_t n_own() const { return static_cast<int64_t>(own().cols.size()); }
@@ -226,7 +231,7 @@ struct ZenFlowOptimizer::Impl {
   // The last H2D out of each host buffer a copy reads: param_out[b] and pack_out. A host
   // buffer is not rewritten before the copy out of it completes; a host step waits only
   // for the copy out of the param_out buffer it writes (never for the one in flight).
-  CopyHandle h2d_from_out[2];
+  CopyHandle h2d_from_out[3];  // [2]: out of `gathered` (columns_streamed, several ranks)
   CopyHandle h2d_from_pack;
   CopyHandle* staged_h2d = nullptr;  // an H2D of a host result into dev_h2d not yet applied
   int staged_buffer = 0;             // its source (result_buffer numbering)
@@ -244,17 +249,37 @@ struct ZenFlowOptimizer::Impl {
   SelectionSchedule selection;  // selected yet, re-selection due, re-selections (§2)
   std::unique_ptr<InFlight> inflight;
   std::vector<SlotFix> slot_fixes;  // for the in-flight step's layout change (see SlotFix)
+  // During a streamed re-selection that re-packs: per matrix, its selected columns and their
+  // weights (CPU) before the moves (repack_staged).
+  std::vector<std::pair<std::vector<int64_t>, at::Tensor>> leaving_from;
   double last_lr = 0;
   int64_t capacity_all = 0;  // split elements of all ranks
 
   bool zenflow() const { return opt.mode == OptimizerMode::kZenFlow; }
-  // EngineOptions::columns_streamed: host_grad is this step's gradient of the host-owned
-  // columns (packed like the staging, summed over the micro-batches' units), applied_out the
-  // param_out buffer that holds their weights (what the runner streams).
+  // EngineOptions::columns_streamed: host_grad is this rank's step gradient of every host-owned
+  // column (all ranks', matrix-major: all_view; summed over the micro-batches' units), applied_out
+  // the param_out buffer that holds the weights of this rank's host columns. One rank streams
+  // that buffer. Several: host_grad is reduce-scattered (mean) into grad_shard (this rank's
+  // columns, staging layout) at the step, matrix by matrix through the device, and what streams
+  // is `gathered`, every rank's host columns' weights matrix-major, all-gathered matrix by matrix
+  // from the ranks' param_out[applied_out] whenever one changed (gathered_dirty: at a boundary,
+  // a re-selection), before step() returns.
   bool streamed() const { return opt.columns_streamed; }
   at::Tensor host_grad;
   at::Tensor unit_stage;  // CUDA: pinned, where a unit gradient's host columns land (grows)
   int applied_out = 0;
+  at::Tensor grad_shard, gathered;
+  bool gathered_dirty = false;
+  int64_t all_total = 0;  // elements of the matrix-major buffers
+  // The reduced gradient of this rank's host columns (staging layout).
+  const at::Tensor& own_grad() const { return partitioned() ? grad_shard : host_grad; }
+  // Every rank's host columns of s in a matrix-major buffer: [out, n_host()], unsel order.
+  at::Tensor all_view(const at::Tensor& buf, const SplitParam& s) const {
+    return buf.narrow(0, s.all_offset, s.n_host() * s.out).view({s.out, s.n_host()});
+  }
+  // What streams (streamed_columns) and its copy-handle slot (streamed_copy).
+  const at::Tensor& streamed_buffer() const { return partitioned() ? gathered : param_out[applied_out]; }
+  int streamed_buffer_index() const { return partitioned() ? 2 : applied_out; }
   bool partitioned() const { return world > 1; }
   bool in_warmup() const { return !zenflow() || schedule.warming_up(); }
 
@@ -375,6 +400,7 @@ struct ZenFlowOptimizer::Impl {
   }
   // Splits unsel_cpu into the ranks' parts.
   void assign_parts(SplitParam& s) const {
+    if (streamed()) s.unsel = index_tensor(s.unsel_cpu, device);
     std::vector<std::vector<int64_t>> by_rank = s.ranges.split(s.unsel_cpu);
     s.parts.assign(static_cast<size_t>(world), Part{});
     for (size_t r = 0; r < s.parts.size(); ++r) {
@@ -392,8 +418,11 @@ struct ZenFlowOptimizer::Impl {
       for (auto& p : s.parts) widths.back().push_back(static_cast<int64_t>(p.cols.size()));
     }
     staging = pack_staging(rows, widths, world);
+    all_total = 0;
     for (size_t i = 0; i < split.size(); ++i) {
       SplitParam& s = split[i];
+      s.all_offset = all_total;
+      all_total += s.out * s.n_host();
       for (size_t r = 0; r < s.parts.size(); ++r) s.parts[r].stage_offset = staging.offset[i][r];
       s.local_offset = staging.local_offset(i, me);
     }
@@ -489,8 +518,8 @@ struct ZenFlowOptimizer::Impl {
     if (streamed()) {
       if (opt.mode != OptimizerMode::kZenFlow)
         throw std::invalid_argument("columns_streamed is zenflow mode's (offload mode streams with parameters_on_host)");
-      if ((coll && coll->world_size() > 1) || opt.parameters_sharded || opt.parameters_on_host)
-        throw std::invalid_argument("columns_streamed: one rank, parameters neither sharded nor on the host, not yet more");
+      if (opt.parameters_sharded || opt.parameters_on_host)
+        throw std::invalid_argument("columns_streamed: parameters neither sharded nor on the host, not yet more");
       if (opt.host_backend || opt.device_staging_bytes > 0)
         throw std::invalid_argument("columns_streamed: the in-process host backend with whole staging, not yet more");
     }
@@ -622,7 +651,11 @@ struct ZenFlowOptimizer::Impl {
       }
       if (device.is_cuda() && !chunked && !streamed())
         dev_h2d = at::empty({capacity}, at::TensorOptions().dtype(split_dtype).device(device));
-      if (streamed()) host_grad = streams->alloc_host({capacity}, split_dtype);
+      if (streamed()) host_grad = streams->alloc_host({capacity_all}, split_dtype);
+      if (streamed() && partitioned()) {
+        grad_shard = streams->alloc_host({capacity}, split_dtype);
+        gathered = streams->alloc_host({capacity_all}, split_dtype);
+      }
       // Streaming packs the master (after a restore) into the one param_out; chunked
       // staging copies fp32 results from a packed master too.
       if (!(streaming && out_copy()) && !streamed() &&
@@ -649,16 +682,52 @@ struct ZenFlowOptimizer::Impl {
 
   // --- EngineOptions::columns_streamed ---
   // The host-owned columns' weights packed from the parameter tensors into param_out[0]
-  // and the selected ones' to the device (construction, a restore).
+  // and the selected ones' to the device (construction, a restore); with several ranks every
+  // rank's into `gathered` too (each rank's parameter tensors hold the whole model).
   void pack_host_weights() {
     for (auto& s : split) {
       if (s.n_own() > 0) {
         h2d_from_out[0].wait();
         device_ops::gather_columns(s.w2d, index_tensor(s.own().cols, at::kCPU), own_view(param_out[0], s));
       }
+      if (partitioned() && s.n_host() > 0) {
+        h2d_from_out[2].wait();
+        device_ops::gather_columns(s.w2d, index_tensor(s.unsel_cpu, at::kCPU), all_view(gathered, s));
+      }
       s.w_sel = s.w2d.index_select(1, index_tensor(s.sel_cpu, at::kCPU)).to(device).contiguous();
     }
     applied_out = 0;
+    gathered_dirty = false;
+  }
+  // Several ranks: `gathered` from the ranks' param_out[applied_out], matrix by matrix (on
+  // CUDA: this rank's columns to the device, the all-gather, every rank's back), when a
+  // boundary or a re-selection changed them. Every rank calls it at the same points (the end
+  // of step(), finish() and a restore), so the collectives match.
+  void regather() {
+    if (!gathered_dirty) return;
+    gathered_dirty = false;
+    ClockSpan span = clock_span();
+    h2d_from_out[2].wait();
+    h2d_from_out[applied_out].wait();
+    const int64_t e = static_cast<int64_t>(at::elementSize(split_dtype));
+    for (auto& s : split) {
+      if (s.n_host() == 0) continue;
+      std::vector<int64_t> sizes;
+      for (const Part& p : s.parts) sizes.push_back(static_cast<int64_t>(p.cols.size()) * s.out);
+      const at::Tensor mine = own_view(param_out[applied_out], s).reshape({-1}).to(device);
+      const at::Tensor all = coll->all_gather(mine, sizes, CollectiveTraffic::kParameters).to(at::kCPU);
+      const at::Tensor into = all_view(gathered, s);
+      int64_t col = 0, off = 0;
+      for (size_t r = 0; r < s.parts.size(); ++r) {
+        const int64_t n = static_cast<int64_t>(s.parts[r].cols.size());
+        if (n > 0) into.narrow(1, col, n).copy_(all.narrow(0, off, n * s.out).view({s.out, n}));
+        col += n;
+        off += n * s.out;
+      }
+      bytes(Direction::kH2D, mine.numel() * e);
+      bytes(Direction::kD2H, all.numel() * e);
+    }
+    span.end(TimeKind::kStall, StallCause::kAllreduce);
   }
   const SplitParam* streamed_split(size_t param) const {
     for (const SplitParam& s : split)
@@ -666,8 +735,8 @@ struct ZenFlowOptimizer::Impl {
     return nullptr;
   }
   // One unit's gradient of split matrix s: its selected columns into g_sel (the device), the
-  // host-owned ones packed to the host (a D2H on CUDA, which this waits for: the stall
-  // `transfer_d2h`) into host_grad; the first of a step overwrites, the others add, as
+  // host-owned ones (every rank's) packed to the host (a D2H on CUDA, which this waits for: the
+  // stall `transfer_d2h`) into host_grad; the first of a step overwrites, the others add, as
   // autograd accumulates a leaf's gradient.
   void add_unit_gradient(SplitParam& s, const at::Tensor& grad) {
     c10::NoGradGuard no_grad;
@@ -686,19 +755,19 @@ struct ZenFlowOptimizer::Impl {
       else
         s.g_sel.add_(sel);
     }
-    if (s.n_own() == 0) return;
+    if (s.n_host() == 0) return;
     ClockSpan span = clock_span();
-    at::Tensor packed = at::empty({s.out, s.n_own()}, g2d.options());
-    device_ops::gather_columns(g2d, s.own().idx, packed);
+    at::Tensor packed = at::empty({s.out, s.n_host()}, g2d.options());
+    device_ops::gather_columns(g2d, s.unsel, packed);
     at::Tensor host = packed;
     if (device.is_cuda()) {
       if (!unit_stage.defined() || unit_stage.numel() < packed.numel())
         unit_stage = streams->alloc_host({packed.numel()}, split_dtype);
-      host = unit_stage.narrow(0, 0, packed.numel()).view({s.out, s.n_own()});
+      host = unit_stage.narrow(0, 0, packed.numel()).view({s.out, s.n_host()});
       CopyHandle h = streams->copy_d2h(packed, host);
       h.wait();
     }
-    const at::Tensor into = own_view(host_grad, s);
+    const at::Tensor into = all_view(host_grad, s);
     if (first)
       into.copy_(host);
     else
@@ -712,13 +781,14 @@ struct ZenFlowOptimizer::Impl {
     for (auto& s : split) {
       if (s.got_grad) continue;
       if (s.k > 0 && selection.selected) s.g_sel = at::zeros({s.out, s.k}, s.w_sel.options());
-      if (s.n_own() > 0) own_view(host_grad, s).zero_();
+      if (s.n_host() > 0) all_view(host_grad, s).zero_();
       s.got_grad = true;
     }
   }
-  // Column scores of a streamed matrix's step gradient added onto `scores` ([in] fp32 on
-  // the device), column by column as accumulate_column_scores adds them for the whole
-  // gradient: the selected columns' from g_sel, the host-owned ones' on the host.
+  // Column scores of a streamed matrix's step gradient (this rank's, before any exchange)
+  // added onto `scores` ([in] fp32 on the device), column by column as
+  // accumulate_column_scores adds them for the whole gradient: the selected columns' from
+  // g_sel, the host-owned ones' (every rank's) on the host.
   void accumulate_streamed_scores(const SplitParam& s, const at::Tensor& scores) const {
     const bool l1 = opt.importance == Importance::kL1;
     if (s.k > 0 && selection.selected) {
@@ -726,11 +796,20 @@ struct ZenFlowOptimizer::Impl {
       device_ops::accumulate_column_scores(s.g_sel, l1, part);
       scores.index_copy_(0, s.sel, part);
     }
-    if (s.n_own() > 0) {
-      at::Tensor part = scores.index_select(0, s.own().idx).to(at::kCPU).contiguous();
-      device_ops::accumulate_column_scores(own_view(host_grad, s), l1, part);
-      scores.index_copy_(0, s.own().idx, part.to(device));
+    if (s.n_host() > 0) {
+      at::Tensor part = scores.index_select(0, s.unsel).to(at::kCPU).contiguous();
+      device_ops::accumulate_column_scores(all_view(host_grad, s), l1, part);
+      scores.index_copy_(0, s.unsel, part.to(device));
     }
+  }
+  // This rank's column scores of a streamed matrix's step gradient as scores_of gives them for
+  // the whole gradient (the first selection; the exchange of several ranks): from the matrix
+  // put together on the host.
+  at::Tensor streamed_scores(const SplitParam& s) const {
+    at::Tensor full = at::empty({s.out, s.in}, host_grad.options());
+    if (s.n_host() > 0) full.index_copy_(1, index_tensor(s.unsel_cpu, at::kCPU), all_view(host_grad, s));
+    if (s.k > 0 && selection.selected) full.index_copy_(1, index_tensor(s.sel_cpu, at::kCPU), s.g_sel.to(at::kCPU));
+    return column_scores_of(full).to(device);
   }
   std::vector<at::Tensor> grads() {
     std::vector<at::Tensor> out;
@@ -774,8 +853,8 @@ struct ZenFlowOptimizer::Impl {
   // columns (sync_split_gradients). Returns the copy's handle: the host job that reads
   // `buf` waits for it.
   CopyHandle stage_gradients(const std::vector<at::Tensor>& g, const at::Tensor& shard, const at::Tensor& buf) {
-    if (streamed()) {  // already on the host, where add_unit_gradient put it
-      buf.narrow(0, 0, own_total()).copy_(host_grad.narrow(0, 0, own_total()));
+    if (streamed()) {  // already on the host, where add_unit_gradient (and the exchange) put it
+      buf.narrow(0, 0, own_total()).copy_(own_grad().narrow(0, 0, own_total()));
       return CopyHandle();
     }
     ClockSpan span = clock_span();
@@ -829,48 +908,95 @@ struct ZenFlowOptimizer::Impl {
     at::Tensor replicated_sq;   // squared norm of the selected columns (identical on all ranks)
     at::Tensor shards_sq;       // squared norm of all ranks' shards
   };
+  // The selected columns' gradients of every split matrix, all-reduced (mean) in one buffer:
+  // `pack(s, view)` writes s's [out, k] into its view of it, `unpack(s, view)` takes the mean
+  // back. Returns their squared norm (fp32, identical on every rank).
+  template <class Pack, class Unpack>
+  at::Tensor allreduce_selected(Pack&& pack, Unpack&& unpack) {
+    at::Tensor sq = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
+    if (!selection.selected) return sq;
+    int64_t n = 0;
+    for (auto& s : split) n += s.k * s.out;
+    if (n == 0) return sq;
+    at::Tensor buf = at::empty({n}, at::TensorOptions().dtype(split_dtype).device(device));
+    auto views = [&](auto&& each) {
+      int64_t off = 0;
+      for (auto& s : split) {
+        if (s.k == 0) continue;
+        each(s, buf.narrow(0, off, s.k * s.out).view({s.out, s.k}));
+        off += s.k * s.out;
+      }
+    };
+    views(pack);
+    coll->allreduce_sum_(buf, CollectiveTraffic::kGradients);
+    buf.div_(world);
+    views(unpack);
+    return buf.to(at::kFloat).pow(2).sum();
+  }
   SyncedGradients sync_split_gradients(const std::vector<at::Tensor>& g, bool want_scores) {
     ClockSpan span = clock_span();
     SyncedGradients out;
-    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
     // Local scores first: the all-reduce below overwrites the selected columns.
     std::vector<at::Tensor> parts;
     if (want_scores)
       for (auto& s : split) parts.push_back(scores_of(g[s.index], s));
     // Selected columns: all-reduced (mean), written back into the gradients.
-    out.replicated_sq = at::zeros({}, f32);
-    if (selection.selected) {
-      int64_t n = 0;
-      for (auto& s : split) n += s.k * s.out;
-      if (n > 0) {
-        at::Tensor buf = at::empty({n}, at::TensorOptions().dtype(split_dtype).device(device));
-        int64_t off = 0;
-        for (auto& s : split) {
-          if (s.k == 0) continue;
-          device_ops::gather_columns(g[s.index].view({s.out, s.in}), s.sel, buf.narrow(0, off, s.k * s.out).view({s.out, s.k}));
-          off += s.k * s.out;
-        }
-        coll->allreduce_sum_(buf, CollectiveTraffic::kGradients);
-        buf.div_(world);
-        off = 0;
-        for (auto& s : split) {
-          if (s.k == 0) continue;
-          device_ops::scatter_columns(g[s.index].view({s.out, s.in}), s.sel, buf.narrow(0, off, s.k * s.out).view({s.out, s.k}));
-          off += s.k * s.out;
-        }
-        out.replicated_sq = buf.to(at::kFloat).pow(2).sum();
-      }
-    }
+    out.replicated_sq = allreduce_selected(
+        [&](const SplitParam& s, const at::Tensor& v) {
+          device_ops::gather_columns(g[s.index].view({s.out, s.in}), s.sel, v);
+        },
+        [&](SplitParam& s, const at::Tensor& v) { device_ops::scatter_columns(g[s.index].view({s.out, s.in}), s.sel, v); });
     // Host-owned columns: reduce-scattered (mean) to their owners.
     gather_parts(g, dev_stage[0]);
     out.shard = coll->reduce_scatter_mean(dev_stage[0].narrow(0, 0, staging.total), staging.shard_size,
                                           CollectiveTraffic::kGradients);
-    // One small all-reduce: the column scores and the shards' squared norms.
-    parts.push_back(out.shard.to(at::kFloat).pow(2).sum().reshape({1}));
+    reduce_scores_and_norm(out, std::move(parts), want_scores);
+    span.end(TimeKind::kStall, StallCause::kAllreduce);
+    return out;
+  }
+  // One small all-reduce: the ranks' column scores (`parts`, when wanted) and the squared
+  // norms of their shards (out.shard).
+  void reduce_scores_and_norm(SyncedGradients& out, std::vector<at::Tensor> parts, bool want_scores) {
+    parts.push_back(out.shard.to(at::kFloat).pow(2).sum().reshape({1}).to(device));
     at::Tensor small = at::cat(parts);
     coll->allreduce_sum_(small, CollectiveTraffic::kSelection);
     out.shards_sq = small[small.numel() - 1];
     if (want_scores) out.scores = small.narrow(0, 0, small.numel() - 1);
+  }
+
+  // The same for streamed columns: the selected columns' gradients are g_sel, every rank's
+  // host-owned columns' are host_grad, reduce-scattered matrix by matrix (on CUDA through the
+  // device: a matrix's host columns up, this rank's down) into grad_shard. The same values
+  // and the same sums as sync_split_gradients.
+  SyncedGradients sync_streamed_gradients(bool want_scores) {
+    ClockSpan span = clock_span();
+    SyncedGradients out;
+    std::vector<at::Tensor> parts;
+    if (want_scores)
+      for (auto& s : split) parts.push_back(streamed_scores(s));
+    out.replicated_sq = allreduce_selected([](const SplitParam& s, const at::Tensor& v) { v.copy_(s.g_sel); },
+                                           [](SplitParam& s, const at::Tensor& v) { s.g_sel.copy_(v); });
+    const int64_t e = static_cast<int64_t>(at::elementSize(split_dtype));
+    for (auto& s : split) {
+      if (s.n_host() == 0) continue;
+      const at::Tensor local = all_view(host_grad, s);
+      at::Tensor flat = at::empty({s.out * s.n_host()}, at::TensorOptions().dtype(split_dtype).device(device));
+      std::vector<int64_t> sizes;
+      int64_t col = 0;
+      for (const Part& p : s.parts) {
+        const int64_t w = static_cast<int64_t>(p.cols.size());
+        if (w > 0)
+          flat.narrow(0, col * s.out, w * s.out).view({s.out, w}).copy_(local.narrow(1, col, w));
+        sizes.push_back(w * s.out);
+        col += w;
+      }
+      const at::Tensor mine = coll->reduce_scatter_mean(flat, sizes, CollectiveTraffic::kGradients);
+      if (s.n_own() > 0) own_view(grad_shard, s).copy_(mine.view({s.out, s.n_own()}));
+      bytes(Direction::kH2D, flat.numel() * e);
+      bytes(Direction::kD2H, mine.numel() * e);
+    }
+    out.shard = grad_shard.narrow(0, 0, own_total());
+    reduce_scores_and_norm(out, std::move(parts), want_scores);
     span.end(TimeKind::kStall, StallCause::kAllreduce);
     return out;
   }
@@ -919,6 +1045,7 @@ struct ZenFlowOptimizer::Impl {
         (void)packed_result(-1, &from);  // into param_out[0]
       }
       applied_out = buffer < 0 ? 0 : buffer;
+      gathered_dirty = partitioned();
       return;
     }
     bytes(Direction::kH2D, own_total() * at::elementSize(split_dtype));
@@ -1280,7 +1407,7 @@ struct ZenFlowOptimizer::Impl {
       }
     } else {
       if (defer_host) throw std::logic_error("migrate: a re-pack while a host step is in flight");
-      if (streamed() && n_leave > 0)  // one rank re-packs only at its first selection
+      if (streamed() && n_leave > 0 && !partitioned())  // one rank re-packs only at its first selection
         throw std::logic_error("migrate: a streamed re-pack with columns leaving the device");
       // Re-pack this rank's host arrays: [old packed | leaving] -> new packed, row by row.
       std::vector<int64_t> src;
@@ -1351,17 +1478,28 @@ struct ZenFlowOptimizer::Impl {
         if (!plan->fresh[i].empty() && !slot_for_slot(split[i].ranges, plan->moves[i])) in_place = false;
       std::vector<std::vector<int64_t>> old_cols;
       std::vector<int64_t> old_offset;
-      if (in_flight && !in_place) {
-        wait_for(StallCause::kHostOptimizer, inflight->work);
+      if (in_flight && !in_place) wait_for(StallCause::kHostOptimizer, inflight->work);
+      if (!in_place && (in_flight || streamed())) {
         for (auto& sp : split) {
           old_cols.push_back(sp.own().cols);
           old_offset.push_back(sp.local_offset);
         }
       }
+      // Streamed, several ranks: the columns leaving the device have their weights in w_sel
+      // only; the re-packs below take them from before the moves.
+      leaving_from.clear();
+      if (streamed() && !in_place)
+        for (auto& sp : split) leaving_from.emplace_back(sp.sel_cpu, sp.w_sel.to(at::kCPU));
       for (size_t i = 0; i < split.size(); ++i)
         if (!plan->fresh[i].empty()) migrate(split[i], plan->fresh[i], plan->ready[i], in_flight && in_place);
       relayout();
       if (in_flight && !in_place && out_copy()) repack_staged(param_out[inflight->buffer], old_cols, old_offset);
+      if (streamed() && !in_place) {  // the weights that stream next
+        h2d_from_out[applied_out].wait();
+        repack_staged(param_out[applied_out], old_cols, old_offset);
+      }
+      leaving_from.clear();
+      gathered_dirty = partitioned() && streamed();
       ++selection.reselections;
     }
     selection.restart(epoch);
@@ -1419,7 +1557,7 @@ struct ZenFlowOptimizer::Impl {
         grad = state[3];  // the window's sum, its last gradient included (close_window)
       } else {
         at::Tensor last =
-            streamed()      ? own_view(host_grad, s).index_select(1, index_tensor(r.epos, at::kCPU)).to(device)
+            streamed()      ? own_view(own_grad(), s).index_select(1, index_tensor(r.epos, at::kCPU)).to(device)
             : partitioned() ? own_view(shard, s).index_select(1, index_tensor(r.epos, device))
                             : g[s.index].view({s.out, s.in}).index_select(1, index_tensor(r.ecols, device));
         grad = last.to(at::kFloat);
@@ -1464,9 +1602,19 @@ struct ZenFlowOptimizer::Impl {
       if (src.empty()) continue;
       at::Tensor combined = old_view;
       if (!leaving.empty()) {
-        if (streamed())  // the columns the device held are in w_sel, not w2d
-          throw std::logic_error("engine: a streamed re-pack with columns leaving the device");
-        combined = at::cat({old_view, sp.w2d.index_select(1, index_tensor(leaving, device)).to(at::kCPU)}, 1);
+        at::Tensor weights;
+        if (streamed()) {  // the columns the device held were in w_sel (leaving_from), not w2d
+          if (leaving_from.size() != split.size())
+            throw std::logic_error("engine: a streamed re-pack with columns leaving the device");
+          const auto& [sel_before, w_before] = leaving_from[i];
+          std::vector<int64_t> at;
+          for (int64_t c : leaving)
+            at.push_back(std::lower_bound(sel_before.begin(), sel_before.end(), c) - sel_before.begin());
+          weights = w_before.index_select(1, index_tensor(at, at::kCPU));
+        } else {
+          weights = sp.w2d.index_select(1, index_tensor(leaving, device)).to(at::kCPU);
+        }
+        combined = at::cat({old_view, weights}, 1);
       }
       device_ops::gather_columns(combined.contiguous(), index_tensor(src, at::kCPU), own_view(out, sp));
     }
@@ -1477,7 +1625,7 @@ struct ZenFlowOptimizer::Impl {
   // undefined: computed from g.
   void select_all(const std::vector<at::Tensor>& g, const at::Tensor& step_scores, int64_t epoch) {
     if (streamed()) {
-      select_all_streamed(epoch);
+      select_all_streamed(step_scores, epoch);
       return;
     }
     int64_t off = 0;
@@ -1490,26 +1638,60 @@ struct ZenFlowOptimizer::Impl {
     selection.first_selection_made(epoch);
   }
 
-  // The first selection with streamed columns: every column is the host's, so the scores and
-  // this step's gradient of the newly selected columns come from host_grad; then the host's
-  // buffers (the weights that stream, the step's gradient) are re-packed without them.
-  void select_all_streamed(int64_t epoch) {
-    std::vector<std::vector<int64_t>> old_cols;
-    std::vector<int64_t> old_offset;
+  // The first selection with streamed columns: every column is the host's, so the scores
+  // (`step_scores`, all-reduced, with several ranks) and this step's gradient of the newly
+  // selected columns come from host_grad; then the host's buffers (the weights that stream,
+  // the step's gradient) are re-packed without them.
+  void select_all_streamed(const at::Tensor& step_scores, int64_t epoch) {
+    std::vector<std::vector<int64_t>> old_cols, old_unsel;
+    std::vector<int64_t> old_offset, old_all_offset;
+    int64_t off = 0;
     for (auto& s : split) {
       old_cols.push_back(s.own().cols);
       old_offset.push_back(s.local_offset);
-      const at::Tensor host = own_view(host_grad, s);  // every column, in order
-      const std::vector<int64_t> fresh = top_k(column_scores_of(host).to(device), s.k);
-      const at::Tensor chosen = host.index_select(1, index_tensor(fresh, at::kCPU)).to(device).contiguous();
+      old_unsel.push_back(s.unsel_cpu);
+      old_all_offset.push_back(s.all_offset);
+      const at::Tensor host = all_view(host_grad, s);  // every column
+      const at::Tensor sc = step_scores.defined() ? step_scores.narrow(0, off, s.in)
+                                                  : streamed_scores(s);
+      off += s.in;
+      const std::vector<int64_t> fresh = top_k(sc, s.k);
+      std::vector<int64_t> pos(static_cast<size_t>(s.in), -1);
+      for (size_t q = 0; q < s.unsel_cpu.size(); ++q) pos[static_cast<size_t>(s.unsel_cpu[q])] = static_cast<int64_t>(q);
+      std::vector<int64_t> at_pos;
+      for (int64_t c : fresh) at_pos.push_back(pos[static_cast<size_t>(c)]);
+      const at::Tensor chosen = host.index_select(1, index_tensor(at_pos, at::kCPU)).to(device).contiguous();
       migrate(s, fresh);
       s.g_sel = chosen;
     }
     relayout();
     h2d_from_out[applied_out].wait();
     repack_staged(param_out[applied_out], old_cols, old_offset);
-    repack_staged(host_grad, old_cols, old_offset);
+    repack_host_columns(host_grad, old_unsel, old_all_offset);
+    gathered_dirty = partitioned();
     selection.first_selection_made(epoch);
+  }
+  // A matrix-major buffer (all_view) re-packed after columns left the host (the first
+  // selection): `old_unsel` / `old_offset` per matrix describe it before. Matrix by matrix in
+  // order: each one's new place ends where the next one's old place begins, or before.
+  void repack_host_columns(const at::Tensor& buf, const std::vector<std::vector<int64_t>>& old_unsel,
+                           const std::vector<int64_t>& old_offset) {
+    for (size_t i = 0; i < split.size(); ++i) {
+      const SplitParam& sp = split[i];
+      const int64_t n_old = static_cast<int64_t>(old_unsel[i].size());
+      std::vector<int64_t> pos(static_cast<size_t>(sp.in), -1);
+      for (size_t q = 0; q < old_unsel[i].size(); ++q) pos[static_cast<size_t>(old_unsel[i][q])] = static_cast<int64_t>(q);
+      std::vector<int64_t> src;
+      for (int64_t c : sp.unsel_cpu) {
+        if (pos[static_cast<size_t>(c)] < 0)
+          throw std::logic_error("engine: a re-pack of host columns with columns new to the host");
+        src.push_back(pos[static_cast<size_t>(c)]);
+      }
+      if (src.empty()) continue;
+      const at::Tensor old_view = buf.narrow(0, old_offset[i], n_old * sp.out).view({sp.out, n_old});
+      const at::Tensor moved = old_view.index_select(1, index_tensor(src, at::kCPU));
+      all_view(buf, sp).copy_(moved);
+    }
   }
   at::Tensor column_scores_of(const at::Tensor& grad2d) const {
     return device_ops::column_scores(grad2d, opt.importance == Importance::kL1);
@@ -1556,6 +1738,7 @@ struct ZenFlowOptimizer::Impl {
   StepReport step(const StepContext& ctx) {
     applied_host_seconds = -1;
     StepReport rep = step_work(ctx);
+    regather();  // several ranks, streamed: what the next step streams
     prefetch_inflight();  // after this step's work: the copy waits for no compute still to come
     rep.host_step_seconds = applied_host_seconds;
     return rep;
@@ -1628,13 +1811,14 @@ struct ZenFlowOptimizer::Impl {
       at::Tensor sc;
       stalled(StallCause::kAllreduce, [&] {
         std::vector<at::Tensor> parts;
-        for (auto& s : split) parts.push_back(scores_of(g[s.index], s));
+        for (auto& s : split) parts.push_back(streamed() ? streamed_scores(s) : scores_of(g[s.index], s));
         sc = at::cat(parts);
         coll->allreduce_sum_(sc, CollectiveTraffic::kSelection);
       });
       if (std::isfinite(sc.sum().item<double>())) select_all(g, sc, epoch);
     }
-    return sync_split_gradients(g, zenflow() && !in_warmup());
+    return streamed() ? sync_streamed_gradients(zenflow() && !in_warmup())
+                      : sync_split_gradients(g, zenflow() && !in_warmup());
   }
 
   // §5: the global L2 norm of the (averaged) gradient, before clipping.
@@ -1656,7 +1840,7 @@ struct ZenFlowOptimizer::Impl {
       norm_group->allreduce_sum_(sq, CollectiveTraffic::kGradients);
       return sq.sqrt().item<double>();
     }
-    if (streamed()) {
+    if (streamed() && !exchanges_gradients()) {
       // Split matrices in two parts: their selected columns' (device) and every host-owned
       // column's (host), norm of norms in another order than one tensor's norm.
       for (auto& d : dense) norms.push_back(norm32(g[d.index]));
@@ -1686,7 +1870,7 @@ struct ZenFlowOptimizer::Impl {
         if (streamed()) {
           for (auto& s : split)
             if (s.k > 0 && selection.selected) s.g_sel.mul_(coef);
-          host_grad.narrow(0, 0, own_total()).mul_(coef);
+          if (!exchanges_gradients()) host_grad.narrow(0, 0, own_total()).mul_(coef);  // else synced.shard
         }
         for (auto& s : split)  // sharded: the given scores are of the unclipped gradients
           if (const at::Tensor& given = params[s.index].column_scores; given.defined())
@@ -2061,6 +2245,7 @@ void ZenFlowOptimizer::load_state_shards(
   // Resumed without overlap there is no pipeline to carry it: it is applied now, so the
   // run continues with no stale column.
   if (i.inflight && !i.opt.overlap_step) i.complete_inflight();
+  i.regather();
 }
 
 ZenFlowOptimizer::ZenFlowOptimizer(std::vector<ParamSpec> params, const EngineOptions& options,
@@ -2107,16 +2292,17 @@ StreamedColumns ZenFlowOptimizer::streamed_columns(size_t param) const {
   const SplitParam* s = i.streamed_split(param);
   if (!s) throw std::invalid_argument("engine: parameter " + std::to_string(param) + " does not stream by column");
   StreamedColumns c;
+  if (i.gathered_dirty) throw std::logic_error("engine: the streamed weights of several ranks were not gathered");
   c.selected_weights = s->w_sel;
   c.selected = s->sel;
-  c.host_weights = i.own_view(i.param_out[i.applied_out], *s);
-  c.host_columns = s->own().idx;
-  c.buffer = i.applied_out;
+  c.host_weights = i.all_view(i.streamed_buffer(), *s);
+  c.host_columns = s->unsel;
+  c.buffer = i.streamed_buffer_index();
   return c;
 }
 
 void ZenFlowOptimizer::streamed_copy(int buffer, const CopyHandle& copy) {
-  if (buffer < 0 || buffer > 1) throw std::out_of_range("engine: output buffer " + std::to_string(buffer));
+  if (buffer < 0 || buffer > 2) throw std::out_of_range("engine: output buffer " + std::to_string(buffer));
   impl_->h2d_from_out[buffer] = copy;
 }
 
@@ -2135,12 +2321,14 @@ void ZenFlowOptimizer::sync_parameters() {
   for (SplitParam& s : i.split) {
     if (s.k > 0 && i.selection.selected)
       device_ops::scatter_columns(s.w2d, index_tensor(s.sel_cpu, at::kCPU), s.w_sel.to(at::kCPU));
-    if (s.n_own() > 0)
-      device_ops::scatter_columns(s.w2d, index_tensor(s.own().cols, at::kCPU),
-                                  i.own_view(i.param_out[i.applied_out], s));
+    if (s.n_host() > 0)
+      device_ops::scatter_columns(s.w2d, index_tensor(s.unsel_cpu, at::kCPU), i.all_view(i.streamed_buffer(), s));
   }
 }
-void ZenFlowOptimizer::finish() { impl_->finish(); }
+void ZenFlowOptimizer::finish() {
+  impl_->finish();
+  impl_->regather();
+}
 const EngineOptions& ZenFlowOptimizer::options() const { return impl_->opt; }
 int64_t ZenFlowOptimizer::steps() const { return impl_->schedule.steps; }
 int64_t ZenFlowOptimizer::skipped_steps() const { return impl_->skipped; }
@@ -2207,7 +2395,8 @@ HostMemoryBytes ZenFlowOptimizer::host_memory_bytes() const {
     if (i.param_out[k].defined()) b.transfer_buffers += i.param_out[k].nbytes();
   }
   if (i.pack_out.defined()) b.transfer_buffers += i.pack_out.nbytes();
-  if (i.host_grad.defined()) b.transfer_buffers += i.host_grad.nbytes();  // columns_streamed
+  for (const at::Tensor* t : {&i.host_grad, &i.grad_shard, &i.gathered})  // columns_streamed
+    if (t->defined()) b.transfer_buffers += t->nbytes();
   if (i.unit_stage.defined()) b.transfer_buffers += i.unit_stage.nbytes();
   if (i.stream_ring) b.transfer_buffers += i.stream_ring->bytes();
   return b;

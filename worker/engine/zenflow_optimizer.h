@@ -147,10 +147,15 @@ struct EngineOptions {
   // the runner streams to the device before each unit runs: nothing else goes back). Their
   // gradients come unit by unit (add_unit_gradient): selected columns stay on the device,
   // the rest go to the host; no gradient of theirs is ever whole on the device. The other
-  // parameters are on the device and get their gradients as usual. One rank, the in-process
-  // host backend and whole staging only (std::invalid_argument otherwise). Numbers: those of
-  // the same run without it, bit for bit on the CPU except the gradient norm, summed in
-  // another order (grad_clip: the clipping factor can differ in its last bits).
+  // parameters are on the device and get their gradients as usual. With several ranks every
+  // rank streams every rank's host columns (all-gathered after each host step, matrix by
+  // matrix through the device) and sends the gradients of all of them to the host, where the
+  // step reduce-scatters them matrix by matrix through the device (the host-owned columns'
+  // gradient crosses PCIe three times, not once: a reduce-scatter on the device unit by unit is
+  // not built). The in-process host backend and whole staging only (std::invalid_argument
+  // otherwise). Numbers: those of the same run without it, bit for bit on the CPU, except with
+  // one rank the gradient norm, summed in another order (grad_clip: the clipping factor can
+  // differ in its last bits; several ranks sum it as without streaming).
   bool columns_streamed = false;
 };
 

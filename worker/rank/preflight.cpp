@@ -312,6 +312,9 @@ MemoryEstimate estimate_job_memory(const JobSpec& spec, const model::LoadedModel
     if (budget > 0 && !one_rank_engine)  // as the engine refuses it, before the model loads
       throw std::invalid_argument(engine::device_staging_needs_one_rank(world_size));
     host = host_bytes(budget > 0 && one_rank_engine);
+    // By column on several ranks: the step's host gradient is every rank's columns, and beside
+    // it are this rank's reduced shard and every rank's columns' weights (what streams).
+    if (by_column && !one_rank_engine) host += (split - capacity) * e + capacity * e + split * e;
     staging = staging_bytes(budget);
     if (budget == 0 && one_rank_engine) {
       const LD chunked_budget = static_cast<LD>(kSuggestedStagingMib) * (1 << 20);

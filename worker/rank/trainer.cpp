@@ -500,15 +500,11 @@ class TrainingRun {
     // host RAM on a GPU host), unless initial weights replace them first; with
     // train.offload_parameters to host memory, where they stay.
     const bool streamed = spec_.train.offload_parameters;
-    if (streamed && world_ > 1 && device_.is_cuda())
+    if (streamed && spec_.optimizer.mode != "zenflow" && world_ > 1 && device_.is_cuda())
       throw std::invalid_argument("train.offload_parameters: with " + std::to_string(world_) +
                                   " data-parallel ranks on GPUs, not yet (the gradients are on the host, "
                                   "where NCCL does not reduce them); run one rank per job");
     const bool by_column = streamed && spec_.optimizer.mode == "zenflow";
-    if (by_column && world_ > 1)
-      throw std::invalid_argument("train.offload_parameters: in zenflow mode with " + std::to_string(world_) +
-                                  " data-parallel ranks, not yet (each rank's host columns are a shard); run one "
-                                  "rank, or optimizer.mode: offload");
     const at::Device weights_on = streamed ? at::Device(at::kCPU) : device_;
     lm_ = reading(model_key_, [&] {
       return options_.initial_weights.empty()
