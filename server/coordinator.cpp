@@ -739,13 +739,17 @@ void Coordinator::admit_submit(const v1::SubmitJobRequest& req, SubmitAnswer ans
   r.total_steps = spec.train.steps;
   r.host_memory_bytes_per_worker = demand.host_memory_bytes;
   if (r.optimizer_nodes > 0 && req.total_params() > 0) {
-    // Each node holds its share of every rank's host state: fp32 master, m, v and two
-    // window accumulators (20 B per host-owned element; the node refuses a session over
-    // its --memory-limit on the same count), plus its buffers.
-    const int64_t host_elements = spec.optimizer.mode == "offload"   ? req.total_params()
+    // Each node holds its share of every rank's host state: fp32 master, m, v and, in
+    // zenflow mode, two window accumulators (20 B per host-owned element, 12 B in offload
+    // mode; the node refuses a session over its --memory-limit on the same count), plus its
+    // buffers.
+    const bool offload = spec.optimizer.mode == "offload";
+    const int64_t host_elements = offload                              ? req.total_params()
                                   : spec.optimizer.mode == "zenflow" ? std::min(req.split_params(), req.total_params())
                                                                      : 0;
-    r.node_memory_bytes = (20 * host_elements + r.optimizer_nodes - 1) / r.optimizer_nodes + (int64_t{64} << 20);
+    const int64_t per_element = offload ? 12 : 20;
+    r.node_memory_bytes =
+        (per_element * host_elements + r.optimizer_nodes - 1) / r.optimizer_nodes + (int64_t{64} << 20);
   }
   r.revision = 1;
   set_demand(j);

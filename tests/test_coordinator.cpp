@@ -1926,6 +1926,42 @@ TEST(Coordinator, EachAttemptGetsANodeSecretOnlyItsNodesHold) {
   }
 }
 
+// A job with optimizer.host.nodes needs a node whose RAM holds its host state: 20 B per
+// host-owned element in zenflow mode (master, m, v, two window accumulators), 12 B in offload
+// mode, which opens no windows (the node allocates the same). 10^7 elements on a node of
+// 200 MB: offload mode's 120 MB (+ 64 MiB of buffers) fit, zenflow's 200 MB do not.
+TEST(Coordinator, ANodeHoldsOffloadModesStateAtTwelveBytesPerElementAndZenflowsAtTwenty) {
+  for (const std::string mode : {"offload", "zenflow"}) {
+    TestDir dir;
+    auto c = open_coordinator(dir.db());
+    v1::RegisterWorkerResponse w, n;
+    ASSERT_TRUE(c->register_worker(trainer("w", 29500), &w).ok());
+    v1::RegisterWorkerRequest node;
+    node.set_name("n");
+    node.set_role(v1::OPTIMIZER);
+    node.set_address("127.0.0.1:7001");
+    node.mutable_resources()->set_host_memory_bytes(200'000'000);
+    node.mutable_resources()->set_physical_cores(4);
+    ASSERT_TRUE(c->register_worker(node, &n).ok());
+    v1::SubmitJobRequest req = submit_request(dir, "noded-" + mode, "");
+    req.add_set("optimizer.host.nodes=1");
+    req.add_set("optimizer.mode=" + mode);
+    req.set_total_params(10'000'000);
+    req.set_split_params(10'000'000);
+    v1::SubmitJobResponse sub;
+    ASSERT_TRUE(c->submit(req, &sub).ok()) << sub.DebugString();
+    c->tick_now();
+    v1::JobStatus st;
+    ASSERT_TRUE(c->get(sub.job().id(), &st).ok());
+    if (mode == "offload") {
+      EXPECT_EQ(st.state(), v1::STARTING) << st.waiting_reason();
+    } else {
+      EXPECT_EQ(st.state(), v1::QUEUED);
+      EXPECT_NE(st.waiting_reason().find("host RAM"), std::string::npos) << st.waiting_reason();
+    }
+  }
+}
+
 // A worker's progress report is its word: figures no real run produces are refused (named)
 // and never applied. Before, one forged report set a job's loss to NaN, its rate to -1e300 and
 // its stall share to 5500%, and the real reports after it were ignored (steps only grow).

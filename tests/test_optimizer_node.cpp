@@ -712,6 +712,17 @@ TEST(OptimizerNode, RefusesAWrongTokenAndAStateOverItsMemoryLimit) {
     EXPECT_NE(m.find("20971520 bytes"), std::string::npos) << m;  // 5 arrays x 4 B x 2^20
     EXPECT_NE(m.find("--memory-limit is 0.00 GiB (1048576 bytes)"), std::string::npos) << m;
   }
+  // Offload mode's state has no window accumulators: 80000 elements take 3 x 4 B each
+  // (960000 bytes, under the limit) where zenflow's take 5 x 4 B (1600000 bytes, over it).
+  zenflow::engine::HostStateLayout offload = layout_of(80000);
+  offload.accumulators = false;
+  EXPECT_NO_THROW(zenflow::transport::make_remote_host_optimizer(remote({small.address()}, "offload"), offload));
+  try {
+    zenflow::transport::make_remote_host_optimizer(remote({small.address()}, "zenflow"), layout_of(80000));
+    FAIL() << "a state over the memory limit was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("1600000 bytes"), std::string::npos) << e.what();
+  }
 }
 
 // This process's threads (/proc/self/task), their names and the cores each may run on.
@@ -1297,11 +1308,17 @@ TEST(OptimizerProtocol, RoundTripsAndRejectsBadDescriptors) {
   h.rank = 1;
   h.world = 2;
   h.elements = 1000;
+  h.accumulators = 0;
   const std::string hb = encode_hello(h);
   const Hello back = decode_hello(hb.data(), hb.size());
   EXPECT_EQ(back.job, "j");
   EXPECT_EQ(back.rank, 1u);
   EXPECT_EQ(back.elements, 1000u);
+  EXPECT_EQ(back.accumulators, 0u);
+  h.accumulators = 2;
+  const std::string bad_acc = encode_hello(h);
+  EXPECT_THROW(decode_hello(bad_acc.data(), bad_acc.size()), WireError);
+  h.accumulators = 1;
   for (size_t cut = 0; cut < hb.size(); ++cut) EXPECT_THROW(decode_hello(hb.data(), cut), WireError) << cut;
   h.rank = 2;
   const std::string bad_rank = encode_hello(h);

@@ -525,7 +525,9 @@ void Session::hello(const WireHeader& h, const std::vector<char>& body) {
     fail(ErrorCode::kBadMessage, e.what());
     return;
   }
-  const int64_t bytes = static_cast<int64_t>(hi.elements) * engine::kNumHostBufs * 4;
+  // Offload mode's sessions hold no window accumulators (HostStateLayout::accumulators).
+  const int64_t arrays = hi.accumulators != 0 ? engine::kNumHostBufs : engine::kNumHostBufs - 2;
+  const int64_t bytes = static_cast<int64_t>(hi.elements) * arrays * 4;
   ErrorCode code = ErrorCode::kNone;
   const std::string refusal = node_.admit(this, hi, h.job_epoch, bytes, &code);
   if (!refusal.empty()) {
@@ -543,6 +545,7 @@ void Session::hello(const WireHeader& h, const std::vector<char>& body) {
   layout.huge_pages = hi.huge_pages != 0;
   layout.rank = static_cast<int>(hi.rank);
   layout.world = static_cast<int>(hi.world);
+  layout.accumulators = hi.accumulators != 0;
   try {
     local_ = engine::make_in_process_host_optimizer(o, layout);
   } catch (const std::exception& e) {

@@ -103,6 +103,7 @@ std::string encode_hello(const Hello& h) {
   w.u64(h.chunk_bytes);
   w.u32(h.huge_pages);
   w.str(h.host_isa);
+  w.u32(h.accumulators);
   return w.take();
 }
 
@@ -117,7 +118,9 @@ Hello decode_hello(const void* data, size_t len) {
   h.chunk_bytes = r.u64("chunk_bytes");
   h.huge_pages = r.u32("huge_pages");
   h.host_isa = r.str("host_isa");
+  h.accumulators = r.u32("accumulators");
   r.done();
+  if (h.accumulators > 1) r.fail("accumulators " + std::to_string(h.accumulators) + " (0 or 1)");
   if (h.world == 0 || h.rank >= h.world) r.fail("rank " + std::to_string(h.rank) + " of world " + std::to_string(h.world));
   if (h.elements > kMaxElements) r.fail("elements " + std::to_string(h.elements) + " (at most 2^40)");
   if (h.chunk_bytes < 4096 || h.chunk_bytes > (uint64_t{1} << 30))

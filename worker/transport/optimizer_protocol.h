@@ -52,6 +52,9 @@ struct Hello {
   uint64_t chunk_bytes = 8u << 20;
   uint32_t huge_pages = 1;
   std::string host_isa;  // the worker's host kernel ISA (bit-identity needs the same)
+  // HostStateLayout::accumulators: 0 when the engine opens no windows (offload mode), so
+  // the session holds master, m and v only (12 B per element instead of 20).
+  uint32_t accumulators = 1;
 };
 
 struct Welcome {

@@ -775,6 +775,7 @@ class RemoteHostOptimizer : public engine::HostOptimizer {
     h.chunk_bytes = opt_.chunk_bytes;
     h.huge_pages = layout_.huge_pages ? 1 : 0;
     h.host_isa = engine::host_isa_name(engine::active_host_isa());
+    h.accumulators = layout_.accumulators ? 1 : 0;
     auto body = std::make_shared<std::string>(encode_hello(h));
     WireHeader w = make_header(MsgType::kHello, opt_.epoch, 0);
     w.payload_bytes = static_cast<uint32_t>(body->size());
