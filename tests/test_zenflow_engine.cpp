@@ -839,6 +839,38 @@ TEST(ZenFlowOptimizer, OverlappedStateResumedWithoutOverlapAppliesThePendingStep
   for (auto& p : b.params) EXPECT_TRUE(at::isfinite(p).all().item<bool>());
 }
 
+// state_dict() waits for the host work in flight (window 0's step, step 5's accumulate) but
+// books none of it: its caller, the checkpoint, counts its own time (the trainer's
+// `checkpoint` stall). When it booked the wait too, a checkpoint that waited for a stopped
+// optimizer node counted the wait twice, a step's stalls exceeded its wall time, and the
+// coordinator refused the job's progress reports (stall share 196%), so a finished job kept
+// the loss of its first step (a chaos run, seed 5).
+TEST(ZenFlowOptimizer, StateDictBooksNoTimeOfItsOwn) {
+  ze::EngineOptions o = zen_options();
+  o.topk_ratio = 0.25;
+  o.update_interval = 3;
+  o.full_warm_up_rounds = 1;
+  o.overlap_step = true;
+  Problem a = make_problem(kSmallSpecs, random_values(kSmallSpecs, 41));
+  ze::StallClock clock;
+  ze::ZenFlowOptimizer oa(a.param_specs(), o, &clock);
+  for (int64_t s = 0; s < 5; ++s) {
+    clock.begin_step();
+    a.set_grads(random_values(kSmallSpecs, 700 + static_cast<uint64_t>(s), 2.0));
+    oa.step(ctx_at(s));
+    clock.end_step();
+  }
+  ASSERT_EQ(oa.windows_completed(), 1) << "window 0 handed over, its host step in flight";
+  ASSERT_FALSE(oa.at_boundary()) << "step 5 is mid-window";
+  clock.begin_step();
+  EXPECT_FALSE(oa.state_dict().empty());
+  const ze::StepTimes& t = clock.end_step();
+  for (int c = 0; c < ze::kNumStallCauses; ++c)
+    EXPECT_EQ(t.stall_seconds[c], 0.0) << ze::stall_cause_name(static_cast<ze::StallCause>(c));
+  EXPECT_EQ(t.device_optimizer_seconds, 0.0);
+  EXPECT_EQ(t.compute_seconds, 0.0);
+}
+
 // K = 4: just after window 0's boundary (its host step in flight); K = 5: mid-window.
 INSTANTIATE_TEST_SUITE_P(At, ResumeFromStateDict, kResumeCases, resume_case_name);
 // Chunked staging: one ring slot, one output buffer and the last gradient in the

@@ -1244,8 +1244,14 @@ struct ZenFlowOptimizer::Impl {
     slot_fixes.clear();
   }
 
-  void wait_accumulates() {
-    for (auto& w : pending_accumulates) wait_for(StallCause::kHostOptimizer, w);
+  // `timed` false: the waits are booked by the caller (state_dict: the checkpoint's time).
+  void wait_accumulates(bool timed = true) {
+    for (auto& w : pending_accumulates) {
+      if (timed)
+        wait_for(StallCause::kHostOptimizer, w);
+      else
+        w->wait();
+    }
     pending_accumulates.clear();
     ring_busy[0].reset();
     ring_busy[1].reset();
@@ -2084,8 +2090,9 @@ struct ZenFlowOptimizer::Impl {
 
 std::vector<std::pair<std::string, at::Tensor>> ZenFlowOptimizer::state_dict() {
   Impl& i = *impl_;
-  i.wait_accumulates();
-  if (i.inflight && i.inflight->work) i.wait_for(StallCause::kCheckpoint, i.inflight->work);
+  // Its caller times it (the trainer's `checkpoint` stall): waits booked here too counted twice.
+  i.wait_accumulates(false);
+  if (i.inflight && i.inflight->work) i.inflight->work->wait();
   i.apply_slot_fixes();  // the host arrays must hold the leaving columns' state
   std::vector<std::pair<std::string, at::Tensor>> out;
   const EngineScalars scalars{i.schedule,    i.selection, i.skipped,

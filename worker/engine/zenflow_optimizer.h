@@ -167,9 +167,11 @@ bool zenflow_splits(at::IntArrayRef shape, int64_t min_split_numel);
 struct StreamedColumns {
   at::Tensor selected_weights;  // [out, k] on the device, the model's dtype (k may be 0)
   at::Tensor selected;          // int64 [k] on the device: their columns
-  at::Tensor host_weights;      // [out, n] host (pinned on CUDA): the host-owned columns
+  at::Tensor host_weights;      // [out, n] host (pinned on CUDA): the host-owned columns (every rank's)
   at::Tensor host_columns;      // int64 [n] on the device: their columns, in that order
-  int buffer = 0;               // the output buffer host_weights is part of (streamed_copy)
+  // What host_weights is part of (streamed_copy): an output buffer (0, 1) with one rank; with
+  // several, 2: every rank's columns as all-gathered, rewritten at the end of a step.
+  int buffer = 0;
 };
 
 struct ParamSpec {
@@ -248,8 +250,8 @@ class ZenFlowOptimizer {
 
   // EngineOptions::columns_streamed (the index is the parameter's in the constructor's list):
   // whether it is a split matrix whose columns are streamed; its weights' parts, valid until
-  // the next step(); a copy out of host_weights (the engine's next host step into that buffer
-  // waits for the last one); one unit's gradient of it (on the device, [out, in] or its
+  // the next step(); a copy out of host_weights (the engine's next write into that buffer, a
+  // host step's or an all-gather's, waits for the last one); one unit's gradient of it (on the device, [out, in] or its
   // parameter's shape): added to what this step's earlier micro-batches gave.
   bool streams_columns(size_t param) const;
   StreamedColumns streamed_columns(size_t param) const;
