@@ -212,6 +212,13 @@ RankMemory rank_memory(const ModelShape& m, const RankJob& job) {
     r.weights = device_updated * e + 4 * unit;  // device_updated: the unsplit and the selected
     r.gradients = device_updated * e + unit;
     r.host_optimizer += split * e;
+    // Several unsharded ranks (preflight.cpp): the step's host gradient is every rank's
+    // columns, not this rank's share; beside it this rank's reduced shard and every rank's
+    // columns' weights (what streams). No reduce-scatter staging on the device.
+    if (W > 1 && !sharded) {
+      r.host_optimizer += (split - std::ceil(split / W)) * e + std::ceil(split / W) * e + split * e;
+      r.transfer_staging = 0;
+    }
   }
   const double tokens = static_cast<double>(job.micro_batch) * static_cast<double>(job.seq_len);
   const double layer = m.layer_activation_bytes_per_token(job.dtype_bytes) * tokens;

@@ -78,13 +78,14 @@ struct RankJob {
   // (two stages and the H2D buffer); > 0 (one rank, or sharded) four chunk buffers of a
   // quarter each, at least a row of the widest matrix.
   double device_staging_bytes = 0;
-  // train.offload_parameters (one rank; worker/engine/streamed_parameters.h). Offload mode:
+  // train.offload_parameters (worker/engine/streamed_parameters.h). Offload mode (one GPU):
   // the device holds two of the largest unit's weights and at most two units' gradients, no
   // optimizer state or staging; the host holds the weights, their gradients, two units'
   // gradient staging and the engine's staging (its chunk buffers, if any) beside the host
   // updater. Zenflow mode: the device keeps the selected columns and the unsplit parameters
   // (weights, gradients, AdamW state), a ring of two slots of the largest unit whole and
-  // landed, and one unit's gradient; no staging; the host the parameter tensors besides.
+  // landed, and one unit's gradient; no staging; the host the parameter tensors besides,
+  // and on several ranks every rank's host columns' weights and gradients.
   bool offload_parameters = false;
 };
 

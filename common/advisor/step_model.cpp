@@ -448,6 +448,13 @@ std::string gpu_memory_parts(const RankMemory& m, bool checkpointing) {
          " activation checkpointing";
 }
 
+// Can W ranks run `mode` with train.offload_parameters? Zenflow mode on any number; offload
+// mode on one GPU, or CPU ranks: on several GPUs the trainer refuses it (its gradients are
+// on the host, where NCCL does not reduce them).
+bool can_stream(const std::string& mode, int64_t W, bool cpu_device) {
+  return mode == "zenflow" || (mode == "offload" && (W <= 1 || cpu_device));
+}
+
 // One answer for W ranks, the batch already shared out and checkpointing decided.
 Prediction predict_on_ranks(const JobProfile& p, const Instance& in, const Scenario& s, int64_t W,
                             int64_t steps, Prediction out) {
@@ -457,8 +464,8 @@ Prediction predict_on_ranks(const JobProfile& p, const Instance& in, const Scena
   out.activation_checkpointing = s.activation_checkpointing.value_or(false);
   out.shard = s.shard.value_or("none");
   out.device_staging_mib = s.device_staging_mib.value_or(0);
-  out.offload_parameters = s.offload_parameters.value_or(false) && s.model &&
-                           (s.mode == "offload" || (s.mode == "zenflow" && W == 1));
+  const bool stream_asked = s.offload_parameters.value_or(false) && s.model && s.mode != "device";
+  out.offload_parameters = stream_asked && can_stream(s.mode, W, in.cpu_device);
   // Chunked staging (one rank's engine: W = 1 or sharded) waits on the compute stream for
   // every copy beyond its four chunks: the whole transfer is exposed, whatever the profile's
   // (overlapped) copies measured.
@@ -512,6 +519,24 @@ Prediction predict_on_ranks(const JobProfile& p, const Instance& in, const Scena
     const double streamed = 2 * host_owned * e * static_cast<double>(s.grad_accum);
     out.stall_seconds["transfer_h2d"] = 0;
     out.stall_seconds["transfer_d2h"] = t.d2h * static_cast<double>(s.grad_accum);
+    if (W > 1 && s.mode == "zenflow") {
+      // Every rank streams every rank's host columns, so every rank's backward sends all of
+      // their gradients D2H; the step reduce-scatters them through the device (all of them
+      // up, this rank's shard down) and, after each host step (once a window), all-gathers
+      // the updated columns the same way (this rank's up, all of them down). The engine
+      // books both exchanges as allreduce.
+      // d, h: one crossing of every rank's host columns each way (t.d2h, t.h2d are this
+      // rank's share, and h2d once a window).
+      const double wv = static_cast<double>(W), U = static_cast<double>(t.U);
+      const double d = t.d2h * wv, h = t.h2d * wv * U;
+      out.stall_seconds["transfer_d2h"] = d * static_cast<double>(s.grad_accum);
+      out.stall_seconds[in.cpu_device || W <= 8 ? "allreduce" : "network"] +=
+          h * (1 + 1 / (wv * U)) + d * (1 / wv + 1 / U);
+      out.assumed.push_back(
+          "streamed weights on " + std::to_string(W) +
+          " ranks: the host columns' gradients and weights cross PCIe through the device for the reduce-scatter "
+          "and the all-gather");
+    }
     out.stall_seconds["weight_stream"] = std::max(0.0, streamed / std::max(in.h2d_gbps.value * 1e9, 1.0) - t.compute);
     out.assumed.push_back("streamed weights overlap the compute up to the H2D bandwidth (train.offload_parameters)");
   }
@@ -575,6 +600,11 @@ Prediction predict_on_ranks(const JobProfile& p, const Instance& in, const Scena
     out.why_not.push_back("cores: " + fmt1(out.host_cores_per_rank) + " physical cores per GPU, " + s.mode +
                           " needs >= 2 (the training thread and the host optimizer)");
   }
+  if (stream_asked && !out.offload_parameters) {
+    out.fits = false;
+    out.why_not.push_back("train.offload_parameters: offload mode streams the weights on one GPU only, not " +
+                          std::to_string(W) + " (its gradients are on the host, where NCCL does not reduce them)");
+  }
   if (!in.cpu_device && in.gpus == 0) {
     out.fits = false;
     out.why_not.push_back("no GPU");
@@ -626,31 +656,50 @@ Prediction predict(const JobProfile& p, const Instance& in, const Scenario& s_in
   if (s.device_staging_mib) stagings = {*s.device_staging_mib};
   else if (!in.cpu_device && s.mode != "device") stagings = {0, kChunkedStagingMib};
   std::vector<bool> streamings = {false};
-  const bool can_stream = s.mode == "offload" || (s.mode == "zenflow" && W == 1);
-  if (s.offload_parameters) streamings = {*s.offload_parameters && can_stream};
-  else if (!in.cpu_device && can_stream && W == 1) streamings = {false, true};
+  if (s.offload_parameters)  // device mode ignores it; predict_on_ranks says where offload mode cannot
+    streamings = {*s.offload_parameters && s.mode != "device"};
+  else if (!in.cpu_device && can_stream(s.mode, W, in.cpu_device)) streamings = {false, true};
+  // What the job spec (or the engine) refuses of a combination: empty if nothing.
+  auto refusal = [&](bool ckpt, const std::string& shard, int64_t staging, bool streamed) -> std::string {
+    if (shard == "parameters" && !ckpt)  // a recomputing backward
+      return "train.shard: parameters needs train.activation_checkpointing: true";
+    if (staging > 0 && W > 1 && shard == "none" && s.mode != "device")  // zenflow_optimizer.h
+      return "optimizer.host.device_staging_mib needs one rank or train.shard (" + std::to_string(W) +
+             " unsharded ranks)";
+    // Streamed offload mode's engine runs on the host: its staging (chunked or not) is host memory.
+    if (streamed && !ckpt) return "train.offload_parameters needs train.activation_checkpointing: true";
+    if (streamed && shard != "none") return "train.offload_parameters does not combine with train.shard: " + shard;
+    if (streamed && s.mode == "zenflow" && staging > 0)
+      return "train.offload_parameters in zenflow mode does not combine with optimizer.host.device_staging_mib";
+    return "";
+  };
   std::optional<Prediction> best;
+  std::optional<std::pair<Scenario, std::string>> refused;
   for (int64_t mb = s.micro_batch; mb >= 1; --mb) {
     if (per_rank % mb != 0) continue;
     for (const bool ckpt : checkpointing)
       for (const std::string& shard : shards)
         for (const int64_t staging : stagings)
           for (const bool streamed : streamings) {
-            if (shard == "parameters" && !ckpt) continue;  // the job spec requires it (a recomputing backward)
-            if (staging > 0 && W > 1 && shard == "none") continue;  // the engine refuses it (zenflow_optimizer.h)
-            // The job spec requires checkpointing and no shard (the engine's staging is then host
-            // memory: chunked, it still keeps 24 instead of 32 B per element there).
-            if (streamed && (!ckpt || shard != "none")) continue;
-            if (streamed && s.mode == "zenflow" && staging > 0) continue;  // the spec refuses it
             Scenario c = s;
             c.micro_batch = mb, c.grad_accum = per_rank / mb, c.activation_checkpointing = ckpt, c.shard = shard;
             c.device_staging_mib = staging;
             c.offload_parameters = streamed;
+            if (std::string why = refusal(ckpt, shard, staging, streamed); !why.empty()) {
+              if (mb == s.micro_batch) refused.emplace(c, std::move(why));  // the last: the most allowed
+              continue;
+            }
             Prediction pr = predict_on_ranks(p, in, c, W, steps, out);
             if (!best || better(pr, *best)) best = std::move(pr);
           }
   }
-  return *best;
+  if (best) return *best;
+  // The settings given contradict each other: the job's micro-batch with checkpointing (as
+  // allowed), not fitting, says why.
+  Prediction pr = predict_on_ranks(p, in, refused->first, W, steps, out);
+  pr.fits = false;
+  pr.why_not.insert(pr.why_not.begin(), "the job spec refuses it: " + refused->second);
+  return pr;
 }
 
 }  // namespace zenflow::advisor

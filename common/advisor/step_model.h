@@ -63,12 +63,14 @@ struct Scenario {
   // config on a GPU in offload or zenflow mode, where predict() also tries
   // kChunkedStagingMib and keeps it only where whole staging does not fit or is slower.
   std::optional<int64_t> device_staging_mib;
-  // train.offload_parameters. Unset: off, except with a model config on one GPU in offload
-  // or zenflow mode, where predict() also tries it (with activation checkpointing) and keeps
-  // it only where the resident weights do not fit or it is faster. Every step then streams
-  // what the host owns of each unit's weights (offload: all; zenflow: the unselected
+  // train.offload_parameters. Unset: off, except with a model config on GPUs in zenflow mode
+  // (any number) or offload mode (one GPU: the trainer refuses it on several), where
+  // predict() also tries it (with activation checkpointing, unsharded) and keeps it only
+  // where the resident weights do not fit or it is faster. Every step then streams what the
+  // host owns of each unit's weights (offload: all; zenflow: every rank's unselected
   // columns) twice per micro-batch: the weight_stream stall is what of that the compute does
-  // not hide (streamed bytes over the H2D bandwidth, less the compute).
+  // not hide (streamed bytes over the H2D bandwidth, less the compute). On several ranks
+  // the host columns' gradients and updated weights also cross PCIe for their exchange.
   std::optional<bool> offload_parameters;
 };
 
