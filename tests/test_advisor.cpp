@@ -683,10 +683,13 @@ TEST(AdvisorModelConfig, RankMemoryFollowsTheEngineAndTheForward) {
   const RankMemory z = rank_memory(m, job);
   const double unit = 2.0 * static_cast<double>(m.largest_unit_parameters());
   EXPECT_DOUBLE_EQ(z.weights, 2 * (P - split + sel) + 4 * unit);
-  EXPECT_DOUBLE_EQ(z.gradients, 2 * (P - split + sel) + unit);
+  EXPECT_DOUBLE_EQ(z.gradients, 2 * (P - split + sel) + 2 * unit);  // and the unit before's D2H in flight
   EXPECT_DOUBLE_EQ(z.optimizer_state, one.optimizer_state);
   EXPECT_DOUBLE_EQ(z.transfer_staging, 0);
   EXPECT_DOUBLE_EQ(z.host_optimizer, split * (20 + 8 + 4 + 2) + 2 * split);
+  job.grad_accum = 4;  // the later micro-batches' unit gradients stage on the host: two slots of a unit
+  EXPECT_DOUBLE_EQ(rank_memory(m, job).host_optimizer, z.host_optimizer + 2 * unit);
+  job.grad_accum = 1;
   EXPECT_LT(z.device_total() - z.activations, 0.35 * (one.device_total() - one.activations));
   std::error_code ec;
   fs::remove_all(dir, ec);
@@ -732,17 +735,17 @@ TEST(AdvisorModelConfig, Llama2_7BFitsOne24GBGpuOnlyWithItsWeightsStreamed) {
   const fs::path dir = scratch();
   write_file(dir / "catalog.yaml",
              "instances:\n"
-             "  - {name: a10g-256g, provider: test, region: null, gpu_model: A10G-24GB, gpu_count: 1,\n"
-             "     gpu_memory_gib: 24, vcpus: 64, ram_gib: 256, nic_gbps: null, pcie_gen: 4,\n"
+             "  - {name: a10g-288g, provider: test, region: null, gpu_model: A10G-24GB, gpu_count: 1,\n"
+             "     gpu_memory_gib: 24, vcpus: 64, ram_gib: 288, nic_gbps: null, pcie_gen: 4,\n"
              "     on_demand_usd_per_hour: 4.0, spot_usd_per_hour: null, source: test, date: 2026-12-07,\n"
              "     verified: false, note: test row}\n");
   const fs::path config = write_config(dir, "config.json", kLlama2_7B);
   const std::string flags = "--catalog " + (dir / "catalog.yaml").string() +
-                            " --instance a10g-256g --set seq_len=2048 --set micro_batch=1 --set grad_accum=4";
+                            " --instance a10g-288g --set seq_len=2048 --set micro_batch=1 --set grad_accum=4";
   nlohmann::json a;
   std::string text;
   ASSERT_EQ(advise_cli(dir, config, flags + " --json", &a, &text), 0) << text;
-  const nlohmann::json& off = row(a, "a10g-256g", "offload");
+  const nlohmann::json& off = row(a, "a10g-288g", "offload");
   ASSERT_TRUE(off["fits"].get<bool>()) << off["why_not"];
   EXPECT_TRUE(off["offload_parameters"].get<bool>());
   EXPECT_TRUE(off["activation_checkpointing"].get<bool>());
@@ -763,31 +766,31 @@ TEST(AdvisorModelConfig, Llama2_7BFitsOne24GBGpuOnlyWithItsWeightsStreamed) {
   nlohmann::json short_seqs;
   ASSERT_EQ(advise_cli(dir, config,
                        "--catalog " + (dir / "catalog.yaml").string() +
-                           " --instance a10g-256g --set seq_len=256 --set micro_batch=1 --set grad_accum=1 --json",
+                           " --instance a10g-288g --set seq_len=256 --set micro_batch=1 --set grad_accum=1 --json",
                        &short_seqs, &text),
             0)
       << text.substr(0, 2000);
-  const nlohmann::json& short_off = row(short_seqs, "a10g-256g", "offload");
+  const nlohmann::json& short_off = row(short_seqs, "a10g-288g", "offload");
   ASSERT_TRUE(short_off["offload_parameters"].get<bool>());
   EXPECT_GT(short_off["stall_seconds"]["weight_stream"].get<double>(), 0);
   EXPECT_NEAR(short_off["stall_seconds"]["weight_stream"].get<double>(), streamed_stall(short_off), 1e-9);
   // Offload mode's host state (16 bytes per parameter, no windows) and the streamed weights
-  // and gradients fit 90% of 256 GiB with whole staging, which the engine (on the CPU device
+  // and gradients fit 90% of 288 GiB with whole staging, which the engine (on the CPU device
   // here) keeps in host memory.
   EXPECT_EQ(off["device_staging_mib"], 0);
-  EXPECT_LT(off["host_ram_gib"].get<double>(), 0.9 * 256);
-  EXPECT_FALSE(row(a, "a10g-256g", "device")["fits"].get<bool>());
+  EXPECT_LT(off["host_ram_gib"].get<double>(), 0.9 * 288);
+  EXPECT_FALSE(row(a, "a10g-288g", "device")["fits"].get<bool>());
   // Zenflow fits too, streaming only the unselected columns (2 x 0.9 of the split matrices per
   // micro-batch) and keeping the selected tenth with its AdamW state on the GPU; its host
   // step runs once a window instead of every step, so it is the recommendation.
-  const nlohmann::json& zen = row(a, "a10g-256g", "zenflow");
+  const nlohmann::json& zen = row(a, "a10g-288g", "zenflow");
   ASSERT_TRUE(zen["fits"].get<bool>()) << zen["why_not"];
   EXPECT_TRUE(zen["offload_parameters"].get<bool>());
   EXPECT_EQ(zen["device_staging_mib"], 0);  // the spec refuses chunked staging with it
   EXPECT_LT(zen["gpu_memory_gib"].get<double>(), 0.9 * 24);
   EXPECT_GT(zen["gpu_memory_gib"].get<double>(), off["gpu_memory_gib"].get<double>());  // the resident tenth
   EXPECT_DOUBLE_EQ(zen["stall_seconds"]["transfer_h2d"].get<double>(), 0);
-  EXPECT_EQ(a["recommendation"]["instance"], "a10g-256g");
+  EXPECT_EQ(a["recommendation"]["instance"], "a10g-288g");
   EXPECT_EQ(a["recommendation"]["mode"], "zenflow");
   bool note = false;
   for (const nlohmann::json& n : a["notes"])
@@ -797,11 +800,11 @@ TEST(AdvisorModelConfig, Llama2_7BFitsOne24GBGpuOnlyWithItsWeightsStreamed) {
   nlohmann::json resident;
   ASSERT_EQ(advise_cli(dir, config, flags + " --set offload_parameters=false --json", &resident, &text), 0)
       << text.substr(0, 2000);
-  const nlohmann::json& r = row(resident, "a10g-256g", "offload");
+  const nlohmann::json& r = row(resident, "a10g-288g", "offload");
   EXPECT_FALSE(r["fits"].get<bool>());
   EXPECT_FALSE(r["offload_parameters"].get<bool>());
   EXPECT_NE(r["why_not"][0].get<std::string>().find("GPU memory"), std::string::npos) << r["why_not"];
-  EXPECT_FALSE(row(resident, "a10g-256g", "zenflow")["fits"].get<bool>());
+  EXPECT_FALSE(row(resident, "a10g-288g", "zenflow")["fits"].get<bool>());
   std::printf("[figure] Llama-2-7B, 4 x 2048 tokens a step on one A10G: offload streamed %.1f GiB of GPU memory, "
               "%.2f s/step (weight_stream %.2f s); zenflow streamed %.1f GiB, %.2f s/step (weight_stream %.2f s); "
               "resident offload %.1f GiB\n",
@@ -917,7 +920,8 @@ TEST(AdvisorModelConfig, ZenflowStreamsOnEightUnshardedGpusOffloadModeOnOne) {
   const double unit = 2.0 * static_cast<double>(m.largest_unit_parameters());
   const nlohmann::json& parts = zen["gpu_memory_parts_gib"];
   EXPECT_NEAR(parts["weights"].get<double>(), (2 * (P - split + sel) + 4 * unit) / gib, 1e-9);
-  EXPECT_NEAR(parts["gradients"].get<double>(), (2 * (P - split + sel) + unit) / gib, 1e-9);
+  // The unit's gradient whole, and the unit before's host columns until their D2H lands.
+  EXPECT_NEAR(parts["gradients"].get<double>(), (2 * (P - split + sel) + 2 * unit) / gib, 1e-9);
   EXPECT_DOUBLE_EQ(parts["transfer_staging"].get<double>(), 0);
   // A rank's host: its share of master, m, v, two accumulators, two ring slots, two last
   // gradients, two output buffers and its host gradient (34 B per element), the parameter

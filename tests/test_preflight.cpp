@@ -368,9 +368,10 @@ struct StreamedZenflow {
   std::unique_ptr<model::CausalLM> lm;
   std::unique_ptr<engine::StreamedParameters> runner;
   std::unique_ptr<engine::ZenFlowOptimizer> opt;
-  StreamedZenflow(const JobSpec& spec, engine::Collectives* collectives = nullptr) {
+  StreamedZenflow(const JobSpec& spec, engine::Collectives* collectives = nullptr,
+                  engine::StallClock* clock = nullptr) {
     lm = make_model_from_spec(spec.model, 256, 1, nullptr);
-    runner = std::make_unique<engine::StreamedParameters>(*lm, at::Device(at::kCPU), nullptr, 1024);
+    runner = std::make_unique<engine::StreamedParameters>(*lm, at::Device(at::kCPU), clock, 1024);
     lm->set_activation_checkpointing(true);
     std::vector<engine::ParamSpec> params;
     for (auto& nt : lm->parameters()) {
@@ -384,36 +385,85 @@ struct StreamedZenflow {
     o.min_split_numel = 1024;
     o.columns_streamed = true;
     o.huge_pages = false;
-    opt = std::make_unique<engine::ZenFlowOptimizer>(params, o, nullptr, collectives);
+    opt = std::make_unique<engine::ZenFlowOptimizer>(params, o, clock, collectives);
     runner->attach(opt.get());
     for (int step = 0; step < 2; ++step) {
-      opt->zero_grad();
-      runner->begin_step();
+      backward(static_cast<int>(spec.train.grad_accum));
+      opt->step({1e-3, 0});
+    }
+  }
+  // One step's forwards and backwards (`micro_batches` of them), before its engine step.
+  void backward(int micro_batches) {
+    opt->zero_grad();
+    runner->begin_step();
+    for (int m = 0; m < micro_batches; ++m) {
       const at::Tensor ids = at::randint(0, 256, {2, 8}, at::kLong);
       model::causal_lm_loss(lm->forward(ids), ids).backward();
       runner->finish_backward();
-      opt->step({1e-3, 0});
     }
   }
 };
 
+// Zenflow mode's unit gradients leave for the host inside the backward, a compute region:
+// what the training thread spends on them is the compute's wait, moved from compute to
+// transfer_d2h (as the runner moves the weights' to weight_stream), not time on top of
+// the compute (which once made a step's stalls and compute exceed its wall time). Every
+// host column's gradient is counted once a micro-batch (after the first selection, the
+// nine tenths of each split matrix the host owns).
+TEST(StreamedZenflowClock, UnitGradientsAreTheComputesWaitNotTimeOnTopOfIt) {
+  engine::StallClock clock;
+  StreamedZenflow z(streamed_zenflow_spec(), nullptr, &clock);
+  int64_t host_columns_bytes = 0, split_bytes = 0;
+  const std::vector<model::NamedTensor> params = z.lm->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!z.opt->streams_columns(i)) continue;
+    const at::Tensor& w = params[i].tensor;
+    host_columns_bytes += w.size(0) * z.opt->streamed_columns(i).host_columns.numel() * w.element_size();
+    split_bytes += w.numel() * w.element_size();
+  }
+  ASSERT_GT(host_columns_bytes, 0.85 * static_cast<double>(split_bytes));
+  ASSERT_LT(host_columns_bytes, split_bytes);
+  for (int micro_batches : {1, 3}) {
+    clock.begin_step();
+    z.backward(micro_batches);
+    const engine::StepTimes t = clock.end_step();
+    const double d2h = t.stall_seconds[static_cast<int>(engine::StallCause::kTransferD2H)];
+    const double weights = t.stall_seconds[static_cast<int>(engine::StallCause::kWeightStream)];
+    EXPECT_GT(d2h, 0);
+    EXPECT_NEAR(t.compute_seconds, -(d2h + weights), 1e-9) << micro_batches;  // moved, not added
+    EXPECT_EQ(t.stall_total(), d2h + weights);
+    EXPECT_EQ(t.transfer_bytes[static_cast<int>(engine::Direction::kD2H)], micro_batches * host_columns_bytes);
+    z.opt->step({1e-3, 0});
+  }
+}
+
 // Zenflow mode streams only the split matrices' host-owned columns: preflight's device
 // weights and gradients are what a runner and an engine over the built model hold after a
 // step of warm-up (ring sized for every column landed), its host bytes theirs; the device
-// keeps each split matrix's selected tenth.
+// keeps each split matrix's selected tenth. With accumulation, the host also stages the
+// later micro-batches' unit gradients (two slots of the largest unit's).
 TEST(Preflight, OffloadParametersInZenflowModeCountsWhatTheRunnerAndTheEngineHold) {
-  const JobSpec spec = streamed_zenflow_spec();
-  const MemoryEstimate est = estimate(spec, 1, true, 4);
-  StreamedZenflow z(spec);
-  const engine::StreamedParameters& runner = *z.runner;
-  const engine::ZenFlowOptimizer& opt = *z.opt;
-  const engine::EngineDeviceBytes dev = opt.device_bytes();
-  EXPECT_GT(dev.selected_weights, 0);
-  EXPECT_EQ(est.weight_bytes, runner.ring_bytes() + dev.selected_weights + runner.device_leaf_bytes());
-  EXPECT_EQ(est.gradient_bytes,
-            runner.gradients_in_flight_bytes() + dev.selected_gradients + runner.device_leaf_bytes());
-  EXPECT_EQ(est.host_optimizer_bytes + est.streamed_host_bytes, opt.host_state_bytes() + runner.host_bytes());
-  EXPECT_EQ(est.device_optimizer_bytes, dev.optimizer_state + dev.buffers);
+  int64_t host_once = 0;
+  for (const int64_t accum : {1, 2}) {
+    JobSpec spec = streamed_zenflow_spec();
+    spec.train.grad_accum = accum;
+    const MemoryEstimate est = estimate(spec, 1, true, 4);
+    StreamedZenflow z(spec);
+    const engine::StreamedParameters& runner = *z.runner;
+    const engine::ZenFlowOptimizer& opt = *z.opt;
+    const engine::EngineDeviceBytes dev = opt.device_bytes();
+    EXPECT_GT(dev.selected_weights, 0);
+    EXPECT_EQ(est.weight_bytes, runner.ring_bytes() + dev.selected_weights + runner.device_leaf_bytes());
+    // On a GPU (as estimated here) also the unit before's host columns until their D2H lands
+    // (in warm-up every column: a quarter of the ring, two slots of a unit whole and landed).
+    EXPECT_EQ(est.gradient_bytes, runner.gradients_in_flight_bytes() + dev.selected_gradients +
+                                      runner.device_leaf_bytes() + runner.ring_bytes() / 4);
+    EXPECT_EQ(est.host_optimizer_bytes + est.streamed_host_bytes, opt.host_state_bytes() + runner.host_bytes())
+        << accum;
+    EXPECT_EQ(est.device_optimizer_bytes, dev.optimizer_state + dev.buffers);
+    if (accum == 1) host_once = opt.host_state_bytes();
+    else EXPECT_EQ(opt.host_state_bytes() - host_once, 2 * runner.ring_bytes() / 4);  // a ring slot: 2 x a unit
+  }
 
   // Llama-2-7B, bf16, 1 x 2048 tokens: zenflow keeps a tenth of every matrix and its AdamW
   // state on the device, streamed or not; streaming drops the other nine tenths and their

@@ -208,10 +208,11 @@ RankMemory rank_memory(const ModelShape& m, const RankJob& job) {
   } else if (job.offload_parameters && job.mode == "zenflow") {
     // The selected columns and the unsplit parameters stay; a ring of two slots of the
     // largest unit whole and its host columns landed (all of them in warm-up); that unit's
-    // gradient whole until the engine splits it. The parameter tensors stay on the host.
+    // gradient whole until the engine splits it, and on a GPU the unit before's host columns
+    // until their D2H lands. The parameter tensors stay on the host.
     r.weights = device_updated * e + 4 * unit;  // device_updated: the unsplit and the selected
-    r.gradients = device_updated * e + unit;
-    r.host_optimizer += split * e;
+    r.gradients = device_updated * e + (job.cuda ? 2 : 1) * unit;
+    r.host_optimizer += split * e + (job.grad_accum > 1 ? 2 * unit : 0);
     // Several unsharded ranks (preflight.cpp): the step's host gradient is every rank's
     // columns, not this rank's share; beside it this rank's reduced shard and every rank's
     // columns' weights (what streams). No reduce-scatter staging on the device.

@@ -65,6 +65,7 @@ struct RankJob {
   std::string mode;   // device | offload | zenflow
   int64_t ranks = 1;  // data-parallel W: the host updater's state is partitioned over them
   int64_t micro_batch = 1, seq_len = 1;
+  int64_t grad_accum = 1;  // streamed by column: accumulated unit gradients stage on the host
   double topk_ratio = 0.1;  // zenflow
   bool activation_checkpointing = false;
   bool cuda = true;         // false: the CPU is the device (no device staging of split gradients)

@@ -549,7 +549,7 @@ Prediction predict_on_ranks(const JobProfile& p, const Instance& in, const Scena
     RankJob job;
     job.mode = s.mode;
     job.ranks = W;
-    job.micro_batch = s.micro_batch, job.seq_len = s.seq_len;
+    job.micro_batch = s.micro_batch, job.seq_len = s.seq_len, job.grad_accum = s.grad_accum;
     job.topk_ratio = s.topk_ratio;
     job.activation_checkpointing = out.activation_checkpointing;
     job.shard = out.shard;

@@ -192,6 +192,7 @@ std::vector<at::Tensor> StreamedParameters::gradients_ready(const std::vector<si
         engine_->add_unit_gradient(idx[k], grads[k]);
       }
     }
+    engine_->unit_gradients_given();
     grads_in_flight_peak_ = std::max(grads_in_flight_peak_, in_flight);
     return to_tensors;
   }
@@ -232,6 +233,7 @@ std::vector<at::Tensor> StreamedParameters::gradients_ready(const std::vector<si
 }
 
 void StreamedParameters::finish_backward() {
+  if (by_column_) engine_->land_unit_gradients();
   if (!outgoing_) return;
   land(*outgoing_);
   outgoing_.reset();

@@ -3,10 +3,12 @@
 #include "worker/engine/zenflow_optimizer.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <deque>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -266,7 +268,25 @@ struct ZenFlowOptimizer::Impl {
   // a re-selection), before step() returns.
   bool streamed() const { return opt.columns_streamed; }
   at::Tensor host_grad;
-  at::Tensor unit_stage;  // CUDA: pinned, where a unit gradient's host columns land (grows)
+  // A unit's host columns' gradients on their way into host_grad (add_unit_gradient), landed
+  // one unit later (unit_gradients_given) so that on CUDA the D2H runs behind the next unit's
+  // backward: a matrix's step-first gradient is copied straight into its host_grad view,
+  // another (accumulation, a tied matrix) into a staging slot and added there on landing.
+  struct UnitGradient {
+    at::Tensor into;  // the matrix's view of host_grad
+    at::Tensor add;   // undefined: the copy writes `into` itself; else what to add to it
+  };
+  struct OutgoingUnit {
+    std::vector<UnitGradient> parts;
+    std::vector<CopyHandle> copies;
+  };
+  OutgoingUnit unit_given;                    // since the last unit_gradients_given()
+  std::optional<OutgoingUnit> unit_in_flight;  // the unit before's
+  // CUDA: pinned staging, two slots (this unit's and the one in flight's), each growing to
+  // the most a unit stages; unit_stage_used: elements of the current slot taken.
+  std::array<at::Tensor, 2> unit_stage;
+  int unit_slot = 0;
+  int64_t unit_stage_used = 0;
   int applied_out = 0;
   at::Tensor grad_shard, gathered;
   bool gathered_dirty = false;
@@ -735,9 +755,9 @@ struct ZenFlowOptimizer::Impl {
     return nullptr;
   }
   // One unit's gradient of split matrix s: its selected columns into g_sel (the device), the
-  // host-owned ones (every rank's) packed to the host (a D2H on CUDA, which this waits for: the
-  // stall `transfer_d2h`) into host_grad; the first of a step overwrites, the others add, as
-  // autograd accumulates a leaf's gradient.
+  // host-owned ones (every rank's) packed and sent to the host into host_grad (on CUDA a D2H
+  // that lands one unit later: unit_gradients_given); the first of a step overwrites, the
+  // others add, as autograd accumulates a leaf's gradient.
   void add_unit_gradient(SplitParam& s, const at::Tensor& grad) {
     c10::NoGradGuard no_grad;
     const at::Tensor g2d = grad.detach().reshape({s.out, s.in}).contiguous();
@@ -756,28 +776,58 @@ struct ZenFlowOptimizer::Impl {
         s.g_sel.add_(sel);
     }
     if (s.n_host() == 0) return;
+    // Inside the backward (a compute region): the time is the compute's wait.
     ClockSpan span = clock_span();
+    // (On the CPU the same path, the copies done at once: what runs here is what runs there.)
+    UnitGradient part{all_view(host_grad, s), at::Tensor()};
     at::Tensor packed = at::empty({s.out, s.n_host()}, g2d.options());
     device_ops::gather_columns(g2d, s.unsel, packed);
-    at::Tensor host = packed;
-    if (device.is_cuda()) {
-      if (!unit_stage.defined() || unit_stage.numel() < packed.numel())
-        unit_stage = streams->alloc_host({packed.numel()}, split_dtype);
-      host = unit_stage.narrow(0, 0, packed.numel()).view({s.out, s.n_host()});
-      CopyHandle h = streams->copy_d2h(packed, host);
-      h.wait();
+    if (!first) {
+      at::Tensor& slot = unit_stage[static_cast<size_t>(unit_slot)];
+      const int64_t n = packed.numel();
+      if (!slot.defined() || slot.numel() - unit_stage_used < n) {
+        // A larger slot: what this unit staged so far stays where it is (its views hold it)
+        // and lands from there; the next units fit.
+        slot = streams->alloc_host({unit_stage_used + n}, split_dtype);
+      }
+      part.add = slot.narrow(0, unit_stage_used, n).view({s.out, s.n_host()});
+      unit_stage_used += n;
     }
-    const at::Tensor into = all_view(host_grad, s);
-    if (first)
-      into.copy_(host);
-    else
-      into.add_(host);
-    bytes(Direction::kD2H, static_cast<int64_t>(packed.nbytes()));
-    span.end(TimeKind::kStall, StallCause::kTransferD2H);
+    // The handle holds `packed` on the device until the copy has landed.
+    unit_given.copies.push_back(streams->copy_d2h(packed, part.add.defined() ? part.add : part.into));
+    unit_given.parts.push_back(std::move(part));
+    bytes(Direction::kD2H, s.out * s.n_host() * static_cast<int64_t>(at::elementSize(split_dtype)));
+    span.end(TimeKind::kComputeStall, StallCause::kTransferD2H);
+  }
+  // The unit's gradients have all been given: the unit before's land (their copies ran behind
+  // this unit's backward), this unit's go in flight, and the next unit stages in the other slot.
+  void unit_gradients_given() {
+    if (unit_given.parts.empty()) return;
+    land_in_flight();
+    unit_in_flight = std::move(unit_given);
+    unit_given = OutgoingUnit{};
+    unit_slot ^= 1;
+    unit_stage_used = 0;
+  }
+  // Every unit gradient given lands in host_grad (the end of a backward, and the step's start).
+  void land_unit_gradients() {
+    unit_gradients_given();
+    land_in_flight();
+  }
+  void land_in_flight() {
+    if (!unit_in_flight) return;
+    OutgoingUnit out = std::move(*unit_in_flight);
+    unit_in_flight.reset();
+    ClockSpan span = clock_span();
+    for (CopyHandle& h : out.copies) h.wait();
+    for (UnitGradient& part : out.parts)
+      if (part.add.defined()) part.into.add_(part.add);
+    span.end(TimeKind::kComputeStall, StallCause::kTransferD2H);
   }
   // The step's gradients of the streamed matrices that got none: zero, as zero_grad() makes
   // a parameter's gradient.
   void complete_unit_gradients() {
+    land_unit_gradients();
     for (auto& s : split) {
       if (s.got_grad) continue;
       if (s.k > 0 && selection.selected) s.g_sel = at::zeros({s.out, s.k}, s.w_sel.options());
@@ -2272,7 +2322,18 @@ ZenFlowOptimizer::ZenFlowOptimizer(std::vector<ParamSpec> params, const EngineOp
 }
 
 ZenFlowOptimizer::~ZenFlowOptimizer() {
-  if (!impl_ || !impl_->host) return;
+  if (!impl_) return;
+  // Unit gradients still in flight (a backward that threw): their copies write into host
+  // memory freed below.
+  for (auto* unit : {&impl_->unit_given, impl_->unit_in_flight ? &*impl_->unit_in_flight : nullptr})
+    if (unit)
+      for (CopyHandle& h : unit->copies) {
+        try {
+          h.wait();
+        } catch (const std::exception&) {  // a CUDA error: nothing more to wait for
+        }
+      }
+  if (!impl_->host) return;
   impl_->host->drain();
   impl_->host.reset();  // before the streams and the staging its sender may still read
 }
@@ -2320,6 +2381,10 @@ void ZenFlowOptimizer::add_unit_gradient(size_t param, const at::Tensor& grad) {
   for (SplitParam& s : i.split)
     if (s.index == param) i.add_unit_gradient(s, grad);
 }
+
+void ZenFlowOptimizer::unit_gradients_given() { impl_->unit_gradients_given(); }
+
+void ZenFlowOptimizer::land_unit_gradients() { impl_->land_unit_gradients(); }
 
 void ZenFlowOptimizer::sync_parameters() {
   Impl& i = *impl_;
@@ -2404,7 +2469,8 @@ HostMemoryBytes ZenFlowOptimizer::host_memory_bytes() const {
   if (i.pack_out.defined()) b.transfer_buffers += i.pack_out.nbytes();
   for (const at::Tensor* t : {&i.host_grad, &i.grad_shard, &i.gathered})  // columns_streamed
     if (t->defined()) b.transfer_buffers += t->nbytes();
-  if (i.unit_stage.defined()) b.transfer_buffers += i.unit_stage.nbytes();
+  for (const at::Tensor& t : i.unit_stage)
+    if (t.defined()) b.transfer_buffers += t.nbytes();
   if (i.stream_ring) b.transfer_buffers += i.stream_ring->bytes();
   return b;
 }

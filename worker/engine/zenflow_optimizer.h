@@ -146,7 +146,8 @@ struct EngineOptions {
   // and its host-owned columns packed in host memory (the host step's output buffer, which
   // the runner streams to the device before each unit runs: nothing else goes back). Their
   // gradients come unit by unit (add_unit_gradient): selected columns stay on the device,
-  // the rest go to the host; no gradient of theirs is ever whole on the device. The other
+  // the rest go to the host, landing one unit later (unit_gradients_given); no gradient of
+  // theirs is ever whole on the device. The other
   // parameters are on the device and get their gradients as usual. With several ranks every
   // rank streams every rank's host columns (all-gathered after each host step, matrix by
   // matrix through the device) and sends the gradients of all of them to the host, where the
@@ -257,6 +258,11 @@ class ZenFlowOptimizer {
   StreamedColumns streamed_columns(size_t param) const;
   void streamed_copy(int buffer, const CopyHandle& copy);
   void add_unit_gradient(size_t param, const at::Tensor& grad);
+  // After a unit's add_unit_gradient calls: the unit before's host columns land in the step's
+  // host gradient (on CUDA their D2H ran behind this unit's backward), this unit's go in
+  // flight. land_unit_gradients(): every one given lands (after a backward; step() does too).
+  void unit_gradients_given();
+  void land_unit_gradients();
   // Writes every streamed matrix's current weights into its parameter tensor (on the host),
   // e.g. before a checkpoint; a no-op without columns_streamed.
   void sync_parameters();

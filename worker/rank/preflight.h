@@ -46,7 +46,9 @@ struct MemoryEstimate {
   int64_t chunked_staging_saves_host = 0;
   // train.offload_parameters: the weights and their gradients in host memory, with two
   // units' gradient staging (weight_bytes and gradient_bytes are then the device's ring and
-  // gradients in flight).
+  // gradients in flight). By column (zenflow mode): the parameter tensors, and where unit
+  // gradients that add to an earlier one of the step land (two slots of a unit's with
+  // accumulation, else the tied embedding's).
   int64_t streamed_host_bytes = 0;
 };
 
