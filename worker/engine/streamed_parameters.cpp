@@ -182,6 +182,10 @@ std::vector<at::Tensor> StreamedParameters::gradients_ready(const std::vector<si
     // Zenflow mode: streamed matrices' gradients to the engine (which keeps its selected
     // columns and sends the rest to the host); the device tensors' to autograd.
     std::vector<at::Tensor> to_tensors(idx.size());
+    std::vector<size_t> streamed;
+    for (size_t k = 0; k < idx.size(); ++k)
+      if (grads[k].defined() && kind_[idx[k]] != Kind::kDevice) streamed.push_back(idx[k]);
+    engine_->unit_gradients_coming(streamed);
     int64_t in_flight = 0;
     for (size_t k = 0; k < idx.size(); ++k) {
       if (!grads[k].defined()) continue;

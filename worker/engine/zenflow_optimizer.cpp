@@ -271,7 +271,7 @@ struct ZenFlowOptimizer::Impl {
   // A unit's host columns' gradients on their way into host_grad (add_unit_gradient), landed
   // one unit later (unit_gradients_given) so that on CUDA the D2H runs behind the next unit's
   // backward: a matrix's step-first gradient is copied straight into its host_grad view,
-  // another (accumulation, a tied matrix) into a staging slot and added there on landing.
+  // another (a later micro-batch's) into a staging slot and added there on landing.
   struct UnitGradient {
     at::Tensor into;  // the matrix's view of host_grad
     at::Tensor add;   // undefined: the copy writes `into` itself; else what to add to it
@@ -786,8 +786,8 @@ struct ZenFlowOptimizer::Impl {
       at::Tensor& slot = unit_stage[static_cast<size_t>(unit_slot)];
       const int64_t n = packed.numel();
       if (!slot.defined() || slot.numel() - unit_stage_used < n) {
-        // A larger slot: what this unit staged so far stays where it is (its views hold it)
-        // and lands from there; the next units fit.
+        // Not sized by unit_gradients_coming (a caller that did not announce the unit): what
+        // this unit staged so far stays where it is (its views hold it) and lands from there.
         slot = streams->alloc_host({unit_stage_used + n}, split_dtype);
       }
       part.add = slot.narrow(0, unit_stage_used, n).view({s.out, s.n_host()});
@@ -799,8 +799,22 @@ struct ZenFlowOptimizer::Impl {
     bytes(Direction::kD2H, s.out * s.n_host() * static_cast<int64_t>(at::elementSize(split_dtype)));
     span.end(TimeKind::kComputeStall, StallCause::kTransferD2H);
   }
-  // The unit's gradients have all been given: the unit before's land (their copies ran behind
-  // this unit's backward), this unit's go in flight, and the next unit stages in the other slot.
+  // A unit's gradients are about to be given (its backward is enqueued): the unit before's
+  // land now, before this unit's are packed (their copies ran behind this unit's backward; the
+  // device then holds one unit's packed columns besides this unit's gradients), and the
+  // staging slot grows, at once, to what this unit's later-in-the-step gradients need.
+  void unit_gradients_coming(const std::vector<size_t>& param_indices) {
+    land_in_flight();
+    int64_t staged = 0;
+    for (const size_t p : param_indices)
+      for (const SplitParam& s : split)
+        if (s.index == p && s.got_grad) staged += s.out * s.n_host();
+    at::Tensor& slot = unit_stage[static_cast<size_t>(unit_slot)];
+    if (staged > 0 && (!slot.defined() || slot.numel() < staged))
+      slot = streams->alloc_host({staged}, split_dtype);
+  }
+  // The unit's gradients have all been given: the unit before's land (if unit_gradients_coming
+  // did not), this unit's go in flight, and the next unit stages in the other slot.
   void unit_gradients_given() {
     if (unit_given.parts.empty()) return;
     land_in_flight();
@@ -2339,6 +2353,7 @@ ZenFlowOptimizer::~ZenFlowOptimizer() {
 }
 
 void ZenFlowOptimizer::zero_grad() {
+  impl_->land_unit_gradients();  // none pending after a backward the runner finished
   for (auto& s : impl_->split) s.got_grad = false;  // columns_streamed: the next unit's overwrites
   for (size_t i = 0; i < impl_->params.size(); ++i) {
     ParamSpec& ps = impl_->params[i];
@@ -2380,6 +2395,10 @@ void ZenFlowOptimizer::add_unit_gradient(size_t param, const at::Tensor& grad) {
     throw std::invalid_argument("engine: parameter " + std::to_string(param) + " does not stream by column");
   for (SplitParam& s : i.split)
     if (s.index == param) i.add_unit_gradient(s, grad);
+}
+
+void ZenFlowOptimizer::unit_gradients_coming(const std::vector<size_t>& params) {
+  impl_->unit_gradients_coming(params);
 }
 
 void ZenFlowOptimizer::unit_gradients_given() { impl_->unit_gradients_given(); }

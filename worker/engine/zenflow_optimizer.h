@@ -258,9 +258,12 @@ class ZenFlowOptimizer {
   StreamedColumns streamed_columns(size_t param) const;
   void streamed_copy(int buffer, const CopyHandle& copy);
   void add_unit_gradient(size_t param, const at::Tensor& grad);
-  // After a unit's add_unit_gradient calls: the unit before's host columns land in the step's
-  // host gradient (on CUDA their D2H ran behind this unit's backward), this unit's go in
-  // flight. land_unit_gradients(): every one given lands (after a backward; step() does too).
+  // Around a unit's add_unit_gradient calls (`params`: its streamed matrices): before them,
+  // the unit before's host columns land in the step's host gradient (on CUDA their D2H ran
+  // behind this unit's backward) and the host staging is sized for this unit; after them,
+  // this unit's go in flight. land_unit_gradients(): every one given lands (after a
+  // backward; step() and zero_grad() do too).
+  void unit_gradients_coming(const std::vector<size_t>& params);
   void unit_gradients_given();
   void land_unit_gradients();
   // Writes every streamed matrix's current weights into its parameter tensor (on the host),

@@ -362,13 +362,13 @@ MemoryEstimate estimate_job_memory(const JobSpec& spec, const model::LoadedModel
       // on the device, with their gradients; a unit's matrices' gradients are whole on the
       // device until the engine has split them, and on a GPU the unit before's host columns
       // until their D2H lands. The host: the parameter tensors (for checkpoints), beside the
-      // engine's buffers (host_bytes), and where a unit's host columns land when they add to
-      // an earlier gradient of the step: two slots of a unit's (with accumulation; every
-      // column during warm-up), or one of the tied embedding's.
+      // engine's buffers (host_bytes), and with accumulation where a unit's host columns land
+      // to be added to an earlier micro-batch's: two slots of a unit's (every column during
+      // warm-up). (A tied embedding's uses reach the engine summed, once.)
       est.weight_bytes = saturate(2 * 2 * largest * e + (selected + dense) * e);
       est.gradient_bytes = saturate((device_is_cuda ? 2 : 1) * largest * e + (selected + dense) * e);
       est.streamed_host_bytes =
-          saturate(split * e + (spec.train.grad_accum > 1 ? 2 * largest : (untied ? 0 : embedding)) * e);
+          saturate(split * e + (spec.train.grad_accum > 1 ? 2 * largest : 0) * e);
       host += static_cast<LD>(est.streamed_host_bytes);
       staging = 0;
       est.chunked_staging_saves_device = 0;

@@ -47,8 +47,8 @@ struct MemoryEstimate {
   // train.offload_parameters: the weights and their gradients in host memory, with two
   // units' gradient staging (weight_bytes and gradient_bytes are then the device's ring and
   // gradients in flight). By column (zenflow mode): the parameter tensors, and where unit
-  // gradients that add to an earlier one of the step land (two slots of a unit's with
-  // accumulation, else the tied embedding's).
+  // gradients that add to an earlier micro-batch's land (two slots of a unit's, with
+  // accumulation).
   int64_t streamed_host_bytes = 0;
 };
 
