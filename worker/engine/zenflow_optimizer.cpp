@@ -269,9 +269,9 @@ struct ZenFlowOptimizer::Impl {
   bool streamed() const { return opt.columns_streamed; }
   at::Tensor host_grad;
   // A unit's host columns' gradients on their way into host_grad (add_unit_gradient), landed
-  // one unit later (unit_gradients_given) so that on CUDA the D2H runs behind the next unit's
-  // backward: a matrix's step-first gradient is copied straight into its host_grad view,
-  // another (a later micro-batch's) into a staging slot and added there on landing.
+  // one unit later (unit_gradients_coming, unit_gradients_given) so that on CUDA the D2H runs
+  // behind the next unit's backward: a matrix's step-first gradient is copied straight into
+  // its host_grad view, a later micro-batch's into a staging slot and added there on landing.
   struct UnitGradient {
     at::Tensor into;  // the matrix's view of host_grad
     at::Tensor add;   // undefined: the copy writes `into` itself; else what to add to it
@@ -282,8 +282,9 @@ struct ZenFlowOptimizer::Impl {
   };
   OutgoingUnit unit_given;                    // since the last unit_gradients_given()
   std::optional<OutgoingUnit> unit_in_flight;  // the unit before's
-  // CUDA: pinned staging, two slots (this unit's and the one in flight's), each growing to
-  // the most a unit stages; unit_stage_used: elements of the current slot taken.
+  // Staging (pinned on CUDA), two slots (this unit's and the one in flight's), each sized by
+  // unit_gradients_coming to the most a unit stages; unit_stage_used: elements of the current
+  // slot taken.
   std::array<at::Tensor, 2> unit_stage;
   int unit_slot = 0;
   int64_t unit_stage_used = 0;
