@@ -364,14 +364,16 @@ JobSpec streamed_zenflow_spec(bool tied = false) {
 
 // A model, its StreamedParameters runner (by column) and a zenflow engine over it (one of
 // `collectives`' ranks, or one rank), after two steps: warm-up, then the first selection.
+// `streamed` false: the same model and engine without the runner (every weight resident).
 struct StreamedZenflow {
   std::unique_ptr<model::CausalLM> lm;
   std::unique_ptr<engine::StreamedParameters> runner;
   std::unique_ptr<engine::ZenFlowOptimizer> opt;
+  std::vector<engine::StepReport> reports;  // of every step() taken
   StreamedZenflow(const JobSpec& spec, engine::Collectives* collectives = nullptr,
-                  engine::StallClock* clock = nullptr) {
+                  engine::StallClock* clock = nullptr, bool streamed = true, double grad_clip = 0.0) {
     lm = make_model_from_spec(spec.model, 256, 1, nullptr);
-    runner = std::make_unique<engine::StreamedParameters>(*lm, at::Device(at::kCPU), clock, 1024);
+    if (streamed) runner = std::make_unique<engine::StreamedParameters>(*lm, at::Device(at::kCPU), clock, 1024);
     lm->set_activation_checkpointing(true);
     std::vector<engine::ParamSpec> params;
     for (auto& nt : lm->parameters()) {
@@ -383,26 +385,59 @@ struct StreamedZenflow {
     engine::EngineOptions o;
     o.mode = engine::OptimizerMode::kZenFlow;
     o.min_split_numel = 1024;
-    o.columns_streamed = true;
+    o.columns_streamed = streamed;
     o.huge_pages = false;
+    o.grad_clip = grad_clip;
     opt = std::make_unique<engine::ZenFlowOptimizer>(params, o, clock, collectives);
-    runner->attach(opt.get());
+    if (runner) runner->attach(opt.get());
     for (int step = 0; step < 2; ++step) {
       backward(static_cast<int>(spec.train.grad_accum));
-      opt->step({1e-3, 0});
+      this->step();
     }
   }
   // One step's forwards and backwards (`micro_batches` of them), before its engine step.
   void backward(int micro_batches) {
     opt->zero_grad();
-    runner->begin_step();
+    if (runner) runner->begin_step();
     for (int m = 0; m < micro_batches; ++m) {
       const at::Tensor ids = at::randint(0, 256, {2, 8}, at::kLong);
       model::causal_lm_loss(lm->forward(ids), ids).backward();
-      runner->finish_backward();
+      if (runner) runner->finish_backward();
     }
   }
+  void step() { reports.push_back(opt->step({1e-3, 0})); }
 };
+
+// One rank with clipping: the gradient norm, and so the clipping factor, is the same bits with
+// the weights streamed (each split matrix's selected columns on the device, the others on the
+// host) as with the whole gradient resident, from warm-up through the first selection to the
+// windows after it (a split matrix's norm is summed column by column either way).
+TEST(StreamedZenflowNorm, OneRankGradientNormIsTheResidentOnesBitForBit) {
+  JobSpec spec = streamed_zenflow_spec();
+  spec.train.grad_accum = 2;
+  std::unique_ptr<StreamedZenflow> runs[2];
+  for (int streamed = 0; streamed < 2; ++streamed) {
+    at::manual_seed(7);
+    runs[streamed] = std::make_unique<StreamedZenflow>(spec, nullptr, nullptr, streamed == 1, /*grad_clip=*/1e-3);
+    for (int step = 0; step < 6; ++step) {
+      runs[streamed]->backward(2);
+      runs[streamed]->step();
+    }
+  }
+  const std::vector<engine::StepReport>& resident = runs[0]->reports;
+  const std::vector<engine::StepReport>& streamed = runs[1]->reports;
+  ASSERT_EQ(resident.size(), 8u);
+  ASSERT_EQ(streamed.size(), 8u);
+  for (size_t i = 0; i < resident.size(); ++i) {
+    EXPECT_GT(resident[i].grad_norm, 1e-2) << "step " << i + 1;  // clipped: the factor is in every weight
+    EXPECT_EQ(streamed[i].grad_norm, resident[i].grad_norm) << "step " << i + 1;
+  }
+  runs[1]->opt->sync_parameters();  // the host columns' weights into the host parameters
+  const std::vector<model::NamedTensor> a = runs[0]->lm->parameters(), b = runs[1]->lm->parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(at::equal(a[i].tensor.cpu(), b[i].tensor.cpu())) << a[i].name;
+}
 
 // Zenflow mode's unit gradients leave for the host inside the backward, a compute region:
 // what the training thread spends on them is the compute's wait, moved from compute to

@@ -5,6 +5,7 @@
 // grid of configurations is in test_zenflow_reference.cpp.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "tests/support/test_device.h"
+#include "worker/engine/device_ops.h"
 #include "worker/engine/zenflow_optimizer.h"
 #include "worker/model/causal_lm.h"
 #include "worker/model/llama.h"
@@ -151,6 +153,39 @@ zm::LlamaConfig llama_config() {
   c.num_key_value_heads = 4;
   c.intermediate_size = 64;
   return c;
+}
+
+// The engine's gradient norm sums a matrix column by column so that a streamed matrix (its
+// columns in two tensors) gives the whole one's bits: on the CPU each column's sum of squares
+// (and of absolute values) is that column's rows added in order from 0, whatever the threads
+// and whichever columns share the tensor.
+TEST(DeviceOps, CpuColumnScoresAreEachColumnsRowsAddedInOrder) {
+  at::Generator gen = at::detail::createCPUGenerator(3);
+  const at::Tensor g = at::randn({300, 700}, gen, at::TensorOptions().dtype(at::kFloat)).mul_(1e-3);
+  const float* x = g.data_ptr<float>();
+  const int threads = at::get_num_threads();
+  for (bool l1 : {false, true}) {
+    std::vector<float> want(700, 0.0f);
+    for (int64_t r = 0; r < 300; ++r)
+      for (int64_t c = 0; c < 700; ++c) {
+        const float v = x[r * 700 + c];
+        want[static_cast<size_t>(c)] += l1 ? std::fabs(v) : v * v;
+      }
+    for (int n : {1, 2, 3}) {
+      at::set_num_threads(n);
+      at::Tensor whole = at::zeros({700});
+      ze::device_ops::accumulate_column_scores(g, l1, whole);
+      // Every third column, packed into a tensor of their own.
+      const at::Tensor cols = at::arange(0, 700, 3, at::kLong);
+      at::Tensor part = at::zeros({cols.numel()});
+      ze::device_ops::accumulate_column_scores(g.index_select(1, cols).contiguous(), l1, part);
+      for (int64_t c = 0; c < 700; ++c)
+        ASSERT_EQ(whole[c].item<float>(), want[static_cast<size_t>(c)]) << "column " << c << ", " << n << " threads";
+      for (int64_t i = 0; i < cols.numel(); ++i)
+        ASSERT_EQ(part[i].item<float>(), want[static_cast<size_t>(3 * i)]) << "packed column " << 3 * i;
+    }
+  }
+  at::set_num_threads(threads);
 }
 
 std::vector<ze::ParamSpec> llama_param_specs(zm::CausalLM& model) {

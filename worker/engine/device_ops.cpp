@@ -143,16 +143,22 @@ bool every_column_in_order(const at::Tensor& idx, int64_t n) {
 void accumulate_column_scores(const at::Tensor& grad2d, bool l1, const at::Tensor& scores) {
   if (grad2d.device().is_cpu() && grad2d.scalar_type() == at::kFloat && grad2d.is_contiguous() &&
       scores.is_contiguous() && scores.scalar_type() == at::kFloat) {
+    // Each column summed row by row from the first, whatever the threads and whichever
+    // columns share the tensor: the engine's gradient norm relies on these bits (threads take
+    // ranges of columns).
     const int64_t rows = grad2d.size(0), in = grad2d.size(1);
     const float* g = grad2d.data_ptr<float>();
     float* out = scores.data_ptr<float>();
-    for (int64_t i = 0; i < rows; ++i) {
-      const float* r = g + i * in;
-      if (l1)
-        for (int64_t j = 0; j < in; ++j) out[j] += r[j] < 0 ? -r[j] : r[j];
-      else
-        for (int64_t j = 0; j < in; ++j) out[j] += r[j] * r[j];
-    }
+    const int64_t grain = std::max<int64_t>(64, (1 << 16) / std::max<int64_t>(1, rows));
+    at::parallel_for(0, in, grain, [&](int64_t b, int64_t e) {
+      for (int64_t i = 0; i < rows; ++i) {
+        const float* r = g + i * in;
+        if (l1)
+          for (int64_t j = b; j < e; ++j) out[j] += r[j] < 0 ? -r[j] : r[j];
+        else
+          for (int64_t j = b; j < e; ++j) out[j] += r[j] * r[j];
+      }
+    });
     return;
   }
   if (use_cuda_kernels(grad2d) && grad2d.is_contiguous()) {

@@ -11,7 +11,9 @@ namespace zenflow::engine::device_ops {
 
 // Per-column importance of grad2d [out, in]: sum_i g^2 (l1: sum_i |g|), fp32 [in].
 at::Tensor column_scores(const at::Tensor& grad2d, bool l1);
-// scores += column_scores(grad2d, l1), without a temporary on the CPU.
+// scores += column_scores(grad2d, l1), without a temporary on the CPU; there (fp32, contiguous)
+// each column is summed row by row from the first: a column's bits do not depend on the
+// other columns beside it (the engine's gradient norm relies on it).
 void accumulate_column_scores(const at::Tensor& grad2d, bool l1, const at::Tensor& scores);
 
 // AdamW on the columns `sel` of weight2d [out, in] with gradient columns of grad2d.

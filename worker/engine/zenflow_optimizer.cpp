@@ -1911,23 +1911,51 @@ struct ZenFlowOptimizer::Impl {
       norm_group->allreduce_sum_(sq, CollectiveTraffic::kGradients);
       return sq.sqrt().item<double>();
     }
-    if (streamed() && !exchanges_gradients()) {
-      // Split matrices in two parts: their selected columns' (device) and every host-owned
-      // column's (host), norm of norms in another order than one tensor's norm.
-      for (auto& d : dense) norms.push_back(norm32(g[d.index]));
-      for (auto& s : split)
-        if (s.k > 0 && selection.selected) norms.push_back(norm32(s.g_sel));
-      if (own_total() > 0) norms.push_back(norm32(host_grad.narrow(0, 0, own_total())).to(device));
-    } else if (!exchanges_gradients()) {
-      for (auto& x : g) norms.push_back(norm32(x));
+    // A parameter's norm is summed column by column (matrix_norm) over the [out, in] it is
+    // split as (another shape: one column), so that it is the same number in every mode and
+    // wherever its columns are: one tensor, split, or streamed (the selected columns' on the
+    // device and the others' on the host).
+    auto dense_norm = [&](const at::Tensor& x) {
+      return matrix_norm(x.dim() == 2 ? x : x.reshape({x.numel(), 1}));
+    };
+    if (!exchanges_gradients()) {  // in the parameters' order, whichever updater has them
+      std::vector<at::Tensor> by_param(params.size());
+      for (auto& d : dense) by_param[d.index] = dense_norm(g[d.index]);
+      for (auto& s : split) by_param[s.index] = split_norm(g, s);
+      for (auto& n : by_param)
+        if (n.defined()) norms.push_back(n);
     } else {
       // Split parameters' local gradients are not the averaged ones: their norm is the
       // selected columns' (replicated) plus every rank's shard.
-      for (auto& d : dense) norms.push_back(norm32(g[d.index]));
+      for (auto& d : dense) norms.push_back(dense_norm(g[d.index]));
       norms.push_back(synced.replicated_sq.sqrt());
       norms.push_back(synced.shards_sq.to(at::kFloat).sqrt());
     }
     return at::stack(norms).norm().item<double>();
+  }
+
+  // The fp32 L2 norm of a matrix's gradient [out, in]: the sum of its columns' sums of squares
+  // (column_squares), in column order.
+  static at::Tensor matrix_norm(const at::Tensor& g2d) { return column_squares(g2d).sum().sqrt(); }
+  // fp32 [in] on g2d's device: each column's sum of squares, summed row by row
+  // (device_ops::accumulate_column_scores): on the CPU a column's bits do not depend on the
+  // columns beside it.
+  static at::Tensor column_squares(const at::Tensor& g2d) {
+    at::Tensor x = g2d.is_cuda() || g2d.scalar_type() == at::kFloat ? g2d : g2d.to(at::kFloat);
+    at::Tensor sums = at::zeros({x.size(1)}, x.options().dtype(at::kFloat));
+    device_ops::accumulate_column_scores(x.contiguous(), /*l1=*/false, sums);
+    return sums;
+  }
+  // A split matrix's (one rank's) step gradient norm, as matrix_norm gives it. Streamed, the
+  // selected columns' sums come from g_sel and the host-owned ones' from host_grad: the bits
+  // the whole gradient's columns give, so clipping is the same with and without
+  // train.offload_parameters.
+  at::Tensor split_norm(const std::vector<at::Tensor>& g, const SplitParam& s) const {
+    if (!streamed()) return matrix_norm(g[s.index].view({s.out, s.in}));
+    at::Tensor columns = at::zeros({s.in}, at::TensorOptions().dtype(at::kFloat).device(device));
+    if (s.k > 0 && selection.selected) columns.index_copy_(0, s.sel, column_squares(s.g_sel));
+    if (s.n_host() > 0) columns.index_copy_(0, s.unsel, column_squares(all_view(host_grad, s)).to(device));
+    return columns.sum().sqrt();
   }
 
   // §5: clipping, once, to the whole gradient before the split (and to the exchanged

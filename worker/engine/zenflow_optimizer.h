@@ -154,9 +154,8 @@ struct EngineOptions {
   // step reduce-scatters them matrix by matrix through the device (the host-owned columns'
   // gradient crosses PCIe three times, not once: a reduce-scatter on the device unit by unit is
   // not built). The in-process host backend and whole staging only (std::invalid_argument
-  // otherwise). Numbers: those of the same run without it, bit for bit on the CPU, except with
-  // one rank the gradient norm, summed in another order (grad_clip: the clipping factor can
-  // differ in its last bits; several ranks sum it as without streaming).
+  // otherwise). Numbers: those of the same run without it, bit for bit on the CPU (clipping
+  // too: a split matrix's gradient norm is summed column by column either way).
   bool columns_streamed = false;
 };
 
