@@ -35,8 +35,10 @@ StreamedParameters::StreamedParameters(model::CausalLM& model, at::Device device
       continue;
     }
     // Pinned straight from the driver on a GPU (DeviceStreams::alloc_host); a fresh copy on
-    // the CPU device, so the streamed path is the one that runs.
-    at::Tensor leaf = streams_.alloc_host(t.sizes(), t.scalar_type());
+    // the CPU device, so the streamed path is the one that runs. A split matrix's (kColumns)
+    // never crosses (its columns stream from the engine's buffers): plain memory.
+    at::Tensor leaf = kind == Kind::kColumns ? at::empty(t.sizes(), t.options().device(at::kCPU))
+                                             : streams_.alloc_host(t.sizes(), t.scalar_type());
     leaf.copy_(t.detach());
     leaf.requires_grad_(true);
     leaves_.push_back(leaf);
@@ -185,8 +187,10 @@ std::vector<at::Tensor> StreamedParameters::gradients_ready(const std::vector<si
     std::vector<size_t> streamed;
     for (size_t k = 0; k < idx.size(); ++k)
       if (grads[k].defined() && kind_[idx[k]] != Kind::kDevice) streamed.push_back(idx[k]);
+    // The unit before's packed host columns (on a GPU, held by their D2H) were on the device
+    // through this unit's backward, beside its gradients.
+    int64_t in_flight = engine_->unit_gradients_in_flight_bytes();
     engine_->unit_gradients_coming(streamed);
-    int64_t in_flight = 0;
     for (size_t k = 0; k < idx.size(); ++k) {
       if (!grads[k].defined()) continue;
       if (kind_[idx[k]] == Kind::kDevice) {

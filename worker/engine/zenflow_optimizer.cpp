@@ -279,6 +279,7 @@ struct ZenFlowOptimizer::Impl {
   struct OutgoingUnit {
     std::vector<UnitGradient> parts;
     std::vector<CopyHandle> copies;
+    int64_t device_bytes = 0;  // the packed columns the copies hold on a GPU
   };
   OutgoingUnit unit_given;                    // since the last unit_gradients_given()
   std::optional<OutgoingUnit> unit_in_flight;  // the unit before's
@@ -797,6 +798,7 @@ struct ZenFlowOptimizer::Impl {
     // The handle holds `packed` on the device until the copy has landed.
     unit_given.copies.push_back(streams->copy_d2h(packed, part.add.defined() ? part.add : part.into));
     unit_given.parts.push_back(std::move(part));
+    if (streams->is_cuda()) unit_given.device_bytes += static_cast<int64_t>(packed.nbytes());
     bytes(Direction::kD2H, s.out * s.n_host() * static_cast<int64_t>(at::elementSize(split_dtype)));
     span.end(TimeKind::kComputeStall, StallCause::kTransferD2H);
   }
@@ -2433,6 +2435,10 @@ void ZenFlowOptimizer::unit_gradients_coming(const std::vector<size_t>& params) 
 void ZenFlowOptimizer::unit_gradients_given() { impl_->unit_gradients_given(); }
 
 void ZenFlowOptimizer::land_unit_gradients() { impl_->land_unit_gradients(); }
+
+int64_t ZenFlowOptimizer::unit_gradients_in_flight_bytes() const {
+  return impl_->unit_in_flight ? impl_->unit_in_flight->device_bytes : 0;
+}
 
 void ZenFlowOptimizer::sync_parameters() {
   Impl& i = *impl_;

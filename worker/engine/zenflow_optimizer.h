@@ -265,6 +265,10 @@ class ZenFlowOptimizer {
   void unit_gradients_coming(const std::vector<size_t>& params);
   void unit_gradients_given();
   void land_unit_gradients();
+  // Device bytes of the packed host columns whose D2H is in flight (the unit before's, until
+  // unit_gradients_coming lands them): on CUDA they outlive their unit's backward; 0 on the
+  // CPU, where the copies are done when made.
+  int64_t unit_gradients_in_flight_bytes() const;
   // Writes every streamed matrix's current weights into its parameter tensor (on the host),
   // e.g. before a checkpoint; a no-op without columns_streamed.
   void sync_parameters();
