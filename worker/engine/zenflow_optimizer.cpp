@@ -152,6 +152,10 @@ struct InFlight {
   std::vector<std::shared_ptr<HostWork>> accumulates;
 };
 
+// A parameter (or its gradient) as the [out, in] matrix whose columns the engine splits and
+// whose norm it sums column by column: a 2-D one as it is, any other shape one column.
+at::Tensor as_columns(const at::Tensor& p) { return p.dim() == 2 ? p : p.reshape({p.numel(), 1}); }
+
 }  // namespace
 
 struct ZenFlowOptimizer::Impl {
@@ -600,7 +604,7 @@ struct ZenFlowOptimizer::Impl {
         have_split_dtype = true;
         SplitParam s;
         s.index = i;
-        s.w2d = p.dim() == 2 ? p : p.reshape({p.numel(), 1});
+        s.w2d = as_columns(p);
         s.out = s.w2d.size(0);
         s.in = s.w2d.size(1);
         s.weight_decay = wd;
@@ -1914,22 +1918,19 @@ struct ZenFlowOptimizer::Impl {
       return sq.sqrt().item<double>();
     }
     // A parameter's norm is summed column by column (matrix_norm) over the [out, in] it is
-    // split as (another shape: one column), so that it is the same number in every mode and
-    // wherever its columns are: one tensor, split, or streamed (the selected columns' on the
-    // device and the others' on the host).
-    auto dense_norm = [&](const at::Tensor& x) {
-      return matrix_norm(x.dim() == 2 ? x : x.reshape({x.numel(), 1}));
-    };
+    // split as (as_columns), so that it is the same number in every mode and wherever its
+    // columns are: one tensor, split, or streamed (the selected columns' on the device and the
+    // others' on the host).
     if (!exchanges_gradients()) {  // in the parameters' order, whichever updater has them
       std::vector<at::Tensor> by_param(params.size());
-      for (auto& d : dense) by_param[d.index] = dense_norm(g[d.index]);
+      for (auto& d : dense) by_param[d.index] = matrix_norm(as_columns(g[d.index]));
       for (auto& s : split) by_param[s.index] = split_norm(g, s);
       for (auto& n : by_param)
         if (n.defined()) norms.push_back(n);
     } else {
       // Split parameters' local gradients are not the averaged ones: their norm is the
       // selected columns' (replicated) plus every rank's shard.
-      for (auto& d : dense) norms.push_back(dense_norm(g[d.index]));
+      for (auto& d : dense) norms.push_back(matrix_norm(as_columns(g[d.index])));
       norms.push_back(synced.replicated_sq.sqrt());
       norms.push_back(synced.shards_sq.to(at::kFloat).sqrt());
     }
